@@ -1,0 +1,32 @@
+"""dask_ps: a parameter server inside any Dask cluster.
+
+>>> import dask_ps
+>>> ps = dask_ps.ParameterServer()          # doctest: +SKIP
+"""
+
+from dask_ps import _config  # noqa: F401  (registers the ``ps`` dask.config defaults)
+from dask_ps._client import BlockPlacement, ParameterServer
+from dask_ps._exceptions import (
+    ClockTimeoutError,
+    PSError,
+    PSValueError,
+    RunAbortedError,
+    StaleVersionError,
+    TableError,
+    TableExistsError,
+    UnknownTableError,
+)
+from dask_ps._session import Session
+from dask_ps._spec import TableSpec
+from dask_ps.consistency import ASP, BSP, CVAP, ESSP, SSP, VAP, Consistency
+from dask_ps.rules import SGD, Adagrad, Adam, Assign, Custom, Momentum, Sum, UpdateRule
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ParameterServer", "Session", "TableSpec", "BlockPlacement",
+    "Consistency", "BSP", "SSP", "ESSP", "VAP", "CVAP", "ASP",
+    "UpdateRule", "Sum", "Assign", "SGD", "Momentum", "Adagrad", "Adam", "Custom",
+    "PSError", "TableError", "UnknownTableError", "TableExistsError", "PSValueError",
+    "StaleVersionError", "RunAbortedError", "ClockTimeoutError",
+]

@@ -1,0 +1,282 @@
+"""``ParameterServer``: the user's handle on the parameter server."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import namedtuple
+
+import dask
+import numpy as np
+from distributed import Client, Future, LocalCluster, get_client
+
+from dask_ps import _spec
+from dask_ps._routing import coalesce_rows
+from dask_ps._scheduler_plugin import PSSchedulerPlugin
+from dask_ps._transport import Router, Transport
+
+logger = logging.getLogger(__name__)
+
+BlockPlacement = namedtuple("BlockPlacement", ["block", "start", "stop", "worker"])
+
+
+class ParameterServer:
+    """A parameter server living inside a Dask cluster.
+
+    Parameters
+    ----------
+    client : distributed.Client, optional
+        The cluster to use. ``None`` uses the current client (``get_client()``)
+        or, when there is none, starts a ``LocalCluster`` owned by this object
+        and closed by :meth:`close` (or on leaving a ``with`` block).
+    **cluster_kwargs
+        Passed to ``LocalCluster`` when one is started.
+
+    Notes
+    -----
+    Creating it registers the dask_ps scheduler plugin, which installs the
+    worker plugin on every current and future worker. Registering again (a
+    second ``ParameterServer`` on the same cluster) is a no-op, and tables
+    persist on the cluster until dropped.
+
+    Examples
+    --------
+    >>> ps = ParameterServer(client)                        # doctest: +SKIP
+    >>> ps.create_table("w", shape=(1000, 16), dtype="float32")  # doctest: +SKIP
+    >>> ps.push("w", np.ones((1000, 16), "float32"))        # doctest: +SKIP
+    >>> ps.pull("w").sum()                                  # doctest: +SKIP
+    16000.0
+    """
+
+    def __init__(self, client: Client | None = None, **cluster_kwargs):
+        self._own_cluster = None
+        self._own_client = None
+        if client is None:
+            try:
+                client = get_client()
+            except ValueError:
+                cluster_kwargs.setdefault("processes", True)
+                self._own_cluster = LocalCluster(**cluster_kwargs)
+                self._own_client = client = Client(self._own_cluster)
+                logger.info("dask_ps: started %s", self._own_cluster)
+        self.client = client
+        client.register_plugin(PSSchedulerPlugin())
+        n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
+        # Worker plugins set up asynchronously; wait until every worker serves.
+        self._servers(n=n_workers, timeout=30)
+        self._router = Router(Transport(client.rpc, client.scheduler))
+        self._metrics: dict[str, dict] = {}
+
+    def __repr__(self):
+        return f"<ParameterServer {self.client.scheduler.address} tables={self.tables()}>"
+
+    # --- lifecycle -------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the client and cluster this object started (if any)."""
+        if self._own_client is not None:
+            self._own_client.close()
+            self._own_cluster.close()
+            self._own_client = self._own_cluster = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _sync(self, fn, *args, **kwargs):
+        return self.client.sync(fn, *args, **kwargs)
+
+    def _servers(self, n: int = 0, timeout: float = 0) -> list[str]:
+        return self._sync(self.client.scheduler.ps_servers, n=n, timeout=timeout)
+
+    @property
+    def servers(self) -> list[str]:
+        """Addresses of the workers that host shards."""
+        return self._servers()
+
+    # --- tables ------------------------------------------------------------------------
+    def create_table(
+        self,
+        name: str,
+        shape,
+        dtype="float64",
+        *,
+        init=None,
+        rule="sum",
+        consistency=None,
+        device: str = "cpu",
+        allow_nonfinite: bool | None = None,
+        block_rows: int | None = None,
+        **rule_params,
+    ) -> None:
+        """Create a table sharded over the workers.
+
+        Parameters
+        ----------
+        name : str
+            Table name, unique in the cluster.
+        shape : int or tuple of int
+            ``(n_rows, *row_shape)``. Rows are the unit of ``push_rows`` /
+            ``pull_rows`` and of placement (grouped into row blocks of about
+            ``dask.config`` ``ps.block-bytes``).
+        dtype : dtype, default "float64"
+        init : array, scalar or callable, optional
+            Initial values (zeros by default): an array of ``shape``, a
+            scalar, or ``init(shape, dtype) -> array`` (called here, once).
+        rule : str, UpdateRule or callable, default "sum"
+            How the servers fold a push into the stored values: "sum",
+            "assign", "sgd", "momentum", "adagrad", "adam", or a callable
+            ``rule(param_block, update_block, state)``. Hyper-parameters go in
+            ``rule_params`` (``lr=0.1``).
+        consistency : Consistency, optional
+            ``BSP()``, ``SSP(s)``, ``ESSP(s)``, ``VAP(v)``, ``CVAP(s, v)``,
+            ``ASP()``; default from ``dask.config`` ``ps.consistency``.
+        device : {"cpu", "cuda"}
+            Where the blocks live (cuda: cupy arrays on the workers' GPUs).
+        allow_nonfinite : bool, optional
+            Accept NaN/Inf in pushes (default ``ps.allow-nonfinite``: no).
+        block_rows : int, optional
+            Rows per block, overriding ``ps.block-bytes``.
+
+        Raises
+        ------
+        TableExistsError
+            A table of this name exists with a different spec (an identical
+            spec is a no-op, so re-running a script is safe).
+        """
+        spec = _spec.TableSpec.create(
+            name, shape, dtype, device=device, rule=rule, consistency=consistency,
+            allow_nonfinite=allow_nonfinite, block_rows=block_rows, **rule_params,
+        )
+        values = None
+        if init is not None:
+            if callable(init):
+                init = init(spec.shape, spec.dtype)
+            if np.ndim(init) == 0 and not hasattr(init, "shape"):
+                values = np.full(spec.shape, init, dtype=spec.dtype)
+            else:
+                values = _spec.check_values(spec, init, spec.shape, what="init")
+        handle = self._sync(self.client.scheduler.ps_create_table, spec=spec.to_msg())
+        self._router.forget(name)
+        if values is not None:
+            if handle["spec"]["table_id"] != spec.table_id:
+                logger.info("dask_ps: table %r already existed; init values not applied", name)
+                return
+            self._sync(self._router.push_dense, name, values, True)
+
+    def drop_table(self, name: str) -> None:
+        """Delete a table and free its shards."""
+        self._sync(self.client.scheduler.ps_drop_table, name=name)
+        self._router.forget(name)
+
+    def tables(self) -> list[str]:
+        """Names of the existing tables."""
+        return self._sync(self.client.scheduler.ps_list_tables)
+
+    def spec(self, name: str) -> _spec.TableSpec:
+        """The :class:`TableSpec` of a table."""
+        return self._handle(name).spec
+
+    def _handle(self, name, refresh=True):
+        return self._sync(self._router.handle, name, refresh)
+
+    def placement(self, name: str) -> list[BlockPlacement]:
+        """Which worker holds which rows: one ``(block, start, stop, worker)`` per block."""
+        h = self._handle(name)
+        return [
+            BlockPlacement(b, *h.spec.block_bounds(b), h.primary(b)) for b in range(h.spec.n_blocks)
+        ]
+
+    # --- data -----------------------------------------------------------------------
+    def push(self, name: str, values) -> None:
+        """Send an update for the whole table; the servers fold it in with the
+        table's rule (a sum by default). Returns once every server applied it."""
+        h = self._handle(name, refresh=False)
+        values = _spec.check_values(h.spec, values, h.spec.shape)
+        self._sync(self._router.push_dense, name, values)
+
+    def push_rows(self, name: str, rows, values) -> None:
+        """Update only ``rows``; duplicate rows are summed."""
+        h = self._handle(name, refresh=False)
+        rows = _spec.check_rows(h.spec, rows)
+        values = _spec.check_values(h.spec, values, (len(rows), *h.spec.row_shape))
+        rows, values = coalesce_rows(rows, values, additive=h.spec.rule.name != "assign")
+        self._sync(self._router.push_rows, name, rows, values)
+
+    def pull(self, name: str):
+        """The whole table as one array (numpy for cpu tables)."""
+        self._handle(name, refresh=False)
+        return self._sync(self._router.pull_dense, name)
+
+    def pull_rows(self, name: str, rows):
+        """Values of ``rows`` (any order, duplicates allowed), shape ``(len(rows), *row_shape)``."""
+        h = self._handle(name, refresh=False)
+        rows = _spec.check_rows(h.spec, rows)
+        return self._sync(self._router.pull_rows, name, rows)
+
+    # --- participants ---------------------------------------------------------------------
+    def run(self, fn, parts, **kwargs) -> list:
+        """Run ``fn(ctx, part, **kwargs)`` once per element of ``parts``, concurrently on workers.
+
+        Parameters
+        ----------
+        fn : callable
+            ``fn(ctx, part, **kwargs)``; ``ctx`` is a :class:`~dask_ps.Session`
+            (push/pull/clock for this participant).
+        parts : sequence
+            One element per participant: plain objects, or futures / dask
+            collections (each participant then runs where its data is).
+
+        Returns
+        -------
+        list
+            ``fn``'s return values, in the order of ``parts``.
+
+        Notes
+        -----
+        Each participant is one long-running Dask task that secedes from the
+        worker's thread pool. If one raises, the run is aborted: the others
+        get :class:`RunAbortedError` at their next clock, and the first
+        error is re-raised here with its remote traceback.
+        """
+        from dask_ps._session import participant
+
+        parts = list(parts)
+        n = len(parts)
+        if n == 0:
+            return []
+        run_id = uuid.uuid4().hex[:12]
+        servers = self.servers or sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        self._sync(self.client.scheduler.ps_run_start, run_id=run_id, n=n)
+        name = getattr(fn, "__name__", "fn")
+        futures = []
+        for rank, part in enumerate(parts):
+            key = f"ps-run-{name}-{rank}-{run_id}"
+            if dask.is_dask_collection(part):
+                part = self.client.compute(part)
+            if isinstance(part, Future):
+                # Let Dask place the participant where its data is.
+                fut = self.client.submit(participant, run_id, rank, n, fn, part, kwargs, key=key, pure=False)
+            else:
+                fut = self.client.submit(
+                    participant, run_id, rank, n, fn, part, kwargs, key=key, pure=False,
+                    workers=[servers[rank % len(servers)]], allow_other_workers=True,
+                )
+            futures.append(fut)
+        try:
+            results = self.client.gather(futures)
+        except BaseException as e:
+            self._sync(self.client.scheduler.ps_run_abort, run_id=run_id, reason=f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            metrics = self._sync(self.client.scheduler.ps_run_end, run_id=run_id)
+            if metrics is not None:
+                self._metrics[run_id] = metrics
+        return results
+
+    def metrics(self) -> dict:
+        """Per run: clocks, attempts, seconds, and per participant and table
+        the counters of :class:`~dask_ps.Session` (reads, cache hits, wait
+        time, staleness histogram, bytes)."""
+        return dict(self._metrics)

@@ -1,0 +1,124 @@
+"""A participant's buffer of pushes not yet sent (pure code).
+
+Pushes are validated when made and kept here until ``flush``/``clock``. For
+an additive rule (sum) they are merged as they arrive: dense pushes into one
+array, row pushes concatenated and coalesced at flush, so many small pushes
+become one message per server. For other rules (optimizer steps, assign)
+every push is one step, so pushes are kept in order and still batched into
+one message per server.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dask_ps import _backend, _routing
+from dask_ps._routing import TableHandle
+from dask_ps._spec import TableSpec
+
+
+class PushBuffer:
+    def __init__(self, spec: TableSpec):
+        self.spec = spec
+        self.additive = spec.rule.additive
+        self.dense = None  # additive: sum of dense pushes (a private array)
+        self.row_parts: list[tuple[np.ndarray, object]] = []  # additive row pushes
+        self.ops: list[tuple[np.ndarray | None, object]] = []  # non-additive, in order
+        self.nbytes = 0
+
+    def __repr__(self):
+        return f"<PushBuffer {self.spec.name!r} {self.nbytes} bytes>"
+
+    def __bool__(self):
+        return self.dense is not None or bool(self.row_parts) or bool(self.ops)
+
+    def add_dense(self, values) -> None:
+        if not self.additive:
+            self.ops.append((None, values.copy()))
+            self.nbytes += values.nbytes
+        elif self.dense is None:
+            self.dense = values.copy()  # the caller may reuse its array
+            self.nbytes += values.nbytes
+        else:
+            self.dense += values
+
+    def add_rows(self, rows: np.ndarray, values) -> None:
+        rows, values = _routing.coalesce_rows(rows, values, self.additive)
+        part = (rows.copy(), values.copy())
+        (self.row_parts if self.additive else self.ops).append(part)
+        self.nbytes += values.nbytes + rows.nbytes
+
+    def max_abs(self) -> float:
+        """Largest magnitude of any element's pending (summed) update."""
+        vals = [abs(v).max() for _, v in self.ops] if not self.additive else []
+        if self.dense is not None:
+            if self.row_parts:
+                rows, pv = self._merged_rows()
+                d = self.dense.copy()
+                d[_backend.namespace(d).asarray(rows)] += pv
+                return float(abs(d).max()) if d.size else 0.0
+            vals.append(abs(self.dense).max())
+        elif self.row_parts:
+            _, pv = self._merged_rows()
+            vals.append(abs(pv).max() if pv.size else 0.0)
+        return float(max(vals)) if vals else 0.0
+
+    def messages(self, h: TableHandle) -> _routing.Messages:
+        """The buffer as one list of items per server (does not clear it)."""
+        if self.additive:
+            if self.dense is not None:
+                if self.row_parts:
+                    rows, vals = self._merged_rows()
+                    dense = self.dense.copy()
+                    xp = _backend.namespace(dense)
+                    dense[xp.asarray(rows)] += vals  # rows are unique after merging
+                else:
+                    dense = self.dense
+                return _routing.split_dense(h, dense)
+            if self.row_parts:
+                return _routing.split_rows(h, *self._merged_rows())
+            return {}
+        msgs: _routing.Messages = {}
+        for rows, vals in self.ops:
+            part = _routing.split_dense(h, vals) if rows is None else _routing.split_rows(h, rows, vals)
+            for addr, items in part.items():
+                msgs.setdefault(addr, []).extend(items)
+        return msgs
+
+    def _merged_rows(self):
+        if len(self.row_parts) == 1:
+            return self.row_parts[0]
+        xp = _backend.namespace(*(v for _, v in self.row_parts))
+        rows = np.concatenate([r for r, _ in self.row_parts])
+        vals = xp.concatenate([v for _, v in self.row_parts], axis=0)
+        merged = _routing.coalesce_rows(rows, vals, additive=True)
+        self.row_parts = [merged]  # keep the merged form (overlays reuse it)
+        return merged
+
+    # --- read-my-writes: own pending updates, added to what a read returns ----------
+    def overlay_dense(self, out):
+        """``out`` plus the pending updates (additive tables only)."""
+        if self.dense is not None:
+            out = out + self.dense
+        if self.row_parts:
+            rows, vals = self._merged_rows()
+            out = out.copy() if self.dense is None else out
+            xp = _backend.namespace(out)
+            out[xp.asarray(rows)] += vals
+        return out
+
+    def overlay_rows(self, rows: np.ndarray, out):
+        """``out`` (the values of ``rows``) plus the pending updates of those rows."""
+        xp = _backend.namespace(out)
+        if self.dense is not None:
+            out = out + self.dense[xp.asarray(rows)]
+        if self.row_parts:
+            prow, pvals = self._merged_rows()
+            pos = np.searchsorted(prow, rows)
+            pos_c = np.minimum(pos, max(prow.size - 1, 0))
+            hit = (pos < prow.size) & (prow[pos_c] == rows) if prow.size else np.zeros(rows.size, bool)
+            if hit.any():
+                out = out.copy() if self.dense is None else out
+                idx = np.flatnonzero(hit)
+                out[xp.asarray(idx)] += pvals[xp.asarray(pos_c[idx])]
+        return out

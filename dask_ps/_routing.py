@@ -1,0 +1,151 @@
+"""Splitting pushes and pulls into one message per server, and merging the
+replies (pure code, no Dask).
+
+A ``TableHandle`` is what a caller knows about a table: its spec, placement
+version and the owner of every block. Everything here works on numpy and
+cupy values alike; row indices are always host (numpy) int64 arrays.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from dask_ps import _backend
+from dask_ps._spec import TableSpec
+
+# addr -> list of (block, local rows or None, values)
+Messages = dict[str, list[tuple[int, "np.ndarray | None", object]]]
+
+
+@dataclass(frozen=True)
+class TableHandle:
+    spec: TableSpec
+    version: int
+    owners: tuple[tuple[str, ...], ...]  # owners[b] = workers holding block b, primary first
+
+    @classmethod
+    def from_msg(cls, msg: dict) -> "TableHandle":
+        return cls(
+            TableSpec.from_msg(msg["spec"]),
+            msg["version"],
+            tuple(tuple(o) for o in msg["owners"]),
+        )
+
+    def primary(self, block: int) -> str:
+        return self.owners[block][0]
+
+    def __repr__(self):
+        return f"<TableHandle {self.spec.name!r} v{self.version} {self.spec.n_blocks} blocks>"
+
+
+def coalesce_rows(rows: np.ndarray, values, additive: bool = True):
+    """Sorted unique rows and their values: duplicates summed (``additive``)
+    or, for last-write-wins rules, the last occurrence kept."""
+    if rows.size <= 1 or bool(np.all(rows[1:] > rows[:-1])):
+        return rows, values
+    xp = _backend.namespace(values)
+    order = np.argsort(rows, kind="stable")
+    srows = rows[order]
+    new = np.empty(srows.size, dtype=bool)
+    new[0] = True
+    np.not_equal(srows[1:], srows[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    svals = values[xp.asarray(order)]
+    if additive:
+        if xp is np:
+            merged = np.add.reduceat(svals, starts, axis=0)
+        else:  # cupy: reduce by segment with a scatter-add
+            seg = xp.asarray(np.cumsum(new) - 1)
+            merged = xp.zeros((starts.size, *values.shape[1:]), dtype=values.dtype)
+            _backend.scatter_add(merged, seg, svals)
+    else:
+        ends = np.append(starts[1:], srows.size) - 1  # last of each run (stable sort)
+        merged = svals[xp.asarray(ends)]
+    return srows[starts], merged
+
+
+def block_slices(spec: TableSpec, sorted_rows: np.ndarray):
+    """``(block, lo, hi)`` for each block touched by sorted rows."""
+    if sorted_rows.size == 0:
+        return []
+    blocks = sorted_rows // spec.block_rows
+    first, last = int(blocks[0]), int(blocks[-1])
+    cuts = np.searchsorted(blocks, np.arange(first, last + 2))
+    return [
+        (first + i, int(cuts[i]), int(cuts[i + 1]))
+        for i in range(last - first + 1)
+        if cuts[i + 1] > cuts[i]
+    ]
+
+
+def split_dense(h: TableHandle, values) -> Messages:
+    """One item per block: views of ``values``, grouped by primary owner."""
+    msgs: Messages = defaultdict(list)
+    for b in range(h.spec.n_blocks):
+        start, stop = h.spec.block_bounds(b)
+        msgs[h.primary(b)].append((b, None, values[start:stop]))
+    return msgs
+
+
+def split_rows(h: TableHandle, rows: np.ndarray, values) -> Messages:
+    """Sorted unique ``rows`` and their ``values`` grouped by block and owner."""
+    msgs: Messages = defaultdict(list)
+    for b, lo, hi in block_slices(h.spec, rows):
+        start = b * h.spec.block_rows
+        msgs[h.primary(b)].append((b, rows[lo:hi] - start, values[lo:hi]))
+    return msgs
+
+
+def dense_requests(h: TableHandle) -> dict[str, list[tuple[int, None]]]:
+    reqs = defaultdict(list)
+    for b in range(h.spec.n_blocks):
+        reqs[h.primary(b)].append((b, None))
+    return reqs
+
+
+def assemble_dense(h: TableHandle, replies: dict[str, list], reqs: dict[str, list]):
+    """Place whole-block replies into one array of the table's shape."""
+    parts = {}
+    for addr, items in reqs.items():
+        for (b, _), arr in zip(items, replies[addr]):
+            parts[b] = arr
+    if h.spec.n_blocks == 1:
+        return parts[0]
+    xp = _backend.namespace(*parts.values())
+    out = xp.empty(h.spec.shape, dtype=h.spec.dtype)
+    for b, arr in parts.items():
+        start, stop = h.spec.block_bounds(b)
+        out[start:stop] = arr
+    return out
+
+
+def row_requests(h: TableHandle, rows: np.ndarray):
+    """Requests for arbitrary ``rows``: ``(reqs, uniq, inverse)`` where
+    ``reqs[addr]`` lists ``(block, local_rows)``; the reply concatenated in
+    block order gives the values of ``uniq``; ``uniq[inverse] == rows``."""
+    if rows.size > 1 and bool(np.all(rows[1:] > rows[:-1])):
+        uniq, inverse = rows, None
+    else:
+        uniq, inverse = np.unique(rows, return_inverse=True)
+    reqs = defaultdict(list)
+    order = []
+    for b, lo, hi in block_slices(h.spec, uniq):
+        start = b * h.spec.block_rows
+        reqs[h.primary(b)].append((b, uniq[lo:hi] - start))
+        order.append((h.primary(b), len(reqs[h.primary(b)]) - 1))
+    return reqs, uniq, inverse, order
+
+
+def assemble_rows(h: TableHandle, replies, order, inverse, n_rows: int):
+    spec = h.spec
+    chunks = [replies[addr][i] for addr, i in order]
+    if not chunks:
+        return np.empty((n_rows, *spec.row_shape), dtype=spec.dtype)
+    xp = _backend.namespace(*chunks)
+    out = chunks[0] if len(chunks) == 1 else xp.concatenate(chunks, axis=0)
+    if inverse is not None:
+        out = out[xp.asarray(inverse)]
+    return out

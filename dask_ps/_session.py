@@ -1,0 +1,404 @@
+"""The worker-side session (``ctx``): what a participant of ``ParameterServer.run`` holds.
+
+It keeps the participant's clock, a cache of pulled blocks tagged with the
+clock they reflect, and a buffer of pushes (oplog) that is sent at
+``flush()``/``clock()``. Its methods run in the participant's task thread and
+hand network work to the worker's event loop with ``distributed.utils.sync``.
+
+Consistency (see :mod:`dask_ps.consistency`): a read at clock ``c`` of a
+table with staleness ``s`` needs every participant to have completed
+``c - s`` clocks. Because a participant's updates reach the servers before its
+clock counts, any server value read after the run's minimum clock reached
+``m`` contains every update made at clocks ``< m``; cache entries carry that
+``m`` as their tag and serve reads with ``tag >= c - s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+from distributed import get_worker, secede
+from distributed.utils import sync
+
+from dask_ps import _backend, _config, _routing
+from dask_ps._oplog import PushBuffer
+from dask_ps._routing import TableHandle
+from dask_ps._spec import check_rows, check_values
+from dask_ps._transport import Router, Transport
+from dask_ps.consistency import ASP
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class CacheEntry:
+    """A cached block (or some of its rows)."""
+
+    tag: float  # the values contain every update made at clocks < tag
+    seq: int  # server sequence number of the block when read
+    rows: np.ndarray | None  # local rows held (sorted), None = whole block
+    values: object
+
+    def covers(self, local_rows: np.ndarray | None) -> bool:
+        if self.rows is None:
+            return True
+        if local_rows is None:
+            return False
+        pos = np.searchsorted(self.rows, local_rows)
+        return bool(np.all(pos < self.rows.size) and np.all(self.rows[np.minimum(pos, self.rows.size - 1)] == local_rows))
+
+    def take(self, local_rows: np.ndarray | None):
+        if self.rows is None:
+            if local_rows is None:
+                return self.values
+            xp = _backend.namespace(self.values)
+            return self.values[xp.asarray(local_rows)]
+        xp = _backend.namespace(self.values)
+        return self.values[xp.asarray(np.searchsorted(self.rows, local_rows))]
+
+
+@dataclass
+class TableMetrics:
+    reads: int = 0
+    cache_hits: int = 0
+    wait_seconds: float = 0.0
+    staleness: Counter = field(default_factory=Counter)
+    bytes_pushed: int = 0
+    bytes_pulled: int = 0
+    flushes: int = 0
+
+    def to_dict(self) -> dict:
+        return {
+            "reads": self.reads,
+            "cache_hits": self.cache_hits,
+            "cache_hit_rate": self.cache_hits / self.reads if self.reads else 0.0,
+            "wait_seconds": self.wait_seconds,
+            "staleness": dict(sorted(self.staleness.items())),
+            "bytes_pushed": self.bytes_pushed,
+            "bytes_pulled": self.bytes_pulled,
+            "flushes": self.flushes,
+        }
+
+
+class Session:
+    """One participant's handle: ``pull → compute → push → clock()``.
+
+    Created by :meth:`ParameterServer.run` on a worker; user code receives it
+    as ``ctx``. Not thread-safe: one participant, one thread.
+
+    Attributes
+    ----------
+    rank : int
+        This participant's index in ``parts``.
+    n_participants : int
+    run_id : str
+    """
+
+    def __init__(self, run_id: str, rank: int, n_participants: int, worker=None):
+        self.worker = worker if worker is not None else get_worker()
+        self.run_id = run_id
+        self.rank = rank
+        self.n_participants = n_participants
+        plugin = self.worker.extensions.get("ps")
+        self._router = Router(Transport(self.worker.rpc, self.worker.scheduler, local=plugin))
+        self._buffers: dict[str, PushBuffer] = {}
+        self._cache: dict[str, dict[int, CacheEntry]] = {}
+        self._own_seq: dict[tuple[str, int], int] = {}  # (table, block) -> seq after our last push
+        self._metrics: dict[str, TableMetrics] = {}
+        self._clock_wait = 0.0
+        self._staleness_used: int | None = None  # the tightest bound among tables used
+        self._clock = 0
+        self._known_min = 0.0
+        self._closed = False
+
+    def __repr__(self):
+        return f"<Session run={self.run_id} rank={self.rank}/{self.n_participants} clock={self._clock}>"
+
+    def _sync(self, fn, *args, **kwargs):
+        return sync(self.worker.loop, fn, *args, **kwargs)
+
+    # --- lifecycle ---------------------------------------------------------------------
+    def _join(self):
+        self._clock = self._sync(
+            self.worker.scheduler.ps_run_join, run_id=self.run_id, rank=self.rank, address=self.worker.address
+        )
+        self._known_min = 0
+
+    def _leave(self, ok: bool):
+        try:
+            if ok:
+                self.flush()
+        finally:
+            self._closed = True
+            self._sync(
+                self.worker.scheduler.ps_run_leave, run_id=self.run_id, rank=self.rank, metrics=self.metrics()
+            )
+
+    @property
+    def current_clock(self) -> int:
+        """Number of ``clock()`` calls completed by this participant."""
+        return self._clock
+
+    def metrics(self) -> dict:
+        """This participant's counters, per table (plus time blocked in ``clock``)."""
+        return {
+            "clock": self._clock,
+            "clock_wait_seconds": self._clock_wait,
+            "tables": {k: v.to_dict() for k, v in self._metrics.items()},
+        }
+
+    # --- helpers ------------------------------------------------------------------
+    def _handle(self, name: str) -> TableHandle:
+        h = self._router.handles.get(name)
+        if h is None:
+            h = self._sync(self._router.handle, name)
+            self._metrics.setdefault(name, TableMetrics())
+            s = h.spec.consistency.staleness
+            if s is not None and not isinstance(h.spec.consistency, ASP):
+                self._staleness_used = s if self._staleness_used is None else min(self._staleness_used, s)
+        return h
+
+    def _wait_min(self, need: float, metrics: TableMetrics | None) -> None:
+        """Block until the run's min clock is at least ``need``."""
+        if self._known_min >= need:
+            return
+        t0 = time.perf_counter()
+        m = self._sync(
+            self.worker.scheduler.ps_wait_clock,
+            run_id=self.run_id,
+            clock=int(need),
+            timeout=_config.get_seconds("timeouts.clock"),
+        )
+        self._known_min = float("inf") if m is None else max(self._known_min, m)
+        dt = time.perf_counter() - t0
+        if metrics is not None:
+            metrics.wait_seconds += dt
+        else:
+            self._clock_wait += dt
+
+    # --- push ------------------------------------------------------------------------
+    def push(self, name: str, values) -> None:
+        """Buffer an update of the whole table (sent at ``flush``/``clock``)."""
+        h = self._handle(name)
+        values = check_values(h.spec, values, h.spec.shape)
+        self._buffer(h).add_dense(values)
+        self._after_push(h)
+
+    def push_rows(self, name: str, rows, values) -> None:
+        """Buffer an update of ``rows`` (duplicates are summed)."""
+        h = self._handle(name)
+        rows = check_rows(h.spec, rows)
+        values = check_values(h.spec, values, (len(rows), *h.spec.row_shape))
+        self._buffer(h).add_rows(rows, values)
+        self._after_push(h)
+
+    def _buffer(self, h: TableHandle) -> PushBuffer:
+        buf = self._buffers.get(h.spec.name)
+        if buf is None:
+            buf = self._buffers[h.spec.name] = PushBuffer(h.spec)
+        return buf
+
+    def _after_push(self, h: TableHandle) -> None:
+        bound = h.spec.consistency.value_bound
+        if bound is not None and self._buffers[h.spec.name].max_abs() > bound / self.n_participants:
+            # VAP: this participant's invisible updates may not exceed v / P
+            # per element, so the run's total never exceeds v.
+            self._flush_table(h.spec.name)
+
+    def flush(self) -> None:
+        """Send every buffered push now: one message per server, concurrently."""
+        for name in list(self._buffers):
+            self._flush_table(name)
+
+    def _flush_table(self, name: str) -> None:
+        buf = self._buffers.get(name)
+        if not buf:
+            return
+        m = self._metrics[name]
+        h = self._router.handles[name]
+
+        async def send(h):
+            msgs = buf.messages(h)
+            return msgs, await self._router.send(h, msgs)
+
+        msgs, seqs = self._sync(self._router.retrying, name, send)
+        m.flushes += 1
+        m.bytes_pushed += sum(v.nbytes for items in msgs.values() for _, _, v in items)
+        self._write_through(h, msgs, seqs)
+        del self._buffers[name]
+
+    def _write_through(self, h: TableHandle, msgs, seqs: dict[int, int]) -> None:
+        """Keep own writes visible in the cache after they were sent (read-my-writes)."""
+        name = h.spec.name
+        cache = self._cache.get(name, {})
+        for b, s in seqs.items():
+            self._own_seq[(name, b)] = s
+        if not cache:
+            return
+        if not h.spec.rule.additive:
+            for b in seqs:  # the server's result is not ours to compute: re-read
+                cache.pop(b, None)
+            return
+        for items in msgs.values():
+            for b, rows, vals in items:
+                e = cache.get(b)
+                if e is None:
+                    continue
+                xp = _backend.namespace(e.values)
+                if e.rows is None:
+                    if rows is None:
+                        e.values += vals
+                    else:
+                        e.values[xp.asarray(rows)] += vals
+                elif rows is None:
+                    e.values += vals[xp.asarray(e.rows)]
+                else:
+                    common, ie, iv = np.intersect1d(e.rows, rows, assume_unique=True, return_indices=True)
+                    if common.size:
+                        e.values[xp.asarray(ie)] += vals[xp.asarray(iv)]
+
+    # --- clock --------------------------------------------------------------------------
+    def clock(self) -> None:
+        """End of one iteration: flush, then count the clock.
+
+        Updates reach their servers before the clock counts. Under SSP(s)
+        (the tightest bound of the tables used) this then waits while this
+        participant is more than ``s`` clocks ahead of the slowest live one.
+        """
+        self.flush()
+        self._clock += 1
+        m = self._sync(self.worker.scheduler.ps_clock, run_id=self.run_id, rank=self.rank, clock=self._clock)
+        self._known_min = float("inf") if m is None else max(self._known_min, m)
+        if self._staleness_used is not None:
+            self._wait_min(self._clock - self._staleness_used, None)
+
+    # --- pull ------------------------------------------------------------------------------
+    def _required_tag(self, h: TableHandle) -> float | None:
+        """Minimum cache tag a read of ``h`` needs now (None: never wait, ASP)."""
+        c = h.spec.consistency
+        if isinstance(c, ASP) or c.staleness is None:
+            return None
+        return self._clock - c.staleness
+
+    def _cacheable(self, h: TableHandle) -> bool:
+        # VAP reads see the servers directly: a cached copy would hide others'
+        # visible updates beyond the value bound.
+        return h.spec.consistency.value_bound is None
+
+    def pull(self, name: str):
+        """The whole table, as fresh as its consistency model guarantees,
+        including this participant's own pending updates."""
+        h = self._handle(name)
+        reqs = {b: None for b in range(h.spec.n_blocks)}
+        parts = self._read(h, reqs)
+        if h.spec.n_blocks == 1:
+            out = parts[0].copy()
+        else:
+            xp = _backend.namespace(*parts.values())
+            out = xp.empty(h.spec.shape, dtype=h.spec.dtype)
+            for b, arr in parts.items():
+                start, stop = h.spec.block_bounds(b)
+                out[start:stop] = arr
+        buf = self._buffers.get(name)
+        if buf and h.spec.rule.additive:
+            out = buf.overlay_dense(out)
+        return out
+
+    def pull_rows(self, name: str, rows):
+        """Values of ``rows`` (any order, duplicates allowed), as fresh as the
+        table's model guarantees, including own pending updates."""
+        h = self._handle(name)
+        rows = check_rows(h.spec, rows)
+        if rows.size > 1 and bool(np.all(rows[1:] > rows[:-1])):
+            uniq, inverse = rows, None
+        else:
+            uniq, inverse = np.unique(rows, return_inverse=True)
+        slices = _routing.block_slices(h.spec, uniq)
+        reqs = {b: uniq[lo:hi] - b * h.spec.block_rows for b, lo, hi in slices}
+        parts = self._read(h, reqs)
+        if not slices:
+            out = np.empty((0, *h.spec.row_shape), dtype=h.spec.dtype)
+        else:
+            chunks = [parts[b] for b, _, _ in slices]
+            xp = _backend.namespace(*chunks)
+            out = xp.concatenate(chunks, axis=0) if len(chunks) > 1 else chunks[0].copy()
+        buf = self._buffers.get(name)
+        if buf and h.spec.rule.additive:
+            out = buf.overlay_rows(uniq, out)
+        if inverse is not None:
+            out = out[_backend.namespace(out).asarray(inverse)]
+        return out
+
+    def _read(self, h: TableHandle, reqs: dict[int, np.ndarray | None]) -> dict:
+        """Values of ``reqs[block] = local rows or None`` satisfying the bound:
+        from the cache when legal, otherwise one request per server."""
+        name = h.spec.name
+        m = self._metrics[name]
+        m.reads += 1
+        if not h.spec.rule.additive and self._buffers.get(name):
+            self._flush_table(name)  # read-my-writes for optimizer tables: the server computes them
+        need = self._required_tag(h)
+        cache = self._cache.setdefault(name, {}) if self._cacheable(h) else {}
+        out, missing = {}, {}
+        for b, rows in reqs.items():
+            e = cache.get(b)
+            if e is not None and (need is None or e.tag >= need) and e.covers(rows):
+                out[b] = e.take(rows)
+            else:
+                missing[b] = rows
+        if not missing:
+            m.cache_hits += 1
+            self._record_staleness(m, min(cache[b].tag for b in reqs) if reqs else self._clock)
+            return out
+        if need is not None:
+            self._wait_min(need, m)
+        # Fetch the union of what is cached and what is needed, so the cache
+        # entry of a block stays one consistent snapshot.
+        fetch = {}
+        for b, rows in missing.items():
+            e = cache.get(b)
+            if rows is None or e is None or e.rows is None:
+                fetch[b] = rows
+            else:
+                fetch[b] = np.union1d(e.rows, rows)
+        tag = self._known_min
+        by_addr: dict[str, list] = {}
+        for b, rows in fetch.items():
+            by_addr.setdefault(h.primary(b), []).append((b, rows))
+
+        async def op(h2):
+            return await self._router.fetch(h2, by_addr)
+
+        replies = self._sync(self._router.retrying, name, op)
+        for addr, items in by_addr.items():
+            r = replies[addr]
+            for (b, rows), seq, vals in zip(items, r["seqs"], r["values"]):
+                m.bytes_pulled += vals.nbytes
+                e = CacheEntry(tag, seq, rows, vals)
+                if self._cacheable(h):
+                    cache[b] = e
+                out[b] = e.take(reqs[b]) if rows is not reqs[b] else vals
+        self._record_staleness(m, min([tag] + [cache[b].tag for b in reqs if b in cache and b not in missing]))
+        return out
+
+    def _record_staleness(self, m: TableMetrics, tag: float) -> None:
+        # How many clocks behind the reader the guaranteed-visible state is.
+        m.staleness[int(max(0, self._clock - min(tag, self._clock)))] += 1
+
+
+def participant(run_id, rank, n, fn, part, kwargs):
+    """Task: one participant of a run (see ``ParameterServer.run``)."""
+    secede()  # long-running: free the worker's thread slot
+    ctx = Session(run_id, rank, n)
+    ctx._join()
+    ok = False
+    try:
+        result = fn(ctx, part, **kwargs)
+        ok = True
+        return result
+    finally:
+        ctx._leave(ok)

@@ -1,0 +1,215 @@
+"""Worker-side shard storage (pure code: no Dask, no event loop).
+
+A worker hosts some row blocks of each table. ``ShardStore`` validates every
+message against the table spec *before* touching any block, so a bad message
+changes nothing, then applies the update rule block by block.
+
+Torn reads: a whole-block pull replies with the stored array itself (no copy;
+Dask sends it as a zero-copy frame) and marks the block ``shared``. The next
+write to a shared block writes into a fresh array instead of in place, so a
+reply still being sent always shows one consistent state (copy-on-write).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dask_ps import _backend
+from dask_ps._exceptions import PSValueError, StaleVersionError, UnknownTableError
+from dask_ps._spec import CASTING, TableSpec
+from dask_ps.rules import Assign
+
+
+@dataclass
+class Block:
+    data: object  # numpy or cupy array of shape (rows_in_block, *row_shape)
+    state: dict = field(default_factory=dict)
+    shared: bool = False  # handed out without a copy: copy before the next write
+    seq: int = 0  # number of updates applied; lets caches order snapshots and own writes
+
+    def __repr__(self):
+        return f"<Block {self.data.shape} {self.data.dtype} shared={self.shared}>"
+
+
+@dataclass
+class TableShards:
+    spec: TableSpec
+    version: int
+    blocks: dict[int, Block]
+
+    def __repr__(self):
+        return f"<TableShards {self.spec.name!r} v{self.version} blocks={sorted(self.blocks)}>"
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.data.nbytes for b in self.blocks.values())
+
+
+# One validated update: (block, local rows or None, values).
+PushItem = tuple[int, "np.ndarray | None", object]
+
+_ASSIGN = Assign()
+
+
+class ShardStore:
+    """All shards one worker hosts, by table name."""
+
+    def __init__(self):
+        self.tables: dict[str, TableShards] = {}
+
+    def __repr__(self):
+        return f"<ShardStore {sorted(self.tables)}>"
+
+    # --- table lifecycle ------------------------------------------------------
+    def create(self, spec: TableSpec, version: int, blocks: list[int]) -> None:
+        have = self.tables.get(spec.name)
+        if have is not None and have.spec.table_id == spec.table_id:
+            # Idempotent re-send; may add blocks (placement change).
+            have.version = max(have.version, version)
+        else:
+            have = self.tables[spec.name] = TableShards(spec, version, {})
+        for b in blocks:
+            if b not in have.blocks:
+                data = _backend.zeros(spec.block_shape(b), spec.dtype, spec.device)
+                have.blocks[b] = Block(data, spec.rule.init_state(data))
+
+    def drop(self, name: str, table_id: str | None = None) -> bool:
+        t = self.tables.get(name)
+        if t is None or (table_id is not None and t.spec.table_id != table_id):
+            return False
+        del self.tables[name]
+        return True
+
+    def get(self, name, version=None) -> TableShards:
+        if not isinstance(name, str):
+            raise PSValueError(f"table name must be a str, got {type(name).__name__}")
+        t = self.tables.get(name)
+        if t is None:
+            raise UnknownTableError(f"table {name!r} does not exist on this worker", name)
+        if version is not None and version != t.version:
+            raise StaleVersionError(
+                f"table {name!r}: message for version {version!r}, this worker has version {t.version}"
+            )
+        return t
+
+    # --- validation of a message ----------------------------------------------
+    def _check_block(self, t: TableShards, b) -> Block:
+        if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b not in t.blocks:
+            raise PSValueError(
+                f"table {t.spec.name!r}: block {b!r} is not hosted here (hosted: {sorted(t.blocks)})",
+                t.spec.name,
+            )
+        return t.blocks[int(b)]
+
+    def _check_local_rows(self, t: TableShards, blk: Block, rows) -> np.ndarray | None:
+        if rows is None:
+            return None
+        name = t.spec.name
+        if not isinstance(rows, np.ndarray) or rows.ndim != 1 or rows.dtype.kind not in "iu":
+            raise PSValueError(f"table {name!r}: block rows must be a 1-D integer array", name)
+        n = blk.data.shape[0]
+        if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= n):
+            raise PSValueError(f"table {name!r}: block row index out of range [0, {n})", name)
+        if rows.size > 1 and not bool(np.all(rows[1:] > rows[:-1])):
+            raise PSValueError(f"table {name!r}: block rows must be sorted and unique", name)
+        return rows
+
+    def validate_push(self, name, version, blocks, rows, values) -> tuple[TableShards, list[PushItem]]:
+        """Check a whole push message; return the table and its items. Raises
+        before anything is applied."""
+        t = self.get(name, version)
+        spec = t.spec
+        if not (isinstance(blocks, (list, tuple)) and isinstance(rows, (list, tuple))
+                and isinstance(values, (list, tuple)) and len(blocks) == len(rows) == len(values)):
+            raise PSValueError(
+                f"table {spec.name!r}: a push needs equally long lists of blocks, rows and values",
+                spec.name,
+            )
+        items = []
+        for b, r, v in zip(blocks, rows, values):
+            blk = self._check_block(t, b)
+            r = self._check_local_rows(t, blk, r)
+            shape = blk.data.shape if r is None else (len(r), *spec.row_shape)
+            if not _backend.is_array(v):
+                raise PSValueError(
+                    f"table {spec.name!r}: push values must be arrays, got {type(v).__name__}", spec.name
+                )
+            if tuple(v.shape) != tuple(shape) or not np.can_cast(v.dtype, spec.dtype, CASTING):
+                raise PSValueError(
+                    f"table {spec.name!r}: block {b} expects values of shape {shape} and dtype "
+                    f"{spec.dtype}, got {tuple(v.shape)} {v.dtype}",
+                    spec.name,
+                )
+            if not spec.allow_nonfinite and not _backend.all_finite(v):
+                raise PSValueError(f"table {spec.name!r}: push values contain NaN or Inf", spec.name)
+            v = _backend.to_device(v, spec.device)
+            if r is not None:
+                r = _backend.to_device(r, spec.device)
+            items.append((int(b), r, v.astype(spec.dtype, copy=False)))
+        return t, items
+
+    # --- applying -----------------------------------------------------------
+    @staticmethod
+    def apply(t: TableShards, items: list[PushItem], *, raw: bool = False, in_place: bool = True) -> dict:
+        """Apply validated items with the table's rule (``raw``: plain assignment,
+        used for initial values). ``in_place=False`` (off the event loop) never
+        writes a block that readers may see; the new arrays are returned and
+        :meth:`commit` swaps them in."""
+        rule = _ASSIGN if raw else t.spec.rule
+        fresh: dict[int, object] = {}
+        for b, rows, vals in items:
+            blk = t.blocks[b]
+            blk.seq += 1
+            if b in fresh:  # already private to this message
+                rule.apply(fresh[b], vals, blk.state, rows)
+            elif in_place and not blk.shared:
+                rule.apply(blk.data, vals, blk.state, rows)
+            elif rows is None and rule.additive:
+                fresh[b] = blk.data + vals  # one pass instead of copy + add
+            else:
+                new = blk.data.copy()
+                rule.apply(new, vals, blk.state, rows)
+                fresh[b] = new
+        return fresh
+
+    @staticmethod
+    def commit(t: TableShards, fresh: dict) -> None:
+        for b, arr in fresh.items():
+            blk = t.blocks[b]
+            blk.data, blk.shared = arr, False
+
+    def validate_pull(self, name, version, blocks, rows) -> tuple[TableShards, list]:
+        t = self.get(name, version)
+        if not (isinstance(blocks, (list, tuple)) and isinstance(rows, (list, tuple))
+                and len(blocks) == len(rows)):
+            raise PSValueError(
+                f"table {t.spec.name!r}: a pull needs equally long lists of blocks and rows", t.spec.name
+            )
+        reqs = []
+        for b, r in zip(blocks, rows):
+            r = self._check_local_rows(t, self._check_block(t, b), r)
+            reqs.append((int(b), None if r is None else _backend.to_device(r, t.spec.device)))
+        return t, reqs
+
+    @staticmethod
+    def read(t: TableShards, reqs: list, *, copy: bool = False) -> tuple[list, list]:
+        """``(seqs, values)`` of validated ``(block, rows)`` requests. Whole
+        blocks are returned without a copy (and marked shared) unless ``copy``."""
+        seqs, out = [], []
+        for b, rows in reqs:
+            blk = t.blocks[b]
+            seqs.append(blk.seq)
+            if rows is not None:
+                out.append(blk.data[rows])
+            elif copy:
+                out.append(blk.data.copy())
+            else:
+                blk.shared = True
+                out.append(blk.data)
+        return seqs, out
+
+    @staticmethod
+    def seqs(t: TableShards, items) -> list[int]:
+        return [t.blocks[b].seq for b, *_ in items]

@@ -1,0 +1,241 @@
+"""Table specifications and the validation of push/pull input (pure code).
+
+Everything a caller sends is checked here, before anything leaves the caller,
+so a bad push raises at the call site and no server has applied any of it.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import uuid
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from dask_ps import _backend, _config
+from dask_ps._exceptions import PSValueError
+from dask_ps.consistency import Consistency, as_consistency
+from dask_ps.rules import UpdateRule, as_rule, rule_from_msg
+
+# numpy's rule for in-place ufuncs (``a += b``): float64 into float32 is
+# allowed, float into int, complex into float, or strings are not.
+CASTING = "same_kind"
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """What a table is: immutable once created.
+
+    ``shape`` is ``(n_rows, *row_shape)``; rows are the unit of row-sparse
+    access and are grouped into blocks of ``block_rows`` rows for placement.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    device: str = "cpu"
+    rule: UpdateRule = field(default_factory=lambda: as_rule("sum"))
+    consistency: Consistency = field(default_factory=lambda: as_consistency(None))
+    allow_nonfinite: bool = False
+    block_rows: int = 0
+    table_id: str = ""
+
+    @classmethod
+    def create(
+        cls,
+        name,
+        shape,
+        dtype="float64",
+        *,
+        device="cpu",
+        rule="sum",
+        consistency=None,
+        allow_nonfinite=None,
+        block_rows=None,
+        **rule_params,
+    ) -> "TableSpec":
+        """Validate user arguments and build a spec (``ParameterServer.create_table``)."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"table name must be a non-empty str, got {name!r}")
+        try:
+            shape = (operator.index(shape),) if np.ndim(shape) == 0 else tuple(
+                operator.index(s) for s in shape
+            )
+        except TypeError:
+            raise TypeError(f"table {name!r}: shape must be an int or a tuple of ints, got {shape!r}") from None
+        if not shape or any(s < 0 for s in shape) or shape[0] == 0:
+            raise ValueError(f"table {name!r}: shape must be non-empty with positive rows, got {shape}")
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:
+            raise TypeError(f"table {name!r}: {dtype!r} is not a dtype") from None
+        if dtype.kind not in "biufc":
+            raise TypeError(f"table {name!r}: dtype must be numeric, got {dtype}")
+        if device not in _backend.DEVICES:
+            raise ValueError(f"table {name!r}: device must be one of {_backend.DEVICES}, got {device!r}")
+        if allow_nonfinite is None:
+            allow_nonfinite = bool(_config.get("allow-nonfinite"))
+        row_bytes = max(1, math.prod(shape[1:]) * dtype.itemsize)
+        if block_rows is None:
+            block_rows = max(1, _config.get_bytes("block-bytes") // row_bytes)
+        block_rows = int(min(block_rows, shape[0]))
+        if block_rows < 1:
+            raise ValueError(f"table {name!r}: block_rows must be >= 1")
+        return cls(
+            name=name,
+            shape=shape,
+            dtype=dtype,
+            device=device,
+            rule=as_rule(rule, **rule_params),
+            consistency=as_consistency(consistency),
+            allow_nonfinite=bool(allow_nonfinite),
+            block_rows=block_rows,
+            table_id=uuid.uuid4().hex,
+        )
+
+    # --- derived ---------------------------------------------------------
+    @property
+    def n_rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        return self.shape[1:]
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.n_rows // self.block_rows)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def block_bounds(self, block: int) -> tuple[int, int]:
+        start = block * self.block_rows
+        return start, min(start + self.block_rows, self.n_rows)
+
+    def block_shape(self, block: int) -> tuple[int, ...]:
+        start, stop = self.block_bounds(block)
+        return (stop - start, *self.row_shape)
+
+    def same_as(self, other: "TableSpec") -> bool:
+        """Equal up to the table id and block size (the user-visible spec)."""
+        return replace(self, table_id="", block_rows=0) == replace(other, table_id="", block_rows=0)
+
+    def describe(self) -> str:
+        return (
+            f"shape={self.shape}, dtype={self.dtype}, device={self.device!r}, "
+            f"rule={self.rule.name!r}, consistency={self.consistency}"
+        )
+
+    # --- wire format: plain msgpack-able dicts ----------------------------
+    def to_msg(self) -> dict:
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype.str,
+            "device": self.device,
+            "rule": self.rule.to_msg(),
+            "consistency": self.consistency.to_msg(),
+            "allow_nonfinite": self.allow_nonfinite,
+            "block_rows": self.block_rows,
+            "table_id": self.table_id,
+        }
+
+    @classmethod
+    def from_msg(cls, msg: dict) -> "TableSpec":
+        return cls(
+            name=msg["name"],
+            shape=tuple(msg["shape"]),
+            dtype=np.dtype(msg["dtype"]),
+            device=msg["device"],
+            rule=rule_from_msg(msg["rule"]),
+            consistency=Consistency.from_msg(msg["consistency"]),
+            allow_nonfinite=msg["allow_nonfinite"],
+            block_rows=msg["block_rows"],
+            table_id=msg["table_id"],
+        )
+
+
+# --- validation of caller input -----------------------------------------------
+
+
+def check_rows(spec: TableSpec, rows) -> np.ndarray:
+    """Row indices as a 1-D int64 host array, all within ``[0, n_rows)``."""
+    if _backend.is_cupy(rows):
+        rows = _backend.to_numpy(rows)
+    if not isinstance(rows, np.ndarray):
+        if isinstance(rows, (str, bytes, dict)) or rows is None:
+            raise PSValueError(
+                f"table {spec.name!r}: rows must be a 1-D array of integers, got {type(rows).__name__}",
+                spec.name,
+            )
+        rows = np.asarray(rows)
+        if rows.size == 0:
+            rows = rows.astype(np.int64)
+    if rows.dtype.kind not in "iu":
+        raise PSValueError(
+            f"table {spec.name!r}: rows must be integers, got dtype {rows.dtype}", spec.name
+        )
+    if rows.ndim != 1:
+        raise PSValueError(
+            f"table {spec.name!r}: rows must be 1-D, got shape {rows.shape}", spec.name
+        )
+    if rows.size:
+        lo, hi = int(rows.min()), int(rows.max())
+        if lo < 0 or hi >= spec.n_rows:
+            bad = lo if lo < 0 else hi
+            raise PSValueError(
+                f"table {spec.name!r}: row {bad} is out of range; the table has "
+                f"{spec.n_rows} rows (valid rows are 0..{spec.n_rows - 1})",
+                spec.name,
+            )
+    return rows.astype(np.int64, copy=False)
+
+
+def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "push"):
+    """An array of exactly ``shape`` that casts to the table dtype (numpy's
+    ``same_kind`` rule) and, unless the table allows it, has no NaN/Inf.
+
+    Returns the values cast to the table dtype, on the device they came on.
+    """
+    if not _backend.is_array(values):
+        if isinstance(values, (str, bytes, dict, set)) or values is None:
+            raise PSValueError(
+                f"table {spec.name!r}: {what} values must be an array of shape {shape}, "
+                f"got {type(values).__name__}",
+                spec.name,
+            )
+        try:
+            values = np.asarray(values)
+        except Exception as e:  # ragged lists and the like
+            raise PSValueError(
+                f"table {spec.name!r}: {what} values must be an array of shape {shape}: {e}",
+                spec.name,
+            ) from None
+    if values.dtype.kind not in "biufc":
+        raise PSValueError(
+            f"table {spec.name!r}: {what} values must be numeric, got dtype {values.dtype}",
+            spec.name,
+        )
+    if not np.can_cast(values.dtype, spec.dtype, casting=CASTING):
+        raise PSValueError(
+            f"table {spec.name!r}: cannot cast {what} values of dtype {values.dtype} to the "
+            f"table dtype {spec.dtype} (numpy {CASTING!r} casting)",
+            spec.name,
+        )
+    if tuple(values.shape) != tuple(shape):
+        raise PSValueError(
+            f"table {spec.name!r}: {what} values must have shape {tuple(shape)}, got {tuple(values.shape)}",
+            spec.name,
+        )
+    if values.dtype != spec.dtype:
+        values = values.astype(spec.dtype)
+    if not spec.allow_nonfinite and not _backend.all_finite(values):
+        raise PSValueError(
+            f"table {spec.name!r}: {what} values contain NaN or Inf and the table was created "
+            "with allow_nonfinite=False",
+            spec.name,
+        )
+    return values
