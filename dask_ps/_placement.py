@@ -5,7 +5,7 @@ Each worker owns ``vnodes`` points on a hash ring; a block goes to the first
 worker clockwise from the block's own hash that still has room. "Room" is the
 bounded-load rule of Mirrokni, Thorup & Zadimoghaddam ("Consistent Hashing
 with Bounded Loads", 2018): no worker takes more than
-``ceil(load_factor * n_blocks / n_workers)`` blocks of one table, so even a
+about ``load_factor * n_blocks / n_workers`` blocks of one table, so even a
 table of a few blocks spreads over the workers, while a membership change
 still moves only about 1/N of the blocks.
 """
@@ -77,7 +77,10 @@ def place_blocks(
         raise ValueError(
             f"table {table!r}: replication={replication} needs between 1 and {n_workers} workers"
         )
-    cap = max(1, math.ceil(load_factor * n_blocks * replication / n_workers))
+    # Slack above the even share only where it is at least one block, so a
+    # table of a few blocks still lands on as many workers as it can.
+    avg = n_blocks * replication / n_workers
+    cap = max(1, math.ceil(avg) + math.floor((load_factor - 1) * avg))
     load = dict.fromkeys(ring.workers, 0)
     placement = []
     for b in range(n_blocks):
