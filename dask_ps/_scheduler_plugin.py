@@ -150,8 +150,8 @@ class PSSchedulerPlugin(SchedulerPlugin):
             lost = {b for b, owners in enumerate(t.owners) if owners and owners[0] == worker}
             if lost:
                 self.lost.setdefault(name, set()).update(lost)
-                closing = scheduler.status.name not in ("running",)
-                (logger.info if closing else logger.warning)(
+                # INFO, not WARNING: every cluster shutdown removes workers too.
+                logger.info(
                     "dask_ps: worker %s left (%s) holding %d block(s) of table %r",
                     worker, stimulus_id, len(lost), name,
                 )
