@@ -107,6 +107,7 @@ class ParameterServer:
         consistency=None,
         device: str = "cpu",
         allow_nonfinite: bool | None = None,
+        aggregate: str = "push",
         block_rows: int | None = None,
         **rule_params,
     ) -> None:
@@ -136,6 +137,12 @@ class ParameterServer:
             Where the blocks live (cuda: cupy arrays on the workers' GPUs).
         allow_nonfinite : bool, optional
             Accept NaN/Inf in pushes (default ``ps.allow-nonfinite``: no).
+        aggregate : {"push", "clock"}, default "push"
+            "push" applies the rule to every push as it arrives. "clock" sums
+            all participants' pushes of one clock and applies the rule once
+            when every participant has finished that clock (MXNet's
+            synchronous mode: one optimizer step per iteration on the summed
+            gradient). Pushes from outside a run are applied at once.
         block_rows : int, optional
             Rows per block, overriding ``ps.block-bytes``.
 
@@ -147,7 +154,7 @@ class ParameterServer:
         """
         spec = _spec.TableSpec.create(
             name, shape, dtype, device=device, rule=rule, consistency=consistency,
-            allow_nonfinite=allow_nonfinite, block_rows=block_rows, **rule_params,
+            allow_nonfinite=allow_nonfinite, aggregate=aggregate, block_rows=block_rows, **rule_params,
         )
         values = None
         if init is not None:

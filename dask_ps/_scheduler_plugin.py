@@ -25,7 +25,7 @@ from dask_ps._exceptions import (
 )
 from dask_ps._placement import place_blocks
 from dask_ps._spec import TableSpec
-from dask_ps._worker_plugin import PLUGIN_NAME, PSWorkerPlugin
+from dask_ps._worker_plugin import PLUGIN_NAME, PSWorkerPlugin, reply_errors
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ HANDLERS = (
     "ps_clock",
     "ps_wait_clock",
     "ps_run_leave",
+    "ps_run_notify",
     "ps_run_abort",
     "ps_run_end",
 )
@@ -75,6 +76,8 @@ class RunState:
     aborted: str | None = None
     metrics: dict[int, dict] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
+    notify: bool = False  # tell servers when min_clock grows (ESSP, aggregate="clock")
+    notified: float = 0  # the last min clock sent to servers
 
     def __repr__(self):
         return f"<RunState {self.run_id} clocks={self.clocks} done={sorted(self.done)}>"
@@ -115,6 +118,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self.lost: dict[str, set[int]] = {}
         self._table_locks: dict[str, asyncio.Lock] = {}
         self._servers_changed = None
+        self._background: set[asyncio.Task] = set()
 
     def __repr__(self):
         return f"<PSSchedulerPlugin servers={len(self.members)} tables={sorted(self.tables)} runs={len(self.runs)}>"
@@ -122,7 +126,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
     async def start(self, scheduler):
         self.scheduler = scheduler
         self._servers_changed = asyncio.Condition()
-        scheduler.handlers.update({op: getattr(self, op[3:]) for op in HANDLERS})
+        scheduler.handlers.update({op: reply_errors(getattr(self, op[3:])) for op in HANDLERS})
         scheduler.extensions[PLUGIN_NAME] = self
         await scheduler.register_worker_plugin(
             None, dumps(PSWorkerPlugin()), name=PLUGIN_NAME, idempotent=True
@@ -261,12 +265,37 @@ class PSSchedulerPlugin(SchedulerPlugin):
             run.done.discard(rank)
         return run.clocks[rank]
 
+    def run_notify(self, run_id: str) -> None:
+        """Handler: a participant uses a table whose servers must hear of clock
+        advances (ESSP pushes, per-clock aggregation)."""
+        self._run(run_id).notify = True
+
+    def _clock_changed(self, run: RunState) -> None:
+        m = run.min_clock
+        if run.notify and m > run.notified:
+            run.notified = m
+            # In the background: the participant's clock call does not wait
+            # for servers to push fresh rows.
+            task = asyncio.ensure_future(self._broadcast("ps_clock_advance", run_id=run.run_id, min_clock=_num(m)))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _broadcast(self, op: str, **msg) -> None:
+        results = await asyncio.gather(
+            *(getattr(self.scheduler.rpc(w), op)(**msg) for w in sorted(self.members)),
+            return_exceptions=True,
+        )
+        for r in results:
+            if isinstance(r, Exception):
+                logger.debug("dask_ps: %s failed on a worker: %r", op, r)
+
     async def clock(self, run_id: str, rank: int, clock: int):
         """Handler: ``rank`` completed ``clock`` clocks; returns the run's min clock.
         Taking the max makes a repeated report (a retried task) count once."""
         run = self._run(run_id)
         if clock > run.clocks[rank]:
             run.clocks[rank] = clock
+            self._clock_changed(run)
             async with run.cond:
                 run.cond.notify_all()
         return _num(run.min_clock)
@@ -299,6 +328,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         run.done.add(rank)
         if metrics is not None:
             run.metrics[rank] = metrics
+        self._clock_changed(run)
         async with run.cond:
             run.cond.notify_all()
 
@@ -310,11 +340,14 @@ class PSSchedulerPlugin(SchedulerPlugin):
         async with run.cond:
             run.cond.notify_all()
 
-    def run_end(self, run_id: str) -> dict | None:
-        """Handler: forget a run; returns its per-participant metrics."""
+    async def run_end(self, run_id: str) -> dict | None:
+        """Handler: forget a run; returns its per-participant metrics. Servers
+        apply what the run left (per-clock sums) before this returns."""
         run = self.runs.pop(run_id, None)
         if run is None:
             return None
+        if run.notify:
+            await self._broadcast("ps_run_end", run_id=run_id)
         return {
             "run_id": run_id,
             "clocks": list(run.clocks),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -70,6 +71,7 @@ class TableMetrics:
     bytes_pushed: int = 0
     bytes_pulled: int = 0
     flushes: int = 0
+    eager_fills: int = 0  # ESSP: blocks refreshed by a server push
 
     def to_dict(self) -> dict:
         return {
@@ -81,6 +83,7 @@ class TableMetrics:
             "bytes_pushed": self.bytes_pushed,
             "bytes_pulled": self.bytes_pulled,
             "flushes": self.flushes,
+            "eager_fills": self.eager_fills,
         }
 
 
@@ -103,8 +106,10 @@ class Session:
         self.run_id = run_id
         self.rank = rank
         self.n_participants = n_participants
-        plugin = self.worker.extensions.get("ps")
+        self._plugin = plugin = self.worker.extensions.get("ps")
         self._router = Router(Transport(self.worker.rpc, self.worker.scheduler, local=plugin))
+        self._key = f"{run_id}-{rank}-{uuid.uuid4().hex[:8]}"  # ESSP mailbox of this session
+        self._notifying = False
         self._buffers: dict[str, PushBuffer] = {}
         self._cache: dict[str, dict[int, CacheEntry]] = {}
         self._own_seq: dict[tuple[str, int], int] = {}  # (table, block) -> seq after our last push
@@ -160,7 +165,17 @@ class Session:
             s = h.spec.consistency.staleness
             if s is not None and not isinstance(h.spec.consistency, ASP):
                 self._staleness_used = s if self._staleness_used is None else min(self._staleness_used, s)
+            if h.spec.needs_clock_events and not self._notifying:
+                self._sync(self.worker.scheduler.ps_run_notify, run_id=self.run_id)
+                self._notifying = True
         return h
+
+    @staticmethod
+    def _own_writes_visible(h: TableHandle) -> bool:
+        """Whether this session can add its own updates to what it reads (a
+        sum applied per push). Otherwise the server computes the result (an
+        optimizer step, a per-clock sum) and reads flush pending pushes first."""
+        return h.spec.rule.additive and h.spec.aggregate == "push"
 
     def _wait_min(self, need: float, metrics: TableMetrics | None) -> None:
         """Block until the run's min clock is at least ``need``."""
@@ -221,9 +236,11 @@ class Session:
         m = self._metrics[name]
         h = self._router.handles[name]
 
+        run = (self.run_id, self._clock)
+
         async def send(h):
             msgs = buf.messages(h)
-            return msgs, await self._router.send(h, msgs)
+            return msgs, await self._router.send(h, msgs, run=run)
 
         msgs, seqs = self._sync(self._router.retrying, name, send)
         m.flushes += 1
@@ -239,7 +256,7 @@ class Session:
             self._own_seq[(name, b)] = s
         if not cache:
             return
-        if not h.spec.rule.additive:
+        if not self._own_writes_visible(h):
             for b in seqs:  # the server's result is not ours to compute: re-read
                 cache.pop(b, None)
             return
@@ -304,7 +321,7 @@ class Session:
                 start, stop = h.spec.block_bounds(b)
                 out[start:stop] = arr
         buf = self._buffers.get(name)
-        if buf and h.spec.rule.additive:
+        if buf and self._own_writes_visible(h):
             out = buf.overlay_dense(out)
         return out
 
@@ -327,7 +344,7 @@ class Session:
             xp = _backend.namespace(*chunks)
             out = xp.concatenate(chunks, axis=0) if len(chunks) > 1 else chunks[0].copy()
         buf = self._buffers.get(name)
-        if buf and h.spec.rule.additive:
+        if buf and self._own_writes_visible(h):
             out = buf.overlay_rows(uniq, out)
         if inverse is not None:
             out = out[_backend.namespace(out).asarray(inverse)]
@@ -339,10 +356,13 @@ class Session:
         name = h.spec.name
         m = self._metrics[name]
         m.reads += 1
-        if not h.spec.rule.additive and self._buffers.get(name):
+        if not self._own_writes_visible(h) and self._buffers.get(name):
             self._flush_table(name)  # read-my-writes for optimizer tables: the server computes them
         need = self._required_tag(h)
         cache = self._cache.setdefault(name, {}) if self._cacheable(h) else {}
+        essp = h.spec.consistency.name == "essp"
+        if essp:
+            self._drain_mailbox()
         out, missing = {}, {}
         for b, rows in reqs.items():
             e = cache.get(b)
@@ -370,8 +390,12 @@ class Session:
         for b, rows in fetch.items():
             by_addr.setdefault(h.primary(b), []).append((b, rows))
 
+        extra = {"run": (self.run_id, None if tag == float("inf") else int(tag))}
+        if essp:
+            extra["subscribe"] = (self.run_id, self._key, self.worker.address)
+
         async def op(h2):
-            return await self._router.fetch(h2, by_addr)
+            return await self._router.fetch(h2, by_addr, **extra)
 
         replies = self._sync(self._router.retrying, name, op)
         for addr, items in by_addr.items():
@@ -384,6 +408,22 @@ class Session:
                 out[b] = e.take(reqs[b]) if rows is not reqs[b] else vals
         self._record_staleness(m, min([tag] + [cache[b].tag for b in reqs if b in cache and b not in missing]))
         return out
+
+    def _drain_mailbox(self) -> None:
+        """ESSP: take the rows servers pushed after clock advances into the
+        cache, where they are fresher and include all our own sent writes."""
+        box = self._plugin.mailboxes.get(self._key) if self._plugin is not None else None
+        while box:
+            table, version, tag, blocks, seqs, rows, values = box.popleft()
+            cache = self._cache.get(table)
+            h = self._router.handles.get(table)
+            if cache is None or h is None or h.version != version:
+                continue
+            for b, seq, r, v in zip(blocks, seqs, rows, values):
+                e = cache.get(b)
+                if seq >= self._own_seq.get((table, b), 0) and (e is None or tag > e.tag):
+                    cache[b] = CacheEntry(tag, seq, r, v)
+                    self._metrics[table].eager_fills += 1
 
     def _record_staleness(self, m: TableMetrics, tag: float) -> None:
         # How many clocks behind the reader the guaranteed-visible state is.

@@ -38,6 +38,9 @@ class TableShards:
     spec: TableSpec
     version: int
     blocks: dict[int, Block]
+    # aggregate="clock": summed pushes waiting for their clock to complete,
+    # by (run_id, clock) then block.
+    pending: dict[tuple[str, int], dict[int, object]] = field(default_factory=dict)
 
     def __repr__(self):
         return f"<TableShards {self.spec.name!r} v{self.version} blocks={sorted(self.blocks)}>"
@@ -173,6 +176,26 @@ class ShardStore:
                 rule.apply(new, vals, blk.state, rows)
                 fresh[b] = new
         return fresh
+
+    @staticmethod
+    def accumulate(t: TableShards, run_id: str, clock: int, items: list[PushItem]) -> None:
+        """aggregate="clock": add validated items to the sum of their clock."""
+        acc = t.pending.setdefault((run_id, int(clock)), {})
+        for b, rows, vals in items:
+            a = acc.get(b)
+            if a is None:
+                a = acc[b] = _backend.namespace(vals).zeros_like(t.blocks[b].data)
+            if rows is None:
+                a += vals
+            else:
+                a[rows] += vals  # rows are unique within an item
+
+    @staticmethod
+    def due(t: TableShards, run_id: str, min_clock: float) -> list[list[PushItem]]:
+        """Pop the sums of ``run_id``'s clocks ``< min_clock``, oldest first,
+        each as whole-block items ready for :meth:`apply`."""
+        keys = sorted(k for k in t.pending if k[0] == run_id and k[1] < min_clock)
+        return [[(b, None, a) for b, a in sorted(t.pending.pop(k).items())] for k in keys]
 
     @staticmethod
     def commit(t: TableShards, fresh: dict) -> None:

@@ -22,6 +22,12 @@ from dask_ps.rules import UpdateRule, as_rule, rule_from_msg
 # allowed, float into int, complex into float, or strings are not.
 CASTING = "same_kind"
 
+# How a participant's pushes meet the update rule: "push" applies the rule to
+# every push as it arrives; "clock" sums all participants' pushes of one clock
+# and applies the rule once when every participant has finished that clock
+# (MXNet's synchronous mode: one optimizer step per iteration).
+AGGREGATES = ("push", "clock")
+
 
 @dataclass(frozen=True)
 class TableSpec:
@@ -38,6 +44,7 @@ class TableSpec:
     rule: UpdateRule = field(default_factory=lambda: as_rule("sum"))
     consistency: Consistency = field(default_factory=lambda: as_consistency(None))
     allow_nonfinite: bool = False
+    aggregate: str = "push"  # "push": rule per push; "clock": once per clock on the sum
     block_rows: int = 0
     table_id: str = ""
 
@@ -52,6 +59,7 @@ class TableSpec:
         rule="sum",
         consistency=None,
         allow_nonfinite=None,
+        aggregate="push",
         block_rows=None,
         **rule_params,
     ) -> "TableSpec":
@@ -74,6 +82,8 @@ class TableSpec:
             raise TypeError(f"table {name!r}: dtype must be numeric, got {dtype}")
         if device not in _backend.DEVICES:
             raise ValueError(f"table {name!r}: device must be one of {_backend.DEVICES}, got {device!r}")
+        if aggregate not in AGGREGATES:
+            raise ValueError(f"table {name!r}: aggregate must be one of {AGGREGATES}, got {aggregate!r}")
         if allow_nonfinite is None:
             allow_nonfinite = bool(_config.get("allow-nonfinite"))
         row_bytes = max(1, math.prod(shape[1:]) * dtype.itemsize)
@@ -90,6 +100,7 @@ class TableSpec:
             rule=as_rule(rule, **rule_params),
             consistency=as_consistency(consistency),
             allow_nonfinite=bool(allow_nonfinite),
+            aggregate=aggregate,
             block_rows=block_rows,
             table_id=uuid.uuid4().hex,
         )
@@ -126,8 +137,14 @@ class TableSpec:
     def describe(self) -> str:
         return (
             f"shape={self.shape}, dtype={self.dtype}, device={self.device!r}, "
-            f"rule={self.rule.name!r}, consistency={self.consistency}"
+            f"rule={self.rule.name!r}, aggregate={self.aggregate!r}, consistency={self.consistency}"
         )
+
+    @property
+    def needs_clock_events(self) -> bool:
+        """Servers must hear when a run's clock advances (eager pushes or
+        per-clock aggregation)."""
+        return self.aggregate == "clock" or self.consistency.name == "essp"
 
     # --- wire format: plain msgpack-able dicts ----------------------------
     def to_msg(self) -> dict:
@@ -139,6 +156,7 @@ class TableSpec:
             "rule": self.rule.to_msg(),
             "consistency": self.consistency.to_msg(),
             "allow_nonfinite": self.allow_nonfinite,
+            "aggregate": self.aggregate,
             "block_rows": self.block_rows,
             "table_id": self.table_id,
         }
@@ -153,6 +171,7 @@ class TableSpec:
             rule=rule_from_msg(msg["rule"]),
             consistency=Consistency.from_msg(msg["consistency"]),
             allow_nonfinite=msg["allow_nonfinite"],
+            aggregate=msg["aggregate"],
             block_rows=msg["block_rows"],
             table_id=msg["table_id"],
         )

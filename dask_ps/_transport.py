@@ -35,10 +35,10 @@ class Transport:
     def __repr__(self):
         return f"<Transport local={self.local_address}>"
 
-    async def push(self, addr: str, h: TableHandle, items, raw: bool = False) -> list[int]:
+    async def push(self, addr: str, h: TableHandle, items, raw: bool = False, run=None) -> list[int]:
         """Apply ``items`` on ``addr``; returns each block's sequence number after it."""
         if addr == self.local_address:
-            return await self.local.local_push(h.spec.name, h.version, items, raw=raw)
+            return await self.local.local_push(h.spec.name, h.version, items, raw=raw, run=run)
         return await asyncio.wait_for(
             self.rpc(addr).ps_push(
                 table=h.spec.name,
@@ -47,19 +47,21 @@ class Transport:
                 rows=[_wrap(r) for _, r, _ in items],
                 values=[to_serialize(v) for _, _, v in items],
                 raw=raw,
+                run=run,
             ),
             _config.get_seconds("timeouts.rpc"),
         )
 
-    async def pull(self, addr: str, h: TableHandle, reqs) -> dict:
-        """``{"seqs": [...], "values": [...]}`` for ``(block, rows)`` requests."""
+    async def pull(self, addr: str, h: TableHandle, reqs, **extra) -> dict:
+        """``{"seqs": [...], "values": [...]}`` for ``(block, rows)`` requests.
+        ``extra``: ``run``/``subscribe`` of a participant (see ``ps_pull``)."""
         blocks = [b for b, _ in reqs]
         rows = [r for _, r in reqs]
         if addr == self.local_address:
-            return self.local.local_pull(h.spec.name, h.version, blocks, rows)
+            return await self.local.local_pull(h.spec.name, h.version, blocks, rows, **extra)
         return await asyncio.wait_for(
             self.rpc(addr).ps_pull(
-                table=h.spec.name, version=h.version, blocks=blocks, rows=[_wrap(r) for r in rows]
+                table=h.spec.name, version=h.version, blocks=blocks, rows=[_wrap(r) for r in rows], **extra
             ),
             _config.get_seconds("timeouts.rpc"),
         )
@@ -83,21 +85,21 @@ class Router:
     def forget(self, name: str) -> None:
         self.handles.pop(name, None)
 
-    async def send(self, h: TableHandle, msgs: _routing.Messages, raw: bool = False) -> dict[int, int]:
+    async def send(self, h: TableHandle, msgs: _routing.Messages, raw: bool = False, run=None) -> dict[int, int]:
         """One message per server, all in flight at once; returns the sequence
         number of every block after this push."""
         addrs = list(msgs)
-        replies = await asyncio.gather(*(self.transport.push(a, h, msgs[a], raw) for a in addrs))
+        replies = await asyncio.gather(*(self.transport.push(a, h, msgs[a], raw, run) for a in addrs))
         seqs: dict[int, int] = {}
         for a, reply in zip(addrs, replies):
             for (b, *_), s in zip(msgs[a], reply):
                 seqs[b] = max(seqs.get(b, 0), s)
         return seqs
 
-    async def fetch(self, h: TableHandle, reqs: dict) -> dict[str, dict]:
+    async def fetch(self, h: TableHandle, reqs: dict, **extra) -> dict[str, dict]:
         """Pull ``reqs[addr] = [(block, rows), ...]`` from every server at once."""
         addrs = list(reqs)
-        replies = await asyncio.gather(*(self.transport.pull(a, h, reqs[a]) for a in addrs))
+        replies = await asyncio.gather(*(self.transport.pull(a, h, reqs[a], **extra) for a in addrs))
         return dict(zip(addrs, replies))
 
     async def retrying(self, name, op):

@@ -180,3 +180,46 @@ def test_restarted_participant_does_not_count_twice(ps, client):
 
     assert ps.run(train, range(2)) == [5, 5]
     assert ps.pull("r")[0] == 10
+
+
+def test_essp_servers_push_fresh_rows(ps):
+    """ESSP keeps the SSP guarantee (audited above) and servers refresh the
+    readers' caches after clock advances: reads are served from those pushes."""
+    ps.create_table("audit", shape=(P * C,), block_rows=7, consistency=dask_ps.ESSP(staleness=1))
+    delays = [0.001, 0.002, 0.001, 0.03]
+    lags = ps.run(audit_participant, range(P), delays=delays, staleness=1, use_rows=True)
+    assert max(max(lag) for lag in lags[:3]) == 1
+    run = list(ps.metrics().values())[-1]
+    fills = [p["tables"]["audit"]["eager_fills"] for p in run["participants"].values()]
+    hits = [p["tables"]["audit"]["cache_hits"] for p in run["participants"].values()]
+    assert sum(fills) > 0 and sum(hits) > 0
+
+
+@pytest.mark.parametrize("rule,hp", [("sgd", {"lr": 0.5}), ("adam", {"lr": 0.1})])
+def test_aggregate_per_clock_applies_the_rule_once_per_clock(ps, rule, hp):
+    """aggregate="clock" (MXNet's synchronous mode): the optimizer steps once
+    per clock on the sum of every participant's gradients of that clock."""
+    from tests.test_core_pure import ref_steps
+
+    n_clocks, d = 5, 6
+    ps.create_table("agg", shape=(d,), rule=rule, aggregate="clock", consistency=dask_ps.BSP(), **hp)
+
+    def grad(rank, c):
+        return np.random.default_rng(1000 * rank + c).normal(size=d)
+
+    def train(ctx, _):
+        reads = []
+        for c in range(n_clocks):
+            reads.append(ctx.pull("agg"))
+            ctx.push("agg", grad(ctx.rank, c) / 2)
+            ctx.push("agg", grad(ctx.rank, c) / 2)  # two pushes, still one step
+            ctx.clock()
+        return reads
+
+    reads = ps.run(train, range(3))
+    summed = [sum(grad(r, c) for r in range(3)) for c in range(n_clocks)]
+    for c in range(n_clocks):
+        expected = ref_steps(rule, np.zeros(d), summed[:c], **hp)
+        for r in range(3):
+            np.testing.assert_allclose(reads[r][c], expected, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ps.pull("agg"), ref_steps(rule, np.zeros(d), summed, **hp), rtol=1e-10)
