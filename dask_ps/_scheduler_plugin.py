@@ -289,15 +289,19 @@ class PSSchedulerPlugin(SchedulerPlugin):
             if isinstance(r, Exception):
                 logger.debug("dask_ps: %s failed on a worker: %r", op, r)
 
-    async def clock(self, run_id: str, rank: int, clock: int):
-        """Handler: ``rank`` completed ``clock`` clocks; returns the run's min clock.
-        Taking the max makes a repeated report (a retried task) count once."""
+    async def clock(self, run_id: str, rank: int, clock: int, wait_for=None, timeout=None):
+        """Handler: ``rank`` completed ``clock`` clocks; returns the run's min
+        clock, after waiting (as :meth:`wait_clock`) until it is at least
+        ``wait_for`` if given. Taking the max makes a repeated report (a
+        retried task) count once."""
         run = self._run(run_id)
         if clock > run.clocks[rank]:
             run.clocks[rank] = clock
             self._clock_changed(run)
             async with run.cond:
                 run.cond.notify_all()
+        if wait_for is not None:
+            return await self.wait_clock(run_id, wait_for, timeout)
         return _num(run.min_clock)
 
     async def wait_clock(self, run_id: str, clock: int, timeout: float | None = None):

@@ -41,6 +41,7 @@ class CacheEntry:
 
     tag: float  # the values contain every update made at clocks < tag
     seq: int  # server sequence number of the block when read
+    clock: int  # the reader's own clock when it was read
     rows: np.ndarray | None  # local rows held (sorted), None = whole block
     values: object
 
@@ -288,10 +289,20 @@ class Session:
         """
         self.flush()
         self._clock += 1
-        m = self._sync(self.worker.scheduler.ps_clock, run_id=self.run_id, rank=self.rank, clock=self._clock)
+        wait_for = None if self._staleness_used is None else self._clock - self._staleness_used
+        t0 = time.perf_counter()
+        # One RPC: report the clock and, under SSP, wait for the slowest.
+        m = self._sync(
+            self.worker.scheduler.ps_clock,
+            run_id=self.run_id,
+            rank=self.rank,
+            clock=self._clock,
+            wait_for=wait_for,
+            timeout=_config.get_seconds("timeouts.clock"),
+        )
+        if wait_for is not None:
+            self._clock_wait += time.perf_counter() - t0
         self._known_min = float("inf") if m is None else max(self._known_min, m)
-        if self._staleness_used is not None:
-            self._wait_min(self._clock - self._staleness_used, None)
 
     # --- pull ------------------------------------------------------------------------------
     def _required_tag(self, h: TableHandle) -> float | None:
@@ -366,7 +377,10 @@ class Session:
         out, missing = {}, {}
         for b, rows in reqs.items():
             e = cache.get(b)
-            if e is not None and (need is None or e.tag >= need) and e.covers(rows):
+            # ASP never waits, but re-reads once per clock: a cache that is
+            # never refreshed would satisfy "read-my-writes" and nothing else.
+            fresh = e is not None and (e.tag >= need if need is not None else e.clock == self._clock)
+            if fresh and e.covers(rows):
                 out[b] = e.take(rows)
             else:
                 missing[b] = rows
@@ -402,7 +416,7 @@ class Session:
             r = replies[addr]
             for (b, rows), seq, vals in zip(items, r["seqs"], r["values"]):
                 m.bytes_pulled += vals.nbytes
-                e = CacheEntry(tag, seq, rows, vals)
+                e = CacheEntry(tag, seq, self._clock, rows, vals)
                 if self._cacheable(h):
                     cache[b] = e
                 out[b] = e.take(reqs[b]) if rows is not reqs[b] else vals
@@ -422,7 +436,7 @@ class Session:
             for b, seq, r, v in zip(blocks, seqs, rows, values):
                 e = cache.get(b)
                 if seq >= self._own_seq.get((table, b), 0) and (e is None or tag > e.tag):
-                    cache[b] = CacheEntry(tag, seq, r, v)
+                    cache[b] = CacheEntry(tag, seq, self._clock, r, v)
                     self._metrics[table].eager_fills += 1
 
     def _record_staleness(self, m: TableMetrics, tag: float) -> None:
