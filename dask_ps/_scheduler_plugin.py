@@ -11,6 +11,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from distributed import SchedulerPlugin
@@ -119,6 +120,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self._table_locks: dict[str, asyncio.Lock] = {}
         self._servers_changed = None
         self._background: set[asyncio.Task] = set()
+        self.totals: Counter = Counter()  # metrics summed over finished participants
 
     def __repr__(self):
         return f"<PSSchedulerPlugin servers={len(self.members)} tables={sorted(self.tables)} runs={len(self.runs)}>"
@@ -128,6 +130,9 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self._servers_changed = asyncio.Condition()
         scheduler.handlers.update({op: reply_errors(getattr(self, op[3:])) for op in HANDLERS})
         scheduler.extensions[PLUGIN_NAME] = self
+        from dask_ps import _prometheus
+
+        _prometheus.register(self)
         await scheduler.register_worker_plugin(
             None, dumps(PSWorkerPlugin()), name=PLUGIN_NAME, idempotent=True
         )
@@ -332,6 +337,11 @@ class PSSchedulerPlugin(SchedulerPlugin):
         run.done.add(rank)
         if metrics is not None:
             run.metrics[rank] = metrics
+            self.totals["wait_seconds"] += metrics.get("clock_wait_seconds", 0.0)
+            for t in metrics.get("tables", {}).values():
+                for key in ("reads", "cache_hits", "wait_seconds", "bytes_pushed", "bytes_pulled"):
+                    self.totals[key] += t.get(key, 0)
+            logger.debug("dask_ps: run %s participant %d metrics %s", run_id, rank, metrics)
         self._clock_changed(run)
         async with run.cond:
             run.cond.notify_all()

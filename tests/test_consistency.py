@@ -223,3 +223,19 @@ def test_aggregate_per_clock_applies_the_rule_once_per_clock(ps, rule, hp):
         for r in range(3):
             np.testing.assert_allclose(reads[r][c], expected, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(ps.pull("agg"), ref_steps(rule, np.zeros(d), summed, **hp), rtol=1e-10)
+
+
+def test_metrics_on_the_prometheus_endpoint(ps, client):
+    pytest.importorskip("prometheus_client")
+    ps.create_table("prom", shape=(4,))
+    ps.run(lambda ctx, _: [ctx.pull("prom"), ctx.clock()], range(2))
+
+    def scrape(dask_scheduler):
+        import prometheus_client
+
+        return prometheus_client.generate_latest().decode()
+
+    text = client.run_on_scheduler(scrape)
+    assert "dask_ps_servers 2.0" in text
+    reads = [line for line in text.splitlines() if line.startswith("dask_ps_reads_total")]
+    assert reads and float(reads[0].split()[-1]) >= 2
