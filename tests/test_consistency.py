@@ -239,3 +239,57 @@ def test_metrics_on_the_prometheus_endpoint(ps, client):
     assert "dask_ps_servers 2.0" in text
     reads = [line for line in text.splitlines() if line.startswith("dask_ps_reads_total")]
     assert reads and float(reads[0].split()[-1]) >= 2
+
+
+def test_clock_timeout_names_who_is_behind(ps, client):
+    import dask
+
+    ps.create_table("slow", shape=(2,), consistency=dask_ps.BSP())
+    client.run(lambda: dask.config.set({"ps.timeouts.clock": "0.5s"}))
+    try:
+
+        def train(ctx, _):
+            if ctx.rank == 1:
+                time.sleep(3)  # never reaches clock 1 in time
+                return
+            ctx.push("slow", np.ones(2))
+            ctx.clock()
+            ctx.clock()
+
+        with pytest.raises(dask_ps.ClockTimeoutError, match="participant 1 at clock 0 on tcp://"):
+            ps.run(train, range(2))
+    finally:
+        client.run(lambda: dask.config.set({"ps.timeouts.clock": "300s"}))
+
+
+def test_killed_participant_is_retried_and_counts_each_clock_once(tmp_path):
+    """kill -9 the worker running a participant mid-run: Dask retries the task
+    elsewhere, it resumes at the clock the run recorded, and every clock's
+    marker is in the table exactly once per participant."""
+    import os
+    import signal
+
+    from distributed import Client, LocalCluster
+
+    n_clocks = 8
+    flag = tmp_path / "killed"
+    with LocalCluster(n_workers=3, threads_per_worker=1, dashboard_address=None) as cluster, Client(cluster) as c:
+        ps = dask_ps.ParameterServer(c)
+        ps.create_table("k", shape=(n_clocks,), consistency=dask_ps.BSP())
+        owner = ps.placement("k")[0].worker
+
+        def train(ctx, _):
+            for clock in range(ctx.current_clock, n_clocks):
+                ctx.pull("k")
+                ctx.push_rows("k", [clock], [1.0])
+                if clock == 3 and ctx.worker.address != owner and not flag.exists():
+                    flag.write_text(str(ctx.rank))
+                    os.kill(os.getpid(), signal.SIGKILL)  # mid-clock: this push is never sent
+                ctx.clock()
+            return ctx.current_clock
+
+        assert ps.run(train, range(3)) == [n_clocks] * 3
+        assert flag.exists()
+        assert ps.pull("k").tolist() == [3.0] * n_clocks
+        run = list(ps.metrics().values())[-1]
+        assert run["attempts"][int(flag.read_text())] == 2
