@@ -1,0 +1,13 @@
+"""Topic models trained on the parameter server.
+
+:class:`LatentDirichletAllocation` fits LDA by collapsed Gibbs sampling with
+the word-topic counts and topic totals in ``dask_ps`` tables (the seed
+paper's application); :func:`document_completion` is the held-out metric it
+scores with, usable on any model's topics.
+
+The estimators use only the public ``dask_ps`` API.
+"""
+
+from dask_ps.decomposition._lda import LatentDirichletAllocation, document_completion
+
+__all__ = ["LatentDirichletAllocation", "document_completion"]

@@ -1,0 +1,825 @@
+"""Latent Dirichlet Allocation by collapsed Gibbs sampling on the parameter server.
+
+The paper's application (Petuum/Bösen's LDA): the word-topic counts and the
+topic totals are parameter-server tables; every participant keeps its own
+documents, their topic assignments and doc-topic counts, and per iteration
+
+    pull_rows(word-topic, its words) + pull(totals)
+    → sample all its tokens (compiled kernel, updating its local copy: AD-LDA)
+    → push_rows(word-topic, changed words, delta) + push(totals, delta)
+    → clock()
+
+It uses only the public ``dask_ps`` API (``ParameterServer``, ``run``, the
+session's push/pull/clock and the consistency models).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import uuid
+from numbers import Integral, Real
+
+import dask
+import numpy as np
+import scipy.sparse as sp
+from dask.utils import parse_bytes
+from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin, _fit_context
+from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import check_is_fitted, check_non_negative, validate_data
+
+import dask_ps
+from dask_ps.consistency import as_consistency
+from dask_ps.decomposition import _lda_kernels as _k
+from dask_ps.decomposition._cluster import parameter_server
+
+logger = logging.getLogger(__name__)
+
+_MODEL_NAMES = {"bsp", "ssp", "essp", "vap", "cvap", "asp"}
+
+
+# --- input helpers -----------------------------------------------------------------
+
+
+def _is_dask_array(X) -> bool:
+    return dask.is_dask_collection(X) and hasattr(X, "chunks") and getattr(X, "ndim", 0) == 2
+
+
+def _is_cupy(X) -> bool:
+    mod = type(X).__module__ or ""
+    return mod.startswith("cupy") or mod.startswith("cupyx")
+
+
+def _to_host(X):
+    """cupy / cupyx.scipy.sparse -> numpy / scipy.sparse."""
+    if _is_cupy(X):
+        return X.get()
+    return X
+
+
+def _check_counts(X, whom: str, integer: bool = True):
+    """Non-negative (and, with ``integer``, whole-number) counts; NaN/Inf are
+    caught earlier by ``validate_data``."""
+    check_non_negative(X, whom)
+    if integer:
+        data = X.data if sp.issparse(X) else np.asarray(X)
+        if data.dtype.kind == "f" and data.size and not np.all(np.floor(data) == data):
+            raise ValueError(
+                f"{whom}: X must hold whole-number counts (document-term counts); "
+                "got non-integer values. Round or scale them to counts first."
+            )
+        if data.dtype.kind == "b":
+            return
+        if data.dtype.kind not in "iuf":
+            raise ValueError(f"{whom}: X must be numeric counts, got dtype {data.dtype}")
+
+
+def _as_count_csr(X) -> sp.csr_matrix:
+    """A private int64 CSR copy with duplicates summed and zeros removed."""
+    X = sp.csr_matrix(X, copy=True)
+    X.sum_duplicates()
+    X.eliminate_zeros()
+    if X.data.dtype != np.int64:
+        X = sp.csr_matrix((X.data.astype(np.int64), X.indices, X.indptr), shape=X.shape)
+    return X
+
+
+def _prepare_part(block, n_features: int, check: bool):
+    """One partition of the corpus as token arrays (runs on the worker that holds it).
+
+    Returns ``vocab`` (global ids of the words it holds, sorted), ``words``
+    (local word id per token, grouped by document) and ``doc_ptr``
+    (token offsets of each document; empty documents have empty ranges).
+    """
+    block = _to_host(block)
+    if not sp.issparse(block):
+        block = np.asarray(block)
+        if block.ndim != 2:
+            raise ValueError(f"LatentDirichletAllocation.fit: chunks must be 2-D, got shape {block.shape}")
+    if block.shape[1] != n_features:
+        raise ValueError(
+            f"LatentDirichletAllocation.fit: a chunk has {block.shape[1]} columns, expected {n_features}"
+        )
+    if check:
+        data = block.data if sp.issparse(block) else block
+        if data.dtype.kind == "f" and not np.all(np.isfinite(data)):
+            raise ValueError("LatentDirichletAllocation.fit: Input X contains NaN or infinity.")
+        _check_counts(block, "LatentDirichletAllocation.fit")
+    X = _as_count_csr(block)
+    vocab, local = np.unique(X.indices, return_inverse=True)
+    words = np.repeat(local.astype(np.int32), X.data)
+    doc_len = np.asarray(X.sum(axis=1)).ravel().astype(np.int64)
+    doc_ptr = np.zeros(X.shape[0] + 1, dtype=np.int64)
+    np.cumsum(doc_len, out=doc_ptr[1:])
+    return {"vocab": vocab.astype(np.int64), "words": words, "doc_ptr": doc_ptr}
+
+
+def _part_stats(part):
+    return part["doc_ptr"].size - 1, int(part["words"].size), part["vocab"]
+
+
+def _split_rows(X: sp.csr_matrix, n_parts: int) -> list[sp.csr_matrix]:
+    """Contiguous row ranges with about the same number of tokens each."""
+    doc_len = np.asarray(X.sum(axis=1)).ravel()
+    cum = np.cumsum(doc_len)
+    total = cum[-1] if cum.size else 0
+    cuts = np.searchsorted(cum, total * np.arange(1, n_parts) / n_parts, side="left") + 1
+    bounds = np.unique(np.concatenate([[0], np.clip(cuts, 0, X.shape[0]), [X.shape[0]]]))
+    return [X[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+# --- the participant ------------------------------------------------------------------
+
+
+def _xp_for(device):
+    if device == "cuda":
+        import cupy
+
+        return cupy
+    return np
+
+
+def _gibbs_participant(
+    ctx,
+    part,
+    *,
+    nwk_name,
+    nk_name,
+    progress_name,
+    n_components,
+    alpha,
+    beta,
+    n_features,
+    max_iter,
+    evaluate_every,
+    seeds,
+    holders,
+    sampler,
+    device,
+    t_start,
+    delay,
+):
+    """One partition's Gibbs sampler: ``pull → sweep → push deltas → clock``."""
+    if ctx.current_clock != 0:
+        # Dask retried this participant (its worker died). Its earlier pushes
+        # are on the servers but its assignments are lost: resuming would
+        # count its tokens twice.
+        raise RuntimeError(
+            "LatentDirichletAllocation: a participant was restarted mid-fit (worker lost); "
+            "its topic assignments are gone. Fit again."
+        )
+    K = n_components
+    rank, P = ctx.rank, ctx.n_participants
+    vocab, words, doc_ptr = part["vocab"], part["words"], part["doc_ptr"]
+    n_tokens = words.size
+    vbeta = n_features * beta
+    doc_len = np.diff(doc_ptr)
+    doc_idx = np.repeat(np.arange(doc_len.size, dtype=np.int64), doc_len)
+    Vp = vocab.size
+
+    # Random initial assignment; its counts are this participant's first push.
+    seq = np.random.SeedSequence(seeds[rank])
+    z = np.random.default_rng(seq).integers(K, size=n_tokens, dtype=np.int32)
+    ndk = np.bincount(doc_idx * K + z, minlength=doc_len.size * K).astype(np.int32).reshape(-1, K)
+    nwk0 = np.bincount(words.astype(np.int64) * K + z, minlength=Vp * K).reshape(Vp, K)
+    ctx.push_rows(nwk_name, vocab, nwk0)
+    ctx.push(nk_name, np.bincount(z, minlength=K).astype(np.int64))
+    ctx.clock()
+
+    weights = 1.0 / holders[vocab]  # each word's rows count once over all holders
+    history = []
+    sweep_seconds = 0.0
+
+    if sampler == "array":
+        xp = _xp_for(device)
+        d_words = xp.asarray(words.astype(np.int64))
+        d_doc = xp.asarray(doc_idx)
+        d_z = xp.asarray(z)
+        d_ndk = xp.asarray(ndk)
+    else:
+        sweep = _k.SWEEPS[sampler]
+
+    def local_ndk():
+        return ndk if sampler != "array" else _to_host(d_ndk)
+
+    it_seeds = seq.spawn(max_iter)
+    for it in range(max_iter):
+        nwk = ctx.pull_rows(nwk_name, vocab)
+        nk = ctx.pull(nk_name)
+        if evaluate_every > 0 and it % evaluate_every == 0:
+            # The state after `it` sweeps as this participant sees it.
+            ll = (
+                _k.doc_loglik(local_ndk(), doc_len, alpha)
+                + _k.word_loglik_rows(nwk, weights, beta)
+                + _k.totals_loglik(nk, vbeta) / P
+            )
+            history.append((it, time.time() - t_start, ll))
+            if progress_name is not None:
+                ctx.push_rows(progress_name, [it // evaluate_every], np.array([[ll, 1.0, history[-1][1]]]))
+        nwk_before = nwk.copy()
+        nk_before = nk.copy()
+        seed = int(it_seeds[it].generate_state(1)[0] & 0x7FFFFFFF)
+        t0 = time.perf_counter()
+        if sampler == "array":
+            d_nwk = xp.asarray(nwk)
+            d_nk = xp.asarray(nk)
+            _k.gibbs_sweep_array(xp, d_doc, d_words, d_z, d_ndk, d_nwk, d_nk, alpha, beta, vbeta, seed)
+            nwk, nk = _to_host(d_nwk), _to_host(d_nk)
+        else:
+            sweep(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed)
+        dt = time.perf_counter() - t0
+        sweep_seconds += dt
+        if delay is not None and rank == delay[0]:
+            time.sleep(delay[1] * dt)  # benchmark: emulate a straggler
+        delta = nwk - nwk_before
+        changed = np.flatnonzero(delta.any(axis=1))
+        if changed.size:
+            ctx.push_rows(nwk_name, vocab[changed], delta[changed])
+        ctx.push(nk_name, (nk - nk_before).astype(np.int64))
+        ctx.clock()
+
+    return {
+        "history": history,
+        "doc_loglik": _k.doc_loglik(local_ndk(), doc_len, alpha),
+        "end": time.time() - t_start,
+        "sweep_seconds": sweep_seconds,
+        "n_tokens": n_tokens,
+        "metrics": ctx.metrics(),
+    }
+
+
+# --- document completion -----------------------------------------------------------
+
+
+def _topic_word(components) -> np.ndarray:
+    """Rows of ``components`` normalized to distributions, transposed to V x K."""
+    comp = np.asarray(components, dtype=np.float64)
+    return np.ascontiguousarray((comp / comp.sum(axis=1, keepdims=True)).T)
+
+
+def _fold_in(phi_t, X: sp.csr_matrix, alpha, max_iter, tol) -> np.ndarray:
+    theta = np.empty((X.shape[0], phi_t.shape[1]))
+    _k.fold_in(
+        X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.astype(np.float64),
+        phi_t, float(alpha), int(max_iter), float(tol), theta,
+    )
+    return theta
+
+
+def document_completion(components, X, doc_topic_prior, *, max_iter=100, tol=0.0, random_state=0):
+    """Held-out log-likelihood by document completion.
+
+    Each token of every document of ``X`` goes to half A or B with
+    probability 1/2 (a binomial split of each count, drawn from
+    ``random_state``, so two models scored with the same seed see the same
+    split); the document's topic proportions are fitted on A with the topics
+    fixed (:func:`fold-in <LatentDirichletAllocation.transform>`: the EM
+    fixed point with ``doc_topic_prior``, ``max_iter`` iterations, early stop
+    when the mean absolute change falls below ``tol``), and B is scored:
+    ``sum over tokens of B of log sum_k theta_dk phi_kw``.
+
+    Parameters
+    ----------
+    components : array of shape (n_components, n_features)
+        Topic-word pseudo-counts or probabilities of any model (rows are
+        normalized here), e.g. ``LatentDirichletAllocation.components_``,
+        scikit-learn's ``components_`` or the ``lda`` package's ``topic_word_``.
+    X : {array-like, sparse matrix} of shape (n_samples, n_features)
+        Held-out document-term counts (non-negative integers).
+    doc_topic_prior : float
+    max_iter : int, default 100
+    tol : float, default 0.0
+    random_state : int, RandomState or None, default 0
+
+    Returns
+    -------
+    loglik : float
+        Total log-likelihood of the B halves (nats).
+    n_tokens : int
+        Number of tokens in the B halves; ``loglik / n_tokens`` is the
+        held-out log-likelihood per token (BASELINES.md's metric).
+    """
+    X = _to_host(X)
+    if not sp.issparse(X):
+        X = np.asarray(X)
+        if X.ndim != 2:
+            raise ValueError(f"X must be 2-D, got shape {X.shape}")
+    if X.shape[1] != np.shape(components)[1]:
+        raise ValueError(
+            f"X has {X.shape[1]} features, but the topics have {np.shape(components)[1]}"
+        )
+    if not np.all(np.isfinite(X.data if sp.issparse(X) else X)):
+        raise ValueError("document_completion: Input X contains NaN or infinity.")
+    _check_counts(X, "document_completion")
+    X = _as_count_csr(X)
+    rng = check_random_state(random_state)
+    a = rng.binomial(X.data, 0.5)
+    A = sp.csr_matrix((a.astype(np.float64), X.indices, X.indptr), shape=X.shape)
+    B = sp.csr_matrix(((X.data - a).astype(np.float64), X.indices, X.indptr), shape=X.shape)
+    B.eliminate_zeros()
+    phi_t = _topic_word(components)
+    theta = _fold_in(phi_t, A, doc_topic_prior, max_iter, tol)
+    ll = _k.heldout_loglik(B.indptr.astype(np.int64), B.indices.astype(np.int64), B.data, phi_t, theta)
+    return float(ll), int(B.data.sum())
+
+
+# --- the estimator ------------------------------------------------------------------
+
+
+class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+    """Latent Dirichlet Allocation by distributed collapsed Gibbs sampling.
+
+    The word-topic counts (``n_features x n_components``) and the topic
+    totals live in two tables of a :class:`dask_ps.ParameterServer`; the
+    documents are split into partitions, one participant each, which keep
+    their tokens, topic assignments and doc-topic counts. Each iteration a
+    participant pulls the rows of the words it holds, resamples all its
+    tokens with a compiled kernel while updating its local copy of the
+    counts (approximate distributed LDA, AD-LDA), pushes only the changed
+    rows, and calls ``clock()``. How stale the rows it reads may be is the
+    table's consistency model.
+
+    Parameters
+    ----------
+    n_components : int, default 10
+        Number of topics K.
+    doc_topic_prior : float, default None
+        Symmetric Dirichlet prior alpha of the doc-topic distributions;
+        None means ``1 / n_components`` (as scikit-learn).
+    topic_word_prior : float, default None
+        Symmetric Dirichlet prior beta of the topic-word distributions;
+        None means ``1 / n_components`` (as scikit-learn).
+    max_iter : int, default 100
+        Gibbs sweeps over the corpus (clocks).
+    evaluate_every : int, default 10
+        Record the training log-likelihood every this many iterations (and
+        at the end) in ``loglik_history_``; <= 0 records only the end.
+    consistency : dask_ps.Consistency or str, default None
+        Consistency model of the word-topic table (``dask_ps.BSP()``,
+        ``SSP(s)``, ``ESSP(s)``, ``VAP(v)``, ``CVAP(s, v)``, ``ASP()`` or a
+        model name); None uses dask_ps's configured default (SSP(2)).
+    totals_consistency : dask_ps.Consistency or str, default None
+        Consistency model of the topic-totals row. None: the word-topic
+        model when that has staleness 0 (BSP), otherwise ``ASP()``. The
+        totals are read from the servers once per clock and never wait, so
+        they are at least as fresh as the word rows (Petuum keeps this row
+        fresher than the others) without adding a barrier: a clocked model
+        with a smaller staleness here would bound the whole run by it,
+        because ``clock()`` waits for the tightest bound a participant uses.
+    n_partitions : int, default None
+        Number of participants for in-memory input; None: one per worker
+        thread. A dask array input has one participant per row chunk.
+    sampler : {"auto", "sparse", "dense", "array"}, default "auto"
+        "sparse": SparseLDA bucket decomposition (numba, cost per token ~
+        the number of topics the word occurs in); "dense": O(K) per token
+        (numba); "array": batched vectorized sampling written against the
+        array API (numpy on the CPU, cupy on the GPU: tokens of one batch are
+        drawn in parallel from the counts at the batch's start). "auto":
+        "array" on ``device="cuda"``, else "sparse".
+    device : {"auto", "cpu", "cuda"}, default "auto"
+        Where participants sample. "auto": "cuda" for cupy input, else "cpu".
+        The tables stay on the servers' host memory either way.
+    max_doc_update_iter : int, default 100
+        Fold-in iterations per document in ``transform`` and ``score``.
+    mean_change_tol : float, default 1e-3
+        Fold-in stops when the mean absolute change of a document's topic
+        proportions falls below this.
+    client : distributed.Client, default None
+        The cluster; None: the current client, else a ``LocalCluster``
+        started once per process and closed at exit. Not pickled.
+    random_state : int, RandomState instance or None, default None
+    verbose : int, default 0
+        > 0 logs (``logging``, logger ``dask_ps.decomposition._lda``) the
+        training log-likelihood and tokens/s at every evaluation.
+
+    Attributes
+    ----------
+    components_ : ndarray of shape (n_components, n_features)
+        Topic-word pseudo-counts: word-topic counts + ``topic_word_prior``
+        (normalize rows to get the topic-word distributions), as in
+        scikit-learn.
+    loglik_history_ : list of (iteration, seconds, loglik)
+        Training log-likelihood ``log p(w, z)`` (the collapsed joint, as the
+        ``lda`` package reports it) after ``iteration`` sweeps, ``seconds``
+        after the start of ``fit``. Intermediate entries are the sum of each
+        participant's part computed on its own (possibly stale) view: the
+        documents it holds, the word rows it holds (each word weighed by 1 /
+        number of holders) and 1 / P of the totals term; exact under BSP.
+        The last entry (``iteration == n_iter_``) is computed from the final
+        tables and is exact.
+    n_iter_ : int
+    n_tokens_ : int
+        Training tokens.
+    fit_seconds_ : float
+        Wall-clock seconds of the distributed sampling (``ps.run``).
+    tokens_per_second_ : float
+        ``n_tokens_ * n_iter_ / fit_seconds_``.
+    doc_topic_prior_, topic_word_prior_ : float
+    random_state_ : RandomState
+    n_features_in_ : int
+    metrics_ : list of dict
+        Per participant: the parameter-server session's counters (reads,
+        cache hits, waits, staleness histogram, bytes) and sampling seconds.
+
+    Notes
+    -----
+    *Negative counts.* Pushes are exact deltas, so the word-topic counts are
+    sums of non-negative per-participant counts; a participant's view mixes
+    clocks under staleness but, with read-my-writes and per-row atomic
+    pushes, cannot go below zero. The samplers nevertheless clamp every count
+    at zero when computing probabilities (see ``_lda_kernels``), so a
+    transiently negative count (e.g. after an aborted participant) is read as
+    zero and never yields NaN.
+
+    *Input.* Document-term counts: non-negative whole numbers (floats with
+    integral values are accepted). Empty documents are allowed: they are
+    skipped by the sampler and ``transform`` returns the uniform
+    distribution for them; a corpus with no tokens at all is an error.
+    ``transform`` accepts non-negative real weights.
+
+    *Held-out score.* ``score`` and ``perplexity`` use document completion
+    (:func:`document_completion`): each token of a document goes to half A
+    or B at random (fixed seed 0, so all models see the same split), theta
+    is fitted on A with the topics fixed, and B is scored.
+
+    *Fault tolerance.* A participant whose worker dies mid-fit cannot resume
+    (its assignments are lost and its pushes are on the servers): the fit
+    raises and should be restarted.
+
+    Examples
+    --------
+    >>> from dask_ps.decomposition import LatentDirichletAllocation
+    >>> lda = LatentDirichletAllocation(n_components=20, doc_topic_prior=0.1,
+    ...                                 topic_word_prior=0.01, max_iter=200,
+    ...                                 consistency=dask_ps.SSP(2), random_state=0)  # doctest: +SKIP
+    >>> lda.fit(X).transform(X[:5])  # doctest: +SKIP
+    """
+
+    _parameter_constraints: dict = {
+        "n_components": [Interval(Integral, 1, None, closed="left")],
+        "doc_topic_prior": [None, Interval(Real, 0, None, closed="neither")],
+        "topic_word_prior": [None, Interval(Real, 0, None, closed="neither")],
+        "max_iter": [Interval(Integral, 0, None, closed="left")],
+        "evaluate_every": [Integral],
+        "consistency": [None, dask_ps.Consistency, StrOptions(_MODEL_NAMES)],
+        "totals_consistency": [None, dask_ps.Consistency, StrOptions(_MODEL_NAMES)],
+        "n_partitions": [None, Interval(Integral, 1, None, closed="left")],
+        "sampler": [StrOptions({"auto", "sparse", "dense", "array"})],
+        "device": [StrOptions({"auto", "cpu", "cuda"})],
+        "max_doc_update_iter": [Interval(Integral, 0, None, closed="left")],
+        "mean_change_tol": [Interval(Real, 0, None, closed="left")],
+        "client": "no_validation",
+        "random_state": ["random_state"],
+        "verbose": ["verbose"],
+    }
+
+    def __init__(
+        self,
+        n_components=10,
+        *,
+        doc_topic_prior=None,
+        topic_word_prior=None,
+        max_iter=100,
+        evaluate_every=10,
+        consistency=None,
+        totals_consistency=None,
+        n_partitions=None,
+        sampler="auto",
+        device="auto",
+        max_doc_update_iter=100,
+        mean_change_tol=1e-3,
+        client=None,
+        random_state=None,
+        verbose=0,
+    ):
+        self.n_components = n_components
+        self.doc_topic_prior = doc_topic_prior
+        self.topic_word_prior = topic_word_prior
+        self.max_iter = max_iter
+        self.evaluate_every = evaluate_every
+        self.consistency = consistency
+        self.totals_consistency = totals_consistency
+        self.n_partitions = n_partitions
+        self.sampler = sampler
+        self.device = device
+        self.max_doc_update_iter = max_doc_update_iter
+        self.mean_change_tol = mean_change_tol
+        self.client = client
+        self.random_state = random_state
+        self.verbose = verbose
+
+    # --- sklearn plumbing ------------------------------------------------------------------
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        tags.input_tags.positive_only = True
+        tags.transformer_tags.preserves_dtype = ["float64"]
+        tags.non_deterministic = True
+        return tags
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        if state.get("client") is not None:  # a Client is a live connection: not pickled
+            state = dict(state)
+            state["client"] = None
+        return state
+
+    @property
+    def _n_features_out(self):
+        return self.components_.shape[0]
+
+    def _more_validate_params(self, device):
+        if self.sampler in ("sparse", "dense") and device == "cuda":
+            raise ValueError(
+                f"sampler={self.sampler!r} runs on the CPU (numba); use sampler='array' or 'auto' "
+                "with device='cuda'"
+            )
+        if self.client is not None and not hasattr(self.client, "scheduler_info"):
+            raise TypeError(f"client must be a distributed.Client or None, got {type(self.client).__name__}")
+
+    def _resolved(self, X):
+        device = self.device
+        if device == "auto":
+            device = "cuda" if _is_cupy(X) else "cpu"
+        sampler = self.sampler
+        if sampler == "auto":
+            sampler = "array" if device == "cuda" else "sparse"
+        return device, sampler
+
+    def _consistencies(self):
+        word = as_consistency(self.consistency)
+        if self.totals_consistency is not None:
+            totals = as_consistency(self.totals_consistency)
+        elif word.staleness == 0:
+            totals = word
+        else:
+            totals = dask_ps.ASP()
+        return word, totals
+
+    # --- fit ----------------------------------------------------------------------------
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y=None):
+        """Fit the topics to document-term counts ``X`` by collapsed Gibbs sampling.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix, dask array} of shape (n_samples, n_features)
+            Document-term counts. A dask array (numpy or scipy.sparse chunks)
+            stays on the workers: each row chunk is one participant, run
+            where the chunk is.
+        y : ignored
+
+        Returns
+        -------
+        self
+        """
+        device, sampler = self._resolved(X)
+        self._more_validate_params(device)
+        self.random_state_ = check_random_state(self.random_state)
+        K = self.n_components
+        self.doc_topic_prior_ = 1.0 / K if self.doc_topic_prior is None else float(self.doc_topic_prior)
+        self.topic_word_prior_ = 1.0 / K if self.topic_word_prior is None else float(self.topic_word_prior)
+        word_model, totals_model = self._consistencies()
+
+        ps = parameter_server(self.client)
+        client = ps.client
+        uid = uuid.uuid4().hex[:10]
+        if _is_dask_array(X):
+            if math.isnan(X.shape[1]):
+                raise ValueError("LatentDirichletAllocation.fit: the number of columns of X must be known")
+            self.n_features_in_ = int(X.shape[1])
+            if len(X.chunks[1]) > 1:
+                X = X.rechunk({1: -1})
+            blocks = client.compute(list(X.to_delayed()[:, 0]))
+            prepared = client.map(
+                _prepare_part, blocks, n_features=self.n_features_in_, check=True, key=[
+                    f"lda-prepare-{uid}-{i}" for i in range(len(blocks))
+                ],
+            )
+            del blocks
+        else:
+            X = _to_host(X)
+            X = validate_data(
+                self, X, reset=True, accept_sparse="csr",
+                dtype=[np.float64, np.float32, np.int64, np.int32, np.int16, np.int8, np.uint32, np.uint16, np.uint8],
+            )
+            _check_counts(X, "LatentDirichletAllocation.fit")
+            X = _as_count_csr(X)
+            n_parts = self.n_partitions or max(
+                1, sum(w.get("nthreads", 1) for w in client.scheduler_info(n_workers=-1)["workers"].values())
+            )
+            futs = client.scatter(_split_rows(X, n_parts), hash=False)
+            prepared = client.map(
+                _prepare_part, futs, n_features=self.n_features_in_, check=False,
+                key=[f"lda-prepare-{uid}-{i}" for i in range(len(futs))],
+            )
+            del futs
+        stats = client.gather(client.map(_part_stats, prepared, key=[f"lda-stats-{uid}-{i}" for i in range(len(prepared))]))
+        keep = [i for i, s in enumerate(stats) if s[1] > 0]
+        n_tokens = sum(s[1] for s in stats)
+        if n_tokens == 0:
+            raise ValueError("LatentDirichletAllocation.fit: X has no tokens (every document is empty)")
+        prepared = [prepared[i] for i in keep]
+        V = self.n_features_in_
+        holders = np.zeros(V, dtype=np.float64)
+        for i in keep:
+            holders[stats[i][2]] += 1
+        holders[holders == 0] = 1.0
+        self.n_tokens_ = int(n_tokens)
+        P = len(prepared)
+
+        count_dtype = np.int32 if n_tokens < 2**31 - 1 else np.int64
+        nwk_name, nk_name = f"lda-{uid}-word-topic", f"lda-{uid}-topic-totals"
+        progress_name = f"lda-{uid}-progress" if self.verbose else None
+        n_servers = max(1, len(ps.servers))
+        row_bytes = K * np.dtype(count_dtype).itemsize
+        block_rows = max(1, min(parse_bytes(dask.config.get("ps.block-bytes", "4MiB")) // row_bytes,
+                                -(-V // (4 * n_servers))))
+        seeds = [int(s) for s in self.random_state_.randint(0, 2**31 - 1, size=P)]
+        evaluate_every = self.evaluate_every if self.evaluate_every > 0 else 0
+        n_evals = (self.max_iter + evaluate_every - 1) // evaluate_every if evaluate_every else 0
+        created = []
+        monitor = None
+        try:
+            ps.create_table(nwk_name, shape=(V, K), dtype=count_dtype, consistency=word_model,
+                            block_rows=block_rows)
+            created.append(nwk_name)
+            ps.create_table(nk_name, shape=(K,), dtype="int64", consistency=totals_model)
+            created.append(nk_name)
+            if progress_name is not None and n_evals:
+                ps.create_table(progress_name, shape=(n_evals, 3), dtype="float64", consistency=dask_ps.ASP())
+                created.append(progress_name)
+            else:
+                progress_name = None
+            t_start = time.time()
+            if progress_name is not None:
+                monitor = _Monitor(ps, progress_name, P, evaluate_every, n_tokens, t_start)
+                monitor.start()
+            results = ps.run(
+                _gibbs_participant, prepared,
+                nwk_name=nwk_name, nk_name=nk_name, progress_name=progress_name, n_components=K,
+                alpha=self.doc_topic_prior_, beta=self.topic_word_prior_, n_features=V,
+                max_iter=self.max_iter, evaluate_every=evaluate_every, seeds=seeds, holders=holders,
+                sampler=sampler, device=device, t_start=t_start, delay=getattr(self, "_sweep_delay", None),
+            )
+            t_end = time.time() - t_start
+            nwk = np.maximum(ps.pull(nwk_name), 0)
+            nk = np.maximum(ps.pull(nk_name), 0)
+        finally:
+            if monitor is not None:
+                monitor.stop()
+            for name in created:
+                try:
+                    ps.drop_table(name)
+                except Exception:  # pragma: no cover - cluster going away
+                    logger.warning("could not drop table %r", name, exc_info=True)
+            del prepared
+
+        beta = self.topic_word_prior_
+        self.components_ = nwk.T.astype(np.float64) + beta
+        self.n_iter_ = self.max_iter
+        self.fit_seconds_ = t_end
+        self.tokens_per_second_ = n_tokens * self.max_iter / t_end if t_end > 0 else float("nan")
+        self.metrics_ = [
+            {**r["metrics"], "sweep_seconds": r["sweep_seconds"], "n_tokens": r["n_tokens"]} for r in results
+        ]
+        # Intermediate evaluations: sum of the participants' parts.
+        by_iter: dict[int, list] = {}
+        for r in results:
+            for it, sec, ll in r["history"]:
+                by_iter.setdefault(it, []).append((sec, ll))
+        history = [
+            (it, max(s for s, _ in v), float(sum(ll for _, ll in v)))
+            for it, v in sorted(by_iter.items()) if len(v) == P and it < self.max_iter
+        ]
+        final = (
+            sum(r["doc_loglik"] for r in results)
+            + _k.word_loglik_rows(nwk, np.ones(V), beta)
+            + _k.totals_loglik(nk, V * beta)
+        )
+        history.append((self.max_iter, t_end, float(final)))
+        self.loglik_history_ = history
+        if self.verbose:
+            logger.info(
+                "LatentDirichletAllocation: %d iterations, %d tokens, %d participants, %.1f s, "
+                "%.3g tokens/s, log-likelihood %.6g",
+                self.max_iter, n_tokens, P, t_end, self.tokens_per_second_, final,
+            )
+        return self
+
+    # --- inference -----------------------------------------------------------------------
+    def _check_X(self, X, whom, integer):
+        X = _to_host(X)
+        X = validate_data(self, X, reset=False, accept_sparse="csr", dtype=[np.float64, np.float32])
+        _check_counts(X, whom, integer=integer)
+        return X
+
+    def transform(self, X):
+        """Doc-topic distributions of ``X`` with the topics fixed (fold-in).
+
+        The EM fixed point ``theta_k <- (sum_w x_w r_wk + alpha) / (n_d + K alpha)``
+        with ``r_wk = theta_k phi_kw / sum_j theta_j phi_jw``, from the uniform
+        start, ``max_doc_update_iter`` iterations at most per document. Runs
+        locally (no cluster); a dask array is transformed chunk by chunk,
+        lazily.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix, dask array} of shape (n_samples, n_features)
+            Non-negative counts (or weights).
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_components)
+            Rows sum to 1; empty documents get the uniform distribution.
+        """
+        check_is_fitted(self)
+        if _is_dask_array(X):
+            if X.shape[1] != self.n_features_in_:
+                raise ValueError(
+                    f"X has {X.shape[1]} features, but {type(self).__name__} is expecting "
+                    f"{self.n_features_in_} features as input."
+                )
+            if len(X.chunks[1]) > 1:
+                X = X.rechunk({1: -1})
+            return X.map_blocks(
+                self.transform, dtype=np.float64, chunks=(X.chunks[0], (self.components_.shape[0],)),
+                meta=np.empty((0, 0)),
+            )
+        X = self._check_X(X, "LatentDirichletAllocation.transform", integer=False)
+        X = sp.csr_matrix(X, dtype=np.float64)
+        X.sum_duplicates()
+        return _fold_in(
+            _topic_word(self.components_), X, self.doc_topic_prior_, self.max_doc_update_iter,
+            self.mean_change_tol,
+        )
+
+    def _completion(self, X):
+        check_is_fitted(self)
+        if _is_dask_array(X):
+            X = X.compute()
+        X = self._check_X(X, "LatentDirichletAllocation.score", integer=True)
+        return document_completion(
+            self.components_, X, self.doc_topic_prior_, max_iter=self.max_doc_update_iter,
+            tol=self.mean_change_tol, random_state=0,
+        )
+
+    def score(self, X, y=None):
+        """Held-out log-likelihood of ``X`` by document completion (total, nats).
+
+        See :func:`document_completion`: each document's tokens are split at
+        random (fixed seed) into halves A and B; theta is fitted on A with the
+        topics fixed and the log-likelihood of B is returned. Divide by the
+        number of B tokens (or use :meth:`perplexity`) for a per-token value.
+        """
+        return self._completion(X)[0]
+
+    def perplexity(self, X):
+        """``exp(-loglik / n_tokens)`` of the document-completion estimate
+        (see :meth:`score`); lower is better."""
+        ll, n = self._completion(X)
+        if n == 0:
+            raise ValueError("perplexity: the held-out halves of X have no tokens")
+        return float(np.exp(-ll / n))
+
+
+class _Monitor(threading.Thread):
+    """Logs the training log-likelihood as participants report it (verbose).
+
+    Participants push ``(loglik part, 1, seconds)`` into row ``it // evaluate_every``
+    of a small sum table; a row is complete when its count reaches P."""
+
+    def __init__(self, ps, table, n_participants, evaluate_every, n_tokens, t_start, period=0.5):
+        super().__init__(daemon=True, name="lda-progress")
+        self.ps, self.table, self.P = ps, table, n_participants
+        self.every, self.n_tokens, self.t_start, self.period = evaluate_every, n_tokens, t_start, period
+        self._stop_event = threading.Event()
+        self._logged = 0
+        self._last = (0.0, 0)
+
+    def stop(self):
+        self._stop_event.set()
+        self.join(timeout=10)
+
+    def _poll(self):
+        prog = self.ps.pull(self.table)
+        while self._logged < len(prog) and prog[self._logged, 1] >= self.P:
+            ll, _, sec = prog[self._logged]
+            sec /= self.P
+            it = self._logged * self.every
+            t0, it0 = self._last
+            rate = self.n_tokens * (it - it0) / (sec - t0) if it > it0 and sec > t0 else float("nan")
+            logger.info("iteration %d: log-likelihood %.6g, %.3g tokens/s (%.1f s)", it, ll, rate, sec)
+            self._last = (sec, it)
+            self._logged += 1
+
+    def run(self):
+        try:
+            while not self._stop_event.wait(self.period):
+                self._poll()
+            self._poll()
+        except Exception:  # the cluster went away: progress is best effort
+            logger.debug("progress monitor stopped", exc_info=True)

@@ -1,0 +1,400 @@
+"""Compiled and vectorized kernels of the collapsed Gibbs sampler for LDA.
+
+Everything here takes plain arrays and scalars, never the estimator
+(STYLE.md §2): the estimator's participant function pulls counts from the
+parameter server, calls one sweep, and pushes the change.
+
+Notation (Griffiths & Steyvers 2004; Yao, Mimno & McCallum 2009, "SparseLDA"):
+
+- ``ndk[d, k]``: tokens of document ``d`` assigned to topic ``k`` (local);
+- ``nwk[w, k]``: tokens of word ``w`` assigned to topic ``k`` (a participant's
+  copy of the rows of the words it holds, pulled from the server);
+- ``nk[k]``: tokens assigned to topic ``k`` (the topic-totals row);
+- ``alpha`` = doc_topic_prior, ``beta`` = topic_word_prior, ``vbeta`` = V * beta.
+
+The full conditional of one token (its own assignment removed) is
+
+    p(z = k | rest) ∝ (ndk + alpha) (nwk + beta) / (nk + vbeta).
+
+**Clamping.** Under bounded staleness a participant's copy of ``nwk``/``nk``
+mixes other participants' updates from different clocks. With read-my-writes
+and per-row atomic pushes a count cannot go below zero, but a retried or
+aborted participant, or a custom consistency model, could leave one
+transiently negative. Every kernel reads counts through ``max(count, 0)``
+when it computes probabilities, so a negative count means "no token here"
+and never produces a negative or NaN probability (every term stays
+``>= alpha * beta / (nk + vbeta) > 0``). The counts themselves are not
+changed: the deltas pushed are exact.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+try:
+    import numba
+    from numba import njit
+except ImportError:  # pragma: no cover - numba is a dependency of this module
+    numba = None
+
+    def njit(*args, **kwargs):
+        def wrap(fn):
+            def missing(*a, **k):
+                raise ImportError(
+                    "dask_ps.decomposition.LatentDirichletAllocation's CPU sampler needs numba "
+                    "(pip install numba), or use sampler='array'"
+                )
+
+            missing.py_func = fn
+            return missing
+
+        return wrap(args[0]) if args and callable(args[0]) else wrap
+
+
+# --- CPU: sequential collapsed Gibbs (exact within a participant) -----------------
+
+
+@njit(nogil=True, cache=True)
+def gibbs_sweep_dense(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed):
+    """One sweep over every token, O(K) per token.
+
+    Updates ``z``, ``ndk``, ``nwk`` and ``nk`` in place, as it samples (the
+    participant's local copy: AD-LDA). Per document the factor
+    ``(ndk + alpha) / (nk + vbeta)`` is kept in ``coef`` and only the two
+    topics a token leaves and joins are recomputed, so the inner loop is one
+    multiply-add per topic.
+    """
+    np.random.seed(seed)
+    K = nk.shape[0]
+    inv = np.empty(K)
+    for k in range(K):
+        n = nk[k]
+        inv[k] = 1.0 / ((n if n > 0 else 0) + vbeta)
+    coef = np.empty(K)
+    cum = np.empty(K)
+    n_docs = doc_ptr.shape[0] - 1
+    for d in range(n_docs):
+        start = doc_ptr[d]
+        end = doc_ptr[d + 1]
+        if start == end:
+            continue
+        for k in range(K):
+            coef[k] = (ndk[d, k] + alpha) * inv[k]
+        for i in range(start, end):
+            w = words[i]
+            old = z[i]
+            ndk[d, old] -= 1
+            nwk[w, old] -= 1
+            nk[old] -= 1
+            n = nk[old]
+            inv[old] = 1.0 / ((n if n > 0 else 0) + vbeta)
+            coef[old] = (ndk[d, old] + alpha) * inv[old]
+            total = 0.0
+            for k in range(K):
+                c = nwk[w, k]
+                if c < 0:
+                    c = 0
+                total += coef[k] * (c + beta)
+                cum[k] = total
+            u = np.random.random() * total
+            new = 0
+            while new < K - 1 and cum[new] <= u:
+                new += 1
+            z[i] = new
+            ndk[d, new] += 1
+            nwk[w, new] += 1
+            nk[new] += 1
+            n = nk[new]
+            inv[new] = 1.0 / ((n if n > 0 else 0) + vbeta)
+            coef[new] = (ndk[d, new] + alpha) * inv[new]
+
+
+@njit(nogil=True, cache=True)
+def gibbs_sweep_sparse(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed):
+    """One sweep with SparseLDA's bucket decomposition (Yao et al. 2009).
+
+    Same conditional as :func:`gibbs_sweep_dense`, split as
+
+        (ndk + alpha)(nwk + beta)/(nk + vbeta)
+          = beta (ndk + alpha)/(nk + vbeta)        "smoothing + document" bucket, s
+          + nwk (ndk + alpha)/(nk + vbeta)         "topic-word" bucket, q
+
+    ``s`` is kept up to date incrementally (two topics change per token), and
+    ``q`` needs only the topics in which the word has tokens: per local word
+    the nonzero topics are kept in an unordered list with O(1) insert and
+    delete (``nz_list``/``nz_pos``). Most of the mass is in ``q`` for
+    ``beta`` << 1, so a draw rarely walks all K topics.
+    """
+    np.random.seed(seed)
+    K = nk.shape[0]
+    Vp = nwk.shape[0]
+    nz_list = np.empty((Vp, K), dtype=np.int32)
+    nz_pos = np.full((Vp, K), -1, dtype=np.int32)
+    nz_cnt = np.zeros(Vp, dtype=np.int32)
+    for w in range(Vp):
+        c = 0
+        for k in range(K):
+            if nwk[w, k] > 0:
+                nz_list[w, c] = k
+                nz_pos[w, k] = c
+                c += 1
+        nz_cnt[w] = c
+    inv = np.empty(K)
+    for k in range(K):
+        n = nk[k]
+        inv[k] = 1.0 / ((n if n > 0 else 0) + vbeta)
+    coef = np.empty(K)
+    qv = np.empty(K)
+    n_docs = doc_ptr.shape[0] - 1
+    for d in range(n_docs):
+        start = doc_ptr[d]
+        end = doc_ptr[d + 1]
+        if start == end:
+            continue
+        s = 0.0
+        for k in range(K):
+            coef[k] = (ndk[d, k] + alpha) * inv[k]
+            s += coef[k]
+        for i in range(start, end):
+            w = words[i]
+            old = z[i]
+            # remove the token
+            s -= coef[old]
+            ndk[d, old] -= 1
+            nwk[w, old] -= 1
+            nk[old] -= 1
+            n = nk[old]
+            inv[old] = 1.0 / ((n if n > 0 else 0) + vbeta)
+            coef[old] = (ndk[d, old] + alpha) * inv[old]
+            s += coef[old]
+            if nwk[w, old] <= 0 and nz_pos[w, old] >= 0:  # leaves the word's list
+                p = nz_pos[w, old]
+                last = nz_list[w, nz_cnt[w] - 1]
+                nz_list[w, p] = last
+                nz_pos[w, last] = p
+                nz_pos[w, old] = -1
+                nz_cnt[w] -= 1
+            # q bucket over the word's nonzero topics
+            q = 0.0
+            cnt = nz_cnt[w]
+            for j in range(cnt):
+                k = nz_list[w, j]
+                v = coef[k] * nwk[w, k]
+                qv[j] = v
+                q += v
+            u = np.random.random() * (q + beta * s)
+            new = -1
+            if u < q:
+                for j in range(cnt):
+                    u -= qv[j]
+                    if u < 0.0:
+                        new = nz_list[w, j]
+                        break
+                if new < 0:  # rounding: take the last nonzero topic
+                    new = nz_list[w, cnt - 1]
+            else:
+                u = (u - q) / beta
+                for k in range(K):
+                    u -= coef[k]
+                    if u < 0.0:
+                        new = k
+                        break
+                if new < 0:
+                    new = K - 1
+            # add the token
+            z[i] = new
+            s -= coef[new]
+            ndk[d, new] += 1
+            nwk[w, new] += 1
+            nk[new] += 1
+            n = nk[new]
+            inv[new] = 1.0 / ((n if n > 0 else 0) + vbeta)
+            coef[new] = (ndk[d, new] + alpha) * inv[new]
+            s += coef[new]
+            if nwk[w, new] > 0 and nz_pos[w, new] < 0:
+                c = nz_cnt[w]
+                nz_list[w, c] = new
+                nz_pos[w, new] = c
+                nz_cnt[w] = c + 1
+
+
+SWEEPS = {"dense": gibbs_sweep_dense, "sparse": gibbs_sweep_sparse}
+
+
+@njit(nogil=True, cache=True)
+def init_counts(doc_ptr, words, z, ndk, nwk, nk):
+    """Counts of a fresh assignment ``z`` (added to the given arrays)."""
+    n_docs = doc_ptr.shape[0] - 1
+    for d in range(n_docs):
+        for i in range(doc_ptr[d], doc_ptr[d + 1]):
+            k = z[i]
+            ndk[d, k] += 1
+            nwk[words[i], k] += 1
+            nk[k] += 1
+
+
+# --- array API: batched, vectorized sampling (numpy or cupy) -------------------------
+
+
+def _cumsum(xp, a):
+    f = getattr(xp, "cumulative_sum", None)
+    return f(a, axis=1) if f is not None else xp.cumsum(a, axis=1)
+
+
+def gibbs_sweep_array(xp, doc_idx, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed, batch_size=None):
+    """One sweep drawing ``batch_size`` tokens at a time, in parallel.
+
+    The tokens of one batch are sampled from the counts as they were at the
+    start of the batch (a "parallel Gibbs" step, as GPU LDA samplers do);
+    counts are updated after each batch with ``bincount``. Written against
+    the array API (``xp`` is numpy or cupy; ``bincount`` and ``RandomState``
+    exist in both), so the same code is tested on the CPU with numpy and runs
+    on the GPU with cupy. Counts are clamped at zero as in the CPU kernels.
+
+    All arrays are ``xp`` arrays; ``doc_idx[i]`` is the (local) document of
+    token ``i``. Updates ``z``, ``ndk``, ``nwk``, ``nk`` in place.
+    ``batch_size=None`` takes 1/16 of the tokens, between 4,096 and 2**20:
+    drawing the whole corpus at once from the same counts mixes poorly.
+    """
+    K = nk.shape[0]
+    n = words.shape[0]
+    if batch_size is None:
+        batch_size = int(min(max(n // 16, 4096), 1 << 20))
+    rs = xp.random.RandomState(seed)
+    ndk_flat = ndk.reshape(-1)
+    nwk_flat = nwk.reshape(-1)
+    for lo in range(0, n, batch_size):
+        hi = min(lo + batch_size, n)
+        d = doc_idx[lo:hi]
+        w = words[lo:hi]
+        zo = z[lo:hi]
+        m = hi - lo
+        onehot = xp.zeros((m, K), dtype=xp.float64)
+        ar = xp.arange(m)
+        onehot[ar, zo] = 1.0
+        a = ndk[d].astype(xp.float64) - onehot + alpha
+        b = xp.maximum(nwk[w].astype(xp.float64) - onehot, 0.0) + beta
+        c = xp.maximum(nk.astype(xp.float64)[None, :] - onehot, 0.0) + vbeta
+        p = a * b / c
+        cs = _cumsum(xp, p)
+        u = rs.random_sample(m) * cs[:, -1]
+        zn = xp.sum(cs <= u[:, None], axis=1)
+        zn = xp.minimum(zn, K - 1).astype(z.dtype)
+        moved = zn != zo
+        if not bool(xp.any(moved)):
+            continue
+        dm, wm, om, nm = d[moved], w[moved], zo[moved].astype(xp.int64), zn[moved].astype(xp.int64)
+        ndk_flat += (xp.bincount(dm * K + nm, minlength=ndk_flat.shape[0])
+                     - xp.bincount(dm * K + om, minlength=ndk_flat.shape[0])).astype(ndk.dtype)
+        nwk_flat += (xp.bincount(wm * K + nm, minlength=nwk_flat.shape[0])
+                     - xp.bincount(wm * K + om, minlength=nwk_flat.shape[0])).astype(nwk.dtype)
+        nk += (xp.bincount(nm, minlength=K) - xp.bincount(om, minlength=K)).astype(nk.dtype)
+        z[lo:hi] = zn
+
+
+# --- log-likelihood pieces (Griffiths & Steyvers' collapsed joint log p(w, z)) -------
+
+
+def doc_loglik(ndk, doc_len, alpha) -> float:
+    """sum_d [lgamma(K alpha) - lgamma(n_d + K alpha) + sum_k lgamma(ndk + alpha) - lgamma(alpha)]
+    over the documents with at least one token."""
+    from scipy.special import gammaln
+
+    K = ndk.shape[1]
+    keep = doc_len > 0
+    ndk = ndk[keep]
+    nz = ndk[ndk > 0]
+    return float(
+        keep.sum() * gammaln(K * alpha)
+        - gammaln(doc_len[keep] + K * alpha).sum()
+        + (gammaln(nz + alpha) - gammaln(alpha)).sum()
+    )
+
+
+def word_loglik_rows(nwk, weights, beta) -> float:
+    """sum over rows w (weighted) of sum_k lgamma(nwk + beta) - lgamma(beta), nonzero entries.
+
+    Rows held by several participants are counted once in total: each holder
+    weighs them by 1 / (number of holders)."""
+    from scipy.special import gammaln
+
+    nwk = np.maximum(nwk, 0)
+    mask = nwk > 0
+    per_row = np.where(mask, gammaln(nwk + beta) - gammaln(beta), 0.0).sum(axis=1)
+    return float(per_row @ weights)
+
+
+def totals_loglik(nk, vbeta) -> float:
+    """K lgamma(V beta) - sum_k lgamma(nk + V beta)."""
+    from scipy.special import gammaln
+
+    nk = np.maximum(nk, 0)
+    return float(nk.shape[0] * gammaln(vbeta) - gammaln(nk + vbeta).sum())
+
+
+# --- fold-in with the topics fixed (transform, document completion) -----------------
+
+
+@njit(nogil=True, cache=True)
+def fold_in(indptr, indices, data, phi_t, alpha, max_iter, tol, theta):
+    """Doc-topic proportions with the topics fixed: the EM fixed point
+
+        theta_k <- (sum_v x_v theta_k phi_kv / sum_j theta_j phi_jv + alpha) / (n_d + K alpha)
+
+    from the uniform start, at most ``max_iter`` iterations per document,
+    stopping early when the mean absolute change is below ``tol``. ``phi_t``
+    is V x K (rows of the topic-word distributions); ``theta`` (D x K) is
+    written. Documents without tokens get the uniform distribution.
+    """
+    n_docs = indptr.shape[0] - 1
+    K = phi_t.shape[1]
+    acc = np.empty(K)
+    for d in range(n_docs):
+        s = indptr[d]
+        e = indptr[d + 1]
+        nd = 0.0
+        for j in range(s, e):
+            nd += data[j]
+        for k in range(K):
+            theta[d, k] = 1.0 / K
+        if nd <= 0:
+            continue
+        denom = nd + K * alpha
+        for _ in range(max_iter):
+            for k in range(K):
+                acc[k] = 0.0
+            for j in range(s, e):
+                v = indices[j]
+                tot = 0.0
+                for k in range(K):
+                    tot += theta[d, k] * phi_t[v, k]
+                if tot <= 0.0:
+                    continue
+                f = data[j] / tot
+                for k in range(K):
+                    acc[k] += theta[d, k] * phi_t[v, k] * f
+            change = 0.0
+            for k in range(K):
+                new = (acc[k] + alpha) / denom
+                change += abs(new - theta[d, k])
+                theta[d, k] = new
+            if change / K < tol:
+                break
+
+
+@njit(nogil=True, cache=True)
+def heldout_loglik(indptr, indices, data, phi_t, theta):
+    """sum over entries x_dv of x_dv log(sum_k theta_dk phi_kv)."""
+    n_docs = indptr.shape[0] - 1
+    K = phi_t.shape[1]
+    total = 0.0
+    for d in range(n_docs):
+        for j in range(indptr[d], indptr[d + 1]):
+            v = indices[j]
+            p = 0.0
+            for k in range(K):
+                p += theta[d, k] * phi_t[v, k]
+            total += data[j] * math.log(p)
+    return total

@@ -1,0 +1,421 @@
+"""LatentDirichletAllocation (collapsed Gibbs sampling on the parameter server).
+
+Default tests run in well under two minutes on two cores; ``-m slow`` adds the
+larger comparisons with the ``lda`` package.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import math
+import pathlib
+import pickle
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.optimize import linear_sum_assignment
+
+pytest.importorskip("numba")
+
+import dask_ps  # noqa: E402
+from dask_ps.decomposition import LatentDirichletAllocation, document_completion  # noqa: E402
+from dask_ps.decomposition import _lda_kernels as kernels  # noqa: E402
+
+PKG = pathlib.Path(dask_ps.__file__).parent / "decomposition"
+
+
+# --- fixtures and helpers -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lda_client():
+    from distributed import Client, LocalCluster
+
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        with Client(cluster) as client:
+            yield client
+
+
+def lda_corpus(n_docs=400, doc_len=80, n_words=200, n_topics=5, alpha=0.1, eta=0.05, seed=0):
+    """Documents drawn from the LDA generative process; returns (X, true topics)."""
+    rng = np.random.default_rng(seed)
+    topics = rng.dirichlet(np.full(n_words, eta), size=n_topics)
+    theta = rng.dirichlet(np.full(n_topics, alpha), size=n_docs)
+    X = np.vstack([rng.multinomial(doc_len, p / p.sum()) for p in theta @ topics])
+    return sp.csr_matrix(X), topics
+
+
+def matched_cosine(components, topics):
+    a = components / np.linalg.norm(components, axis=1, keepdims=True)
+    b = topics / np.linalg.norm(topics, axis=1, keepdims=True)
+    cos = a @ b.T
+    r, c = linear_sum_assignment(-cos)
+    return float(cos[r, c].mean())
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    # alpha = 0.3: with 0.1 even a sequential Gibbs chain gets stuck for
+    # 60+ sweeps in a merged-topics mode on about one seed in three, which
+    # would make every comparison here a coin flip.
+    return lda_corpus(alpha=0.3)
+
+
+@pytest.fixture(scope="module")
+def fitted(lda_client, corpus):
+    X, _ = corpus
+    return LatentDirichletAllocation(
+        5, doc_topic_prior=0.3, topic_word_prior=0.05, max_iter=60, evaluate_every=10,
+        consistency=dask_ps.BSP(), client=lda_client, random_state=0,
+    ).fit(X)
+
+
+# --- the rule: public dask_ps API only -----------------------------------------------------
+
+
+def test_uses_public_dask_ps_api_only():
+    private = []
+    for path in PKG.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "dask_ps":
+                names = [f"dask_ps.{node.attr}"]
+            for n in names:
+                parts = n.split(".")
+                if parts[0] == "dask_ps" and len(parts) > 1 and parts[1].startswith("_"):
+                    private.append((path.name, n))
+    assert not private, f"dask_ps.decomposition uses private dask_ps names: {private}"
+
+
+# --- kernels (no cluster) ------------------------------------------------------------------
+
+
+def _conditional(nwk, nk, w, alpha, beta, vbeta):
+    p = alpha * (np.maximum(nwk[w], 0) + beta) / (np.maximum(nk, 0) + vbeta)
+    return p / p.sum()
+
+
+@pytest.mark.parametrize("sampler", ["sparse", "dense", "array"])
+def test_kernel_draws_the_full_conditional(sampler):
+    """A one-token document resampled many times follows p(z | rest) exactly,
+    including with a (clamped) negative count in the stale view."""
+    rng = np.random.default_rng(1)
+    K, V, alpha, beta = 6, 5, 0.3, 0.1
+    nwk = rng.integers(0, 5, size=(V, K)).astype(np.int32)
+    nwk[2, 4] = -3  # transiently negative under staleness: read as 0
+    nk = (nwk.sum(0) + rng.integers(0, 20, size=K)).astype(np.int64)
+    w, k0 = 2, 1
+    nwk[w, k0] += 1
+    nk[k0] += 1
+    expected = _conditional(np.where(np.arange(K) == k0, nwk - 1, nwk), nk - (np.arange(K) == k0), w,
+                            alpha, beta, V * beta)
+    n = 20000 if sampler != "array" else 4000
+    counts = np.zeros(K)
+    doc_ptr = np.array([0, 1], dtype=np.int64)
+    words = np.array([w], dtype=np.int32)
+    z = np.array([k0], dtype=np.int32)
+    ndk = np.zeros((1, K), dtype=np.int32)
+    ndk[0, k0] = 1
+    for s in range(n):
+        if sampler == "array":
+            kernels.gibbs_sweep_array(np, np.zeros(1, np.int64), words.astype(np.int64), z, ndk, nwk, nk,
+                                      alpha, beta, V * beta, s)
+        else:
+            kernels.SWEEPS[sampler](doc_ptr, words, z, ndk, nwk, nk, alpha, beta, V * beta, s)
+        counts[z[0]] += 1
+    freq = counts / n
+    tol = 4 * np.sqrt(expected * (1 - expected) / n) + 1e-3
+    assert np.all(np.abs(freq - expected) < tol), (freq, expected)
+    assert nwk[2, 4] == -3 and ndk.sum() == 1 and np.isfinite(freq).all()
+
+
+@pytest.mark.parametrize("sampler", ["sparse", "dense", "array"])
+def test_kernels_keep_counts_consistent_and_agree(corpus, sampler):
+    X, _ = corpus
+    K, alpha, beta = 5, 0.3, 0.05
+    V = X.shape[1]
+    doc_len = np.asarray(X.sum(1)).ravel()
+    doc_ptr = np.concatenate([[0], np.cumsum(doc_len)]).astype(np.int64)
+    words = np.repeat(X.indices, X.data).astype(np.int32)
+    doc_idx = np.repeat(np.arange(X.shape[0]), doc_len)
+    z = np.random.default_rng(0).integers(K, size=words.size, dtype=np.int32)
+    ndk = np.zeros((X.shape[0], K), np.int32)
+    nwk = np.zeros((V, K), np.int32)
+    nk = np.zeros(K, np.int64)
+    kernels.init_counts(doc_ptr, words, z, ndk, nwk, nk)
+    ll0 = kernels.doc_loglik(ndk, doc_len, alpha) + kernels.word_loglik_rows(nwk, np.ones(V), beta) \
+        + kernels.totals_loglik(nk, V * beta)
+    for it in range(30):
+        if sampler == "array":
+            kernels.gibbs_sweep_array(np, doc_idx, words.astype(np.int64), z, ndk, nwk, nk, alpha, beta,
+                                      V * beta, it, batch_size=4096)
+        else:
+            kernels.SWEEPS[sampler](doc_ptr, words, z, ndk, nwk, nk, alpha, beta, V * beta, it)
+    assert (nwk >= 0).all() and (ndk >= 0).all()
+    np.testing.assert_array_equal(nwk.sum(0), nk)
+    np.testing.assert_array_equal(ndk.sum(1), doc_len)
+    np.testing.assert_array_equal(np.bincount(z, minlength=K), nk)
+    check = np.zeros_like(nwk)
+    np.add.at(check, (words, z), 1)
+    np.testing.assert_array_equal(check, nwk)
+    ll = kernels.doc_loglik(ndk, doc_len, alpha) + kernels.word_loglik_rows(nwk, np.ones(V), beta) \
+        + kernels.totals_loglik(nk, V * beta)
+    assert ll > ll0 * 0.8  # log-likelihoods are negative: it went up a lot
+
+
+def test_loglik_matches_lda_package_formula():
+    lda = pytest.importorskip("lda")
+    import lda._lda as lda_c
+
+    X, _ = lda_corpus(n_docs=30, doc_len=20, n_words=40, n_topics=3, seed=3)
+    K, alpha, beta = 3, 0.2, 0.05
+    doc_len = np.asarray(X.sum(1)).ravel()
+    doc_ptr = np.concatenate([[0], np.cumsum(doc_len)]).astype(np.int64)
+    words = np.repeat(X.indices, X.data).astype(np.int32)
+    z = np.random.default_rng(0).integers(K, size=words.size, dtype=np.int32)
+    ndk = np.zeros((X.shape[0], K), np.int32)
+    nwk = np.zeros((X.shape[1], K), np.int32)
+    nk = np.zeros(K, np.int64)
+    kernels.init_counts(doc_ptr, words, z, ndk, nwk, nk)
+    ours = kernels.doc_loglik(ndk, doc_len, alpha) + kernels.word_loglik_rows(nwk, np.ones(X.shape[1]), beta) \
+        + kernels.totals_loglik(nk, X.shape[1] * beta)
+    theirs = lda_c._loglikelihood(np.asfortranarray(nwk.T.astype(np.intc)), ndk.astype(np.intc),
+                                  nk.astype(np.intc), doc_len.astype(np.intc), alpha, beta)
+    assert ours == pytest.approx(theirs, rel=1e-9)
+
+
+# --- fit -------------------------------------------------------------------------------------
+
+
+def test_topic_recovery(fitted, corpus):
+    X, topics = corpus
+    assert fitted.components_.shape == (5, X.shape[1])
+    assert matched_cosine(fitted.components_, topics) >= 0.9
+    hist = fitted.loglik_history_
+    assert [h[0] for h in hist] == [0, 10, 20, 30, 40, 50, 60]
+    assert hist[-1][2] > hist[0][2]
+    assert all(b[1] >= a[1] for a, b in zip(hist, hist[1:]))
+    assert fitted.n_tokens_ == X.sum()
+    assert fitted.n_iter_ == 60 and fitted.tokens_per_second_ > 0
+    np.testing.assert_allclose(fitted.components_.sum(), X.sum() + 0.05 * 5 * X.shape[1])
+    # under BSP the participants' evaluation is exact: the last one before
+    # the end is close to the final (exact) value
+    assert abs(hist[-2][2] - hist[-1][2]) / abs(hist[-1][2]) < 0.02
+
+
+def test_fitted_model_transform_and_score(fitted, corpus):
+    X, _ = corpus
+    theta = fitted.transform(X[:50])
+    assert theta.shape == (50, 5)
+    np.testing.assert_allclose(theta.sum(1), 1.0)
+    # documents are dominated by few topics (alpha = 0.3)
+    assert np.median(theta.max(1)) > 0.4
+    ll, n = document_completion(fitted.components_, X[:50], fitted.doc_topic_prior_, tol=fitted.mean_change_tol)
+    assert fitted.score(X[:50]) == pytest.approx(ll, rel=1e-6)
+    assert fitted.perplexity(X[:50]) == pytest.approx(math.exp(-ll / n))
+    # better than the uniform model over words
+    assert ll / n > -math.log(X.shape[1])
+    # transform is the same without a cluster, after pickling
+    m2 = pickle.loads(pickle.dumps(fitted))
+    assert m2.client is None
+    np.testing.assert_allclose(m2.transform(X[:50]), theta)
+    assert m2.get_feature_names_out().tolist() == [f"latentdirichletallocation{i}" for i in range(5)]
+
+
+@pytest.mark.parametrize("model", [dask_ps.SSP(2), dask_ps.ASP()], ids=["SSP2", "ASP"])
+def test_staleness_reaches_bsp_loglik(lda_client, corpus, model):
+    X, topics = corpus
+    kw = dict(doc_topic_prior=0.3, topic_word_prior=0.05, max_iter=60, n_partitions=4,
+              client=lda_client, random_state=1)
+    bsp = LatentDirichletAllocation(5, consistency=dask_ps.BSP(), **kw).fit(X)
+    stale = LatentDirichletAllocation(5, consistency=model, **kw).fit(X)
+    l_bsp, l_stale = bsp.loglik_history_[-1][2], stale.loglik_history_[-1][2]
+    assert abs(l_stale - l_bsp) / abs(l_bsp) < 0.02, (l_stale, l_bsp)
+    assert matched_cosine(stale.components_, topics) >= 0.9
+    assert len(stale.metrics_) == 4
+    assert stale.metrics_[0]["clock"] == kw["max_iter"] + 1  # the initial push + one clock per sweep
+
+
+def test_dask_array_input_stays_on_workers(lda_client, corpus):
+    da = pytest.importorskip("dask.array")
+    X, topics = corpus
+    dX = da.from_array(X, chunks=(100, X.shape[1]), asarray=False)  # scipy.sparse chunks
+    m = LatentDirichletAllocation(5, doc_topic_prior=0.3, topic_word_prior=0.05, max_iter=40,
+                                  consistency=dask_ps.SSP(1), client=lda_client, random_state=0).fit(dX)
+    assert len(m.metrics_) == 4  # one participant per row chunk
+    assert m.n_features_in_ == X.shape[1]
+    assert matched_cosine(m.components_, topics) >= 0.9
+    dense = da.from_array(X.toarray(), chunks=(150, 100))  # numpy chunks, split columns
+    theta = m.transform(dense)
+    assert isinstance(theta, da.Array)
+    np.testing.assert_allclose(theta.compute(), m.transform(X))
+
+
+def test_array_sampler_on_cpu(lda_client, corpus):
+    """The vectorized (array-API) sampler, run with numpy: the GPU path's code."""
+    X, topics = corpus
+    m = LatentDirichletAllocation(5, doc_topic_prior=0.3, topic_word_prior=0.05, max_iter=40, sampler="array",
+                                  consistency=dask_ps.BSP(), client=lda_client, random_state=0).fit(X)
+    assert matched_cosine(m.components_, topics) >= 0.9
+
+
+def test_client_none_uses_current_client(lda_client):
+    # lda_client is the current (default) client: no new cluster is started
+    X, _ = lda_corpus(n_docs=40, doc_len=30, n_words=50, n_topics=3, seed=2)
+    m = LatentDirichletAllocation(3, max_iter=5, evaluate_every=0, random_state=0).fit(X)
+    assert [h[0] for h in m.loglik_history_] == [5]
+    assert np.isfinite(m.loglik_history_[-1][2])
+
+
+def test_verbose_logs_progress(lda_client, caplog):
+    X, _ = lda_corpus(n_docs=60, doc_len=30, n_words=50, n_topics=3, seed=2)
+    with caplog.at_level(logging.INFO, logger="dask_ps.decomposition"):
+        LatentDirichletAllocation(3, max_iter=10, evaluate_every=5, verbose=1, client=lda_client,
+                                  random_state=0).fit(X)
+    text = caplog.text
+    assert "iteration 0: log-likelihood" in text and "iteration 5: log-likelihood" in text
+    assert "tokens/s" in text and "10 iterations" in text
+
+
+def test_empty_documents_are_skipped(lda_client):
+    X, _ = lda_corpus(n_docs=60, doc_len=30, n_words=50, n_topics=3, seed=4)
+    X = sp.vstack([sp.csr_matrix((3, 50)), X, sp.csr_matrix((2, 50))]).tocsr()
+    m = LatentDirichletAllocation(3, max_iter=5, client=lda_client, random_state=0).fit(X.toarray())
+    assert m.n_tokens_ == X.sum()
+    theta = m.transform(X[:3])
+    np.testing.assert_allclose(theta, 1 / 3)
+
+
+# --- validation ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"n_components": 0}, "n_components"),
+        ({"doc_topic_prior": 0.0}, "doc_topic_prior"),
+        ({"topic_word_prior": -1.0}, "topic_word_prior"),
+        ({"max_iter": -1}, "max_iter"),
+        ({"sampler": "gpu"}, "sampler"),
+        ({"device": "tpu"}, "device"),
+        ({"consistency": 42}, "consistency"),
+        ({"consistency": "sometimes"}, "consistency"),
+        ({"n_partitions": 0}, "n_partitions"),
+        ({"sampler": "sparse", "device": "cuda"}, "runs on the CPU"),
+    ],
+)
+def test_parameter_validation(params, match):
+    X, _ = lda_corpus(n_docs=10, doc_len=10, n_words=20, n_topics=2)
+    with pytest.raises(ValueError, match=match):
+        LatentDirichletAllocation(**params).fit(X)
+
+
+def test_sklearn_conventions():
+    from sklearn.base import clone
+
+    m = LatentDirichletAllocation(7, consistency=dask_ps.SSP(3), random_state=0)
+    assert m.get_params()["n_components"] == 7
+    c = clone(m).set_params(max_iter=3)
+    assert c.max_iter == 3 and c.consistency == dask_ps.SSP(3)
+    with pytest.raises(Exception, match="not fitted"):
+        m.transform(np.ones((1, 3)))
+
+
+@pytest.mark.parametrize(
+    "X, match",
+    [
+        (np.array([[1, -1, 2], [0, 1, 1]]), "Negative values"),
+        (np.array([[1.5, 1, 2], [0, 1, 1]]), "whole-number counts"),
+        (sp.csr_matrix(np.array([[1.5, 1, 2], [0, 1, 1]])), "whole-number counts"),
+        (np.array([[np.nan, 1, 2], [0, 1, 1]]), "NaN"),
+        (np.zeros((3, 4)), "no tokens"),
+        (np.array([["a", "b"]]), "could not convert|numeric"),
+    ],
+)
+def test_bad_input(lda_client, X, match):
+    with pytest.raises(ValueError, match=match):
+        LatentDirichletAllocation(2, max_iter=2, client=lda_client).fit(X)
+
+
+def test_bad_dask_chunks_are_reported(lda_client):
+    da = pytest.importorskip("dask.array")
+    X = np.ones((20, 5))
+    X[13, 2] = -1
+    with pytest.raises(ValueError, match="Negative values"):
+        LatentDirichletAllocation(2, max_iter=2, client=lda_client).fit(da.from_array(X, chunks=(10, 5)))
+
+
+def test_wrong_vocabulary_size_at_transform(fitted, corpus):
+    X, _ = corpus
+    with pytest.raises(ValueError, match="features"):
+        fitted.transform(X[:, :-1])
+    with pytest.raises(ValueError, match="features"):
+        fitted.score(X[:5, :-1])
+    with pytest.raises(ValueError, match="Negative"):
+        fitted.transform(-X[:5])
+    with pytest.raises(ValueError, match="whole-number"):
+        fitted.score(X[:5] * 0.5)
+    assert np.isfinite(fitted.transform(X[:5] * 0.5)).all()  # weights are fine for transform
+
+
+# --- against the lda package ------------------------------------------------------------
+
+
+def _reuters_split():
+    lda = pytest.importorskip("lda")
+    import lda.datasets
+
+    X = sp.csr_matrix(lda.datasets.load_reuters())
+    idx = np.random.default_rng(0).permutation(X.shape[0])
+    n_test = X.shape[0] // 10
+    return X[idx[n_test:]], X[idx[:n_test]]
+
+
+def _compare_with_lda_package(client, K, n_iter, consistency):
+    import lda
+
+    train, test = _reuters_split()
+    alpha, eta = 0.1, 0.01
+    ref = lda.LDA(n_topics=K, n_iter=n_iter, alpha=alpha, eta=eta, random_state=0, refresh=10**6).fit(train)
+    ll_ref, n_ref = document_completion(ref.topic_word_, test, alpha)
+    ours = LatentDirichletAllocation(K, doc_topic_prior=alpha, topic_word_prior=eta, max_iter=n_iter,
+                                     consistency=consistency, client=client, random_state=0).fit(train)
+    ll, n = document_completion(ours.components_, test, alpha)
+    assert n == n_ref
+    per_tok, per_tok_ref = ll / n, ll_ref / n_ref
+    assert abs(per_tok - per_tok_ref) / abs(per_tok_ref) < 0.02, (per_tok, per_tok_ref)
+    # and the training log-likelihood (same formula) is comparable too
+    assert abs(ours.loglik_history_[-1][2] - ref.loglikelihood()) / abs(ref.loglikelihood()) < 0.02
+
+
+def test_heldout_loglik_close_to_lda_package(lda_client):
+    """Reuters (ships with ``lda``), K=10, 60 iterations, default SSP(2)."""
+    _compare_with_lda_package(lda_client, K=10, n_iter=60, consistency=None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [dask_ps.BSP(), dask_ps.SSP(2), dask_ps.ASP()], ids=["BSP", "SSP2", "ASP"])
+def test_heldout_loglik_close_to_lda_package_k50(lda_client, model):
+    _compare_with_lda_package(lda_client, K=50, n_iter=200, consistency=model)
+
+
+# --- GPU ------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_gpu_array_sampler_topic_recovery(lda_client, corpus):
+    cupy = pytest.importorskip("cupy")
+    X, topics = corpus
+    m = LatentDirichletAllocation(5, doc_topic_prior=0.3, topic_word_prior=0.05, max_iter=40,
+                                  consistency=dask_ps.BSP(), client=lda_client, random_state=0)
+    m.fit(cupy.asarray(X.toarray()))
+    assert m._resolved(cupy.asarray(X.toarray())) == ("cuda", "array")
+    assert matched_cosine(m.components_, topics) >= 0.9
