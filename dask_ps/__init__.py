@@ -8,6 +8,7 @@ from dask_ps import _config  # noqa: F401  (registers the ``ps`` dask.config def
 from dask_ps._client import BlockPlacement, ParameterServer
 from dask_ps._exceptions import (
     ClockTimeoutError,
+    DataLostError,
     PSError,
     PSValueError,
     RunAbortedError,
@@ -28,5 +29,5 @@ __all__ = [
     "Consistency", "BSP", "SSP", "ESSP", "VAP", "CVAP", "ASP",
     "UpdateRule", "Sum", "Assign", "SGD", "Momentum", "Adagrad", "Adam", "Custom",
     "PSError", "TableError", "UnknownTableError", "TableExistsError", "PSValueError",
-    "StaleVersionError", "RunAbortedError", "ClockTimeoutError",
+    "StaleVersionError", "RunAbortedError", "ClockTimeoutError", "DataLostError",
 ]

@@ -6,7 +6,8 @@ Hierarchy::
     ├── TableError               a table-level problem (also a KeyError/ValueError)
     │   ├── UnknownTableError    no such table (KeyError)
     │   ├── TableExistsError     created twice with different specs (ValueError)
-    │   └── PSValueError         bad push/pull input: shape, dtype, rows, NaN (ValueError)
+    │   ├── PSValueError         bad push/pull input: shape, dtype, rows, NaN (ValueError)
+    │   └── DataLostError        blocks lost with a worker, no replica or checkpoint
     ├── StaleVersionError        a message carried an old table version; refresh and retry
     ├── RunAbortedError          a run was aborted because another participant failed
     └── ClockTimeoutError        waiting for the consistency bound took too long (TimeoutError)
@@ -47,6 +48,11 @@ class TableExistsError(TableError, ValueError):
 
 class PSValueError(TableError, ValueError):
     """A push or pull had bad input; nothing was stored."""
+
+
+class DataLostError(TableError):
+    """Row blocks were lost with their worker and could not be recovered
+    (no live replica, no checkpoint). Drop the table or ``load`` a checkpoint."""
 
 
 class StaleVersionError(PSError):

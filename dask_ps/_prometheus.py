@@ -9,31 +9,35 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 _collector = None
+_live: list = []  # plugins of running schedulers in this process, newest last
 
 
 def register(plugin) -> None:
-    """Export ``plugin``'s state; re-registering (a new scheduler in the same
-    process, as in tests) only points the one collector at the new plugin."""
+    """Export ``plugin``'s state. One collector per process reports the newest
+    running scheduler's plugin (several schedulers share a process in tests)."""
     global _collector
     try:
         import prometheus_client
     except ImportError:
         return
+    _live.append(plugin)
     if _collector is None:
-        _collector = PSCollector(plugin)
+        _collector = PSCollector()
         prometheus_client.REGISTRY.register(_collector)
-    else:
-        _collector.plugin = plugin
+
+
+def unregister(plugin) -> None:
+    if plugin in _live:
+        _live.remove(plugin)
 
 
 class PSCollector:
-    def __init__(self, plugin):
-        self.plugin = plugin
-
     def collect(self) -> Iterator:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        p = self.plugin
+        if not _live:
+            return
+        p = _live[-1]
         yield GaugeMetricFamily("dask_ps_servers", "Workers hosting shards", value=len(p.members))
         yield GaugeMetricFamily("dask_ps_tables", "Tables in the parameter server", value=len(p.tables))
         clocks = GaugeMetricFamily("dask_ps_run_clock", "Clock of each participant of a live run",

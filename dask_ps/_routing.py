@@ -106,12 +106,8 @@ def dense_requests(h: TableHandle) -> dict[str, list[tuple[int, None]]]:
     return reqs
 
 
-def assemble_dense(h: TableHandle, replies: dict[str, list], reqs: dict[str, list]):
-    """Place whole-block replies into one array of the table's shape."""
-    parts = {}
-    for addr, items in reqs.items():
-        for (b, _), arr in zip(items, replies[addr]):
-            parts[b] = arr
+def assemble_blocks(h: TableHandle, parts: dict[int, object]):
+    """Whole-block values ``parts[block]`` as one array of the table's shape."""
     if h.spec.n_blocks == 1:
         return parts[0]
     xp = _backend.namespace(*parts.values())
@@ -124,26 +120,25 @@ def assemble_dense(h: TableHandle, replies: dict[str, list], reqs: dict[str, lis
 
 def row_requests(h: TableHandle, rows: np.ndarray):
     """Requests for arbitrary ``rows``: ``(reqs, uniq, inverse)`` where
-    ``reqs[addr]`` lists ``(block, local_rows)``; the reply concatenated in
-    block order gives the values of ``uniq``; ``uniq[inverse] == rows``."""
+    ``reqs[addr]`` lists ``(block, local_rows)`` of the sorted unique rows
+    ``uniq``, and ``uniq[inverse] == rows`` (``inverse`` None if rows were
+    already sorted and unique)."""
     if rows.size > 1 and bool(np.all(rows[1:] > rows[:-1])):
         uniq, inverse = rows, None
     else:
         uniq, inverse = np.unique(rows, return_inverse=True)
     reqs = defaultdict(list)
-    order = []
     for b, lo, hi in block_slices(h.spec, uniq):
-        start = b * h.spec.block_rows
-        reqs[h.primary(b)].append((b, uniq[lo:hi] - start))
-        order.append((h.primary(b), len(reqs[h.primary(b)]) - 1))
-    return reqs, uniq, inverse, order
+        reqs[h.primary(b)].append((b, uniq[lo:hi] - b * h.spec.block_rows))
+    return reqs, uniq, inverse
 
 
-def assemble_rows(h: TableHandle, replies, order, inverse, n_rows: int):
+def assemble_rows(h: TableHandle, parts: dict[int, object], uniq: np.ndarray, inverse):
+    """Values of the requested rows from per-block replies ``parts[block]``."""
     spec = h.spec
-    chunks = [replies[addr][i] for addr, i in order]
-    if not chunks:
-        return np.empty((n_rows, *spec.row_shape), dtype=spec.dtype)
+    if not parts:
+        return np.empty((uniq.size, *spec.row_shape), dtype=spec.dtype)
+    chunks = [parts[b] for b in sorted(parts)]
     xp = _backend.namespace(*chunks)
     out = chunks[0] if len(chunks) == 1 else xp.concatenate(chunks, axis=0)
     if inverse is not None:

@@ -14,12 +14,15 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from dask.utils import format_bytes
 from distributed import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
 from dask_ps import _config
 from dask_ps._exceptions import (
     ClockTimeoutError,
+    DataLostError,
+    PSValueError,
     RunAbortedError,
     TableExistsError,
     UnknownTableError,
@@ -32,6 +35,10 @@ logger = logging.getLogger(__name__)
 
 HANDLERS = (
     "ps_register_server",
+    "ps_evacuate",
+    "ps_note_checkpoint",
+    "ps_active_runs",
+    "ps_placement_settled",
     "ps_servers",
     "ps_create_table",
     "ps_get_table",
@@ -54,12 +61,25 @@ class SchedulerTableState:
     spec_msg: dict
     version: int
     owners: list[list[str]]  # owners[block] = [primary, replicas...]
+    lost: dict[int, str] = field(default_factory=dict)  # block -> how it was lost
+    checkpoint: tuple[str, str] | None = None  # (path, data dir) of the latest save
+    restored: int = 0  # blocks restored from a checkpoint after a loss (updates since were lost)
 
     def __repr__(self):
         return f"<SchedulerTableState {self.spec.name!r} v{self.version} {len(self.owners)} blocks>"
 
     def handle_msg(self) -> dict:
+        if self.lost:
+            raise DataLostError(
+                f"table {self.spec.name!r}: row block(s) {sorted(self.lost)} were lost "
+                f"({'; '.join(sorted(set(self.lost.values())))}) and there is no replica or "
+                "checkpoint to restore them from. Drop the table, or ps.load() a checkpoint.",
+                self.spec.name,
+            )
         return {"spec": self.spec_msg, "version": self.version, "owners": self.owners}
+
+    def holders(self) -> set[str]:
+        return {w for ws in self.owners for w in ws}
 
 
 @dataclass
@@ -116,10 +136,10 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self.members: set[str] = set()
         self.tables: dict[str, SchedulerTableState] = {}
         self.runs: dict[str, RunState] = {}
-        self.lost: dict[str, set[int]] = {}
         self._table_locks: dict[str, asyncio.Lock] = {}
         self._servers_changed = None
         self._background: set[asyncio.Task] = set()
+        self._retiring: set[str] = set()
         self.totals: Counter = Counter()  # metrics summed over finished participants
 
     def __repr__(self):
@@ -138,6 +158,9 @@ class PSSchedulerPlugin(SchedulerPlugin):
         )
 
     async def close(self):
+        from dask_ps import _prometheus
+
+        _prometheus.unregister(self)
         for run in self.runs.values():
             run.aborted = "the scheduler is closing"
         self.runs.clear()
@@ -152,25 +175,201 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self.runs.clear()
 
     def remove_worker(self, scheduler, worker, *, stimulus_id=None, **kwargs):
+        """A worker left (killed, retired, or the cluster is closing): take it
+        out of every placement and repair in the background (promote a
+        replica, add a new one, or restore from a checkpoint)."""
+        self._retiring.discard(worker)
         if worker not in self.members:
             return
         self.members.discard(worker)
-        for name, t in self.tables.items():
-            lost = {b for b, owners in enumerate(t.owners) if owners and owners[0] == worker}
-            if lost:
-                self.lost.setdefault(name, set()).update(lost)
-                # INFO, not WARNING: every cluster shutdown removes workers too.
-                logger.info(
-                    "dask_ps: worker %s left (%s) holding %d block(s) of table %r",
-                    worker, stimulus_id, len(lost), name,
-                )
+        if scheduler.status.name != "running":
+            return  # shutting down: nothing to repair
+        for t in list(self.tables.values()):
+            if worker in t.holders():
+                self._in_background(self._repair(t.spec.name, gone={worker}, reason=f"{worker} left ({stimulus_id})"))
+
+    def _in_background(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # --- membership -------------------------------------------------------------
     async def register_server(self, address: str) -> None:
-        """Handler (worker plugin setup): this worker can host shards."""
+        """Handler (worker plugin setup): this worker can host shards. Tables
+        rebalance onto it in the background (consistent hashing: about 1/N
+        of the blocks move)."""
+        new = address not in self.members
         self.members.add(address)
         async with self._servers_changed:
             self._servers_changed.notify_all()
+        if new and self.tables:
+            for name in list(self.tables):
+                self._in_background(self._rebalance(name))
+
+    async def evacuate(self, address: str) -> None:
+        """Handler (worker plugin teardown, e.g. ``retire_workers``): move the
+        worker's blocks away while it still serves them."""
+        if address not in self._retiring or self.scheduler.status.name != "running":
+            return  # not a retirement (a plain close): replicas/checkpoints cover it
+        await self._evacuate(address)
+
+    def log_event(self, topic, msg):
+        # retire_workers marks a worker closing_gracefully before closing it:
+        # start moving its blocks away while it still serves them.
+        if isinstance(msg, dict) and msg.get("action") == "worker-status-change" and topic in self.members:
+            if msg.get("status") == "closing_gracefully":
+                self._retiring.add(topic)
+                self._in_background(self._evacuate(topic))
+            elif msg.get("status") == "running":
+                self._retiring.discard(topic)
+
+    async def _evacuate(self, address: str) -> None:
+        self.members.discard(address)
+        if not self._running_members():
+            return  # the whole cluster is shutting down (scale(0) retires everyone)
+        for name in list(self.tables):
+            t = self.tables.get(name)
+            if t is not None and address in t.holders():
+                await self._repair(name, gone=set(), leaving={address}, reason=f"{address} retired")
+
+    async def placement_settled(self) -> None:
+        """Handler: wait for background placement changes (tests, benchmarks)."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    def active_runs(self) -> list[str]:
+        return sorted(self.runs)
+
+    def note_checkpoint(self, path: str, data: str, tables: list[str]) -> None:
+        """Handler: ``tables`` were saved to ``path`` (used to restore lost blocks)."""
+        for name in tables:
+            if name in self.tables:
+                self.tables[name].checkpoint = (path, data)
+
+    # --- placement changes -------------------------------------------------------------
+    def _running_members(self) -> set[str]:
+        """Members that can take blocks: not closing or being retired."""
+        ws = self.scheduler.workers
+        return {w for w in self.members if w in ws and ws[w].status.name == "running"}
+
+    def _ideal(self, t: SchedulerTableState, members) -> list[list[str]]:
+        return place_blocks(
+            t.spec.name, t.spec.n_blocks, members,
+            vnodes=int(_config.get("vnodes")),
+            load_factor=float(_config.get("load-factor")),
+            replication=min(t.spec.replication, max(1, len(members))),
+        )
+
+    async def _rebalance(self, name: str) -> None:
+        lock = self._table_locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            t = self.tables.get(name)
+            if t is None or not self.members or t.lost:
+                return
+            await self._change_placement(t, self._ideal(t, self.members), sources=self.members)
+
+    async def _repair(self, name: str, gone: set[str], reason: str, leaving: set[str] = frozenset()) -> None:
+        """Placement without the ``gone`` (dead) and ``leaving`` (alive, retiring)
+        workers: survivors keep their blocks, a surviving replica becomes
+        primary, missing copies are added; blocks with no copy left are
+        restored from the latest checkpoint or reported lost."""
+        lock = self._table_locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            t = self.tables.get(name)
+            if t is None:
+                return
+            members = self._running_members() - gone - leaving
+            if not members:
+                for b in range(len(t.owners)):
+                    t.lost.setdefault(b, reason)
+                return
+            ideal = self._ideal(t, members)
+            k = min(t.spec.replication, len(members))
+            new_owners, lost = [], []
+            for b, old in enumerate(t.owners):
+                keep = [w for w in old if w in members]
+                if not keep and not any(w in leaving for w in old):
+                    lost.append(b)
+                for w in ideal[b]:
+                    if len(keep) >= k:
+                        break
+                    if w not in keep:
+                        keep.append(w)
+                new_owners.append(keep)
+            await self._change_placement(t, new_owners, sources=members | set(leaving), skip=set(lost))
+            if lost:
+                await self._recover_lost(t, lost, reason)
+
+    async def _change_placement(self, t: SchedulerTableState, new_owners, sources, skip=frozenset()) -> None:
+        """Move to ``new_owners``: each block's current primary (a live one)
+        copies it to its new owners under its table lock and adopts the new
+        placement; every other holder adopts it too. Clients that still use
+        the old version get StaleVersionError and retry (exactly once, by the
+        message numbers)."""
+        if new_owners == t.owners:
+            return
+        version = t.version + 1
+        moves: dict[str, list[tuple[int, str]]] = {}
+        for b, (old, new) in enumerate(zip(t.owners, new_owners)):
+            if b in skip:
+                continue
+            src = next((w for w in old if w in sources), None)
+            if src is None:
+                continue
+            for w in new:
+                if w not in old:
+                    moves.setdefault(src, []).append((b, w))
+        holders = t.holders() | {w for ws in new_owners for w in ws}
+        t.owners, t.version = new_owners, version  # handles now give the new placement
+        # New owners of blocks without a source get (empty) shards first.
+        fresh: dict[str, list[int]] = {}
+        for b in skip:
+            for w in new_owners[b]:
+                fresh.setdefault(w, []).append(b)
+        await asyncio.gather(*(
+            self.scheduler.rpc(w).ps_create_shards(spec=t.spec_msg, version=version, blocks=bs, owners=new_owners)
+            for w, bs in fresh.items()
+        ))
+        msg = dict(table=t.spec.name, table_id=t.spec.table_id, version=version, owners=new_owners)
+        results = await asyncio.gather(
+            *(self.scheduler.rpc(src).ps_transfer_blocks(**msg, moves=mv) for src, mv in moves.items()),
+            return_exceptions=True,
+        )
+        for src, r in zip(moves, results):
+            if isinstance(r, Exception):
+                logger.warning("dask_ps: moving blocks of %r from %s failed: %r", t.spec.name, src, r)
+        others = [w for w in holders if w not in moves and w in self.members | set(sources)]
+        await asyncio.gather(
+            *(self.scheduler.rpc(w).ps_set_placement(**msg) for w in others), return_exceptions=True
+        )
+        logger.info("dask_ps: table %r placement v%d (%d block moves)", t.spec.name, version,
+                    sum(len(m) for m in moves.values()))
+
+    async def _recover_lost(self, t: SchedulerTableState, blocks: list[int], reason: str) -> None:
+        if t.checkpoint is None:
+            for b in blocks:
+                t.lost[b] = reason
+            logger.error("dask_ps: table %r lost block(s) %s (%s) and has no checkpoint", t.spec.name, blocks, reason)
+            return
+        from dask_ps._checkpoint import table_dir
+
+        path, data = t.checkpoint
+        directory = table_dir(path, data, t.spec.name)
+        by_worker: dict[str, list[int]] = {}
+        for b in blocks:
+            for w in t.owners[b]:
+                by_worker.setdefault(w, []).append(b)
+        await asyncio.gather(*(
+            self.scheduler.rpc(w).ps_load_blocks(table=t.spec.name, table_id=t.spec.table_id,
+                                                 directory=directory, blocks=bs)
+            for w, bs in by_worker.items()
+        ))
+        t.restored += len(blocks)
+        logger.warning(
+            "dask_ps: table %r: block(s) %s were lost (%s) and restored from the checkpoint at %s; "
+            "updates made since that checkpoint are lost",
+            t.spec.name, blocks, reason, path,
+        )
 
     async def servers(self, n: int = 0, timeout: float = 0) -> list[str]:
         """Handler: current shard servers; with ``n``, wait up to ``timeout``
@@ -200,12 +399,14 @@ class PSSchedulerPlugin(SchedulerPlugin):
                     f"requested {new.describe()}. Drop it first or use another name.",
                     new.name,
                 )
+            self._check_memory(new)
             owners = place_blocks(
                 new.name,
                 new.n_blocks,
                 self.members,
                 vnodes=int(_config.get("vnodes")),
                 load_factor=float(_config.get("load-factor")),
+                replication=new.replication,
             )
             version = 1
             by_worker: dict[str, list[int]] = {}
@@ -214,7 +415,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
                     by_worker.setdefault(w, []).append(b)
             await asyncio.gather(
                 *(
-                    self.scheduler.rpc(w).ps_create_shards(spec=spec, version=version, blocks=bs)
+                    self.scheduler.rpc(w).ps_create_shards(spec=spec, version=version, blocks=bs, owners=owners)
                     for w, bs in by_worker.items()
                 )
             )
@@ -222,6 +423,25 @@ class PSSchedulerPlugin(SchedulerPlugin):
             self.tables[new.name] = state
             logger.info("dask_ps: created table %r (%s) on %d workers", new.name, new.describe(), len(by_worker))
             return state.handle_msg()
+
+    def _check_memory(self, spec: TableSpec) -> None:
+        """Refuse a table that cannot fit: its bytes (times replication, plus
+        optimizer state) above ``ps.max-memory-fraction`` of the memory limit
+        of the workers that would host it."""
+        limits = [self.scheduler.workers[w].memory_limit for w in self.members if w in self.scheduler.workers]
+        if not limits or not all(limits):
+            return  # unlimited workers: nothing to check against
+        state = {"momentum": 1, "adagrad": 1, "adam": 2}.get(spec.rule.name, 0)
+        need = spec.nbytes * spec.replication * (1 + state)
+        budget = float(_config.get("max-memory-fraction")) * sum(limits)
+        if spec.device == "cpu" and need > budget:
+            raise PSValueError(
+                f"table {spec.name!r} needs {format_bytes(need)} ({spec.describe()}) but the "
+                f"{len(limits)} workers' memory limits allow {format_bytes(budget)} for tables "
+                f"(ps.max-memory-fraction of {format_bytes(sum(limits))}). Use a smaller table, "
+                "a smaller dtype, or more workers.",
+                spec.name,
+            )
 
     def _table(self, name) -> SchedulerTableState:
         t = self.tables.get(name)
@@ -239,9 +459,10 @@ class PSSchedulerPlugin(SchedulerPlugin):
         return sorted(self.tables)
 
     async def drop_table(self, name: str) -> None:
-        t = self._table(name)
+        t = self.tables.get(name)
+        if t is None:
+            self._table(name)  # raises UnknownTableError
         del self.tables[name]
-        self.lost.pop(name, None)
         workers = {w for ws in t.owners for w in ws if w in self.members}
         await asyncio.gather(
             *(self.scheduler.rpc(w).ps_drop_table(name=name, table_id=t.spec.table_id) for w in workers),

@@ -237,13 +237,8 @@ class Session:
         m = self._metrics[name]
         h = self._router.handles[name]
 
-        run = (self.run_id, self._clock)
-
-        async def send(h):
-            msgs = buf.messages(h)
-            return msgs, await self._router.send(h, msgs, run=run)
-
-        msgs, seqs = self._sync(self._router.retrying, name, send)
+        msgs = buf.messages(h)
+        seqs = self._sync(self._router.send, name, msgs, run=(self.run_id, self._clock))
         m.flushes += 1
         m.bytes_pushed += sum(v.nbytes for items in msgs.values() for _, _, v in items)
         self._write_through(h, msgs, seqs)
@@ -408,18 +403,13 @@ class Session:
         if essp:
             extra["subscribe"] = (self.run_id, self._key, self.worker.address)
 
-        async def op(h2):
-            return await self._router.fetch(h2, by_addr, **extra)
-
-        replies = self._sync(self._router.retrying, name, op)
-        for addr, items in by_addr.items():
-            r = replies[addr]
-            for (b, rows), seq, vals in zip(items, r["seqs"], r["values"]):
-                m.bytes_pulled += vals.nbytes
-                e = CacheEntry(tag, seq, self._clock, rows, vals)
-                if self._cacheable(h):
-                    cache[b] = e
-                out[b] = e.take(reqs[b]) if rows is not reqs[b] else vals
+        got = self._sync(self._router.fetch, name, by_addr, **extra)
+        for b, (rows, seq, vals) in got.items():
+            m.bytes_pulled += vals.nbytes
+            e = CacheEntry(tag, seq, self._clock, rows, vals)
+            if self._cacheable(h):
+                cache[b] = e
+            out[b] = e.take(reqs[b]) if rows is not reqs[b] else vals
         self._record_staleness(m, min([tag] + [cache[b].tag for b in reqs if b in cache and b not in missing]))
         return out
 

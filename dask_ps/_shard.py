@@ -4,6 +4,11 @@ A worker hosts some row blocks of each table. ``ShardStore`` validates every
 message against the table spec *before* touching any block, so a bad message
 changes nothing, then applies the update rule block by block.
 
+Exactly once: a push carries its sender's id and a per-sender message number;
+each block remembers the numbers of the last ``APPLIED_WINDOW`` messages it
+applied from every sender, so a push that is re-sent after a failure (to a
+replica that already got it) is not applied twice.
+
 Torn reads: a whole-block pull replies with the stored array itself (no copy;
 Dask sends it as a zero-copy frame) and marks the block ``shared``. The next
 write to a shared block writes into a fresh array instead of in place, so a
@@ -12,6 +17,7 @@ reply still being sent always shows one consistent state (copy-on-write).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +34,8 @@ class Block:
     state: dict = field(default_factory=dict)
     shared: bool = False  # handed out without a copy: copy before the next write
     seq: int = 0  # number of updates applied; lets caches order snapshots and own writes
+    # sender -> numbers of its recent messages applied here (exactly-once on retry)
+    applied: dict[str, deque] = field(default_factory=dict)
 
     def __repr__(self):
         return f"<Block {self.data.shape} {self.data.dtype} shared={self.shared}>"
@@ -41,9 +49,16 @@ class TableShards:
     # aggregate="clock": summed pushes waiting for their clock to complete,
     # by (run_id, clock) then block.
     pending: dict[tuple[str, int], dict[int, object]] = field(default_factory=dict)
+    owners: list[list[str]] = field(default_factory=list)  # the table's placement, primary first
 
     def __repr__(self):
         return f"<TableShards {self.spec.name!r} v{self.version} blocks={sorted(self.blocks)}>"
+
+    def replicas(self, block: int, me: str) -> list[str]:
+        """Workers this (primary) worker forwards ``block``'s pushes to."""
+        if block < len(self.owners) and self.owners[block] and self.owners[block][0] == me:
+            return list(self.owners[block][1:])
+        return []
 
     @property
     def nbytes(self) -> int:
@@ -54,6 +69,7 @@ class TableShards:
 PushItem = tuple[int, "np.ndarray | None", object]
 
 _ASSIGN = Assign()
+APPLIED_WINDOW = 256  # a retry comes within a few messages of the original
 
 
 class ShardStore:
@@ -66,17 +82,67 @@ class ShardStore:
         return f"<ShardStore {sorted(self.tables)}>"
 
     # --- table lifecycle ------------------------------------------------------
-    def create(self, spec: TableSpec, version: int, blocks: list[int]) -> None:
+    def create(self, spec: TableSpec, version: int, blocks: list[int], owners=None) -> TableShards:
         have = self.tables.get(spec.name)
         if have is not None and have.spec.table_id == spec.table_id:
-            # Idempotent re-send; may add blocks (placement change).
-            have.version = max(have.version, version)
+            # Idempotent re-send, or more blocks after a placement change.
+            if version >= have.version:
+                have.version = version
+                have.owners = [list(o) for o in owners] if owners is not None else have.owners
         else:
-            have = self.tables[spec.name] = TableShards(spec, version, {})
+            have = self.tables[spec.name] = TableShards(
+                spec, version, {}, owners=[list(o) for o in owners or []]
+            )
         for b in blocks:
             if b not in have.blocks:
                 data = _backend.zeros(spec.block_shape(b), spec.dtype, spec.device)
                 have.blocks[b] = Block(data, spec.rule.init_state(data))
+        return have
+
+    def set_placement(self, name: str, table_id: str, version: int, owners, me: str) -> None:
+        """A newer placement: adopt it and drop blocks this worker no longer owns."""
+        t = self.tables.get(name)
+        if t is None or t.spec.table_id != table_id or version < t.version:
+            return
+        t.version = version
+        t.owners = [list(o) for o in owners]
+        for b in [b for b in t.blocks if b >= len(t.owners) or me not in t.owners[b]]:
+            del t.blocks[b]
+
+    @staticmethod
+    def export(t: TableShards, blocks) -> list[dict]:
+        """Everything needed to recreate blocks elsewhere (values, rule state,
+        sequence numbers, exactly-once bookkeeping). Copies, so a later write
+        here cannot change what is being sent."""
+        out = []
+        for b in blocks:
+            blk = t.blocks[b]
+            out.append({
+                "block": b,
+                "data": blk.data.copy(),
+                "state": {k: v.copy() for k, v in blk.state.items()},
+                "seq": blk.seq,
+                "applied": {k: list(v) for k, v in blk.applied.items()},
+            })
+        return out
+
+    def install(self, spec: TableSpec, version: int, owners, exported: list[dict]) -> None:
+        """Receive blocks exported by another worker (migration, new replica, restore)."""
+        t = self.create(spec, version, [], owners)
+        for e in exported:
+            b = int(e["block"])
+            data = _backend.to_device(e["data"], spec.device)
+            if tuple(data.shape) != spec.block_shape(b) or data.dtype != spec.dtype:
+                raise PSValueError(
+                    f"table {spec.name!r}: block {b} must be {spec.block_shape(b)} {spec.dtype}, "
+                    f"got {tuple(data.shape)} {data.dtype}",
+                    spec.name,
+                )
+            state = {k: _backend.to_device(v, spec.device) for k, v in (e.get("state") or {}).items()}
+            if not state:
+                state = spec.rule.init_state(data)
+            applied = {k: deque(v, maxlen=APPLIED_WINDOW) for k, v in (e.get("applied") or {}).items()}
+            t.blocks[b] = Block(data, state, seq=int(e.get("seq", 0)), applied=applied)
 
     def drop(self, name: str, table_id: str | None = None) -> bool:
         t = self.tables.get(name)
@@ -99,11 +165,13 @@ class ShardStore:
 
     # --- validation of a message ----------------------------------------------
     def _check_block(self, t: TableShards, b) -> Block:
-        if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or b not in t.blocks:
+        if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or not 0 <= b < t.spec.n_blocks:
             raise PSValueError(
                 f"table {t.spec.name!r}: block {b!r} is not hosted here (hosted: {sorted(t.blocks)})",
                 t.spec.name,
             )
+        if b not in t.blocks:  # a real block, elsewhere or still being copied here: retry
+            raise StaleVersionError(f"table {t.spec.name!r}: block {b} is not hosted here (yet)")
         return t.blocks[int(b)]
 
     def _check_local_rows(self, t: TableShards, blk: Block, rows) -> np.ndarray | None:
@@ -154,6 +222,18 @@ class ShardStore:
         return t, items
 
     # --- applying -----------------------------------------------------------
+    @staticmethod
+    def unapplied(t: TableShards, items: list[PushItem], sender=None, msg_seq=None) -> list[PushItem]:
+        """The items whose block has not applied message ``msg_seq`` of
+        ``sender`` yet (all items when the push is not numbered), and mark
+        those blocks as having applied it."""
+        if sender is None:
+            return items
+        fresh_blocks = {b for b, _, _ in items if msg_seq not in t.blocks[b].applied.get(sender, ())}
+        for b in fresh_blocks:
+            t.blocks[b].applied.setdefault(sender, deque(maxlen=APPLIED_WINDOW)).append(msg_seq)
+        return [it for it in items if it[0] in fresh_blocks]
+
     @staticmethod
     def apply(t: TableShards, items: list[PushItem], *, raw: bool = False, in_place: bool = True) -> dict:
         """Apply validated items with the table's rule (``raw``: plain assignment,

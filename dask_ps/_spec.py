@@ -45,6 +45,7 @@ class TableSpec:
     consistency: Consistency = field(default_factory=lambda: as_consistency(None))
     allow_nonfinite: bool = False
     aggregate: str = "push"  # "push": rule per push; "clock": once per clock on the sum
+    replication: int = 1  # copies of every block, on distinct workers
     block_rows: int = 0
     table_id: str = ""
 
@@ -60,6 +61,7 @@ class TableSpec:
         consistency=None,
         allow_nonfinite=None,
         aggregate="push",
+        replication=1,
         block_rows=None,
         **rule_params,
     ) -> "TableSpec":
@@ -84,6 +86,8 @@ class TableSpec:
             raise ValueError(f"table {name!r}: device must be one of {_backend.DEVICES}, got {device!r}")
         if aggregate not in AGGREGATES:
             raise ValueError(f"table {name!r}: aggregate must be one of {AGGREGATES}, got {aggregate!r}")
+        if not isinstance(replication, (int, np.integer)) or isinstance(replication, bool) or replication < 1:
+            raise ValueError(f"table {name!r}: replication must be an int >= 1, got {replication!r}")
         if allow_nonfinite is None:
             allow_nonfinite = bool(_config.get("allow-nonfinite"))
         row_bytes = max(1, math.prod(shape[1:]) * dtype.itemsize)
@@ -101,6 +105,7 @@ class TableSpec:
             consistency=as_consistency(consistency),
             allow_nonfinite=bool(allow_nonfinite),
             aggregate=aggregate,
+            replication=int(replication),
             block_rows=block_rows,
             table_id=uuid.uuid4().hex,
         )
@@ -137,7 +142,8 @@ class TableSpec:
     def describe(self) -> str:
         return (
             f"shape={self.shape}, dtype={self.dtype}, device={self.device!r}, "
-            f"rule={self.rule.name!r}, aggregate={self.aggregate!r}, consistency={self.consistency}"
+            f"rule={self.rule.name!r}, aggregate={self.aggregate!r}, replication={self.replication}, "
+            f"consistency={self.consistency}"
         )
 
     @property
@@ -157,6 +163,7 @@ class TableSpec:
             "consistency": self.consistency.to_msg(),
             "allow_nonfinite": self.allow_nonfinite,
             "aggregate": self.aggregate,
+            "replication": self.replication,
             "block_rows": self.block_rows,
             "table_id": self.table_id,
         }
@@ -172,6 +179,7 @@ class TableSpec:
             consistency=Consistency.from_msg(msg["consistency"]),
             allow_nonfinite=msg["allow_nonfinite"],
             aggregate=msg["aggregate"],
+            replication=msg.get("replication", 1),
             block_rows=msg["block_rows"],
             table_id=msg["table_id"],
         )

@@ -5,21 +5,34 @@ per server (``_routing``), sends them concurrently through ``Transport``,
 and merges the replies. ``Transport`` is Dask's RPC connection pool; when
 the caller runs inside a worker that hosts blocks itself, those blocks are
 read and written in-process, without a comm or serialization.
+
+Failover: every push is numbered (``sender``, ``msg_seq``). When a server
+is gone or the table's placement changed (``StaleVersionError``), the Router
+fetches the new placement and re-sends the failed items to their new owners;
+servers skip a numbered push they already applied, so a push counts exactly once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
+import uuid
 
 from distributed.protocol.serialize import to_serialize
 
 from dask_ps import _config, _routing
-from dask_ps._exceptions import StaleVersionError
+from dask_ps._exceptions import PSError, StaleVersionError, UnknownTableError
 from dask_ps._routing import TableHandle
 
 
 def _wrap(x):
     return None if x is None else to_serialize(x)
+
+
+def _retryable(e: BaseException) -> bool:
+    # OSError covers CommClosedError and refused connections (a dead worker).
+    return isinstance(e, (StaleVersionError, UnknownTableError, OSError))
 
 
 class Transport:
@@ -35,10 +48,11 @@ class Transport:
     def __repr__(self):
         return f"<Transport local={self.local_address}>"
 
-    async def push(self, addr: str, h: TableHandle, items, raw: bool = False, run=None) -> list[int]:
+    async def push(self, addr: str, h: TableHandle, items, raw=False, run=None, sender=None, msg_seq=None):
         """Apply ``items`` on ``addr``; returns each block's sequence number after it."""
         if addr == self.local_address:
-            return await self.local.local_push(h.spec.name, h.version, items, raw=raw, run=run)
+            return await self.local.local_push(h.spec.name, h.version, items, raw=raw, run=run,
+                                               sender=sender, msg_seq=msg_seq)
         return await asyncio.wait_for(
             self.rpc(addr).ps_push(
                 table=h.spec.name,
@@ -48,6 +62,8 @@ class Transport:
                 values=[to_serialize(v) for _, _, v in items],
                 raw=raw,
                 run=run,
+                sender=sender,
+                msg_seq=msg_seq,
             ),
             _config.get_seconds("timeouts.rpc"),
         )
@@ -74,6 +90,8 @@ class Router:
     def __init__(self, transport: Transport):
         self.transport = transport
         self.handles: dict[str, TableHandle] = {}
+        self.sender = uuid.uuid4().hex
+        self._msg_seq = itertools.count()
 
     async def handle(self, name: str, refresh: bool = False) -> TableHandle:
         h = self.handles.get(name)
@@ -85,52 +103,85 @@ class Router:
     def forget(self, name: str) -> None:
         self.handles.pop(name, None)
 
-    async def send(self, h: TableHandle, msgs: _routing.Messages, raw: bool = False, run=None) -> dict[int, int]:
+    async def _with_failover(self, name: str, by_addr: dict, call):
+        """Run ``call(h, addr, entries)`` for every server at once; re-route the
+        entries of failed servers after a placement refresh, until
+        ``ps.timeouts.failover``. Entries start with their block number."""
+        h = await self.handle(name)
+        deadline = time.monotonic() + _config.get_seconds("timeouts.failover")
+        delay = 0.02
+        out = {}
+        while True:
+            addrs = list(by_addr)
+            results = await asyncio.gather(
+                *(call(h, a, by_addr[a]) for a in addrs), return_exceptions=True
+            )
+            failed, error = [], None
+            for a, r in zip(addrs, results):
+                if isinstance(r, BaseException):
+                    if not _retryable(r):
+                        raise r
+                    failed.extend(by_addr[a])
+                    error = r
+                else:
+                    out[a] = (by_addr[a], r)
+            if not failed:
+                return out
+            if time.monotonic() > deadline:
+                raise PSError(
+                    f"table {name!r}: blocks {sorted({e[0] for e in failed})} stayed unreachable for "
+                    f"ps.timeouts.failover; last error: {error!r}"
+                ) from error
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.5)
+            h = await self.handle(name, refresh=True)  # raises if the table is gone or lost
+            by_addr = {}
+            for e in failed:
+                by_addr.setdefault(h.primary(e[0]), []).append(e)
+
+    async def send(self, name: str, msgs: _routing.Messages, raw: bool = False, run=None) -> dict[int, int]:
         """One message per server, all in flight at once; returns the sequence
         number of every block after this push."""
-        addrs = list(msgs)
-        replies = await asyncio.gather(*(self.transport.push(a, h, msgs[a], raw, run) for a in addrs))
+        msg_seq = next(self._msg_seq)
+
+        async def call(h, addr, items):
+            return await self.transport.push(addr, h, items, raw, run, self.sender, msg_seq)
+
         seqs: dict[int, int] = {}
-        for a, reply in zip(addrs, replies):
-            for (b, *_), s in zip(msgs[a], reply):
+        for items, reply in (await self._with_failover(name, dict(msgs), call)).values():
+            for (b, *_), s in zip(items, reply):
                 seqs[b] = max(seqs.get(b, 0), s)
         return seqs
 
-    async def fetch(self, h: TableHandle, reqs: dict, **extra) -> dict[str, dict]:
-        """Pull ``reqs[addr] = [(block, rows), ...]`` from every server at once."""
-        addrs = list(reqs)
-        replies = await asyncio.gather(*(self.transport.pull(a, h, reqs[a], **extra) for a in addrs))
-        return dict(zip(addrs, replies))
+    async def fetch(self, name: str, reqs: dict, **extra) -> dict[int, tuple]:
+        """Pull ``reqs[addr] = [(block, rows), ...]``; returns ``{block: (rows, seq, values)}``."""
 
-    async def retrying(self, name, op):
-        """``op(handle)``; a placement change bumps the table version, so on a
-        stale version refresh the handle once and retry."""
-        h = await self.handle(name)
-        try:
-            return await op(h)
-        except StaleVersionError:
-            return await op(await self.handle(name, refresh=True))
+        async def call(h, addr, entries):
+            return await self.transport.pull(addr, h, entries, **extra)
 
+        out = {}
+        for entries, reply in (await self._with_failover(name, dict(reqs), call)).values():
+            for (b, rows), seq, vals in zip(entries, reply["seqs"], reply["values"]):
+                out[b] = (rows, seq, vals)
+        return out
+
+    # --- whole-table and row operations for the client ------------------------------
     async def push_dense(self, name: str, values, raw: bool = False):
-        return await self.retrying(name, lambda h: self.send(h, _routing.split_dense(h, values), raw))
+        h = await self.handle(name)
+        return await self.send(name, _routing.split_dense(h, values), raw)
 
     async def push_rows(self, name: str, rows, values):
         """``rows`` sorted and unique (see ``_routing.coalesce_rows``)."""
-        return await self.retrying(name, lambda h: self.send(h, _routing.split_rows(h, rows, values)))
+        h = await self.handle(name)
+        return await self.send(name, _routing.split_rows(h, rows, values))
 
     async def pull_dense(self, name: str):
-        async def op(h):
-            reqs = _routing.dense_requests(h)
-            replies = await self.fetch(h, reqs)
-            return _routing.assemble_dense(h, {a: r["values"] for a, r in replies.items()}, reqs)
-
-        return await self.retrying(name, op)
+        h = await self.handle(name)
+        got = await self.fetch(name, _routing.dense_requests(h))
+        return _routing.assemble_blocks(h, {b: v for b, (_, _, v) in got.items()})
 
     async def pull_rows(self, name: str, rows):
-        async def op(h):
-            reqs, _, inverse, order = _routing.row_requests(h, rows)
-            replies = await self.fetch(h, reqs)
-            values = {a: r["values"] for a, r in replies.items()}
-            return _routing.assemble_rows(h, values, order, inverse, len(rows))
-
-        return await self.retrying(name, op)
+        h = await self.handle(name)
+        reqs, uniq, inverse = _routing.row_requests(h, rows)
+        got = await self.fetch(name, reqs)
+        return _routing.assemble_rows(h, {b: v for b, (_, _, v) in got.items()}, uniq, inverse)

@@ -9,6 +9,7 @@ arrays travel as zero-copy frames via ``to_serialize``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections import defaultdict, deque
@@ -21,7 +22,7 @@ from distributed.core import error_message
 from distributed.protocol.serialize import Serialized, to_serialize
 
 from dask_ps import _backend, _config
-from dask_ps._exceptions import PSError, PSValueError
+from dask_ps._exceptions import PSError, PSValueError, StaleVersionError, UnknownTableError
 from dask_ps._shard import ShardStore
 from dask_ps._spec import TableSpec
 
@@ -31,6 +32,7 @@ PLUGIN_NAME = "ps"
 HANDLERS = (
     "ps_create_shards", "ps_drop_table", "ps_push", "ps_pull", "ps_info",
     "ps_clock_advance", "ps_cache_fill", "ps_run_end",
+    "ps_transfer_blocks", "ps_install_blocks", "ps_set_placement", "ps_save_blocks", "ps_load_blocks",
 )
 
 
@@ -49,6 +51,7 @@ class PSWorkerPlugin(WorkerPlugin):
         self.store = ShardStore()
         self.worker = None
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._replica_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # ESSP: run_id -> session key -> (session's worker, {table: {block: rows}})
         self.subscriptions: dict[str, dict[str, tuple[str, dict]]] = defaultdict(dict)
         # ESSP: session key -> fresh rows pushed to a session on this worker
@@ -68,34 +71,100 @@ class PSWorkerPlugin(WorkerPlugin):
         await worker.scheduler.ps_register_server(address=worker.address)
 
     async def teardown(self, worker):
+        # A graceful close (retire_workers, scale down): hand our blocks to
+        # other workers first. The scheduler ignores this while shutting down.
+        if self.store.tables:
+            try:
+                await asyncio.wait_for(
+                    worker.scheduler.ps_evacuate(address=worker.address),
+                    _config.get_seconds("timeouts.failover"),
+                )
+            except Exception as e:  # the scheduler may be gone already
+                logger.info("dask_ps: could not evacuate %s: %r", worker.address, e)
         for op in HANDLERS:
             worker.handlers.pop(op, None)
         worker.extensions.pop(PLUGIN_NAME, None)
         self.store.tables.clear()
 
+    @contextlib.asynccontextmanager
+    async def _all_locks(self, table: str):
+        """Exclusive access to a table's shards (placement changes, checkpoints)."""
+        async with self._locks[table], self._replica_locks[table]:
+            yield
+
     # --- handlers (called on the worker's event loop) -----------------------------
-    def create_shards(self, spec: dict, version: int, blocks: list) -> None:
+    def create_shards(self, spec: dict, version: int, blocks: list, owners=None) -> None:
         """Handler: allocate the given blocks of a table (zeros)."""
-        self.store.create(TableSpec.from_msg(spec), version, list(blocks))
+        self.store.create(TableSpec.from_msg(spec), version, list(blocks), owners)
 
     def drop_table(self, name: str, table_id: str | None = None) -> bool:
         """Handler: forget a table's shards."""
         self._locks.pop(name, None)
+        self._replica_locks.pop(name, None)
         return self.store.drop(name, table_id)
 
-    async def push(self, table=None, version=None, blocks=(), rows=(), values=(), raw=False, run=None):
+    async def push(self, table=None, version=None, blocks=(), rows=(), values=(), raw=False, run=None,
+                   sender=None, msg_seq=None, replica=False):
         """Handler: apply one message of updates (all blocks or none).
-        ``run = (run_id, clock)`` tags a participant's push (per-clock aggregation)."""
+
+        ``run = (run_id, clock)`` tags a participant's push (per-clock
+        aggregation); ``sender``/``msg_seq`` number it so a re-sent message is
+        applied once. On a block's primary the message is forwarded to the
+        block's replicas, and the reply waits until they applied it too.
+        """
         rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
         values = [_unwrap(v) for v in values] if isinstance(values, (list, tuple)) else values
-        async with self._locks[table if isinstance(table, str) else ""]:
-            t, items = self.store.validate_push(table, version, blocks, rows, values)
+        return await self._push(table, version, blocks, rows, values, bool(raw), run, sender, msg_seq, bool(replica))
+
+    async def _push(self, table, version, blocks, rows, values, raw, run, sender, msg_seq, replica):
+        if sender is not None and not (isinstance(sender, str) and isinstance(msg_seq, int)):
+            raise PSValueError(f"push sender/msg_seq must be str/int, got {sender!r}/{msg_seq!r}")
+        key = table if isinstance(table, str) else ""
+        # Two locks per table: a primary holds its lock while it forwards to
+        # replicas, and replicas apply under the other one, so two primaries
+        # forwarding to each other cannot deadlock.
+        async with (self._replica_locks[key] if replica else self._locks[key]):
+            # A forwarded push follows the primary's placement, not the sender's.
+            t, items = self.store.validate_push(table, None if replica else version, blocks, rows, values)
+            if not replica:
+                me = self.worker.address
+                wrong = [b for b, _, _ in items if t.owners and t.owners[b][0] != me]
+                if wrong:
+                    raise StaleVersionError(
+                        f"table {t.spec.name!r}: this worker is not the primary of block(s) {wrong}"
+                    )
+            todo = self.store.unapplied(t, items, sender, msg_seq)
             if run is not None and t.spec.aggregate == "clock" and not raw:
                 run_id, clock = _check_run(run)
-                self.store.accumulate(t, run_id, clock, items)
-                return self.store.seqs(t, items)
-            await self._apply(t, items, raw=bool(raw))
+                self.store.accumulate(t, run_id, clock, todo)
+            elif todo:
+                await self._apply(t, todo, raw=raw)
+            if not replica:
+                await self._forward(t, items, raw, run, sender, msg_seq)
             return self.store.seqs(t, items)
+
+    async def _forward(self, t, items, raw, run, sender, msg_seq) -> None:
+        """Send a primary's push on to the blocks' replicas and wait for them.
+        A replica that cannot be reached is being removed by the scheduler:
+        the push stands on the live copies."""
+        by_replica: dict[str, list] = defaultdict(list)
+        for it in items:
+            for r in t.replicas(it[0], self.worker.address):
+                by_replica[r].append(it)
+        if not by_replica:
+            return
+        calls = [
+            self.worker.rpc(r).ps_push(
+                table=t.spec.name, version=t.version, blocks=[b for b, _, _ in its],
+                rows=[None if x is None else to_serialize(x) for _, x, _ in its],
+                values=[to_serialize(v) for _, _, v in its],
+                raw=raw, run=run, sender=sender, msg_seq=msg_seq, replica=True,
+            )
+            for r, its in by_replica.items()
+        ]
+        for r, res in zip(by_replica, await asyncio.gather(*calls, return_exceptions=True)):
+            if isinstance(res, Exception):
+                logger.warning("dask_ps: replica %s of table %r missed a push: %r", r, t.spec.name, res)
 
     async def _apply(self, t, items, raw=False):
         """Apply validated items; large ones on the offload thread (lock held)."""
@@ -107,6 +176,72 @@ class PSWorkerPlugin(WorkerPlugin):
         else:
             fresh = self.store.apply(t, items, raw=raw)
         self.store.commit(t, fresh)
+
+    # --- placement changes, replication, checkpoints ---------------------------------------
+    async def transfer_blocks(self, table: str, table_id: str, version: int, owners, moves) -> None:
+        """Handler (scheduler): copy blocks to other workers, then adopt the
+        new placement. Holding the table's lock, no push lands between the
+        copy and the switch, so the copies miss nothing."""
+        async with self._all_locks(table):
+            t = self.store.tables.get(table)
+            if t is None or t.spec.table_id != table_id:
+                raise UnknownTableError(f"table {table!r} is not hosted on {self.worker.address}", table)
+            by_target: dict[str, list[int]] = defaultdict(list)
+            for b, target in moves:
+                by_target[target].append(int(b))
+            spec = t.spec.to_msg()
+            await asyncio.gather(*(
+                self.worker.rpc(target).ps_install_blocks(
+                    spec=spec, version=version, owners=owners,
+                    blocks=[_wire_block(e) for e in self.store.export(t, bs)],
+                )
+                for target, bs in by_target.items()
+            ))
+            self.store.set_placement(table, table_id, version, owners, self.worker.address)
+
+    def install_blocks(self, spec: dict, version: int, owners, blocks) -> None:
+        """Handler: receive exported blocks (migration, new replica).
+
+        No lock here: the sender holds its own table lock while it waits for
+        this, and two workers sending blocks to each other must not wait on
+        each other. Installing is one synchronous step on the event loop, and
+        pushes for these blocks are refused (and retried) until it is done."""
+        self.store.install(TableSpec.from_msg(spec), version, owners, [_unwire_block(e) for e in blocks])
+
+    async def set_placement(self, table: str, table_id: str, version: int, owners) -> None:
+        """Handler (scheduler): a table's placement changed."""
+        async with self._all_locks(table):
+            self.store.set_placement(table, table_id, version, owners, self.worker.address)
+
+    async def save_blocks(self, table: str, table_id: str, directory: str) -> list[int]:
+        """Handler: write the blocks this worker is primary of to
+        ``directory/block-<b>.npz`` (values and rule state), via fsspec."""
+        async with self._all_locks(table):
+            t = self.store.tables.get(table)
+            if t is None or t.spec.table_id != table_id:
+                raise UnknownTableError(f"table {table!r} is not hosted on {self.worker.address}", table)
+            mine = [b for b in sorted(t.blocks) if not t.owners or t.owners[b][0] == self.worker.address]
+            exported = self.store.export(t, mine)
+        from distributed.utils import offload
+
+        from dask_ps._checkpoint import write_block
+
+        for e in exported:
+            await offload(write_block, directory, e)
+        return mine
+
+    async def load_blocks(self, table: str, table_id: str, directory: str, blocks) -> None:
+        """Handler: read blocks written by :meth:`save_blocks` into this worker's shards."""
+        from distributed.utils import offload
+
+        from dask_ps._checkpoint import read_block
+
+        exported = [await offload(read_block, directory, int(b)) for b in blocks]
+        async with self._all_locks(table):
+            t = self.store.tables.get(table)
+            if t is None or t.spec.table_id != table_id:
+                raise UnknownTableError(f"table {table!r} is not hosted on {self.worker.address}", table)
+            self.store.install(t.spec, t.version, t.owners, exported)
 
     async def pull(self, table=None, version=None, blocks=(), rows=(), run=None, subscribe=None):
         """Handler: values of whole blocks or of rows within blocks.
@@ -142,7 +277,7 @@ class PSWorkerPlugin(WorkerPlugin):
         for name, t in list(self.store.tables.items()):
             if not t.pending:
                 continue
-            async with self._locks[name]:
+            async with self._all_locks(name):
                 for items in self.store.due(t, run_id, m):
                     await self._apply(t, items)
 
@@ -197,15 +332,10 @@ class PSWorkerPlugin(WorkerPlugin):
         }
 
     # --- same-process access (a participant on this worker) -------------------------
-    async def local_push(self, table, version, items, raw=False, run=None):
-        async with self._locks[table]:
-            blocks, rows, values = zip(*items) if items else ((), (), ())
-            t, items = self.store.validate_push(table, version, list(blocks), list(rows), list(values))
-            if run is not None and t.spec.aggregate == "clock" and not raw:
-                self.store.accumulate(t, run[0], run[1], items)
-            else:
-                self.store.commit(t, self.store.apply(t, items, raw=raw))
-            return self.store.seqs(t, items)
+    async def local_push(self, table, version, items, raw=False, run=None, sender=None, msg_seq=None):
+        blocks, rows, values = zip(*items) if items else ((), (), ())
+        return await self._push(table, version, list(blocks), list(rows), list(values), raw, run,
+                                sender, msg_seq, False)
 
     async def local_pull(self, table, version, blocks, rows, run=None, subscribe=None):
         seqs, values = await self._read(table, version, blocks, rows, run, subscribe, copy=True)
@@ -241,6 +371,17 @@ def _check_run(run):
             and (run[1] is None or isinstance(run[1], (int, float)))):
         raise PSValueError(f"run tag must be (run_id, clock), got {run!r}")
     return run[0], run[1]
+
+
+def _wire_block(e: dict) -> dict:
+    """An exported block as a message: arrays as zero-copy frames."""
+    return {**e, "data": to_serialize(e["data"]), "state": {k: to_serialize(v) for k, v in e["state"].items()}}
+
+
+def _unwire_block(e: dict) -> dict:
+    if not isinstance(e, dict) or not _backend.is_array(e.get("data")):
+        raise PSValueError("an installed block must be a dict with a 'data' array")
+    return e
 
 
 def _unwrap(x):

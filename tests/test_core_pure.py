@@ -13,7 +13,7 @@ from dask_ps._oplog import PushBuffer
 from dask_ps._placement import HashRing, place_blocks
 from dask_ps._routing import (
     TableHandle,
-    assemble_dense,
+    assemble_blocks,
     assemble_rows,
     coalesce_rows,
     dense_requests,
@@ -342,13 +342,13 @@ def test_split_and_assemble_roundtrip():
     msgs = split_dense(h, x)
     assert sum(len(v) for v in msgs.values()) == 4
     reqs = dense_requests(h)
-    replies = {a: [x[slice(*s.block_bounds(b))] for b, _ in items] for a, items in reqs.items()}
-    np.testing.assert_array_equal(assemble_dense(h, replies, reqs), x)
+    parts = {b: x[slice(*s.block_bounds(b))] for items in reqs.values() for b, _ in items}
+    np.testing.assert_array_equal(assemble_blocks(h, parts), x)
 
     rows = np.array([9, 0, 4, 4])
-    reqs, uniq, inverse, order = row_requests(h, rows)
-    replies = {a: [x[b * 3 + r] for b, r in items] for a, items in reqs.items()}
-    np.testing.assert_array_equal(assemble_rows(h, replies, order, inverse, 4), x[rows])
+    reqs, uniq, inverse = row_requests(h, rows)
+    parts = {b: x[b * 3 + r] for items in reqs.values() for b, r in items}
+    np.testing.assert_array_equal(assemble_rows(h, parts, uniq, inverse), x[rows])
 
     msgs = split_rows(h, np.array([0, 4, 9]), x[[0, 4, 9]])
     got = sorted((b, r.tolist()) for items in msgs.values() for b, r, _ in items)

@@ -1,0 +1,123 @@
+"""Checkpoint files (pure I/O, through fsspec so any filesystem Dask can reach works).
+
+Layout of a checkpoint directory ``path``::
+
+    path/manifest.json            the commit point: specs, versions, block files, user metadata
+    path/ckpt-<id>/<table>/block-<b>.npz   values and rule state of one row block
+
+A save writes a new ``ckpt-<id>`` directory (each worker writes the blocks it
+is primary of, so data never passes through the client or the scheduler),
+then replaces ``manifest.json`` by renaming a temporary file over it, and
+finally deletes older ``ckpt-*`` directories. A reader only follows the
+manifest, so it sees the old checkpoint or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import posixpath
+import time
+import uuid
+
+import fsspec
+import numpy as np
+
+FORMAT = 1
+
+
+def _fs(path: str):
+    fs, root = fsspec.core.url_to_fs(path)
+    return fs, root.rstrip("/")
+
+
+def block_path(directory: str, block: int) -> str:
+    return posixpath.join(directory, f"block-{block:06d}.npz")
+
+
+def write_block(directory: str, exported: dict) -> None:
+    """Write one exported block (``ShardStore.export``) as an ``.npz``."""
+    from dask_ps._backend import to_numpy
+
+    fs, d = _fs(directory)
+    fs.makedirs(d, exist_ok=True)
+    arrays = {"data": to_numpy(exported["data"]), "seq": np.array(exported["seq"])}
+    for k, v in exported["state"].items():
+        arrays[f"state__{k}"] = to_numpy(v)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    with fs.open(block_path(d, exported["block"]), "wb") as f:
+        f.write(buf.getvalue())
+
+
+def read_block(directory: str, block: int) -> dict:
+    fs, d = _fs(directory)
+    with fs.open(block_path(d, block), "rb") as f:
+        z = np.load(io.BytesIO(f.read()), allow_pickle=False)
+        return {
+            "block": block,
+            "data": z["data"],
+            "seq": int(z["seq"]),
+            "state": {k[len("state__"):]: z[k] for k in z.files if k.startswith("state__")},
+            "applied": {},
+        }
+
+
+def new_data_dir(path: str) -> str:
+    return f"ckpt-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+
+
+def _encode(obj):
+    """JSON for specs: bytes (a custom rule's pickle) as base64."""
+    if isinstance(obj, bytes):
+        return {"__bytes__": base64.b64encode(obj).decode()}
+    if isinstance(obj, dict):
+        return {k: _encode(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_encode(v) for v in obj]
+    return obj
+
+
+def _decode(obj):
+    if isinstance(obj, dict):
+        if set(obj) == {"__bytes__"}:
+            return base64.b64decode(obj["__bytes__"])
+        return {k: _decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v) for v in obj]
+    return obj
+
+
+def commit(path: str, manifest: dict) -> None:
+    """Atomically make ``manifest`` the checkpoint at ``path``, then remove
+    the data directories it no longer refers to."""
+    fs, root = _fs(path)
+    manifest = {"format": FORMAT, "created": time.time(), **manifest}
+    tmp = posixpath.join(root, f".manifest-{uuid.uuid4().hex}.json")
+    with fs.open(tmp, "w") as f:
+        json.dump(_encode(manifest), f)
+    fs.mv(tmp, posixpath.join(root, "manifest.json"))
+    for entry in fs.ls(root, detail=False):
+        name = posixpath.basename(entry.rstrip("/"))
+        if name.startswith("ckpt-") and name != manifest["data"]:
+            fs.rm(entry, recursive=True)
+
+
+def read_manifest(path: str) -> dict | None:
+    fs, root = _fs(path)
+    p = posixpath.join(root, "manifest.json")
+    if not fs.exists(p):
+        return None
+    with fs.open(p, "r") as f:
+        manifest = _decode(json.load(f))
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{path}: unknown checkpoint format {manifest.get('format')!r}")
+    return manifest
+
+
+def table_dir(path: str, data: str, table: str) -> str:
+    _, root = _fs(path)
+    proto = fsspec.core.split_protocol(path)[0]
+    joined = posixpath.join(root, data, table)
+    return f"{proto}://{joined}" if proto else joined
