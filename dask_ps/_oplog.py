@@ -49,19 +49,28 @@ class PushBuffer:
         self.nbytes += values.nbytes + rows.nbytes
 
     def max_abs(self) -> float:
-        """Largest magnitude of any element's pending (summed) update."""
-        vals = [abs(v).max() for _, v in self.ops] if not self.additive else []
-        if self.dense is not None:
-            if self.row_parts:
-                rows, pv = self._merged_rows()
-                d = self.dense.copy()
-                d[_backend.namespace(d).asarray(rows)] += pv
-                return float(abs(d).max()) if d.size else 0.0
-            vals.append(abs(self.dense).max())
-        elif self.row_parts:
+        """Largest magnitude of any element's pending update, summed over all
+        buffered pushes (the VAP norm)."""
+        if not self:
+            return 0.0
+        if self.additive and self.dense is None:
             _, pv = self._merged_rows()
-            vals.append(abs(pv).max() if pv.size else 0.0)
-        return float(max(vals)) if vals else 0.0
+            return float(abs(pv).max()) if pv.size else 0.0
+        if self.additive:
+            total = self.dense
+            if self.row_parts:
+                rows, vals = self._merged_rows()
+                total = total.copy()
+                total[_backend.namespace(total).asarray(rows)] += vals
+        else:  # optimizer steps pending in order: their summed update, exactly
+            xp = _backend.namespace(*(v for _, v in self.ops))
+            total = xp.zeros(self.spec.shape, dtype=self.spec.dtype)
+            for rows, vals in self.ops:
+                if rows is None:
+                    total += vals
+                else:
+                    _backend.scatter_add(total, xp.asarray(rows), vals)
+        return float(abs(total).max())
 
     def messages(self, h: TableHandle) -> _routing.Messages:
         """The buffer as one list of items per server (does not clear it)."""

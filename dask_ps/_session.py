@@ -108,7 +108,13 @@ class Session:
         self.rank = rank
         self.n_participants = n_participants
         self._plugin = plugin = self.worker.extensions.get("ps")
-        self._router = Router(Transport(self.worker.rpc, self.worker.scheduler, local=plugin))
+        # The sender id is stable across retries of this participant's task, and
+        # flushes are numbered by (clock, n-th flush in the clock): a retried
+        # participant that repeats a clock's pushes has them applied once.
+        self._router = Router(
+            Transport(self.worker.rpc, self.worker.scheduler, local=plugin), sender=f"{run_id}-{rank}"
+        )
+        self._flushes_this_clock = 0
         self._key = f"{run_id}-{rank}-{uuid.uuid4().hex[:8]}"  # ESSP mailbox of this session
         self._notifying = False
         self._buffers: dict[str, PushBuffer] = {}
@@ -238,7 +244,9 @@ class Session:
         h = self._router.handles[name]
 
         msgs = buf.messages(h)
-        seqs = self._sync(self._router.send, name, msgs, run=(self.run_id, self._clock))
+        msg_seq = (self._clock << 24) + self._flushes_this_clock
+        self._flushes_this_clock += 1
+        seqs = self._sync(self._router.send, name, msgs, run=(self.run_id, self._clock), msg_seq=msg_seq)
         m.flushes += 1
         m.bytes_pushed += sum(v.nbytes for items in msgs.values() for _, _, v in items)
         self._write_through(h, msgs, seqs)
@@ -284,6 +292,7 @@ class Session:
         """
         self.flush()
         self._clock += 1
+        self._flushes_this_clock = 0
         wait_for = None if self._staleness_used is None else self._clock - self._staleness_used
         t0 = time.perf_counter()
         # One RPC: report the clock and, under SSP, wait for the slowest.

@@ -151,12 +151,14 @@ class ShardStore:
         del self.tables[name]
         return True
 
-    def get(self, name, version=None) -> TableShards:
+    def get(self, name, version=None, table_id=None) -> TableShards:
         if not isinstance(name, str):
             raise PSValueError(f"table name must be a str, got {type(name).__name__}")
         t = self.tables.get(name)
         if t is None:
             raise UnknownTableError(f"table {name!r} does not exist on this worker", name)
+        if table_id is not None and table_id != t.spec.table_id:
+            raise StaleVersionError(f"table {name!r} was dropped and created again")
         if version is not None and version != t.version:
             raise StaleVersionError(
                 f"table {name!r}: message for version {version!r}, this worker has version {t.version}"
@@ -187,10 +189,10 @@ class ShardStore:
             raise PSValueError(f"table {name!r}: block rows must be sorted and unique", name)
         return rows
 
-    def validate_push(self, name, version, blocks, rows, values) -> tuple[TableShards, list[PushItem]]:
+    def validate_push(self, name, version, blocks, rows, values, table_id=None) -> tuple[TableShards, list[PushItem]]:
         """Check a whole push message; return the table and its items. Raises
         before anything is applied."""
-        t = self.get(name, version)
+        t = self.get(name, version, table_id)
         spec = t.spec
         if not (isinstance(blocks, (list, tuple)) and isinstance(rows, (list, tuple))
                 and isinstance(values, (list, tuple)) and len(blocks) == len(rows) == len(values)):
@@ -283,8 +285,8 @@ class ShardStore:
             blk = t.blocks[b]
             blk.data, blk.shared = arr, False
 
-    def validate_pull(self, name, version, blocks, rows) -> tuple[TableShards, list]:
-        t = self.get(name, version)
+    def validate_pull(self, name, version, blocks, rows, table_id=None) -> tuple[TableShards, list]:
+        t = self.get(name, version, table_id)
         if not (isinstance(blocks, (list, tuple)) and isinstance(rows, (list, tuple))
                 and len(blocks) == len(rows)):
             raise PSValueError(

@@ -52,10 +52,11 @@ class Transport:
         """Apply ``items`` on ``addr``; returns each block's sequence number after it."""
         if addr == self.local_address:
             return await self.local.local_push(h.spec.name, h.version, items, raw=raw, run=run,
-                                               sender=sender, msg_seq=msg_seq)
+                                               sender=sender, msg_seq=msg_seq, table_id=h.spec.table_id)
         return await asyncio.wait_for(
             self.rpc(addr).ps_push(
                 table=h.spec.name,
+                table_id=h.spec.table_id,
                 version=h.version,
                 blocks=[b for b, _, _ in items],
                 rows=[_wrap(r) for _, r, _ in items],
@@ -74,10 +75,12 @@ class Transport:
         blocks = [b for b, _ in reqs]
         rows = [r for _, r in reqs]
         if addr == self.local_address:
-            return await self.local.local_pull(h.spec.name, h.version, blocks, rows, **extra)
+            return await self.local.local_pull(h.spec.name, h.version, blocks, rows,
+                                               table_id=h.spec.table_id, **extra)
         return await asyncio.wait_for(
             self.rpc(addr).ps_pull(
-                table=h.spec.name, version=h.version, blocks=blocks, rows=[_wrap(r) for r in rows], **extra
+                table=h.spec.name, table_id=h.spec.table_id, version=h.version, blocks=blocks,
+                rows=[_wrap(r) for r in rows], **extra
             ),
             _config.get_seconds("timeouts.rpc"),
         )
@@ -87,10 +90,10 @@ class Router:
     """Table-level push/pull on top of a :class:`Transport`, with a cache of
     table handles (spec + placement) fetched from the scheduler."""
 
-    def __init__(self, transport: Transport):
+    def __init__(self, transport: Transport, sender: str | None = None):
         self.transport = transport
         self.handles: dict[str, TableHandle] = {}
-        self.sender = uuid.uuid4().hex
+        self.sender = sender or uuid.uuid4().hex
         self._msg_seq = itertools.count()
 
     async def handle(self, name: str, refresh: bool = False) -> TableHandle:
@@ -108,6 +111,7 @@ class Router:
         entries of failed servers after a placement refresh, until
         ``ps.timeouts.failover``. Entries start with their block number."""
         h = await self.handle(name)
+        table_id = h.spec.table_id
         deadline = time.monotonic() + _config.get_seconds("timeouts.failover")
         delay = 0.02
         out = {}
@@ -135,14 +139,23 @@ class Router:
             await asyncio.sleep(delay)
             delay = min(2 * delay, 0.5)
             h = await self.handle(name, refresh=True)  # raises if the table is gone or lost
+            if h.spec.table_id != table_id:
+                raise StaleVersionError(
+                    f"table {name!r} was dropped and created again while this operation was "
+                    f"in flight; blocks {sorted({e[0] for e in failed})} were not written or read. "
+                    f"The table is now: {h.spec.describe()}"
+                ) from error
             by_addr = {}
             for e in failed:
                 by_addr.setdefault(h.primary(e[0]), []).append(e)
 
-    async def send(self, name: str, msgs: _routing.Messages, raw: bool = False, run=None) -> dict[int, int]:
+    async def send(self, name: str, msgs: _routing.Messages, raw: bool = False, run=None,
+                   msg_seq: int | None = None) -> dict[int, int]:
         """One message per server, all in flight at once; returns the sequence
-        number of every block after this push."""
-        msg_seq = next(self._msg_seq)
+        number of every block after this push. ``msg_seq`` numbers the push
+        for exactly-once delivery (default: the next number of this sender)."""
+        if msg_seq is None:
+            msg_seq = next(self._msg_seq)
 
         async def call(h, addr, items):
             return await self.transport.push(addr, h, items, raw, run, self.sender, msg_seq)

@@ -104,7 +104,7 @@ class PSWorkerPlugin(WorkerPlugin):
         return self.store.drop(name, table_id)
 
     async def push(self, table=None, version=None, blocks=(), rows=(), values=(), raw=False, run=None,
-                   sender=None, msg_seq=None, replica=False):
+                   sender=None, msg_seq=None, replica=False, table_id=None):
         """Handler: apply one message of updates (all blocks or none).
 
         ``run = (run_id, clock)`` tags a participant's push (per-clock
@@ -114,9 +114,10 @@ class PSWorkerPlugin(WorkerPlugin):
         """
         rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
         values = [_unwrap(v) for v in values] if isinstance(values, (list, tuple)) else values
-        return await self._push(table, version, blocks, rows, values, bool(raw), run, sender, msg_seq, bool(replica))
+        return await self._push(table, version, blocks, rows, values, bool(raw), run, sender, msg_seq,
+                                bool(replica), table_id)
 
-    async def _push(self, table, version, blocks, rows, values, raw, run, sender, msg_seq, replica):
+    async def _push(self, table, version, blocks, rows, values, raw, run, sender, msg_seq, replica, table_id=None):
         if sender is not None and not (isinstance(sender, str) and isinstance(msg_seq, int)):
             raise PSValueError(f"push sender/msg_seq must be str/int, got {sender!r}/{msg_seq!r}")
         key = table if isinstance(table, str) else ""
@@ -125,7 +126,7 @@ class PSWorkerPlugin(WorkerPlugin):
         # forwarding to each other cannot deadlock.
         async with (self._replica_locks[key] if replica else self._locks[key]):
             # A forwarded push follows the primary's placement, not the sender's.
-            t, items = self.store.validate_push(table, None if replica else version, blocks, rows, values)
+            t, items = self.store.validate_push(table, None if replica else version, blocks, rows, values, table_id)
             if not replica:
                 me = self.worker.address
                 wrong = [b for b, _, _ in items if t.owners and t.owners[b][0] != me]
@@ -243,7 +244,7 @@ class PSWorkerPlugin(WorkerPlugin):
                 raise UnknownTableError(f"table {table!r} is not hosted on {self.worker.address}", table)
             self.store.install(t.spec, t.version, t.owners, exported)
 
-    async def pull(self, table=None, version=None, blocks=(), rows=(), run=None, subscribe=None):
+    async def pull(self, table=None, version=None, blocks=(), rows=(), run=None, subscribe=None, table_id=None):
         """Handler: values of whole blocks or of rows within blocks.
 
         ``run = (run_id, min_clock)``: the reader knows every participant
@@ -252,11 +253,11 @@ class PSWorkerPlugin(WorkerPlugin):
         rows to that session after every clock advance.
         """
         rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
-        seqs, values = await self._read(table, version, blocks, rows, run, subscribe, copy=False)
+        seqs, values = await self._read(table, version, blocks, rows, run, subscribe, copy=False, table_id=table_id)
         return {"seqs": seqs, "values": [to_serialize(a) for a in values]}
 
-    async def _read(self, table, version, blocks, rows, run, subscribe, copy):
-        t, reqs = self.store.validate_pull(table, version, blocks, rows)
+    async def _read(self, table, version, blocks, rows, run, subscribe, copy, table_id=None):
+        t, reqs = self.store.validate_pull(table, version, blocks, rows, table_id)
         if run is not None:
             run_id, min_clock = _check_run(run)
             await self._advance(run_id, min_clock)
@@ -332,13 +333,13 @@ class PSWorkerPlugin(WorkerPlugin):
         }
 
     # --- same-process access (a participant on this worker) -------------------------
-    async def local_push(self, table, version, items, raw=False, run=None, sender=None, msg_seq=None):
+    async def local_push(self, table, version, items, raw=False, run=None, sender=None, msg_seq=None, table_id=None):
         blocks, rows, values = zip(*items) if items else ((), (), ())
         return await self._push(table, version, list(blocks), list(rows), list(values), raw, run,
-                                sender, msg_seq, False)
+                                sender, msg_seq, False, table_id)
 
-    async def local_pull(self, table, version, blocks, rows, run=None, subscribe=None):
-        seqs, values = await self._read(table, version, blocks, rows, run, subscribe, copy=True)
+    async def local_pull(self, table, version, blocks, rows, run=None, subscribe=None, table_id=None):
+        seqs, values = await self._read(table, version, blocks, rows, run, subscribe, copy=True, table_id=table_id)
         return {"seqs": seqs, "values": values}
 
 

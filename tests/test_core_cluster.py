@@ -328,3 +328,16 @@ def test_parameter_server_without_a_client_starts_and_closes_a_cluster(tmp_path)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split()
     assert lines[:2] == ["10.0", "2"] and lines[2] == "closed"
+
+
+def test_recreated_table_is_detected_not_written_under_the_new_spec(ps, client):
+    a, b = ps, dask_ps.ParameterServer(client)
+    a.create_table("re", shape=(4,))
+    a.push("re", np.ones(4))
+    b.drop_table("re")
+    b.create_table("re", shape=(4,), rule="assign")
+    with pytest.raises(dask_ps.StaleVersionError, match="dropped and created again"):
+        a.push("re", np.full(4, 5.0))
+    assert b.pull("re").tolist() == [0, 0, 0, 0]
+    a.push("re", np.full(4, 5.0))  # the next call uses the new table
+    assert b.pull("re").tolist() == [5, 5, 5, 5]

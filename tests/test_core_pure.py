@@ -380,3 +380,12 @@ def test_push_buffer_keeps_optimizer_steps_in_order():
     buf.add_rows(np.array([1]), np.array([2.0]))
     items = [it for v in buf.messages(handle(s)).values() for it in v]
     assert [(b, None if r is None else r.tolist()) for b, r, _ in items] == [(0, None), (0, [1])]
+
+
+def test_value_bound_norm_sums_pending_optimizer_steps():
+    s = spec((4,), rule="sgd", lr=1.0, consistency=VAP(1.0))
+    buf = PushBuffer(s)
+    buf.add_dense(np.full(4, 0.6))
+    buf.add_dense(np.full(4, 0.6))
+    buf.add_rows(np.array([1]), np.array([-2.0]))
+    assert buf.max_abs() == pytest.approx(1.2)
