@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import uuid
 from collections import namedtuple
@@ -11,6 +13,7 @@ import numpy as np
 from distributed import Client, Future, LocalCluster, get_client
 
 from dask_ps import _spec
+from dask_ps._exceptions import TableExistsError, UnknownTableError
 from dask_ps._routing import coalesce_rows
 from dask_ps._scheduler_plugin import PSSchedulerPlugin
 from dask_ps._transport import Router, Transport
@@ -64,8 +67,12 @@ class ParameterServer:
         n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
         # Worker plugins set up asynchronously; wait until every worker serves.
         self._servers(n=n_workers, timeout=30)
-        self._router = Router(Transport(client.rpc, client.scheduler))
+        self._latest_versions: dict[str, int] = {}
+        self._router = Router(Transport(client.rpc, client.scheduler), latest_versions=self._latest_versions)
         self._metrics: dict[str, dict] = {}
+        # Placement changes are announced as Dask events: refresh before the
+        # next message instead of discovering a dead worker by a failed connect.
+        client.subscribe_topic("ps-placement", self._on_placement)
 
     def __repr__(self):
         return f"<ParameterServer {self.client.scheduler.address} tables={self.tables()}>"
@@ -83,6 +90,11 @@ class ParameterServer:
 
     def __exit__(self, *exc):
         self.close()
+
+    def _on_placement(self, event) -> None:
+        _, msg = event
+        name, version = msg["table"], msg["version"]
+        self._latest_versions[name] = max(version, self._latest_versions.get(name, 0))
 
     def _sync(self, fn, *args, **kwargs):
         return self.client.sync(fn, *args, **kwargs)
@@ -108,6 +120,7 @@ class ParameterServer:
         device: str = "cpu",
         allow_nonfinite: bool | None = None,
         aggregate: str = "push",
+        replication: int = 1,
         block_rows: int | None = None,
         **rule_params,
     ) -> None:
@@ -143,6 +156,13 @@ class ParameterServer:
             when every participant has finished that clock (MXNet's
             synchronous mode: one optimizer step per iteration on the summed
             gradient). Pushes from outside a run are applied at once.
+        replication : int, default 1
+            Copies of every block on distinct workers. A push is acknowledged
+            once every live copy applied it; when a worker dies a surviving
+            copy takes over and a new copy is made, so nothing acknowledged
+            is lost. With 1, a lost block is restored from the latest
+            :meth:`save` (updates since are lost, with a warning) or, without
+            a checkpoint, the table raises :class:`DataLostError`.
         block_rows : int, optional
             Rows per block, overriding ``ps.block-bytes``.
 
@@ -154,7 +174,8 @@ class ParameterServer:
         """
         spec = _spec.TableSpec.create(
             name, shape, dtype, device=device, rule=rule, consistency=consistency,
-            allow_nonfinite=allow_nonfinite, aggregate=aggregate, block_rows=block_rows, **rule_params,
+            allow_nonfinite=allow_nonfinite, aggregate=aggregate, replication=replication,
+            block_rows=block_rows, **rule_params,
         )
         values = None
         if init is not None:
@@ -287,3 +308,98 @@ class ParameterServer:
         the counters of :class:`~dask_ps.Session` (reads, cache hits, wait
         time, staleness histogram, bytes)."""
         return dict(self._metrics)
+
+    # --- reliability: checkpoints and placement -----------------------------------------
+    def wait_for_placement(self) -> None:
+        """Block until background placement changes (rebalancing after a worker
+        joined, repairs after one left) are done."""
+        self._sync(self.client.scheduler.ps_placement_settled)
+
+    def save(self, path: str, tables=None, metadata: dict | None = None) -> None:
+        """Checkpoint tables (default: all) to ``path`` (any fsspec URL the
+        workers can write, e.g. a shared directory or ``s3://...``).
+
+        Each worker writes the blocks it is primary of; values and optimizer
+        state are saved bitwise. The checkpoint becomes visible atomically
+        (a manifest renamed into place); an older checkpoint at ``path`` is
+        replaced. Call it between runs, at a clock boundary: it refuses while
+        a run is in progress. ``metadata`` (JSON-able) is stored with it and
+        returned by :meth:`load` (estimators keep their iteration count there).
+        Blocks later lost with a worker and no replica are restored from the
+        latest checkpoint.
+        """
+        from dask_ps import _checkpoint
+
+        active = self._sync(self.client.scheduler.ps_active_runs)
+        if active:
+            raise RuntimeError(
+                f"ps.save: run(s) {active} in progress; save between runs so the checkpoint is "
+                "a consistent state at a clock boundary"
+            )
+        names = self.tables() if tables is None else [tables] if isinstance(tables, str) else list(tables)
+        data = _checkpoint.new_data_dir(path)
+        entries = {}
+        for name in names:
+            h = self._handle(name)
+            directory = _checkpoint.table_dir(path, data, name)
+            holders = sorted({w for owners in h.owners for w in owners})
+            written = self._sync(self._gather_rpc, holders, "ps_save_blocks",
+                                 table=name, table_id=h.spec.table_id, directory=directory)
+            got = sorted(b for blocks in written for b in blocks)
+            if got != list(range(h.spec.n_blocks)):
+                raise RuntimeError(f"ps.save: table {name!r}: blocks written {got}, expected all "
+                                   f"{h.spec.n_blocks}; the placement changed during the save, retry")
+            entries[name] = {"spec": h.spec.to_msg()}
+        _checkpoint.commit(path, {"data": data, "tables": entries, "metadata": metadata or {}})
+        self._sync(self.client.scheduler.ps_note_checkpoint, path=path, data=data, tables=names)
+        logger.info("dask_ps: saved %d table(s) to %s", len(names), path)
+
+    def load(self, path: str, tables=None, *, overwrite: bool = False) -> dict:
+        """Restore tables (default: all) saved by :meth:`save`; returns the
+        checkpoint's ``metadata``. Works on a different cluster: blocks go
+        to the current workers by the usual placement.
+
+        Raises
+        ------
+        FileNotFoundError
+            No checkpoint at ``path``.
+        TableExistsError
+            A table exists already (``overwrite=True`` drops it first).
+        """
+        from dask_ps import _checkpoint
+
+        manifest = _checkpoint.read_manifest(path)
+        if manifest is None:
+            raise FileNotFoundError(f"no dask_ps checkpoint at {path!r} (manifest.json missing)")
+        names = list(manifest["tables"]) if tables is None else [tables] if isinstance(tables, str) else list(tables)
+        existing = set(self.tables())
+        for name in names:
+            if name not in manifest["tables"]:
+                raise UnknownTableError(f"checkpoint {path!r} has no table {name!r}", name)
+            if name in existing:
+                if not overwrite:
+                    raise TableExistsError(f"table {name!r} exists; pass overwrite=True to replace it", name)
+                self.drop_table(name)
+        for name in names:
+            spec = _spec.TableSpec.from_msg(manifest["tables"][name]["spec"])
+            spec = dataclasses.replace(spec, table_id=uuid.uuid4().hex)
+            self._sync(self.client.scheduler.ps_create_table, spec=spec.to_msg())
+            self._router.forget(name)
+            h = self._handle(name)
+            directory = _checkpoint.table_dir(path, manifest["data"], name)
+            by_worker: dict[str, list[int]] = {}
+            for b, owners in enumerate(h.owners):
+                for w in owners:
+                    by_worker.setdefault(w, []).append(b)
+            self._sync(self._gather_rpc_each, {
+                w: dict(table=name, table_id=spec.table_id, directory=directory, blocks=bs)
+                for w, bs in by_worker.items()
+            }, "ps_load_blocks")
+        self._sync(self.client.scheduler.ps_note_checkpoint, path=path, data=manifest["data"], tables=names)
+        return manifest.get("metadata", {})
+
+    async def _gather_rpc(self, workers, op, **msg):
+        return await asyncio.gather(*(getattr(self.client.rpc(w), op)(**msg) for w in workers))
+
+    async def _gather_rpc_each(self, msgs: dict, op):
+        return await asyncio.gather(*(getattr(self.client.rpc(w), op)(**m) for w, m in msgs.items()))

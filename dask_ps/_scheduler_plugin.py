@@ -321,6 +321,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
                     moves.setdefault(src, []).append((b, w))
         holders = t.holders() | {w for ws in new_owners for w in ws}
         t.owners, t.version = new_owners, version  # handles now give the new placement
+        self._announce(t)
         # New owners of blocks without a source get (empty) shards first.
         fresh: dict[str, list[int]] = {}
         for b in skip:
@@ -345,10 +346,22 @@ class PSSchedulerPlugin(SchedulerPlugin):
         logger.info("dask_ps: table %r placement v%d (%d block moves)", t.spec.name, version,
                     sum(len(m) for m in moves.values()))
 
+    def _announce(self, t: SchedulerTableState) -> None:
+        """Tell every client and worker that ``t``'s placement changed, so
+        cached handles are refreshed before the next message instead of after
+        a failed one (a connect to a dead worker can take ``timeouts.connect``).
+        Clients hear it as a Dask event; workers through a handler."""
+        self.scheduler.log_event("ps-placement", {"table": t.spec.name, "version": t.version})
+        self._in_background(
+            self._broadcast("ps_placement_changed", table=t.spec.name, version=t.version)
+        )
+
     async def _recover_lost(self, t: SchedulerTableState, blocks: list[int], reason: str) -> None:
         if t.checkpoint is None:
             for b in blocks:
                 t.lost[b] = reason
+            t.version += 1  # callers refresh their handle and get DataLostError
+            self._announce(t)
             logger.error("dask_ps: table %r lost block(s) %s (%s) and has no checkpoint", t.spec.name, blocks, reason)
             return
         from dask_ps._checkpoint import table_dir

@@ -112,7 +112,8 @@ class Session:
         # flushes are numbered by (clock, n-th flush in the clock): a retried
         # participant that repeats a clock's pushes has them applied once.
         self._router = Router(
-            Transport(self.worker.rpc, self.worker.scheduler, local=plugin), sender=f"{run_id}-{rank}"
+            Transport(self.worker.rpc, self.worker.scheduler, local=plugin), sender=f"{run_id}-{rank}",
+            latest_versions=plugin.latest_versions if plugin is not None else None,
         )
         self._flushes_this_clock = 0
         self._key = f"{run_id}-{rank}-{uuid.uuid4().hex[:8]}"  # ESSP mailbox of this session
@@ -166,6 +167,8 @@ class Session:
     # --- helpers ------------------------------------------------------------------
     def _handle(self, name: str) -> TableHandle:
         h = self._router.handles.get(name)
+        if h is not None and h.version < self._router.latest_versions.get(name, 0):
+            h = self._router.handles[name] = self._sync(self._router.handle, name)
         if h is None:
             h = self._sync(self._router.handle, name)
             self._metrics.setdefault(name, TableMetrics())

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dask_ps import _backend
+from dask_ps import _backend, _config
 from dask_ps._exceptions import PSValueError, StaleVersionError, UnknownTableError
 from dask_ps._spec import CASTING, TableSpec
 from dask_ps.rules import Assign
@@ -199,6 +199,11 @@ class ShardStore:
             raise PSValueError(
                 f"table {spec.name!r}: a push needs equally long lists of blocks, rows and values",
                 spec.name,
+            )
+        nbytes = sum(getattr(v, "nbytes", 0) for v in values)
+        if nbytes > _config.get_bytes("max-push-bytes"):
+            raise PSValueError(
+                f"table {spec.name!r}: a push of {nbytes} bytes exceeds ps.max-push-bytes", spec.name
             )
         items = []
         for b, r, v in zip(blocks, rows, values):

@@ -257,6 +257,13 @@ def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "p
             f"table {spec.name!r}: {what} values must have shape {tuple(shape)}, got {tuple(values.shape)}",
             spec.name,
         )
+    limit = _config.get_bytes("max-push-bytes")
+    if values.size * spec.dtype.itemsize > limit:
+        raise PSValueError(
+            f"table {spec.name!r}: a {what} of {values.size * spec.dtype.itemsize} bytes exceeds "
+            f"ps.max-push-bytes ({limit} bytes); split it (push_rows in parts) or raise the limit",
+            spec.name,
+        )
     if values.dtype != spec.dtype:
         values = values.astype(spec.dtype)
     if not spec.allow_nonfinite and not _backend.all_finite(values):

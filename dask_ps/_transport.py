@@ -90,15 +90,19 @@ class Router:
     """Table-level push/pull on top of a :class:`Transport`, with a cache of
     table handles (spec + placement) fetched from the scheduler."""
 
-    def __init__(self, transport: Transport, sender: str | None = None):
+    def __init__(self, transport: Transport, sender: str | None = None, latest_versions: dict | None = None):
         self.transport = transport
         self.handles: dict[str, TableHandle] = {}
+        # table -> newest placement version announced by the scheduler (kept
+        # up to date by the owner of this dict: the client's event
+        # subscription, or the worker plugin)
+        self.latest_versions = latest_versions if latest_versions is not None else {}
         self.sender = sender or uuid.uuid4().hex
         self._msg_seq = itertools.count()
 
     async def handle(self, name: str, refresh: bool = False) -> TableHandle:
         h = self.handles.get(name)
-        if h is None or refresh:
+        if h is None or refresh or h.version < self.latest_versions.get(name, 0):
             msg = await self.transport.scheduler.ps_get_table(name=name)
             h = self.handles[name] = TableHandle.from_msg(msg)
         return h

@@ -33,6 +33,7 @@ HANDLERS = (
     "ps_create_shards", "ps_drop_table", "ps_push", "ps_pull", "ps_info",
     "ps_clock_advance", "ps_cache_fill", "ps_run_end",
     "ps_transfer_blocks", "ps_install_blocks", "ps_set_placement", "ps_save_blocks", "ps_load_blocks",
+    "ps_placement_changed",
 )
 
 
@@ -57,6 +58,7 @@ class PSWorkerPlugin(WorkerPlugin):
         # ESSP: session key -> fresh rows pushed to a session on this worker
         self.mailboxes: dict[str, deque] = defaultdict(deque)
         self._min_clock: dict[str, float] = {}  # run_id -> highest min clock heard of
+        self.latest_versions: dict[str, int] = {}  # table -> newest placement version announced
 
     def __repr__(self):
         addr = self.worker.address if self.worker is not None else None
@@ -208,6 +210,10 @@ class PSWorkerPlugin(WorkerPlugin):
         each other. Installing is one synchronous step on the event loop, and
         pushes for these blocks are refused (and retried) until it is done."""
         self.store.install(TableSpec.from_msg(spec), version, owners, [_unwire_block(e) for e in blocks])
+
+    def placement_changed(self, table: str, version: int) -> None:
+        """Handler (scheduler): sessions on this worker refresh their handle."""
+        self.latest_versions[table] = max(version, self.latest_versions.get(table, 0))
 
     async def set_placement(self, table: str, table_id: str, version: int, owners) -> None:
         """Handler (scheduler): a table's placement changed."""
