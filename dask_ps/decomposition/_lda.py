@@ -206,9 +206,13 @@ def _gibbs_participant(
         return ndk if sampler != "array" else _to_host(d_ndk)
 
     it_seeds = seq.spawn(max_iter)
+    timing = {"pull_seconds": 0.0, "push_seconds": 0.0, "clock_seconds": 0.0, "eval_seconds": 0.0}
     for it in range(max_iter):
+        t0 = time.perf_counter()
         nwk = ctx.pull_rows(nwk_name, vocab)
         nk = ctx.pull(nk_name)
+        t1 = time.perf_counter()
+        timing["pull_seconds"] += t1 - t0
         if evaluate_every > 0 and it % evaluate_every == 0:
             # The state after `it` sweeps as this participant sees it.
             ll = (
@@ -219,6 +223,7 @@ def _gibbs_participant(
             history.append((it, time.time() - t_start, ll))
             if progress_name is not None:
                 ctx.push_rows(progress_name, [it // evaluate_every], np.array([[ll, 1.0, history[-1][1]]]))
+            timing["eval_seconds"] += time.perf_counter() - t1
         nwk_before = nwk.copy()
         nk_before = nk.copy()
         seed = int(it_seeds[it].generate_state(1)[0] & 0x7FFFFFFF)
@@ -232,20 +237,26 @@ def _gibbs_participant(
             sweep(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed)
         dt = time.perf_counter() - t0
         sweep_seconds += dt
-        if delay is not None and rank == delay[0]:
-            time.sleep(delay[1] * dt)  # benchmark: emulate a straggler
+        if delay is not None:
+            time.sleep(delay(rank, it, dt))  # benchmark hook: emulate stragglers
+        t2 = time.perf_counter()
         delta = nwk - nwk_before
         changed = np.flatnonzero(delta.any(axis=1))
         if changed.size:
             ctx.push_rows(nwk_name, vocab[changed], delta[changed])
         ctx.push(nk_name, (nk - nk_before).astype(np.int64))
+        ctx.flush()
+        t3 = time.perf_counter()
         ctx.clock()
+        timing["push_seconds"] += t3 - t2
+        timing["clock_seconds"] += time.perf_counter() - t3
 
     return {
         "history": history,
         "doc_loglik": _k.doc_loglik(local_ndk(), doc_len, alpha),
         "end": time.time() - t_start,
         "sweep_seconds": sweep_seconds,
+        **timing,
         "n_tokens": n_tokens,
         "metrics": ctx.metrics(),
     }
@@ -373,12 +384,14 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         Number of participants for in-memory input; None: one per worker
         thread. A dask array input has one participant per row chunk.
     sampler : {"auto", "sparse", "dense", "array"}, default "auto"
-        "sparse": SparseLDA bucket decomposition (numba, cost per token ~
-        the number of topics the word occurs in); "dense": O(K) per token
-        (numba); "array": batched vectorized sampling written against the
-        array API (numpy on the CPU, cupy on the GPU: tokens of one batch are
-        drawn in parallel from the counts at the batch's start). "auto":
-        "array" on ``device="cuda"``, else "sparse".
+        "dense": O(K) per token, compiled (numba) and SIMD-friendly;
+        "sparse": SparseLDA bucket decomposition (numba; cost per token ~ the
+        number of topics the word occurs in, better for large K); "array":
+        batched vectorized sampling written against the array API (numpy on
+        the CPU, cupy on the GPU: tokens of one batch are drawn in parallel
+        from the counts at the batch's start). "auto": "array" on
+        ``device="cuda"``, else "dense" for ``n_components < 128`` and
+        "sparse" above (where each was faster on the benchmark corpora).
     device : {"auto", "cpu", "cuda"}, default "auto"
         Where participants sample. "auto": "cuda" for cupy input, else "cpu".
         The tables stay on the servers' host memory either way.
@@ -422,7 +435,9 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     n_features_in_ : int
     metrics_ : list of dict
         Per participant: the parameter-server session's counters (reads,
-        cache hits, waits, staleness histogram, bytes) and sampling seconds.
+        cache hits, waits, staleness histogram, bytes), seconds spent
+        sampling, pulling, pushing, in ``clock()`` and evaluating, its token
+        count, and its own ``history`` of ``(iteration, seconds, loglik part)``.
 
     Notes
     -----
@@ -546,7 +561,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
             device = "cuda" if _is_cupy(X) else "cpu"
         sampler = self.sampler
         if sampler == "auto":
-            sampler = "array" if device == "cuda" else "sparse"
+            sampler = "array" if device == "cuda" else ("dense" if self.n_components < 128 else "sparse")
         return device, sampler
 
     def _consistencies(self):
@@ -658,6 +673,9 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
             if progress_name is not None:
                 monitor = _Monitor(ps, progress_name, P, evaluate_every, n_tokens, t_start)
                 monitor.start()
+            # ``_sweep_delay`` (not a parameter): a benchmark hook, a picklable
+            # ``f(rank, iteration, sweep_seconds) -> seconds`` that participants
+            # sleep after each sweep to emulate stragglers.
             results = ps.run(
                 _gibbs_participant, prepared,
                 nwk_name=nwk_name, nk_name=nk_name, progress_name=progress_name, n_components=K,
@@ -684,7 +702,10 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         self.fit_seconds_ = t_end
         self.tokens_per_second_ = n_tokens * self.max_iter / t_end if t_end > 0 else float("nan")
         self.metrics_ = [
-            {**r["metrics"], "sweep_seconds": r["sweep_seconds"], "n_tokens": r["n_tokens"]} for r in results
+            {**r["metrics"], **{k: r[k] for k in (
+                "sweep_seconds", "pull_seconds", "push_seconds", "clock_seconds", "eval_seconds", "n_tokens",
+                "history")}}
+            for r in results
         ]
         # Intermediate evaluations: sum of the participants' parts.
         by_iter: dict[int, list] = {}

