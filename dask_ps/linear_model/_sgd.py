@@ -1,0 +1,1845 @@
+"""``SGDClassifier`` and ``SGDRegressor`` trained on the parameter server.
+
+The estimators are written against the public :class:`dask_ps.ParameterServer`
+API only -- ``create_table``, ``run``, ``pull``, ``drop_table`` on the client
+and, inside a participant, ``ctx.pull``/``ctx.pull_rows``,
+``ctx.push``/``ctx.push_rows`` and ``ctx.clock()`` -- which is the point of
+them (DESIGN.md: "the estimators are the proof that the abstraction holds").
+
+How a fit runs
+--------------
+One weights table of shape ``(n_features + 1, n_cols)`` holds every output:
+row ``j < n_features`` is feature ``j``, the last row is the intercept, and
+the columns are the ``K`` one-vs-rest problems (``K = 1`` for binary and
+regression), followed by ``K`` columns of averaged weights when
+``average`` is set. Rows are features so that a sparse minibatch pulls and
+pushes only the rows of the features it touches (``pull_rows``/``push_rows``).
+
+Each participant (one per worker holding data) runs, per epoch and per
+minibatch: pull (the rows of) the weights, update a local copy with
+scikit-learn's per-sample rule, push the difference (the table's "sum" rule
+adds the differences of all participants), and ``clock()`` every
+``ps.sgd.clock-samples`` samples. The learning-rate schedules use a global
+sample counter ``t`` (as scikit-learn's ``t_``), advanced by all
+participants' samples, so ``optimal``/``invscaling`` decay as in one process.
+
+Two kernels compute a minibatch's update (pure functions of arrays):
+
+- ``sequential`` (numpy data, the default on CPU): scikit-learn's own Cython
+  kernel (``_plain_sgd``) over the minibatch, one sample at a time, starting
+  from the pulled weights. With one participant this *is* scikit-learn's
+  SGD; with several, their minibatch updates are summed by the server (as in
+  asynchronous/SSP SGD).
+- ``minibatch`` (array-API code, numpy or cupy, the default for cupy data):
+  the sum over the minibatch of scikit-learn's per-sample updates
+  (``-eta_t * dloss * x``), all evaluated at the pulled weights, with the L2
+  decay of the same samples and a proximal L1 step.
+
+Stopping (``tol``/``n_iter_no_change``/``early_stopping``) is decided from
+the objective summed over all participants: each pushes its epoch's sums to
+a small stats table and reads the total once every participant finished the
+epoch, so all participants take the same decision at the same clock. Under
+ASP/VAP (no staleness bound) the decision is each participant's own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import threading
+import time
+import uuid
+import warnings
+import weakref
+from dataclasses import dataclass
+from numbers import Integral
+
+import dask
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator, RegressorMixin, _fit_context, clone
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import SGDClassifier as _SkSGDClassifier
+from sklearn.linear_model import SGDRegressor as _SkSGDRegressor
+from sklearn.linear_model._base import LinearClassifierMixin, SparseCoefMixin
+from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
+from sklearn.utils import check_random_state, compute_class_weight
+from sklearn.utils._param_validation import Interval
+from sklearn.utils.metaestimators import available_if
+from sklearn.utils.multiclass import (
+    _check_partial_fit_first_call,
+    check_classification_targets,
+    type_of_target,
+)
+from sklearn.utils.validation import (
+    _check_sample_weight,
+    check_array,
+    check_is_fitted,
+    validate_data,
+)
+
+from dask_ps import Consistency, ParameterServer
+from dask_ps import _backend
+
+try:  # scikit-learn's per-sample kernel (private API; checked by _sequential_ok)
+    from sklearn.linear_model._sgd_fast import _plain_sgd32, _plain_sgd64
+    from sklearn.utils._seq_dataset import ArrayDataset32, ArrayDataset64, CSRDataset32, CSRDataset64
+except Exception:  # pragma: no cover - depends on the scikit-learn version
+    _plain_sgd32 = _plain_sgd64 = None
+
+__all__ = ["SGDClassifier", "SGDRegressor"]
+
+# Values as in scikit-learn's _stochastic_gradient.py / _sgd_fast.pyx.tp.
+PENALTY_TYPES = {"none": 0, "l1": 1, "l2": 2, "elasticnet": 3}
+LEARNING_RATE_TYPES = {"constant": 1, "optimal": 2, "invscaling": 3, "adaptive": 4, "pa1": 5, "pa2": 6}
+L1, L2, ELASTICNET = 1, 2, 3
+CONSTANT, OPTIMAL, INVSCALING, ADAPTIVE, PA1, PA2 = 1, 2, 3, 4, 5, 6
+MAX_DLOSS = 1e12
+SPARSE_INTERCEPT_DECAY = 0.01
+MAX_INT = np.iinfo(np.int32).max
+_EPSILON_LOSSES = ("huber", "epsilon_insensitive", "squared_epsilon_insensitive")
+
+# Tunables (dask.config, namespace ``ps.sgd``; defaults here).
+_CONFIG_DEFAULTS = {
+    # "auto" (sequential for numpy data, minibatch for cupy), "sequential", "minibatch"
+    "kernel": "auto",
+    # Samples a participant trains on between two clock() calls.
+    "clock-samples": 16384,
+    # An in-memory input gets one participant per this many samples (at most
+    # one per worker): tiny fits run on one participant.
+    "min-samples-per-participant": 10000,
+    # In-memory parts smaller than this travel inside the task instead of
+    # being scattered first.
+    "scatter-bytes": 1 << 20,
+}
+
+
+def _config(key):
+    return dask.config.get(f"ps.sgd.{key}", default=_CONFIG_DEFAULTS[key])
+
+
+# =====================================================================================
+# Losses (array-API: numpy or cupy arrays; y encoded as scikit-learn does:
+# {0, 1} for log_loss, {-1, +1} for the other classification losses)
+# =====================================================================================
+
+
+def _expit(p, xp):
+    e = xp.exp(-xp.abs(p))
+    return xp.where(p >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def _loss_value(loss, y, p, epsilon, xp):
+    """Per-sample loss ``L(y, p)`` as scikit-learn's ``cy_loss``."""
+    if loss in ("hinge", "perceptron"):
+        thr = 1.0 if loss == "hinge" else 0.0
+        return xp.maximum(thr - p * y, 0.0)
+    if loss == "squared_hinge":
+        z = xp.maximum(1.0 - p * y, 0.0)
+        return z * z
+    if loss == "log_loss":
+        return xp.logaddexp(0.0, p) - y * p
+    if loss == "modified_huber":
+        z = p * y
+        return xp.where(z >= 1.0, 0.0, xp.where(z >= -1.0, (1.0 - z) ** 2, -4.0 * z))
+    if loss == "squared_error":
+        return 0.5 * (y - p) ** 2
+    if loss == "huber":
+        r = xp.abs(y - p)
+        return xp.where(r <= epsilon, 0.5 * r * r, epsilon * (r - 0.5 * epsilon))
+    if loss == "epsilon_insensitive":
+        return xp.maximum(xp.abs(y - p) - epsilon, 0.0)
+    if loss == "squared_epsilon_insensitive":
+        return xp.maximum(xp.abs(y - p) - epsilon, 0.0) ** 2
+    raise ValueError(f"unknown loss {loss!r}")
+
+
+def _loss_gradient(loss, y, p, epsilon, xp):
+    """``dL/dp`` as scikit-learn's ``cy_gradient``."""
+    if loss in ("hinge", "perceptron"):
+        thr = 1.0 if loss == "hinge" else 0.0
+        return xp.where(p * y <= thr, -y, 0.0)
+    if loss == "squared_hinge":
+        z = 1.0 - p * y
+        return xp.where(z > 0, -2.0 * y * z, 0.0)
+    if loss == "log_loss":
+        return _expit(p, xp) - y
+    if loss == "modified_huber":
+        z = p * y
+        return xp.where(z >= 1.0, 0.0, xp.where(z >= -1.0, 2.0 * (1.0 - z) * -y, -4.0 * y))
+    if loss == "squared_error":
+        return p - y
+    if loss == "huber":
+        r = p - y
+        return xp.where(xp.abs(r) <= epsilon, r, xp.where(r >= 0, epsilon, -epsilon))
+    if loss == "epsilon_insensitive":
+        return xp.where(y - p > epsilon, -1.0, xp.where(p - y > epsilon, 1.0, 0.0))
+    if loss == "squared_epsilon_insensitive":
+        z = y - p
+        return xp.where(z > epsilon, -2.0 * (z - epsilon), xp.where(z < -epsilon, 2.0 * (-z - epsilon), 0.0))
+    raise ValueError(f"unknown loss {loss!r}")
+
+
+def _sk_loss_function(loss, epsilon):
+    """scikit-learn's Cython loss object (for the sequential kernel)."""
+    cls, *args = _SkSGDClassifier.loss_functions[loss]
+    if loss in _EPSILON_LOSSES:
+        args = (epsilon,)
+    return cls(*args)
+
+
+# =====================================================================================
+# Hyper-parameters as plain values (what the kernels and participants receive)
+# =====================================================================================
+
+
+@dataclass(frozen=True)
+class _Hyper:
+    loss: str
+    epsilon: float
+    penalty: int
+    alpha: float
+    l1_ratio: float  # effective: 0 for l2/none, 1 for l1
+    learning_rate: int
+    eta0: float
+    power_t: float
+    fit_intercept: bool
+    average: int  # 0: off; else averaging starts at sample t >= average
+    n_outputs: int  # K one-vs-rest problems (1 for binary and regression)
+    tol: float  # -inf: never stop on no improvement
+    n_iter_no_change: int
+    early_stopping: bool
+    validation_fraction: float
+    shuffle: bool
+    classifier: bool
+
+    @property
+    def log_encoded(self) -> bool:
+        return self.loss == "log_loss"
+
+    def optimal_init(self) -> float:
+        """scikit-learn's ``optimal_init`` (``_plain_sgd``): ``eta`` at the first
+        sample is ``typw / max(1, dloss(1, -typw))``, ``typw = sqrt(1/sqrt(alpha))``."""
+        typw = math.sqrt(1.0 / math.sqrt(self.alpha))
+        g = float(_loss_gradient(self.loss, np.float64(1.0), np.float64(-typw), self.epsilon, np))
+        initial_eta0 = typw / max(1.0, g)
+        return 1.0 / (initial_eta0 * self.alpha)
+
+
+def _learning_rates(hp: _Hyper, ts, eta_k, xp):
+    """Per-sample, per-output learning rates at global sample counts ``ts``: (n, K)."""
+    n = ts.shape[0]
+    if hp.learning_rate == OPTIMAL:
+        eta = 1.0 / (hp.alpha * (hp.optimal_init() + ts - 1.0))
+    elif hp.learning_rate == INVSCALING:
+        eta = hp.eta0 / ts**hp.power_t
+    elif hp.learning_rate == ADAPTIVE:
+        return xp.broadcast_to(xp.asarray(eta_k)[None, :], (n, hp.n_outputs))
+    else:  # constant, pa1, pa2
+        eta = xp.full(n, hp.eta0)
+    return xp.broadcast_to(eta[:, None], (n, hp.n_outputs))
+
+
+def _l2_decay(hp: _Hyper, etas, xp):
+    """Product over the minibatch of scikit-learn's per-sample weight decay
+    ``max(0, 1 - (1 - l1_ratio) * eta * alpha)``: shape (K,)."""
+    if hp.penalty < L2:
+        return xp.ones(etas.shape[1])
+    f = xp.maximum(0.0, 1.0 - (1.0 - hp.l1_ratio) * etas * hp.alpha)
+    return xp.prod(f, axis=0)
+
+
+# =====================================================================================
+# Kernels: one minibatch. Pure functions of arrays (no client, no estimator).
+#
+# W: (d + 1, K) weights of the minibatch's features (last row: intercepts),
+# A: the same for the averaged weights (or None), X: (b, d) dense or CSR with
+# column j meaning row j of W, Y: (b, K) encoded targets, sw: (b,) sample
+# weights, cw_pos/cw_neg: (K,) class weights, ts: (b,) global sample counts,
+# eta_k: (K,) current adaptive learning rates, active: (K,) bool.
+# Both return new (W, A) arrays; the caller pushes the differences.
+# =====================================================================================
+
+
+def _decision(W, X, xp):
+    d = W.shape[0] - 1
+    return X @ W[:d] + W[d]
+
+
+def _batch_loss(hp: _Hyper, W, X, Y, xp):
+    """Sum over the minibatch of the (unweighted) loss at the pulled weights: (K,).
+    scikit-learn's stopping rule uses the same unweighted per-sample loss."""
+    p = _decision(W, X, xp)
+    return xp.sum(_loss_value(hp.loss, Y, p, hp.epsilon, xp), axis=0)
+
+
+def _minibatch_kernel(hp: _Hyper, W, A, X, Y, sw, cw_pos, cw_neg, ts, eta_k, active, intercept_decay):
+    """Array-API minibatch step (numpy or cupy): the sum of scikit-learn's
+    per-sample updates evaluated at ``W``."""
+    xp = _backend.namespace(W)
+    d = W.shape[0] - 1
+    act = xp.asarray(active)
+    etas = _learning_rates(hp, ts, eta_k, xp)
+    p = _decision(W, X, xp)
+    if hp.learning_rate in (PA1, PA2):
+        if sp.issparse(X) or hasattr(X, "multiply"):
+            sq = xp.asarray(X.multiply(X).sum(axis=1)).ravel()
+        else:
+            sq = xp.sum(X * X, axis=1)
+        lv = _loss_value(hp.loss, Y, p, hp.epsilon, xp)
+        if hp.learning_rate == PA1:
+            safe = xp.where(sq == 0, 1.0, sq)[:, None]
+            upd = xp.where(sq[:, None] == 0, 0.0, xp.minimum(hp.eta0, lv / safe))
+        else:
+            upd = lv / (sq[:, None] + 0.5 / hp.eta0)
+        if hp.loss in ("hinge", "perceptron"):
+            upd = upd * Y
+        else:
+            upd = xp.where(Y - p < 0, -upd, upd)
+    else:
+        g = xp.clip(_loss_gradient(hp.loss, Y, p, hp.epsilon, xp), -MAX_DLOSS, MAX_DLOSS)
+        upd = -etas * g
+    cw = xp.where(Y > 0, xp.asarray(cw_pos)[None, :], xp.asarray(cw_neg)[None, :])
+    upd = upd * cw * sw[:, None] * act[None, :]
+    decay = xp.where(act, _l2_decay(hp, etas, xp), 1.0)
+    coef = W[:d] * decay[None, :] + X.T @ upd
+    if hp.penalty in (L1, ELASTICNET):
+        # Proximal step for the L1 part of the penalty accrued over the minibatch.
+        u = hp.l1_ratio * hp.alpha * xp.sum(etas, axis=0) * act
+        coef = xp.sign(coef) * xp.maximum(xp.abs(coef) - u[None, :], 0.0)
+    new = xp.empty_like(W)
+    new[:d] = coef
+    new[d] = W[d] + (xp.sum(upd, axis=0) * intercept_decay if hp.fit_intercept else 0.0)
+    new_a = None
+    if A is not None:
+        # Averaging from sample t >= average: avg += (w - avg) / (t - average + 1)
+        # per sample, with w taken at the end of the minibatch.
+        steps = ts - hp.average + 1.0
+        keep = xp.prod(xp.where(steps >= 1.0, 1.0 - 1.0 / xp.maximum(steps, 1.0), 1.0))
+        frac = (1.0 - keep) * act
+        new_a = A + (new - A) * frac[None, :]
+    return new, new_a
+
+
+def _sequential_kernel(hp: _Hyper, W, A, X, Y, sw, cw_pos, cw_neg, ts, eta_k, active, intercept_decay):
+    """scikit-learn's per-sample SGD (``_plain_sgd``) over the minibatch, one
+    output at a time (as its one-vs-rest does), starting from ``W``.
+
+    ``t`` starts at the global sample count of the minibatch's first sample,
+    so the learning rate and averaging follow the global schedule."""
+    plain = _plain_sgd32 if W.dtype == np.float32 else _plain_sgd64
+    d = W.shape[0] - 1
+    new = W.copy()
+    new_a = None if A is None else A.copy()
+    n = X.shape[0]
+    vmask = np.zeros(n, dtype=np.uint8)
+    loss_fn = _sk_loss_function(hp.loss, hp.epsilon)
+    t0 = float(ts[0])
+    for k in np.flatnonzero(active):
+        y = np.ascontiguousarray(Y[:, k])
+        dataset = _dataset(X, y, sw)
+        # Copies: the kernel writes into its weight arrays, and a column of a
+        # (d + 1, 1) array is a contiguous view that ascontiguousarray would reuse.
+        coef = np.array(W[:d, k], order="C", copy=True)
+        avg = None if A is None else np.array(A[:d, k], order="C", copy=True)
+        eta0 = float(eta_k[k]) if hp.learning_rate == ADAPTIVE else hp.eta0
+        coef, icpt, avg, aicpt, _ = plain(
+            coef, float(W[d, k]), avg, 0.0 if A is None else float(A[d, k]),
+            loss_fn, hp.penalty, hp.alpha, hp.l1_ratio, dataset, vmask,
+            False, None, 1, 1, -np.inf,  # early_stopping, cb, n_iter_no_change, max_iter, tol
+            int(hp.fit_intercept), 0, 0, 1,  # fit_intercept, verbose, shuffle, seed
+            float(cw_pos[k]), float(cw_neg[k]), hp.learning_rate, eta0, hp.power_t,
+            0, t0, intercept_decay, hp.average,
+        )
+        new[:d, k] = coef
+        new[d, k] = icpt
+        if A is not None:
+            new_a[:d, k] = avg
+            new_a[d, k] = aicpt
+    return new, new_a
+
+
+def _dataset(X, y, sw):
+    """scikit-learn's SequentialDataset of a minibatch (as ``make_dataset``,
+    without its per-call RandomState: the kernel does not shuffle here)."""
+    f32 = X.dtype == np.float32
+    if sp.issparse(X):
+        return (CSRDataset32 if f32 else CSRDataset64)(X.data, X.indptr, X.indices, y, sw, seed=1)
+    return (ArrayDataset32 if f32 else ArrayDataset64)(X, y, sw, seed=1)
+
+
+_SEQUENTIAL_OK = None
+
+
+def _sequential_ok() -> bool:
+    """Whether scikit-learn's private kernel has the signature we call."""
+    global _SEQUENTIAL_OK
+    if _SEQUENTIAL_OK is None:
+        try:
+            hp = _Hyper("hinge", 0.1, 2, 1e-4, 0.0, 2, 0.01, 0.5, True, 0, 1, -np.inf, 5, False, 0.1, True, True)
+            W = np.zeros((3, 1))
+            X = np.ones((2, 2))
+            Y = np.array([[1.0], [-1.0]])
+            _sequential_kernel(hp, W, None, X, Y, np.ones(2), np.ones(1), np.ones(1), np.array([1.0, 2.0]),
+                               np.ones(1), np.ones(1, bool), 1.0)
+            _SEQUENTIAL_OK = True
+        except Exception:  # pragma: no cover - other scikit-learn versions
+            _SEQUENTIAL_OK = False
+    return _SEQUENTIAL_OK
+
+
+def _choose_kernel(X):
+    kind = _config("kernel")
+    xp = _xp_of(X)
+    if kind == "auto":
+        kind = "sequential" if xp is np and _sequential_ok() else "minibatch"
+    if kind == "sequential" and (xp is not np or not _sequential_ok()):
+        kind = "minibatch"
+    if kind not in ("sequential", "minibatch"):
+        raise ValueError(f"ps.sgd.kernel must be 'auto', 'sequential' or 'minibatch', got {kind!r}")
+    return _sequential_kernel if kind == "sequential" else _minibatch_kernel
+
+
+def _is_cupy_sparse(X) -> bool:
+    mod = type(X).__module__
+    return mod.startswith("cupyx.scipy.sparse")
+
+
+def _is_sparse(X) -> bool:
+    return sp.issparse(X) or _is_cupy_sparse(X)
+
+
+def _xp_of(X):
+    if sp.issparse(X):
+        return np
+    if _is_cupy_sparse(X):
+        return _backend.cupy
+    return _backend.namespace(X)
+
+
+def _penalty_value(hp: _Hyper, W, xp):
+    """scikit-learn's per-sample penalty term of the objective: (K,)."""
+    if hp.penalty == 0:
+        return xp.zeros(hp.n_outputs)
+    d = W.shape[0] - 1
+    w = W[:d, : hp.n_outputs]
+    return hp.alpha * ((1.0 - hp.l1_ratio) * 0.5 * xp.sum(w * w, axis=0) + hp.l1_ratio * xp.sum(xp.abs(w), axis=0))
+
+
+# =====================================================================================
+# Participant (runs on a worker, one per part, inside ParameterServer.run)
+# =====================================================================================
+
+
+class _PartData:
+    """One participant's data: X (n, d), y (n,), sample weights (n,)."""
+
+    def __init__(self, X, y, sw):
+        self.X, self.y, self.sw = X, y, sw
+
+    def __len__(self):
+        return self.X.shape[0]
+
+    def __repr__(self):
+        return f"<_PartData n={self.X.shape[0]} d={self.X.shape[1]} {type(self.X).__name__}>"
+
+
+@dataclass(frozen=True)
+class _RunConfig:
+    """Everything a participant needs (plain values; sent with the task)."""
+
+    table: str
+    stats_table: str | None
+    hp: _Hyper
+    n_features: int
+    n_cols: int
+    n_total: int  # training samples over all participants
+    steps_per_epoch: int
+    clock_every: int
+    max_iter: int
+    t0: float
+    seeds: tuple
+    staleness: int | None
+    global_stop: bool
+    decision_lag: int  # epochs between an epoch's end and the decision about it
+    classes: object  # ndarray of labels (classifier) or None
+    cw_pos: tuple
+    cw_neg: tuple
+    eta_init: tuple
+    col_freq_needed: bool
+
+
+class _StopRule:
+    """scikit-learn's stopping rule, per one-vs-rest problem: no improvement of
+    the objective (or validation score) by ``tol`` for ``n_iter_no_change``
+    epochs stops the problem ('adaptive' first divides eta by 5)."""
+
+    def __init__(self, hp: _Hyper, eta_init):
+        K = hp.n_outputs
+        self.hp = hp
+        self.best = np.full(K, np.inf if not hp.early_stopping else -np.inf)
+        self.no_improvement = np.zeros(K, dtype=int)
+        self.eta = np.array(eta_init, dtype=float)
+        self.active = np.ones(K, dtype=bool)
+        self.n_iter = np.zeros(K, dtype=int)  # epochs trained, per problem
+
+    def update(self, objective, score) -> None:
+        """Account one epoch's objective (or validation score) per problem."""
+        hp = self.hp
+        for k in np.flatnonzero(self.active):
+            if hp.early_stopping:
+                s = score[k]
+                worse = hp.tol > -np.inf and s < self.best[k] + hp.tol
+                self.best[k] = max(self.best[k], s)
+            else:
+                o = objective[k]
+                worse = hp.tol > -np.inf and o > self.best[k] - hp.tol
+                self.best[k] = min(self.best[k], o)
+            self.no_improvement[k] = self.no_improvement[k] + 1 if worse else 0
+            if self.no_improvement[k] >= hp.n_iter_no_change:
+                if hp.learning_rate == ADAPTIVE and self.eta[k] > 1e-6:
+                    self.eta[k] /= 5.0
+                    self.no_improvement[k] = 0
+                else:
+                    self.active[k] = False
+
+
+def _encode_targets(cfg: _RunConfig, y, dtype, xp):
+    """(n, K) targets of the K binary problems, as scikit-learn encodes them."""
+    hp = cfg.hp
+    if not hp.classifier:
+        return xp.asarray(y, dtype=dtype).reshape(-1, 1)
+    classes = np.asarray(cfg.classes)
+    y_np = _backend.to_numpy(y)
+    unseen = ~np.isin(y_np, classes)
+    if unseen.any():
+        raise ValueError("classes should include all valid labels that can be in y")
+    if len(classes) == 2:
+        onehot = (y_np == classes[1])[:, None]
+    else:
+        onehot = y_np[:, None] == classes[None, :]
+    neg = 0.0 if hp.log_encoded else -1.0
+    return xp.asarray(np.where(onehot, 1.0, neg).astype(dtype))
+
+
+def _validation_split(cfg: _RunConfig, y, rng):
+    hp = cfg.hp
+    n = y.shape[0]
+    mask = np.zeros(n, dtype=bool)
+    if not hp.early_stopping:
+        return mask
+    y_np = _backend.to_numpy(y)
+    seed = rng.randint(MAX_INT)
+    try:
+        if hp.classifier:
+            splitter = StratifiedShuffleSplit(test_size=hp.validation_fraction, random_state=seed)
+        else:
+            splitter = ShuffleSplit(test_size=hp.validation_fraction, random_state=seed)
+        idx_train, idx_val = next(splitter.split(np.zeros((n, 1)), y_np))
+    except ValueError:
+        idx_train, idx_val = next(
+            ShuffleSplit(test_size=hp.validation_fraction, random_state=seed).split(np.zeros((n, 1)))
+        )
+    if idx_train.shape[0] == 0 or idx_val.shape[0] == 0:
+        raise ValueError(
+            "Splitting %d samples into a train set and a validation set with "
+            "validation_fraction=%r led to an empty set (%d and %d samples). Please "
+            "either change validation_fraction, increase number of samples, or "
+            "disable early_stopping." % (n, hp.validation_fraction, idx_train.shape[0], idx_val.shape[0])
+        )
+    mask[idx_val] = True
+    return mask
+
+
+def _validation_stats(cfg: _RunConfig, W, X, Y, sw, xp):
+    """Sums from which the validation score is computed: classifier accuracy
+    of each binary problem (weighted), or R² of the regression."""
+    hp = cfg.hp
+    K = hp.n_outputs
+    if X.shape[0] == 0:
+        return np.zeros(K + 3)
+    p = _decision(W[:, :K], X, xp)
+    if hp.classifier:
+        correct = (p > 0) == (Y > 0)
+        num = xp.sum(correct * sw[:, None], axis=0)
+        return np.concatenate([_backend.to_numpy(num), [float(xp.sum(sw)), 0.0, 0.0]])
+    y = Y[:, 0]
+    ss_res = xp.sum(sw * (y - p[:, 0]) ** 2)
+    return np.array([float(ss_res), float(xp.sum(sw)), float(xp.sum(sw * y)), float(xp.sum(sw * y * y))])
+
+
+def _validation_score(cfg: _RunConfig, v):
+    K = cfg.hp.n_outputs
+    if cfg.hp.classifier:
+        return v[:K] / max(v[K], 1e-300)
+    ss_res, s_w, s_wy, s_wy2 = v[:4]
+    ss_tot = s_wy2 - s_wy * s_wy / max(s_w, 1e-300)
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
+    return np.array([r2])
+
+
+def _sgd_participant(ctx, part, *, cfg: _RunConfig):
+    """Task: one participant of a fit (see ``_participant_loop``).
+
+    Called by ``ParameterServer.run`` on a worker. One BLAS thread: the
+    parallelism is the participants', and BLAS's own threads cost more than
+    they bring on the small vectors of a minibatch (sklearn's kernel goes from
+    0.1 to 7 ms a call at 60k features on a loaded 2-core machine)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _participant_loop(ctx, part, cfg)
+
+
+def _participant_loop(ctx, part, cfg: _RunConfig):
+    """One participant: ``pull -> update -> push -> clock()``; returns
+    per-problem epoch counts and a per-epoch history (for ``verbose``).
+
+    The minibatches between two clocks form a *round*: one pull of the
+    weights the round needs (all rows for dense data; for sparse data the
+    rows of the features its samples touch), the round's minibatches run on
+    that local copy, and one push of the round's update. Local SGD with model
+    averaging: a participant trains its local copy with its full updates and
+    pushes 1/P of them, so that once every participant pushed, the table holds
+    the mean of their models. (Summing the full updates instead over-corrects:
+    at scikit-learn's step sizes each local run fits its own data, and two
+    such runs added from the same start overshoot -- 0.60 instead of 0.79 test
+    accuracy on make_classification with two participants syncing every 4096
+    samples.)"""
+    hp = cfg.hp
+    K = hp.n_outputs
+    d = cfg.n_features
+    X, y, sw = part.X, part.y, part.sw
+    xp = _xp_of(X)
+    sparse = _is_sparse(X)
+    dtype = np.dtype(X.dtype)
+    Y = _encode_targets(cfg, y, dtype, xp)
+    sw = xp.asarray(sw, dtype=dtype)
+    rng = np.random.RandomState(cfg.seeds[ctx.rank])
+    val_mask = _validation_split(cfg, y, rng)
+    train_idx = np.flatnonzero(~val_mask)
+    val_idx = np.flatnonzero(val_mask)
+    n_train = train_idx.shape[0]
+    kernel = _choose_kernel(X)
+    intercept_decay = SPARSE_INTERCEPT_DECAY if sparse else 1.0
+    cw_pos = np.asarray(cfg.cw_pos, dtype=float)
+    cw_neg = np.asarray(cfg.cw_neg, dtype=float)
+    S = cfg.steps_per_epoch
+    m = cfg.clock_every
+    N = cfg.n_total
+    scale = 1.0 / ctx.n_participants
+    stop = _StopRule(hp, cfg.eta_init)
+    history = []
+    inv_q = None
+    if sparse and hp.penalty > 0:
+        # A minibatch decays only the rows it touches: the other rows miss its
+        # L2 decay (and L1 shrinkage). A touched row gets them scaled by 1/q,
+        # q = the probability that a minibatch touches the feature -- "lazy"
+        # regularization, unbiased in log-scale.
+        Xt = X[train_idx] if n_train < X.shape[0] else X
+        counts = _backend.to_numpy(xp.bincount(Xt.indices, minlength=d)) if n_train else np.zeros(d)
+        b_mean = max(n_train / S, 1.0)  # samples per minibatch
+        q = 1.0 - (1.0 - np.minimum(counts / max(n_train, 1), 1.0)) ** b_mean
+        inv_q = np.where(q > 0, 1.0 / np.maximum(q, 1e-300), 1.0)
+    t_start = time.perf_counter()
+    samples = 0
+    W = None
+    for epoch in range(cfg.max_iter):
+        if not stop.active.any():
+            break
+        t_epoch = time.perf_counter()
+        order = rng.permutation(train_idx) if hp.shuffle else train_idx
+        batches = np.array_split(order, S)
+        loss_sum = xp.zeros(K)
+        active = stop.active.copy()
+        seen = 0
+        for r0 in range(0, S, m):
+            group = batches[r0:r0 + m]
+            if sparse:
+                Xg = X[np.concatenate(group)]
+                # The features the round touches, and its samples with their
+                # columns renumbered to rows of the pulled block (a mark and a
+                # lookup table over the features: O(nnz + d), no sort).
+                touched = xp.zeros(d, dtype=bool)
+                touched[Xg.indices] = True
+                cols = xp.flatnonzero(touched)
+                lookup = xp.empty(d, dtype=np.int32)
+                lookup[cols] = xp.arange(cols.shape[0], dtype=np.int32)
+                cols_np = _backend.to_numpy(cols).astype(np.int64)
+                rows = np.append(cols_np, d)
+                Xg = type(Xg)((Xg.data, lookup[Xg.indices], Xg.indptr), shape=(Xg.shape[0], cols_np.shape[0]))
+                W0 = ctx.pull_rows(cfg.table, rows)
+                iq = None if inv_q is None else inv_q[cols_np]
+            else:
+                W0 = ctx.pull(cfg.table)
+            W = W0.copy()
+            off = 0
+            for j, idx in enumerate(group):
+                nb = idx.shape[0]
+                if nb == 0:
+                    continue
+                Yb, swb = Y[idx], sw[idx]
+                if sparse:
+                    # The kernels touch every row they are given (decay, norms,
+                    # checks): give them the minibatch's rows only.
+                    Xb = Xg[off:off + nb]
+                    off += nb
+                    ub, inv = xp.unique(Xb.indices, return_inverse=True)
+                    sel = xp.append(ub, Xg.shape[1])  # + the intercept row
+                    Xb = type(Xb)((Xb.data, inv.astype(np.int32).ravel(), Xb.indptr), shape=(nb, ub.shape[0]))
+                    Wb = W[sel]
+                else:
+                    Xb = X[idx]
+                    Wb = W
+                # Global sample counter of this minibatch's samples: all
+                # participants together advance t by N per epoch (with one
+                # participant, exactly scikit-learn's t).
+                step = N / max(n_train, 1)
+                ts = cfg.t0 + epoch * N + (seen + xp.arange(nb, dtype=np.float64)) * step
+                seen += nb
+                Wk = Wb[:, :K]
+                Ak = Wb[:, K:] if hp.average else None
+                loss_sum += _batch_loss(hp, Wk, Xb, Yb, xp)
+                new, new_a = kernel(hp, Wk, Ak, Xb, Yb, swb, cw_pos, cw_neg, ts, stop.eta, active,
+                                    intercept_decay)
+                if sparse and iq is not None:
+                    new = _lazy_regularization(hp, new, iq[_backend.to_numpy(ub)], ts, stop.eta, active, xp)
+                if not _backend.all_finite(new):
+                    raise ValueError(
+                        "Floating-point under-/overflow occurred at epoch #%d. Scaling input data "
+                        "with StandardScaler or MinMaxScaler might help." % (epoch + 1)
+                    )
+                if sparse:
+                    W[sel, :K] = new
+                    if hp.average:
+                        W[sel, K:] = new_a
+                else:
+                    W[:, :K] = new
+                    if hp.average:
+                        W[:, K:] = new_a
+                samples += nb
+            delta = W - W0
+            if scale < 1.0:
+                delta *= scale
+            if sparse:
+                ctx.push_rows(cfg.table, rows, delta)
+            else:
+                ctx.push(cfg.table, delta)
+            if r0 + m >= S:
+                _end_epoch(ctx, cfg, epoch, stop, loss_sum, n_train, X, Y, sw, val_idx, xp,
+                           None if sparse else W, d, history, time.perf_counter() - t_epoch, samples)
+            else:
+                ctx.clock()
+    return {
+        "n_iter": stop.n_iter.tolist(),
+        "history": history,
+        "samples": samples,
+        "seconds": time.perf_counter() - t_start,
+        "eta": stop.eta.tolist(),
+    }
+
+
+def _lazy_regularization(hp, new, inv_q, ts, eta_k, active, xp):
+    """Give the rows a sparse minibatch touched the regularization of the
+    minibatches that did not touch them (see ``_sgd_participant``)."""
+    d = new.shape[0] - 1
+    extra = xp.asarray(inv_q - 1.0)[:, None]  # (d, 1), >= 0
+    etas = _learning_rates(hp, ts, eta_k, xp)
+    act = xp.asarray(active)[None, :]
+    coef = new[:d]
+    if hp.penalty >= L2:
+        decay = _l2_decay(hp, etas, xp)[None, :]  # (1, K)
+        coef = coef * xp.where(act, decay**extra, 1.0)
+    if hp.penalty in (L1, ELASTICNET):
+        u = (hp.l1_ratio * hp.alpha * xp.sum(etas, axis=0))[None, :] * extra * act
+        coef = xp.sign(coef) * xp.maximum(xp.abs(coef) - u, 0.0)
+    out = new.copy()
+    out[:d] = coef
+    return out
+
+
+def _end_epoch(ctx, cfg, epoch, stop, loss_sum, n_train, X, Y, sw, val_idx, xp, W, d, history, seconds, samples):
+    """Epoch end: objective (and validation) sums, the epoch's last clock, and
+    the stopping decision.
+
+    With several participants under a staleness bound ``s`` the decision is
+    global: every participant pushes its sums to row ``epoch`` of the stats
+    table, and decides about epoch ``epoch - lag`` once that row is complete
+    -- a read at clock ``c`` sees every update of clocks ``< c - s``, so the
+    row of an epoch that ended ``lag = ceil(s / clocks_per_epoch)`` epochs ago
+    is. Every participant reads the same row at the same clock and takes the
+    same decision, without waiting for the others (the price: training goes
+    on ``lag`` epochs past the point where scikit-learn would stop)."""
+    hp = cfg.hp
+    K = hp.n_outputs
+    need_full = hp.penalty > 0 or hp.early_stopping
+    Wf = None
+    if need_full:
+        Wf = W if W is not None else ctx.pull(cfg.table)
+    obj = _backend.to_numpy(loss_sum).astype(float)
+    if hp.penalty > 0:
+        obj = obj + n_train * _backend.to_numpy(_penalty_value(hp, Wf, _backend.namespace(Wf)))
+    val = np.zeros(K + 3)
+    if hp.early_stopping:
+        val = _validation_stats(cfg, Wf, X[val_idx], Y[val_idx], sw[val_idx], xp)
+    row = np.concatenate([obj, [float(n_train)], val])
+    if cfg.global_stop:
+        ctx.push_rows(cfg.stats_table, np.array([epoch]), row[None, :])
+    ctx.clock()
+    decided = epoch
+    if cfg.global_stop:
+        decided = epoch - cfg.decision_lag
+        row = None
+        if decided >= 0:
+            row = _backend.to_numpy(ctx.pull_rows(cfg.stats_table, np.array([decided]))[0])
+    if row is not None:
+        count = max(row[K], 1.0)
+        objective = row[:K] / count
+        score = _validation_score(cfg, row[K + 1:]) if hp.early_stopping else None
+        stop.update(objective, score)
+    else:
+        objective, score = np.full(K, np.nan), None
+    stop.n_iter[stop.active] = epoch + 1
+    history.append({
+        "epoch": epoch + 1,
+        "decided": decided + 1,
+        "objective": float(np.mean(objective)),
+        "score": None if score is None else float(np.mean(score)),
+        "seconds": seconds,
+        "samples": samples,
+        "active": int(stop.active.sum()),
+    })
+
+
+# =====================================================================================
+# Driver side: the parameter server, the data, and the run
+# =====================================================================================
+
+_AUTO_PS = None
+_AUTO_LOCK = threading.Lock()
+_PS_BY_CLIENT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _close_auto_ps():
+    global _AUTO_PS
+    ps, _AUTO_PS = _AUTO_PS, None
+    if ps is not None:
+        try:
+            ps.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+
+def _parameter_server(client) -> ParameterServer:
+    """The ParameterServer of ``client``; ``None``: the current client's, or
+    one on a LocalCluster started once per process (closed at exit)."""
+    global _AUTO_PS
+    if client is None:
+        from distributed import get_client
+
+        try:
+            client = get_client()
+        except ValueError:
+            client = None
+    if client is None:
+        with _AUTO_LOCK:
+            if _AUTO_PS is None:
+                _AUTO_PS = ParameterServer()
+                atexit.register(_close_auto_ps)
+            return _AUTO_PS
+    ps = _PS_BY_CLIENT.get(client)
+    if ps is None:
+        ps = _PS_BY_CLIENT[client] = ParameterServer(client)
+    return ps
+
+
+def _is_dask_collection(X) -> bool:
+    return dask.is_dask_collection(X)
+
+
+def _is_dask_dataframe(X) -> bool:
+    return _is_dask_collection(X) and hasattr(X, "columns") and hasattr(X, "npartitions")
+
+
+def _dask_meta(X):
+    """The kind of chunks a dask collection holds (numpy/scipy/cupy/pandas)."""
+    return getattr(X, "_meta", None)
+
+
+class _Input:
+    """Validated training data: in memory (X, y, sw arrays) or dask collections."""
+
+    def __init__(self, kind, X, y, sw, n_features, dtype, sparse, device):
+        self.kind, self.X, self.y, self.sw = kind, X, y, sw
+        self.n_features, self.dtype, self.sparse, self.device = n_features, np.dtype(dtype), sparse, device
+
+
+def _assemble_part(blocks, spec):
+    """Task (on the worker holding the blocks): concatenate one worker's
+    blocks of a dask input and validate them the scikit-learn way."""
+    Xs, ys, sws = [], [], []
+    for xb, yb, swb in blocks:
+        if hasattr(xb, "to_numpy") and not _is_sparse(xb):  # pandas
+            xb = xb.to_numpy()
+        if hasattr(yb, "to_numpy"):
+            yb = yb.to_numpy()
+        if yb is not None and getattr(yb, "ndim", 1) == 2 and yb.shape[1] == 1:
+            yb = yb.ravel()
+        Xs.append(xb)
+        ys.append(yb)
+        sws.append(swb if swb is None or not hasattr(swb, "to_numpy") else swb.to_numpy())
+    if _is_sparse(Xs[0]):
+        if sp.issparse(Xs[0]):
+            X = sp.vstack(Xs, format="csr") if len(Xs) > 1 else sp.csr_matrix(Xs[0])
+        else:  # cupyx sparse
+            import cupyx.scipy.sparse as csp  # type: ignore[import-not-found]
+
+            X = csp.vstack(Xs, format="csr") if len(Xs) > 1 else Xs[0].tocsr()
+    else:
+        xp = _backend.namespace(*Xs)
+        X = xp.concatenate(Xs, axis=0) if len(Xs) > 1 else Xs[0]
+    xp_y = _backend.namespace(*[v for v in ys if v is not None])
+    y = xp_y.concatenate(ys) if len(ys) > 1 else ys[0]
+    if X.shape[0] != y.shape[0]:
+        raise ValueError(
+            f"Found input variables with inconsistent numbers of samples: [{X.shape[0]}, {y.shape[0]}]"
+        )
+    if _backend.namespace(X) is np and not _is_cupy_sparse(X):
+        X = check_array(X, accept_sparse="csr", dtype=[np.float64, np.float32], order="C",
+                        accept_large_sparse=False, ensure_min_samples=0)
+        if sp.issparse(X):
+            X.sort_indices()
+        if spec["classifier"]:
+            y = np.asarray(y)
+        else:
+            y = check_array(y, ensure_2d=False, dtype=X.dtype, ensure_min_samples=0)
+    else:
+        if not _is_cupy_sparse(X) and not _backend.all_finite(X):
+            raise ValueError("Input X contains NaN or infinity.")
+    if X.shape[1] != spec["n_features"]:
+        raise ValueError(f"X has {X.shape[1]} features, expected {spec['n_features']}")
+    if any(s is not None for s in sws):
+        sw = np.concatenate([_backend.to_numpy(s) for s in sws]) if len(sws) > 1 else _backend.to_numpy(sws[0])
+        sw = check_array(sw, ensure_2d=False, dtype=X.dtype, ensure_min_samples=0)
+        if sw.shape != (X.shape[0],):
+            raise ValueError(f"sample_weight.shape == {sw.shape}, expected {(X.shape[0],)}!")
+    else:
+        sw = np.ones(X.shape[0], dtype=X.dtype)
+    return _PartData(X, y, sw)
+
+
+def _part_info(part, classifier):
+    """Task: sizes and label counts of an assembled part."""
+    if classifier:
+        labels, counts = np.unique(_backend.to_numpy(part.y), return_counts=True)
+    else:
+        labels = counts = None
+    return len(part), labels, counts
+
+
+def _flat_keys(coll):
+    keys = coll.__dask_keys__()
+    out = []
+
+    def walk(k):
+        if isinstance(k, list):
+            for x in k:
+                walk(x)
+        else:
+            out.append(k)
+
+    walk(keys)
+    return out
+
+
+def _dask_parts(ps: ParameterServer, data: _Input, classifier: bool):
+    """Persist a dask input and build one part per worker that holds blocks
+    of it: a future of the worker's blocks, concatenated and validated there.
+    Nothing is gathered to the client."""
+    from distributed import futures_of
+
+    client = ps.client
+    X, y, sw = data.X, data.y, data.sw
+    if not _is_dask_dataframe(X):
+        X = X.rechunk({1: -1}) if X.numblocks[1] > 1 else X
+    if not _is_dask_collection(y):
+        raise TypeError("y must be a dask collection when X is one")
+    if hasattr(y, "chunks") and hasattr(X, "chunks") and not any(np.isnan(X.chunks[0])):
+        if y.chunks[0] != X.chunks[0]:
+            y = y.rechunk({0: X.chunks[0]})
+    if sw is not None and not _is_dask_collection(sw):
+        import dask.array as da
+
+        if hasattr(X, "chunks") and not any(np.isnan(X.chunks[0])):
+            sw = da.from_array(np.asarray(sw), chunks=(X.chunks[0],))
+        else:
+            raise TypeError("sample_weight must be a dask collection aligned with X")
+    colls = [X, y] + ([sw] if sw is not None else [])
+    persisted = client.persist(colls)
+    # The futures of each collection's blocks, in block order. A persisted
+    # dask-expr collection's keys are aliases of its futures' keys, which
+    # share the block index (the key's tail), so match on that.
+    per_coll = []
+    for c in persisted:
+        by_index = {tuple(f.key[1:]): f for f in futures_of(c)}
+        per_coll.append([by_index[tuple(k[1:])] for k in _flat_keys(c)])
+    if len({len(b) for b in per_coll}) != 1:
+        raise ValueError(
+            "X, y (and sample_weight) must have the same number of blocks/partitions; got "
+            + ", ".join(str(len(b)) for b in per_coll)
+        )
+    blocks = []
+    for i in range(len(per_coll[0])):
+        blocks.append(tuple(b[i] for b in per_coll) + ((None,) if sw is None else ()))
+    who = client.who_has([b[0] for b in blocks])
+    by_worker: dict[str, list] = {}
+    for b in blocks:
+        holders = who.get(b[0].key) or who.get(str(b[0].key)) or ()
+        w = sorted(holders)[0] if holders else None
+        by_worker.setdefault(w, []).append(b)
+    spec = {"n_features": data.n_features, "classifier": classifier}
+    parts = []
+    for w, bl in by_worker.items():
+        kw = {"workers": [w], "allow_other_workers": True} if w is not None else {}
+        parts.append(client.submit(_assemble_part, bl, spec, pure=False, **kw))
+    infos = client.gather([client.submit(_part_info, p, classifier, pure=False) for p in parts])
+    sizes = [i[0] for i in infos]
+    labels = None
+    if classifier:
+        lab = [i[1] for i in infos if i[1] is not None and len(i[1])]
+        cnt = [i[2] for i in infos if i[2] is not None and len(i[2])]
+        if lab:
+            all_l = np.concatenate(lab)
+            all_c = np.concatenate(cnt)
+            labels, inv = np.unique(all_l, return_inverse=True)
+            counts = np.bincount(inv, weights=all_c)
+            labels = (labels, counts)
+    keep = [i for i, n in enumerate(sizes) if n > 0]
+    return [parts[i] for i in keep], [sizes[i] for i in keep], labels, persisted
+
+
+def _memory_parts(ps: ParameterServer, data: _Input, random_state, shuffle: bool):
+    """Split an in-memory input into one part per worker (fewer for small
+    inputs) and scatter each part once."""
+    X, y, sw = data.X, data.y, data.sw
+    n = X.shape[0]
+    servers = ps.servers
+    n_parts = max(1, min(len(servers), n // max(1, int(_config("min-samples-per-participant")))))
+    if n_parts == 1:
+        parts = [_PartData(X, y, sw)]
+    else:
+        idx = random_state.permutation(n) if shuffle else np.arange(n)
+        parts = []
+        for chunk in np.array_split(idx, n_parts):
+            chunk = np.sort(chunk)
+            parts.append(_PartData(X[chunk], y[chunk], sw[chunk]))
+    sizes = [len(p) for p in parts]
+    nbytes = _nbytes(X)
+    if nbytes >= int(_config("scatter-bytes")):
+        parts = [
+            ps.client.scatter(p, workers=[servers[i % len(servers)]], hash=False)
+            for i, p in enumerate(parts)
+        ]
+    return parts, sizes
+
+
+def _nbytes(X) -> int:
+    if sp.issparse(X):
+        return X.data.nbytes + X.indices.nbytes + X.indptr.nbytes
+    return getattr(X, "nbytes", 0)
+
+
+# =====================================================================================
+# Estimators
+# =====================================================================================
+
+
+def _constraints(sk_cls):
+    c = {k: v for k, v in sk_cls._parameter_constraints.items() if k != "n_jobs"}
+    c.update(
+        batch_size=[Interval(Integral, 1, None, closed="left")],
+        consistency=[Consistency, None],
+        client="no_validation",
+    )
+    return c
+
+
+class _BaseSGDPS(SparseCoefMixin, BaseEstimator):
+    """Shared driver of the parameter-server SGD estimators."""
+
+    def _more_validate_params(self, for_partial_fit=False):
+        # As scikit-learn's BaseSGD._more_validate_params.
+        if self.early_stopping and for_partial_fit:
+            raise ValueError("early_stopping should be False with partial_fit")
+        if self.learning_rate == "optimal" and self.alpha == 0:
+            raise ValueError(
+                "alpha must be > 0 since learning_rate is 'optimal'. alpha is used "
+                "to compute the optimal learning rate."
+            )
+        if self.learning_rate in ("pa1", "pa2"):
+            needed = "hinge" if self._is_classifier else "epsilon_insensitive"
+            if self.loss != needed:
+                raise ValueError(f"Learning rate '{self.learning_rate}' only works with loss '{needed}'.")
+        if self.penalty == "elasticnet" and self.l1_ratio is None:
+            raise ValueError("l1_ratio must be set when penalty is 'elasticnet'")
+
+    # --- pickling / cloning: the client is not part of a fitted model ------------------
+    def __getstate__(self):
+        state = super().__getstate__()
+        client = state.get("client")
+        if client is not None and not isinstance(client, (str, bytes)):
+            # A distributed.Client cannot be pickled: a fitted model is a plain
+            # object that predicts without a cluster. (client=None on load.)
+            state = dict(state, client=None)
+        return state
+
+    def __sklearn_clone__(self):
+        # clone() deep-copies parameters; a Client must be shared, not copied.
+        params = self.get_params(deep=False)
+        client = params.pop("client")
+        new = type(self)(**{k: clone(v, safe=False) for k, v in params.items()})
+        new.client = client
+        return new
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        return tags
+
+    # --- input ---------------------------------------------------------------------------
+    def _validate_input(self, X, y, sample_weight, reset):
+        """Check X/y as scikit-learn does; dask collections are checked for
+        shape and dtype here and for values on the workers."""
+        if _is_dask_collection(X):
+            meta = _dask_meta(X)
+            if getattr(X, "ndim", 2) != 2:
+                raise ValueError(f"Expected 2D array, got {getattr(X, 'ndim', '?')}D array instead")
+            validate_data(self, X=X, skip_check_array=True, reset=reset)
+            _dask_feature_names(self, X, reset)
+            if _is_dask_dataframe(X):
+                dtype = np.result_type(*[np.dtype(t) for t in X.dtypes]) if len(X.dtypes) else np.float64
+                sparse = False
+                device = "cpu"
+            else:
+                dtype = X.dtype
+                sparse = _is_sparse(meta)
+                device = "cuda" if _backend.is_cupy(meta) or _is_cupy_sparse(meta) else "cpu"
+            dtype = np.dtype(dtype)
+            if dtype not in (np.float32, np.float64):
+                dtype = np.dtype(np.float64)
+            if X.shape[1] is not None and not (isinstance(X.shape[1], float) and np.isnan(X.shape[1])):
+                n_features = int(X.shape[1])
+            else:
+                n_features = len(X.columns)
+            if y is None:
+                raise ValueError("requires y to be passed, but the target y is None")
+            return _Input("dask", X, y, sample_weight, n_features, dtype, sparse, device)
+        X, y = validate_data(
+            self, X, y, accept_sparse="csr", dtype=[np.float64, np.float32], order="C",
+            accept_large_sparse=False, reset=reset,
+        )
+        if sp.issparse(X):
+            X.sort_indices()
+        if self._is_classifier:
+            check_classification_targets(y)
+        else:
+            y = y.astype(X.dtype, copy=False)
+        sw = _check_sample_weight(sample_weight, X, dtype=X.dtype, allow_all_zero_weights=self.early_stopping)
+        return _Input("memory", X, y, sw, X.shape[1], X.dtype, sp.issparse(X), "cpu")
+
+    # --- the run ---------------------------------------------------------------------------
+    def _hyper(self, n_outputs, sparse) -> _Hyper:
+        penalty = PENALTY_TYPES[str(self.penalty).lower()]
+        l1_ratio = {0: 0.0, L2: 0.0, L1: 1.0}.get(penalty, self.l1_ratio)
+        return _Hyper(
+            loss=self.loss, epsilon=float(self.epsilon), penalty=penalty, alpha=float(self.alpha),
+            l1_ratio=float(l1_ratio), learning_rate=LEARNING_RATE_TYPES[self.learning_rate],
+            eta0=float(self.eta0), power_t=float(self.power_t), fit_intercept=bool(self.fit_intercept),
+            average=int(self.average), n_outputs=int(n_outputs),
+            tol=-np.inf if self.tol is None else float(self.tol), n_iter_no_change=int(self.n_iter_no_change),
+            early_stopping=bool(self.early_stopping), validation_fraction=float(self.validation_fraction),
+            shuffle=bool(self.shuffle), classifier=self._is_classifier,
+        )
+
+    def _train(self, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg_intercept,
+               classes=None, cw_pos=None, cw_neg=None):
+        """Fit on the parameter server from the given start; returns (W, n_iter, history)."""
+        ps = _parameter_server(self.client)
+        rs = check_random_state(self.random_state)
+        hp = self._hyper(n_outputs, data.sparse)
+        d, K = data.n_features, n_outputs
+        persisted = None
+        if data.kind == "dask":
+            parts, sizes, _, persisted = _dask_parts(ps, data, self._is_classifier)
+        else:
+            parts, sizes = _memory_parts(ps, data, rs, hp.shuffle)
+        if not parts:
+            raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required.")
+        n_cols = 2 * K if hp.average else K
+        W0 = np.zeros((d + 1, n_cols), dtype=data.dtype)
+        W0[:d, :K] = np.asarray(coef).reshape(K, d).T
+        W0[d, :K] = intercept
+        if hp.average:
+            W0[:d, K:] = np.asarray(avg_coef).reshape(K, d).T
+            W0[d, K:] = avg_intercept
+        name = f"dask_ps-sgd-{uuid.uuid4().hex[:12]}"
+        stats = None
+        created = []
+        try:
+            ps.create_table(name, shape=W0.shape, dtype=data.dtype, init=W0 if W0.any() else None,
+                            consistency=self.consistency, device=data.device)
+            created.append(name)
+            staleness = ps.spec(name).consistency.staleness
+            global_stop = len(parts) > 1 and staleness is not None
+            n_stats = K + 1 + K + 3
+            if global_stop:
+                stats = name + "-stats"
+                ps.create_table(stats, shape=(max_iter, n_stats), dtype="float64", consistency=self.consistency)
+                created.append(stats)
+            n_total = int(sum(sizes) * (1.0 - hp.validation_fraction)) if hp.early_stopping else int(sum(sizes))
+            steps = max(1, math.ceil(max(sizes) / self.batch_size))
+            b_local = max(1, max(sizes) // steps)
+            clock_every = max(1, int(_config("clock-samples")) // b_local) if len(parts) > 1 else steps
+            clock_every = min(clock_every, steps)
+            clocks_per_epoch = math.ceil(steps / clock_every)
+            lag = math.ceil(staleness / clocks_per_epoch) if global_stop else 0
+            eta_init = getattr(self, "_adaptive_eta", None)
+            if eta_init is None or len(eta_init) != K:
+                eta_init = [float(self.eta0)] * K
+            cfg = _RunConfig(
+                table=name, stats_table=stats, hp=hp, n_features=d, n_cols=n_cols,
+                n_total=max(1, n_total), steps_per_epoch=steps, clock_every=clock_every,
+                max_iter=int(max_iter), t0=float(self.t_),
+                seeds=tuple(int(s) for s in rs.randint(MAX_INT, size=len(parts))),
+                staleness=staleness, global_stop=global_stop, decision_lag=lag, classes=classes,
+                cw_pos=tuple(np.ones(K) if cw_pos is None else cw_pos),
+                cw_neg=tuple(np.ones(K) if cw_neg is None else cw_neg),
+                eta_init=tuple(eta_init), col_freq_needed=data.sparse,
+            )
+            results = ps.run(_sgd_participant, parts, cfg=cfg)
+            W = _backend.to_numpy(ps.pull(name))
+        finally:
+            for t in created:
+                try:
+                    ps.drop_table(t)
+                except Exception:  # pragma: no cover - best effort cleanup
+                    pass
+            n_parts = len(parts)
+            del parts, persisted
+        n_iter = int(max(max(r["n_iter"]) for r in results))
+        if hp.learning_rate == ADAPTIVE:
+            self._adaptive_eta = results[0]["eta"]
+        history = results[0]["history"]
+        if self.verbose:
+            total = sum(r["samples"] for r in results)
+            secs = max(r["seconds"] for r in results)
+            for h in history:
+                line = f"-- Epoch {h['epoch']}: avg. objective {h['objective']:.6f}"
+                if h["score"] is not None:
+                    line += f", validation score {h['score']:.6f}"
+                print(line + f", {h['seconds']:.2f} s, {n_parts} participant(s)")
+            print(f"Total: {total} samples in {secs:.2f} s ({total / max(secs, 1e-9):.3g} samples/s)")
+        return W, n_iter, int(sum(sizes) if not hp.early_stopping else n_total)
+
+    def _store(self, W, K, d):
+        """Set coef_/intercept_ (and the averaging state) from the final table."""
+        coef = np.ascontiguousarray(W[:d, :K].T)
+        intercept = np.array(W[d, :K])
+        if self.average:
+            self._standard_coef = coef
+            self._standard_intercept = intercept
+            self._average_coef = np.ascontiguousarray(W[:d, K:].T)
+            self._average_intercept = np.array(W[d, K:])
+            if self.average <= self.t_ - 1:
+                coef, intercept = self._average_coef, self._average_intercept
+        return coef, intercept
+
+    # --- prediction on dask collections ---------------------------------------------------
+    def _check_dask_X(self, X):
+        check_is_fitted(self)
+        validate_data(self, X=X, skip_check_array=True, reset=False)
+        _dask_feature_names(self, X, reset=False)
+        if _is_dask_dataframe(X):
+            X = X.to_dask_array()
+        if X.ndim != 2:
+            raise ValueError(f"Expected 2D array, got {X.ndim}D array instead")
+        if X.numblocks[1] > 1:
+            X = X.rechunk({1: -1})
+        return X
+
+
+def _dask_feature_names(est, X, reset):
+    """``feature_names_in_`` for a dask DataFrame (scikit-learn's check reads
+    pandas/narwhals frames only)."""
+    names = None
+    if _is_dask_dataframe(X):
+        cols = np.asarray(list(X.columns), dtype=object)
+        if len(cols) and all(isinstance(c, str) for c in cols):
+            names = cols
+    if reset:
+        if names is not None:
+            est.feature_names_in_ = names
+        elif hasattr(est, "feature_names_in_"):
+            del est.feature_names_in_
+        return
+    fitted = getattr(est, "feature_names_in_", None)
+    if fitted is not None and names is not None and not np.array_equal(fitted, names):
+        raise ValueError(
+            "The feature names should match those that were passed during fit.\n"
+            f"Feature names seen at fit time: {list(fitted)}; now: {list(names)}"
+        )
+
+
+def _block_decision(X, coef, intercept):
+    """Task: decision values of one block (numpy, scipy.sparse or cupy)."""
+    if hasattr(X, "to_numpy"):
+        X = X.to_numpy()
+    xp = _xp_of(X)
+    scores = X @ xp.asarray(coef.T) + xp.asarray(intercept)
+    scores = xp.asarray(scores)
+    return scores.ravel() if scores.shape[1] == 1 else scores
+
+
+def _block_predict(X, coef, intercept, classes):
+    s = _block_decision(X, coef, intercept)
+    xp = _backend.namespace(s)
+    idx = (s > 0).astype(int) if s.ndim == 1 else xp.argmax(s, axis=1)
+    return classes[_backend.to_numpy(idx)]
+
+
+def _block_proba(X, coef, intercept, loss, n_classes):
+    s = _block_decision(X, coef, intercept)
+    xp = _backend.namespace(s)
+    if loss == "log_loss":
+        p = _expit(s, xp)
+        if s.ndim == 1:
+            return xp.stack([1 - p, p], axis=1)
+        return p / xp.sum(p, axis=1, keepdims=True)
+    # modified_huber, as scikit-learn's SGDClassifier.predict_proba
+    if s.ndim == 1:
+        p1 = (xp.clip(s, -1, 1) + 1) / 2.0
+        return xp.stack([1 - p1, p1], axis=1)
+    p = (xp.clip(s, -1, 1) + 1) / 2.0
+    norm = xp.sum(p, axis=1, keepdims=True)
+    all_zero = norm[:, 0] == 0
+    p = xp.where(all_zero[:, None], 1.0 / n_classes, p / xp.where(norm == 0, 1.0, norm))
+    return p
+
+
+class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
+    """Linear classifiers (SVM, logistic regression, ...) trained by SGD on the
+    parameter server.
+
+    The parameters and fitted attributes are scikit-learn's
+    :class:`sklearn.linear_model.SGDClassifier` (without ``n_jobs``), plus:
+
+    Parameters
+    ----------
+    batch_size : int, default=256
+        Samples per minibatch and participant: the unit of a pull and a push.
+        Each participant clocks every ``ps.sgd.clock-samples`` samples.
+    consistency : dask_ps.Consistency, optional
+        Consistency model of the weights table (``dask_ps.SSP(2)``, ``BSP()``,
+        ...); default from ``dask.config`` ``ps.consistency``.
+    client : distributed.Client, optional
+        The cluster to train on. ``None``: the current client, or a
+        ``LocalCluster`` started once per process.
+
+    All the scikit-learn parameters (``loss``, ``penalty``, ``alpha``,
+    ``l1_ratio``, ``fit_intercept``, ``max_iter``, ``tol``, ``shuffle``,
+    ``verbose``, ``epsilon``, ``random_state``, ``learning_rate``, ``eta0``,
+    ``power_t``, ``early_stopping``, ``validation_fraction``,
+    ``n_iter_no_change``, ``class_weight``, ``warm_start``, ``average``) mean
+    what they mean there.
+
+    Attributes
+    ----------
+    coef_, intercept_, classes_, n_iter_, t_, n_features_in_, feature_names_in_
+        As scikit-learn's. After ``fit`` the model holds numpy arrays only: it
+        pickles and predicts without a cluster.
+
+    Notes
+    -----
+    ``X`` may be a numpy array, a scipy.sparse matrix (CSR), a dask array
+    (numpy, scipy.sparse or cupy chunks) or a dask DataFrame (``y`` then a
+    dask array or Series with the same partitions). Dask inputs are trained
+    where their blocks are; nothing is gathered to the client. ``predict``,
+    ``decision_function`` and ``predict_proba`` return lazy dask arrays for
+    dask inputs.
+    """
+
+    _is_classifier = True
+    _parameter_constraints: dict = _constraints(_SkSGDClassifier)
+
+    def __init__(
+        self,
+        loss="hinge",
+        *,
+        penalty="l2",
+        alpha=0.0001,
+        l1_ratio=0.15,
+        fit_intercept=True,
+        max_iter=1000,
+        tol=1e-3,
+        shuffle=True,
+        verbose=0,
+        epsilon=0.1,
+        random_state=None,
+        learning_rate="optimal",
+        eta0=0.01,
+        power_t=0.5,
+        early_stopping=False,
+        validation_fraction=0.1,
+        n_iter_no_change=5,
+        class_weight=None,
+        warm_start=False,
+        average=False,
+        batch_size=256,
+        consistency=None,
+        client=None,
+    ):
+        self.loss = loss
+        self.penalty = penalty
+        self.alpha = alpha
+        self.l1_ratio = l1_ratio
+        self.fit_intercept = fit_intercept
+        self.max_iter = max_iter
+        self.tol = tol
+        self.shuffle = shuffle
+        self.verbose = verbose
+        self.epsilon = epsilon
+        self.random_state = random_state
+        self.learning_rate = learning_rate
+        self.eta0 = eta0
+        self.power_t = power_t
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
+        self.class_weight = class_weight
+        self.warm_start = warm_start
+        self.average = average
+        self.batch_size = batch_size
+        self.consistency = consistency
+        self.client = client
+
+    # --- fitting -------------------------------------------------------------------------
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y, coef_init=None, intercept_init=None, sample_weight=None):
+        """Fit the linear model with SGD on the parameter server.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix, dask array, dask DataFrame} of shape (n_samples, n_features)
+        y : array-like or dask collection of shape (n_samples,)
+        coef_init : ndarray of shape (n_classes, n_features), default=None
+        intercept_init : ndarray of shape (n_classes,), default=None
+        sample_weight : array-like of shape (n_samples,), default=None
+
+        Returns
+        -------
+        self : object
+        """
+        self._more_validate_params()
+        if hasattr(self, "classes_"):
+            del self.classes_
+        if self.warm_start and getattr(self, "coef_", None) is not None:
+            if coef_init is None:
+                coef_init = self.coef_ if not self.average else self._standard_coef
+            if intercept_init is None:
+                intercept_init = self.intercept_ if not self.average else self._standard_intercept
+            avg = (getattr(self, "_average_coef", None), getattr(self, "_average_intercept", None))
+        else:
+            self.coef_ = None
+            self.intercept_ = None
+            avg = (None, None)
+            if hasattr(self, "_adaptive_eta"):
+                del self._adaptive_eta
+        self.t_ = 1.0
+        self._partial_fit(X, y, self.max_iter, "infer", sample_weight, coef_init, intercept_init, avg, reset=True)
+        if self.tol is not None and self.tol > -np.inf and self.n_iter_ == self.max_iter:
+            warnings.warn(
+                "Maximum number of iteration reached before convergence. Consider increasing "
+                "max_iter to improve the fit.",
+                ConvergenceWarning,
+            )
+        if self.power_t < 0:
+            warnings.warn(
+                "Negative values for `power_t` are deprecated in version 1.8 and will raise an "
+                "error in 1.10. Use values in the range [0.0, inf) instead.",
+                FutureWarning,
+            )
+        return self
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y, classes=None, sample_weight=None):
+        """One epoch of SGD over the given samples (``max_iter=1``).
+
+        ``classes`` is required on the first call, as in scikit-learn.
+        """
+        first = not hasattr(self, "classes_")
+        if first:
+            self._more_validate_params(for_partial_fit=True)
+            if self.class_weight == "balanced":
+                raise ValueError(
+                    "class_weight '{0}' is not supported for partial_fit. In order to use "
+                    "'balanced' weights, use compute_class_weight('{0}', classes=classes, y=y). "
+                    "In place of y you can use a large enough sample of the full training set "
+                    "target to properly estimate the class frequency distributions. Pass the "
+                    "resulting weights as the class_weight parameter.".format(self.class_weight)
+                )
+        return self._partial_fit(X, y, 1, classes, sample_weight, None, None, None, reset=first)
+
+    def _partial_fit(self, X, y, max_iter, classes, sample_weight, coef_init, intercept_init, avg, reset):
+        data = self._validate_input(X, y, sample_weight, reset=reset)
+        if data.kind == "memory":
+            if isinstance(classes, str) and classes == "infer":  # fit: the labels of y
+                classes = np.unique(data.y)
+            _check_partial_fit_first_call(self, classes)
+            y_for_weights = data.y
+        else:
+            if isinstance(classes, str) and classes == "infer":
+                classes = self._dask_classes(data.y)
+            _check_partial_fit_first_call(self, classes)
+            y_for_weights = None
+        n_classes = self.classes_.shape[0]
+        if n_classes < 2:
+            raise ValueError(
+                "The number of classes has to be greater than one; got %d class" % n_classes
+            )
+        if y_for_weights is None and self.class_weight == "balanced":
+            y_for_weights = self._dask_balanced_y(data.y)
+        if y_for_weights is not None:
+            cw = compute_class_weight(self.class_weight, classes=self.classes_, y=y_for_weights)
+        elif self.class_weight is None:
+            cw = np.ones(n_classes, dtype=np.float64)
+        else:  # a dict; labels of y are checked on the workers
+            cw = compute_class_weight(self.class_weight, classes=self.classes_, y=self.classes_)
+        self._expanded_class_weight = cw
+        K = 1 if n_classes == 2 else n_classes
+        d = data.n_features
+        if getattr(self, "coef_", None) is None or coef_init is not None:
+            coef, intercept = self._initial_params(K, d, data.dtype, coef_init, intercept_init)
+            avg_coef = np.zeros((K, d), dtype=data.dtype)
+            avg_intercept = np.zeros(K, dtype=data.dtype)
+            if avg is not None and avg[0] is not None and self.average:
+                avg_coef, avg_intercept = avg
+        else:
+            if d != self.coef_.shape[-1]:
+                raise ValueError(
+                    "Number of features %d does not match previous data %d." % (d, self.coef_.shape[-1])
+                )
+            if self.average and getattr(self, "_standard_coef", None) is not None:
+                coef, intercept = self._standard_coef, self._standard_intercept
+                avg_coef, avg_intercept = self._average_coef, self._average_intercept
+            else:
+                coef, intercept = self.coef_, self.intercept_
+                avg_coef = np.zeros((K, d), dtype=data.dtype)
+                avg_intercept = np.zeros(K, dtype=data.dtype)
+        if not hasattr(self, "t_"):
+            self.t_ = 1.0
+        if n_classes == 2:
+            cw_pos, cw_neg = [cw[1]], [cw[0]]
+        else:
+            cw_pos, cw_neg = list(cw), [1.0] * n_classes
+        W, n_iter, n_seen = self._train(
+            data, max_iter, K, coef, intercept, avg_coef, avg_intercept,
+            classes=self.classes_, cw_pos=cw_pos, cw_neg=cw_neg,
+        )
+        self.n_iter_ = n_iter
+        self.t_ += n_iter * n_seen
+        self.coef_, self.intercept_ = self._store(W, K, d)
+        return self
+
+    def _initial_params(self, K, d, dtype, coef_init, intercept_init):
+        if coef_init is not None:
+            coef_init = np.asarray(coef_init, dtype=dtype)
+            if K > 1 and coef_init.shape != (K, d):
+                raise ValueError("Provided ``coef_`` does not match dataset. ")
+            if K == 1:
+                coef_init = coef_init.ravel()
+                if coef_init.shape != (d,):
+                    raise ValueError("Provided coef_init does not match dataset.")
+            coef = coef_init.reshape(K, d)
+        else:
+            coef = np.zeros((K, d), dtype=dtype)
+        if intercept_init is not None:
+            intercept_init = np.asarray(intercept_init, dtype=dtype)
+            if K > 1 and intercept_init.shape != (K,):
+                raise ValueError("Provided intercept_init does not match dataset.")
+            if K == 1 and intercept_init.shape not in ((1,), ()):
+                raise ValueError("Provided intercept_init does not match dataset.")
+            intercept = intercept_init.reshape(K)
+        else:
+            intercept = np.zeros(K, dtype=dtype)
+        return coef, intercept
+
+    def _dask_classes(self, y):
+        """Unique labels of a dask y, computed on the workers."""
+        import dask.array as da
+
+        if hasattr(y, "unique") and not hasattr(y, "chunks"):  # dask Series
+            classes = np.sort(np.asarray(y.unique().compute()))
+        else:
+            classes = np.asarray(da.unique(y).compute())
+        check_classification_targets(classes)
+        if type_of_target(classes) not in ("binary", "multiclass"):
+            raise ValueError(f"Unknown label type: {type_of_target(classes)}")
+        return classes
+
+    def _dask_balanced_y(self, y):
+        """A label array with the class frequencies of a dask y (for 'balanced')."""
+        import dask.array as da
+
+        if hasattr(y, "value_counts"):
+            vc = y.value_counts().compute()
+            labels, counts = np.asarray(vc.index), np.asarray(vc.values)
+        else:
+            labels, counts = da.unique(y, return_counts=True)
+            labels, counts = dask.compute(labels, counts)
+        return np.repeat(labels, counts.astype(int))
+
+    # --- prediction -------------------------------------------------------------------------
+    def decision_function(self, X):
+        """Confidence scores; a lazy dask array for dask input."""
+        if _is_dask_collection(X):
+            X = self._check_dask_X(X)
+            K = self.coef_.shape[0]
+            if K == 1:
+                return X.map_blocks(_block_decision, self.coef_, self.intercept_, drop_axis=1,
+                                    dtype=self.coef_.dtype)
+            return X.map_blocks(_block_decision, self.coef_, self.intercept_,
+                                chunks=(X.chunks[0], (K,)), dtype=self.coef_.dtype)
+        return super().decision_function(X)
+
+    def predict(self, X):
+        """Class labels; a lazy dask array for dask input."""
+        if _is_dask_collection(X):
+            X = self._check_dask_X(X)
+            return X.map_blocks(_block_predict, self.coef_, self.intercept_, self.classes_, drop_axis=1,
+                                dtype=self.classes_.dtype)
+        return super().predict(X)
+
+    def _check_proba(self):
+        if self.loss not in ("log_loss", "modified_huber"):
+            raise AttributeError("probability estimates are not available for loss=%r" % self.loss)
+        return True
+
+    @available_if(_check_proba)
+    def predict_proba(self, X):
+        """Probability estimates (``log_loss`` and ``modified_huber``), as
+        scikit-learn's; a lazy dask array for dask input."""
+        check_is_fitted(self)
+        if _is_dask_collection(X):
+            X = self._check_dask_X(X)
+            n = len(self.classes_)
+            return X.map_blocks(_block_proba, self.coef_, self.intercept_, self.loss, n,
+                                chunks=(X.chunks[0], (n,)), dtype=self.coef_.dtype)
+        if self.loss == "log_loss":
+            return self._predict_proba_lr(X)
+        scores = self.decision_function(X)
+        return _block_proba_from_scores(scores, len(self.classes_))
+
+    @available_if(_check_proba)
+    def predict_log_proba(self, X):
+        """Log of ``predict_proba``."""
+        p = self.predict_proba(X)
+        if _is_dask_collection(p):
+            import dask.array as da
+
+            return da.log(p)
+        return np.log(p)
+
+
+def _block_proba_from_scores(scores, n_classes):
+    """scikit-learn's modified_huber probabilities from decision values."""
+    binary = scores.ndim == 1
+    if binary:
+        prob2 = np.ones((scores.shape[0], 2))
+        prob = prob2[:, 1]
+    else:
+        prob = scores
+    np.clip(scores, -1, 1, prob)
+    prob += 1.0
+    prob /= 2.0
+    if binary:
+        prob2[:, 0] -= prob
+        return prob2
+    prob_sum = prob.sum(axis=1)
+    all_zero = prob_sum == 0
+    if np.any(all_zero):
+        prob[all_zero, :] = 1
+        prob_sum[all_zero] = len(prob[0])
+    prob /= prob_sum.reshape((prob.shape[0], -1))
+    return prob
+
+
+class SGDRegressor(RegressorMixin, _BaseSGDPS):
+    """Linear regression trained by SGD on the parameter server.
+
+    The parameters and fitted attributes are scikit-learn's
+    :class:`sklearn.linear_model.SGDRegressor`, plus ``batch_size``,
+    ``consistency`` and ``client`` (see :class:`SGDClassifier`).
+    ``predict`` returns a lazy dask array for dask input.
+    """
+
+    _is_classifier = False
+    _parameter_constraints: dict = _constraints(_SkSGDRegressor)
+
+    def __init__(
+        self,
+        loss="squared_error",
+        *,
+        penalty="l2",
+        alpha=0.0001,
+        l1_ratio=0.15,
+        fit_intercept=True,
+        max_iter=1000,
+        tol=1e-3,
+        shuffle=True,
+        verbose=0,
+        epsilon=0.1,
+        random_state=None,
+        learning_rate="invscaling",
+        eta0=0.01,
+        power_t=0.25,
+        early_stopping=False,
+        validation_fraction=0.1,
+        n_iter_no_change=5,
+        warm_start=False,
+        average=False,
+        batch_size=256,
+        consistency=None,
+        client=None,
+    ):
+        self.loss = loss
+        self.penalty = penalty
+        self.alpha = alpha
+        self.l1_ratio = l1_ratio
+        self.fit_intercept = fit_intercept
+        self.max_iter = max_iter
+        self.tol = tol
+        self.shuffle = shuffle
+        self.verbose = verbose
+        self.epsilon = epsilon
+        self.random_state = random_state
+        self.learning_rate = learning_rate
+        self.eta0 = eta0
+        self.power_t = power_t
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
+        self.warm_start = warm_start
+        self.average = average
+        self.batch_size = batch_size
+        self.consistency = consistency
+        self.client = client
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y, coef_init=None, intercept_init=None, sample_weight=None):
+        """Fit the linear model with SGD on the parameter server.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix, dask array, dask DataFrame} of shape (n_samples, n_features)
+        y : array-like or dask collection of shape (n_samples,)
+        coef_init : ndarray of shape (n_features,), default=None
+        intercept_init : ndarray of shape (1,), default=None
+        sample_weight : array-like of shape (n_samples,), default=None
+
+        Returns
+        -------
+        self : object
+        """
+        self._more_validate_params()
+        if self.warm_start and getattr(self, "coef_", None) is not None:
+            if coef_init is None:
+                coef_init = self.coef_ if not self.average else self._standard_coef
+            if intercept_init is None:
+                intercept_init = self.intercept_ if not self.average else self._standard_intercept
+            avg = (getattr(self, "_average_coef", None), getattr(self, "_average_intercept", None))
+        else:
+            self.coef_ = None
+            self.intercept_ = None
+            avg = (None, None)
+            if hasattr(self, "_adaptive_eta"):
+                del self._adaptive_eta
+        self.t_ = 1.0
+        self._partial_fit(X, y, self.max_iter, sample_weight, coef_init, intercept_init, avg,
+                          reset=True)
+        if self.tol is not None and self.tol > -np.inf and self.n_iter_ == self.max_iter:
+            warnings.warn(
+                "Maximum number of iteration reached before convergence. Consider increasing "
+                "max_iter to improve the fit.",
+                ConvergenceWarning,
+            )
+        if self.power_t < 0:
+            warnings.warn(
+                "Negative values for `power_t` are deprecated in version 1.8 and will raise an "
+                "error in 1.10. Use values in the range [0.0, inf) instead.",
+                FutureWarning,
+            )
+        return self
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y, sample_weight=None):
+        """One epoch of SGD over the given samples (``max_iter=1``)."""
+        first = not hasattr(self, "coef_")
+        if first:
+            self._more_validate_params(for_partial_fit=True)
+        return self._partial_fit(X, y, 1, sample_weight, None, None, None, reset=first)
+
+    def _partial_fit(self, X, y, max_iter, sample_weight, coef_init, intercept_init, avg, reset):
+        first_call = getattr(self, "coef_", None) is None
+        data = self._validate_input(X, y, sample_weight, reset=reset or first_call)
+        d = data.n_features
+        if first_call or coef_init is not None:
+            coef = np.zeros(d, dtype=data.dtype) if coef_init is None else np.asarray(coef_init, data.dtype).ravel()
+            if coef.shape != (d,):
+                raise ValueError("Provided coef_init does not match dataset.")
+            if intercept_init is None:
+                intercept = np.zeros(1, dtype=data.dtype)
+            else:
+                intercept = np.asarray(intercept_init, dtype=data.dtype).reshape(-1)
+                if intercept.shape != (1,):
+                    raise ValueError("Provided intercept_init does not match dataset.")
+            avg_coef = np.zeros(d, dtype=data.dtype)
+            avg_intercept = np.zeros(1, dtype=data.dtype)
+            if avg is not None and avg[0] is not None and self.average:
+                avg_coef, avg_intercept = avg
+        else:
+            if d != self.coef_.shape[-1]:
+                raise ValueError(
+                    "Number of features %d does not match previous data %d." % (d, self.coef_.shape[-1])
+                )
+            if self.average and getattr(self, "_standard_coef", None) is not None:
+                coef, intercept = self._standard_coef, self._standard_intercept
+                avg_coef, avg_intercept = self._average_coef, self._average_intercept
+            else:
+                coef, intercept = self.coef_, self.intercept_
+                avg_coef = np.zeros(d, dtype=data.dtype)
+                avg_intercept = np.zeros(1, dtype=data.dtype)
+        if not hasattr(self, "t_"):
+            self.t_ = 1.0
+        W, n_iter, n_seen = self._train(data, max_iter, 1, coef, intercept, avg_coef, avg_intercept)
+        self.n_iter_ = n_iter
+        self.t_ += n_iter * n_seen
+        coef, intercept = self._store(W, 1, d)
+        self.coef_ = coef.ravel()
+        self.intercept_ = np.atleast_1d(intercept)
+        if self.average:
+            self._standard_coef = self._standard_coef.ravel()
+            self._average_coef = self._average_coef.ravel()
+        return self
+
+    def _decision_function(self, X):
+        check_is_fitted(self)
+        X = validate_data(self, X, accept_sparse="csr", reset=False)
+        return np.asarray(X @ self.coef_.T).ravel() + self.intercept_
+
+    def predict(self, X):
+        """Predicted targets; a lazy dask array for dask input."""
+        if _is_dask_collection(X):
+            X = self._check_dask_X(X)
+            return X.map_blocks(_block_decision, self.coef_.reshape(1, -1), self.intercept_,
+                                drop_axis=1, dtype=self.coef_.dtype)
+        return self._decision_function(X)
