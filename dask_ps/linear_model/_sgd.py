@@ -641,6 +641,10 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
         b_mean = max(n_train / S, 1.0)  # samples per minibatch
         q = 1.0 - (1.0 - np.minimum(counts / max(n_train, 1), 1.0)) ** b_mean
         inv_q = np.where(q > 0, 1.0 / np.maximum(q, 1e-300), 1.0)
+    # Alone, a participant keeps the whole table local: one pull, one push.
+    solo = ctx.n_participants == 1
+    W_all = ctx.pull(cfg.table) if solo else None
+    W_start = W_all.copy() if solo else None
     t_start = time.perf_counter()
     samples = 0
     W = None
@@ -668,10 +672,10 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
                 cols_np = _backend.to_numpy(cols).astype(np.int64)
                 rows = np.append(cols_np, d)
                 Xg = type(Xg)((Xg.data, lookup[Xg.indices], Xg.indptr), shape=(Xg.shape[0], cols_np.shape[0]))
-                W0 = ctx.pull_rows(cfg.table, rows)
+                W0 = W_all[xp.asarray(rows)] if solo else ctx.pull_rows(cfg.table, rows)
                 iq = None if inv_q is None else inv_q[cols_np]
             else:
-                W0 = ctx.pull(cfg.table)
+                W0 = W_all if solo else ctx.pull(cfg.table)
             W = W0.copy()
             off = 0
             for j, idx in enumerate(group):
@@ -718,18 +722,27 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
                     if hp.average:
                         W[:, K:] = new_a
                 samples += nb
-            delta = W - W0
-            if scale < 1.0:
-                delta *= scale
-            if sparse:
-                ctx.push_rows(cfg.table, rows, delta)
+            if solo:
+                if sparse:
+                    W_all[xp.asarray(rows)] = W
+                else:
+                    W_all = W
             else:
-                ctx.push(cfg.table, delta)
+                delta = W - W0
+                if scale < 1.0:
+                    delta *= scale
+                if sparse:
+                    ctx.push_rows(cfg.table, rows, delta)
+                else:
+                    ctx.push(cfg.table, delta)
             if r0 + m >= S:
                 _end_epoch(ctx, cfg, epoch, stop, loss_sum, n_train, X, Y, sw, val_idx, xp,
-                           None if sparse else W, d, history, time.perf_counter() - t_epoch, samples)
+                           W_all if solo else (None if sparse else W), d, history,
+                           time.perf_counter() - t_epoch, samples, clock=not solo)
             else:
                 ctx.clock()
+    if solo:
+        ctx.push(cfg.table, W_all - W_start)
     return {
         "n_iter": stop.n_iter.tolist(),
         "history": history,
@@ -758,7 +771,8 @@ def _lazy_regularization(hp, new, inv_q, ts, eta_k, active, xp):
     return out
 
 
-def _end_epoch(ctx, cfg, epoch, stop, loss_sum, n_train, X, Y, sw, val_idx, xp, W, d, history, seconds, samples):
+def _end_epoch(ctx, cfg, epoch, stop, loss_sum, n_train, X, Y, sw, val_idx, xp, W, d, history, seconds, samples,
+               clock=True):
     """Epoch end: objective (and validation) sums, the epoch's last clock, and
     the stopping decision.
 
@@ -785,7 +799,8 @@ def _end_epoch(ctx, cfg, epoch, stop, loss_sum, n_train, X, Y, sw, val_idx, xp, 
     row = np.concatenate([obj, [float(n_train)], val])
     if cfg.global_stop:
         ctx.push_rows(cfg.stats_table, np.array([epoch]), row[None, :])
-    ctx.clock()
+    if clock:
+        ctx.clock()
     decided = epoch
     if cfg.global_stop:
         decided = epoch - cfg.decision_lag
