@@ -74,4 +74,10 @@ nitpick_ignore = [
     ("py:class", "sklearn.base.BaseEstimator"),
     ("py:class", "sklearn.base.TransformerMixin"),
     ("py:class", "sklearn.base.ClassNamePrefixFeaturesOutMixin"),
+    ("py:class", "sklearn.base.RegressorMixin"),
+    ("py:class", "sklearn.linear_model._base.LinearClassifierMixin"),
+    ("py:class", "sklearn.linear_model.SGDClassifier"),
+    ("py:class", "sklearn.linear_model.SGDRegressor"),
+    ("py:class", "dask_ps.linear_model._sgd._BaseSGDPS"),
+    ("py:mod", "dask_ps.linear_model._sgd"),
 ]
