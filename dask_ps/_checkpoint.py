@@ -2,13 +2,14 @@
 
 Layout of a checkpoint directory ``path``::
 
-    path/manifest.json            the commit point: specs, versions, block files, user metadata
+    path/manifest.json            the commit point: per table its spec and data directory; metadata
     path/ckpt-<id>/<table>/block-<b>.npz   values and rule state of one row block
 
 A save writes a new ``ckpt-<id>`` directory (each worker writes the blocks it
 is primary of, so data never passes through the client or the scheduler),
 then replaces ``manifest.json`` by renaming a temporary file over it, and
-finally deletes older ``ckpt-*`` directories. A reader only follows the
+finally deletes the ``ckpt-*`` directories no table refers to any more. Saving
+some tables keeps the other tables' entries. A reader only follows the
 manifest, so it sees the old checkpoint or the new one, never a mix.
 """
 
@@ -89,19 +90,24 @@ def _decode(obj):
     return obj
 
 
-def commit(path: str, manifest: dict) -> None:
-    """Atomically make ``manifest`` the checkpoint at ``path``, then remove
-    the data directories it no longer refers to."""
+def commit(path: str, tables: dict, metadata: dict) -> dict:
+    """Atomically make the checkpoint at ``path`` hold ``tables`` (name ->
+    {"spec", "data"}) on top of the tables already saved there, then remove
+    data directories no table refers to. Returns the manifest."""
     fs, root = _fs(path)
-    manifest = {"format": FORMAT, "created": time.time(), **manifest}
+    old = read_manifest(path) or {"tables": {}}
+    manifest = {"format": FORMAT, "created": time.time(), "tables": {**old["tables"], **tables},
+                "metadata": metadata}
     tmp = posixpath.join(root, f".manifest-{uuid.uuid4().hex}.json")
     with fs.open(tmp, "w") as f:
         json.dump(_encode(manifest), f)
     fs.mv(tmp, posixpath.join(root, "manifest.json"))
+    used = {e["data"] for e in manifest["tables"].values()}
     for entry in fs.ls(root, detail=False):
         name = posixpath.basename(entry.rstrip("/"))
-        if name.startswith("ckpt-") and name != manifest["data"]:
+        if name.startswith("ckpt-") and name not in used:
             fs.rm(entry, recursive=True)
+    return manifest
 
 
 def read_manifest(path: str) -> dict | None:

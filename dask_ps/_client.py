@@ -69,6 +69,8 @@ class ParameterServer:
         self._servers(n=n_workers, timeout=30)
         self._latest_versions: dict[str, int] = {}
         self._router = Router(Transport(client.rpc, client.scheduler), latest_versions=self._latest_versions)
+        client.subscribe_topic("ps-worker-left", self._on_worker_left)
+        client.subscribe_topic("ps-worker-joined", self._on_worker_joined)
         self._metrics: dict[str, dict] = {}
         # Placement changes are announced as Dask events: refresh before the
         # next message instead of discovering a dead worker by a failed connect.
@@ -90,6 +92,12 @@ class ParameterServer:
 
     def __exit__(self, *exc):
         self.close()
+
+    def _on_worker_left(self, event) -> None:
+        self._router.transport.liveness.mark_dead(event[1]["address"])
+
+    def _on_worker_joined(self, event) -> None:
+        self._router.transport.liveness.dead.discard(event[1]["address"])
 
     def _on_placement(self, event) -> None:
         _, msg = event
@@ -349,8 +357,8 @@ class ParameterServer:
             if got != list(range(h.spec.n_blocks)):
                 raise RuntimeError(f"ps.save: table {name!r}: blocks written {got}, expected all "
                                    f"{h.spec.n_blocks}; the placement changed during the save, retry")
-            entries[name] = {"spec": h.spec.to_msg()}
-        _checkpoint.commit(path, {"data": data, "tables": entries, "metadata": metadata or {}})
+            entries[name] = {"spec": h.spec.to_msg(), "data": data}
+        _checkpoint.commit(path, entries, metadata or {})
         self._sync(self.client.scheduler.ps_note_checkpoint, path=path, data=data, tables=names)
         logger.info("dask_ps: saved %d table(s) to %s", len(names), path)
 
@@ -386,7 +394,7 @@ class ParameterServer:
             self._sync(self.client.scheduler.ps_create_table, spec=spec.to_msg())
             self._router.forget(name)
             h = self._handle(name)
-            directory = _checkpoint.table_dir(path, manifest["data"], name)
+            directory = _checkpoint.table_dir(path, manifest["tables"][name]["data"], name)
             by_worker: dict[str, list[int]] = {}
             for b, owners in enumerate(h.owners):
                 for w in owners:
@@ -395,7 +403,9 @@ class ParameterServer:
                 w: dict(table=name, table_id=spec.table_id, directory=directory, blocks=bs)
                 for w, bs in by_worker.items()
             }, "ps_load_blocks")
-        self._sync(self.client.scheduler.ps_note_checkpoint, path=path, data=manifest["data"], tables=names)
+        for name in names:
+            self._sync(self.client.scheduler.ps_note_checkpoint, path=path,
+                       data=manifest["tables"][name]["data"], tables=[name])
         return manifest.get("metadata", {})
 
     async def _gather_rpc(self, workers, op, **msg):

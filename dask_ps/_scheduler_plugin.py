@@ -27,6 +27,7 @@ from dask_ps._exceptions import (
     TableExistsError,
     UnknownTableError,
 )
+from dask_ps._liveness import Liveness
 from dask_ps._placement import place_blocks
 from dask_ps._spec import TableSpec
 from dask_ps._worker_plugin import PLUGIN_NAME, PSWorkerPlugin, reply_errors
@@ -140,6 +141,8 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self._servers_changed = None
         self._background: set[asyncio.Task] = set()
         self._retiring: set[str] = set()
+        self._evacuations: dict[str, asyncio.Task] = {}
+        self.liveness = Liveness()
         self.totals: Counter = Counter()  # metrics summed over finished participants
 
     def __repr__(self):
@@ -178,12 +181,30 @@ class PSSchedulerPlugin(SchedulerPlugin):
         """A worker left (killed, retired, or the cluster is closing): take it
         out of every placement and repair in the background (promote a
         replica, add a new one, or restore from a checkpoint)."""
-        self._retiring.discard(worker)
-        if worker not in self.members:
+        evacuation = self._evacuations.get(worker)
+        if evacuation is not None and not evacuation.done() and scheduler.status.name == "running":
+            # retire_workers removes a worker as soon as it asked it to close;
+            # the worker still serves while it hands its blocks over. Let that
+            # finish, then repair whatever is left.
+            self._in_background(self._after_evacuation(worker, evacuation, stimulus_id))
             return
+        self._worker_gone(worker, stimulus_id)
+
+    async def _after_evacuation(self, worker, evacuation, stimulus_id):
+        await asyncio.gather(evacuation, return_exceptions=True)
+        self._worker_gone(worker, stimulus_id)
+
+    def _worker_gone(self, worker, stimulus_id):
+        self._retiring.discard(worker)
+        self._evacuations.pop(worker, None)
+        self.liveness.mark_dead(worker)
         self.members.discard(worker)
-        if scheduler.status.name != "running":
+        if self.scheduler.status.name != "running":
             return  # shutting down: nothing to repair
+        # Everyone stops waiting on it now (a connect to a dead address would
+        # retry for distributed.comm.timeouts.connect).
+        self.scheduler.log_event("ps-worker-left", {"address": worker})
+        self._in_background(self._broadcast("ps_worker_left", address=worker))
         for t in list(self.tables.values()):
             if worker in t.holders():
                 self._in_background(self._repair(t.spec.name, gone={worker}, reason=f"{worker} left ({stimulus_id})"))
@@ -200,6 +221,10 @@ class PSSchedulerPlugin(SchedulerPlugin):
         of the blocks move)."""
         new = address not in self.members
         self.members.add(address)
+        if address in self.liveness.dead:  # back at the same address: reachable again
+            self.liveness.dead.discard(address)
+            self.scheduler.log_event("ps-worker-joined", {"address": address})
+            self._in_background(self._broadcast("ps_worker_joined", address=address))
         async with self._servers_changed:
             self._servers_changed.notify_all()
         if new and self.tables:
@@ -207,19 +232,22 @@ class PSSchedulerPlugin(SchedulerPlugin):
                 self._in_background(self._rebalance(name))
 
     async def evacuate(self, address: str) -> None:
-        """Handler (worker plugin teardown, e.g. ``retire_workers``): move the
-        worker's blocks away while it still serves them."""
-        if address not in self._retiring or self.scheduler.status.name != "running":
-            return  # not a retirement (a plain close): replicas/checkpoints cover it
-        await self._evacuate(address)
+        """Handler (worker plugin teardown, e.g. ``retire_workers``): wait until
+        the worker's blocks have moved away (it still serves them meanwhile)."""
+        task = self._evacuations.get(address)
+        if task is not None:
+            await asyncio.shield(task)
 
     def log_event(self, topic, msg):
         # retire_workers marks a worker closing_gracefully before closing it:
         # start moving its blocks away while it still serves them.
         if isinstance(msg, dict) and msg.get("action") == "worker-status-change" and topic in self.members:
-            if msg.get("status") == "closing_gracefully":
+            if msg.get("status") == "closing_gracefully" and topic not in self._evacuations:
                 self._retiring.add(topic)
-                self._in_background(self._evacuate(topic))
+                task = asyncio.ensure_future(self._evacuate(topic))
+                self._evacuations[topic] = task
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
             elif msg.get("status") == "running":
                 self._retiring.discard(topic)
 
@@ -227,10 +255,11 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self.members.discard(address)
         if not self._running_members():
             return  # the whole cluster is shutting down (scale(0) retires everyone)
-        for name in list(self.tables):
-            t = self.tables.get(name)
-            if t is not None and address in t.holders():
-                await self._repair(name, gone=set(), leaving={address}, reason=f"{address} retired")
+        names = [n for n, t in self.tables.items() if address in t.holders()]
+        # All tables at once: the worker may not wait long once it closes.
+        await asyncio.gather(*(
+            self._repair(n, gone=set(), leaving={address}, reason=f"{address} retired") for n in names
+        ))
 
     async def placement_settled(self) -> None:
         """Handler: wait for background placement changes (tests, benchmarks)."""
@@ -296,55 +325,107 @@ class PSSchedulerPlugin(SchedulerPlugin):
                     if w not in keep:
                         keep.append(w)
                 new_owners.append(keep)
-            await self._change_placement(t, new_owners, sources=members | set(leaving), skip=set(lost))
-            if lost:
-                await self._recover_lost(t, lost, reason)
+            if lost and t.checkpoint is None:
+                # Refuse the table from now on: never serve zeros for lost rows.
+                for b in lost:
+                    t.lost[b] = reason
+                logger.error("dask_ps: table %r lost block(s) %s (%s) and has no checkpoint",
+                             t.spec.name, lost, reason)
 
-    async def _change_placement(self, t: SchedulerTableState, new_owners, sources, skip=frozenset()) -> None:
-        """Move to ``new_owners``: each block's current primary (a live one)
-        copies it to its new owners under its table lock and adopts the new
-        placement; every other holder adopts it too. Clients that still use
-        the old version get StaleVersionError and retry (exactly once, by the
-        message numbers)."""
+            async def restore(t=t, lost=lost):
+                if lost and t.checkpoint is not None:
+                    await self._restore_blocks(t, lost, reason)
+
+            await self._change_placement(t, new_owners, sources=members | set(leaving), skip=set(lost),
+                                         before_adopt=restore)
+
+    async def _change_placement(self, t: SchedulerTableState, new_owners, sources, skip=frozenset(),
+                                before_adopt=None) -> None:
+        """Move to ``new_owners`` in two phases, so no block ever has two primaries:
+
+        1. every live holder *freezes* the table (waits for pushes in
+           progress, then refuses client pushes and pulls, which retry); then
+           each block moving to new owners is copied from an old owner (a
+           staying one if possible, the next one if a copy fails);
+        2. every holder adopts the new placement and serves again.
+
+        Forwarded pushes (primary to replica) are applied even while frozen,
+        and replicas hold their copies before any primary of the new placement
+        serves, so no acknowledged push misses a copy. Numbered pushes make
+        the retries count once.
+        """
         if new_owners == t.owners:
             return
         version = t.version + 1
-        moves: dict[str, list[tuple[int, str]]] = {}
-        for b, (old, new) in enumerate(zip(t.owners, new_owners)):
-            if b in skip:
-                continue
-            src = next((w for w in old if w in sources), None)
-            if src is None:
-                continue
-            for w in new:
-                if w not in old:
-                    moves.setdefault(src, []).append((b, w))
-        holders = t.holders() | {w for ws in new_owners for w in ws}
+        staying = set(self.members)
+        holders = {w for w in t.holders() | {w for ws in new_owners for w in ws} if w in self.members | set(sources)}
+        old_owners = t.owners
         t.owners, t.version = new_owners, version  # handles now give the new placement
         self._announce(t)
-        # New owners of blocks without a source get (empty) shards first.
+        msg = dict(table=t.spec.name, table_id=t.spec.table_id)
+        # 1a. Freeze every holder. One that cannot be reached is left out.
+        results = await asyncio.gather(*(self._call(w, "ps_freeze", **msg) for w in holders),
+                                       return_exceptions=True)
+        frozen = {w for w, r in zip(holders, results) if not isinstance(r, Exception)}
+        # 1b. Copy blocks to their new owners. Sources: the block's old owners,
+        # staying workers before a retiring one; on failure, the next source.
+        wanted: dict[int, list[str]] = {}
+        candidates: dict[int, list[str]] = {}
+        for b, (old, new) in enumerate(zip(old_owners, new_owners)):
+            if b in skip:
+                continue
+            # New replicas first, the new primary last: a block is never
+            # primary somewhere before its replicas have it.
+            targets = [w for w in new[1:] if w not in old] + [w for w in new[:1] if w not in old]
+            if targets:
+                wanted[b] = targets
+                candidates[b] = sorted((w for w in old if w in frozen), key=lambda w: w not in staying)
+        copies = 0
+        while wanted:
+            by_source: dict[str, list[tuple[int, str]]] = {}
+            for b in list(wanted):
+                if not candidates[b]:
+                    logger.error("dask_ps: table %r: no copy of block %d could be read", t.spec.name, b)
+                    t.lost[b] = "no live copy could be read during a placement change"
+                    del wanted[b]
+                    continue
+                by_source.setdefault(candidates[b][0], []).extend((b, w) for w in wanted[b])
+            results = await asyncio.gather(
+                *(self._call(src, "ps_copy_blocks", **msg, moves=mv) for src, mv in by_source.items()),
+                return_exceptions=True,
+            )
+            for (src, mv), r in zip(by_source.items(), results):
+                for b in {b for b, _ in mv}:
+                    if not isinstance(r, Exception):
+                        copies += len(wanted.pop(b, ()))
+                        continue
+                    logger.warning("dask_ps: copying block %d of %r from %s failed: %r", b, t.spec.name, src, r)
+                    alive = [w for w in wanted[b] if w not in self.liveness.dead]
+                    if len(alive) < len(wanted[b]):  # a target died: the next repair replaces it
+                        wanted[b] = alive
+                        if not alive:
+                            del wanted[b]
+                    else:
+                        candidates[b].pop(0)
+        # Blocks with no copy left: empty shards on their new owners (a
+        # checkpoint restore fills them next).
         fresh: dict[str, list[int]] = {}
         for b in skip:
             for w in new_owners[b]:
                 fresh.setdefault(w, []).append(b)
         await asyncio.gather(*(
-            self.scheduler.rpc(w).ps_create_shards(spec=t.spec_msg, version=version, blocks=bs, owners=new_owners)
+            self._call(w, "ps_create_shards", spec=t.spec_msg, version=None, blocks=bs)
             for w, bs in fresh.items()
-        ))
-        msg = dict(table=t.spec.name, table_id=t.spec.table_id, version=version, owners=new_owners)
-        results = await asyncio.gather(
-            *(self.scheduler.rpc(src).ps_transfer_blocks(**msg, moves=mv) for src, mv in moves.items()),
+        ), return_exceptions=True)
+        if before_adopt is not None:
+            await before_adopt()  # e.g. fill those blocks from a checkpoint while nobody serves them
+        # 2. Adopt. A retiring worker (not a member any more) need not.
+        await asyncio.gather(
+            *(self._call(w, "ps_set_placement", **msg, version=version, owners=new_owners)
+              for w in holders if w in self.members),
             return_exceptions=True,
         )
-        for src, r in zip(moves, results):
-            if isinstance(r, Exception):
-                logger.warning("dask_ps: moving blocks of %r from %s failed: %r", t.spec.name, src, r)
-        others = [w for w in holders if w not in moves and w in self.members | set(sources)]
-        await asyncio.gather(
-            *(self.scheduler.rpc(w).ps_set_placement(**msg) for w in others), return_exceptions=True
-        )
-        logger.info("dask_ps: table %r placement v%d (%d block moves)", t.spec.name, version,
-                    sum(len(m) for m in moves.values()))
+        logger.info("dask_ps: table %r placement v%d (%d block copies)", t.spec.name, version, copies)
 
     def _announce(self, t: SchedulerTableState) -> None:
         """Tell every client and worker that ``t``'s placement changed, so
@@ -356,14 +437,8 @@ class PSSchedulerPlugin(SchedulerPlugin):
             self._broadcast("ps_placement_changed", table=t.spec.name, version=t.version)
         )
 
-    async def _recover_lost(self, t: SchedulerTableState, blocks: list[int], reason: str) -> None:
-        if t.checkpoint is None:
-            for b in blocks:
-                t.lost[b] = reason
-            t.version += 1  # callers refresh their handle and get DataLostError
-            self._announce(t)
-            logger.error("dask_ps: table %r lost block(s) %s (%s) and has no checkpoint", t.spec.name, blocks, reason)
-            return
+    async def _restore_blocks(self, t: SchedulerTableState, blocks: list[int], reason: str) -> None:
+        """Fill lost blocks on their new (still frozen) owners from the latest checkpoint."""
         from dask_ps._checkpoint import table_dir
 
         path, data = t.checkpoint
@@ -372,11 +447,18 @@ class PSSchedulerPlugin(SchedulerPlugin):
         for b in blocks:
             for w in t.owners[b]:
                 by_worker.setdefault(w, []).append(b)
-        await asyncio.gather(*(
-            self.scheduler.rpc(w).ps_load_blocks(table=t.spec.name, table_id=t.spec.table_id,
-                                                 directory=directory, blocks=bs)
+        results = await asyncio.gather(*(
+            self._call(w, "ps_load_blocks", table=t.spec.name, table_id=t.spec.table_id,
+                       directory=directory, blocks=bs)
             for w, bs in by_worker.items()
-        ))
+        ), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:  # never serve zeros in place of lost rows
+            for b in blocks:
+                t.lost[b] = f"{reason}; restoring from {path} failed: {failed[0]!r}"
+            logger.error("dask_ps: table %r: restoring block(s) %s from %s failed: %r",
+                         t.spec.name, blocks, path, failed[0])
+            return
         t.restored += len(blocks)
         logger.warning(
             "dask_ps: table %r: block(s) %s were lost (%s) and restored from the checkpoint at %s; "
@@ -519,9 +601,13 @@ class PSSchedulerPlugin(SchedulerPlugin):
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
+    def _call(self, worker: str, op: str, **msg):
+        """An RPC to a worker that fails fast if the worker is removed meanwhile."""
+        return self.liveness.call(worker, getattr(self.scheduler.rpc(worker), op)(**msg))
+
     async def _broadcast(self, op: str, **msg) -> None:
         results = await asyncio.gather(
-            *(getattr(self.scheduler.rpc(w), op)(**msg) for w in sorted(self.members)),
+            *(self._call(w, op, **msg) for w in sorted(self.members)),
             return_exceptions=True,
         )
         for r in results:

@@ -112,7 +112,9 @@ class Session:
         # flushes are numbered by (clock, n-th flush in the clock): a retried
         # participant that repeats a clock's pushes has them applied once.
         self._router = Router(
-            Transport(self.worker.rpc, self.worker.scheduler, local=plugin), sender=f"{run_id}-{rank}",
+            Transport(self.worker.rpc, self.worker.scheduler, local=plugin,
+                      liveness=plugin.liveness if plugin is not None else None),
+            sender=f"{run_id}-{rank}",
             latest_versions=plugin.latest_versions if plugin is not None else None,
         )
         self._flushes_this_clock = 0

@@ -50,6 +50,10 @@ class TableShards:
     # by (run_id, clock) then block.
     pending: dict[tuple[str, int], dict[int, object]] = field(default_factory=dict)
     owners: list[list[str]] = field(default_factory=list)  # the table's placement, primary first
+    # During a placement change every holder is frozen (refuses client pushes
+    # and pulls, which retry) from before blocks are copied until it adopts
+    # the new placement, so no block ever has two primaries.
+    frozen: bool = False
 
     def __repr__(self):
         return f"<TableShards {self.spec.name!r} v{self.version} blocks={sorted(self.blocks)}>"
@@ -82,16 +86,18 @@ class ShardStore:
         return f"<ShardStore {sorted(self.tables)}>"
 
     # --- table lifecycle ------------------------------------------------------
-    def create(self, spec: TableSpec, version: int, blocks: list[int], owners=None) -> TableShards:
+    def create(self, spec: TableSpec, version: int | None, blocks: list[int], owners=None) -> TableShards:
+        """Allocate zero blocks. ``version=None``: blocks for a placement that
+        is not adopted yet (a new table here starts frozen)."""
         have = self.tables.get(spec.name)
         if have is not None and have.spec.table_id == spec.table_id:
             # Idempotent re-send, or more blocks after a placement change.
-            if version >= have.version:
+            if version is not None and version >= have.version:
                 have.version = version
                 have.owners = [list(o) for o in owners] if owners is not None else have.owners
         else:
             have = self.tables[spec.name] = TableShards(
-                spec, version, {}, owners=[list(o) for o in owners or []]
+                spec, version or 0, {}, owners=[list(o) for o in owners or []], frozen=version is None
             )
         for b in blocks:
             if b not in have.blocks:
@@ -105,6 +111,7 @@ class ShardStore:
         if t is None or t.spec.table_id != table_id or version < t.version:
             return
         t.version = version
+        t.frozen = False
         t.owners = [list(o) for o in owners]
         for b in [b for b in t.blocks if b >= len(t.owners) or me not in t.owners[b]]:
             del t.blocks[b]
@@ -123,11 +130,15 @@ class ShardStore:
                 "state": {k: v.copy() for k, v in blk.state.items()},
                 "seq": blk.seq,
                 "applied": {k: list(v) for k, v in blk.applied.items()},
+                # aggregate="clock": sums still waiting for their clock move too
+                "pending": [[run, clock, acc[b].copy()] for (run, clock), acc in t.pending.items() if b in acc],
             })
         return out
 
-    def install(self, spec: TableSpec, version: int, owners, exported: list[dict]) -> None:
-        """Receive blocks exported by another worker (migration, new replica, restore)."""
+    def install(self, spec: TableSpec, version: int | None, owners, exported: list[dict]) -> None:
+        """Receive blocks exported by another worker (migration, new replica,
+        restore). ``version=None``: keep this worker's placement (the new one
+        is adopted later, by ``set_placement``)."""
         t = self.create(spec, version, [], owners)
         for e in exported:
             b = int(e["block"])
@@ -143,6 +154,8 @@ class ShardStore:
                 state = spec.rule.init_state(data)
             applied = {k: deque(v, maxlen=APPLIED_WINDOW) for k, v in (e.get("applied") or {}).items()}
             t.blocks[b] = Block(data, state, seq=int(e.get("seq", 0)), applied=applied)
+            for run, clock, acc in e.get("pending") or ():
+                t.pending.setdefault((run, int(clock)), {})[b] = _backend.to_device(acc, spec.device)
 
     def drop(self, name: str, table_id: str | None = None) -> bool:
         t = self.tables.get(name)
@@ -151,7 +164,7 @@ class ShardStore:
         del self.tables[name]
         return True
 
-    def get(self, name, version=None, table_id=None) -> TableShards:
+    def get(self, name, version=None, table_id=None, frozen_ok=False) -> TableShards:
         if not isinstance(name, str):
             raise PSValueError(f"table name must be a str, got {type(name).__name__}")
         t = self.tables.get(name)
@@ -159,6 +172,8 @@ class ShardStore:
             raise UnknownTableError(f"table {name!r} does not exist on this worker", name)
         if table_id is not None and table_id != t.spec.table_id:
             raise StaleVersionError(f"table {name!r} was dropped and created again")
+        if t.frozen and not frozen_ok:
+            raise StaleVersionError(f"table {name!r}: its placement is changing; retry")
         if version is not None and version != t.version:
             raise StaleVersionError(
                 f"table {name!r}: message for version {version!r}, this worker has version {t.version}"
@@ -189,10 +204,12 @@ class ShardStore:
             raise PSValueError(f"table {name!r}: block rows must be sorted and unique", name)
         return rows
 
-    def validate_push(self, name, version, blocks, rows, values, table_id=None) -> tuple[TableShards, list[PushItem]]:
+    def validate_push(self, name, version, blocks, rows, values, table_id=None,
+                      frozen_ok=False) -> tuple[TableShards, list[PushItem]]:
         """Check a whole push message; return the table and its items. Raises
-        before anything is applied."""
-        t = self.get(name, version, table_id)
+        before anything is applied. (``frozen_ok``: a push forwarded by a
+        primary, applied even during a placement change.)"""
+        t = self.get(name, version, table_id, frozen_ok)
         spec = t.spec
         if not (isinstance(blocks, (list, tuple)) and isinstance(rows, (list, tuple))
                 and isinstance(values, (list, tuple)) and len(blocks) == len(rows) == len(values)):
@@ -282,7 +299,8 @@ class ShardStore:
         """Pop the sums of ``run_id``'s clocks ``< min_clock``, oldest first,
         each as whole-block items ready for :meth:`apply`."""
         keys = sorted(k for k in t.pending if k[0] == run_id and k[1] < min_clock)
-        return [[(b, None, a) for b, a in sorted(t.pending.pop(k).items())] for k in keys]
+        # Only blocks still hosted here (a block that moved took its sums along).
+        return [[(b, None, a) for b, a in sorted(t.pending.pop(k).items()) if b in t.blocks] for k in keys]
 
     @staticmethod
     def commit(t: TableShards, fresh: dict) -> None:

@@ -23,6 +23,7 @@ from distributed.protocol.serialize import to_serialize
 
 from dask_ps import _config, _routing
 from dask_ps._exceptions import PSError, StaleVersionError, UnknownTableError
+from dask_ps._liveness import Liveness, WorkerGone
 from dask_ps._routing import TableHandle
 
 
@@ -39,10 +40,11 @@ class Transport:
     """Send ``ps_*`` messages: ``rpc`` is a Dask ``ConnectionPool`` (the
     client's or a worker's); ``local`` the worker plugin of this process, if any."""
 
-    def __init__(self, rpc, scheduler, local=None):
+    def __init__(self, rpc, scheduler, local=None, liveness=None):
         self.rpc = rpc
         self.scheduler = scheduler
         self.local = local
+        self.liveness = liveness if liveness is not None else Liveness()
         self.local_address = local.worker.address if local is not None and local.worker else None
 
     def __repr__(self):
@@ -53,7 +55,7 @@ class Transport:
         if addr == self.local_address:
             return await self.local.local_push(h.spec.name, h.version, items, raw=raw, run=run,
                                                sender=sender, msg_seq=msg_seq, table_id=h.spec.table_id)
-        return await asyncio.wait_for(
+        return await self.liveness.call(addr, asyncio.wait_for(
             self.rpc(addr).ps_push(
                 table=h.spec.name,
                 table_id=h.spec.table_id,
@@ -67,7 +69,7 @@ class Transport:
                 msg_seq=msg_seq,
             ),
             _config.get_seconds("timeouts.rpc"),
-        )
+        ))
 
     async def pull(self, addr: str, h: TableHandle, reqs, **extra) -> dict:
         """``{"seqs": [...], "values": [...]}`` for ``(block, rows)`` requests.
@@ -77,13 +79,13 @@ class Transport:
         if addr == self.local_address:
             return await self.local.local_pull(h.spec.name, h.version, blocks, rows,
                                                table_id=h.spec.table_id, **extra)
-        return await asyncio.wait_for(
+        return await self.liveness.call(addr, asyncio.wait_for(
             self.rpc(addr).ps_pull(
                 table=h.spec.name, table_id=h.spec.table_id, version=h.version, blocks=blocks,
                 rows=[_wrap(r) for r in rows], **extra
             ),
             _config.get_seconds("timeouts.rpc"),
-        )
+        ))
 
 
 class Router:
@@ -162,7 +164,10 @@ class Router:
             msg_seq = next(self._msg_seq)
 
         async def call(h, addr, items):
-            return await self.transport.push(addr, h, items, raw, run, self.sender, msg_seq)
+            reply = await self.transport.push(addr, h, items, raw, run, self.sender, msg_seq)
+            if reply is None:  # a worker without dask_ps handlers (closing): re-route
+                raise WorkerGone(f"worker {addr} does not serve dask_ps")
+            return reply
 
         seqs: dict[int, int] = {}
         for items, reply in (await self._with_failover(name, dict(msgs), call)).values():
@@ -174,7 +179,10 @@ class Router:
         """Pull ``reqs[addr] = [(block, rows), ...]``; returns ``{block: (rows, seq, values)}``."""
 
         async def call(h, addr, entries):
-            return await self.transport.pull(addr, h, entries, **extra)
+            reply = await self.transport.pull(addr, h, entries, **extra)
+            if reply is None:
+                raise WorkerGone(f"worker {addr} does not serve dask_ps")
+            return reply
 
         out = {}
         for entries, reply in (await self._with_failover(name, dict(reqs), call)).values():

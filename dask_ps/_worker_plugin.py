@@ -23,6 +23,7 @@ from distributed.protocol.serialize import Serialized, to_serialize
 
 from dask_ps import _backend, _config
 from dask_ps._exceptions import PSError, PSValueError, StaleVersionError, UnknownTableError
+from dask_ps._liveness import Liveness
 from dask_ps._shard import ShardStore
 from dask_ps._spec import TableSpec
 
@@ -32,8 +33,8 @@ PLUGIN_NAME = "ps"
 HANDLERS = (
     "ps_create_shards", "ps_drop_table", "ps_push", "ps_pull", "ps_info",
     "ps_clock_advance", "ps_cache_fill", "ps_run_end",
-    "ps_transfer_blocks", "ps_install_blocks", "ps_set_placement", "ps_save_blocks", "ps_load_blocks",
-    "ps_placement_changed",
+    "ps_freeze", "ps_copy_blocks", "ps_install_blocks", "ps_set_placement", "ps_save_blocks", "ps_load_blocks",
+    "ps_placement_changed", "ps_worker_left", "ps_worker_joined",
 )
 
 
@@ -59,6 +60,7 @@ class PSWorkerPlugin(WorkerPlugin):
         self.mailboxes: dict[str, deque] = defaultdict(deque)
         self._min_clock: dict[str, float] = {}  # run_id -> highest min clock heard of
         self.latest_versions: dict[str, int] = {}  # table -> newest placement version announced
+        self.liveness = Liveness()  # workers the scheduler removed: do not wait on them
 
     def __repr__(self):
         addr = self.worker.address if self.worker is not None else None
@@ -83,9 +85,8 @@ class PSWorkerPlugin(WorkerPlugin):
                 )
             except Exception as e:  # the scheduler may be gone already
                 logger.info("dask_ps: could not evacuate %s: %r", worker.address, e)
-        for op in HANDLERS:
-            worker.handlers.pop(op, None)
-        worker.extensions.pop(PLUGIN_NAME, None)
+        # Handlers stay (a missing handler would answer None): with the store
+        # empty they answer UnknownTableError, and callers re-route.
         self.store.tables.clear()
 
     @contextlib.asynccontextmanager
@@ -128,7 +129,8 @@ class PSWorkerPlugin(WorkerPlugin):
         # forwarding to each other cannot deadlock.
         async with (self._replica_locks[key] if replica else self._locks[key]):
             # A forwarded push follows the primary's placement, not the sender's.
-            t, items = self.store.validate_push(table, None if replica else version, blocks, rows, values, table_id)
+            t, items = self.store.validate_push(table, None if replica else version, blocks, rows, values,
+                                                table_id, frozen_ok=replica)
             if not replica:
                 me = self.worker.address
                 wrong = [b for b, _, _ in items if t.owners and t.owners[b][0] != me]
@@ -157,12 +159,12 @@ class PSWorkerPlugin(WorkerPlugin):
         if not by_replica:
             return
         calls = [
-            self.worker.rpc(r).ps_push(
+            self.liveness.call(r, self.worker.rpc(r).ps_push(
                 table=t.spec.name, version=t.version, blocks=[b for b, _, _ in its],
                 rows=[None if x is None else to_serialize(x) for _, x, _ in its],
                 values=[to_serialize(v) for _, _, v in its],
                 raw=raw, run=run, sender=sender, msg_seq=msg_seq, replica=True,
-            )
+            ))
             for r, its in by_replica.items()
         ]
         for r, res in zip(by_replica, await asyncio.gather(*calls, return_exceptions=True)):
@@ -181,42 +183,60 @@ class PSWorkerPlugin(WorkerPlugin):
         self.store.commit(t, fresh)
 
     # --- placement changes, replication, checkpoints ---------------------------------------
-    async def transfer_blocks(self, table: str, table_id: str, version: int, owners, moves) -> None:
-        """Handler (scheduler): copy blocks to other workers, then adopt the
-        new placement. Holding the table's lock, no push lands between the
-        copy and the switch, so the copies miss nothing."""
+    async def freeze(self, table: str, table_id: str) -> None:
+        """Handler (scheduler), phase 1 of a placement change: wait for pushes
+        in progress, then refuse client pushes and pulls (they retry) until
+        :meth:`set_placement`."""
+        async with self._all_locks(table):
+            t = self.store.tables.get(table)
+            if t is not None and t.spec.table_id == table_id:
+                t.frozen = True
+
+    async def copy_blocks(self, table: str, table_id: str, moves) -> None:
+        """Handler (scheduler), phase 1b: copy ``moves = [(block, target), ...]``
+        to their new owners. Every holder is frozen by now, so no push lands
+        here while the copies are made."""
         async with self._all_locks(table):
             t = self.store.tables.get(table)
             if t is None or t.spec.table_id != table_id:
                 raise UnknownTableError(f"table {table!r} is not hosted on {self.worker.address}", table)
             by_target: dict[str, list[int]] = defaultdict(list)
             for b, target in moves:
+                if int(b) not in t.blocks:
+                    raise UnknownTableError(f"table {table!r}: block {b} is not on {self.worker.address}", table)
                 by_target[target].append(int(b))
             spec = t.spec.to_msg()
             await asyncio.gather(*(
-                self.worker.rpc(target).ps_install_blocks(
-                    spec=spec, version=version, owners=owners,
-                    blocks=[_wire_block(e) for e in self.store.export(t, bs)],
-                )
+                self.liveness.call(target, self.worker.rpc(target).ps_install_blocks(
+                    spec=spec, blocks=[_wire_block(e) for e in self.store.export(t, bs)]
+                ))
                 for target, bs in by_target.items()
             ))
-            self.store.set_placement(table, table_id, version, owners, self.worker.address)
 
-    def install_blocks(self, spec: dict, version: int, owners, blocks) -> None:
+    def install_blocks(self, spec: dict, blocks, version=None, owners=None) -> None:
         """Handler: receive exported blocks (migration, new replica).
 
         No lock here: the sender holds its own table lock while it waits for
         this, and two workers sending blocks to each other must not wait on
-        each other. Installing is one synchronous step on the event loop, and
-        pushes for these blocks are refused (and retried) until it is done."""
+        each other. Installing is one synchronous step on the event loop; the
+        blocks serve only once this worker adopts the new placement."""
         self.store.install(TableSpec.from_msg(spec), version, owners, [_unwire_block(e) for e in blocks])
+
+    def worker_left(self, address: str) -> None:
+        """Handler (scheduler): a worker was removed; stop waiting on it."""
+        self.liveness.mark_dead(address)
+
+    def worker_joined(self, address: str) -> None:
+        """Handler (scheduler): a worker is back at an address that had left."""
+        self.liveness.dead.discard(address)
 
     def placement_changed(self, table: str, version: int) -> None:
         """Handler (scheduler): sessions on this worker refresh their handle."""
         self.latest_versions[table] = max(version, self.latest_versions.get(table, 0))
 
     async def set_placement(self, table: str, table_id: str, version: int, owners) -> None:
-        """Handler (scheduler): a table's placement changed."""
+        """Handler (scheduler), phase 2 of a placement change: adopt it, drop
+        blocks no longer ours, serve again."""
         async with self._all_locks(table):
             self.store.set_placement(table, table_id, version, owners, self.worker.address)
 
@@ -382,7 +402,12 @@ def _check_run(run):
 
 def _wire_block(e: dict) -> dict:
     """An exported block as a message: arrays as zero-copy frames."""
-    return {**e, "data": to_serialize(e["data"]), "state": {k: to_serialize(v) for k, v in e["state"].items()}}
+    return {
+        **e,
+        "data": to_serialize(e["data"]),
+        "state": {k: to_serialize(v) for k, v in e["state"].items()},
+        "pending": [[run, clock, to_serialize(acc)] for run, clock, acc in e.get("pending", ())],
+    }
 
 
 def _unwire_block(e: dict) -> dict:

@@ -218,3 +218,18 @@ def test_tls_cluster():
         w = ps.pull("w")
         assert w[1, 0] == 3 and w.sum() == 204
         assert all(p.worker.startswith("tls://") for p in ps.placement("w"))
+
+
+def test_retire_moves_every_table_without_replication():
+    """retire_workers hands all of a worker's blocks over before it leaves,
+    for every table, even without replicas."""
+    with cluster(3) as c, Client(c) as client:
+        ps = dask_ps.ParameterServer(client)
+        for i in range(4):
+            ps.create_table(f"t{i}", shape=(90, 2), block_rows=10, init=np.full((90, 2), float(i + 1)))
+        victim = ps.placement("t0")[0].worker
+        client.retire_workers([victim])
+        ps.wait_for_placement()
+        for i in range(4):
+            assert victim not in {p.worker for p in ps.placement(f"t{i}")}
+            np.testing.assert_array_equal(ps.pull(f"t{i}"), np.full((90, 2), float(i + 1)))
