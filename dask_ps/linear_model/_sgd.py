@@ -104,7 +104,7 @@ _CONFIG_DEFAULTS = {
     # "auto" (sequential for numpy data, minibatch for cupy), "sequential", "minibatch"
     "kernel": "auto",
     # Samples a participant trains on between two clock() calls.
-    "clock-samples": 16384,
+    "clock-samples": 65536,
     # An in-memory input gets one participant per this many samples (at most
     # one per worker): tiny fits run on one participant.
     "min-samples-per-participant": 10000,
@@ -672,6 +672,9 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
                 cols_np = _backend.to_numpy(cols).astype(np.int64)
                 rows = np.append(cols_np, d)
                 Xg = type(Xg)((Xg.data, lookup[Xg.indices], Xg.indptr), shape=(Xg.shape[0], cols_np.shape[0]))
+                n_round = cols_np.shape[0]
+                stamp = xp.empty(n_round, dtype=np.int64)  # scratch for the minibatches' unique()
+                lookup = xp.empty(n_round, dtype=np.int32)
                 W0 = W_all[xp.asarray(rows)] if solo else ctx.pull_rows(cfg.table, rows)
                 iq = None if inv_q is None else inv_q[cols_np]
             else:
@@ -688,9 +691,9 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
                     # checks): give them the minibatch's rows only.
                     Xb = Xg[off:off + nb]
                     off += nb
-                    ub, inv = xp.unique(Xb.indices, return_inverse=True)
+                    ub, inv = _unique_inverse(Xb.indices, stamp, lookup, xp)
                     sel = xp.append(ub, Xg.shape[1])  # + the intercept row
-                    Xb = type(Xb)((Xb.data, inv.astype(np.int32).ravel(), Xb.indptr), shape=(nb, ub.shape[0]))
+                    Xb = type(Xb)((Xb.data, inv, Xb.indptr), shape=(nb, ub.shape[0]))
                     Wb = W[sel]
                 else:
                     Xb = X[idx]
@@ -752,6 +755,19 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
     }
 
 
+def _unique_inverse(idx, stamp, lookup, xp):
+    """``np.unique(idx, return_inverse=True)`` without the sort, in O(len(idx)),
+    the unique values in order of first appearance; ``stamp``/``lookup`` are
+    scratch arrays indexed by the values (never cleared: every slot read was
+    written for these ``idx``)."""
+    pos = xp.arange(idx.shape[0], dtype=np.int64)
+    stamp[idx[::-1]] = pos[::-1]  # the first occurrence wins
+    first = stamp[idx] == pos
+    uniq = idx[first]
+    lookup[uniq] = xp.arange(uniq.shape[0], dtype=np.int32)
+    return uniq, lookup[idx]
+
+
 def _lazy_regularization(hp, new, inv_q, ts, eta_k, active, xp):
     """Give the rows a sparse minibatch touched the regularization of the
     minibatches that did not touch them (see ``_sgd_participant``)."""
@@ -786,12 +802,13 @@ def _end_epoch(ctx, cfg, epoch, stop, loss_sum, n_train, X, Y, sw, val_idx, xp, 
     on ``lag`` epochs past the point where scikit-learn would stop)."""
     hp = cfg.hp
     K = hp.n_outputs
-    need_full = hp.penalty > 0 or hp.early_stopping
+    # The penalty term of the objective only matters to the stopping rule.
+    with_penalty = hp.penalty > 0 and hp.tol > -np.inf and not hp.early_stopping
     Wf = None
-    if need_full:
+    if with_penalty or hp.early_stopping:
         Wf = W if W is not None else ctx.pull(cfg.table)
     obj = _backend.to_numpy(loss_sum).astype(float)
-    if hp.penalty > 0:
+    if with_penalty:
         obj = obj + n_train * _backend.to_numpy(_penalty_value(hp, Wf, _backend.namespace(Wf)))
     val = np.zeros(K + 3)
     if hp.early_stopping:
