@@ -215,6 +215,9 @@ class ParameterServer:
         return self._handle(name).spec
 
     def _handle(self, name, refresh=True):
+        h = self._router.handles.get(name)
+        if not refresh and h is not None and h.version >= self._latest_versions.get(name, 0):
+            return h  # cached and current: no event-loop round trip
         return self._sync(self._router.handle, name, refresh)
 
     def placement(self, name: str) -> list[BlockPlacement]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import dask.config
@@ -15,14 +16,25 @@ with open(_fn) as f:
 dask.config.update_defaults(_defaults)
 
 
+@functools.lru_cache(maxsize=256)
+def _parse_bytes(value) -> int:
+    return parse_bytes(value)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_seconds(value) -> float:
+    return parse_timedelta(value, default="s")
+
+
 def get_bytes(key: str) -> int:
-    """``dask.config`` value ``ps.<key>`` as a number of bytes."""
-    return parse_bytes(dask.config.get(f"ps.{key}"))
+    """``dask.config`` value ``ps.<key>`` as a number of bytes (read on every
+    call, so ``dask.config.set`` applies at once; parsing is memoized)."""
+    return _parse_bytes(dask.config.get(f"ps.{key}"))
 
 
 def get_seconds(key: str) -> float:
     """``dask.config`` value ``ps.<key>`` as seconds."""
-    return parse_timedelta(dask.config.get(f"ps.{key}"), default="s")
+    return _parse_seconds(dask.config.get(f"ps.{key}"))
 
 
 def get(key: str):

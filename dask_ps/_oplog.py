@@ -18,8 +18,11 @@ from dask_ps._spec import TableSpec
 
 
 class PushBuffer:
-    def __init__(self, spec: TableSpec):
+    def __init__(self, spec: TableSpec, spare=None):
         self.spec = spec
+        # An array of the table's shape from an earlier, already sent buffer:
+        # reusing it avoids allocating (and page-faulting) a fresh one per flush.
+        self.spare = spare
         self.additive = spec.rule.additive
         self.dense = None  # additive: sum of dense pushes (a private array)
         self.row_parts: list[tuple[np.ndarray, object]] = []  # additive row pushes
@@ -37,7 +40,12 @@ class PushBuffer:
             self.ops.append((None, values.copy()))
             self.nbytes += values.nbytes
         elif self.dense is None:
-            self.dense = values.copy()  # the caller may reuse its array
+            # A copy: the caller may reuse its array.
+            if self.spare is not None and self.spare.shape == values.shape and self.spare.dtype == values.dtype:
+                self.dense, self.spare = self.spare, None
+                self.dense[...] = values
+            else:
+                self.dense = values.copy()
             self.nbytes += values.nbytes
         else:
             self.dense += values

@@ -121,6 +121,7 @@ class Session:
         self._key = f"{run_id}-{rank}-{uuid.uuid4().hex[:8]}"  # ESSP mailbox of this session
         self._notifying = False
         self._buffers: dict[str, PushBuffer] = {}
+        self._spares: dict[str, object] = {}
         self._cache: dict[str, dict[int, CacheEntry]] = {}
         self._own_seq: dict[tuple[str, int], int] = {}  # (table, block) -> seq after our last push
         self._metrics: dict[str, TableMetrics] = {}
@@ -226,7 +227,7 @@ class Session:
     def _buffer(self, h: TableHandle) -> PushBuffer:
         buf = self._buffers.get(h.spec.name)
         if buf is None:
-            buf = self._buffers[h.spec.name] = PushBuffer(h.spec)
+            buf = self._buffers[h.spec.name] = PushBuffer(h.spec, spare=self._spares.pop(h.spec.name, None))
         return buf
 
     def _after_push(self, h: TableHandle) -> None:
@@ -256,6 +257,8 @@ class Session:
         m.bytes_pushed += sum(v.nbytes for items in msgs.values() for _, _, v in items)
         self._write_through(h, msgs, seqs)
         del self._buffers[name]
+        if buf.dense is not None and buf.dense is not buf.spare:
+            self._spares[name] = buf.dense  # sent and applied: reuse its memory next time
 
     def _write_through(self, h: TableHandle, msgs, seqs: dict[int, int]) -> None:
         """Keep own writes visible in the cache after they were sent (read-my-writes)."""
