@@ -781,6 +781,9 @@ def _unique_inverse(idx, stamp, lookup, xp):
     the unique values in order of first appearance; ``stamp``/``lookup`` are
     scratch arrays indexed by the values (never cleared: every slot read was
     written for these ``idx``)."""
+    if xp is not np:  # a GPU scatter has no "last write wins" order: sort
+        uniq, inv = xp.unique(idx, return_inverse=True)
+        return uniq, inv.astype(np.int32).ravel()
     pos = xp.arange(idx.shape[0], dtype=np.int64)
     stamp[idx[::-1]] = pos[::-1]  # the first occurrence wins
     first = stamp[idx] == pos
