@@ -187,17 +187,22 @@ P = 4
 class Straggler:
     """Sleep after a sweep (``LatentDirichletAllocation._sweep_delay``).
 
-    ``persistent``: participant P-1 sleeps as long as its sweep took (half
-    speed). ``transient``: every participant, at every clock, sleeps twice
-    its sweep time (a third of its speed) with probability 0.2."""
+    Every sweep costs an emulated ``base`` seconds of compute on top of the
+    real sampling (so that contention on a small, shared machine does not
+    decide who is slow), times a slow-down factor: ``persistent``:
+    participant P-1 always takes twice as long (half speed: it also sleeps
+    as long as its real sweep took); ``transient``: every participant, at
+    every clock, takes 3x as long with probability 0.2."""
 
-    def __init__(self, scenario):
-        self.scenario = scenario
+    def __init__(self, scenario, base):
+        self.scenario, self.base = scenario, base
 
     def __call__(self, rank, it, dt):
         if self.scenario == "persistent":
-            return dt if rank == P - 1 else 0.0
-        return 2 * dt if np.random.default_rng([rank, it, 7]).random() < 0.2 else 0.0
+            f = 2.0 if rank == P - 1 else 1.0
+        else:
+            f = 3.0 if np.random.default_rng([rank, it, 7]).random() < 0.2 else 1.0
+        return f * self.base + (f - 1.0) * dt
 
 
 def loglik_vs_time(m):
@@ -234,7 +239,7 @@ def part_staleness(client, train, args):
             m = LatentDirichletAllocation(args.k, doc_topic_prior=ALPHA, topic_word_prior=ETA,
                                           max_iter=args.staleness_iters, evaluate_every=args.evaluate_every,
                                           consistency=model, n_partitions=P, client=client, random_state=0)
-            m._sweep_delay = Straggler(scenario)
+            m._sweep_delay = Straggler(scenario, args.base)
             m.fit(train)
             waits = [mt["clock_wait_seconds"] + sum(t["wait_seconds"] for t in mt["tables"].values())
                      for mt in m.metrics_]
@@ -251,6 +256,7 @@ def part_staleness(client, train, args):
         t_bsp = time_to(results[0][1])
         what = (f"participant {P - 1} at half speed" if scenario == "persistent"
                 else "each participant 3x slower at a clock with probability 0.2")
+        what += f", {args.base * 1000:.0f} ms emulated compute per sweep"
         print(f"\n## Straggler experiment ({scenario}): {P} participants on 2 workers, {what}; "
               f"{args.staleness_iters} iterations, K={args.k}, {train.sum():,} tokens\n")
         print(f"Target log-likelihood: {target:.6g} (BSP's final value {bsp_final:.6g} "
@@ -281,7 +287,7 @@ def part_staleness(client, train, args):
         ax.set_ylim(lo, bsp_final + 0.005 * abs(bsp_final))
         ax.set_xlabel("wall-clock seconds")
         ax.set_ylabel("training log-likelihood")
-        ax.set_title(f"{scenario}: {what}", fontsize=9)
+        ax.set_title(f"{scenario}:\n{what}", fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle(f"LDA on dask_ps, {P} participants, K={args.k}, {train.sum() / 1e6:.2f}M tokens", fontsize=10)
     fig.tight_layout()
@@ -299,6 +305,8 @@ def main():
     ap.add_argument("--part", choices=["peers", "staleness", "both"], default="both")
     ap.add_argument("--staleness-iters", type=int, default=40)
     ap.add_argument("--scenario", choices=["persistent", "transient", "both"], default="both")
+    ap.add_argument("--staleness-docs", type=int, default=1000, help="training documents in part 2")
+    ap.add_argument("--base", type=float, default=0.1, help="emulated compute seconds per sweep in part 2")
     ap.add_argument("--evaluate-every", type=int, default=2)
     ap.add_argument("--target-gap", type=float, default=0.01)
     ap.add_argument("--plot", default="docs/lda_staleness.png")
@@ -319,7 +327,7 @@ def main():
         if args.part in ("peers", "both"):
             part_peers(client, train, test, args)
         if args.part in ("staleness", "both"):
-            part_staleness(client, train, args)
+            part_staleness(client, train[: args.staleness_docs], args)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from collections import namedtuple
 
 import dask
 import numpy as np
-from distributed import Client, Future, LocalCluster, get_client
+from distributed import Client, Future, LocalCluster, futures_of, get_client
 
 from dask_ps import _spec
 from dask_ps._exceptions import TableExistsError, UnknownTableError
@@ -294,8 +294,9 @@ class ParameterServer:
             key = f"ps-run-{name}-{rank}-{run_id}"
             if dask.is_dask_collection(part):
                 part = self.client.compute(part)
-            if isinstance(part, Future):
-                # Let Dask place the participant where its data is.
+            if isinstance(part, Future) or futures_of(part):
+                # Let Dask place the participant where its data is (futures
+                # anywhere in the part, e.g. a tuple (X_future, y_future)).
                 fut = self.client.submit(participant, run_id, rank, n, fn, part, kwargs, key=key, pure=False)
             else:
                 fut = self.client.submit(

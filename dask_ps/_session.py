@@ -53,6 +53,15 @@ class CacheEntry:
         pos = np.searchsorted(self.rows, local_rows)
         return bool(np.all(pos < self.rows.size) and np.all(self.rows[np.minimum(pos, self.rows.size - 1)] == local_rows))
 
+    def merged(self, rows: np.ndarray, seq: int, values) -> "CacheEntry":
+        """This entry plus freshly read ``rows`` (not in it yet). The older
+        tag and sequence number stay: the merged entry satisfies both."""
+        xp = _backend.namespace(self.values)
+        all_rows = np.concatenate([self.rows, rows])
+        order = np.argsort(all_rows, kind="stable")
+        vals = xp.concatenate([self.values, values], axis=0)[xp.asarray(order)]
+        return CacheEntry(self.tag, min(self.seq, seq), self.clock, all_rows[order], vals)
+
     def take(self, local_rows: np.ndarray | None):
         if self.rows is None:
             if local_rows is None:
@@ -402,15 +411,18 @@ class Session:
             return out
         if need is not None:
             self._wait_min(need, m)
-        # Fetch the union of what is cached and what is needed, so the cache
-        # entry of a block stays one consistent snapshot.
-        fetch = {}
+        # A valid cached entry missing some rows: fetch only those and merge
+        # (the entry keeps the older tag, which both parts satisfy). Otherwise
+        # fetch what is asked for and replace the entry.
+        fetch, merge = {}, set()
         for b, rows in missing.items():
             e = cache.get(b)
-            if rows is None or e is None or e.rows is None:
-                fetch[b] = rows
+            valid = e is not None and (e.tag >= need if need is not None else e.clock == self._clock)
+            if valid and rows is not None and e.rows is not None:
+                fetch[b] = np.setdiff1d(rows, e.rows, assume_unique=True)
+                merge.add(b)
             else:
-                fetch[b] = np.union1d(e.rows, rows)
+                fetch[b] = rows
         tag = self._known_min
         by_addr: dict[str, list] = {}
         for b, rows in fetch.items():
@@ -423,11 +435,14 @@ class Session:
         got = self._sync(self._router.fetch, name, by_addr, **extra)
         for b, (rows, seq, vals) in got.items():
             m.bytes_pulled += vals.nbytes
-            e = CacheEntry(tag, seq, self._clock, rows, vals)
+            if b in merge:
+                e = cache[b].merged(rows, seq, vals)
+            else:
+                e = CacheEntry(tag, seq, self._clock, rows, vals)
             if self._cacheable(h):
                 cache[b] = e
-            out[b] = e.take(reqs[b]) if rows is not reqs[b] else vals
-        self._record_staleness(m, min([tag] + [cache[b].tag for b in reqs if b in cache and b not in missing]))
+            out[b] = e.take(reqs[b]) if e.rows is not reqs[b] else e.values
+        self._record_staleness(m, min([tag] + [cache[b].tag for b in reqs if b in cache]))
         return out
 
     def _drain_mailbox(self) -> None:

@@ -17,6 +17,7 @@ from collections import defaultdict, deque
 import functools
 import inspect
 
+import numpy as np
 from distributed import WorkerPlugin
 from distributed.core import error_message
 from distributed.protocol.serialize import Serialized, to_serialize
@@ -290,8 +291,11 @@ class PSWorkerPlugin(WorkerPlugin):
         if subscribe is not None:
             run_id, session, address = subscribe
             _, tables = self.subscriptions[run_id].setdefault(session, (address, {}))
+            subs = tables.setdefault(t.spec.name, {})
             for (b, _), r in zip(reqs, rows):
-                tables.setdefault(t.spec.name, {})[b] = r
+                # Rows read at different times add up (None: the whole block).
+                prev = subs.get(b, r)
+                subs[b] = None if r is None or prev is None else np.union1d(prev, r)
         return self.store.read(t, reqs, copy=copy)
 
     # --- clock events ----------------------------------------------------------------------

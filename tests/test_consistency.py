@@ -293,3 +293,20 @@ def test_killed_participant_is_retried_and_counts_each_clock_once(tmp_path):
         assert ps.pull("k").tolist() == [3.0] * n_clocks
         run = list(ps.metrics().values())[-1]
         assert run["attempts"][int(flag.read_text())] == 2
+
+
+def test_row_cache_fetches_only_missing_rows(ps):
+    """Pulling new rows of a cached block moves only those rows (no refetch
+    of what is cached and still valid)."""
+    ps.create_table("rc", shape=(10_000, 4), block_rows=10_000, consistency=dask_ps.SSP(staleness=5))
+
+    def train(ctx, _):
+        ctx.pull_rows("rc", np.arange(0, 100))
+        before = ctx.metrics()["tables"]["rc"]["bytes_pulled"]
+        ctx.pull_rows("rc", np.arange(50, 150))  # 50 new rows
+        after = ctx.metrics()["tables"]["rc"]["bytes_pulled"]
+        again = ctx.pull_rows("rc", np.arange(0, 150))
+        return after - before, ctx.metrics()["tables"]["rc"]["bytes_pulled"] - after, again.shape
+
+    new_bytes, repeat_bytes, shape = ps.run(train, [None])[0]
+    assert new_bytes == 50 * 4 * 8 and repeat_bytes == 0 and shape == (150, 4)

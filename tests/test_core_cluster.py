@@ -290,6 +290,9 @@ def test_participants_run_where_their_data_is(ps, client):
         return ctx.worker.address, int(part[0])
 
     assert ps.run(where, futures) == [(w, i) for i, w in enumerate(workers)]
+    # Futures inside a part (a tuple of X and y, say) place it too.
+    pairs = [(f, "label") for f in futures]
+    assert ps.run(lambda ctx, p: (ctx.worker.address, int(p[0][0])), pairs) == [(w, i) for i, w in enumerate(workers)]
     # A persisted dask collection's partitions work too.
     import dask.array as da
 
