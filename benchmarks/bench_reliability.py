@@ -72,18 +72,6 @@ def kill_worker(client, addr):
 
 def recovery(ps, client):
     ps.create_table("rec", shape=(10_000, 8), replication=2, block_rows=500)
-    stamps = []
-
-    def flusher(ctx, _, seconds):
-        t_end = time.time() + seconds
-        rng = np.random.default_rng(0)
-        while time.time() < t_end:
-            ctx.push_rows("rec", rng.integers(0, 10_000, 32), np.ones((32, 8)))
-            ctx.flush()
-            stamps.append(time.time()) if False else None
-            ctx.clock()
-        return ctx.current_clock
-
     # The participant runs on a worker that is not the victim, recording its
     # flush times locally; we read them from its return value instead.
     def timed(ctx, _, seconds):
@@ -98,7 +86,6 @@ def recovery(ps, client):
 
     victim = ps.placement("rec")[0].worker
     others = [w for w in ps.servers if w != victim]
-    fut = client.submit(lambda: None)  # noqa: F841 - keep the client busy-free
     result = {}
 
     def go():

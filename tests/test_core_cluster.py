@@ -13,7 +13,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 import dask_ps
-from dask_ps import PSValueError, RunAbortedError, TableExistsError, UnknownTableError
+from dask_ps import PSValueError, TableExistsError, UnknownTableError
 from dask_ps._scheduler_plugin import PSSchedulerPlugin
 
 

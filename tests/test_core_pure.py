@@ -24,7 +24,7 @@ from dask_ps._routing import (
 from dask_ps._shard import ShardStore
 from dask_ps._spec import TableSpec, check_rows, check_values
 from dask_ps.consistency import ASP, BSP, CVAP, ESSP, SSP, VAP, Consistency, as_consistency
-from dask_ps.rules import SGD, Adagrad, Adam, Assign, Custom, Momentum, Sum, as_rule, rule_from_msg
+from dask_ps.rules import Adam, Assign, Custom, Sum, as_rule, rule_from_msg
 
 
 # --- placement -------------------------------------------------------------------------

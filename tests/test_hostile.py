@@ -5,12 +5,10 @@ nothing crashes, nothing stored changes on an error."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-import dask_ps
 from dask_ps import PSError, PSValueError
 from dask_ps._shard import ShardStore
 from dask_ps._spec import TableSpec
