@@ -173,12 +173,16 @@ class PSWorkerPlugin(WorkerPlugin):
                 logger.warning("dask_ps: replica %s of table %r missed a push: %r", r, t.spec.name, res)
 
     async def _apply(self, t, items, raw=False):
-        """Apply validated items; large ones on the offload thread (lock held)."""
+        """Apply validated items (caller holds a table lock). Large ones run on
+        the offload thread so the event loop stays responsive; they write in
+        place too (readers take the table's locks, so none reads meanwhile;
+        a block still being sent from an earlier zero-copy reply is shared
+        and gets a fresh array instead)."""
         nbytes = sum(v.nbytes for _, _, v in items)
         if nbytes >= _config.get_bytes("offload-bytes"):
             from distributed.utils import offload
 
-            fresh = await offload(self.store.apply, t, items, raw=raw, in_place=False)
+            fresh = await offload(self.store.apply, t, items, raw=raw)
         else:
             fresh = self.store.apply(t, items, raw=raw)
         self.store.commit(t, fresh)
@@ -288,6 +292,12 @@ class PSWorkerPlugin(WorkerPlugin):
         if run is not None:
             run_id, min_clock = _check_run(run)
             await self._advance(run_id, min_clock)
+        # Not while an update is applied in place on the offload thread.
+        async with self._all_locks(t.spec.name):
+            t, reqs = self.store.validate_pull(table, version, blocks, rows, table_id)
+            return self._read_locked(t, reqs, rows, subscribe, copy)
+
+    def _read_locked(self, t, reqs, rows, subscribe, copy):
         if subscribe is not None:
             run_id, session, address = subscribe
             _, tables = self.subscriptions[run_id].setdefault(session, (address, {}))
@@ -327,7 +337,8 @@ class PSWorkerPlugin(WorkerPlugin):
                     continue
                 reqs = [(b, r) for b, r in blocks.items() if b in t.blocks]
                 dev_reqs = [(b, None if r is None else _backend.to_device(r, t.spec.device)) for b, r in reqs]
-                seqs, values = self.store.read(t, dev_reqs, copy=address == self.worker.address)
+                async with self._all_locks(name):
+                    seqs, values = self.store.read(t, dev_reqs, copy=address == self.worker.address)
                 fill = dict(
                     session=session, table=name, version=t.version, tag=min_clock,
                     blocks=[b for b, _ in reqs], seqs=seqs,
