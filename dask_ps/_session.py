@@ -180,7 +180,10 @@ class Session:
     def _handle(self, name: str) -> TableHandle:
         h = self._router.handles.get(name)
         if h is not None and h.version < self._router.latest_versions.get(name, 0):
+            old_id = h.spec.table_id
             h = self._router.handles[name] = self._sync(self._router.handle, name)
+            if h.spec.table_id != old_id:  # dropped and created again: nothing cached holds
+                self._cache.pop(name, None)
         if h is None:
             h = self._sync(self._router.handle, name)
             self._metrics.setdefault(name, TableMetrics())
