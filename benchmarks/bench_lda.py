@@ -80,6 +80,64 @@ def split(X, seed=0):
     return X[np.sort(idx[n_test:])], X[np.sort(idx[:n_test])]
 
 
+# --- part 0: one core, CPU time (robust to a loaded machine) ---------------------------------
+
+
+def part_kernels(train, args):
+    """Tokens per CPU-second of the samplers alone, one thread: dask_ps's
+    kernels run as a plain sequential Gibbs sampler over the whole corpus
+    (no parameter server), the lda package and tomotopy with one worker.
+    CPU time, not wall time, so that other load on the machine does not
+    count against whoever ran while it was busy."""
+    from dask_ps.decomposition import _lda_kernels as kk
+
+    K, iters = args.k, args.kernel_iters
+    V = train.shape[1]
+    doc_len = np.asarray(train.sum(1)).ravel()
+    doc_ptr = np.concatenate([[0], np.cumsum(doc_len)]).astype(np.int64)
+    words = np.repeat(train.indices, train.data).astype(np.int32)
+    n = words.size
+    rows = []
+    for name in ("dense", "sparse"):
+        z = np.random.default_rng(0).integers(K, size=n, dtype=np.int32)
+        ndk = np.zeros((train.shape[0], K), np.int32)
+        nwk = np.zeros((V, K), np.int32)
+        nk = np.zeros(K, np.int64)
+        kk.init_counts(doc_ptr, words, z, ndk, nwk, nk)
+        sweep = kk.SWEEPS[name]
+        t = time.thread_time()
+        for it in range(iters):
+            sweep(doc_ptr, words, z, ndk, nwk, nk, ALPHA, ETA, V * ETA, it)
+        rows.append((f"dask_ps `{name}` kernel (no PS)", n * iters / (time.thread_time() - t)))
+    try:
+        import lda
+
+        m = lda.LDA(n_topics=K, n_iter=iters, alpha=ALPHA, eta=ETA, random_state=0, refresh=10**6)
+        t = time.process_time()
+        m.fit(train)
+        rows.append(("`lda` package", n * iters / (time.process_time() - t)))
+    except ImportError:
+        pass
+    try:
+        import tomotopy as tp
+
+        mdl = tp.LDAModel(k=K, alpha=ALPHA, eta=ETA, seed=0)
+        for d in range(train.shape[0]):
+            row = train[d]
+            if row.nnz:
+                mdl.add_doc([str(w) for w in np.repeat(row.indices, row.data)])
+        t = time.process_time()
+        mdl.train(iters, workers=1)
+        rows.append(("tomotopy, 1 worker", n * iters / (time.process_time() - t)))
+    except ImportError:
+        pass
+    print(f"\n## One core, CPU time: {iters} iterations from a random start, K={K}, {n:,} tokens\n")
+    print("| sampler | tokens per CPU-second |")
+    print("| --- | --- |")
+    for name, tps in rows:
+        print(f"| {name} | {tps:.3g} |")
+
+
 # --- part 1: peers ------------------------------------------------------------------------
 
 
@@ -255,7 +313,7 @@ def part_staleness(client, train, args):
 
         t_bsp = time_to(results[0][1])
         what = (f"participant {P - 1} at half speed" if scenario == "persistent"
-                else "each participant 3x slower at a clock with probability 0.2")
+                else "each participant 3x slower w.p. 0.2 at each clock")
         what += f", {args.base * 1000:.0f} ms emulated compute per sweep"
         print(f"\n## Straggler experiment ({scenario}): {P} participants on 2 workers, {what}; "
               f"{args.staleness_iters} iterations, K={args.k}, {train.sum():,} tokens\n")
@@ -302,7 +360,9 @@ def main():
     ap.add_argument("--iters", type=int, default=100, help="Gibbs iterations in part 1")
     ap.add_argument("--vb-passes", type=int, default=10, help="batch VB passes (online VB, gensim: half)")
     ap.add_argument("--skip-peers", action="store_true")
-    ap.add_argument("--part", choices=["peers", "staleness", "both"], default="both")
+    ap.add_argument("--part", choices=["kernels", "peers", "staleness", "both"], default="both",
+                    help="both = peers and staleness; kernels = one-core CPU-time comparison only")
+    ap.add_argument("--kernel-iters", type=int, default=30)
     ap.add_argument("--staleness-iters", type=int, default=40)
     ap.add_argument("--scenario", choices=["persistent", "transient", "both"], default="both")
     ap.add_argument("--staleness-docs", type=int, default=1000, help="training documents in part 2")
@@ -320,6 +380,9 @@ def main():
     X = load_news() if args.corpus == "news" else load_reuters()
     train, test = split(X)
     logger.info("corpus %s: %d docs, %d tokens, V=%d", args.corpus, X.shape[0], X.sum(), X.shape[1])
+    if args.part == "kernels":
+        part_kernels(train, args)
+        return
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         # warm-up: compile the numba kernels on both workers

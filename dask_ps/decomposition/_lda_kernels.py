@@ -311,6 +311,20 @@ def gibbs_sweep_array(xp, doc_idx, words, z, ndk, nwk, nk, alpha, beta, vbeta, s
 # --- log-likelihood pieces (Griffiths & Steyvers' collapsed joint log p(w, z)) -------
 
 
+def _lgamma_ratio(counts, prior):
+    """``lgamma(counts + prior) - lgamma(prior)`` summed over the last axis
+    (counts clamped at 0; zero counts add 0). Counts are small integers, so
+    a lookup table beats calling ``gammaln`` on every entry."""
+    from scipy.special import gammaln
+
+    counts = np.maximum(counts, 0)
+    top = int(counts.max()) if counts.size else 0
+    if top <= 1 << 20:
+        table = gammaln(np.arange(top + 1) + prior) - gammaln(prior)
+        return table[counts].sum(axis=-1)
+    return (gammaln(counts + prior) - gammaln(prior)).sum(axis=-1)
+
+
 def doc_loglik(ndk, doc_len, alpha) -> float:
     """sum_d [lgamma(K alpha) - lgamma(n_d + K alpha) + sum_k lgamma(ndk + alpha) - lgamma(alpha)]
     over the documents with at least one token."""
@@ -318,26 +332,19 @@ def doc_loglik(ndk, doc_len, alpha) -> float:
 
     K = ndk.shape[1]
     keep = doc_len > 0
-    ndk = ndk[keep]
-    nz = ndk[ndk > 0]
     return float(
         keep.sum() * gammaln(K * alpha)
         - gammaln(doc_len[keep] + K * alpha).sum()
-        + (gammaln(nz + alpha) - gammaln(alpha)).sum()
+        + _lgamma_ratio(ndk[keep], alpha).sum()
     )
 
 
 def word_loglik_rows(nwk, weights, beta) -> float:
-    """sum over rows w (weighted) of sum_k lgamma(nwk + beta) - lgamma(beta), nonzero entries.
+    """sum over rows w (weighted) of sum_k lgamma(nwk + beta) - lgamma(beta).
 
     Rows held by several participants are counted once in total: each holder
     weighs them by 1 / (number of holders)."""
-    from scipy.special import gammaln
-
-    nwk = np.maximum(nwk, 0)
-    mask = nwk > 0
-    per_row = np.where(mask, gammaln(nwk + beta) - gammaln(beta), 0.0).sum(axis=1)
-    return float(per_row @ weights)
+    return float(_lgamma_ratio(nwk, beta) @ weights)
 
 
 def totals_loglik(nk, vbeta) -> float:
