@@ -269,13 +269,14 @@ def gibbs_sweep_array(xp, doc_idx, words, z, ndk, nwk, nk, alpha, beta, vbeta, s
 
     All arrays are ``xp`` arrays; ``doc_idx[i]`` is the (local) document of
     token ``i``. Updates ``z``, ``ndk``, ``nwk``, ``nk`` in place.
-    ``batch_size=None`` takes 1/16 of the tokens, between 4,096 and 2**20:
+    ``batch_size=None`` takes 1/16 of the tokens, at least 4,096 and at most
+    2**24 / K (a few (batch, K) float64 temporaries of 128 MiB each):
     drawing the whole corpus at once from the same counts mixes poorly.
     """
     K = nk.shape[0]
     n = words.shape[0]
     if batch_size is None:
-        batch_size = int(min(max(n // 16, 4096), 1 << 20))
+        batch_size = int(max(min(n // 16, (1 << 24) // K), 4096))
     rs = xp.random.RandomState(seed)
     ndk_flat = ndk.reshape(-1)
     nwk_flat = nwk.reshape(-1)
