@@ -58,6 +58,21 @@ participants take the same decision at the same clock without waiting for
 each other. Under ASP/VAP (no staleness bound) each participant decides on
 its own part.
 
+Failures and checkpoints
+------------------------
+A participant that Dask retries (its worker died) resumes at
+``ctx.current_clock``: clocks map to (epoch, round), the RNG replays the
+shuffles of the epochs done, and the stopping decisions are re-read from the
+stats table, to which every round pushes its loss sums (``_participant_loop``
+says what is and is not exact). With ``replication=k`` the tables have ``k``
+copies and an in-memory input is scattered to ``k`` workers
+(``_memory_parts``), so the retried participant finds both. ``checkpoint``
+makes ``fit`` train in runs of ``checkpoint_every`` epochs, carrying each
+participant's stopping-rule and RNG state from one run to the next, and
+``ParameterServer.save`` the tables after each run; a ``fit`` that finds a
+compatible checkpoint resumes from it (``_BaseSGDPS._resume``). Without
+``checkpoint`` a fit is one run, as before.
+
 Tunables (``dask.config``, defaults in ``_CONFIG_DEFAULTS``):
 ``ps.sgd.kernel``, ``ps.sgd.clock-samples``,
 ``ps.sgd.min-samples-per-participant``, ``ps.sgd.scatter-bytes``.
@@ -66,7 +81,11 @@ Tunables (``dask.config``, defaults in ``_CONFIG_DEFAULTS``):
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import json
 import math
+import os
+import posixpath
 import threading
 import time
 import uuid
@@ -99,7 +118,7 @@ from sklearn.utils.validation import (
     validate_data,
 )
 
-from dask_ps import Consistency, ParameterServer
+from dask_ps import ASP, SSP, Consistency, ParameterServer
 from dask_ps import _backend
 
 try:  # scikit-learn's per-sample kernel (private API; checked by _sequential_ok)
@@ -488,6 +507,14 @@ class _RunConfig:
     cw_neg: tuple
     eta_init: tuple
     col_freq_needed: bool
+    # Chunked fits (checkpoint_every) and resumed fits: this run trains the
+    # epochs [epoch0, max_iter) (absolute numbers); ``states[rank]`` is the
+    # participant's stopping rule and RNG state at epoch0 (None: fresh).
+    epoch0: int = 0
+    states: tuple | None = None
+    # Rows of the stats table: epoch (global decision) or
+    # rank * stats_stride + epoch (each participant decides alone).
+    stats_stride: int = 0
 
 
 class _StopRule:
@@ -503,6 +530,27 @@ class _StopRule:
         self.eta = np.array(eta_init, dtype=float)
         self.active = np.ones(K, dtype=bool)
         self.n_iter = np.zeros(K, dtype=int)  # epochs trained, per problem
+        self.last_decided = -1  # the last epoch whose objective was accounted
+
+    def get_state(self) -> dict:
+        """Plain (JSON-able) state: carried between the runs of a chunked fit
+        and stored in checkpoints. Infinite values as strings."""
+        return {
+            "best": [float(v) if np.isfinite(v) else str(float(v)) for v in self.best],
+            "no_improvement": [int(v) for v in self.no_improvement],
+            "eta": [float(v) for v in self.eta],
+            "active": [bool(v) for v in self.active],
+            "n_iter": [int(v) for v in self.n_iter],
+            "last_decided": int(self.last_decided),
+        }
+
+    def set_state(self, state: dict) -> None:
+        self.best = np.array([float(v) for v in state["best"]], dtype=float)
+        self.no_improvement = np.array(state["no_improvement"], dtype=int)
+        self.eta = np.array(state["eta"], dtype=float)
+        self.active = np.array(state["active"], dtype=bool)
+        self.n_iter = np.array(state["n_iter"], dtype=int)
+        self.last_decided = int(state["last_decided"])
 
     def update(self, objective, score) -> None:
         """Account one epoch's objective (or validation score) per problem."""
@@ -612,9 +660,27 @@ def _sgd_participant(ctx, part, *, cfg: _RunConfig):
         return _participant_loop(ctx, part, cfg)
 
 
+def _rng_state_to_json(rng) -> list:
+    name, keys, pos, has_gauss, cached = rng.get_state()
+    return [str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
+
+
+def _rng_state_from_json(state) -> tuple:
+    name, keys, pos, has_gauss, cached = state
+    return (name, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached))
+
+
+def _stats_row(cfg: _RunConfig, rank: int, epoch: int) -> int:
+    """Row of the stats table that holds ``epoch``'s sums of this participant
+    (global decision: all participants' sums in one row per epoch)."""
+    return epoch if cfg.global_stop else rank * cfg.stats_stride + epoch
+
+
 def _participant_loop(ctx, part, cfg: _RunConfig):
     """One participant: ``pull -> update -> push -> clock()``; returns
-    per-problem epoch counts and a per-epoch history (for ``verbose``).
+    per-problem epoch counts, a per-epoch history (for ``verbose``) and its
+    state at the end (stopping rule and RNG, for the next run of a chunked
+    fit).
 
     The minibatches between two clocks form a *round*: one pull of the
     weights the round needs (all rows for dense data; for sparse data the
@@ -626,7 +692,39 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
     at scikit-learn's step sizes each local run fits its own data, and two
     such runs added from the same start overshoot -- 0.60 instead of 0.79 test
     accuracy on make_classification with two participants syncing every 4096
-    samples.)"""
+    samples.)
+
+    Resuming (a participant that Dask retried after its worker died)
+    ------------------------------------------------------------------
+    Clock ``c`` of a run is round ``c % R`` of epoch ``epoch0 + c // R``
+    (``R`` rounds per epoch), so the retried task starts at
+    ``ctx.current_clock`` -- the clock the run recorded for it, whose pushes
+    may or may not have been applied -- with the state it had there:
+
+    - the RNG: a fresh ``RandomState(seed)`` makes the same validation split
+      and, replaying the shuffles of the epochs already done, the same sample
+      order, so the retried clock trains on the same minibatches at the same
+      global sample counts ``t``;
+    - the stopping rule: every clock pushes the round's loss sums to the
+      stats table (the epoch's last clock adds the penalty and validation
+      sums), so the decisions of the completed epochs are re-read from the
+      table, and the epoch in progress needs no local sums;
+    - the weights: pulled from the table as every round does.
+
+    A clock makes the same flushes in the same order on a retry (one per
+    table touched: weights, then stats), numbered (clock, n-th flush), so the
+    ones the first attempt had applied are dropped and each clock's pushes
+    count once. The *values* of a retried clock's push are not bitwise those
+    of the first attempt: they are the change from the weights pulled at the
+    retry, which include the other participants' progress since (as any read
+    in an asynchronous run). Not exact: under VAP/CVAP a flush triggered by
+    the value bound depends on the values, so a retried clock can make a
+    different number of flushes (an update may then count twice or not at
+    all); and a lone participant (one part) never clocks -- it keeps the
+    table local and pushes once at the end -- so its retry redoes its whole
+    run, and if the first attempt's push had been applied, that push stands
+    and the retry's is dropped as a duplicate.
+    """
     hp = cfg.hp
     K = hp.n_outputs
     d = cfg.n_features
@@ -650,6 +748,11 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
     N = cfg.n_total
     scale = 1.0 / ctx.n_participants
     stop = _StopRule(hp, cfg.eta_init)
+    state = cfg.states[ctx.rank] if cfg.states is not None else None
+    if state is not None:  # a later run of a chunked or resumed fit
+        stop.set_state(state["stop"])
+        if state.get("rng") is not None:
+            rng.set_state(_rng_state_from_json(state["rng"]))
     history = []
     inv_q = None
     if sparse and hp.penalty > 0:
@@ -664,12 +767,27 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
         inv_q = np.where(q > 0, 1.0 / np.maximum(q, 1e-300), 1.0)
     # Alone, a participant keeps the whole table local: one pull, one push.
     solo = ctx.n_participants == 1
-    W_all = ctx.pull(cfg.table) if solo else None
-    W_start = W_all.copy() if solo else None
+    stats_pad = None if solo else np.zeros(1 + K + 3)  # a round's row: its loss sums only
+    # Where a retried task resumes: a lone participant never clocks and
+    # redoes its run; the others go on from the clock the run recorded.
+    rounds = -(-S // m)
+    resume = 0 if solo else int(ctx.current_clock)
+    done_epochs, resume_round = divmod(resume, rounds)
     t_start = time.perf_counter()
     samples = 0
+    first = cfg.epoch0
+    for epoch in range(cfg.epoch0, min(cfg.epoch0 + done_epochs, cfg.max_iter)):
+        if not stop.active.any():
+            break
+        if hp.shuffle:
+            rng.permutation(train_idx)  # the draw the first attempt made
+        samples += n_train
+        _decide(ctx, cfg, stop, epoch, history, float("nan"), samples)
+        first = epoch + 1
+    W_all = ctx.pull(cfg.table) if solo else None
+    W_start = W_all.copy() if solo else None
     W = None
-    for epoch in range(cfg.max_iter):
+    for epoch in range(first, cfg.max_iter):
         if not stop.active.any():
             break
         t_epoch = time.perf_counter()
@@ -677,9 +795,13 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
         batches = np.array_split(order, S)
         loss_sum = xp.zeros(K)
         active = stop.active.copy()
-        seen = 0
-        for r0 in range(0, S, m):
+        r_first = resume_round * m if epoch == first else 0
+        seen = sum(b.shape[0] for b in batches[:r_first])
+        samples += seen
+        for r0 in range(r_first, S, m):
             group = batches[r0:r0 + m]
+            if not solo:
+                loss_sum = xp.zeros(K)  # pushed every round (see the docstring)
             if sparse:
                 Xg = X[np.concatenate(group)]
                 # The features the round touches, and its samples with their
@@ -764,6 +886,8 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
                            W_all if solo else (None if sparse else W), d, history,
                            time.perf_counter() - t_epoch, samples, clock=not solo)
             else:
+                row = np.concatenate([_backend.to_numpy(loss_sum).astype(float), stats_pad])
+                ctx.push_rows(cfg.stats_table, np.array([_stats_row(cfg, ctx.rank, epoch)]), row[None, :])
                 ctx.clock()
     if solo:
         ctx.push(cfg.table, W_all - W_start)
@@ -773,6 +897,7 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
         "samples": samples,
         "seconds": time.perf_counter() - t_start,
         "eta": stop.eta.tolist(),
+        "state": {"stop": stop.get_state(), "rng": _rng_state_to_json(rng)},
     }
 
 
@@ -814,16 +939,13 @@ def _lazy_regularization(hp, new, inv_q, ts, eta_k, active, xp):
 def _end_epoch(ctx, cfg, epoch, stop, loss_sum, n_train, X, Y, sw, val_idx, xp, W, d, history, seconds, samples,
                clock=True):
     """Epoch end: objective (and validation) sums, the epoch's last clock, and
-    the stopping decision.
+    the stopping decision (``_decide``).
 
-    With several participants under a staleness bound ``s`` the decision is
-    global: every participant pushes its sums to row ``epoch`` of the stats
-    table, and decides about epoch ``epoch - lag`` once that row is complete
-    -- a read at clock ``c`` sees every update of clocks ``< c - s``, so the
-    row of an epoch that ended ``lag = ceil(s / clocks_per_epoch)`` epochs ago
-    is. Every participant reads the same row at the same clock and takes the
-    same decision, without waiting for the others (the price: training goes
-    on ``lag`` epochs past the point where scikit-learn would stop)."""
+    ``loss_sum`` is the epoch's loss sum for a lone participant, and the last
+    round's for the others, whose earlier rounds pushed theirs to the stats
+    table already. With several participants the sums go to the stats table:
+    to row ``epoch`` under a staleness bound, where they add up over the
+    participants (see ``_decide``), else to the participant's own row."""
     hp = cfg.hp
     K = hp.n_outputs
     # The penalty term of the objective only matters to the stopping rule.
@@ -838,21 +960,49 @@ def _end_epoch(ctx, cfg, epoch, stop, loss_sum, n_train, X, Y, sw, val_idx, xp, 
     if hp.early_stopping:
         val = _validation_stats(cfg, Wf, X[val_idx], Y[val_idx], sw[val_idx], xp)
     row = np.concatenate([obj, [float(n_train)], val])
-    if cfg.global_stop:
-        ctx.push_rows(cfg.stats_table, np.array([epoch]), row[None, :])
+    if cfg.stats_table is not None:
+        ctx.push_rows(cfg.stats_table, np.array([_stats_row(cfg, ctx.rank, epoch)]), row[None, :])
     if clock:
         ctx.clock()
+    _decide(ctx, cfg, stop, epoch, history, seconds, samples, row if cfg.stats_table is None else None)
+
+
+def _decide(ctx, cfg, stop, epoch, history, seconds, samples, row=None):
+    """The stopping decision at the end of ``epoch`` (after its last clock).
+
+    With several participants under a staleness bound ``s`` the decision is
+    global: every participant pushes its sums to row ``epoch`` of the stats
+    table, and decides about epoch ``epoch - lag`` once that row is complete
+    -- a read at clock ``c`` sees every update of clocks ``< c - s``, so the
+    row of an epoch that ended ``lag = ceil(s / clocks_per_epoch)`` epochs ago
+    is. Every participant reads the same row at the same clock and takes the
+    same decision, without waiting for the others (the price: training goes
+    on ``lag`` epochs past the point where scikit-learn would stop). Without
+    a bound (ASP/VAP) each participant decides on its own row. A lone
+    participant passes its ``row``.
+
+    Reads only the table (and ``stop``), so a retried participant replays
+    the decisions of the epochs it had completed (``_participant_loop``)."""
+    hp = cfg.hp
+    K = hp.n_outputs
     decided = epoch
-    if cfg.global_stop:
-        decided = epoch - cfg.decision_lag
+    if cfg.stats_table is not None:
+        if cfg.global_stop:
+            decided = epoch - cfg.decision_lag
         row = None
         if decided >= 0:
-            row = _backend.to_numpy(ctx.pull_rows(cfg.stats_table, np.array([decided]))[0])
+            r = _stats_row(cfg, ctx.rank, decided)
+            row = _backend.to_numpy(ctx.pull_rows(cfg.stats_table, np.array([r]))[0])
+    # An epoch counts once (a chunked fit carries ``last_decided`` over), and
+    # a row without samples was never written (a fit resumed in another mode).
+    if row is not None and (decided <= stop.last_decided or row[K] <= 0):
+        row = None
     if row is not None:
-        count = max(row[K], 1.0)
+        count = row[K]
         objective = row[:K] / count
         score = _validation_score(cfg, row[K + 1:]) if hp.early_stopping else None
         stop.update(objective, score)
+        stop.last_decided = decided
     else:
         objective, score = np.full(K, np.nan), None
     stop.n_iter[stop.active] = epoch + 1
@@ -1074,9 +1224,64 @@ def _dask_parts(ps: ParameterServer, data: _Input, classifier: bool):
     return [parts[i] for i in keep], [sizes[i] for i in keep], labels, persisted
 
 
-def _memory_parts(ps: ParameterServer, data: _Input, random_state, shuffle: bool):
+@dataclass(frozen=True)
+class _PartCopies:
+    """The keys of the scattered copies of one in-memory part: on its
+    participant's worker first, then the backups (see ``_memory_parts``)."""
+
+    keys: tuple
+
+
+def _load_part(copies: _PartCopies):
+    """Task: one part of an in-memory input, from a copy on this worker (no
+    transfer, no copy) or else from a surviving copy on another worker. It
+    depends on no other task, so Dask can always run it again: that is how
+    the retried participant of a dead worker gets its data back."""
+    from distributed import get_worker
+    from distributed.utils import sync
+    from distributed.worker import get_data_from_worker
+
+    worker = get_worker()
+    for key in copies.keys:
+        if key in worker.data:
+            return worker.data[key]
+    deadline = time.monotonic() + 60.0
+    while True:
+        who = sync(worker.loop, worker.scheduler.who_has, keys=list(copies.keys))
+        holders = [(k, w) for k in copies.keys for w in (who.get(k) or ())]
+        if not holders:
+            raise RuntimeError(
+                "every copy of a part of the training data was lost with its worker(s): more "
+                "workers died at once than the estimator's replication - 1"
+            )
+        for key, holder in holders:
+            try:
+                got = sync(worker.loop, get_data_from_worker, worker.rpc, [key], holder, who=worker.address)
+            except OSError:  # that holder died meanwhile: try the next
+                continue
+            if got.get("status") == "OK":
+                return got["data"][key]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"could not fetch a copy of a part of the training data from {holders}")
+        time.sleep(0.1)  # holders busy
+
+
+def _memory_parts(ps: ParameterServer, data: _Input, random_state, shuffle: bool, replication: int = 1):
     """Split an in-memory input into one part per worker (fewer for small
-    inputs) and scatter each part once."""
+    inputs) and scatter each part once; returns (parts, sizes, keep) --
+    ``keep``: futures to hold for as long as the parts are used.
+
+    Data scattered to a worker that dies is gone: Dask cannot recompute it,
+    and the participant that Dask retries would fail. So with
+    ``replication >= 2`` a part is scattered to its participant's worker
+    *and* to the next ``replication - 1`` workers (separate keys, so that
+    Dask's memory manager never drops a copy as a redundant replica), and
+    the participant's part is a small task, ``_load_part``, that takes the
+    local copy: if that worker dies, Dask runs the task again elsewhere, it
+    fetches a surviving copy, and the retried participant runs there. Each
+    part then lives on ``replication`` workers (the memory cost). Parts small
+    enough to travel inside the task (under ``ps.sgd.scatter-bytes``) and
+    dask inputs are recomputable as they are."""
     X, y, sw = data.X, data.y, data.sw
     n = X.shape[0]
     servers = ps.servers
@@ -1091,12 +1296,56 @@ def _memory_parts(ps: ParameterServer, data: _Input, random_state, shuffle: bool
             parts.append(_PartData(X[chunk], y[chunk], sw[chunk]))
     sizes = [len(p) for p in parts]
     nbytes = _nbytes(X)
+    keep = []
     if nbytes >= int(_config("scatter-bytes")):
-        parts = [
-            ps.client.scatter(p, workers=[servers[i % len(servers)]], hash=False)
-            for i, p in enumerate(parts)
-        ]
-    return parts, sizes
+        client = ps.client
+        k = min(int(replication), len(servers))
+        if k > 1:
+            loaders = []
+            for i, p in enumerate(parts):
+                copies = [client.scatter(p, workers=[servers[(i + j) % len(servers)]], hash=False)
+                          for j in range(k)]
+                keep.extend(copies)
+                loaders.append(client.submit(_load_part, _PartCopies(tuple(f.key for f in copies)),
+                                             workers=[servers[i % len(servers)]], allow_other_workers=True,
+                                             pure=False))
+            parts = loaders
+        else:
+            parts = [
+                client.scatter(p, workers=[servers[i % len(servers)]], hash=False)
+                for i, p in enumerate(parts)
+            ]
+    return parts, sizes, keep
+
+
+def _jsonable(obj):
+    """``obj`` as plain JSON values (checkpoint metadata), so that a value
+    compares equal to itself after a save and a load."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(obj, (list, tuple, np.ndarray)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return repr(obj)
+
+
+def _checkpoint_metadata(path):
+    """The ``metadata`` of the dask_ps checkpoint at ``path`` (the
+    ``manifest.json`` that ``ParameterServer.save`` writes), None if there is
+    none."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(path)
+    manifest = posixpath.join(root.rstrip("/"), "manifest.json")
+    if not fs.exists(manifest):
+        return None
+    with fs.open(manifest, "r") as f:
+        return json.load(f).get("metadata") or {}
 
 
 def _nbytes(X) -> int:
@@ -1116,6 +1365,9 @@ def _constraints(sk_cls):
         batch_size=[Interval(Integral, 1, None, closed="left")],
         consistency=[Consistency, None],
         client="no_validation",
+        checkpoint=[str, os.PathLike, None],
+        checkpoint_every=[Interval(Integral, 1, None, closed="left"), None],
+        replication=[Interval(Integral, 1, None, closed="left")],
     )
     return c
 
@@ -1138,6 +1390,11 @@ class _BaseSGDPS(SparseCoefMixin, BaseEstimator):
                 raise ValueError(f"Learning rate '{self.learning_rate}' only works with loss '{needed}'.")
         if self.penalty == "elasticnet" and self.l1_ratio is None:
             raise ValueError("l1_ratio must be set when penalty is 'elasticnet'")
+        if not for_partial_fit and self.checkpoint_every is not None and self.checkpoint is None:
+            raise ValueError("checkpoint_every is set but checkpoint is None: pass a checkpoint path")
+
+    def _checkpoint_path(self):
+        return None if self.checkpoint is None else os.fspath(self.checkpoint)
 
     # --- pickling / cloning: the client is not part of a fitted model ------------------
     def __getstate__(self):
@@ -1218,19 +1475,26 @@ class _BaseSGDPS(SparseCoefMixin, BaseEstimator):
         )
 
     def _train(self, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg_intercept,
-               classes=None, cw_pos=None, cw_neg=None):
-        """Fit on the parameter server from the given start; returns (W, n_iter, history)."""
+               classes=None, cw_pos=None, cw_neg=None, checkpoint=None):
+        """Fit on the parameter server from the given start; returns (W, n_iter, n_seen).
+
+        Without ``checkpoint``: one run of ``max_iter`` epochs. With one
+        (``fit`` only): a compatible checkpoint found there is resumed from,
+        and the epochs run in runs of ``checkpoint_every`` (all in one run if
+        None), each followed by a save."""
         ps = _parameter_server(self.client)
         rs = check_random_state(self.random_state)
         hp = self._hyper(n_outputs, data.sparse)
         d, K = data.n_features, n_outputs
+        replication = int(getattr(self, "replication", 1))
         persisted = None
         if data.kind == "dask":
             parts, sizes, _, persisted = _dask_parts(ps, data, self._is_classifier)
         else:
-            parts, sizes = _memory_parts(ps, data, rs, hp.shuffle)
+            parts, sizes, persisted = _memory_parts(ps, data, rs, hp.shuffle, replication)
         if not parts:
             raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required.")
+        P = len(parts)
         n_cols = 2 * K if hp.average else K
         W0 = np.zeros((d + 1, n_cols), dtype=data.dtype)
         W0[:d, :K] = np.asarray(coef).reshape(K, d).T
@@ -1238,24 +1502,51 @@ class _BaseSGDPS(SparseCoefMixin, BaseEstimator):
         if hp.average:
             W0[:d, K:] = np.asarray(avg_coef).reshape(K, d).T
             W0[d, K:] = avg_intercept
+        seeds = tuple(int(s) for s in rs.randint(MAX_INT, size=P))
+        n_total = int(sum(sizes) * (1.0 - hp.validation_fraction)) if hp.early_stopping else int(sum(sizes))
+        n_seen = int(sum(sizes) if not hp.early_stopping else n_total)
+        epoch, states, n_iter, saved_stats = 0, None, 0, None
         name = f"dask_ps-sgd-{uuid.uuid4().hex[:12]}"
+        if checkpoint is not None:
+            resumed = self._resume(ps, checkpoint, hp, d, K, n_cols, classes, P, sizes)
+            if resumed is not None:
+                W0 = resumed["W"].astype(data.dtype, copy=False)
+                epoch, states, n_iter = resumed["epoch"], resumed["states"], resumed["n_iter"]
+                seeds = resumed["seeds"] or seeds
+                saved_stats = resumed["stats"]
+                # The saved names: a save keeps the checkpoint's other tables,
+                # so new names would pile up there.
+                name = resumed["name"]
         stats = None
         created = []
+        runs = []
         try:
             ps.create_table(name, shape=W0.shape, dtype=data.dtype, init=W0 if W0.any() else None,
-                            consistency=self.consistency, device=data.device)
+                            consistency=self.consistency, device=data.device, replication=replication)
             created.append(name)
             staleness = ps.spec(name).consistency.staleness
-            global_stop = len(parts) > 1 and staleness is not None
+            global_stop = P > 1 and staleness is not None
             n_stats = K + 1 + K + 3
-            if global_stop:
+            if P > 1:
+                # Per-round loss sums and per-epoch stopping sums (see
+                # _end_epoch): one row per epoch, summed over the participants
+                # under a staleness bound (SSP(s) like the weights, without a
+                # value bound: a flush must not depend on the values), else
+                # one row per participant and epoch.
                 stats = name + "-stats"
-                ps.create_table(stats, shape=(max_iter, n_stats), dtype="float64", consistency=self.consistency)
+                n_rows = max_iter if global_stop else P * max_iter
+                init = None
+                if global_stop and saved_stats is not None and saved_stats.shape[1] == n_stats:
+                    init = np.zeros((n_rows, n_stats))
+                    k = min(n_rows, saved_stats.shape[0])
+                    init[:k] = saved_stats[:k]
+                    init = init if init.any() else None
+                ps.create_table(stats, shape=(n_rows, n_stats), dtype="float64", init=init,
+                                consistency=SSP(staleness) if global_stop else ASP(), replication=replication)
                 created.append(stats)
-            n_total = int(sum(sizes) * (1.0 - hp.validation_fraction)) if hp.early_stopping else int(sum(sizes))
             steps = max(1, math.ceil(max(sizes) / self.batch_size))
             b_local = max(1, max(sizes) // steps)
-            clock_every = max(1, int(_config("clock-samples")) // b_local) if len(parts) > 1 else steps
+            clock_every = max(1, int(_config("clock-samples")) // b_local) if P > 1 else steps
             clock_every = min(clock_every, steps)
             clocks_per_epoch = math.ceil(steps / clock_every)
             lag = math.ceil(staleness / clocks_per_epoch) if global_stop else 0
@@ -1265,14 +1556,34 @@ class _BaseSGDPS(SparseCoefMixin, BaseEstimator):
             cfg = _RunConfig(
                 table=name, stats_table=stats, hp=hp, n_features=d, n_cols=n_cols,
                 n_total=max(1, n_total), steps_per_epoch=steps, clock_every=clock_every,
-                max_iter=int(max_iter), t0=float(self.t_),
-                seeds=tuple(int(s) for s in rs.randint(MAX_INT, size=len(parts))),
+                max_iter=int(max_iter), t0=float(self.t_), seeds=seeds,
                 staleness=staleness, global_stop=global_stop, decision_lag=lag, classes=classes,
                 cw_pos=tuple(np.ones(K) if cw_pos is None else cw_pos),
                 cw_neg=tuple(np.ones(K) if cw_neg is None else cw_neg),
-                eta_init=tuple(eta_init), col_freq_needed=data.sparse,
+                eta_init=tuple(eta_init), col_freq_needed=data.sparse, stats_stride=int(max_iter),
             )
-            results = ps.run(_sgd_participant, parts, cfg=cfg)
+            every = self.checkpoint_every if checkpoint is not None else None
+            while epoch < max_iter and (states is None or any(any(s["stop"]["active"]) for s in states)):
+                end = int(max_iter) if every is None else min(int(max_iter), epoch + int(every))
+                run_cfg = cfg
+                if epoch or states is not None or end != max_iter:
+                    run_cfg = dataclasses.replace(cfg, epoch0=epoch, max_iter=end, states=states)
+                results = ps.run(_sgd_participant, parts, cfg=run_cfg)
+                runs.append(results)
+                states = tuple(r["state"] for r in results)
+                n_iter = int(max(max(s["stop"]["n_iter"]) for s in states))
+                epoch = end
+                if checkpoint is not None:
+                    self._save_checkpoint(ps, checkpoint, [name] + ([stats] if global_stop else []), {
+                        "estimator": self._checkpoint_kind(),
+                        "n_features": d, "n_outputs": K, "n_cols": n_cols,
+                        "classes": None if classes is None else _jsonable(np.asarray(classes).tolist()),
+                        "params": self._checkpoint_params(hp),
+                        "epoch": epoch, "n_iter": n_iter, "t0": cfg.t0, "t_": cfg.t0 + n_iter * n_seen,
+                        "tables": {"weights": name, "stats": stats if global_stop else None},
+                        "n_parts": P, "sizes": [int(s) for s in sizes], "seeds": list(seeds),
+                        "states": list(states),
+                    })
             W = _backend.to_numpy(ps.pull(name))
         finally:
             for t in created:
@@ -1280,17 +1591,20 @@ class _BaseSGDPS(SparseCoefMixin, BaseEstimator):
                     ps.drop_table(t)
                 except Exception:  # pragma: no cover - best effort cleanup
                     pass
-            n_parts = len(parts)
             del parts, persisted
-        n_iter = int(max(max(r["n_iter"]) for r in results))
-        if hp.learning_rate == ADAPTIVE:
-            self._adaptive_eta = results[0]["eta"]
-        history = results[0]["history"]
+        if hp.learning_rate == ADAPTIVE and states is not None:
+            self._adaptive_eta = [float(v) for v in states[0]["stop"]["eta"]]
         if self.verbose:
-            total = sum(r["samples"] for r in results)
-            secs = max(r["seconds"] for r in results)
+            self._print_progress(runs, P)
+        return W, n_iter, n_seen
+
+    def _print_progress(self, runs, n_parts):
+        total = secs = 0.0
+        for results in runs:
+            total += sum(r["samples"] for r in results)
+            secs += max(r["seconds"] for r in results)
             prev = 0
-            for h in history:
+            for h in results[0]["history"]:
                 # Rank 0's epochs (the others' are alike); its rate times P.
                 rate = (h["samples"] - prev) * n_parts / max(h["seconds"], 1e-9)
                 prev = h["samples"]
@@ -1299,9 +1613,106 @@ class _BaseSGDPS(SparseCoefMixin, BaseEstimator):
                     line += f" (of epoch {h['decided']})"
                 if h["score"] is not None:
                     line += f", validation score {h['score']:.6f}"
+                if not math.isfinite(h["seconds"]):
+                    print(line + " (replayed by a retried participant)")
+                    continue
                 print(line + f", {h['seconds']:.2f} s, {rate:.3g} samples/s, {n_parts} participant(s)")
-            print(f"Total: {total} samples in {secs:.2f} s ({total / max(secs, 1e-9):.3g} samples/s)")
-        return W, n_iter, int(sum(sizes) if not hp.early_stopping else n_total)
+        print(f"Total: {total:.0f} samples in {secs:.2f} s ({total / max(secs, 1e-9):.3g} samples/s)")
+
+    # --- checkpoints ---------------------------------------------------------------------
+    def _checkpoint_kind(self) -> str:
+        return f"dask_ps.linear_model.{type(self).__name__}"
+
+    def _checkpoint_params(self, hp: _Hyper) -> dict:
+        """The parameters that define the problem and the schedule (effective
+        values): a checkpoint resumes only a fit with the same ones. Not
+        compared: max_iter, tol, n_iter_no_change (when to stop), batch_size,
+        random_state, consistency, replication, verbose, client."""
+        params = {k: getattr(hp, k) for k in (
+            "loss", "epsilon", "penalty", "alpha", "l1_ratio", "learning_rate", "eta0", "power_t",
+            "fit_intercept", "average", "early_stopping", "validation_fraction", "shuffle")}
+        params["penalty"] = str(self.penalty).lower()
+        params["learning_rate"] = self.learning_rate
+        if not hp.early_stopping:
+            params.pop("validation_fraction")
+        if hp.loss not in _EPSILON_LOSSES:
+            params.pop("epsilon")
+        if self._is_classifier:
+            params["class_weight"] = self.class_weight
+        return _jsonable(params)
+
+    def _resume(self, ps, path, hp, d, K, n_cols, classes, n_parts, sizes):
+        """The state saved at ``path`` (None: no checkpoint there): loads its
+        tables (``ps.load``), checks that it belongs to this fit, reads the
+        weights and stopping sums, and drops the loaded tables again."""
+        meta = _checkpoint_metadata(path)
+        if meta is None:
+            return None
+        where = f"the checkpoint at {path!r}"
+        if meta.get("estimator") != self._checkpoint_kind():
+            raise ValueError(
+                f"{where} was not written by {type(self).__name__}.fit (it holds "
+                f"{meta.get('estimator') or 'tables of something else'}); use another checkpoint path"
+            )
+        diffs = []
+        if meta["n_features"] != d:
+            diffs.append(f"n_features: {meta['n_features']} there, {d} here")
+        mine = None if classes is None else _jsonable(np.asarray(classes).tolist())
+        if meta.get("classes") != mine:
+            diffs.append(f"classes: {meta.get('classes')} there, {mine} here")
+        if meta["n_cols"] != n_cols and not diffs:
+            diffs.append(f"weights columns: {meta['n_cols']} there, {n_cols} here")
+        mine = self._checkpoint_params(hp)
+        for k in sorted(set(mine) | set(meta["params"])):
+            if meta["params"].get(k) != mine.get(k):
+                diffs.append(f"{k}: {meta['params'].get(k)!r} there, {mine.get(k)!r} here")
+        if diffs:
+            raise ValueError(
+                f"{where} belongs to another fit ({'; '.join(diffs)}): use another checkpoint "
+                "path, or delete that checkpoint to start over"
+            )
+        tables = meta["tables"]
+        names = [tables["weights"]] + ([tables["stats"]] if tables.get("stats") else [])
+        ps.load(path, tables=names, overwrite=True)
+        try:
+            W = _backend.to_numpy(ps.pull(tables["weights"]))
+            saved_stats = _backend.to_numpy(ps.pull(tables["stats"])) if tables.get("stats") else None
+        finally:
+            for t in names:
+                try:
+                    ps.drop_table(t)
+                except Exception:  # pragma: no cover - best effort cleanup
+                    pass
+        if W.shape != (d + 1, n_cols):
+            raise ValueError(f"{where}: weights of shape {W.shape}, expected {(d + 1, n_cols)}")
+        states = [dict(s) for s in meta["states"]]
+        same_parts = meta["n_parts"] == n_parts and list(meta["sizes"]) == [int(s) for s in sizes]
+        if not same_parts:
+            # Another split of the data (another number of workers, or sizes):
+            # every participant goes on with the first one's stopping rule and
+            # a fresh shuffling RNG.
+            states = [{"stop": states[0]["stop"], "rng": None} for _ in range(n_parts)]
+        return {
+            "W": W, "stats": saved_stats, "name": tables["weights"],
+            "epoch": int(meta["epoch"]), "n_iter": int(meta["n_iter"]),
+            "states": tuple(states), "seeds": tuple(meta["seeds"]) if meta["n_parts"] == n_parts else None,
+        }
+
+    def _save_checkpoint(self, ps, path, tables, metadata) -> None:
+        """``ps.save`` between two runs. It refuses while any run is in
+        progress on the cluster (another fit, say): retry for a while, then
+        warn and go on training (the next save may succeed)."""
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                ps.save(path, tables=tables, metadata=metadata)
+                return
+            except RuntimeError as e:
+                if time.monotonic() > deadline:
+                    warnings.warn(f"{type(self).__name__}: checkpoint after epoch {metadata['epoch']} "
+                                  f"not saved: {e}", RuntimeWarning, stacklevel=3)
+                    return
+                time.sleep(0.5)
 
     def _store(self, W, K, d):
         """Set coef_/intercept_ (and the averaging state) from the final table."""
@@ -1406,6 +1817,45 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
     client : distributed.Client, optional
         The cluster to train on. ``None``: the current client, or a
         ``LocalCluster`` started once per process.
+    checkpoint : str or path-like, default=None
+        Where ``fit`` saves its state (``ParameterServer.save``: any fsspec
+        URL that the client and every worker can reach, e.g. a shared
+        directory or ``s3://...``). If it already holds a checkpoint of a
+        compatible fit (same estimator, ``n_features``, classes and
+        problem-defining parameters: loss, penalty, alpha, l1_ratio,
+        learning_rate, eta0, power_t, epsilon, fit_intercept, average,
+        shuffle, early_stopping, validation_fraction, class_weight), ``fit``
+        resumes from it: it loads the weights and goes on from the saved
+        epoch up to ``max_iter``, with the saved stopping-rule state. One
+        that belongs to another fit raises ``ValueError``. ``max_iter``,
+        ``tol``, ``n_iter_no_change``, ``batch_size``, ``consistency`` and
+        ``replication`` may differ. A resume is exact (the same run as one
+        that was never interrupted, up to the asynchrony of the participants)
+        when the data is split the same way: the same data, number of workers
+        and an int ``random_state``; otherwise the participants go on with
+        fresh shuffling. A checkpoint at or past ``max_iter`` epochs (or
+        of a fit that stopped) gives the saved model without training. A
+        resumed fit ignores ``coef_init``, ``intercept_init`` and
+        ``warm_start``; ``partial_fit`` ignores ``checkpoint``. Use one path
+        per fit at a time.
+    checkpoint_every : int, default=None
+        Save every this many epochs: ``fit`` then trains in runs of
+        ``checkpoint_every`` epochs (one ``ParameterServer.run`` each) and
+        saves after each. ``None``: one save, at the end of ``fit``.
+        Requires ``checkpoint``. The stopping rule (``tol``,
+        ``early_stopping``) carries over from one run to the next.
+    replication : int, default=1
+        Copies of the weights on distinct workers (``create_table(...,
+        replication=k)``). With 2 or more, a fit survives the loss of a
+        worker: the weights have a copy elsewhere, Dask retries the
+        participant that ran there, and the retried participant resumes at
+        the clock it was in. An in-memory input (numpy, scipy.sparse) is then
+        also kept on ``replication`` workers, so that Dask can rebuild the
+        dead worker's part of the data (dask inputs are recomputed from their
+        graph). With 1, a lost worker takes the only copy of some weights
+        (and of scattered data) with it and the fit fails as the reliability
+        docs describe; with ``checkpoint``, ``fit`` again resumes from the
+        last save.
 
     All the scikit-learn parameters (``loss``, ``penalty``, ``alpha``,
     ``l1_ratio``, ``fit_intercept``, ``max_iter``, ``tol``, ``shuffle``,
@@ -1459,6 +1909,9 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         batch_size=256,
         consistency=None,
         client=None,
+        checkpoint=None,
+        checkpoint_every=None,
+        replication=1,
     ):
         self.loss = loss
         self.penalty = penalty
@@ -1483,6 +1936,9 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         self.batch_size = batch_size
         self.consistency = consistency
         self.client = client
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
+        self.replication = replication
 
     # --- fitting -------------------------------------------------------------------------
     @_fit_context(prefer_skip_nested_validation=True)
@@ -1517,7 +1973,8 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
             if hasattr(self, "_adaptive_eta"):
                 del self._adaptive_eta
         self.t_ = 1.0
-        self._partial_fit(X, y, self.max_iter, "infer", sample_weight, coef_init, intercept_init, avg, reset=True)
+        self._partial_fit(X, y, self.max_iter, "infer", sample_weight, coef_init, intercept_init, avg, reset=True,
+                          checkpoint=self._checkpoint_path())
         if self.tol is not None and self.tol > -np.inf and self.n_iter_ == self.max_iter:
             warnings.warn(
                 "Maximum number of iteration reached before convergence. Consider increasing "
@@ -1551,7 +2008,8 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
                 )
         return self._partial_fit(X, y, 1, classes, sample_weight, None, None, None, reset=first)
 
-    def _partial_fit(self, X, y, max_iter, classes, sample_weight, coef_init, intercept_init, avg, reset):
+    def _partial_fit(self, X, y, max_iter, classes, sample_weight, coef_init, intercept_init, avg, reset,
+                     checkpoint=None):
         data = self._validate_input(X, y, sample_weight, reset=reset)
         if data.kind == "memory":
             if isinstance(classes, str) and classes == "infer":  # fit: the labels of y
@@ -1605,7 +2063,7 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
             cw_pos, cw_neg = list(cw), [1.0] * n_classes
         W, n_iter, n_seen = self._train(
             data, max_iter, K, coef, intercept, avg_coef, avg_intercept,
-            classes=self.classes_, cw_pos=cw_pos, cw_neg=cw_neg,
+            classes=self.classes_, cw_pos=cw_pos, cw_neg=cw_neg, checkpoint=checkpoint,
         )
         self.n_iter_ = n_iter
         self.t_ += n_iter * n_seen
@@ -1740,7 +2198,8 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
 
     The parameters and fitted attributes are scikit-learn's
     :class:`sklearn.linear_model.SGDRegressor`, plus ``batch_size``,
-    ``consistency`` and ``client`` (see :class:`SGDClassifier`).
+    ``consistency``, ``client``, ``checkpoint``, ``checkpoint_every`` and
+    ``replication`` (see :class:`SGDClassifier`).
     ``predict`` returns a lazy dask array for dask input.
     """
 
@@ -1772,6 +2231,9 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
         batch_size=256,
         consistency=None,
         client=None,
+        checkpoint=None,
+        checkpoint_every=None,
+        replication=1,
     ):
         self.loss = loss
         self.penalty = penalty
@@ -1795,6 +2257,9 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
         self.batch_size = batch_size
         self.consistency = consistency
         self.client = client
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
+        self.replication = replication
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, coef_init=None, intercept_init=None, sample_weight=None):
@@ -1827,7 +2292,7 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
                 del self._adaptive_eta
         self.t_ = 1.0
         self._partial_fit(X, y, self.max_iter, sample_weight, coef_init, intercept_init, avg,
-                          reset=True)
+                          reset=True, checkpoint=self._checkpoint_path())
         if self.tol is not None and self.tol > -np.inf and self.n_iter_ == self.max_iter:
             warnings.warn(
                 "Maximum number of iteration reached before convergence. Consider increasing "
@@ -1850,7 +2315,7 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
             self._more_validate_params(for_partial_fit=True)
         return self._partial_fit(X, y, 1, sample_weight, None, None, None, reset=first)
 
-    def _partial_fit(self, X, y, max_iter, sample_weight, coef_init, intercept_init, avg, reset):
+    def _partial_fit(self, X, y, max_iter, sample_weight, coef_init, intercept_init, avg, reset, checkpoint=None):
         first_call = getattr(self, "coef_", None) is None
         data = self._validate_input(X, y, sample_weight, reset=reset or first_call)
         d = data.n_features
@@ -1882,7 +2347,8 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
                 avg_intercept = np.zeros(1, dtype=data.dtype)
         if not hasattr(self, "t_"):
             self.t_ = 1.0
-        W, n_iter, n_seen = self._train(data, max_iter, 1, coef, intercept, avg_coef, avg_intercept)
+        W, n_iter, n_seen = self._train(data, max_iter, 1, coef, intercept, avg_coef, avg_intercept,
+                                        checkpoint=checkpoint)
         self.n_iter_ = n_iter
         self.t_ += n_iter * n_seen
         coef, intercept = self._store(W, 1, d)
