@@ -333,22 +333,23 @@ class ParameterServer:
 
         Each worker writes the blocks it is primary of; values and optimizer
         state are saved bitwise. The checkpoint becomes visible atomically
-        (a manifest renamed into place); an older checkpoint at ``path`` is
-        replaced. Call it between runs, at a clock boundary: it refuses while
-        a run is in progress. ``metadata`` (JSON-able) is stored with it and
+        (a manifest renamed into place); the saved tables replace their
+        older copies at ``path`` and other tables saved there are kept. Call
+        it between runs, at a clock boundary: it refuses while a run that
+        used one of these tables is in progress. ``metadata`` (JSON-able) is stored with it and
         returned by :meth:`load` (estimators keep their iteration count there).
         Blocks later lost with a worker and no replica are restored from the
         latest checkpoint.
         """
         from dask_ps import _checkpoint
 
-        active = self._sync(self.client.scheduler.ps_active_runs)
+        names = self.tables() if tables is None else [tables] if isinstance(tables, str) else list(tables)
+        active = self._sync(self.client.scheduler.ps_active_runs, tables=names)
         if active:
             raise RuntimeError(
-                f"ps.save: run(s) {active} in progress; save between runs so the checkpoint is "
-                "a consistent state at a clock boundary"
+                f"ps.save: run(s) {active} using these tables are in progress; save between runs "
+                "so the checkpoint is a consistent state at a clock boundary"
             )
-        names = self.tables() if tables is None else [tables] if isinstance(tables, str) else list(tables)
         data = _checkpoint.new_data_dir(path)
         entries = {}
         for name in names:

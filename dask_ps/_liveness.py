@@ -28,12 +28,12 @@ class Liveness:
         for task in self._inflight.pop(addr, ()):
             task.cancel()
 
-    async def call(self, addr: str, coro):
-        """Await ``coro`` (a call to ``addr``) unless ``addr`` is or becomes dead."""
+    async def call(self, addr: str, make_call):
+        """Await ``make_call()`` (a call to ``addr``) unless ``addr`` is or
+        becomes dead. A factory, so that nothing is created for a dead address."""
         if addr in self.dead:
-            coro.close()
             raise WorkerGone(f"worker {addr} has left the cluster")
-        task = asyncio.ensure_future(coro)
+        task = asyncio.ensure_future(make_call())
         task.add_done_callback(_retrieve)
         self._inflight[addr].add(task)
         try:

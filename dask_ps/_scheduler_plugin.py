@@ -51,6 +51,7 @@ HANDLERS = (
     "ps_wait_clock",
     "ps_run_leave",
     "ps_run_notify",
+    "ps_run_uses",
     "ps_run_abort",
     "ps_run_end",
 )
@@ -99,6 +100,7 @@ class RunState:
     metrics: dict[int, dict] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     notify: bool = False  # tell servers when min_clock grows (ESSP, aggregate="clock")
+    tables: set[str] = field(default_factory=set)  # tables its participants used
     notified: float = 0  # the last min clock sent to servers
 
     def __repr__(self):
@@ -266,8 +268,17 @@ class PSSchedulerPlugin(SchedulerPlugin):
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
-    def active_runs(self) -> list[str]:
-        return sorted(self.runs)
+    def active_runs(self, tables=None) -> list[str]:
+        """Handler: runs in progress (that used any of ``tables``, if given)."""
+        if tables is None:
+            return sorted(self.runs)
+        return sorted(r for r, run in self.runs.items() if run.tables & set(tables))
+
+    def run_uses(self, run_id: str, table: str) -> None:
+        """Handler: a participant of ``run_id`` uses ``table``."""
+        run = self.runs.get(run_id)
+        if run is not None:
+            run.tables.add(table)
 
     def note_checkpoint(self, path: str, data: str, tables: list[str]) -> None:
         """Handler: ``tables`` were saved to ``path`` (used to restore lost blocks)."""
@@ -603,7 +614,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
 
     def _call(self, worker: str, op: str, **msg):
         """An RPC to a worker that fails fast if the worker is removed meanwhile."""
-        return self.liveness.call(worker, getattr(self.scheduler.rpc(worker), op)(**msg))
+        return self.liveness.call(worker, lambda: getattr(self.scheduler.rpc(worker), op)(**msg))
 
     async def _broadcast(self, op: str, **msg) -> None:
         results = await asyncio.gather(

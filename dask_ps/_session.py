@@ -186,6 +186,8 @@ class Session:
                 self._cache.pop(name, None)
         if h is None:
             h = self._sync(self._router.handle, name)
+            # Checkpoints of this table wait for this run to end.
+            self._sync(self.worker.scheduler.ps_run_uses, run_id=self.run_id, table=name)
             self._metrics.setdefault(name, TableMetrics())
             s = h.spec.consistency.staleness
             if s is not None and not isinstance(h.spec.consistency, ASP):

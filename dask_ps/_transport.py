@@ -55,7 +55,7 @@ class Transport:
         if addr == self.local_address:
             return await self.local.local_push(h.spec.name, h.version, items, raw=raw, run=run,
                                                sender=sender, msg_seq=msg_seq, table_id=h.spec.table_id)
-        return await self.liveness.call(addr, asyncio.wait_for(
+        return await self.liveness.call(addr, lambda: asyncio.wait_for(
             self.rpc(addr).ps_push(
                 table=h.spec.name,
                 table_id=h.spec.table_id,
@@ -79,7 +79,7 @@ class Transport:
         if addr == self.local_address:
             return await self.local.local_pull(h.spec.name, h.version, blocks, rows,
                                                table_id=h.spec.table_id, **extra)
-        return await self.liveness.call(addr, asyncio.wait_for(
+        return await self.liveness.call(addr, lambda: asyncio.wait_for(
             self.rpc(addr).ps_pull(
                 table=h.spec.name, table_id=h.spec.table_id, version=h.version, blocks=blocks,
                 rows=[_wrap(r) for r in rows], **extra

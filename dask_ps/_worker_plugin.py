@@ -160,7 +160,7 @@ class PSWorkerPlugin(WorkerPlugin):
         if not by_replica:
             return
         calls = [
-            self.liveness.call(r, self.worker.rpc(r).ps_push(
+            self.liveness.call(r, lambda r=r, its=its: self.worker.rpc(r).ps_push(
                 table=t.spec.name, version=t.version, blocks=[b for b, _, _ in its],
                 rows=[None if x is None else to_serialize(x) for _, x, _ in its],
                 values=[to_serialize(v) for _, _, v in its],
@@ -212,9 +212,9 @@ class PSWorkerPlugin(WorkerPlugin):
                 by_target[target].append(int(b))
             spec = t.spec.to_msg()
             await asyncio.gather(*(
-                self.liveness.call(target, self.worker.rpc(target).ps_install_blocks(
-                    spec=spec, blocks=[_wire_block(e) for e in self.store.export(t, bs)]
-                ))
+                self.liveness.call(target, lambda target=target, blocks=[
+                    _wire_block(e) for e in self.store.export(t, bs)
+                ]: self.worker.rpc(target).ps_install_blocks(spec=spec, blocks=blocks))
                 for target, bs in by_target.items()
             ))
 

@@ -233,3 +233,31 @@ def test_retire_moves_every_table_without_replication():
         for i in range(4):
             assert victim not in {p.worker for p in ps.placement(f"t{i}")}
             np.testing.assert_array_equal(ps.pull(f"t{i}"), np.full((90, 2), float(i + 1)))
+
+
+def test_save_refuses_during_a_run_on_its_tables_only(tmp_path):
+    with cluster(2) as c, Client(c) as client:
+        ps = dask_ps.ParameterServer(client)
+        ps.create_table("busy", shape=(4,))
+        ps.create_table("idle", shape=(4,), init=3.0)
+        def train(ctx, _, flag, stop):
+            ctx.pull("busy")
+            import pathlib
+
+            pathlib.Path(flag).write_text("x")
+            while not pathlib.Path(stop).exists():
+                time.sleep(0.02)
+
+        flag, stop = str(tmp_path / "started"), str(tmp_path / "stop")
+        thread, out = run_in_thread(ps, train, [0], flag=flag, stop=stop)
+        while not os.path.exists(flag):
+            time.sleep(0.02)
+        with pytest.raises(RuntimeError, match="in progress"):
+            ps.save(str(tmp_path / "ckpt"), tables=["busy"])
+        ps.save(str(tmp_path / "ckpt"), tables=["idle"])  # other tables are not blocked
+        open(stop, "w").close()
+        thread.join(60)
+        ps.save(str(tmp_path / "ckpt"), tables=["busy"])  # kept "idle" too
+        ps.drop_table("idle")
+        ps.load(str(tmp_path / "ckpt"), tables="idle")
+        assert ps.pull("idle").tolist() == [3.0] * 4
