@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import dataclasses
 import logging
+import threading
 import uuid
+import weakref
 from collections import namedtuple
 
 import dask
@@ -418,3 +421,46 @@ class ParameterServer:
 
     async def _gather_rpc_each(self, msgs: dict, op):
         return await asyncio.gather(*(getattr(self.client.rpc(w), op)(**m) for w, m in msgs.items()))
+
+
+# --- the parameter server an estimator uses with client=None ---------------------------
+_auto_lock = threading.Lock()
+_auto_ps: ParameterServer | None = None
+_ps_by_client: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def get_parameter_server(client: Client | None = None) -> ParameterServer:
+    """The :class:`ParameterServer` of ``client``; with ``None``, the current
+    client's, or one on a ``LocalCluster`` started once per process, reused by
+    every later call and closed at interpreter exit.
+
+    Estimators call this for ``client=None``, so fitting several (of any
+    kind) in one process starts at most one cluster.
+    """
+    global _auto_ps
+    if client is None:
+        try:
+            client = get_client()
+        except ValueError:
+            client = None
+    with _auto_lock:
+        if client is None or (_auto_ps is not None and client is _auto_ps.client):
+            if _auto_ps is None or _auto_ps.client.status != "running":
+                logger.info("dask_ps: no Dask client; starting a LocalCluster (closed at exit)")
+                _auto_ps = ParameterServer()
+            return _auto_ps
+        ps = _ps_by_client.get(client)
+        if ps is None:
+            ps = _ps_by_client[client] = ParameterServer(client)
+        return ps
+
+
+@atexit.register
+def _close_auto_ps() -> None:
+    global _auto_ps
+    ps, _auto_ps = _auto_ps, None
+    if ps is not None:
+        try:
+            ps.close()
+        except Exception:  # pragma: no cover - interpreter shutting down
+            pass

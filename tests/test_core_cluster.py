@@ -344,3 +344,22 @@ def test_recreated_table_is_detected_not_written_under_the_new_spec(ps, client):
     assert b.pull("re").tolist() == [0, 0, 0, 0]
     a.push("re", np.full(4, 5.0))  # the next call uses the new table
     assert b.pull("re").tolist() == [5, 5, 5, 5]
+
+
+def test_get_parameter_server_starts_one_cluster_per_process():
+    script = textwrap.dedent(
+        """
+        import dask_ps
+        a = dask_ps.get_parameter_server()
+        b = dask_ps.get_parameter_server()
+        print(a is b, a._own_cluster is not None)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
+
+
+def test_get_parameter_server_reuses_one_per_client(client):
+    assert dask_ps.get_parameter_server(client) is dask_ps.get_parameter_server(client)
+    assert dask_ps.get_parameter_server() is dask_ps.get_parameter_server(client)  # the current client

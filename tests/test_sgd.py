@@ -88,7 +88,7 @@ def _sk_mean_score(make, Xtr, ytr, Xte, yte, seeds=range(5)):
 # --- the estimator uses the public API only ------------------------------------------------
 
 ALLOWED_DASK_PS_NAMES = {
-    "ParameterServer", "Consistency", "BSP", "SSP", "ESSP", "VAP", "CVAP", "ASP",
+    "ParameterServer", "get_parameter_server", "Consistency", "BSP", "SSP", "ESSP", "VAP", "CVAP", "ASP",
 }
 
 
@@ -305,7 +305,7 @@ def test_sparse_pulls_only_touched_rows(client):
     est = SGDClassifier(loss="log_loss", penalty=None, max_iter=2, tol=None, random_state=0)
     with dask.config.set({"ps.sgd.min-samples-per-participant": 1000, "ps.sgd.clock-samples": 1024}):
         est.fit(X, y)
-    ps = _sgd._parameter_server(client)
+    ps = dask_ps.get_parameter_server(client)
     run = list(ps.metrics().values())[-1]
     table_bytes = (2**16 + 1) * 8
     for part in run["participants"].values():
@@ -733,7 +733,7 @@ def test_sgd_fit_survives_a_worker_killed_mid_fit():
     Xtr, Xte, ytr, yte = _split_scale(X, y, test_size=20000)
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
             Client(cluster, set_as_default=False) as c:
-        ps = _sgd._parameter_server(c)
+        ps = dask_ps.get_parameter_server(c)
 
         def fit():
             t0 = time.perf_counter()

@@ -34,7 +34,6 @@ from sklearn.utils.validation import check_is_fitted, check_non_negative, valida
 import dask_ps
 from dask_ps.consistency import as_consistency
 from dask_ps.decomposition import _lda_kernels as _k
-from dask_ps.decomposition._cluster import parameter_server
 
 logger = logging.getLogger(__name__)
 
@@ -599,7 +598,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         self.topic_word_prior_ = 1.0 / K if self.topic_word_prior is None else float(self.topic_word_prior)
         word_model, totals_model = self._consistencies()
 
-        ps = parameter_server(self.client)
+        ps = dask_ps.get_parameter_server(self.client)
         client = ps.client
         uid = uuid.uuid4().hex[:10]
         if _is_dask_array(X):

@@ -80,17 +80,14 @@ Tunables (``dask.config``, defaults in ``_CONFIG_DEFAULTS``):
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import json
 import math
 import os
 import posixpath
-import threading
 import time
 import uuid
 import warnings
-import weakref
 from dataclasses import dataclass
 from numbers import Integral
 
@@ -118,7 +115,7 @@ from sklearn.utils.validation import (
     validate_data,
 )
 
-from dask_ps import ASP, SSP, Consistency, ParameterServer
+from dask_ps import ASP, SSP, Consistency, ParameterServer, get_parameter_server
 from dask_ps import _backend
 
 try:  # scikit-learn's per-sample kernel (private API; checked by _sequential_ok)
@@ -1021,44 +1018,6 @@ def _decide(ctx, cfg, stop, epoch, history, seconds, samples, row=None):
 # Driver side: the parameter server, the data, and the run
 # =====================================================================================
 
-_AUTO_PS = None
-_AUTO_LOCK = threading.Lock()
-_PS_BY_CLIENT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _close_auto_ps():
-    global _AUTO_PS
-    ps, _AUTO_PS = _AUTO_PS, None
-    if ps is not None:
-        try:
-            ps.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
-
-
-def _parameter_server(client) -> ParameterServer:
-    """The ParameterServer of ``client``; ``None``: the current client's, or
-    one on a LocalCluster started once per process (closed at exit)."""
-    global _AUTO_PS
-    if client is None:
-        from distributed import get_client
-
-        try:
-            client = get_client()
-        except ValueError:
-            client = None
-    if client is None:
-        with _AUTO_LOCK:
-            if _AUTO_PS is None:
-                _AUTO_PS = ParameterServer()
-                atexit.register(_close_auto_ps)
-            return _AUTO_PS
-    ps = _PS_BY_CLIENT.get(client)
-    if ps is None:
-        ps = _PS_BY_CLIENT[client] = ParameterServer(client)
-    return ps
-
-
 def _is_dask_collection(X) -> bool:
     return dask.is_dask_collection(X)
 
@@ -1482,7 +1441,7 @@ class _BaseSGDPS(SparseCoefMixin, BaseEstimator):
         (``fit`` only): a compatible checkpoint found there is resumed from,
         and the epochs run in runs of ``checkpoint_every`` (all in one run if
         None), each followed by a save."""
-        ps = _parameter_server(self.client)
+        ps = get_parameter_server(self.client)
         rs = check_random_state(self.random_state)
         hp = self._hyper(n_outputs, data.sparse)
         d, K = data.n_features, n_outputs
