@@ -10,7 +10,10 @@ table with staleness ``s`` needs every participant to have completed
 ``c - s`` clocks. Because a participant's updates reach the servers before its
 clock counts, any server value read after the run's minimum clock reached
 ``m`` contains every update made at clocks ``< m``; cache entries carry that
-``m`` as their tag and serve reads with ``tag >= c - s``.
+``m`` as their tag and serve reads with ``tag >= c - s``. Under
+``refresh=True`` (SSP, ESSP) an entry also has to have been fetched in the
+reader's current clock: the first read of a block in each clock goes to the
+servers, and waits only if the bound is not met.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ class CacheEntry:
 
     tag: float  # the values contain every update made at clocks < tag
     seq: int  # server sequence number of the block when read
-    clock: int  # the reader's own clock when it was read
+    clock: int  # the reader's own clock when it was fetched from the servers (-1: pushed by them)
     rows: np.ndarray | None  # local rows held (sorted), None = whole block
     values: object
 
@@ -82,6 +85,7 @@ class TableMetrics:
     bytes_pulled: int = 0
     flushes: int = 0
     eager_fills: int = 0  # ESSP: blocks refreshed by a server push
+    refetches: int = 0  # refresh=True: blocks fetched although the cached copy met the bound
 
     def to_dict(self) -> dict:
         return {
@@ -94,6 +98,7 @@ class TableMetrics:
             "bytes_pulled": self.bytes_pulled,
             "flushes": self.flushes,
             "eager_fills": self.eager_fills,
+            "refetches": self.refetches,
         }
 
 
@@ -338,6 +343,18 @@ class Session:
             return None
         return self._clock - c.staleness
 
+    def _usable(self, e: CacheEntry | None, need: float | None, refresh: bool) -> bool:
+        """Whether cached entry ``e`` may serve a read that needs tag ``need``.
+
+        ASP (``need is None``) and ``refresh=True`` tables re-read once per
+        clock: the entry must have been fetched in the current clock. Bounded
+        models need ``tag >= need``."""
+        if e is None:
+            return False
+        if need is None:
+            return e.clock == self._clock
+        return e.tag >= need and (not refresh or e.clock == self._clock)
+
     def _cacheable(self, h: TableHandle) -> bool:
         # VAP reads see the servers directly: a cached copy would hide others'
         # visible updates beyond the value bound.
@@ -397,6 +414,7 @@ class Session:
             self._flush_table(name)  # read-my-writes for optimizer tables: the server computes them
         need = self._required_tag(h)
         cache = self._cache.setdefault(name, {}) if self._cacheable(h) else {}
+        refresh = h.spec.consistency.refreshes
         essp = h.spec.consistency.name == "essp"
         if essp:
             self._drain_mailbox()
@@ -405,16 +423,20 @@ class Session:
             e = cache.get(b)
             # ASP never waits, but re-reads once per clock: a cache that is
             # never refreshed would satisfy "read-my-writes" and nothing else.
-            fresh = e is not None and (e.tag >= need if need is not None else e.clock == self._clock)
-            if fresh and e.covers(rows):
+            # refresh=True does the same on top of the bound (see _usable).
+            if self._usable(e, need, refresh) and e.covers(rows):
                 out[b] = e.take(rows)
             else:
                 missing[b] = rows
+                if refresh and e is not None and e.tag >= need and e.covers(rows):
+                    m.refetches += 1  # plain SSP would have served this from the cache
         if not missing:
             m.cache_hits += 1
             self._record_staleness(m, min(cache[b].tag for b in reqs) if reqs else self._clock)
             return out
         if need is not None:
+            # Only when the bound needs it: a refresh=True read of an entry
+            # that meets the bound finds _known_min >= its tag >= need.
             self._wait_min(need, m)
         # A valid cached entry missing some rows: fetch only those and merge
         # (the entry keeps the older tag, which both parts satisfy). Otherwise
@@ -422,8 +444,7 @@ class Session:
         fetch, merge = {}, set()
         for b, rows in missing.items():
             e = cache.get(b)
-            valid = e is not None and (e.tag >= need if need is not None else e.clock == self._clock)
-            if valid and rows is not None and e.rows is not None:
+            if self._usable(e, need, refresh) and rows is not None and e.rows is not None:
                 fetch[b] = np.setdiff1d(rows, e.rows, assume_unique=True)
                 merge.add(b)
             else:
@@ -460,11 +481,21 @@ class Session:
             h = self._router.handles.get(table)
             if cache is None or h is None or h.version != version:
                 continue
+            refresh = h.spec.consistency.refreshes
+            # The servers push at an advance of the run's min clock to ``tag``.
+            self._known_min = max(self._known_min, tag)
             for b, seq, r, v in zip(blocks, seqs, rows, values):
                 e = cache.get(b)
-                if seq >= self._own_seq.get((table, b), 0) and (e is None or tag > e.tag):
-                    cache[b] = CacheEntry(tag, seq, self._clock, r, v)
-                    self._metrics[table].eager_fills += 1
+                if seq < self._own_seq.get((table, b), 0) or (e is not None and tag <= e.tag):
+                    continue
+                if e is not None and seq >= e.seq:
+                    clock = e.clock  # at least as new as the copy it replaces
+                elif refresh and e is not None and e.clock == self._clock:
+                    continue  # older than this clock's server read: keep that
+                else:
+                    clock = -1  # not a server read of this reader's: refresh=True re-reads it
+                cache[b] = CacheEntry(tag, seq, clock, r, v)
+                self._metrics[table].eager_fills += 1
 
     def _record_staleness(self, m: TableMetrics, tag: float) -> None:
         # How many clocks behind the reader the guaranteed-visible state is.

@@ -54,6 +54,8 @@ MODELS = [
     (dask_ps.SSP(staleness=1), 1),
     (dask_ps.SSP(staleness=3), 3),
     (dask_ps.ESSP(staleness=2), 2),
+    (dask_ps.SSP(staleness=2, refresh=True), 2),
+    (dask_ps.ESSP(staleness=1, refresh=True), 1),
     (dask_ps.CVAP(staleness=2, bound=0.5), 2),
     (dask_ps.ASP(), None),
 ]
@@ -193,6 +195,65 @@ def test_essp_servers_push_fresh_rows(ps):
     fills = [p["tables"]["audit"]["eager_fills"] for p in run["participants"].values()]
     hits = [p["tables"]["audit"]["cache_hits"] for p in run["participants"].values()]
     assert sum(fills) > 0 and sum(hits) > 0
+
+
+def _wait_for_file(path, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("use_rows", [False, True], ids=["dense", "rows"])
+@pytest.mark.parametrize(
+    "model", [dask_ps.SSP(staleness=5, refresh=True), dask_ps.ESSP(staleness=5, refresh=True), dask_ps.SSP(staleness=5)],
+    ids=repr,
+)
+def test_refresh_reads_what_the_servers_have(ps, tmp_path, model, use_rows):
+    """refresh=True: the first read of a clock sees every update that was on
+    the servers when it started, although a cached copy meets the bound;
+    plain SSP serves that (older) copy. Exact, ordered by files, no timing:
+    the reader (rank 0) reads at clock 0 and caches; then the writer (rank 1)
+    makes 5 clocks of one-hot markers (flushed by its clock() calls); then
+    the reader, at clock 1 (the bound needs nothing: 1 - 5 < 0), reads."""
+    n = 5
+    ps.create_table("fresh", shape=(n,), block_rows=2, consistency=model)
+
+    def read(ctx):
+        return ctx.pull_rows("fresh", np.arange(n)) if use_rows else ctx.pull("fresh")
+
+    def train(ctx, _):
+        if ctx.rank == 1:
+            _wait_for_file(tmp_path / "read0")
+            for c in range(n):
+                ctx.push_rows("fresh", [c], [1.0])
+                ctx.clock()
+            (tmp_path / "done").touch()
+            return None
+        first = read(ctx)
+        (tmp_path / "read0").touch()
+        _wait_for_file(tmp_path / "done")
+        ctx.clock()
+        second = read(ctx)
+        ctx.push_rows("fresh", [0], [10.0])
+        again = read(ctx)  # same clock: served from this clock's copy plus own writes
+        return first, second, again, ctx.metrics()["tables"]["fresh"]
+
+    first, second, again, metrics = ps.run(train, range(2))[0]
+    assert first.tolist() == [0.0] * n
+    if model.refresh:
+        assert second.tolist() == [1.0] * n  # everything that was on the servers
+        assert again.tolist() == [11.0] + [1.0] * (n - 1)
+        assert metrics["refetches"] >= 1
+        assert metrics["cache_hits"] >= 1  # the clock's second read is not a refetch
+    else:
+        # The control: the clock-0 copy meets SSP(5)'s bound and is served, so
+        # the markers on the servers are not seen (what refresh changes).
+        assert second.tolist() == [0.0] * n
+        assert again.tolist() == [10.0] + [0.0] * (n - 1)
+        assert metrics["refetches"] == 0 and metrics["cache_hits"] == 2
+    assert ps.pull("fresh").tolist() == [11.0] + [1.0] * (n - 1)
 
 
 @pytest.mark.parametrize("rule,hp", [("sgd", {"lr": 0.5}), ("adam", {"lr": 0.1})])

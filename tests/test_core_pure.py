@@ -177,8 +177,33 @@ def test_rule_and_consistency_validation():
         VAP(bound=0)
     with pytest.raises(TypeError):
         as_consistency("eventually")
-    for c in (BSP(), SSP(3), ESSP(1), VAP(0.5), CVAP(2, 0.5), ASP()):
+    for c in (BSP(), SSP(3), ESSP(1), VAP(0.5), CVAP(2, 0.5), ASP(), SSP(3, refresh=True), ESSP(1, refresh=True)):
         assert Consistency.from_msg(c.to_msg()) == c
+
+
+def test_refresh_option_of_the_clock_bounded_models():
+    """``refresh`` round-trips, defaults to False, is validated; messages
+    written before the field existed still parse (to refresh=False)."""
+    import dask
+
+    from dask_ps.consistency import default_consistency
+
+    assert SSP(2).refresh is False and not SSP(2).refreshes and not ASP().refreshes and not CVAP(2, 1.0).refreshes
+    c = SSP(2, refresh=True)
+    assert c.refreshes and c.staleness == 2 and c.to_msg() == {"model": "ssp", "staleness": 2, "refresh": True}
+    assert c != SSP(2) and hash(c) != hash(SSP(2))
+    assert Consistency.from_msg({"model": "ssp", "staleness": 4}) == SSP(4, refresh=False)
+    assert Consistency.from_msg({"model": "essp", "staleness": 1}) == ESSP(1)
+    assert Consistency.from_msg(ESSP(1, refresh=True).to_msg()).refreshes
+    with pytest.raises(ValueError, match="refresh"):
+        SSP(2, refresh="yes")
+    with pytest.raises(TypeError):
+        CVAP(2, 1.0, refresh=True)  # CVAP reads always go to the servers already
+    with dask.config.set({"ps.consistency": "ssp", "ps.staleness": 3, "ps.refresh": True}):
+        assert default_consistency() == SSP(3, refresh=True)
+    with dask.config.set({"ps.consistency": "essp", "ps.refresh": "false"}):
+        assert default_consistency() == ESSP(2, refresh=False)
+    assert default_consistency() == SSP(2)
 
 
 # --- spec and validation -----------------------------------------------------------------
