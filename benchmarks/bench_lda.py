@@ -12,12 +12,16 @@
 
 2. The seed paper's experiment: 4 participants, one straggler at half speed
    (it sleeps as long as its sweep took), BSP vs SSP(1, 2, 4, 8) vs ESSP(2)
-   vs ASP: training log-likelihood against wall-clock time (PNG) and the
-   time each takes to reach a fixed log-likelihood. Also with transient
-   stragglers (any participant, any clock, 3x slower with probability 0.2).
+   vs ASP, and SSP(1, 2, 4) / ESSP(2) with ``refresh=True`` (the first read
+   of each clock goes to the servers): training log-likelihood against
+   wall-clock time (PNG) and the time each takes to reach a fixed
+   log-likelihood. Also with transient stragglers (any participant, any
+   clock, 3x slower with probability 0.2). ``--repeats N`` runs the whole
+   set N times, interleaved, and prints the range of each speed-up.
 
     python benchmarks/bench_lda.py                      # both parts, a few minutes on 2 cores
     python benchmarks/bench_lda.py --part staleness --staleness-iters 40
+    python benchmarks/bench_lda.py --part staleness --base 0.3 --repeats 2   # docs/benchmarks.md
     python benchmarks/bench_lda.py --corpus reuters     # the lda package's 395 Reuters stories
     python benchmarks/bench_lda.py --part peers --device cuda --k 100 --skip-peers   # GPU (not run yet)
 
@@ -281,55 +285,97 @@ def loglik_vs_time(m):
     return out
 
 
+STALENESS_MODELS = {
+    "BSP": dask_ps.BSP(),
+    "SSP(1)": dask_ps.SSP(1),
+    "SSP(2)": dask_ps.SSP(2),
+    "SSP(4)": dask_ps.SSP(4),
+    "SSP(8)": dask_ps.SSP(8),
+    "ESSP(2)": dask_ps.ESSP(2),
+    "ASP": dask_ps.ASP(),
+    # "fresh when cheap": the first read of each clock goes to the servers,
+    # waiting only when the bound requires it.
+    "SSP(1) refresh": dask_ps.SSP(1, refresh=True),
+    "SSP(2) refresh": dask_ps.SSP(2, refresh=True),
+    "SSP(4) refresh": dask_ps.SSP(4, refresh=True),
+    "ESSP(2) refresh": dask_ps.ESSP(2, refresh=True),
+}
+
+
+def _fit_one(client, train, args, scenario, model):
+    m = LatentDirichletAllocation(args.k, doc_topic_prior=ALPHA, topic_word_prior=ETA,
+                                  max_iter=args.staleness_iters, evaluate_every=args.evaluate_every,
+                                  consistency=model, n_partitions=P, client=client, random_state=0)
+    m._sweep_delay = Straggler(scenario, args.base)
+    m.fit(train)
+    waits = [mt["clock_wait_seconds"] + sum(t["wait_seconds"] for t in mt["tables"].values())
+             for mt in m.metrics_]
+    return loglik_vs_time(m), m.fit_seconds_, float(np.mean(waits[: P - 1]))
+
+
 def part_staleness(client, train, args):
-    models = [
-        ("BSP", dask_ps.BSP()),
-        ("SSP(1)", dask_ps.SSP(1)),
-        ("SSP(2)", dask_ps.SSP(2)),
-        ("SSP(4)", dask_ps.SSP(4)),
-        ("SSP(8)", dask_ps.SSP(8)),
-        ("ESSP(2)", dask_ps.ESSP(2)),
-        ("ASP", dask_ps.ASP()),
-    ]
+    names = ["BSP"] + [n for n in (args.models or list(STALENESS_MODELS)) if n != "BSP"]
+    unknown = set(names) - set(STALENESS_MODELS)
+    if unknown:
+        raise SystemExit(f"unknown --models {sorted(unknown)}; choose from {list(STALENESS_MODELS)}")
     scenarios = ["persistent", "transient"] if args.scenario == "both" else [args.scenario]
+    # runs[scenario][repeat] = [(name, trace, seconds, blocked)], repeats interleaved so
+    # that a change in the machine's load falls on every model alike.
+    runs = {sc: [] for sc in scenarios}
+    for r in range(args.repeats):
+        for scenario in scenarios:
+            results = []
+            for name in names:
+                logger.info("staleness, repeat %d/%d, %s straggler: %s", r + 1, args.repeats, scenario, name)
+                results.append((name, *_fit_one(client, train, args, scenario, STALENESS_MODELS[name])))
+            runs[scenario].append(results)
+
+    def time_to(trace, target):
+        for sec, ll in trace:
+            if ll >= target:
+                return sec
+        return float("nan")
+
+    def fmt_range(xs):
+        xs = [x for x in xs if np.isfinite(x)]
+        if not xs:
+            return "not reached"
+        return f"{min(xs):.2f}x" if len(xs) == 1 or max(xs) - min(xs) < 0.005 else f"{min(xs):.2f}-{max(xs):.2f}x"
+
     plots = []
     for scenario in scenarios:
-        results = []
-        for name, model in models:
-            logger.info("staleness, %s straggler: %s", scenario, name)
-            m = LatentDirichletAllocation(args.k, doc_topic_prior=ALPHA, topic_word_prior=ETA,
-                                          max_iter=args.staleness_iters, evaluate_every=args.evaluate_every,
-                                          consistency=model, n_partitions=P, client=client, random_state=0)
-            m._sweep_delay = Straggler(scenario, args.base)
-            m.fit(train)
-            waits = [mt["clock_wait_seconds"] + sum(t["wait_seconds"] for t in mt["tables"].values())
-                     for mt in m.metrics_]
-            results.append((name, loglik_vs_time(m), m.fit_seconds_, float(np.mean(waits[: P - 1]))))
-        bsp_final = results[0][1][-1][1]
-        target = bsp_final * (1 + args.target_gap)  # log-likelihoods are negative: a bit below BSP's end
-
-        def time_to(trace):
-            for sec, ll in trace:
-                if ll >= target:
-                    return sec
-            return float("nan")
-
-        t_bsp = time_to(results[0][1])
         what = (f"participant {P - 1} at half speed" if scenario == "persistent"
                 else "each participant 3x slower w.p. 0.2 at each clock")
         what += f", {args.base * 1000:.0f} ms emulated compute per sweep"
-        print(f"\n## Straggler experiment ({scenario}): {P} participants on 2 workers, {what}; "
-              f"{args.staleness_iters} iterations, K={args.k}, {train.sum():,} tokens\n")
-        print(f"Target log-likelihood: {target:.6g} (BSP's final value {bsp_final:.6g} "
-              f"minus {args.target_gap:.1%}).\n")
-        print("| model | seconds | s/iteration | blocked s (mean of P-1 participants) | time to target "
-              "| speed-up vs BSP | final loglik | vs BSP |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-        for name, trace, sec, blocked in results:
-            t = time_to(trace)
-            print(f"| {name} | {sec:.1f} | {sec / args.staleness_iters:.3f} | {blocked:.1f} | {t:.1f} | "
-                  f"{t_bsp / t:.2f}x | {trace[-1][1]:.6g} | {(trace[-1][1] - bsp_final) / abs(bsp_final):+.2%} |")
-        plots.append((scenario, what, results, target, bsp_final))
+        speedups = {name: [] for name in names}
+        for r, results in enumerate(runs[scenario]):
+            bsp_final = results[0][1][-1][1]
+            target = bsp_final * (1 + args.target_gap)  # log-likelihoods are negative: a bit below BSP's end
+            t_bsp = time_to(results[0][1], target)
+            print(f"\n## Straggler experiment ({scenario}), repeat {r + 1}/{args.repeats}: {P} participants "
+                  f"on 2 workers, {what}; {args.staleness_iters} iterations, K={args.k}, {train.sum():,} tokens\n")
+            print(f"Target log-likelihood: {target:.6g} (BSP's final value {bsp_final:.6g} "
+                  f"minus {args.target_gap:.1%}).\n")
+            print("| model | seconds | s/iteration | blocked s (mean of P-1 participants) | time to target "
+                  "| speed-up vs BSP | final loglik | vs BSP |")
+            print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+            for name, trace, sec, blocked in results:
+                t = time_to(trace, target)
+                speedups[name].append(t_bsp / t)
+                print(f"| {name} | {sec:.1f} | {sec / args.staleness_iters:.3f} | {blocked:.1f} | {t:.1f} | "
+                      f"{t_bsp / t:.2f}x | {trace[-1][1]:.6g} | "
+                      f"{(trace[-1][1] - bsp_final) / abs(bsp_final):+.2%} |")
+            if r == args.repeats - 1:
+                plots.append((scenario, what, results, target, bsp_final))
+        if args.repeats > 1:
+            print(f"\n### {scenario}: speed-up vs BSP to BSP's final value minus {args.target_gap:.1%}, "
+                  f"range over {args.repeats} repeats\n")
+            print("| model | speed-up (min-max) | median |")
+            print("| --- | --- | --- |")
+            for name in names:
+                xs = speedups[name]
+                med = float(np.median(xs)) if all(np.isfinite(xs)) else float("nan")
+                print(f"| {name} | {fmt_range(xs)} | {med:.2f}x |")
     try:
         import matplotlib
 
@@ -340,17 +386,22 @@ def part_staleness(client, train, args):
         return
     fig, axes = plt.subplots(1, len(plots), figsize=(6.5 * len(plots), 4.5), squeeze=False)
     for ax, (scenario, what, results, target, bsp_final) in zip(axes[0], plots):
+        bases = list(dict.fromkeys(name.replace(" refresh", "") for name, *_ in results))
         for name, trace, _, _ in results:
             h = np.array(trace)
-            ax.plot(h[:, 0], h[:, 1], marker=".", ms=3, lw=1, label=name)
-        ax.axhline(target, color="gray", ls="--", lw=0.8, label="target")
+            refreshed = name.endswith(" refresh")  # same colour as the plain model, dashed
+            ax.plot(h[:, 0], h[:, 1], marker="x" if refreshed else ".", ms=3, lw=1.2 if refreshed else 1,
+                    ls="--" if refreshed else "-", color=f"C{bases.index(name.replace(' refresh', '')) % 10}",
+                    label=name)
+        ax.axhline(target, color="gray", ls=":", lw=0.8, label="target")
         lo = np.percentile([ll for _, tr, _, _ in results for _, ll in tr], 5)
         ax.set_ylim(lo, bsp_final + 0.005 * abs(bsp_final))
         ax.set_xlabel("wall-clock seconds")
         ax.set_ylabel("training log-likelihood")
         ax.set_title(f"{scenario}:\n{what}", fontsize=9)
         ax.legend(fontsize=7)
-    fig.suptitle(f"LDA on dask_ps, {P} participants, K={args.k}, {train.sum() / 1e6:.2f}M tokens", fontsize=10)
+    fig.suptitle(f"LDA on dask_ps, {P} participants, K={args.k}, {train.sum() / 1e6:.2f}M tokens, "
+                 f"{args.staleness_iters} iterations (last repeat of {args.repeats})", fontsize=10)
     fig.tight_layout()
     fig.savefig(args.plot, dpi=110)
     logger.info("wrote %s", args.plot)
@@ -375,6 +426,9 @@ def main():
     ap.add_argument("--base", type=float, default=0.1, help="emulated compute seconds per sweep in part 2")
     ap.add_argument("--evaluate-every", type=int, default=2)
     ap.add_argument("--target-gap", type=float, default=0.01)
+    ap.add_argument("--models", nargs="+", metavar="NAME",
+                    help=f"part 2: the models to run (BSP always runs), from {list(STALENESS_MODELS)}")
+    ap.add_argument("--repeats", type=int, default=1, help="part 2: run every model this many times, interleaved")
     ap.add_argument("--plot", default="docs/lda_staleness.png")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
