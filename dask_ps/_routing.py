@@ -25,6 +25,8 @@ class TableHandle:
     spec: TableSpec
     version: int
     owners: tuple[tuple[str, ...], ...]  # owners[b] = workers holding block b, primary first
+    # block -> replicas known (when fetched) to have missed a push: never read
+    stale: tuple[tuple[int, tuple[str, ...]], ...] = ()
 
     @classmethod
     def from_msg(cls, msg: dict) -> "TableHandle":
@@ -32,10 +34,27 @@ class TableHandle:
             TableSpec.from_msg(msg["spec"]),
             msg["version"],
             tuple(tuple(o) for o in msg["owners"]),
+            tuple((int(b), tuple(ws)) for b, ws in msg.get("stale") or ()),
         )
 
     def primary(self, block: int) -> str:
         return self.owners[block][0]
+
+    def readable(self, block: int) -> tuple[str, ...]:
+        """Copies of ``block`` a read may use: the owners less known-stale ones."""
+        bad = dict(self.stale).get(block, ())
+        return tuple(w for w in self.owners[block] if w not in bad) or self.owners[block][:1]
+
+    def read_from(self, block: int, local: str | None = None, key: int = 0) -> str:
+        """Where to read ``block``: this process's worker if it holds a copy
+        (no comm), else one copy chosen by ``key`` (stable per reader, so one
+        reader's reads of a block are monotonic; readers spread over copies).
+        Any copy is up to date for acknowledged pushes: a replica that missed
+        one is fenced and refuses, and the read retries at the primary."""
+        ws = self.readable(block)
+        if local is not None and local in ws:
+            return local
+        return ws[(key + block) % len(ws)]
 
     def __repr__(self):
         return f"<TableHandle {self.spec.name!r} v{self.version} {self.spec.n_blocks} blocks>"
@@ -99,10 +118,12 @@ def split_rows(h: TableHandle, rows: np.ndarray, values) -> Messages:
     return msgs
 
 
-def dense_requests(h: TableHandle) -> dict[str, list[tuple[int, None]]]:
+def dense_requests(h: TableHandle, where=None) -> dict[str, list[tuple[int, None]]]:
+    """``(block, None)`` for every block, grouped by ``where(block)`` (default: the primary)."""
+    where = where or h.primary
     reqs = defaultdict(list)
     for b in range(h.spec.n_blocks):
-        reqs[h.primary(b)].append((b, None))
+        reqs[where(b)].append((b, None))
     return reqs
 
 
@@ -118,18 +139,20 @@ def assemble_blocks(h: TableHandle, parts: dict[int, object]):
     return out
 
 
-def row_requests(h: TableHandle, rows: np.ndarray):
+def row_requests(h: TableHandle, rows: np.ndarray, where=None):
     """Requests for arbitrary ``rows``: ``(reqs, uniq, inverse)`` where
     ``reqs[addr]`` lists ``(block, local_rows)`` of the sorted unique rows
-    ``uniq``, and ``uniq[inverse] == rows`` (``inverse`` None if rows were
-    already sorted and unique)."""
+    ``uniq``, grouped by ``where(block)`` (default: the primary), and
+    ``uniq[inverse] == rows`` (``inverse`` None if rows were already sorted
+    and unique)."""
+    where = where or h.primary
     if rows.size > 1 and bool(np.all(rows[1:] > rows[:-1])):
         uniq, inverse = rows, None
     else:
         uniq, inverse = np.unique(rows, return_inverse=True)
     reqs = defaultdict(list)
     for b, lo, hi in block_slices(h.spec, uniq):
-        reqs[h.primary(b)].append((b, uniq[lo:hi] - b * h.spec.block_rows))
+        reqs[where(b)].append((b, uniq[lo:hi] - b * h.spec.block_rows))
     return reqs, uniq, inverse
 
 

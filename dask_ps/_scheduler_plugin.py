@@ -22,6 +22,7 @@ from dask_ps import _config
 from dask_ps._exceptions import (
     ClockTimeoutError,
     DataLostError,
+    PSError,
     PSValueError,
     RunAbortedError,
     TableExistsError,
@@ -54,6 +55,7 @@ HANDLERS = (
     "ps_run_uses",
     "ps_run_abort",
     "ps_run_end",
+    "ps_replica_missed",
 )
 
 
@@ -66,6 +68,9 @@ class SchedulerTableState:
     lost: dict[int, str] = field(default_factory=dict)  # block -> how it was lost
     checkpoint: tuple[str, str] | None = None  # (path, data dir) of the latest save
     restored: int = 0  # blocks restored from a checkpoint after a loss (updates since were lost)
+    # block -> replicas that missed a forwarded push: fenced (no reads), never
+    # a copy source or a promoted primary, copied again by ``_resync``
+    stale: dict[int, set[str]] = field(default_factory=dict)
 
     def __repr__(self):
         return f"<SchedulerTableState {self.spec.name!r} v{self.version} {len(self.owners)} blocks>"
@@ -78,7 +83,14 @@ class SchedulerTableState:
                 "checkpoint to restore them from. Drop the table, or ps.load() a checkpoint.",
                 self.spec.name,
             )
-        return {"spec": self.spec_msg, "version": self.version, "owners": self.owners}
+        return {"spec": self.spec_msg, "version": self.version, "owners": self.owners,
+                "stale": [[b, sorted(ws)] for b, ws in sorted(self.stale.items())]}
+
+    def stale_owned(self, owners=None) -> dict[int, set[str]]:
+        """Stale copies that ``owners`` (default: the current placement) keeps."""
+        owners = self.owners if owners is None else owners
+        out = {b: ws & set(owners[b]) for b, ws in self.stale.items() if b < len(owners)}
+        return {b: ws for b, ws in out.items() if ws}
 
     def holders(self) -> set[str]:
         return {w for ws in self.owners for w in ws}
@@ -327,8 +339,11 @@ class PSSchedulerPlugin(SchedulerPlugin):
             k = min(t.spec.replication, len(members))
             new_owners, lost = [], []
             for b, old in enumerate(t.owners):
-                keep = [w for w in old if w in members]
-                if not keep and not any(w in leaving for w in old):
+                # Up-to-date survivors first (one becomes primary); a stale
+                # copy stays as a replica and is copied again.
+                bad = t.stale.get(b, set())
+                keep = sorted((w for w in old if w in members), key=lambda w: w in bad)
+                if not any(w not in bad and (w in members or w in leaving) for w in old):
                     lost.append(b)
                 for w in ideal[b]:
                     if len(keep) >= k:
@@ -350,6 +365,51 @@ class PSSchedulerPlugin(SchedulerPlugin):
             await self._change_placement(t, new_owners, sources=members | set(leaving), skip=set(lost),
                                          before_adopt=restore)
 
+    async def replica_missed(self, table: str, table_id: str, replica: str, blocks) -> None:
+        """Handler (a block's primary): ``replica`` failed to apply a forwarded
+        push to ``blocks`` (an error or a timeout, while not removed). Mark
+        those copies stale, fence them (they refuse reads), and copy the
+        blocks to it again in the background. Returns once the fence holds;
+        raises if it could not be set on a worker that is still in the
+        cluster (the primary then does not acknowledge the push)."""
+        t = self.tables.get(table)
+        if t is None or t.spec.table_id != table_id:
+            return  # dropped or created again: nothing to protect
+        blocks = sorted({int(b) for b in blocks if 0 <= int(b) < len(t.owners)})
+        new = [b for b in blocks if replica not in t.stale.get(b, ())]
+        # Record first: a placement change from now on neither copies from
+        # these copies nor promotes them.
+        for b in blocks:
+            t.stale.setdefault(b, set()).add(replica)
+        if new:
+            logger.warning("dask_ps: table %r: replica %s missed a push to block(s) %s; copying them again",
+                           table, replica, new)
+        try:
+            await asyncio.wait_for(
+                self._call(replica, "ps_fence", table=table, table_id=table_id, blocks=blocks),
+                _config.get_seconds("timeouts.rpc"),
+            )
+        except Exception as e:
+            if replica in self.scheduler.workers and replica not in self.liveness.dead:
+                raise PSError(f"table {table!r}: could not fence replica {replica}: {e!r}") from e
+            # Removed meanwhile: the repair of its removal drops the copy.
+        if new:
+            self._in_background(self._resync(table))
+
+    async def _resync(self, name: str, attempt: int = 0) -> None:
+        """Copy stale replicas again from an up-to-date copy (same owners,
+        a new placement version), retrying a few times if a copy fails."""
+        lock = self._table_locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            t = self.tables.get(name)
+            if t is None or t.lost or not t.stale_owned():
+                return
+            await self._change_placement(t, [list(o) for o in t.owners], sources=self.members)
+            left = bool(t.stale_owned())
+        if left and attempt < 4:
+            await asyncio.sleep(0.2 * 2 ** attempt)
+            await self._resync(name, attempt + 1)
+
     async def _change_placement(self, t: SchedulerTableState, new_owners, sources, skip=frozenset(),
                                 before_adopt=None) -> None:
         """Move to ``new_owners`` in two phases, so no block ever has two primaries:
@@ -365,7 +425,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         serves, so no acknowledged push misses a copy. Numbered pushes make
         the retries count once.
         """
-        if new_owners == t.owners:
+        if new_owners == t.owners and not t.stale_owned():
             return
         version = t.version + 1
         staying = set(self.members)
@@ -386,12 +446,18 @@ class PSSchedulerPlugin(SchedulerPlugin):
             if b in skip:
                 continue
             # New replicas first, the new primary last: a block is never
-            # primary somewhere before its replicas have it.
-            targets = [w for w in new[1:] if w not in old] + [w for w in new[:1] if w not in old]
+            # primary somewhere before its replicas have it. A stale copy (it
+            # missed a push; read after the freeze, so no push is still
+            # reporting one) is copied again and never used as a source.
+            bad = t.stale.get(b, set())
+            targets = ([w for w in new[1:] if w not in old or w in bad]
+                       + [w for w in new[:1] if w not in old or w in bad])
             if targets:
                 wanted[b] = targets
-                candidates[b] = sorted((w for w in old if w in frozen), key=lambda w: w not in staying)
+                candidates[b] = sorted((w for w in old if w in frozen and w not in bad),
+                                       key=lambda w: w not in staying)
         copies = 0
+        copied: dict[int, list[str]] = {}
         while wanted:
             by_source: dict[str, list[tuple[int, str]]] = {}
             for b in list(wanted):
@@ -408,7 +474,8 @@ class PSSchedulerPlugin(SchedulerPlugin):
             for (src, mv), r in zip(by_source.items(), results):
                 for b in {b for b, _ in mv}:
                     if not isinstance(r, Exception):
-                        copies += len(wanted.pop(b, ()))
+                        copied[b] = wanted.pop(b, [])
+                        copies += len(copied[b])
                         continue
                     logger.warning("dask_ps: copying block %d of %r from %s failed: %r", b, t.spec.name, src, r)
                     alive = [w for w in wanted[b] if w not in self.liveness.dead]
@@ -428,6 +495,15 @@ class PSSchedulerPlugin(SchedulerPlugin):
             self._call(w, "ps_create_shards", spec=t.spec_msg, version=None, blocks=bs)
             for w, bs in fresh.items()
         ), return_exceptions=True)
+        # Copies made now are up to date; copies not kept are gone. Every
+        # holder is still frozen, so no new miss can have been reported.
+        for b in list(t.stale):
+            ws = t.stale[b] - set(copied.get(b, ()))
+            ws &= set(new_owners[b]) if b < len(new_owners) and b not in skip else set()
+            if ws:
+                t.stale[b] = ws
+            else:
+                del t.stale[b]
         if before_adopt is not None:
             await before_adopt()  # e.g. fill those blocks from a checkpoint while nobody serves them
         # 2. Adopt. A retiring worker (not a member any more) need not.

@@ -54,6 +54,12 @@ class TableShards:
     # and pulls, which retry) from before blocks are copied until it adopts
     # the new placement, so no block ever has two primaries.
     frozen: bool = False
+    # Replica blocks that missed a forwarded push (fenced by the scheduler):
+    # they refuse reads until a placement change copies them again.
+    missed: set[int] = field(default_factory=set)
+    # Reads answered here, by the role this worker had for the block
+    # (tests and benchmarks check that replicas serve reads).
+    reads: dict[str, int] = field(default_factory=lambda: {"primary": 0, "replica": 0})
 
     def __repr__(self):
         return f"<TableShards {self.spec.name!r} v{self.version} blocks={sorted(self.blocks)}>"
@@ -115,6 +121,17 @@ class ShardStore:
         t.owners = [list(o) for o in owners]
         for b in [b for b in t.blocks if b >= len(t.owners) or me not in t.owners[b]]:
             del t.blocks[b]
+        t.missed &= set(t.blocks)
+
+    def fence(self, name: str, table_id: str, blocks) -> list[int]:
+        """Mark replica blocks that missed a forwarded push: reads of them are
+        refused (readers retry at the primary) until a fresh copy is installed."""
+        t = self.tables.get(name)
+        if t is None or t.spec.table_id != table_id:
+            return []
+        fenced = sorted(int(b) for b in blocks if int(b) in t.blocks)
+        t.missed.update(fenced)
+        return fenced
 
     @staticmethod
     def export(t: TableShards, blocks) -> list[dict]:
@@ -154,6 +171,7 @@ class ShardStore:
                 state = spec.rule.init_state(data)
             applied = {k: deque(v, maxlen=APPLIED_WINDOW) for k, v in (e.get("applied") or {}).items()}
             t.blocks[b] = Block(data, state, seq=int(e.get("seq", 0)), applied=applied)
+            t.missed.discard(b)  # a fresh copy: up to date again
             for run, clock, acc in e.get("pending") or ():
                 t.pending.setdefault((run, int(clock)), {})[b] = _backend.to_device(acc, spec.device)
 
@@ -317,7 +335,12 @@ class ShardStore:
             )
         reqs = []
         for b, r in zip(blocks, rows):
-            r = self._check_local_rows(t, self._check_block(t, b), r)
+            blk = self._check_block(t, b)
+            if b in t.missed:  # retryable: the reader falls back to the primary
+                raise StaleVersionError(
+                    f"table {t.spec.name!r}: this replica of block {b} missed an update; read the primary"
+                )
+            r = self._check_local_rows(t, blk, r)
             reqs.append((int(b), None if r is None else _backend.to_device(r, t.spec.device)))
         return t, reqs
 

@@ -6,6 +6,11 @@ and merges the replies. ``Transport`` is Dask's RPC connection pool; when
 the caller runs inside a worker that hosts blocks itself, those blocks are
 read and written in-process, without a comm or serialization.
 
+Reads from replicas: a pull of a block goes to the copy ``read_from``
+picks (``TableHandle.read_from``: this worker's own copy if it holds one,
+else one chosen by a key stable per sender), unless ``ps.read-replicas`` is
+false; a read refused there (a fenced or frozen copy) retries at the primary.
+
 Failover: every push is numbered (``sender``, ``msg_seq``). When a server
 is gone or the table's placement changed (``StaleVersionError``), the Router
 fetches the new placement and re-sends the failed items to their new owners;
@@ -18,6 +23,9 @@ import asyncio
 import itertools
 import time
 import uuid
+import zlib
+
+import dask.config
 
 from distributed.protocol.serialize import to_serialize
 
@@ -101,6 +109,8 @@ class Router:
         self.latest_versions = latest_versions if latest_versions is not None else {}
         self.sender = sender or uuid.uuid4().hex
         self._msg_seq = itertools.count()
+        # Spreads readers over the copies of a block, the same choice every time.
+        self._read_key = zlib.crc32(self.sender.encode())
 
     async def handle(self, name: str, refresh: bool = False) -> TableHandle:
         h = self.handles.get(name)
@@ -115,12 +125,15 @@ class Router:
     async def _with_failover(self, name: str, by_addr: dict, call):
         """Run ``call(h, addr, entries)`` for every server at once; re-route the
         entries of failed servers after a placement refresh, until
-        ``ps.timeouts.failover``. Entries start with their block number."""
+        ``ps.timeouts.failover``. Entries start with their block number.
+        Returns ``[(entries, reply), ...]``."""
         h = await self.handle(name)
         table_id = h.spec.table_id
         deadline = time.monotonic() + _config.get_seconds("timeouts.failover")
         delay = 0.02
-        out = {}
+        # (entries, reply) pairs: a retry may reach an address that already
+        # answered for other entries (a replica read retried at the primary).
+        out = []
         while True:
             addrs = list(by_addr)
             results = await asyncio.gather(
@@ -134,7 +147,7 @@ class Router:
                     failed.extend(by_addr[a])
                     error = r
                 else:
-                    out[a] = (by_addr[a], r)
+                    out.append((by_addr[a], r))
             if not failed:
                 return out
             if time.monotonic() > deadline:
@@ -170,13 +183,27 @@ class Router:
             return reply
 
         seqs: dict[int, int] = {}
-        for items, reply in (await self._with_failover(name, dict(msgs), call)).values():
+        for items, reply in await self._with_failover(name, dict(msgs), call):
             for (b, *_), s in zip(items, reply):
                 seqs[b] = max(seqs.get(b, 0), s)
         return seqs
 
-    async def fetch(self, name: str, reqs: dict, **extra) -> dict[int, tuple]:
-        """Pull ``reqs[addr] = [(block, rows), ...]``; returns ``{block: (rows, seq, values)}``."""
+    def read_from(self, h: TableHandle, block: int) -> str:
+        """The worker a read of ``block`` goes to first (see ``TableHandle.read_from``)."""
+        if not dask.config.get("ps.read-replicas", True):
+            return h.primary(block)
+        return h.read_from(block, self.transport.local_address, self._read_key)
+
+    async def fetch(self, name: str, reqs, **extra) -> dict[int, tuple]:
+        """Pull ``[(block, rows), ...]`` (or such lists in a dict, grouped by
+        any address); returns ``{block: (rows, seq, values)}``. Each block is
+        read from the copy :meth:`read_from` picks; a failed read is retried
+        at the block's primary."""
+        h = await self.handle(name)
+        entries = [e for es in reqs.values() for e in es] if isinstance(reqs, dict) else list(reqs)
+        by_addr: dict[str, list] = {}
+        for e in entries:
+            by_addr.setdefault(self.read_from(h, e[0]), []).append(e)
 
         async def call(h, addr, entries):
             reply = await self.transport.pull(addr, h, entries, **extra)
@@ -185,7 +212,7 @@ class Router:
             return reply
 
         out = {}
-        for entries, reply in (await self._with_failover(name, dict(reqs), call)).values():
+        for entries, reply in await self._with_failover(name, by_addr, call):
             for (b, rows), seq, vals in zip(entries, reply["seqs"], reply["values"]):
                 out[b] = (rows, seq, vals)
         return out

@@ -24,7 +24,7 @@ from distributed.protocol.serialize import Serialized, to_serialize
 
 from dask_ps import _backend, _config
 from dask_ps._exceptions import PSError, PSValueError, StaleVersionError, UnknownTableError
-from dask_ps._liveness import Liveness
+from dask_ps._liveness import Liveness, WorkerGone
 from dask_ps._shard import ShardStore
 from dask_ps._spec import TableSpec
 
@@ -35,7 +35,7 @@ HANDLERS = (
     "ps_create_shards", "ps_drop_table", "ps_push", "ps_pull", "ps_info",
     "ps_clock_advance", "ps_cache_fill", "ps_run_end",
     "ps_freeze", "ps_copy_blocks", "ps_install_blocks", "ps_set_placement", "ps_save_blocks", "ps_load_blocks",
-    "ps_placement_changed", "ps_worker_left", "ps_worker_joined",
+    "ps_placement_changed", "ps_worker_left", "ps_worker_joined", "ps_fence",
 )
 
 
@@ -151,26 +151,55 @@ class PSWorkerPlugin(WorkerPlugin):
 
     async def _forward(self, t, items, raw, run, sender, msg_seq) -> None:
         """Send a primary's push on to the blocks' replicas and wait for them.
-        A replica that cannot be reached is being removed by the scheduler:
-        the push stands on the live copies."""
+
+        A replica the scheduler removed is skipped (its repair replaces it).
+        A live replica that fails (an error, a timeout) is reported to the
+        scheduler, which fences its copy (it stops serving reads) and copies
+        the block to it again, before this push is acknowledged: an
+        acknowledged push is on every replica that may serve a read.
+        """
         by_replica: dict[str, list] = defaultdict(list)
         for it in items:
             for r in t.replicas(it[0], self.worker.address):
                 by_replica[r].append(it)
         if not by_replica:
             return
+        timeout = _config.get_seconds("timeouts.rpc")
         calls = [
-            self.liveness.call(r, lambda r=r, its=its: self.worker.rpc(r).ps_push(
+            self.liveness.call(r, lambda r=r, its=its: asyncio.wait_for(self.worker.rpc(r).ps_push(
                 table=t.spec.name, version=t.version, blocks=[b for b, _, _ in its],
                 rows=[None if x is None else to_serialize(x) for _, x, _ in its],
                 values=[to_serialize(v) for _, _, v in its],
                 raw=raw, run=run, sender=sender, msg_seq=msg_seq, replica=True,
-            ))
+            ), timeout))
             for r, its in by_replica.items()
         ]
+        missed = {}
         for r, res in zip(by_replica, await asyncio.gather(*calls, return_exceptions=True)):
             if isinstance(res, Exception):
                 logger.warning("dask_ps: replica %s of table %r missed a push: %r", r, t.spec.name, res)
+                if not isinstance(res, WorkerGone) and r not in self.liveness.dead:
+                    missed[r] = sorted({it[0] for it in by_replica[r]})
+        if missed:
+            await self._report_missed(t, missed)
+
+    async def _report_missed(self, t, missed: dict[str, list[int]]) -> None:
+        """Have the scheduler fence and re-copy replicas that missed a push.
+        If that fails, the push is not acknowledged: the caller gets a
+        retryable error and re-sends it (numbered, so applied once here, and
+        forwarded again)."""
+        timeout = _config.get_seconds("timeouts.rpc")
+        results = await asyncio.gather(*(
+            asyncio.wait_for(self.worker.scheduler.ps_replica_missed(
+                table=t.spec.name, table_id=t.spec.table_id, replica=r, blocks=bs), timeout)
+            for r, bs in missed.items()
+        ), return_exceptions=True)
+        for (r, bs), res in zip(missed.items(), results):
+            if isinstance(res, Exception):
+                raise StaleVersionError(
+                    f"table {t.spec.name!r}: replica {r} missed a push to block(s) {bs} and could not "
+                    f"be fenced ({res!r}); retry"
+                ) from res
 
     async def _apply(self, t, items, raw=False):
         """Apply validated items (caller holds a table lock). Large ones run on
@@ -226,6 +255,12 @@ class PSWorkerPlugin(WorkerPlugin):
         each other. Installing is one synchronous step on the event loop; the
         blocks serve only once this worker adopts the new placement."""
         self.store.install(TableSpec.from_msg(spec), version, owners, [_unwire_block(e) for e in blocks])
+
+    def fence(self, table: str, table_id: str, blocks) -> list[int]:
+        """Handler (scheduler): this worker's replicas of ``blocks`` missed a
+        forwarded push; refuse reads of them until they are copied again.
+        No lock: one synchronous step, so no read that starts later sees them."""
+        return self.store.fence(table, table_id, blocks)
 
     def worker_left(self, address: str) -> None:
         """Handler (scheduler): a worker was removed; stop waiting on it."""
@@ -298,6 +333,9 @@ class PSWorkerPlugin(WorkerPlugin):
             return self._read_locked(t, reqs, rows, subscribe, copy)
 
     def _read_locked(self, t, reqs, rows, subscribe, copy):
+        me = self.worker.address if self.worker is not None else None
+        for b, _ in reqs:
+            t.reads["primary" if not t.owners or t.owners[b][0] == me else "replica"] += 1
         if subscribe is not None:
             run_id, session, address = subscribe
             _, tables = self.subscriptions[run_id].setdefault(session, (address, {}))
@@ -335,7 +373,8 @@ class PSWorkerPlugin(WorkerPlugin):
                 t = self.store.tables.get(name)
                 if t is None:
                     continue
-                reqs = [(b, r) for b, r in blocks.items() if b in t.blocks]
+                # Not from a copy that missed a push (it is being copied again).
+                reqs = [(b, r) for b, r in blocks.items() if b in t.blocks and b not in t.missed]
                 dev_reqs = [(b, None if r is None else _backend.to_device(r, t.spec.device)) for b, r in reqs]
                 async with self._all_locks(name):
                     seqs, values = self.store.read(t, dev_reqs, copy=address == self.worker.address)
@@ -369,7 +408,8 @@ class PSWorkerPlugin(WorkerPlugin):
     def info(self) -> dict:
         """Handler: which blocks of which tables live here, and their bytes."""
         return {
-            name: {"version": t.version, "blocks": sorted(t.blocks), "nbytes": t.nbytes}
+            name: {"version": t.version, "blocks": sorted(t.blocks), "nbytes": t.nbytes,
+                   "missed": sorted(t.missed), "reads": dict(t.reads)}
             for name, t in self.store.tables.items()
         }
 
