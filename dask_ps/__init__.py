@@ -5,6 +5,7 @@
 """
 
 from dask_ps import _config  # noqa: F401  (registers the ``ps`` dask.config defaults)
+from dask_ps._checkpoint import checkpoint_metadata
 from dask_ps._client import BlockPlacement, ParameterServer, get_parameter_server
 from dask_ps._exceptions import (
     ClockTimeoutError,
@@ -25,7 +26,7 @@ from dask_ps.rules import SGD, Adagrad, Adam, Assign, Custom, Momentum, Sum, Upd
 __version__ = "0.1.0"
 
 __all__ = [
-    "ParameterServer", "get_parameter_server", "Session", "TableSpec", "BlockPlacement",
+    "ParameterServer", "get_parameter_server", "checkpoint_metadata", "Session", "TableSpec", "BlockPlacement",
     "Consistency", "BSP", "SSP", "ESSP", "VAP", "CVAP", "ASP",
     "UpdateRule", "Sum", "Assign", "SGD", "Momentum", "Adagrad", "Adam", "Custom",
     "PSError", "TableError", "UnknownTableError", "TableExistsError", "PSValueError",

@@ -122,6 +122,17 @@ def read_manifest(path: str) -> dict | None:
     return manifest
 
 
+def checkpoint_metadata(path) -> dict | None:
+    """The ``metadata`` stored by :meth:`ParameterServer.save` at ``path``
+    (None if there is no checkpoint there), without loading any table.
+
+    Estimators use it to decide whether a checkpoint belongs to the fit
+    they are asked to resume.
+    """
+    manifest = read_manifest(str(path))
+    return None if manifest is None else dict(manifest.get("metadata") or {})
+
+
 def table_dir(path: str, data: str, table: str) -> str:
     _, root = _fs(path)
     proto = fsspec.core.split_protocol(path)[0]

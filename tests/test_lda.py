@@ -317,6 +317,10 @@ def test_empty_documents_are_skipped(lda_client):
         ({"consistency": "sometimes"}, "consistency"),
         ({"n_partitions": 0}, "n_partitions"),
         ({"sampler": "sparse", "device": "cuda"}, "runs on the CPU"),
+        ({"replication": 0}, "replication"),
+        ({"checkpoint_every": 0}, "checkpoint_every"),
+        ({"checkpoint_every": 5}, "nothing to save to"),
+        ({"checkpoint": 3}, "checkpoint"),
     ],
 )
 def test_parameter_validation(params, match):
@@ -440,3 +444,148 @@ def test_gpu_array_sampler_topic_recovery(lda_client, corpus):
     m.fit(cupy.asarray(X.toarray()))
     assert m._resolved(cupy.asarray(X.toarray())) == ("cuda", "array")
     assert matched_cosine(m.components_, topics) >= 0.9
+
+
+# --- fault tolerance: chunks, checkpoints, lost workers (issue 6) ---------------------------
+
+
+def _bsp_fit(client, X, **kw):
+    return LatentDirichletAllocation(
+        4, doc_topic_prior=0.3, topic_word_prior=0.05, evaluate_every=2, consistency=dask_ps.BSP(),
+        n_partitions=1, client=client, random_state=0, **{"max_iter": 7, **kw},
+    ).fit(X)
+
+
+def test_chunked_and_resumed_fits_equal_one_run(lda_client, tmp_path):
+    """A fit of one participant is deterministic (with several, what a BSP
+    read sees of the current clock's pushes depends on timing), so a fit in
+    chunks (assignments stored in replicated tables between runs, counts
+    rebuilt from them) and a fit resumed from a checkpoint must give bitwise
+    the same topics and log-likelihoods as one uninterrupted run."""
+    X, _ = lda_corpus(n_docs=90, doc_len=40, n_words=60, n_topics=4, seed=5)
+    ref = _bsp_fit(lda_client, X)
+    chunked = _bsp_fit(lda_client, X, replication=2, checkpoint_every=3)
+    path = str(tmp_path / "ckpt")
+    first = _bsp_fit(lda_client, X, max_iter=4, checkpoint=path, checkpoint_every=2)
+    meta = dask_ps.checkpoint_metadata(path)
+    assert meta["iteration"] == 4 and meta["part_tokens"] == [int(m["n_tokens"]) for m in ref.metrics_]
+    resumed = _bsp_fit(lda_client, X, checkpoint=path, checkpoint_every=2)
+    for est in (chunked, resumed):
+        np.testing.assert_array_equal(est.components_, ref.components_)
+        assert [(i, ll) for i, _, ll in est.loglik_history_] == [(i, ll) for i, _, ll in ref.loglik_history_]
+        assert est.n_restarts_ == 0
+    assert not np.array_equal(first.components_, ref.components_)  # 4 sweeps are not 7
+    assert dask_ps.checkpoint_metadata(path)["iteration"] == 7
+    assert not [t for t in dask_ps.get_parameter_server(lda_client).tables() if t.startswith("lda-")]
+    # a finished checkpoint resumed with the same max_iter trains nothing and gives the same model
+    again = _bsp_fit(lda_client, X, checkpoint=path)
+    np.testing.assert_array_equal(again.components_, ref.components_)
+
+
+def test_checkpoint_of_another_fit_is_refused(lda_client, tmp_path):
+    X, _ = lda_corpus(n_docs=60, doc_len=30, n_words=50, n_topics=3, seed=2)
+    path = str(tmp_path / "ckpt")
+    _bsp_fit(lda_client, X, max_iter=2, checkpoint=path)
+    with pytest.raises(ValueError, match="belongs to another fit.*n_components"):
+        LatentDirichletAllocation(3, max_iter=2, checkpoint=path, client=lda_client).fit(X)
+    before = dask_ps.checkpoint_metadata(path)
+    with pytest.raises(ValueError, match="belongs to another fit.*part_tokens"):
+        _bsp_fit(lda_client, X[:40], max_iter=2, checkpoint=path)
+    assert dask_ps.checkpoint_metadata(path) == before  # nothing overwritten
+    ps = dask_ps.get_parameter_server(lda_client)
+    ps.create_table("not-lda", shape=(3,))
+    try:
+        ps.save(str(tmp_path / "other"), tables=["not-lda"], metadata={"estimator": "something"})
+    finally:
+        ps.drop_table("not-lda")
+    with pytest.raises(ValueError, match="not a LatentDirichletAllocation fit"):
+        _bsp_fit(lda_client, X, checkpoint=str(tmp_path / "other"))
+
+
+class _Delay:
+    """Benchmark hook: sleep this long after every sweep (makes the fit last)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __call__(self, rank, it, dt):
+        return self.seconds
+
+
+@pytest.mark.parametrize("how", [
+    "replication",
+    # The same with the lost blocks restored from the checkpoint; a second
+    # 3-worker cluster, 15-35 s on the loaded 2-core machine: -m slow.
+    pytest.param("checkpoint", marks=pytest.mark.slow),
+])
+def test_lda_fit_survives_a_worker_killed_mid_fit(tmp_path, how):
+    """kill -9 of a worker (it holds a participant, a partition of the data
+    and table blocks) in the middle of a 3-participant fit: the run is
+    aborted, the lost partition is made again, and the chunk is redone from
+    the assignments saved after the previous chunk (replicated tables, or
+    the checkpoint). The fit completes with the log-likelihood of an
+    undisturbed fit within 2% (the issue's bar) and recovers the topics."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from distributed import Client, LocalCluster
+
+    X, topics = lda_corpus(n_docs=240, doc_len=60, n_words=150, n_topics=4, seed=3)
+    opts = {"replication": 2} if how == "replication" else {"checkpoint": str(tmp_path / "ckpt")}
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as c:
+        ps = dask_ps.get_parameter_server(c)
+
+        def fit(path_suffix=""):
+            kw = dict(opts)
+            if "checkpoint" in kw:
+                kw["checkpoint"] += path_suffix
+            est = LatentDirichletAllocation(
+                4, doc_topic_prior=0.3, topic_word_prior=0.05, max_iter=12, evaluate_every=4,
+                consistency=dask_ps.BSP(), n_partitions=3, checkpoint_every=4, client=c, random_state=0, **kw)
+            est._sweep_delay = _Delay(0.05)
+            return est.fit(X)
+
+        quiet = fit("-quiet")
+        killed = {}
+
+        def kill_a_participant_worker():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not [t for t in ps.tables() if "-4-word-topic" in t]:
+                time.sleep(0.02)  # the second chunk (iterations 4..7) has started
+            time.sleep(0.1)
+            victim = sorted(c.scheduler_info(n_workers=-1)["workers"])[0]
+            os.kill(c.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+            killed[victim] = time.monotonic()
+
+        killer = threading.Thread(target=kill_a_participant_worker, daemon=True)
+        killer.start()
+        disturbed = fit()
+        done = time.monotonic()
+        killer.join(timeout=5)
+        assert killed and next(iter(killed.values())) < done, "the worker was not killed during the fit"
+        assert disturbed.n_restarts_ >= 1
+        assert quiet.n_restarts_ == 0
+        l_quiet, l_disturbed = quiet.loglik_history_[-1][2], disturbed.loglik_history_[-1][2]
+        assert abs(l_disturbed - l_quiet) / abs(l_quiet) < 0.02, (l_disturbed, l_quiet)
+        assert disturbed.components_.sum() == quiet.components_.sum()  # every token counted once
+        assert matched_cosine(disturbed.components_, topics) >= 0.9
+
+
+def test_lost_worker_without_saved_assignments_fails_clearly(monkeypatch):
+    """Without replication or checkpoint a participant restarted by Dask
+    cannot go on: the fit fails with LostAssignmentsError saying what to do,
+    instead of counting the partition's tokens twice."""
+    from dask_ps.decomposition import LostAssignmentsError
+    from dask_ps.decomposition._lda import _gibbs_participant
+
+    class RestartedCtx:
+        current_clock = 3
+
+    with pytest.raises(LostAssignmentsError, match="replication=2 or checkpoint"):
+        _gibbs_participant(RestartedCtx(), None, nwk_name="w", nk_name="t", progress_name=None, n_components=2,
+                           alpha=0.1, beta=0.1, n_features=3, start=0, stop=3, z_in=None, z_out=None,
+                           evaluate_every=0, seeds=[0], holders=np.ones(3), sampler="dense", device="cpu",
+                           t_start=0.0, delay=None)

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 import uuid
+import warnings
 from numbers import Integral, Real
 
 import dask
@@ -38,6 +40,9 @@ from dask_ps.decomposition import _lda_kernels as _k
 logger = logging.getLogger(__name__)
 
 _MODEL_NAMES = {"bsp", "ssp", "essp", "vap", "cvap", "asp"}
+_CHECKPOINT_KIND = "dask_ps.decomposition.LatentDirichletAllocation"
+_DEFAULT_CHECKPOINT_EVERY = 10  # iterations per chunk when fault tolerance is on
+_MAX_RESTARTS = 3  # chunks redone after lost workers, per fit (Dask's allowed-failures is 3 too)
 
 
 # --- input helpers -----------------------------------------------------------------
@@ -130,6 +135,85 @@ def _split_rows(X: sp.csr_matrix, n_parts: int) -> list[sp.csr_matrix]:
     return [X[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
+class _Parts:
+    """The prepared partitions (futures on the workers, one per participant)
+    and how to make one again when the worker that held it died.
+
+    In-memory input is split on the client and scattered (no lineage: a lost
+    piece is split and scattered again from ``matrix``); a dask array's
+    chunks are computed where Dask puts them and recomputed from the graph.
+    """
+
+    def __init__(self, client, uid, n_features, *, delayed=None, matrix=None, n_parts=None):
+        self.client, self.uid, self.n_features = client, uid, n_features
+        self._delayed, self._matrix, self._n_parts = delayed, matrix, n_parts
+        self._made = 0
+        if delayed is not None:
+            blocks = client.compute(delayed)
+            self.futures = [self._prepare(b, check=True) for b in blocks]
+        else:
+            pieces = client.scatter(_split_rows(matrix, n_parts), hash=False)
+            self.futures = [self._prepare(p, check=False) for p in pieces]
+        self._index = list(range(len(self.futures)))
+
+    def _prepare(self, block, check):
+        self._made += 1
+        return self.client.submit(_prepare_part, block, n_features=self.n_features, check=check,
+                                  key=f"lda-prepare-{self.uid}-{self._made}")
+
+    def keep(self, indices):
+        """Keep only these partitions (those with tokens), in this order."""
+        self.futures = [self.futures[i] for i in indices]
+        self._index = [self._index[i] for i in indices]
+
+    def rebuild_lost(self):
+        """Make again the partitions whose data is gone with a worker."""
+        for j, fut in enumerate(self.futures):
+            if fut.status not in ("error", "cancelled", "lost"):
+                continue
+            i = self._index[j]
+            if self._delayed is not None:
+                self.futures[j] = self._prepare(self.client.compute(self._delayed[i]), check=True)
+            else:
+                piece = _split_rows(self._matrix, self._n_parts)[i]
+                self.futures[j] = self._prepare(self.client.scatter(piece, hash=False), check=False)
+            logger.info("LatentDirichletAllocation: partition %d was lost with its worker; made again", i)
+
+    def release(self):
+        self.futures = []
+
+
+def _lost_workers(client, members, wait=5.0) -> set:
+    """Workers of ``members`` that left the cluster (waiting up to ``wait``
+    seconds for the scheduler to notice a death that caused an error)."""
+    deadline = time.monotonic() + wait
+    while True:
+        lost = set(members) - set(client.scheduler_info(n_workers=-1)["workers"])
+        if lost or time.monotonic() > deadline:
+            return lost
+        time.sleep(0.2)
+
+
+def _drop_tables(ps, names):
+    for name in names:
+        try:
+            ps.drop_table(name)
+        except Exception:  # pragma: no cover - cluster going away
+            logger.warning("could not drop table %r", name, exc_info=True)
+
+
+def _chunk_history(results, P, max_iter):
+    """Intermediate evaluations of one chunk: the sum of the participants' parts."""
+    by_iter: dict[int, list] = {}
+    for r in results:
+        for it, sec, ll in r["history"]:
+            by_iter.setdefault(it, []).append((sec, ll))
+    return [
+        (it, max(s for s, _ in v), float(sum(ll for _, ll in v)))
+        for it, v in sorted(by_iter.items()) if len(v) == P and it < max_iter
+    ]
+
+
 # --- the participant ------------------------------------------------------------------
 
 
@@ -139,6 +223,14 @@ def _xp_for(device):
 
         return cupy
     return np
+
+
+class LostAssignmentsError(RuntimeError):
+    """A participant was restarted mid-run (its worker died): the topic
+    assignments it sampled since the run began are gone, while its pushes are
+    on the servers, so it cannot simply go on. The estimator rolls the fit back
+    to its last saved assignments when it has some (``replication >= 2`` or
+    ``checkpoint``), otherwise the fit fails with this error."""
 
 
 def _gibbs_participant(
@@ -152,7 +244,10 @@ def _gibbs_participant(
     alpha,
     beta,
     n_features,
-    max_iter,
+    start,
+    stop,
+    z_in,
+    z_out,
     evaluate_every,
     seeds,
     holders,
@@ -161,14 +256,20 @@ def _gibbs_participant(
     t_start,
     delay,
 ):
-    """One partition's Gibbs sampler: ``pull → sweep → push deltas → clock``."""
+    """One partition's Gibbs sampler for iterations ``start .. stop - 1``:
+    ``pull → sweep → push deltas → clock``.
+
+    Clock 0 pushes the counts of the starting assignments -- random ones
+    (``z_in`` None) or those saved in the table ``z_in[rank]`` -- into the
+    run's fresh, empty count tables, so the tables always equal the sum of
+    the participants' assignment counts. With ``z_out``, the final
+    assignments are written (assign rule) to ``z_out[rank]`` before returning.
+    """
     if ctx.current_clock != 0:
-        # Dask retried this participant (its worker died). Its earlier pushes
-        # are on the servers but its assignments are lost: resuming would
-        # count its tokens twice.
-        raise RuntimeError(
-            "LatentDirichletAllocation: a participant was restarted mid-fit (worker lost); "
-            "its topic assignments are gone. Fit again."
+        raise LostAssignmentsError(
+            "LatentDirichletAllocation: a participant was restarted mid-fit (its worker was lost) and "
+            "its topic assignments are gone. Fit with replication=2 or checkpoint=<path> to resume "
+            "from the last saved assignments instead."
         )
     K = n_components
     rank, P = ctx.rank, ctx.n_participants
@@ -179,9 +280,16 @@ def _gibbs_participant(
     doc_idx = np.repeat(np.arange(doc_len.size, dtype=np.int64), doc_len)
     Vp = vocab.size
 
-    # Random initial assignment; its counts are this participant's first push.
-    seq = np.random.SeedSequence(seeds[rank])
-    z = np.random.default_rng(seq).integers(K, size=n_tokens, dtype=np.int32)
+    if z_in is None:  # random initial assignment, reproducible from the seed
+        z = np.random.default_rng(np.random.SeedSequence(seeds[rank])).integers(K, size=n_tokens, dtype=np.int32)
+    else:
+        z = np.array(ctx.pull(z_in[rank]), dtype=np.int32)
+        if z.shape != (n_tokens,) or (z.size and (z.min() < 0 or z.max() >= K)):
+            raise ValueError(
+                f"LatentDirichletAllocation: saved assignments in table {z_in[rank]!r} do not fit "
+                f"partition {rank} ({n_tokens} tokens, {K} topics)"
+            )
+    # The starting counts are this participant's first push.
     ndk = np.bincount(doc_idx * K + z, minlength=doc_len.size * K).astype(np.int32).reshape(-1, K)
     nwk0 = np.bincount(words.astype(np.int64) * K + z, minlength=Vp * K).reshape(Vp, K)
     ctx.push_rows(nwk_name, vocab, nwk0)
@@ -204,9 +312,8 @@ def _gibbs_participant(
     def local_ndk():
         return ndk if sampler != "array" else _to_host(d_ndk)
 
-    it_seeds = seq.spawn(max_iter)
     timing = {"pull_seconds": 0.0, "push_seconds": 0.0, "clock_seconds": 0.0, "eval_seconds": 0.0}
-    for it in range(max_iter):
+    for it in range(start, stop):
         t0 = time.perf_counter()
         nwk = ctx.pull_rows(nwk_name, vocab)
         nk = ctx.pull(nk_name)
@@ -221,11 +328,14 @@ def _gibbs_participant(
             )
             history.append((it, time.time() - t_start, ll))
             if progress_name is not None:
-                ctx.push_rows(progress_name, [it // evaluate_every], np.array([[ll, 1.0, history[-1][1]]]))
+                row = (it // evaluate_every) * P + rank  # assign: a retried chunk rewrites, never adds
+                ctx.push_rows(progress_name, [row], np.array([[ll, 1.0, history[-1][1]]]))
             timing["eval_seconds"] += time.perf_counter() - t1
         nwk_before = nwk.copy()
         nk_before = nk.copy()
-        seed = int(it_seeds[it].generate_state(1)[0] & 0x7FFFFFFF)
+        # Iteration ``it``'s stream: the same as spawning ``it`` children of the
+        # partition's seed, so a fit run in chunks samples like one run.
+        seed = int(np.random.SeedSequence(seeds[rank], spawn_key=(it,)).generate_state(1)[0] & 0x7FFFFFFF)
         t0 = time.perf_counter()
         if sampler == "array":
             d_nwk = xp.asarray(nwk)
@@ -250,6 +360,9 @@ def _gibbs_participant(
         timing["push_seconds"] += t3 - t2
         timing["clock_seconds"] += time.perf_counter() - t3
 
+    if z_out is not None:
+        ctx.push(z_out[rank], np.asarray(_to_host(d_z) if sampler == "array" else z, dtype=np.int32))
+        ctx.flush()
     return {
         "history": history,
         "doc_loglik": _k.doc_loglik(local_ndk(), doc_len, alpha),
@@ -399,6 +512,24 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     mean_change_tol : float, default 1e-3
         Fold-in stops when the mean absolute change of a document's topic
         proportions falls below this.
+    checkpoint : str or path-like, default None
+        A directory (local, shared, or any fsspec URL the workers can write)
+        where the topic assignments are saved every ``checkpoint_every``
+        iterations with ``ParameterServer.save``. If it already holds a
+        checkpoint of a fit of the same data and priors, ``fit`` resumes
+        from it (a larger ``max_iter`` continues a finished fit); a
+        checkpoint of another fit is an error. A fit whose workers die
+        is redone from the last checkpoint.
+    checkpoint_every : int, default None
+        Iterations between saved assignments (the chunk a lost worker can
+        cost). None: 10 when ``checkpoint`` or ``replication`` asks for
+        fault tolerance. Needs one of them.
+    replication : int, default 1
+        Copies (on different workers) of the saved assignments. With 2 or
+        more, a fit survives up to ``replication - 1`` workers dying at once
+        without a checkpoint: the chunk in progress is redone from the
+        copies. The count tables are not replicated -- they are rebuilt
+        from the assignments.
     client : distributed.Client, default None
         The cluster; None: the current client, else a ``LocalCluster``
         started once per process and closed at exit. Not pickled.
@@ -423,12 +554,15 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         The last entry (``iteration == n_iter_``) is computed from the final
         tables and is exact.
     n_iter_ : int
+    n_restarts_ : int
+        Chunks redone because a worker was lost (fault tolerance on).
     n_tokens_ : int
         Training tokens.
     fit_seconds_ : float
-        Wall-clock seconds of the distributed sampling (``ps.run``).
+        Wall-clock seconds of the distributed sampling (the runs, and the
+        checkpoints and restarts between them).
     tokens_per_second_ : float
-        ``n_tokens_ * n_iter_ / fit_seconds_``.
+        ``n_tokens_ * iterations trained in this call / fit_seconds_``.
     doc_topic_prior_, topic_word_prior_ : float
     random_state_ : RandomState
     n_features_in_ : int
@@ -459,9 +593,18 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     or B at random (fixed seed 0, so all models see the same split), theta
     is fitted on A with the topics fixed, and B is scored.
 
-    *Fault tolerance.* A participant whose worker dies mid-fit cannot resume
-    (its assignments are lost and its pushes are on the servers): the fit
-    raises and should be restarted.
+    *Fault tolerance.* The count tables always equal the sum of the
+    participants' assignment counts: each run starts from empty tables that
+    every participant fills with the counts of its starting assignments.
+    With ``replication >= 2`` or ``checkpoint``, the fit runs in chunks of
+    ``checkpoint_every`` iterations and stores the assignments after each
+    (two alternating sets of tables, so a chunk that fails half-way never
+    damages the last complete one). When a worker dies, its participants
+    lose their assignments (Dask retries them and they raise
+    :class:`LostAssignmentsError`), the run is aborted, lost partitions of
+    the input are made again, and the chunk is redone from the last
+    complete set -- at most 3 times per fit (``n_restarts_``). Without
+    either option a lost worker fails the fit with that error.
 
     Examples
     --------
@@ -485,6 +628,9 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         "device": [StrOptions({"auto", "cpu", "cuda"})],
         "max_doc_update_iter": [Interval(Integral, 0, None, closed="left")],
         "mean_change_tol": [Interval(Real, 0, None, closed="left")],
+        "checkpoint": [str, os.PathLike, None],
+        "checkpoint_every": [Interval(Integral, 1, None, closed="left"), None],
+        "replication": [Interval(Integral, 1, None, closed="left")],
         "client": "no_validation",
         "random_state": ["random_state"],
         "verbose": ["verbose"],
@@ -505,6 +651,9 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         device="auto",
         max_doc_update_iter=100,
         mean_change_tol=1e-3,
+        checkpoint=None,
+        checkpoint_every=None,
+        replication=1,
         client=None,
         random_state=None,
         verbose=0,
@@ -521,6 +670,9 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         self.device = device
         self.max_doc_update_iter = max_doc_update_iter
         self.mean_change_tol = mean_change_tol
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
+        self.replication = replication
         self.client = client
         self.random_state = random_state
         self.verbose = verbose
@@ -550,6 +702,11 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
             raise ValueError(
                 f"sampler={self.sampler!r} runs on the CPU (numba); use sampler='array' or 'auto' "
                 "with device='cuda'"
+            )
+        if self.checkpoint_every is not None and self.checkpoint is None and self.replication < 2:
+            raise ValueError(
+                "checkpoint_every is set but there is nothing to save to: pass checkpoint=<path> "
+                "and/or replication >= 2"
             )
         if self.client is not None and not hasattr(self.client, "scheduler_info"):
             raise TypeError(f"client must be a distributed.Client or None, got {type(self.client).__name__}")
@@ -607,13 +764,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
             self.n_features_in_ = int(X.shape[1])
             if len(X.chunks[1]) > 1:
                 X = X.rechunk({1: -1})
-            blocks = client.compute(list(X.to_delayed()[:, 0]))
-            prepared = client.map(
-                _prepare_part, blocks, n_features=self.n_features_in_, check=True, key=[
-                    f"lda-prepare-{uid}-{i}" for i in range(len(blocks))
-                ],
-            )
-            del blocks
+            parts = _Parts(client, uid, self.n_features_in_, delayed=list(X.to_delayed()[:, 0]))
         else:
             X = _to_host(X)
             X = validate_data(
@@ -625,29 +776,25 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
             n_parts = self.n_partitions or max(
                 1, sum(w.get("nthreads", 1) for w in client.scheduler_info(n_workers=-1)["workers"].values())
             )
-            futs = client.scatter(_split_rows(X, n_parts), hash=False)
-            prepared = client.map(
-                _prepare_part, futs, n_features=self.n_features_in_, check=False,
-                key=[f"lda-prepare-{uid}-{i}" for i in range(len(futs))],
-            )
-            del futs
-        stats = client.gather(client.map(_part_stats, prepared, key=[f"lda-stats-{uid}-{i}" for i in range(len(prepared))]))
-        keep = [i for i, s in enumerate(stats) if s[1] > 0]
+            parts = _Parts(client, uid, self.n_features_in_, matrix=X, n_parts=n_parts)
+        stats = client.gather(client.map(_part_stats, parts.futures,
+                                         key=[f"lda-stats-{uid}-{i}" for i in range(len(parts.futures))]))
         n_tokens = sum(s[1] for s in stats)
         if n_tokens == 0:
             raise ValueError("LatentDirichletAllocation.fit: X has no tokens (every document is empty)")
-        prepared = [prepared[i] for i in keep]
+        parts.keep([i for i, s in enumerate(stats) if s[1] > 0])
         V = self.n_features_in_
         holders = np.zeros(V, dtype=np.float64)
-        for i in keep:
-            holders[stats[i][2]] += 1
+        part_tokens = [int(s[1]) for s in stats if s[1] > 0]
+        for s in stats:
+            if s[1] > 0:
+                holders[s[2]] += 1
         holders[holders == 0] = 1.0
         self.n_tokens_ = int(n_tokens)
-        P = len(prepared)
+        P = len(part_tokens)
+        del stats
 
         count_dtype = np.int32 if n_tokens < 2**31 - 1 else np.int64
-        nwk_name, nk_name = f"lda-{uid}-word-topic", f"lda-{uid}-topic-totals"
-        progress_name = f"lda-{uid}-progress" if self.verbose else None
         n_servers = max(1, len(ps.servers))
         row_bytes = K * np.dtype(count_dtype).itemsize
         block_rows = max(1, min(parse_bytes(dask.config.get("ps.block-bytes", "4MiB")) // row_bytes,
@@ -655,72 +802,149 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         seeds = [int(s) for s in self.random_state_.randint(0, 2**31 - 1, size=P)]
         evaluate_every = self.evaluate_every if self.evaluate_every > 0 else 0
         n_evals = (self.max_iter + evaluate_every - 1) // evaluate_every if evaluate_every else 0
-        created = []
-        monitor = None
-        try:
-            ps.create_table(nwk_name, shape=(V, K), dtype=count_dtype, consistency=word_model,
-                            block_rows=block_rows)
-            created.append(nwk_name)
-            ps.create_table(nk_name, shape=(K,), dtype="int64", consistency=totals_model)
-            created.append(nk_name)
-            if progress_name is not None and n_evals:
-                ps.create_table(progress_name, shape=(n_evals, 3), dtype="float64", consistency=dask_ps.ASP())
-                created.append(progress_name)
-            else:
-                progress_name = None
-            t_start = time.time()
-            if progress_name is not None:
-                monitor = _Monitor(ps, progress_name, P, evaluate_every, n_tokens, t_start)
-                monitor.start()
-            # ``_sweep_delay`` (not a parameter): a benchmark hook, a picklable
-            # ``f(rank, iteration, sweep_seconds) -> seconds`` that participants
-            # sleep after each sweep to emulate stragglers.
-            results = ps.run(
-                _gibbs_participant, prepared,
-                nwk_name=nwk_name, nk_name=nk_name, progress_name=progress_name, n_components=K,
-                alpha=self.doc_topic_prior_, beta=self.topic_word_prior_, n_features=V,
-                max_iter=self.max_iter, evaluate_every=evaluate_every, seeds=seeds, holders=holders,
-                sampler=sampler, device=device, t_start=t_start, delay=getattr(self, "_sweep_delay", None),
-            )
-            t_end = time.time() - t_start
-            nwk = np.maximum(ps.pull(nwk_name), 0)
-            nk = np.maximum(ps.pull(nk_name), 0)
-        finally:
-            if monitor is not None:
-                monitor.stop()
-            for name in created:
-                try:
-                    ps.drop_table(name)
-                except Exception:  # pragma: no cover - cluster going away
-                    logger.warning("could not drop table %r", name, exc_info=True)
-            del prepared
-
         beta = self.topic_word_prior_
+
+        # Fault tolerance: train in chunks of ``checkpoint_every`` iterations;
+        # after each, the assignments go to one of two alternating sets of
+        # tables (replicated, and saved when checkpointing). A chunk that
+        # loses a worker is redone from the last complete set.
+        checkpoint = None if self.checkpoint is None else os.fspath(self.checkpoint)
+        tolerant = checkpoint is not None or self.replication > 1
+        every = (self.checkpoint_every or _DEFAULT_CHECKPOINT_EVERY) if tolerant else max(1, self.max_iter)
+        fingerprint = {
+            "n_components": K, "doc_topic_prior": self.doc_topic_prior_, "topic_word_prior": beta,
+            "n_features": V, "part_tokens": part_tokens,
+        }
+        z_id, good, history = uid, None, []
+        if checkpoint is not None:
+            meta = dask_ps.checkpoint_metadata(checkpoint)
+            if meta:
+                self._check_resumable(meta, fingerprint, checkpoint)
+                z_id, good, history = meta["z_id"], (int(meta["set"]), int(meta["iteration"])), [
+                    tuple(h) for h in meta["history"]]
+        z_names = [[f"lda-{z_id}-assignments{s}-{r}" for r in range(P)] for s in (0, 1)] if tolerant else None
+
+        created = []
+        results = None
+        n_restarts = 0
+        t_start = time.time()
+        t0 = time.perf_counter()
+        first_iteration = good[1] if good else 0
+        try:
+            if tolerant:
+                replication = min(self.replication, n_servers)
+
+                def fresh_assignment_tables(s):
+                    # The set a chunk writes holds nothing needed: (re)create it
+                    # empty, also after its blocks were lost with a worker.
+                    existing = set(ps.tables())
+                    for r, name in enumerate(z_names[s]):
+                        if name in existing:
+                            ps.drop_table(name)
+                        ps.create_table(name, shape=(part_tokens[r],), dtype="int32", rule="assign",
+                                        consistency=dask_ps.ASP(), replication=replication)
+
+                created.extend(z_names[0] + z_names[1])
+                if good is not None:
+                    ps.load(checkpoint, tables=z_names[good[0]], overwrite=True)
+                for s in (0, 1):
+                    if good is None or s != good[0]:
+                        fresh_assignment_tables(s)
+            current = good
+            while True:
+                start = current[1] if current else 0
+                stop = min(self.max_iter, start + every) if start < self.max_iter else start
+                out = (1 - good[0] if good else 0) if tolerant else None
+                tag = f"{uid}-{n_restarts}-{start}"
+                nwk_name, nk_name = f"lda-{tag}-word-topic", f"lda-{tag}-topic-totals"
+                progress_name = f"lda-{tag}-progress" if self.verbose and n_evals else None
+                members = set(client.scheduler_info(n_workers=-1)["workers"])
+                chunk_tables = []
+                monitor = None
+                try:
+                    ps.create_table(nwk_name, shape=(V, K), dtype=count_dtype, consistency=word_model,
+                                    block_rows=block_rows)
+                    chunk_tables.append(nwk_name)
+                    ps.create_table(nk_name, shape=(K,), dtype="int64", consistency=totals_model)
+                    chunk_tables.append(nk_name)
+                    if progress_name is not None:
+                        ps.create_table(progress_name, shape=(n_evals * P, 3), dtype="float64",
+                                        rule="assign", consistency=dask_ps.ASP())
+                        chunk_tables.append(progress_name)
+                        monitor = _Monitor(ps, progress_name, P, evaluate_every, n_tokens, t_start,
+                                           first=-(-start // evaluate_every))
+                        monitor.start()
+                    # ``_sweep_delay`` (not a parameter): a benchmark hook, a picklable
+                    # ``f(rank, iteration, sweep_seconds) -> seconds`` that participants
+                    # sleep after each sweep to emulate stragglers.
+                    results = ps.run(
+                        _gibbs_participant, parts.futures,
+                        nwk_name=nwk_name, nk_name=nk_name, progress_name=progress_name, n_components=K,
+                        alpha=self.doc_topic_prior_, beta=beta, n_features=V, start=start, stop=stop,
+                        z_in=z_names[current[0]] if current else None,
+                        z_out=z_names[out] if tolerant else None,
+                        evaluate_every=evaluate_every, seeds=seeds, holders=holders,
+                        sampler=sampler, device=device, t_start=t_start,
+                        delay=getattr(self, "_sweep_delay", None),
+                    )
+                    if stop >= self.max_iter:
+                        nwk = np.maximum(ps.pull(nwk_name), 0)
+                        nk = np.maximum(ps.pull(nk_name), 0)
+                except Exception as e:
+                    lost = _lost_workers(client, members) if tolerant else set()
+                    if not lost or n_restarts >= _MAX_RESTARTS:
+                        raise
+                    n_restarts += 1
+                    current = good
+                    logger.warning(
+                        "LatentDirichletAllocation: worker(s) %s lost during iterations %d-%d (%s: %s); "
+                        "redoing from iteration %d (restart %d of at most %d)",
+                        sorted(lost), start, stop, type(e).__name__, e, current[1] if current else 0,
+                        n_restarts, _MAX_RESTARTS,
+                    )
+                    ps.wait_for_placement()
+                    fresh_assignment_tables(1 - good[0] if good else 0)
+                    parts.rebuild_lost()
+                    continue
+                finally:
+                    if monitor is not None:
+                        monitor.stop()
+                    _drop_tables(ps, chunk_tables)
+                history.extend(_chunk_history(results, P, self.max_iter))
+                if tolerant:
+                    current = (out, stop)
+                    if checkpoint is None:
+                        good = current
+                    elif self._save(ps, checkpoint, z_names[out], {
+                        "estimator": _CHECKPOINT_KIND, "z_id": z_id, "set": out, "iteration": stop,
+                        "history": [list(h) for h in history], **fingerprint,
+                    }):
+                        good = current
+                if stop >= self.max_iter:
+                    break
+        finally:
+            _drop_tables(ps, created)
+            parts.release()
+        t_end = time.perf_counter() - t0
+
         self.components_ = nwk.T.astype(np.float64) + beta
         self.n_iter_ = self.max_iter
+        self.n_restarts_ = n_restarts
         self.fit_seconds_ = t_end
-        self.tokens_per_second_ = n_tokens * self.max_iter / t_end if t_end > 0 else float("nan")
+        trained = self.max_iter - first_iteration
+        self.tokens_per_second_ = n_tokens * trained / t_end if t_end > 0 else float("nan")
         self.metrics_ = [
             {**r["metrics"], **{k: r[k] for k in (
                 "sweep_seconds", "pull_seconds", "push_seconds", "clock_seconds", "eval_seconds", "n_tokens",
                 "history")}}
             for r in results
         ]
-        # Intermediate evaluations: sum of the participants' parts.
-        by_iter: dict[int, list] = {}
-        for r in results:
-            for it, sec, ll in r["history"]:
-                by_iter.setdefault(it, []).append((sec, ll))
-        history = [
-            (it, max(s for s, _ in v), float(sum(ll for _, ll in v)))
-            for it, v in sorted(by_iter.items()) if len(v) == P and it < self.max_iter
-        ]
         final = (
             sum(r["doc_loglik"] for r in results)
             + _k.word_loglik_rows(nwk, np.ones(V), beta)
             + _k.totals_loglik(nk, V * beta)
         )
-        history.append((self.max_iter, t_end, float(final)))
+        history.append((self.max_iter, time.time() - t_start, float(final)))
         self.loglik_history_ = history
         if self.verbose:
             logger.info(
@@ -729,6 +953,32 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
                 self.max_iter, n_tokens, P, t_end, self.tokens_per_second_, final,
             )
         return self
+
+    # --- checkpoints ----------------------------------------------------------------------
+    def _check_resumable(self, meta, fingerprint, path):
+        where = f"the checkpoint at {path!r}"
+        if meta.get("estimator") != _CHECKPOINT_KIND:
+            raise ValueError(
+                f"{where} holds {meta.get('estimator') or 'tables of something else'}, not a "
+                "LatentDirichletAllocation fit; use another checkpoint path"
+            )
+        diffs = [f"{k}: saved {meta.get(k)!r}, now {v!r}" for k, v in fingerprint.items() if meta.get(k) != v]
+        if diffs:
+            raise ValueError(
+                f"{where} belongs to another fit ({'; '.join(diffs)}): use another checkpoint path, or "
+                "delete that checkpoint to start over"
+            )
+
+    def _save(self, ps, path, tables, metadata) -> bool:
+        """``ps.save`` between two chunks; on failure warn and go on (the
+        previous checkpoint stays the one to resume from)."""
+        try:
+            ps.save(path, tables=tables, metadata=metadata)
+            return True
+        except Exception as e:
+            warnings.warn(f"LatentDirichletAllocation: checkpoint after iteration {metadata['iteration']} "
+                          f"not saved: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=3)
+            return False
 
     # --- inference -----------------------------------------------------------------------
     def _check_X(self, X, whom, integer):
@@ -809,15 +1059,17 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
 class _Monitor(threading.Thread):
     """Logs the training log-likelihood as participants report it (verbose).
 
-    Participants push ``(loglik part, 1, seconds)`` into row ``it // evaluate_every``
-    of a small sum table; a row is complete when its count reaches P."""
+    Participant ``r`` writes ``(loglik part, 1, seconds)`` into row
+    ``(it // evaluate_every) * P + r`` of a small assign table; an evaluation
+    is complete when all its P rows are written. ``first``: the first
+    evaluation of this chunk."""
 
-    def __init__(self, ps, table, n_participants, evaluate_every, n_tokens, t_start, period=0.5):
+    def __init__(self, ps, table, n_participants, evaluate_every, n_tokens, t_start, period=0.5, first=0):
         super().__init__(daemon=True, name="lda-progress")
         self.ps, self.table, self.P = ps, table, n_participants
         self.every, self.n_tokens, self.t_start, self.period = evaluate_every, n_tokens, t_start, period
         self._stop_event = threading.Event()
-        self._logged = 0
+        self._logged = first
         self._last = (0.0, 0)
 
     def stop(self):
@@ -825,10 +1077,10 @@ class _Monitor(threading.Thread):
         self.join(timeout=10)
 
     def _poll(self):
-        prog = self.ps.pull(self.table)
-        while self._logged < len(prog) and prog[self._logged, 1] >= self.P:
-            ll, _, sec = prog[self._logged]
-            sec /= self.P
+        prog = self.ps.pull(self.table).reshape(-1, self.P, 3)
+        while self._logged < len(prog) and np.all(prog[self._logged, :, 1] >= 1):
+            ll = float(prog[self._logged, :, 0].sum())
+            sec = float(prog[self._logged, :, 2].mean())
             it = self._logged * self.every
             t0, it0 = self._last
             rate = self.n_tokens * (it - it0) / (sec - t0) if it > it0 and sec > t0 else float("nan")
