@@ -7,8 +7,11 @@
    participant and the time until every block has two copies again.
 3. Soak: 8 participants x 10,000 single-row pushes with one kill in the
    middle; reports pushes lost (must be 0) and peak worker memory.
+4. Reads from replicas: participant pull throughput on a replication=2 table,
+   reading any up-to-date copy (the default) vs the primary only
+   (``ps.read-replicas: false``), measured in the same run.
 
-    python benchmarks/bench_reliability.py [--budget 2] [--pushes 10000]
+    python benchmarks/bench_reliability.py [--budget 2] [--pushes 10000] [--only reads]
 """
 
 from __future__ import annotations
@@ -63,6 +66,43 @@ def replication_cost(ps, budget):
         r[k] = float(np.mean(ps.run(participant_flushes, range(2), table="flush", n=300, width=16)))
         ps.drop_table("flush")
     rows.append(("participant flush (64 rows x 16)", r[1], r[2]))
+    return rows
+
+
+def participant_pulls(ctx, _, table, seconds):
+    ctx.pull(table)  # warm up (handle, connections)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds or n < 3:
+        ctx.pull(table)
+        n += 1
+    return n / (time.perf_counter() - t0)
+
+
+def _read_replicas(on: bool) -> None:
+    import dask
+
+    dask.config.set({"ps.read-replicas": on})
+
+
+def replica_reads(ps, client, budget):
+    """One participant per worker pulls the whole table in a loop (CVAP with
+    a huge value bound: every read goes to a server, never the cache); the
+    sum of their rates, median of 3 interleaved rounds."""
+    rows = []
+    n = len(ps.servers)
+    for size in (64 * 1024, 4 * 1024 * 1024):
+        ps.create_table("reads", shape=(size // 8 // 16, 16), replication=2, block_rows=max(1, size // 8 // 16 // 12),
+                        consistency=dask_ps.CVAP(2, 1e18))
+        ps.push("reads", np.ones((size // 8 // 16, 16)))
+        r = {False: [], True: []}
+        for _ in range(3):  # interleaved rounds, median: the machine is shared
+            for on in (False, True):
+                client.run(_read_replicas, on)
+                r[on].append(float(np.sum(ps.run(participant_pulls, range(n), table="reads", seconds=budget))))
+        client.run(_read_replicas, True)
+        r = {k: float(np.median(v)) for k, v in r.items()}
+        ps.drop_table("reads")
+        rows.append((f"participant pull {size // 1024} KiB", r[False], r[True]))
     return rows
 
 
@@ -160,12 +200,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=1.5)
     ap.add_argument("--pushes", type=int, default=10_000)
+    ap.add_argument("--only", choices=["reads"], help="run only part 4")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for name in ("distributed", "dask_ps"):
         logging.getLogger(name).setLevel(logging.ERROR)
     with LocalCluster(n_workers=3, threads_per_worker=1, dashboard_address=None) as cluster, Client(cluster) as client:
         ps = dask_ps.ParameterServer(client)
+        logger.info("4. reads from replicas")
+        reads = replica_reads(ps, client, args.budget)
+        if args.only == "reads":
+            _print_reads(reads)
+            return
         logger.info("1. replication cost")
         cost = replication_cost(ps, args.budget)
         logger.info("2. recovery")
@@ -185,6 +231,14 @@ def main():
     print("\n3. soak: 8 participants x pushes, one kill -9 mid-way (replication=2)")
     for k, v in sk.items():
         print(f"{k:36s} {v:10.1f}")
+    _print_reads(reads)
+
+
+def _print_reads(reads):
+    print("\n4. pull throughput, replication=2, all participants together (pulls/s)")
+    print(f"{'operation':36s} {'primary':>10s} {'replicas':>10s} {'ratio':>7s}")
+    for name, r1, r2 in reads:
+        print(f"{name:36s} {r1:10.1f} {r2:10.1f} {r2 / r1:7.2f}")
 
 
 if __name__ == "__main__":

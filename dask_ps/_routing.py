@@ -42,6 +42,8 @@ class TableHandle:
 
     def readable(self, block: int) -> tuple[str, ...]:
         """Copies of ``block`` a read may use: the owners less known-stale ones."""
+        if not self.stale:
+            return self.owners[block]
         bad = dict(self.stale).get(block, ())
         return tuple(w for w in self.owners[block] if w not in bad) or self.owners[block][:1]
 

@@ -372,10 +372,15 @@ class PSSchedulerPlugin(SchedulerPlugin):
         blocks to it again in the background. Returns once the fence holds;
         raises if it could not be set on a worker that is still in the
         cluster (the primary then does not acknowledge the push)."""
+        if not (isinstance(table, str) and isinstance(replica, str) and isinstance(blocks, (list, tuple))
+                and all(isinstance(b, int) and not isinstance(b, bool) for b in blocks)):
+            raise PSValueError("replica_missed needs a table, a replica address and block numbers")
         t = self.tables.get(table)
         if t is None or t.spec.table_id != table_id:
             return  # dropped or created again: nothing to protect
-        blocks = sorted({int(b) for b in blocks if 0 <= int(b) < len(t.owners)})
+        # Also copies the current placement no longer lists (a change in
+        # progress): until it adopts, such a copy must not be a source.
+        blocks = sorted({b for b in blocks if 0 <= b < len(t.owners)})
         new = [b for b in blocks if replica not in t.stale.get(b, ())]
         # Record first: a placement change from now on neither copies from
         # these copies nor promotes them.

@@ -126,6 +126,9 @@ class ShardStore:
     def fence(self, name: str, table_id: str, blocks) -> list[int]:
         """Mark replica blocks that missed a forwarded push: reads of them are
         refused (readers retry at the primary) until a fresh copy is installed."""
+        if not (isinstance(name, str) and isinstance(blocks, (list, tuple))
+                and all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in blocks)):
+            raise PSValueError("fence needs a table name and a list of block numbers")
         t = self.tables.get(name)
         if t is None or t.spec.table_id != table_id:
             return []
