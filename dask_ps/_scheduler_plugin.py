@@ -156,6 +156,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self._background: set[asyncio.Task] = set()
         self._retiring: set[str] = set()
         self._evacuations: dict[str, asyncio.Task] = {}
+        self._resync_pending: set[str] = set()  # tables with a _resync scheduled, not started
         self.liveness = Liveness()
         self.totals: Counter = Counter()  # metrics summed over finished participants
 
@@ -389,6 +390,11 @@ class PSSchedulerPlugin(SchedulerPlugin):
         if new:
             logger.warning("dask_ps: table %r: replica %s missed a push to block(s) %s; copying them again",
                            table, replica, new)
+        # Even if the fence fails below: the primary has applied the push, so
+        # the copy differs from it whether or not the push is acknowledged.
+        if table not in self._resync_pending:
+            self._resync_pending.add(table)
+            self._in_background(self._resync(table))
         try:
             await asyncio.wait_for(
                 self._call(replica, "ps_fence", table=table, table_id=table_id, blocks=blocks),
@@ -398,14 +404,14 @@ class PSSchedulerPlugin(SchedulerPlugin):
             if replica in self.scheduler.workers and replica not in self.liveness.dead:
                 raise PSError(f"table {table!r}: could not fence replica {replica}: {e!r}") from e
             # Removed meanwhile: the repair of its removal drops the copy.
-        if new:
-            self._in_background(self._resync(table))
 
     async def _resync(self, name: str, attempt: int = 0) -> None:
         """Copy stale replicas again from an up-to-date copy (same owners,
         a new placement version), retrying a few times if a copy fails."""
         lock = self._table_locks.setdefault(name, asyncio.Lock())
         async with lock:
+            # Misses reported from now on need another resync.
+            self._resync_pending.discard(name)
             t = self.tables.get(name)
             if t is None or t.lost or not t.stale_owned():
                 return

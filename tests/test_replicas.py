@@ -144,6 +144,7 @@ class PausedResync:
         plugin._resync = self.resync
 
     async def resync(self, name, attempt=0):
+        self.plugin._resync_pending.discard(name)
         self.held.append(name)
 
     def release(self, client=None):
@@ -275,3 +276,36 @@ def test_stale_replica_is_never_promoted():
         assert primary not in {w for o in h.owners for w in o}
         np.testing.assert_array_equal(ps.pull("t"), np.ones((N_ROWS, 2)))
         assert_copies_equal(client, "t", np.ones((N_ROWS, 2)), BLOCK_ROWS)
+
+
+def test_push_waits_until_a_replica_that_missed_it_is_fenced():
+    """If the scheduler cannot fence the replica that missed a push, the push
+    is not acknowledged: the client re-sends it, the primary applies it once
+    and forwards it again. The table ends exact (nothing applied twice) and
+    the replica is copied again."""
+    with cluster(2) as c, Client(c) as client:
+        ps = dask_ps.ParameterServer(client)
+        ps.create_table("t", shape=(N_ROWS, 2), block_rows=BLOCK_ROWS, replication=2)
+        workers = {w.address: w for w in c.workers.values()}
+        victim = ps._handle("t").owners[0][1]
+        forward_fault = Fault(workers[victim], n=2)
+        fences = {"refused": 0}
+        orig_fence = workers[victim].handlers["ps_fence"]
+
+        def failing_fence(**msg):
+            if fences["refused"] < 2:
+                fences["refused"] += 1
+                raise RuntimeError("injected fault: fence refused")
+            return orig_fence(**msg)
+
+        workers[victim].handlers["ps_fence"] = failing_fence
+        try:
+            ps.push("t", np.ones((N_ROWS, 2)))
+        finally:
+            forward_fault.remove()
+            workers[victim].handlers["ps_fence"] = orig_fence
+        assert forward_fault.left == 0 and fences["refused"] == 2
+        ps.wait_for_placement()
+        np.testing.assert_array_equal(ps.pull("t"), np.ones((N_ROWS, 2)))
+        assert_copies_equal(client, "t", np.ones((N_ROWS, 2)), BLOCK_ROWS)
+        assert not c.scheduler.extensions["ps"].tables["t"].stale
