@@ -82,16 +82,19 @@ def assert_copies_equal(client, table, expected, block_rows):
             np.testing.assert_array_equal(data, expected[b * block_rows:(b + 1) * block_rows], err_msg=f"{addr} b{b}")
 
 
-def test_replica_reads_are_exact_under_concurrent_pushes():
+@pytest.mark.parametrize("consistency", [dask_ps.CVAP(1, 1e9), dask_ps.SSP(1), dask_ps.ESSP(1)],
+                         ids=["cvap-uncached", "ssp", "essp"])
+def test_replica_reads_are_exact_under_concurrent_pushes(consistency):
     """Three participants push one-hot markers and read after every flush
-    (CVAP with a huge value bound: SSP(1), and every read goes to a server,
-    never the cache). With replication=2 on 3 workers, reads use local and
-    remote replicas; each read has every marker it must have, exactly once,
-    while a client thread reads concurrently."""
+    (with CVAP and a huge value bound: SSP(1), and every read goes to a
+    server, never the cache; SSP and ESSP fills come from replicas too).
+    With replication=2 on 3 workers, reads use local and remote replicas;
+    each read has every marker it must have, exactly once, while a client
+    thread reads concurrently."""
     with cluster(3) as c, Client(c) as client:
         ps = dask_ps.ParameterServer(client)
         ps.create_table("m", shape=(N_ROWS, P * CLOCKS), block_rows=BLOCK_ROWS, replication=2,
-                        consistency=dask_ps.CVAP(1, 1e9))
+                        consistency=consistency)
         stop, seen = threading.Event(), []
 
         def client_reads():
