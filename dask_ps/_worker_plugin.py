@@ -373,10 +373,11 @@ class PSWorkerPlugin(WorkerPlugin):
                 t = self.store.tables.get(name)
                 if t is None:
                     continue
-                # Not from a copy that missed a push (it is being copied again).
-                reqs = [(b, r) for b, r in blocks.items() if b in t.blocks and b not in t.missed]
-                dev_reqs = [(b, None if r is None else _backend.to_device(r, t.spec.device)) for b, r in reqs]
                 async with self._all_locks(name):
+                    # Not from a copy that missed a push (checked under the
+                    # lock: a fence may arrive while we wait for it).
+                    reqs = [(b, r) for b, r in blocks.items() if b in t.blocks and b not in t.missed]
+                    dev_reqs = [(b, None if r is None else _backend.to_device(r, t.spec.device)) for b, r in reqs]
                     seqs, values = self.store.read(t, dev_reqs, copy=address == self.worker.address)
                 fill = dict(
                     session=session, table=name, version=t.version, tag=min_clock,
