@@ -145,6 +145,9 @@ _CONFIG_DEFAULTS = {
     # An in-memory input gets one participant per this many samples (at most
     # one per worker): tiny fits run on one participant.
     "min-samples-per-participant": 10000,
+    # Train with the compiled (numba) round kernel where it applies (numpy
+    # data, not passive-aggressive); False: scikit-learn's kernel per minibatch.
+    "compiled": True,
     # In-memory parts smaller than this travel inside the task instead of
     # being scattered first.
     "scatter-bytes": 1 << 20,
@@ -673,6 +676,41 @@ def _stats_row(cfg: _RunConfig, rank: int, epoch: int) -> int:
     return epoch if cfg.global_stop else rank * cfg.stats_stride + epoch
 
 
+class _TimedCtx:
+    """The participant's session, with the seconds spent in its calls
+    (``pull*``, ``push*``, ``clock``) counted: the fit's communication and
+    waiting time, reported per participant (``_participant_loop``)."""
+
+    def __init__(self, ctx):
+        self._ctx = ctx
+        self.seconds = 0.0
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def _call(self, name, *args):
+        t = time.perf_counter()
+        try:
+            return getattr(self._ctx, name)(*args)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+    def pull(self, *args):
+        return self._call("pull", *args)
+
+    def pull_rows(self, *args):
+        return self._call("pull_rows", *args)
+
+    def push(self, *args):
+        return self._call("push", *args)
+
+    def push_rows(self, *args):
+        return self._call("push_rows", *args)
+
+    def clock(self):
+        return self._call("clock")
+
+
 def _participant_loop(ctx, part, cfg: _RunConfig):
     """One participant: ``pull -> update -> push -> clock()``; returns
     per-problem epoch counts, a per-epoch history (for ``verbose``) and its
@@ -722,6 +760,8 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
     run, and if the first attempt's push had been applied, that push stands
     and the retry's is dropped as a duplicate.
     """
+    ctx = _TimedCtx(ctx)
+    cpu0 = time.thread_time()
     hp = cfg.hp
     K = hp.n_outputs
     d = cfg.n_features
@@ -737,6 +777,7 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
     val_idx = np.flatnonzero(val_mask)
     n_train = train_idx.shape[0]
     kernel = _choose_kernel(X)
+    compiled = _CompiledData.make(cfg, X, Y, sw, train_idx) if kernel is _sequential_kernel else None
     intercept_decay = SPARSE_INTERCEPT_DECAY if sparse else 1.0
     cw_pos = np.asarray(cfg.cw_pos, dtype=float)
     cw_neg = np.asarray(cfg.cw_neg, dtype=float)
@@ -752,7 +793,7 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
             rng.set_state(_rng_state_from_json(state["rng"]))
     history = []
     inv_q = None
-    if sparse and hp.penalty > 0:
+    if sparse and hp.penalty > 0 and compiled is None:
         # A minibatch decays only the rows it touches: the other rows miss its
         # L2 decay (and L1 shrinkage). A touched row gets them scaled by 1/q,
         # q = the probability that a minibatch touches the feature -- "lazy"
@@ -799,72 +840,78 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
             group = batches[r0:r0 + m]
             if not solo:
                 loss_sum = xp.zeros(K)  # pushed every round (see the docstring)
-            if sparse:
-                Xg = X[np.concatenate(group)]
-                # The features the round touches, and its samples with their
-                # columns renumbered to rows of the pulled block (a mark and a
-                # lookup table over the features: O(nnz + d), no sort).
-                touched = xp.zeros(d, dtype=bool)
-                touched[Xg.indices] = True
-                cols = xp.flatnonzero(touched)
-                lookup = xp.empty(d, dtype=np.int32)
-                lookup[cols] = xp.arange(cols.shape[0], dtype=np.int32)
-                cols_np = _backend.to_numpy(cols).astype(np.int64)
-                rows = np.append(cols_np, d)
-                Xg = type(Xg)((Xg.data, lookup[Xg.indices], Xg.indptr), shape=(Xg.shape[0], cols_np.shape[0]))
-                n_round = cols_np.shape[0]
-                stamp = xp.empty(n_round, dtype=np.int64)  # scratch for the minibatches' unique()
-                lookup = xp.empty(n_round, dtype=np.int32)
-                W0 = W_all[xp.asarray(rows)] if solo else ctx.pull_rows(cfg.table, rows)
-                iq = None if inv_q is None else inv_q[cols_np]
+            if compiled is not None:
+                rows, W0, W, n_round = _compiled_round(
+                    ctx, cfg, compiled, group, epoch, seen, W_all, stop, active, loss_sum, solo)
+                seen += n_round
+                samples += n_round
             else:
-                W0 = W_all if solo else ctx.pull(cfg.table)
-            W = W0.copy()
-            off = 0
-            for j, idx in enumerate(group):
-                nb = idx.shape[0]
-                if nb == 0:
-                    continue
-                Yb, swb = Y[idx], sw[idx]
                 if sparse:
-                    # The kernels touch every row they are given (decay, norms,
-                    # checks): give them the minibatch's rows only.
-                    Xb = Xg[off:off + nb]
-                    off += nb
-                    ub, inv = _unique_inverse(Xb.indices, stamp, lookup, xp)
-                    sel = xp.append(ub, Xg.shape[1])  # + the intercept row
-                    Xb = type(Xb)((Xb.data, inv, Xb.indptr), shape=(nb, ub.shape[0]))
-                    Wb = W[sel]
+                    Xg = X[np.concatenate(group)]
+                    # The features the round touches, and its samples with their
+                    # columns renumbered to rows of the pulled block (a mark and a
+                    # lookup table over the features: O(nnz + d), no sort).
+                    touched = xp.zeros(d, dtype=bool)
+                    touched[Xg.indices] = True
+                    cols = xp.flatnonzero(touched)
+                    lookup = xp.empty(d, dtype=np.int32)
+                    lookup[cols] = xp.arange(cols.shape[0], dtype=np.int32)
+                    cols_np = _backend.to_numpy(cols).astype(np.int64)
+                    rows = np.append(cols_np, d)
+                    Xg = type(Xg)((Xg.data, lookup[Xg.indices], Xg.indptr), shape=(Xg.shape[0], cols_np.shape[0]))
+                    n_round = cols_np.shape[0]
+                    stamp = xp.empty(n_round, dtype=np.int64)  # scratch for the minibatches' unique()
+                    lookup = xp.empty(n_round, dtype=np.int32)
+                    W0 = W_all[xp.asarray(rows)] if solo else ctx.pull_rows(cfg.table, rows)
+                    iq = None if inv_q is None else inv_q[cols_np]
                 else:
-                    Xb = X[idx]
-                    Wb = W
-                # Global sample counter of this minibatch's samples: all
-                # participants together advance t by N per epoch (with one
-                # participant, exactly scikit-learn's t).
-                step = N / max(n_train, 1)
-                ts = cfg.t0 + epoch * N + (seen + xp.arange(nb, dtype=np.float64)) * step
-                seen += nb
-                Wk = Wb[:, :K]
-                Ak = Wb[:, K:] if hp.average else None
-                loss_sum += _batch_loss(hp, Wk, Xb, Yb, xp)
-                new, new_a = kernel(hp, Wk, Ak, Xb, Yb, swb, cw_pos, cw_neg, ts, stop.eta, active,
-                                    intercept_decay)
-                if sparse and iq is not None:
-                    new = _lazy_regularization(hp, new, iq[_backend.to_numpy(ub)], ts, stop.eta, active, xp)
-                if not _backend.all_finite(new):
-                    raise ValueError(
-                        "Floating-point under-/overflow occurred at epoch #%d. Scaling input data "
-                        "with StandardScaler or MinMaxScaler might help." % (epoch + 1)
-                    )
-                if sparse:
-                    W[sel, :K] = new
-                    if hp.average:
-                        W[sel, K:] = new_a
-                else:
-                    W[:, :K] = new
-                    if hp.average:
-                        W[:, K:] = new_a
-                samples += nb
+                    W0 = W_all if solo else ctx.pull(cfg.table)
+                W = W0.copy()
+                off = 0
+                for j, idx in enumerate(group):
+                    nb = idx.shape[0]
+                    if nb == 0:
+                        continue
+                    Yb, swb = Y[idx], sw[idx]
+                    if sparse:
+                        # The kernels touch every row they are given (decay, norms,
+                        # checks): give them the minibatch's rows only.
+                        Xb = Xg[off:off + nb]
+                        off += nb
+                        ub, inv = _unique_inverse(Xb.indices, stamp, lookup, xp)
+                        sel = xp.append(ub, Xg.shape[1])  # + the intercept row
+                        Xb = type(Xb)((Xb.data, inv, Xb.indptr), shape=(nb, ub.shape[0]))
+                        Wb = W[sel]
+                    else:
+                        Xb = X[idx]
+                        Wb = W
+                    # Global sample counter of this minibatch's samples: all
+                    # participants together advance t by N per epoch (with one
+                    # participant, exactly scikit-learn's t).
+                    step = N / max(n_train, 1)
+                    ts = cfg.t0 + epoch * N + (seen + xp.arange(nb, dtype=np.float64)) * step
+                    seen += nb
+                    Wk = Wb[:, :K]
+                    Ak = Wb[:, K:] if hp.average else None
+                    loss_sum += _batch_loss(hp, Wk, Xb, Yb, xp)
+                    new, new_a = kernel(hp, Wk, Ak, Xb, Yb, swb, cw_pos, cw_neg, ts, stop.eta, active,
+                                        intercept_decay)
+                    if sparse and iq is not None:
+                        new = _lazy_regularization(hp, new, iq[_backend.to_numpy(ub)], ts, stop.eta, active, xp)
+                    if not _backend.all_finite(new):
+                        raise ValueError(
+                            "Floating-point under-/overflow occurred at epoch #%d. Scaling input data "
+                            "with StandardScaler or MinMaxScaler might help." % (epoch + 1)
+                        )
+                    if sparse:
+                        W[sel, :K] = new
+                        if hp.average:
+                            W[sel, K:] = new_a
+                    else:
+                        W[:, :K] = new
+                        if hp.average:
+                            W[:, K:] = new_a
+                    samples += nb
             if solo:
                 if sparse:
                     W_all[xp.asarray(rows)] = W
@@ -895,7 +942,171 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
         "seconds": time.perf_counter() - t_start,
         "eta": stop.eta.tolist(),
         "state": {"stop": stop.get_state(), "rng": _rng_state_to_json(rng)},
+        # Where the participant's time went: its calls to the parameter
+        # server (communication and clock waits) and its thread's CPU time.
+        "profile": {
+            "ps_seconds": ctx.seconds,
+            "cpu_seconds": time.thread_time() - cpu0,
+            "metrics": ctx.metrics() if hasattr(ctx._ctx, "metrics") else None,
+        },
     }
+
+
+
+def _numba_module():
+    """``_sgd_numba`` where numba imports (else None: scikit-learn's kernel)."""
+    global _NUMBA
+    if _NUMBA is None:
+        try:
+            from dask_ps.linear_model import _sgd_numba
+
+            _NUMBA = _sgd_numba
+        except Exception:  # pragma: no cover - numba missing or broken
+            _NUMBA = False
+    return _NUMBA or None
+
+
+_NUMBA = None
+
+
+class _CompiledData:
+    """A participant's data prepared once per fit for the compiled round
+    kernel (``_sgd_numba.sgd_round``): targets per output as contiguous
+    vectors, the CSR's arrays, scratch arrays over the features, and for
+    sparse data with a penalty the lazy-regularization factors per feature.
+
+    The round kernel reads the samples of a round by index from the local
+    data (no copy of the round's rows), runs scikit-learn's per-sample rule
+    over the whole round in one call, and, for sparse data, on the block of
+    the round's touched rows only."""
+
+    _arange = np.arange(0, dtype=np.int64)
+
+    def arange_n(self, n):
+        if self._arange.shape[0] < n:
+            self._arange = np.arange(max(n, 2 * self._arange.shape[0]), dtype=np.int64)
+        return self._arange[:n]
+
+    @classmethod
+    def make(cls, cfg: _RunConfig, X, Y, sw, train_idx):
+        hp = cfg.hp
+        mod = _numba_module() if _config("compiled") else None
+        if mod is None or hp.learning_rate in (PA1, PA2) or hp.loss not in mod.LOSS_IDS:
+            return None
+        self = cls()
+        self.mod = mod
+        self.sparse = sp.issparse(X)
+        self.n_train = train_idx.shape[0]
+        self.Y = [np.ascontiguousarray(Y[:, k]) for k in range(Y.shape[1])]
+        self.sw = np.ascontiguousarray(sw)
+        self.loss_id = mod.LOSS_IDS[hp.loss]
+        self.thr = {"hinge": 1.0, "perceptron": 0.0, "squared_hinge": 1.0}.get(hp.loss, float(hp.epsilon))
+        self.optimal_init = hp.optimal_init() if hp.learning_rate == OPTIMAL else 0.0
+        self.wscale_min = 1e-6 if X.dtype == np.float32 else 1e-9
+        self.dummy_w = np.zeros(1, dtype=X.dtype)
+        d = cfg.n_features
+        self.inv_q = None
+        if self.sparse:
+            self.X = np.zeros((1, 1), dtype=X.dtype)
+            self.data = X.data
+            self.ind = X.indices.astype(np.int32, copy=False)
+            self.ptr = X.indptr.astype(np.int32, copy=False)
+            self.scratch = np.full((d, 2), -1, dtype=np.int32)
+            self.stamp = 0
+            n_train = train_idx.shape[0]
+            if hp.penalty > 0 and n_train:
+                # A round decays (L2) and shrinks (L1) the rows it touches
+                # only; a touched row also gets the regularization of the
+                # rounds that missed it, 1/q times, q = the probability that
+                # a round touches the feature ("lazy" regularization).
+                if n_train < X.shape[0]:
+                    counts = np.bincount(X[train_idx].indices, minlength=d)
+                else:
+                    counts = np.bincount(self.ind, minlength=d)
+                per_round = max(min(cfg.clock_every, cfg.steps_per_epoch) * n_train / cfg.steps_per_epoch, 1.0)
+                q = 1.0 - (1.0 - np.minimum(counts / n_train, 1.0)) ** per_round
+                self.inv_q = np.where(q > 0, 1.0 / np.maximum(q, 1e-300), 1.0)
+        else:
+            self.X = np.ascontiguousarray(X)
+            self.chunk = max(256, (1 << 21) // max(8 * X.shape[1], 1))  # rows per ~2 MiB chunk
+            self.buf = np.empty((min(self.chunk, X.shape[0]), X.shape[1]), dtype=X.dtype)
+            self.csr_dummy = (np.zeros(1, dtype=X.dtype), np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.int32))
+        return self
+
+
+def _compiled_round(ctx, cfg: _RunConfig, c: _CompiledData, group, epoch, seen, W_all, stop, active, loss_sum,
+                    solo):
+    """One round with the compiled kernel: pull the weights the round needs
+    (the touched rows for sparse data), train every active output over the
+    round's samples in one call each, regularize the touched rows lazily;
+    returns ``(rows, W0, W, n_samples)`` (``rows`` None for dense data)."""
+    hp = cfg.hp
+    K = hp.n_outputs
+    d = cfg.n_features
+    idx = np.concatenate(group) if len(group) > 1 else group[0]
+    rows = None
+    if c.sparse:
+        c.stamp += 1
+        cols, cdata, cind, cptr = c.mod.compact_rows(idx, c.data, c.ind, c.ptr, c.scratch, c.stamp)
+        rows = np.append(cols, d)
+        W0 = W_all[rows] if solo else ctx.pull_rows(cfg.table, rows)
+    else:
+        W0 = W_all if solo else ctx.pull(cfg.table)
+    W = np.array(W0, dtype=W0.dtype, order="F", copy=True)  # columns contiguous
+    nw = W.shape[0] - 1
+    n_train_step = cfg.n_total / max(c.n_train, 1)
+    t = cfg.t0 + epoch * cfg.n_total + seen * n_train_step
+    intercept_decay = SPARSE_INTERCEPT_DECAY if c.sparse else 1.0
+    iq = None if c.inv_q is None else c.inv_q[rows[:-1]]
+    if c.sparse:
+        # The round's rows as a CSR over its touched features (the pulled
+        # block): one pass of lookups, then the kernel reads it in order.
+        chunks = [(idx, (cdata, cind, cptr), [yk[idx] for yk in c.Y], c.sw[idx], c.arange_n(idx.shape[0]))]
+    else:
+        # Dense rows are copied in chunks to a contiguous buffer first: a
+        # gather (memcpy of whole rows) then a sequential pass is ~2x faster
+        # than the per-sample kernel reading rows at random.
+        chunks = []
+        for a in range(0, idx.shape[0], c.chunk):
+            part = idx[a:a + c.chunk]
+            n = part.shape[0]
+            buf = np.take(c.X, part, axis=0, out=c.buf[:n])
+            chunks.append((part, buf, [yk[part] for yk in c.Y], c.sw[part], c.arange_n(n)))
+    for k in np.flatnonzero(active):
+        wk = W[:nw, k]
+        awk = W[:nw, K + k] if hp.average else c.dummy_w
+        eta = float(stop.eta[k]) if hp.learning_rate == ADAPTIVE else hp.eta0
+        icpt = float(W[nw, k])
+        aicpt = float(W[nw, K + k]) if hp.average else 0.0
+        tk = t
+        decay, eta_sum = 1.0, 0.0
+        for part, Xc, Yc, swc, local in chunks:
+            Xd, (xdata, xind, xptr) = (c.X, Xc) if c.sparse else (Xc, c.csr_dummy)
+            icpt, aicpt, sumloss, dec, es = c.mod.sgd_round(
+                not c.sparse, Xd, xdata, xind, xptr, local, Yc[k], swc, wk, awk, icpt, aicpt,
+                c.loss_id, c.thr, hp.penalty, hp.alpha, hp.l1_ratio, hp.learning_rate, eta, hp.eta0, hp.power_t,
+                c.optimal_init, bool(hp.fit_intercept), intercept_decay, float(cfg.cw_pos[k]),
+                float(cfg.cw_neg[k]), int(hp.average), tk, n_train_step, c.wscale_min)
+            tk += part.shape[0] * n_train_step
+            decay *= dec
+            eta_sum += es
+            loss_sum[k] += sumloss
+        if iq is not None:
+            extra = iq - 1.0
+            if hp.penalty >= L2:
+                wk *= decay ** extra
+            if hp.penalty in (L1, ELASTICNET):
+                u = hp.l1_ratio * hp.alpha * eta_sum * extra
+                wk[:] = np.sign(wk) * np.maximum(np.abs(wk) - u, 0.0)
+        W[nw, k] = icpt
+        if hp.average:
+            W[nw, K + k] = aicpt
+    if not _backend.all_finite(W):
+        raise ValueError(
+            "Floating-point under-/overflow occurred at epoch #%d. Scaling input data "
+            "with StandardScaler or MinMaxScaler might help." % (epoch + 1)
+        )
+    return rows, W0, np.ascontiguousarray(W), idx.shape[0]
 
 
 def _unique_inverse(idx, stamp, lookup, xp):

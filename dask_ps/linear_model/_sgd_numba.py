@@ -1,0 +1,272 @@
+"""scikit-learn's per-sample SGD (``_plain_sgd``) compiled with numba, over
+a *round* of samples given by their indices into the participant's local
+data, so that a round needs no copy of its rows.
+
+Same rule, in the same order, as scikit-learn's Cython kernel (weight vector
+with a scale factor for the L2 decay, Tsuruoka's cumulative L1 penalty,
+averaging with scikit-learn's ``average_a``/``average_b``), with two
+additions the parameter server needs:
+
+- the global sample counter ``t`` advances by ``step`` per sample (all
+  participants' samples; ``step = 1`` for one participant, as scikit-learn);
+- sparse data is trained as the round's compact problem (``compact_rows``):
+  its rows over the round's touched features, the rows of the pulled block.
+
+It also returns the round's loss sum (scikit-learn's ``sumloss``: the loss of
+each sample at the weights it is trained from), and the product of the L2
+decays and the sum of the learning rates over the round, from which the
+caller regularizes lazily the rows the round did not touch.
+
+The passive-aggressive rules are not here (the caller uses scikit-learn's
+kernel for them). Imported only where numba is installed (``_sgd``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+# Loss ids (``LOSS_IDS``); ``thr`` is the hinge threshold or the epsilon.
+LOSS_IDS = {
+    "hinge": 0, "perceptron": 0, "squared_hinge": 1, "log_loss": 2, "modified_huber": 3,
+    "squared_error": 4, "huber": 5, "epsilon_insensitive": 6, "squared_epsilon_insensitive": 7,
+}
+_OPTIMAL, _INVSCALING = 2, 3
+_L1, _L2, _ELASTICNET = 1, 2, 3
+_MAX_DLOSS = 1e12
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def _log1pexp(x):
+    if x <= -37.0:
+        return math.exp(x)
+    if x <= -2.0:
+        return math.log1p(math.exp(x))
+    if x <= 18.0:
+        return math.log(1.0 + math.exp(x))
+    if x <= 33.3:
+        return x + math.exp(-x)
+    return x
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def _loss(loss_id, thr, y, p):
+    if loss_id == 0:
+        z = p * y
+        return thr - z if z <= thr else 0.0
+    if loss_id == 1:
+        z = thr - p * y
+        return z * z if z > 0.0 else 0.0
+    if loss_id == 2:
+        return _log1pexp(p) - y * p
+    if loss_id == 3:
+        z = p * y
+        if z >= 1.0:
+            return 0.0
+        if z >= -1.0:
+            return (1.0 - z) * (1.0 - z)
+        return -4.0 * z
+    if loss_id == 4:
+        return 0.5 * (p - y) * (p - y)
+    if loss_id == 5:
+        a = abs(y - p)
+        return 0.5 * a * a if a <= thr else thr * (a - 0.5 * thr)
+    r = abs(y - p) - thr
+    if loss_id == 6:
+        return r if r > 0.0 else 0.0
+    return r * r if r > 0.0 else 0.0
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def _gradient(loss_id, thr, y, p):
+    if loss_id == 0:
+        return -y if p * y <= thr else 0.0
+    if loss_id == 1:
+        z = thr - p * y
+        return -2.0 * y * z if z > 0.0 else 0.0
+    if loss_id == 2:
+        if p > -37.0:
+            e = math.exp(-p)
+            return ((1.0 - y) - y * e) / (1.0 + e)
+        return math.exp(p) - y
+    if loss_id == 3:
+        z = p * y
+        if z >= 1.0:
+            return 0.0
+        if z >= -1.0:
+            return 2.0 * (1.0 - z) * -y
+        return -4.0 * y
+    if loss_id == 4:
+        return p - y
+    if loss_id == 5:
+        r = p - y
+        if abs(r) <= thr:
+            return r
+        return thr if r >= 0.0 else -thr
+    z = y - p
+    if loss_id == 6:
+        if z > thr:
+            return -1.0
+        if -z > thr:
+            return 1.0
+        return 0.0
+    if z > thr:
+        return -2.0 * (z - thr)
+    if z < -thr:
+        return 2.0 * (-z - thr)
+    return 0.0
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercept,
+              loss_id, thr, penalty, alpha, l1_ratio, learning_rate, eta, eta0, power_t, optimal_init,
+              fit_intercept, intercept_decay, cw_pos, cw_neg, average, t, step, wscale_min):
+    """Train ``w`` (and ``aw`` if ``average > 0``) in place on the samples
+    ``rows``, in that order; returns ``(intercept, aintercept, sumloss,
+    decay, eta_sum)``.
+
+    Dense: sample ``r`` is ``X[r]`` and ``w`` has one entry per column.
+    Sparse: sample ``r`` is row ``r`` of the CSR (``data``, ``ind``, ``ptr``),
+    whose columns index ``w`` (the round's compact problem, ``compact_rows``)."""
+    n_w = w.shape[0]
+    wscale = 1.0
+    avg_a = 0.0
+    avg_b = 1.0
+    u = 0.0
+    use_l1 = penalty == _L1 or penalty == _ELASTICNET
+    q = np.zeros(n_w if use_l1 else 1, dtype=np.float64)
+    sumloss = 0.0
+    decay_prod = 1.0
+    eta_sum = 0.0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        # p = w . x + intercept
+        acc = 0.0
+        if dense:
+            for j in range(n_w):
+                acc += w[j] * X[r, j]
+        else:
+            for jj in range(ptr[r], ptr[r + 1]):
+                acc += w[ind[jj]] * data[jj]
+        p = acc * wscale + intercept
+        if learning_rate == _OPTIMAL:
+            eta = 1.0 / (alpha * (optimal_init + t - 1.0))
+        elif learning_rate == _INVSCALING:
+            eta = eta0 / t**power_t
+        yi = y[r]
+        sumloss += _loss(loss_id, thr, yi, p)
+        cw = cw_pos if yi > 0.0 else cw_neg
+        dloss = _gradient(loss_id, thr, yi, p)
+        if dloss < -_MAX_DLOSS:
+            dloss = -_MAX_DLOSS
+        elif dloss > _MAX_DLOSS:
+            dloss = _MAX_DLOSS
+        update = -eta * dloss
+        update *= cw * sw[r]
+        eta_sum += eta
+        if penalty >= _L2:
+            c = max(0.0, 1.0 - ((1.0 - l1_ratio) * eta * alpha))
+            decay_prod *= c
+            wscale *= c
+            if wscale < wscale_min:  # reset_wscale
+                if average > 0:
+                    for j in range(n_w):
+                        aw[j] = (aw[j] + avg_a * w[j]) / avg_b
+                    avg_a = 0.0
+                    avg_b = 1.0
+                for j in range(n_w):
+                    w[j] *= wscale
+                wscale = 1.0
+        if update != 0.0:
+            cu = update / wscale
+            if dense:
+                for j in range(n_w):
+                    w[j] += X[r, j] * cu
+            else:
+                for jj in range(ptr[r], ptr[r + 1]):
+                    w[ind[jj]] += data[jj] * cu
+        if fit_intercept and update != 0.0:
+            intercept += update * intercept_decay
+        if 0 < average <= t:
+            num_iter = t - average + 1.0
+            mu = 1.0 / num_iter
+            ca = avg_a * (-update / wscale)
+            if dense:
+                for j in range(n_w):
+                    aw[j] += ca * X[r, j]
+            else:
+                for jj in range(ptr[r], ptr[r + 1]):
+                    aw[ind[jj]] += ca * data[jj]
+            if num_iter > 1.0:
+                avg_b /= 1.0 - mu
+            avg_a += mu * avg_b * wscale
+            aintercept += (intercept - aintercept) / num_iter
+        if use_l1:
+            u += l1_ratio * eta * alpha
+            if dense:
+                for j in range(n_w):
+                    _l1(w, q, j, wscale, u)
+            else:
+                for jj in range(ptr[r], ptr[r + 1]):
+                    _l1(w, q, ind[jj], wscale, u)
+        t += step
+    if average > 0:
+        for j in range(n_w):
+            aw[j] = (aw[j] + avg_a * w[j]) / avg_b
+    for j in range(n_w):
+        w[j] *= wscale
+    return intercept, aintercept, sumloss, decay_prod, eta_sum
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def _l1(w, q, idx, wscale, u):
+    z = w[idx]
+    if wscale * z > 0.0:
+        w[idx] = max(0.0, w[idx] - ((u + q[idx]) / wscale))
+    elif wscale * z < 0.0:
+        w[idx] = min(0.0, w[idx] + ((u - q[idx]) / wscale))
+    q[idx] += wscale * (w[idx] - z)
+
+
+@numba.njit(cache=True, nogil=True)
+def compact_rows(rows, data, ind, ptr, scratch, stamp):
+    """The round's compact problem: the features that the CSR rows ``rows``
+    touch (sorted), and those rows as a CSR over these features only
+    (``data``, ``indices``, ``indptr``), so that the kernel's accesses to the
+    weights stay in the round's block. ``scratch``: an ``(n_features, 2)``
+    int32 array kept between rounds (a feature's last stamp and its position
+    in the round), ``stamp``: a number no earlier call used."""
+    n = 0
+    nnz = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        nnz += ptr[r + 1] - ptr[r]
+        for jj in range(ptr[r], ptr[r + 1]):
+            c = ind[jj]
+            if scratch[c, 0] != stamp:
+                scratch[c, 0] = stamp
+                n += 1
+    cols = np.empty(n, dtype=np.int64)
+    k = 0
+    for c in range(scratch.shape[0]):
+        if scratch[c, 0] == stamp:
+            cols[k] = c
+            scratch[c, 1] = k
+            k += 1
+            if k == n:
+                break
+    cdata = np.empty(nnz, dtype=data.dtype)
+    cind = np.empty(nnz, dtype=np.int32)
+    cptr = np.empty(rows.shape[0] + 1, dtype=np.int32)
+    cptr[0] = 0
+    o = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for jj in range(ptr[r], ptr[r + 1]):
+            cdata[o] = data[jj]
+            cind[o] = scratch[ind[jj], 1]
+            o += 1
+        cptr[i + 1] = o
+    return cols, cdata, cind, cptr
