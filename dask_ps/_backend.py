@@ -42,6 +42,22 @@ def zeros(shape, dtype, device: str):
     return np.zeros(shape, dtype=dtype)
 
 
+def gpu_info() -> dict | None:
+    """This process's current GPU: ``{"device": PCI bus id, "free": bytes,
+    "total": bytes}``, or None without cupy or a usable device (the table
+    placement check uses it for ``device="cuda"`` and ``"auto"``)."""
+    if cupy is None:
+        return None
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return None
+        dev = cupy.cuda.Device()
+        free, total = cupy.cuda.runtime.memGetInfo()
+        return {"device": str(dev.pci_bus_id), "free": int(free), "total": int(total)}
+    except Exception:  # pragma: no cover - no driver, or a broken one
+        return None
+
+
 def to_device(x, device: str):
     """Move ``x`` to ``device`` ("cpu" -> numpy, "cuda" -> cupy); no copy if already there."""
     if device == "cuda":

@@ -157,8 +157,11 @@ class ParameterServer:
         consistency : Consistency, optional
             ``BSP()``, ``SSP(s)``, ``ESSP(s)``, ``VAP(v)``, ``CVAP(s, v)``,
             ``ASP()``; default from ``dask.config`` ``ps.consistency``.
-        device : {"cpu", "cuda"}
-            Where the blocks live (cuda: cupy arrays on the workers' GPUs).
+        device : {"cpu", "cuda", "auto"}
+            Where the blocks live (cuda: cupy arrays on the workers' GPUs;
+            auto: cuda when every worker has a GPU, else cpu). A cuda table
+            is refused when a worker has no GPU or its share would exceed
+            ``ps.max-memory-fraction`` of a GPU's free memory.
         allow_nonfinite : bool, optional
             Accept NaN/Inf in pushes (default ``ps.allow-nonfinite``: no).
         aggregate : {"push", "clock"}, default "push"
@@ -183,6 +186,8 @@ class ParameterServer:
             A table of this name exists with a different spec (an identical
             spec is a no-op, so re-running a script is safe).
         """
+        if device == "auto":
+            device = self._sync(self.client.scheduler.ps_resolve_device)
         spec = _spec.TableSpec.create(
             name, shape, dtype, device=device, rule=rule, consistency=consistency,
             allow_nonfinite=allow_nonfinite, aggregate=aggregate, replication=replication,

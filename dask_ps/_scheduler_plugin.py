@@ -56,6 +56,7 @@ HANDLERS = (
     "ps_run_abort",
     "ps_run_end",
     "ps_replica_missed",
+    "ps_resolve_device",
 )
 
 
@@ -606,6 +607,8 @@ class PSSchedulerPlugin(SchedulerPlugin):
             for b, ws in enumerate(owners):
                 for w in ws:
                     by_worker.setdefault(w, []).append(b)
+            if new.device == "cuda":
+                await self._check_gpu_memory(new, by_worker)
             await asyncio.gather(
                 *(
                     self.scheduler.rpc(w).ps_create_shards(spec=spec, version=version, blocks=bs, owners=owners)
@@ -635,6 +638,49 @@ class PSSchedulerPlugin(SchedulerPlugin):
                 "a smaller dtype, or more workers.",
                 spec.name,
             )
+
+    async def _gpus(self, workers) -> dict:
+        """Each worker's GPU (``_backend.gpu_info``), None where it has none."""
+        workers = sorted(workers)
+        infos = await asyncio.gather(*(self._call(w, "ps_gpu_info") for w in workers), return_exceptions=True)
+        return {w: (None if isinstance(i, BaseException) else i) for w, i in zip(workers, infos)}
+
+    async def resolve_device(self) -> str:
+        """Handler: ``device="auto"`` -- "cuda" when every worker has a GPU, else "cpu"."""
+        gpus = await self._gpus(self.members)
+        return "cuda" if gpus and all(gpus.values()) else "cpu"
+
+    async def _check_gpu_memory(self, spec: TableSpec, by_worker: dict) -> None:
+        """Refuse a ``device="cuda"`` table that a worker cannot hold: a worker
+        without a GPU, or blocks (x optimizer state) above
+        ``ps.max-memory-fraction`` of a GPU's free memory, summed over the
+        workers that share that GPU (several dask-cuda workers may)."""
+        gpus = await self._gpus(by_worker)
+        missing = sorted(w for w, g in gpus.items() if not g)
+        if missing:
+            raise PSValueError(
+                f"table {spec.name!r}: device='cuda' but worker(s) {missing} have no usable GPU (cupy "
+                "missing or no CUDA device). Use dask-cuda workers, device='cpu', or device='auto'.",
+                spec.name,
+            )
+        state = {"momentum": 1, "adagrad": 1, "adam": 2}.get(spec.rule.name, 0)
+        block_bytes = spec.nbytes / max(1, spec.n_blocks) * (1 + state)
+        need: dict[tuple, float] = {}
+        free: dict[tuple, int] = {}
+        for w, blocks in by_worker.items():
+            ws = self.scheduler.workers.get(w)
+            gpu = (ws.host if ws is not None else w, gpus[w]["device"])
+            need[gpu] = need.get(gpu, 0.0) + len(blocks) * block_bytes
+            free[gpu] = gpus[w]["free"]
+        fraction = float(_config.get("max-memory-fraction"))
+        for gpu, n in need.items():
+            if n > fraction * free[gpu]:
+                raise PSValueError(
+                    f"table {spec.name!r} needs {format_bytes(int(n))} on the GPU {gpu[1]} of {gpu[0]} "
+                    f"({spec.describe()}), but it has {format_bytes(free[gpu])} free (ps.max-memory-fraction "
+                    f"= {fraction}). Use a smaller table, a smaller dtype, or more GPUs.",
+                    spec.name,
+                )
 
     def _table(self, name) -> SchedulerTableState:
         t = self.tables.get(name)

@@ -35,7 +35,7 @@ HANDLERS = (
     "ps_create_shards", "ps_drop_table", "ps_push", "ps_pull", "ps_info",
     "ps_clock_advance", "ps_cache_fill", "ps_run_end",
     "ps_freeze", "ps_copy_blocks", "ps_install_blocks", "ps_set_placement", "ps_save_blocks", "ps_load_blocks",
-    "ps_placement_changed", "ps_worker_left", "ps_worker_joined", "ps_fence",
+    "ps_placement_changed", "ps_worker_left", "ps_worker_joined", "ps_fence", "ps_gpu_info",
 )
 
 
@@ -405,6 +405,10 @@ class PSWorkerPlugin(WorkerPlugin):
         for session in [k for k in self.mailboxes if k.startswith(run_id)]:
             self.mailboxes.pop(session, None)
         self._min_clock.pop(run_id, None)
+
+    def gpu_info(self) -> dict | None:
+        """Handler: this worker's GPU and its free memory, None without one."""
+        return _backend.gpu_info()
 
     def info(self) -> dict:
         """Handler: which blocks of which tables live here, and their bytes."""

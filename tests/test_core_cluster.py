@@ -363,3 +363,38 @@ def test_get_parameter_server_starts_one_cluster_per_process():
 def test_get_parameter_server_reuses_one_per_client(client):
     assert dask_ps.get_parameter_server(client) is dask_ps.get_parameter_server(client)
     assert dask_ps.get_parameter_server() is dask_ps.get_parameter_server(client)  # the current client
+
+
+# --- device="cuda" / "auto": placement checks against the workers' GPUs ----------------
+
+
+def _has_gpu():
+    from dask_ps import _backend
+
+    return _backend.gpu_info() is not None
+
+
+@pytest.mark.skipif(_has_gpu(), reason="checks the refusal on workers without a GPU")
+def test_cuda_table_on_workers_without_gpu_is_refused_and_auto_is_cpu(ps):
+    with pytest.raises(PSValueError, match=r"'g'.*device='cuda' but worker\(s\).*no usable GPU"):
+        ps.create_table("g", shape=(100, 4), device="cuda")
+    assert "g" not in ps.tables()
+    ps.create_table("a", shape=(100, 4), device="auto")
+    assert ps.spec("a").device == "cpu"
+
+
+def test_cuda_table_larger_than_a_shared_gpus_free_memory_is_refused(monkeypatch):
+    """Two in-process workers reporting the same (fake) GPU with 1 MiB free:
+    what the table puts on that GPU counts once per worker, so a table whose
+    halves would each fit but not together is refused, naming the table."""
+    from dask_ps import _backend
+
+    monkeypatch.setattr(_backend, "gpu_info", lambda: {"device": "0000:fake:00.0", "free": 2**20, "total": 2**21})
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as c:
+        ps = dask_ps.ParameterServer(c)
+        assert c.sync(c.scheduler.ps_resolve_device) == "cuda"
+        # 1 MiB of float64 in 8 blocks: ~0.5 MiB per worker (< 0.6 MiB), 1 MiB on the GPU (> 0.6 MiB)
+        with pytest.raises(PSValueError, match=r"table 'big' needs 1\.00 MiB on the GPU 0000:fake:00\.0.*1\.00 MiB free"):
+            ps.create_table("big", shape=(2**17,), device="cuda", block_rows=2**14)
+        assert "big" not in ps.tables()

@@ -45,6 +45,16 @@ def test_cuda_table_stores_cupy_and_accepts_numpy(gps, gpu_client):
     assert all(k == {"cupy"} for k in kinds.values())
 
 
+def test_auto_device_and_gpu_memory_refusal(gps):
+    gps.create_table("a", shape=(100, 4), device="auto")
+    assert gps.spec("a").device == "cuda"  # every worker has a GPU
+    free = cupy.cuda.runtime.memGetInfo()[0]
+    rows = int(free // 8)  # a float64 table as large as the GPU's free memory
+    with pytest.raises(dask_ps.PSValueError, match="needs .* on the GPU"):
+        gps.create_table("huge", shape=(rows,), device="cuda")
+    assert "huge" not in gps.tables()
+
+
 def test_cupy_push_into_cpu_table(gps):
     gps.create_table("c", shape=(10,), device="cpu")
     gps.push("c", cupy.arange(10, dtype="float64"))
