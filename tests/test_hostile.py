@@ -149,3 +149,52 @@ def test_public_api_refuses_or_applies(ps):
 
     call()
     np.testing.assert_array_equal(ps.pull("p"), mirror)
+
+
+# Handlers that, given a well-formed message naming the table, legitimately
+# change or remove it (placement, checkpoints, drops): hostile messages to
+# them name other tables, so the check below ("t" unchanged) stays meaningful.
+_CHANGES_THE_NAMED_TABLE = {
+    "ps_drop_table", "ps_freeze", "ps_set_placement", "ps_install_blocks", "ps_load_blocks",
+    "ps_create_shards", "ps_fence", "ps_copy_blocks", "ps_placement_changed",
+}
+
+
+def test_every_worker_handler_survives_hostile_messages(ps, client):
+    """Junk (hypothesis) for every parameter of every ``ps_*`` worker handler,
+    plus unknown parameters: each call answers or fails with an error reply
+    within 5 s, the worker stays in the cluster, and table "t" on it keeps
+    its values and keeps serving."""
+    import asyncio
+    import inspect
+
+    from dask_ps._worker_plugin import HANDLERS, PSWorkerPlugin
+
+    ps.create_table("t", shape=(10, 2), block_rows=4, init=np.arange(20.0).reshape(10, 2))
+    addr = ps.placement("t")[0].worker
+    params = {op: [p for p in inspect.signature(getattr(PSWorkerPlugin, op[3:])).parameters if p != "self"]
+              for op in HANDLERS}
+    others = st.one_of(junk, st.just("t-other"), arrays())
+
+    async def call(op, kwargs):
+        return await asyncio.wait_for(getattr(client.rpc(addr), op)(**kwargs), 5)
+
+    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.sampled_from(sorted(HANDLERS)), st.data())
+    def hostile(op, data):
+        names = params[op] + ["bogus"]
+        chosen = data.draw(st.lists(st.sampled_from(names), unique=True, max_size=len(names)))
+        values = others if op in _CHANGES_THE_NAMED_TABLE else st.one_of(others, st.just("t"))
+        kwargs = {k: data.draw(values) for k in chosen}
+        try:
+            client.sync(call, op, kwargs)
+        except asyncio.TimeoutError:
+            raise AssertionError(f"{op}({kwargs}) hung")
+        except Exception:
+            pass  # an error reply (or a message our client cannot encode)
+
+    hostile()
+    assert addr in client.scheduler_info()["workers"]
+    np.testing.assert_array_equal(ps.pull("t"), np.arange(20.0).reshape(10, 2))
+    ps.push("t", np.ones((10, 2)))
+    np.testing.assert_array_equal(ps.pull("t"), np.arange(20.0).reshape(10, 2) + 1)
