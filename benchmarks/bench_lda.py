@@ -362,8 +362,9 @@ def part_staleness(client, train, args):
             for name, trace, sec, blocked in results:
                 t = time_to(trace, target)
                 speedups[name].append(t_bsp / t)
-                print(f"| {name} | {sec:.1f} | {sec / args.staleness_iters:.3f} | {blocked:.1f} | {t:.1f} | "
-                      f"{t_bsp / t:.2f}x | {trace[-1][1]:.6g} | "
+                reached = f"{t:.1f} | {t_bsp / t:.2f}x" if np.isfinite(t) else "not reached | —"
+                print(f"| {name} | {sec:.1f} | {sec / args.staleness_iters:.3f} | {blocked:.1f} | {reached} | "
+                      f"{trace[-1][1]:.6g} | "
                       f"{(trace[-1][1] - bsp_final) / abs(bsp_final):+.2%} |")
             if r == args.repeats - 1:
                 plots.append((scenario, what, results, target, bsp_final))
@@ -374,8 +375,8 @@ def part_staleness(client, train, args):
             print("| --- | --- | --- |")
             for name in names:
                 xs = speedups[name]
-                med = float(np.median(xs)) if all(np.isfinite(xs)) else float("nan")
-                print(f"| {name} | {fmt_range(xs)} | {med:.2f}x |")
+                med = f"{float(np.median(xs)):.2f}x" if all(np.isfinite(xs)) else "—"
+                print(f"| {name} | {fmt_range(xs)} | {med} |")
     try:
         import matplotlib
 
