@@ -1070,7 +1070,7 @@ def _compiled_round(ctx, cfg: _RunConfig, c: _CompiledData, group, epoch, seen, 
         for a in range(0, idx.shape[0], c.chunk):
             part = idx[a:a + c.chunk]
             n = part.shape[0]
-            buf = np.take(c.X, part, axis=0, out=c.buf[:n])
+            buf = c.mod.gather_rows(c.X, part, c.buf[:n])
             chunks.append((part, buf, [yk[part] for yk in c.Y], c.sw[part], c.arange_n(n)))
     for k in np.flatnonzero(active):
         wk = W[:nw, k]

@@ -270,3 +270,14 @@ def compact_rows(rows, data, ind, ptr, scratch, stamp):
             o += 1
         cptr[i + 1] = o
     return cols, cdata, cind, cptr
+
+
+@numba.njit(cache=True, nogil=True)
+def gather_rows(X, rows, out):
+    """``out[i] = X[rows[i]]`` (``np.take`` with ``out`` may copy all of a
+    read-only ``X`` first)."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(X.shape[1]):
+            out[i, j] = X[r, j]
+    return out
