@@ -314,7 +314,7 @@ def test_sparse_pulls_only_touched_rows(client):
 
 
 def test_consistency_models(client):
-    X, y = make_classification(12000, 20, random_state=0)
+    X, y = make_classification(3000, 400, n_informative=20, flip_y=0.3, random_state=0)
     X = StandardScaler().fit_transform(X)
     scores = {}
     with dask.config.set({"ps.sgd.min-samples-per-participant": 1000}):
@@ -770,3 +770,34 @@ def test_sgd_fit_survives_a_worker_killed_mid_fit():
         print(f"undisturbed {acc_quiet:.4f} ({seconds:.1f} s), killed mid-fit {acc:.4f} ({done - t0:.1f} s)")
         assert quiet.n_iter_ == disturbed.n_iter_ == 20
         assert abs(acc - acc_quiet) <= 0.02, (acc, acc_quiet)
+
+
+def test_compiled_kernel_matches_sklearn_over_many_chunks():
+    """The compiled round kernel trains dense rounds in chunks through one
+    buffer: a lone participant without shuffling, over many chunks, is
+    still scikit-learn's per-sample SGD up to rounding (the weights are
+    rescaled at each chunk's end; one epoch: the differences grow over
+    epochs on this nearly separable problem)."""
+    X, y = make_classification(3000, 400, n_informative=20, flip_y=0.3, random_state=0)
+    X = StandardScaler().fit_transform(X)
+    ref = SkSGDClassifier(loss="log_loss", shuffle=False, max_iter=1, tol=None).fit(X, y)
+    est = SGDClassifier(loss="log_loss", shuffle=False, max_iter=1, tol=None, batch_size=500)
+    hp = est._hyper(1, False)
+    d = X.shape[1]
+    S = int(np.ceil(len(y) / est.batch_size))
+    cfg = _sgd._RunConfig(
+        table="w", stats_table=None, hp=hp, n_features=d, n_cols=1, n_total=len(y), steps_per_epoch=S,
+        clock_every=S, max_iter=1, t0=1.0, seeds=(0,), staleness=2, global_stop=False, decision_lag=0,
+        classes=np.array([0, 1]), cw_pos=(1.0,), cw_neg=(1.0,), eta_init=(est.eta0,), col_freq_needed=False,
+    )
+    tables = {"w": np.zeros((d + 1, 1))}
+    with dask.config.set({"ps.sgd.compiled": True}):
+        c = _sgd._CompiledData.make(cfg, X, np.zeros((len(y), 1)), np.ones(len(y)), np.arange(len(y)))
+        if c is None:
+            pytest.skip("numba is not installed")
+        assert c.chunk < len(y)
+        _sgd._participant_loop(_LocalCtx(tables), _sgd._PartData(X, y, np.ones(len(y))), cfg)
+    # Exact in one chunk; each chunk's rescaling rounds (~1e-9 of the scale here).
+    scale = np.abs(ref.coef_).max()
+    np.testing.assert_allclose(tables["w"][:d, 0], ref.coef_[0], rtol=1e-7, atol=1e-7 * scale)
+    np.testing.assert_allclose(tables["w"][d, 0], ref.intercept_[0], rtol=1e-7, atol=1e-7 * scale)
