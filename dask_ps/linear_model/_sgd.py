@@ -34,7 +34,13 @@ scikit-learn's ``t_``), advanced by all participants' samples, so
 ``optimal``/``invscaling`` decay as in one process; with one participant and
 ``shuffle=False`` a fit *is* scikit-learn's (tested).
 
-Two kernels compute a minibatch's update (pure functions of arrays):
+On numpy data (``ps.sgd.compiled``, where numba imports; not the
+passive-aggressive rules) a round is one call of ``_sgd_numba.sgd_round``:
+scikit-learn's per-sample rule compiled, over the round's rows (dense: gathered
+in ~2 MiB chunks; sparse: the round compacted to a CSR over its touched
+rows), with the loss of each sample at the weights it trains from; sparse
+rows the round missed get its regularization lazily, per round. Otherwise
+two kernels compute a minibatch's update (pure functions of arrays):
 
 - ``sequential`` (numpy data, the default on CPU): scikit-learn's own Cython
   kernel (``_plain_sgd``) over the minibatch, one sample at a time, starting
@@ -74,7 +80,7 @@ compatible checkpoint resumes from it (``_BaseSGDPS._resume``). Without
 ``checkpoint`` a fit is one run, as before.
 
 Tunables (``dask.config``, defaults in ``_CONFIG_DEFAULTS``):
-``ps.sgd.kernel``, ``ps.sgd.clock-samples``,
+``ps.sgd.compiled``, ``ps.sgd.kernel``, ``ps.sgd.clock-samples``,
 ``ps.sgd.min-samples-per-participant``, ``ps.sgd.scatter-bytes``.
 """
 
