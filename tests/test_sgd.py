@@ -88,7 +88,7 @@ def _sk_mean_score(make, Xtr, ytr, Xte, yte, seeds=range(5)):
 # --- the estimator uses the public API only ------------------------------------------------
 
 ALLOWED_DASK_PS_NAMES = {
-    "ParameterServer", "get_parameter_server", "Consistency", "BSP", "SSP", "ESSP", "VAP", "CVAP", "ASP",
+    "ParameterServer", "get_parameter_server", "checkpoint_metadata", "Consistency", "BSP", "SSP", "ESSP", "VAP", "CVAP", "ASP",
 }
 
 

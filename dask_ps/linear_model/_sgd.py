@@ -87,10 +87,8 @@ Tunables (``dask.config``, defaults in ``_CONFIG_DEFAULTS``):
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
-import posixpath
 import time
 import uuid
 import warnings
@@ -121,7 +119,7 @@ from sklearn.utils.validation import (
     validate_data,
 )
 
-from dask_ps import ASP, SSP, Consistency, ParameterServer, get_parameter_server
+from dask_ps import ASP, SSP, Consistency, ParameterServer, checkpoint_metadata, get_parameter_server
 from dask_ps import _backend
 
 try:  # scikit-learn's per-sample kernel (private API; checked by _sequential_ok)
@@ -1514,20 +1512,6 @@ def _jsonable(obj):
     return repr(obj)
 
 
-def _checkpoint_metadata(path):
-    """The ``metadata`` of the dask_ps checkpoint at ``path`` (the
-    ``manifest.json`` that ``ParameterServer.save`` writes), None if there is
-    none."""
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(path)
-    manifest = posixpath.join(root.rstrip("/"), "manifest.json")
-    if not fs.exists(manifest):
-        return None
-    with fs.open(manifest, "r") as f:
-        return json.load(f).get("metadata") or {}
-
-
 def _nbytes(X) -> int:
     if sp.issparse(X):
         return X.data.nbytes + X.indices.nbytes + X.indptr.nbytes
@@ -1825,7 +1809,7 @@ class _BaseSGDPS(SparseCoefMixin, BaseEstimator):
         """The state saved at ``path`` (None: no checkpoint there): loads its
         tables (``ps.load``), checks that it belongs to this fit, reads the
         weights and stopping sums, and drops the loaded tables again."""
-        meta = _checkpoint_metadata(path)
+        meta = checkpoint_metadata(path)
         if meta is None:
             return None
         where = f"the checkpoint at {path!r}"
