@@ -336,11 +336,13 @@ def part_staleness(client, train, args):
                 return sec
         return float("nan")
 
-    def fmt_range(xs):
-        xs = [x for x in xs if np.isfinite(x)]
+    def fmt_range(all_xs):
+        xs = [x for x in all_xs if np.isfinite(x)]
         if not xs:
             return "not reached"
-        return f"{min(xs):.2f}x" if len(xs) == 1 or max(xs) - min(xs) < 0.005 else f"{min(xs):.2f}-{max(xs):.2f}x"
+        lo, hi = f"{min(xs):.2f}", f"{max(xs):.2f}"
+        out = f"{lo}x" if lo == hi else f"{lo}-{hi}x"
+        return out if len(xs) == len(all_xs) else f"{out} (not reached in {len(all_xs) - len(xs)} of {len(all_xs)})"
 
     plots = []
     for scenario in scenarios:
