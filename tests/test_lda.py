@@ -329,6 +329,19 @@ def test_parameter_validation(params, match):
         LatentDirichletAllocation(**params).fit(X)
 
 
+def test_default_word_consistency_refreshes():
+    """consistency=None: the configured default model, read fresh when cheap;
+    an explicit model is used as given."""
+    import dask
+
+    assert LatentDirichletAllocation()._consistencies()[0] == dask_ps.SSP(2, refresh=True)
+    with dask.config.set({"ps.consistency": "essp", "ps.staleness": 3}):
+        assert LatentDirichletAllocation()._consistencies()[0] == dask_ps.ESSP(3, refresh=True)
+    with dask.config.set({"ps.consistency": "bsp"}):
+        assert LatentDirichletAllocation()._consistencies()[0] == dask_ps.BSP()
+    assert LatentDirichletAllocation(consistency=dask_ps.SSP(2))._consistencies()[0] == dask_ps.SSP(2)
+
+
 @pytest.mark.parametrize(
     "word, totals, expected",
     [
