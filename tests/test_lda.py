@@ -493,6 +493,10 @@ def test_chunked_and_resumed_fits_equal_one_run(lda_client, tmp_path):
     # a finished checkpoint resumed with the same max_iter trains nothing and gives the same model
     again = _bsp_fit(lda_client, X, checkpoint=path)
     np.testing.assert_array_equal(again.components_, ref.components_)
+    # ... and with a smaller max_iter it says how far the model really is
+    fewer = _bsp_fit(lda_client, X, max_iter=3, checkpoint=path)
+    np.testing.assert_array_equal(fewer.components_, ref.components_)
+    assert fewer.n_iter_ == 7 and fewer.loglik_history_[-1][0] == 7
 
 
 def test_checkpoint_of_another_fit_is_refused(lda_client, tmp_path):

@@ -561,6 +561,8 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         The last entry (``iteration == n_iter_``) is computed from the final
         tables and is exact.
     n_iter_ : int
+        Gibbs sweeps the final assignments have had: ``max_iter``, or more
+        when a checkpoint that was already further along was resumed.
     n_restarts_ : int
         Chunks redone because a worker was lost (fault tolerance on).
     n_tokens_ : int
@@ -941,10 +943,12 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         t_end = time.perf_counter() - t0
 
         self.components_ = nwk.T.astype(np.float64) + beta
-        self.n_iter_ = self.max_iter
+        # A resumed checkpoint may already be past max_iter: report what the
+        # assignments have had.
+        self.n_iter_ = stop
         self.n_restarts_ = n_restarts
         self.fit_seconds_ = t_end
-        trained = self.max_iter - first_iteration
+        trained = max(0, stop - first_iteration)
         self.tokens_per_second_ = n_tokens * trained / t_end if t_end > 0 else float("nan")
         self.metrics_ = [
             {**r["metrics"], **{k: r[k] for k in (
@@ -957,7 +961,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
             + _k.word_loglik_rows(nwk, np.ones(V), beta)
             + _k.totals_loglik(nk, V * beta)
         )
-        history.append((self.max_iter, time.time() - t_start, float(final)))
+        history.append((stop, time.time() - t_start, float(final)))
         self.loglik_history_ = history
         if self.verbose:
             logger.info(
