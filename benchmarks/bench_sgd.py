@@ -19,6 +19,7 @@ is installed. All use loss="log_loss", alpha=1e-4, the "optimal" schedule.
     python benchmarks/bench_sgd.py                     # ~2-3 minutes on 2 cores
     python benchmarks/bench_sgd.py --full              # the issue's 1M x 100 dense, 1M x 2^20 sparse
     python benchmarks/bench_sgd.py --dense-n 200000 --sparse-n 0 --epochs 1 2 3
+    python benchmarks/bench_sgd.py --full --only sparse --epochs 1 2 3
 """
 
 from __future__ import annotations
@@ -179,9 +180,14 @@ def main():
     ap.add_argument("--batch-size", type=int, default=2048)
     ap.add_argument("--full", action="store_true", help="the issue's sizes: 1M x 100 dense, 1M x 2^20 sparse")
     ap.add_argument("--no-dask-ml", action="store_true")
+    ap.add_argument("--only", choices=["dense", "sparse"], help="run one of the two data sets")
     args = ap.parse_args()
     if args.full:
         args.dense_n = args.sparse_n = 1_000_000
+    if args.only == "sparse":
+        args.dense_n = 0
+    elif args.only == "dense":
+        args.sparse_n = 0
     from distributed import Client, LocalCluster
 
     kw = dict(loss="log_loss", alpha=1e-4)

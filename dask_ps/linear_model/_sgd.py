@@ -155,6 +155,12 @@ _CONFIG_DEFAULTS = {
     # In-memory parts smaller than this travel inside the task instead of
     # being scattered first.
     "scatter-bytes": 1 << 20,
+    # Sparse data, compiled kernel: keep each round's compacted CSR (over its
+    # touched features) from the first epoch of a run for the later ones
+    # while the copies fit in this many bytes per participant (roughly the
+    # participant's own CSR: 12 bytes per float64 non-zero); beyond it a
+    # round is compacted again each epoch (the same result, slower).
+    "round-cache-bytes": 2 << 30,
 }
 
 
@@ -813,6 +819,14 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
     # Where a retried task resumes: a lone participant never clocks and
     # redoes its run; the others go on from the clock the run recorded.
     rounds = -(-S // m)
+    # The rounds of an epoch (see ``_epoch_rounds``): lists of minibatches,
+    # or, for compacted sparse rounds, (round id, order of its samples).
+    fixed = compiled is not None and compiled.sparse
+    run_rounds = []  # the rounds fixed at the run's first epoch
+
+    def draw(epoch):
+        return _epoch_rounds(rng, hp.shuffle, train_idx, S, m, fixed, run_rounds, epoch, cfg.seeds[ctx.rank])
+
     resume = 0 if solo else int(ctx.current_clock)
     done_epochs, resume_round = divmod(resume, rounds)
     t_start = time.perf_counter()
@@ -821,8 +835,7 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
     for epoch in range(cfg.epoch0, min(cfg.epoch0 + done_epochs, cfg.max_iter)):
         if not stop.active.any():
             break
-        if hp.shuffle:
-            rng.permutation(train_idx)  # the draw the first attempt made
+        draw(epoch)  # the draws the first attempt made
         samples += n_train
         _decide(ctx, cfg, stop, epoch, history, float("nan"), samples)
         first = epoch + 1
@@ -833,20 +846,19 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
         if not stop.active.any():
             break
         t_epoch = time.perf_counter()
-        order = rng.permutation(train_idx) if hp.shuffle else train_idx
-        batches = np.array_split(order, S)
+        epoch_rounds = draw(epoch)
         loss_sum = xp.zeros(K)
         active = stop.active.copy()
-        r_first = resume_round * m if epoch == first else 0
-        seen = sum(b.shape[0] for b in batches[:r_first])
+        r_first = resume_round if epoch == first else 0
+        seen = sum(_round_size(g, run_rounds) for g in epoch_rounds[:r_first])
         samples += seen
-        for r0 in range(r_first, S, m):
-            group = batches[r0:r0 + m]
+        for ri in range(r_first, len(epoch_rounds)):
+            group = epoch_rounds[ri]
             if not solo:
                 loss_sum = xp.zeros(K)  # pushed every round (see the docstring)
             if compiled is not None:
                 rows, W0, W, n_round = _compiled_round(
-                    ctx, cfg, compiled, group, epoch, seen, W_all, stop, active, loss_sum, solo)
+                    ctx, cfg, compiled, group, run_rounds, epoch, seen, W_all, stop, active, loss_sum, solo)
                 seen += n_round
                 samples += n_round
             else:
@@ -929,7 +941,7 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
                     ctx.push_rows(cfg.table, rows, delta)
                 else:
                     ctx.push(cfg.table, delta)
-            if r0 + m >= S:
+            if ri == len(epoch_rounds) - 1:
                 _end_epoch(ctx, cfg, epoch, stop, loss_sum, n_train, X, Y, sw, val_idx, xp,
                            W_all if solo else (None if sparse else W), d, history,
                            time.perf_counter() - t_epoch, samples, clock=not solo)
@@ -955,6 +967,43 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
         },
     }
 
+
+
+def _epoch_rounds(rng, shuffle, train_idx, S, m, fixed, run_rounds, epoch, seed):
+    """The rounds of ``epoch``, in order, and the RNG draws that make them
+    (replayed as they are by a retried participant).
+
+    Default: scikit-learn's reshuffle of all samples each epoch (``shuffle``),
+    cut into ``S`` minibatches and rounds of ``m`` of them; a round is its
+    list of minibatches.
+
+    ``fixed`` (sparse data with the compiled kernel): which samples form each
+    round is drawn once per fit -- a shuffle of the training samples cut the
+    same way, from its own stream (``seed``), so that every run of a chunked
+    or resumed fit and every retry finds the same rounds (kept in
+    ``run_rounds`` as index arrays) -- and each epoch after the first
+    shuffles the order of the rounds and the order of the samples inside each
+    round (from ``rng``). A round's compacted CSR over its touched features
+    (``_compiled_round``) is then built once and re-read in a new order. A
+    round is ``(round id, order of its samples or None)``."""
+    if fixed:
+        if not run_rounds:
+            order = np.random.default_rng([int(seed), 1]).permutation(train_idx) if shuffle else train_idx
+            batches = np.array_split(order, S)
+            run_rounds.extend(np.concatenate(batches[r0:r0 + m]) if m > 1 else batches[r0]
+                              for r0 in range(0, S, m))
+        if not shuffle or epoch == 0:
+            return [(i, None) for i in range(len(run_rounds))]
+        return [(int(i), rng.permutation(run_rounds[i].shape[0])) for i in rng.permutation(len(run_rounds))]
+    order = rng.permutation(train_idx) if shuffle else train_idx
+    batches = np.array_split(order, S)
+    return [batches[r0:r0 + m] for r0 in range(0, S, m)]
+
+
+def _round_size(group, run_rounds) -> int:
+    if isinstance(group, tuple):
+        return int(run_rounds[group[0]].shape[0])
+    return sum(b.shape[0] for b in group)
 
 
 def _numba_module():
@@ -1018,6 +1067,11 @@ class _CompiledData:
             self.scratch = np.full((d, 2), -1, dtype=np.int32)
             self.stamp = 0
             n_train = train_idx.shape[0]
+            # The rounds' compacted CSRs, kept across the epochs of a run
+            # while they fit the budget (about the size of the training CSR).
+            nnz_train = int(np.sum(np.diff(self.ptr)[train_idx])) if n_train else 0
+            est = nnz_train * (X.data.dtype.itemsize + 4) + n_train * (8 * (Y.shape[1] + 2) + 4)
+            self.cache = {} if est <= int(_config("round-cache-bytes")) else None
             if hp.penalty > 0 and n_train:
                 # A round decays (L2) and shrinks (L1) the rows it touches
                 # only; a touched row also gets the regularization of the
@@ -1038,23 +1092,38 @@ class _CompiledData:
         return self
 
 
-def _compiled_round(ctx, cfg: _RunConfig, c: _CompiledData, group, epoch, seen, W_all, stop, active, loss_sum,
-                    solo):
+def _compiled_round(ctx, cfg: _RunConfig, c: _CompiledData, group, run_rounds, epoch, seen, W_all, stop, active,
+                    loss_sum, solo):
     """One round with the compiled kernel: pull the weights the round needs
     (the touched rows for sparse data), train every active output over the
     round's samples in one call each, regularize the touched rows lazily;
-    returns ``(rows, W0, W, n_samples)`` (``rows`` None for dense data)."""
+    returns ``(rows, W0, W, n_samples)`` (``rows`` None for dense data).
+
+    ``group``: the round's minibatches (dense data), or ``(round id, order)``
+    of a round of ``run_rounds`` (sparse data, ``_epoch_rounds``), whose
+    compacted CSR is built at its first use and kept in ``c.cache`` when the
+    budget allows."""
     hp = cfg.hp
     K = hp.n_outputs
     d = cfg.n_features
-    idx = np.concatenate(group) if len(group) > 1 else group[0]
     rows = None
     if c.sparse:
-        c.stamp += 1
-        cols, cdata, cind, cptr = c.mod.compact_rows(idx, c.data, c.ind, c.ptr, c.scratch, c.stamp)
-        rows = np.append(cols, d)
+        rid, order = group
+        entry = None if c.cache is None else c.cache.get(rid)
+        if entry is None:
+            idx = run_rounds[rid]
+            c.stamp += 1
+            cols, cdata, cind, cptr = c.mod.compact_rows(idx, c.data, c.ind, c.ptr, c.scratch, c.stamp)
+            rows = np.append(cols, d)  # sorted and unique: pull_rows/push_rows do not sort them
+            entry = (rows, (cdata, cind, cptr), [yk[idx] for yk in c.Y], c.sw[idx])
+            if c.cache is not None:
+                c.cache[rid] = entry
+        rows = entry[0]
+        n_round = entry[3].shape[0]
         W0 = W_all[rows] if solo else ctx.pull_rows(cfg.table, rows)
     else:
+        idx = np.concatenate(group) if len(group) > 1 else group[0]
+        n_round = idx.shape[0]
         W0 = W_all if solo else ctx.pull(cfg.table)
     W = np.array(W0, dtype=W0.dtype, order="F", copy=True)  # columns contiguous
     nw = W.shape[0] - 1
@@ -1065,7 +1134,10 @@ def _compiled_round(ctx, cfg: _RunConfig, c: _CompiledData, group, epoch, seen, 
     if c.sparse:
         # The round's rows as a CSR over its touched features (the pulled
         # block): one pass of lookups, then the kernel reads it in order.
-        whole = (idx, (cdata, cind, cptr), [yk[idx] for yk in c.Y], c.sw[idx], c.arange_n(idx.shape[0]))
+        # The sample order: the round's own (its first epoch) or ``order``,
+        # read through the kernel's list of rows (no copy of the CSR).
+        local = c.arange_n(n_round) if order is None else order
+        whole = (local, entry[1], entry[2], entry[3], local)
 
         def chunks():
             yield whole
@@ -1114,7 +1186,7 @@ def _compiled_round(ctx, cfg: _RunConfig, c: _CompiledData, group, epoch, seen, 
             "Floating-point under-/overflow occurred at epoch #%d. Scaling input data "
             "with StandardScaler or MinMaxScaler might help." % (epoch + 1)
         )
-    return rows, W0, np.ascontiguousarray(W), idx.shape[0]
+    return rows, W0, np.ascontiguousarray(W), n_round
 
 
 def _unique_inverse(idx, stamp, lookup, xp):
