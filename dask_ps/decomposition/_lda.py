@@ -524,8 +524,10 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         where the topic assignments are saved every ``checkpoint_every``
         iterations with ``ParameterServer.save``. If it already holds a
         checkpoint of a fit of the same data and priors, ``fit`` resumes
-        from it (a larger ``max_iter`` continues a finished fit); a
-        checkpoint of another fit is an error. A fit whose workers die
+        from it (a larger ``max_iter`` continues a finished fit; with
+        ``n_partitions=None`` the documents are split as the saved fit split
+        them, whatever the cluster's size now); a checkpoint of another fit
+        is an error. A fit whose workers die
         is redone from the last checkpoint.
     checkpoint_every : int, default None
         Iterations between saved assignments (the chunk a lost worker can
@@ -773,6 +775,8 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         ps = dask_ps.get_parameter_server(self.client)
         client = ps.client
         uid = uuid.uuid4().hex[:10]
+        checkpoint = None if self.checkpoint is None else os.fspath(self.checkpoint)
+        meta = dask_ps.checkpoint_metadata(checkpoint) if checkpoint is not None else None
         if _is_dask_array(X):
             if math.isnan(X.shape[1]):
                 raise ValueError("LatentDirichletAllocation.fit: the number of columns of X must be known")
@@ -788,7 +792,9 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
             )
             _check_counts(X, "LatentDirichletAllocation.fit")
             X = _as_count_csr(X)
-            n_parts = self.n_partitions or max(
+            # A resumed fit splits the documents as the saved one did, whatever
+            # the cluster's size now.
+            n_parts = self.n_partitions or (meta or {}).get("n_parts") or max(
                 1, sum(w.get("nthreads", 1) for w in client.scheduler_info(n_workers=-1)["workers"].values())
             )
             parts = _Parts(client, uid, self.n_features_in_, matrix=X, n_parts=n_parts)
@@ -823,7 +829,6 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         # after each, the assignments go to one of two alternating sets of
         # tables (replicated, and saved when checkpointing). A chunk that
         # loses a worker is redone from the last complete set.
-        checkpoint = None if self.checkpoint is None else os.fspath(self.checkpoint)
         tolerant = checkpoint is not None or self.replication > 1
         every = (self.checkpoint_every or _DEFAULT_CHECKPOINT_EVERY) if tolerant else max(1, self.max_iter)
         fingerprint = {
@@ -831,12 +836,10 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
             "n_features": V, "part_tokens": part_tokens,
         }
         z_id, good, history = uid, None, []
-        if checkpoint is not None:
-            meta = dask_ps.checkpoint_metadata(checkpoint)
-            if meta:
-                self._check_resumable(meta, fingerprint, checkpoint)
-                z_id, good, history = meta["z_id"], (int(meta["set"]), int(meta["iteration"])), [
-                    tuple(h) for h in meta["history"]]
+        if meta:
+            self._check_resumable(meta, fingerprint, checkpoint)
+            z_id, good, history = meta["z_id"], (int(meta["set"]), int(meta["iteration"])), [
+                tuple(h) for h in meta["history"]]
         z_names = [[f"lda-{z_id}-assignments{s}-{r}" for r in range(P)] for s in (0, 1)] if tolerant else None
 
         created = []
@@ -932,6 +935,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
                         good = current
                     elif self._save(ps, checkpoint, z_names[out], {
                         "estimator": _CHECKPOINT_KIND, "z_id": z_id, "set": out, "iteration": stop,
+                        "n_parts": None if _is_dask_array(X) else n_parts,
                         "history": [list(h) for h in history], **fingerprint,
                     }):
                         good = current
