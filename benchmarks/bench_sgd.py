@@ -118,7 +118,9 @@ def summarize(name, results, n_train, target):
     reach = next((r for r in results if r[2] >= target), None)
     tta = f"{reach[1]:.2f} s (E={reach[0]})" if reach else "not reached"
     accs = " ".join(f"{r[2]:.4f}" for r in results)
-    print(f"  {name:28s} {n_train * E / dt:11.3g} samples/s   time-to-{target:.4f}: {tta:20s} acc by E: {accs}")
+    secs = " ".join(f"{r[1]:.2f}" for r in results)
+    print(f"  {name:28s} {n_train * E / dt:11.3g} samples/s   time-to-{target:.4f}: {tta:20s} acc by E: {accs}"
+          f"   s by E: {secs}")
     return {"samples_s": n_train * E / dt, "tta": None if reach is None else reach[1], "acc": acc}
 
 

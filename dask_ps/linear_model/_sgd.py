@@ -39,7 +39,11 @@ passive-aggressive rules) a round is one call of ``_sgd_numba.sgd_round``:
 scikit-learn's per-sample rule compiled, over the round's rows (dense: gathered
 in ~2 MiB chunks; sparse: the round compacted to a CSR over its touched
 rows), with the loss of each sample at the weights it trains from; sparse
-rows the round missed get its regularization lazily, per round. Otherwise
+rows the round missed get its regularization lazily, per round. Sparse
+rounds are fixed per fit (``_epoch_rounds``): later epochs reshuffle the
+order of the rounds and of the samples inside each, not all samples, so a
+round's compacted CSR is built once and kept (``ps.sgd.round-cache-bytes``;
+about the size of the participant's CSR). Otherwise
 two kernels compute a minibatch's update (pure functions of arrays):
 
 - ``sequential`` (numpy data, the default on CPU): scikit-learn's own Cython
@@ -81,7 +85,8 @@ compatible checkpoint resumes from it (``_BaseSGDPS._resume``). Without
 
 Tunables (``dask.config``, defaults in ``_CONFIG_DEFAULTS``):
 ``ps.sgd.compiled``, ``ps.sgd.kernel``, ``ps.sgd.clock-samples``,
-``ps.sgd.min-samples-per-participant``, ``ps.sgd.scatter-bytes``.
+``ps.sgd.min-samples-per-participant``, ``ps.sgd.scatter-bytes``,
+``ps.sgd.round-cache-bytes``.
 """
 
 from __future__ import annotations
@@ -2098,7 +2103,18 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
     ``verbose``, ``epsilon``, ``random_state``, ``learning_rate``, ``eta0``,
     ``power_t``, ``early_stopping``, ``validation_fraction``,
     ``n_iter_no_change``, ``class_weight``, ``warm_start``, ``average``) mean
-    what they mean there.
+    what they mean there, except that ``shuffle`` shuffles per participant,
+    and, for sparse numpy/scipy data trained with the compiled kernel (the
+    default where numba is installed), per *round*: which samples form each
+    round of ``ps.sgd.clock-samples`` samples is drawn once per fit, and each
+    later epoch shuffles the order of the rounds and the order of the
+    samples within each round (scikit-learn reshuffles all samples each
+    epoch; dask-ml's ``Incremental`` shuffles whole blocks). This lets a
+    participant compact each round to its touched features once per fit
+    instead of once per epoch; the compacted rounds take about as much
+    memory as the participant's own CSR (kept while within
+    ``ps.sgd.round-cache-bytes``, default 2 GiB per participant; beyond it
+    they are rebuilt each epoch, with the same result).
 
     Attributes
     ----------
@@ -2435,7 +2451,9 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
     The parameters and fitted attributes are scikit-learn's
     :class:`sklearn.linear_model.SGDRegressor`, plus ``batch_size``,
     ``consistency``, ``client``, ``checkpoint``, ``checkpoint_every`` and
-    ``replication`` (see :class:`SGDClassifier`).
+    ``replication`` (see :class:`SGDClassifier`, also for what ``shuffle``
+    does on sparse data: rounds fixed per fit, their order and the order of
+    their samples reshuffled each epoch).
     ``predict`` returns a lazy dask array for dask input.
     """
 
