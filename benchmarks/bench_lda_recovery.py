@@ -53,7 +53,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="bench_lda_recovery-")
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
-        ps = dask_ps.get_parameter_server(client)
+        dask_ps.get_parameter_server(client)  # install the plugins before timing
         print(f"# bench_lda_recovery: {X.shape[0]} docs, {int(X.sum())} tokens, K={args.topics}, "
               f"{args.iters} iterations, checkpoint_every={args.every}, 3 workers x 1 thread, "
               f"{args.repeat} interleaved round(s)")

@@ -4,9 +4,7 @@ reach into workers and the scheduler to inject faults."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import time
 
 import numpy as np
 import pytest
