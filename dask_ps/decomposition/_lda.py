@@ -184,6 +184,29 @@ class _Parts:
         self.futures = []
 
 
+class _AssignmentSets:
+    """Two alternating sets of tables holding each participant's topic
+    assignments (int32, assign rule, ``replication`` copies), named from
+    ``z_id`` (a resumed checkpoint's, so that saves replace its tables).
+
+    A chunk reads the last complete set and writes the other, so a chunk
+    that fails half-way never damages the set it would be redone from."""
+
+    def __init__(self, ps, z_id, part_tokens, replication):
+        self.ps, self.part_tokens, self.replication = ps, part_tokens, replication
+        self.names = [[f"lda-{z_id}-assignments{s}-{r}" for r in range(len(part_tokens))] for s in (0, 1)]
+
+    def fresh(self, s):
+        """(Re)create set ``s`` empty: the set a chunk writes holds nothing
+        needed, also after its blocks were lost with a worker."""
+        existing = set(self.ps.tables())
+        for name, n in zip(self.names[s], self.part_tokens):
+            if name in existing:
+                self.ps.drop_table(name)
+            self.ps.create_table(name, shape=(n,), dtype="int32", rule="assign",
+                                 consistency=dask_ps.ASP(), replication=self.replication)
+
+
 def _lost_workers(client, members, wait=5.0) -> set:
     """Workers of ``members`` that left the cluster (waiting up to ``wait``
     seconds for the scheduler to notice a death that caused an error)."""
@@ -840,7 +863,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
             self._check_resumable(meta, fingerprint, checkpoint)
             z_id, good, history = meta["z_id"], (int(meta["set"]), int(meta["iteration"])), [
                 tuple(h) for h in meta["history"]]
-        z_names = [[f"lda-{z_id}-assignments{s}-{r}" for r in range(P)] for s in (0, 1)] if tolerant else None
+        sets = _AssignmentSets(ps, z_id, part_tokens, min(self.replication, n_servers)) if tolerant else None
 
         created = []
         results = None
@@ -850,24 +873,12 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         first_iteration = good[1] if good else 0
         try:
             if tolerant:
-                replication = min(self.replication, n_servers)
-
-                def fresh_assignment_tables(s):
-                    # The set a chunk writes holds nothing needed: (re)create it
-                    # empty, also after its blocks were lost with a worker.
-                    existing = set(ps.tables())
-                    for r, name in enumerate(z_names[s]):
-                        if name in existing:
-                            ps.drop_table(name)
-                        ps.create_table(name, shape=(part_tokens[r],), dtype="int32", rule="assign",
-                                        consistency=dask_ps.ASP(), replication=replication)
-
-                created.extend(z_names[0] + z_names[1])
+                created.extend(sets.names[0] + sets.names[1])
                 if good is not None:
-                    ps.load(checkpoint, tables=z_names[good[0]], overwrite=True)
+                    ps.load(checkpoint, tables=sets.names[good[0]], overwrite=True)
                 for s in (0, 1):
                     if good is None or s != good[0]:
-                        fresh_assignment_tables(s)
+                        sets.fresh(s)
             current = good
             while True:
                 start = current[1] if current else 0
@@ -899,8 +910,8 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
                         _gibbs_participant, parts.futures,
                         nwk_name=nwk_name, nk_name=nk_name, progress_name=progress_name, n_components=K,
                         alpha=self.doc_topic_prior_, beta=beta, n_features=V, start=start, stop=stop,
-                        z_in=z_names[current[0]] if current else None,
-                        z_out=z_names[out] if tolerant else None,
+                        z_in=sets.names[current[0]] if current else None,
+                        z_out=sets.names[out] if tolerant else None,
                         evaluate_every=evaluate_every, seeds=seeds, holders=holders,
                         sampler=sampler, device=device, t_start=t_start,
                         delay=getattr(self, "_sweep_delay", None),
@@ -921,7 +932,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
                         n_restarts, _MAX_RESTARTS,
                     )
                     ps.wait_for_placement()
-                    fresh_assignment_tables(1 - good[0] if good else 0)
+                    sets.fresh(1 - good[0] if good else 0)  # the set the redo writes
                     parts.rebuild_lost()
                     continue
                 finally:
@@ -933,7 +944,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
                     current = (out, stop)
                     if checkpoint is None:
                         good = current
-                    elif self._save(ps, checkpoint, z_names[out], {
+                    elif self._save(ps, checkpoint, sets.names[out], {
                         "estimator": _CHECKPOINT_KIND, "z_id": z_id, "set": out, "iteration": stop,
                         "n_parts": None if _is_dask_array(X) else n_parts,
                         "history": [list(h) for h in history], **fingerprint,
