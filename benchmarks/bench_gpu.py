@@ -1,9 +1,22 @@
-"""GPU push/pull throughput (issue 7): cuda tables vs numpy tables between two
-workers sharing one GPU (dask-cuda), with the measured ceilings next to them.
+"""GPU benchmarks (issues 4, 5 and 7), on dask-cuda workers sharing one GPU.
 
-    python benchmarks/bench_gpu.py [--mib 64 256] [--budget 2]
+Parts (``--part``, default all):
 
-Prints GB/s of client push and pull for each size; needs cupy and dask-cuda.
+- ``kv``: client push/pull GB/s of cuda tables vs numpy tables, with the
+  measured ceilings next to them.
+- ``sgd``: ``dask_ps.linear_model.SGDClassifier`` (log loss) on dense d=128
+  data held as cupy chunks on the workers: samples/s of a fit (target from
+  issue 4: >= 1e8 samples/s on one GPU), and its test accuracy.
+- ``lda``: ``LatentDirichletAllocation(n_components=100, device="cuda")``
+  (the array-API sampler on cupy) on a synthetic corpus: tokens/s of the fit
+  and of the sweeps alone (target from issue 5: >= 1e8 tokens/s at K=100).
+
+``--device cpu`` runs the same code with numpy on a ``LocalCluster`` (a dry
+run of the script where there is no GPU; the numbers then mean nothing for
+the targets).
+
+    python benchmarks/bench_gpu.py [--part kv sgd lda] [--mib 64 256] [--budget 2]
+                                   [--sgd-samples 4000000] [--lda-docs 20000] [--device cuda]
 """
 
 from __future__ import annotations
@@ -23,32 +36,123 @@ def rate(fn, budget):
     return n / (time.perf_counter() - t0)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mib", type=int, nargs="+", default=[16, 64, 256])
-    ap.add_argument("--budget", type=float, default=2.0)
-    args = ap.parse_args()
-    import cupy
-    import dask_cuda
-    from distributed import Client
-
+def part_kv(client, args, cuda):
     import dask_ps
 
-    with dask_cuda.LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,0", dashboard_address=None) as cluster, \
-            Client(cluster) as client:
-        ps = dask_ps.ParameterServer(client)
-        print(f"{'MiB':>6s} {'table':>6s} {'push GB/s':>10s} {'pull GB/s':>10s}")
-        for mib in args.mib:
-            n = mib * 2**20 // 4
-            for device, xp in (("cuda", cupy), ("cpu", np)):
-                ps.create_table("b", shape=(n,), dtype="float32", device=device)
-                x = xp.ones(n, dtype="float32")
-                push = rate(lambda: ps.push("b", x), args.budget) * mib * 2**20 / 1e9
-                pull = rate(lambda: ps.pull("b"), args.budget) * mib * 2**20 / 1e9
-                print(f"{mib:6d} {device:>6s} {push:10.2f} {pull:10.2f}")
-                ps.drop_table("b")
-        print("ceilings (BASELINES.md, H200): on-device add 2500 GB/s; host->device 6.5 GB/s, "
-              "device->host 2.6 GB/s; Dask TCP worker->worker of a cupy array ~1 GB/s")
+    ps = dask_ps.ParameterServer(client)
+    mods = [("cuda", __import__("cupy"))] if cuda else []
+    print(f"{'MiB':>6s} {'table':>6s} {'push GB/s':>10s} {'pull GB/s':>10s}")
+    for mib in args.mib:
+        n = mib * 2**20 // 4
+        for device, xp in mods + [("cpu", np)]:
+            ps.create_table("b", shape=(n,), dtype="float32", device=device)
+            x = xp.ones(n, dtype="float32")
+            push = rate(lambda: ps.push("b", x), args.budget) * mib * 2**20 / 1e9
+            pull = rate(lambda: ps.pull("b"), args.budget) * mib * 2**20 / 1e9
+            print(f"{mib:6d} {device:>6s} {push:10.2f} {pull:10.2f}")
+            ps.drop_table("b")
+    print("ceilings (BASELINES.md, H200): on-device add 2500 GB/s; host->device 6.5 GB/s, "
+          "device->host 2.6 GB/s; Dask TCP worker->worker of a cupy array ~1 GB/s")
+
+
+def part_sgd(client, args, cuda):
+    import dask.array as da
+    from distributed import wait
+
+    from dask_ps.linear_model import SGDClassifier
+
+    n, d = args.sgd_samples, 128
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=d).astype(np.float32)
+    X = rng.normal(size=(n, d)).astype(np.float32)
+    y = (X @ w + rng.normal(scale=2.0, size=n).astype(np.float32) > 0).astype(np.int32)
+    n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
+    rows = -(-n // n_workers)
+    dX, dy = da.from_array(X, chunks=(rows, d)), da.from_array(y, chunks=rows)
+    if cuda:
+        import cupy
+
+        dX, dy = dX.map_blocks(cupy.asarray), dy.map_blocks(cupy.asarray)
+    dX, dy = client.persist([dX, dy])
+    wait([dX, dy])
+    kw = dict(loss="log_loss", alpha=1e-6, batch_size=args.sgd_batch, tol=None, random_state=0, client=client)
+    SGDClassifier(max_iter=1, **kw).fit(dX, dy)  # warm-up: compilation, imports, tables
+    t0 = time.perf_counter()
+    clf = SGDClassifier(max_iter=args.sgd_epochs, **kw).fit(dX, dy)
+    seconds = time.perf_counter() - t0
+    acc = clf.score(X[:200_000], y[:200_000])
+    print(f"sgd: {n:,} x {d} float32 on {n_workers} workers ({'cupy' if cuda else 'numpy'} chunks), "
+          f"batch {args.sgd_batch}, {args.sgd_epochs} epochs: {seconds:.2f} s, "
+          f"{n * args.sgd_epochs / seconds:.3g} samples/s (target 1e8 on one GPU), accuracy {acc:.4f}")
+
+
+def synthetic_corpus(n_docs, doc_len, n_words, n_topics, seed=0):
+    """Documents from the LDA generative process, drawn vectorized (a topic and
+    then a word per token)."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    topics = rng.dirichlet(np.full(n_words, 0.01), size=n_topics)
+    cdf = np.cumsum(topics, axis=1)
+    theta = rng.dirichlet(np.full(n_topics, 0.1), size=n_docs)
+    doc = np.repeat(np.arange(n_docs), doc_len)
+    z = (rng.random(doc.size)[:, None] > np.cumsum(theta, axis=1)[doc]).sum(axis=1).clip(0, n_topics - 1)
+    u = rng.random(doc.size)
+    words = np.empty(doc.size, dtype=np.int64)
+    for k in range(n_topics):
+        sel = z == k
+        words[sel] = np.searchsorted(cdf[k], u[sel]).clip(0, n_words - 1)
+    X = sp.csr_matrix((np.ones(doc.size, dtype=np.int64), (doc, words)), shape=(n_docs, n_words))
+    X.sum_duplicates()
+    return X
+
+
+def part_lda(client, args, cuda):
+    from dask_ps.decomposition import LatentDirichletAllocation
+
+    X = synthetic_corpus(args.lda_docs, args.lda_doc_len, args.lda_words, 100)
+    n_tokens = int(X.sum())
+    kw = dict(n_components=100, evaluate_every=0, sampler="array", device="cuda" if cuda else "cpu",
+              random_state=0, client=client)
+    LatentDirichletAllocation(max_iter=1, **kw).fit(X)  # warm-up
+    lda = LatentDirichletAllocation(max_iter=args.lda_iters, **kw).fit(X)
+    sweep = max(m["sweep_seconds"] for m in lda.metrics_)
+    print(f"lda: {X.shape[0]:,} documents, {n_tokens:,} tokens, V={X.shape[1]}, K=100, {args.lda_iters} "
+          f"iterations, {len(lda.metrics_)} participants ({kw['device']}): fit {lda.fit_seconds_:.2f} s, "
+          f"{lda.tokens_per_second_:.3g} tokens/s; sweeps alone {n_tokens * args.lda_iters / sweep:.3g} "
+          f"tokens/s (target 1e8 on one GPU); final log-likelihood per token "
+          f"{lda.loglik_history_[-1][2] / n_tokens:.4f}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", nargs="+", choices=["kv", "sgd", "lda"], default=["kv", "sgd", "lda"])
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--mib", type=int, nargs="+", default=[16, 64, 256])
+    ap.add_argument("--budget", type=float, default=2.0)
+    ap.add_argument("--sgd-samples", type=int, default=4_000_000)
+    ap.add_argument("--sgd-batch", type=int, default=65536)
+    ap.add_argument("--sgd-epochs", type=int, default=5)
+    ap.add_argument("--lda-docs", type=int, default=20_000)
+    ap.add_argument("--lda-doc-len", type=int, default=200)
+    ap.add_argument("--lda-words", type=int, default=20_000)
+    ap.add_argument("--lda-iters", type=int, default=20)
+    args = ap.parse_args()
+    from distributed import Client, LocalCluster
+
+    cuda = args.device == "cuda"
+    if cuda:
+        import dask_cuda
+
+        # Two workers sharing the one GPU: two servers, as the tests use.
+        cluster = dask_cuda.LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,0", dashboard_address=None)
+    else:
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None)
+    with cluster, Client(cluster) as client:
+        for part in args.part:
+            t0 = time.perf_counter()
+            {"kv": part_kv, "sgd": part_sgd, "lda": part_lda}[part](client, args, cuda)
+            print(f"  ({part}: {time.perf_counter() - t0:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":

@@ -109,6 +109,9 @@ def test_lda_on_cupy(gpu_client):
     rng = np.random.default_rng(0)
     X = sp.csr_matrix(rng.poisson(0.3, size=(200, 100)))
     X = X[np.asarray(X.sum(axis=1)).ravel() > 0]
-    lda = LatentDirichletAllocation(n_components=5, max_iter=5, random_state=0, client=gpu_client)
+    # device="cuda": the array-API sampler runs on cupy (scipy input stays on the host)
+    lda = LatentDirichletAllocation(n_components=5, max_iter=5, device="cuda", random_state=0, client=gpu_client)
+    assert lda._resolved(X) == ("cuda", "array")
     lda.fit(X)
     assert lda.components_.shape == (5, 100)
+    assert lda.components_.sum() == pytest.approx(X.sum() + 5 * 100 * lda.topic_word_prior_)  # every token once
