@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from dask.utils import format_bytes
 from distributed import SchedulerPlugin
+from distributed.comm import CommClosedError
 from distributed.protocol.pickle import dumps
 
 from dask_ps import _config
@@ -447,7 +448,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self._announce(t)
         msg = dict(table=t.spec.name, table_id=t.spec.table_id)
         # 1a. Freeze every holder. One that cannot be reached is left out.
-        results = await asyncio.gather(*(self._call(w, "ps_freeze", **msg) for w in holders),
+        results = await asyncio.gather(*(self._call_leaving(w, "ps_freeze", **msg) for w in holders),
                                        return_exceptions=True)
         frozen = {w for w, r in zip(holders, results) if not isinstance(r, Exception)}
         # 1b. Copy blocks to their new owners. Sources: the block's old owners,
@@ -480,7 +481,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
                     continue
                 by_source.setdefault(candidates[b][0], []).extend((b, w) for w in wanted[b])
             results = await asyncio.gather(
-                *(self._call(src, "ps_copy_blocks", **msg, moves=mv) for src, mv in by_source.items()),
+                *(self._call_leaving(src, "ps_copy_blocks", **msg, moves=mv) for src, mv in by_source.items()),
                 return_exceptions=True,
             )
             for (src, mv), r in zip(by_source.items(), results):
@@ -748,6 +749,19 @@ class PSSchedulerPlugin(SchedulerPlugin):
     def _call(self, worker: str, op: str, **msg):
         """An RPC to a worker that fails fast if the worker is removed meanwhile."""
         return self.liveness.call(worker, lambda: getattr(self.scheduler.rpc(worker), op)(**msg))
+
+    async def _call_leaving(self, worker: str, op: str, attempts: int = 4, **msg):
+        """:meth:`_call`, retried on a closed connection while ``worker`` is
+        retiring: Dask's scheduler drops its connections to a worker when it
+        removes it, while the worker still serves its blocks (its teardown
+        waits for the evacuation), so a new connection gets through."""
+        for attempt in range(attempts):
+            try:
+                return await self._call(worker, op, **msg)
+            except (CommClosedError, OSError):
+                if worker not in self._retiring or worker in self.liveness.dead or attempt == attempts - 1:
+                    raise
+                await asyncio.sleep(0.05 * 2**attempt)
 
     async def _broadcast(self, op: str, **msg) -> None:
         results = await asyncio.gather(

@@ -235,6 +235,47 @@ def test_retire_moves_every_table_without_replication():
             np.testing.assert_array_equal(ps.pull(f"t{i}"), np.full((90, 2), float(i + 1)))
 
 
+def test_retire_survives_dask_dropping_connections_to_the_retiring_worker():
+    """Dask's scheduler closes its connections to a retiring worker when it
+    removes it, which can fall in the middle of the evacuation (seen when a
+    participant ran on the worker: its task is cancelled, so the worker is
+    removed early). The worker still serves until the evacuation is done, so
+    the freeze and the copies are retried on a new connection: nothing is
+    lost. Here the first freeze and the first copy to the retiring worker
+    fail with CommClosedError."""
+    from distributed.comm import CommClosedError
+
+    from dask_ps._scheduler_plugin import PSSchedulerPlugin
+
+    with cluster(3) as c, Client(c) as client:
+        ps = dask_ps.ParameterServer(client)
+        for i in range(3):
+            ps.create_table(f"t{i}", shape=(90, 2), block_rows=10, init=np.full((90, 2), float(i + 1)))
+        victim = ps.placement("t0")[0].worker
+        plugin = next(p for p in c.scheduler.plugins.values() if isinstance(p, PSSchedulerPlugin))
+        call, failed = plugin._call, []
+
+        def flaky_call(worker, op, **msg):
+            if worker == victim and op in ("ps_freeze", "ps_copy_blocks") and op not in failed:
+                failed.append(op)
+
+                async def dropped():
+                    raise CommClosedError(f"in {op}: connection closed by the scheduler's remove_worker")
+                return dropped()
+            return call(worker, op, **msg)
+
+        plugin._call = flaky_call
+        try:
+            client.retire_workers([victim])
+            ps.wait_for_placement()
+        finally:
+            plugin._call = call
+        assert sorted(failed) == ["ps_copy_blocks", "ps_freeze"]  # both were refused once
+        for i in range(3):
+            assert victim not in {p.worker for p in ps.placement(f"t{i}")}
+            np.testing.assert_array_equal(ps.pull(f"t{i}"), np.full((90, 2), float(i + 1)))
+
+
 def test_save_refuses_during_a_run_on_its_tables_only(tmp_path):
     with cluster(2) as c, Client(c) as client:
         ps = dask_ps.ParameterServer(client)
