@@ -120,12 +120,11 @@ def split_rows(h: TableHandle, rows: np.ndarray, values) -> Messages:
     return msgs
 
 
-def dense_requests(h: TableHandle, where=None) -> dict[str, list[tuple[int, None]]]:
-    """``(block, None)`` for every block, grouped by ``where(block)`` (default: the primary)."""
-    where = where or h.primary
+def dense_requests(h: TableHandle) -> dict[str, list[tuple[int, None]]]:
+    """``(block, None)`` for every block, grouped by the block's primary."""
     reqs = defaultdict(list)
     for b in range(h.spec.n_blocks):
-        reqs[where(b)].append((b, None))
+        reqs[h.primary(b)].append((b, None))
     return reqs
 
 
@@ -141,20 +140,19 @@ def assemble_blocks(h: TableHandle, parts: dict[int, object]):
     return out
 
 
-def row_requests(h: TableHandle, rows: np.ndarray, where=None):
+def row_requests(h: TableHandle, rows: np.ndarray):
     """Requests for arbitrary ``rows``: ``(reqs, uniq, inverse)`` where
     ``reqs[addr]`` lists ``(block, local_rows)`` of the sorted unique rows
-    ``uniq``, grouped by ``where(block)`` (default: the primary), and
+    ``uniq``, grouped by the block's primary, and
     ``uniq[inverse] == rows`` (``inverse`` None if rows were already sorted
     and unique)."""
-    where = where or h.primary
     if rows.size > 1 and bool(np.all(rows[1:] > rows[:-1])):
         uniq, inverse = rows, None
     else:
         uniq, inverse = np.unique(rows, return_inverse=True)
     reqs = defaultdict(list)
     for b, lo, hi in block_slices(h.spec, uniq):
-        reqs[where(b)].append((b, uniq[lo:hi] - b * h.spec.block_rows))
+        reqs[h.primary(b)].append((b, uniq[lo:hi] - b * h.spec.block_rows))
     return reqs, uniq, inverse
 
 
