@@ -206,9 +206,10 @@ def test_topic_recovery(fitted, corpus):
     assert fitted.n_tokens_ == X.sum()
     assert fitted.n_iter_ == 60 and fitted.tokens_per_second_ > 0
     np.testing.assert_allclose(fitted.components_.sum(), X.sum() + 0.05 * 5 * X.shape[1])
-    # under BSP the participants' evaluation is exact: the last one before
-    # the end is close to the final (exact) value
-    assert abs(hist[-2][2] - hist[-1][2]) / abs(hist[-1][2]) < 0.02
+    # (that the participants' evaluation during the fit is exact is checked
+    # in test_chunked_and_resumed_fits_equal_one_run: with several
+    # participants the chain is not deterministic, and how far it moves in
+    # the last 10 sweeps varies: 0.3-4.6% here)
 
 
 def test_fitted_model_transform_and_score(fitted, corpus):
@@ -489,6 +490,11 @@ def test_chunked_and_resumed_fits_equal_one_run(lda_client, tmp_path):
         assert [(i, ll) for i, _, ll in est.loglik_history_] == [(i, ll) for i, _, ll in ref.loglik_history_]
         assert est.n_restarts_ == 0
     assert not np.array_equal(first.components_, ref.components_)  # 4 sweeps are not 7
+    # The participants' evaluation in the loop is the exact log-likelihood of
+    # the state: ref evaluated iteration 4 there, `first` computed it at its end.
+    assert first.loglik_history_[-1][0] == 4
+    assert first.loglik_history_[-1][2] == pytest.approx(dict((i, ll) for i, _, ll in ref.loglik_history_)[4],
+                                                         rel=1e-12)
     assert dask_ps.checkpoint_metadata(path)["iteration"] == 7
     assert not [t for t in dask_ps.get_parameter_server(lda_client).tables() if t.startswith("lda-")]
     # a finished checkpoint resumed with the same max_iter trains nothing and gives the same model
