@@ -124,8 +124,28 @@ def summarize(name, results, n_train, target):
     return {"samples_s": n_train * E / dt, "tta": None if reach is None else reach[1], "acc": acc}
 
 
-def bench(label, X, y, client, args, kw, batch_size, chunks_per_worker=1):
+def spread_blocks(client, X, y, chunks_per_worker=1):
+    """X and y as dask arrays whose blocks are in memory on the workers,
+    ``chunks_per_worker`` consecutive blocks on each (scattered to a chosen
+    worker: a plain ``persist`` may put both blocks on one worker, and the
+    estimators train one participant per worker that holds blocks)."""
     import dask.array as da
+
+    workers = sorted(client.scheduler_info()["workers"])
+    nblocks = len(workers) * chunks_per_worker
+    rows = int(np.ceil(X.shape[0] / nblocks))
+    xs, ys = [], []
+    for i in range(nblocks):
+        a, b = i * rows, min((i + 1) * rows, X.shape[0])
+        w = workers[i // chunks_per_worker]
+        fx = client.scatter(X[a:b], workers=[w], hash=False)
+        fy = client.scatter(y[a:b], workers=[w], hash=False)
+        xs.append(da.from_delayed(fx, shape=(b - a, X.shape[1]), dtype=X.dtype, meta=X[:0]))
+        ys.append(da.from_delayed(fy, shape=(b - a,), dtype=y.dtype, meta=y[:0]))
+    return da.concatenate(xs), da.concatenate(ys)
+
+
+def bench(label, X, y, client, args, kw, batch_size, chunks_per_worker=1):
     from sklearn.model_selection import train_test_split
 
     Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.1, random_state=0)
@@ -136,15 +156,8 @@ def bench(label, X, y, client, args, kw, batch_size, chunks_per_worker=1):
     t = time.perf_counter()
     res["sklearn"] = run_sklearn(Xtr, ytr, Xte, yte, args.epochs, kw)
     target = max(r[2] for r in res["sklearn"]) - args.slack
-    nblocks = 2 * chunks_per_worker
-    rows = int(np.ceil(n_train / nblocks))
-    dXtr = da.from_array(Xtr, chunks=(rows, Xtr.shape[1]), asarray=False)
-    dytr = da.from_array(ytr, chunks=rows)
-    dXtr, dytr = client.persist([dXtr, dytr])
     client.wait_for_workers(2)
-    from distributed import wait
-
-    wait([dXtr, dytr])
+    dXtr, dytr = spread_blocks(client, Xtr, ytr, chunks_per_worker)
     # One untimed fit on the persisted blocks first (worker-side imports, caches).
     run_dask_ps(client, dXtr, dytr, Xte, yte, [1], kw, batch_size)
     res["dask_ps (2 workers)"] = run_dask_ps(client, dXtr, dytr, Xte, yte, args.epochs, kw, batch_size)

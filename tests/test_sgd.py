@@ -426,6 +426,10 @@ def test_dask_array_input(client):
     dX = da.from_array(X, chunks=(2500, 20))
     dy = da.from_array(y, chunks=2500)
     est = SGDClassifier(loss="log_loss", random_state=0).fit(dX, dy)
+    # Not yet computed when fit starts: its blocks end up on both workers,
+    # and each worker that holds blocks trains them (one participant each).
+    run = list(dask_ps.get_parameter_server(client).metrics().values())[-1]
+    assert len(run["participants"]) == 2, run["participants"].keys()
     ref = SkSGDClassifier(loss="log_loss", random_state=0).fit(X, y).score(X, y)
     assert est.score(X, y) > ref - 0.01
     pred = est.predict(dX)
@@ -801,3 +805,26 @@ def test_compiled_kernel_matches_sklearn_over_many_chunks():
     scale = np.abs(ref.coef_).max()
     np.testing.assert_allclose(tables["w"][:d, 0], ref.coef_[0], rtol=1e-7, atol=1e-7 * scale)
     np.testing.assert_allclose(tables["w"][d, 0], ref.intercept_[0], rtol=1e-7, atol=1e-7 * scale)
+
+
+@pytest.mark.parametrize("n_features", [1, 63, 64, 65, 1000, 2**20])
+def test_compact_rows_is_the_rows_relabelled_over_their_features(n_features):
+    """The sparse round's compact problem (``compact_rows``): the sorted
+    features the rows touch, and the rows with their columns renumbered to
+    positions in that list; its scratch bitmap is left zeroed for the next
+    round (checked by running two rounds on one scratch)."""
+    numba_sgd = pytest.importorskip("dask_ps.linear_model._sgd_numba")
+    X = sp.random(300, n_features, density=min(1.0, 12 / n_features), format="csr", random_state=0)
+    X.data = np.arange(1, X.nnz + 1, dtype=np.float64)  # each value says where it came from
+    bits = np.zeros(n_features // 64 + 1, dtype=np.uint64)
+    rank = np.zeros(bits.shape[0], dtype=np.int64)
+    rng = np.random.default_rng(0)
+    for rows in (rng.permutation(300)[:120], rng.permutation(300)[:77]):
+        cols, cdata, cind, cptr = numba_sgd.compact_rows(
+            rows, X.data, X.indices.astype(np.int32), X.indptr.astype(np.int32), bits, rank)
+        sub = X[rows]
+        np.testing.assert_array_equal(cols, np.unique(sub.indices))
+        np.testing.assert_array_equal(cptr, sub.indptr)
+        np.testing.assert_array_equal(cdata, sub.data)
+        np.testing.assert_array_equal(cols[cind], sub.indices)
+        assert not bits.any()

@@ -699,6 +699,7 @@ class _TimedCtx:
     def __init__(self, ctx):
         self._ctx = ctx
         self.seconds = 0.0
+        self.by_call: dict[str, float] = {}
 
     def __getattr__(self, name):
         return getattr(self._ctx, name)
@@ -708,7 +709,9 @@ class _TimedCtx:
         try:
             return getattr(self._ctx, name)(*args)
         finally:
-            self.seconds += time.perf_counter() - t
+            dt = time.perf_counter() - t
+            self.seconds += dt
+            self.by_call[name] = self.by_call.get(name, 0.0) + dt
 
     def pull(self, *args):
         return self._call("pull", *args)
@@ -967,6 +970,7 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
         # server (communication and clock waits) and its thread's CPU time.
         "profile": {
             "ps_seconds": ctx.seconds,
+            "ps_seconds_by_call": dict(ctx.by_call),
             "cpu_seconds": time.thread_time() - cpu0,
             "metrics": ctx.metrics() if hasattr(ctx._ctx, "metrics") else None,
         },
@@ -1069,8 +1073,8 @@ class _CompiledData:
             self.data = X.data
             self.ind = X.indices.astype(np.int32, copy=False)
             self.ptr = X.indptr.astype(np.int32, copy=False)
-            self.scratch = np.full((d, 2), -1, dtype=np.int32)
-            self.stamp = 0
+            self.bits = np.zeros(d // 64 + 1, dtype=np.uint64)  # compact_rows' scratch
+            self.rank = np.zeros(self.bits.shape[0], dtype=np.int64)
             n_train = train_idx.shape[0]
             # The rounds' compacted CSRs, kept across the epochs of a run
             # while they fit the budget (about the size of the training CSR).
@@ -1082,10 +1086,8 @@ class _CompiledData:
                 # only; a touched row also gets the regularization of the
                 # rounds that missed it, 1/q times, q = the probability that
                 # a round touches the feature ("lazy" regularization).
-                if n_train < X.shape[0]:
-                    counts = np.bincount(X[train_idx].indices, minlength=d)
-                else:
-                    counts = np.bincount(self.ind, minlength=d)
+                ind = X[train_idx].indices.astype(np.int32, copy=False) if n_train < X.shape[0] else self.ind
+                counts = mod.feature_counts(ind, d)
                 per_round = max(min(cfg.clock_every, cfg.steps_per_epoch) * n_train / cfg.steps_per_epoch, 1.0)
                 q = 1.0 - (1.0 - np.minimum(counts / n_train, 1.0)) ** per_round
                 self.inv_q = np.where(q > 0, 1.0 / np.maximum(q, 1e-300), 1.0)
@@ -1117,8 +1119,7 @@ def _compiled_round(ctx, cfg: _RunConfig, c: _CompiledData, group, run_rounds, e
         entry = None if c.cache is None else c.cache.get(rid)
         if entry is None:
             idx = run_rounds[rid]
-            c.stamp += 1
-            cols, cdata, cind, cptr = c.mod.compact_rows(idx, c.data, c.ind, c.ptr, c.scratch, c.stamp)
+            cols, cdata, cind, cptr = c.mod.compact_rows(idx, c.data, c.ind, c.ptr, c.bits, c.rank)
             rows = np.append(cols, d)  # sorted and unique: pull_rows/push_rows do not sort them
             entry = (rows, (cdata, cind, cptr), [yk[idx] for yk in c.Y], c.sw[idx])
             if c.cache is not None:
@@ -1417,7 +1418,7 @@ def _dask_parts(ps: ParameterServer, data: _Input, classifier: bool):
     """Persist a dask input and build one part per worker that holds blocks
     of it: a future of the worker's blocks, concatenated and validated there.
     Nothing is gathered to the client."""
-    from distributed import futures_of
+    from distributed import futures_of, wait
 
     client = ps.client
     X, y, sw = data.X, data.y, data.sw
@@ -1452,6 +1453,9 @@ def _dask_parts(ps: ParameterServer, data: _Input, classifier: bool):
     blocks = []
     for i in range(len(per_coll[0])):
         blocks.append(tuple(b[i] for b in per_coll) + ((None,) if sw is None else ()))
+    # Where the blocks are once computed (who_has is empty for a block still
+    # being computed: every such block would land in one part).
+    wait([b[0] for b in blocks])
     who = client.who_has([b[0] for b in blocks])
     by_worker: dict[str, list] = {}
     for b in blocks:

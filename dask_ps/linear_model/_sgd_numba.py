@@ -230,33 +230,34 @@ def _l1(w, q, idx, wscale, u):
     q[idx] += wscale * (w[idx] - z)
 
 
+@numba.njit(cache=True, inline="always")
+def _popcount(x):
+    """Set bits of a uint64 (the SWAR count; LLVM turns it into popcnt)."""
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return np.int64((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
+
+
 @numba.njit(cache=True, nogil=True)
-def compact_rows(rows, data, ind, ptr, scratch, stamp):
+def compact_rows(rows, data, ind, ptr, bits, rank):
     """The round's compact problem: the features that the CSR rows ``rows``
     touch (sorted), and those rows as a CSR over these features only
     (``data``, ``indices``, ``indptr``), so that the kernel's accesses to the
-    weights stay in the round's block. ``scratch``: an ``(n_features, 2)``
-    int32 array kept between rounds (a feature's last stamp and its position
-    in the round), ``stamp``: a number no earlier call used."""
-    n = 0
+    weights stay in the round's block.
+
+    ``bits``: a zeroed uint64 bitmap over the features (``n_features // 64 +
+    1`` words, left zeroed again), ``rank``: int64 scratch of the same length.
+    One pass over the rows copies them and marks their features; a
+    feature's new number is then the count of marked features before it,
+    from ``rank`` (per word) and a popcount. The bitmap and the ranks are
+    1/32 of the features' size, so they stay in cache while the rows, read
+    at random, do not (a per-feature lookup table of 4-8 bytes missed the
+    cache on every non-zero: 2-3x slower)."""
     nnz = 0
     for i in range(rows.shape[0]):
         r = rows[i]
         nnz += ptr[r + 1] - ptr[r]
-        for jj in range(ptr[r], ptr[r + 1]):
-            c = ind[jj]
-            if scratch[c, 0] != stamp:
-                scratch[c, 0] = stamp
-                n += 1
-    cols = np.empty(n, dtype=np.int64)
-    k = 0
-    for c in range(scratch.shape[0]):
-        if scratch[c, 0] == stamp:
-            cols[k] = c
-            scratch[c, 1] = k
-            k += 1
-            if k == n:
-                break
     cdata = np.empty(nnz, dtype=data.dtype)
     cind = np.empty(nnz, dtype=np.int32)
     cptr = np.empty(rows.shape[0] + 1, dtype=np.int32)
@@ -265,11 +266,41 @@ def compact_rows(rows, data, ind, ptr, scratch, stamp):
     for i in range(rows.shape[0]):
         r = rows[i]
         for jj in range(ptr[r], ptr[r + 1]):
+            c = ind[jj]
+            bits[c >> 6] |= np.uint64(1) << np.uint64(c & 63)
             cdata[o] = data[jj]
-            cind[o] = scratch[ind[jj], 1]
+            cind[o] = c
             o += 1
         cptr[i + 1] = o
+    n = 0
+    for w in range(bits.shape[0]):
+        rank[w] = n
+        n += _popcount(bits[w])
+    cols = np.empty(n, dtype=np.int64)
+    k = 0
+    for w in range(bits.shape[0]):
+        x = bits[w]
+        while x != 0:
+            low = x & (~x + np.uint64(1))  # the lowest set bit
+            cols[k] = (w << 6) + _popcount(low - np.uint64(1))
+            k += 1
+            x ^= low
+    for o in range(nnz):
+        c = cind[o]
+        w = c >> 6
+        cind[o] = rank[w] + _popcount(bits[w] & ((np.uint64(1) << np.uint64(c & 63)) - np.uint64(1)))
+    bits[:] = 0
     return cols, cdata, cind, cptr
+
+
+@numba.njit(cache=True, nogil=True)
+def feature_counts(ind, n_features):
+    """``np.bincount(ind, minlength=n_features)`` without converting the
+    int32 indices to intp first (a copy of 8 bytes per non-zero)."""
+    out = np.zeros(n_features, dtype=np.int64)
+    for i in range(ind.shape[0]):
+        out[ind[i]] += 1
+    return out
 
 
 @numba.njit(cache=True, nogil=True)
