@@ -38,6 +38,28 @@ from dask_ps.consistency import ASP
 logger = logging.getLogger(__name__)
 
 
+def _same_rows(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two sorted row lists are the same (a loop that reads and
+    pushes the rows it read: no binary search needed)."""
+    return a is b or (a.size == b.size and bool(np.array_equal(a, b)))
+
+
+def _common_sorted(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions in ``a`` and in ``b`` of the values both hold; both sorted
+    and unique. A binary search of the shorter in the longer: no sort of
+    their concatenation as ``np.intersect1d`` does (3x slower at 200k rows,
+    on every push that writes through to a cached block)."""
+    if a.size > b.size:
+        ib, ia = _common_sorted(b, a)
+        return ia, ib
+    if a.size == 0:
+        empty = np.zeros(0, dtype=np.intp)
+        return empty, empty
+    pos = np.minimum(np.searchsorted(b, a), b.size - 1)
+    hit = b[pos] == a
+    return np.flatnonzero(hit), pos[hit]
+
+
 @dataclass
 class CacheEntry:
     """A cached block (or some of its rows)."""
@@ -53,6 +75,8 @@ class CacheEntry:
             return True
         if local_rows is None:
             return False
+        if _same_rows(self.rows, local_rows):
+            return True
         pos = np.searchsorted(self.rows, local_rows)
         return bool(np.all(pos < self.rows.size) and np.all(self.rows[np.minimum(pos, self.rows.size - 1)] == local_rows))
 
@@ -71,6 +95,8 @@ class CacheEntry:
                 return self.values
             xp = _backend.namespace(self.values)
             return self.values[xp.asarray(local_rows)]
+        if _same_rows(self.rows, local_rows):
+            return self.values  # as for a whole block: the callers copy
         xp = _backend.namespace(self.values)
         return self.values[xp.asarray(np.searchsorted(self.rows, local_rows))]
 
@@ -304,9 +330,11 @@ class Session:
                         e.values[xp.asarray(rows)] += vals
                 elif rows is None:
                     e.values += vals[xp.asarray(e.rows)]
+                elif _same_rows(e.rows, rows):
+                    e.values += vals  # pushed the rows it read (the usual loop)
                 else:
-                    common, ie, iv = np.intersect1d(e.rows, rows, assume_unique=True, return_indices=True)
-                    if common.size:
+                    ie, iv = _common_sorted(e.rows, rows)
+                    if ie.size:
                         e.values[xp.asarray(ie)] += vals[xp.asarray(iv)]
 
     # --- clock --------------------------------------------------------------------------

@@ -414,3 +414,19 @@ def test_value_bound_norm_sums_pending_optimizer_steps():
     buf.add_dense(np.full(4, 0.6))
     buf.add_rows(np.array([1]), np.array([-2.0]))
     assert buf.max_abs() == pytest.approx(1.2)
+
+
+def test_common_sorted_rows_match_intersect1d():
+    """The session's write-through of a push into cached rows finds the
+    common rows by binary search; it must give numpy's intersection."""
+    from dask_ps._session import _common_sorted, _same_rows
+
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        a = np.unique(rng.integers(0, 60, rng.integers(0, 40)))
+        b = np.unique(rng.integers(0, 60, rng.integers(0, 40)))
+        _, ia, ib = np.intersect1d(a, b, assume_unique=True, return_indices=True)
+        ja, jb = _common_sorted(a, b)
+        np.testing.assert_array_equal(ja, ia)
+        np.testing.assert_array_equal(jb, ib)
+        assert _same_rows(a, b) == (a.size == b.size and bool((a == b).all()))
