@@ -44,6 +44,15 @@ def _same_rows(a: np.ndarray, b: np.ndarray) -> bool:
     return a is b or (a.size == b.size and bool(np.array_equal(a, b)))
 
 
+def _missing_sorted(rows: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """``rows`` not in ``held`` (both sorted and unique), by binary search:
+    ``np.setdiff1d`` sorts their concatenation."""
+    if held.size == 0:
+        return rows
+    pos = np.minimum(np.searchsorted(held, rows), held.size - 1)
+    return rows[held[pos] != rows]
+
+
 def _common_sorted(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Positions in ``a`` and in ``b`` of the values both hold; both sorted
     and unique. A binary search of the shorter in the longer: no sort of
@@ -84,10 +93,18 @@ class CacheEntry:
         """This entry plus freshly read ``rows`` (not in it yet). The older
         tag and sequence number stay: the merged entry satisfies both."""
         xp = _backend.namespace(self.values)
-        all_rows = np.concatenate([self.rows, rows])
-        order = np.argsort(all_rows, kind="stable")
-        vals = xp.concatenate([self.values, values], axis=0)[xp.asarray(order)]
-        return CacheEntry(self.tag, min(self.seq, seq), self.clock, all_rows[order], vals)
+        # Both sorted and disjoint: each row's place in the merged list is its
+        # index plus the count of the other list's rows below it (no sort).
+        n_old, n_new = self.rows.size, rows.size
+        pos_old = np.searchsorted(rows, self.rows) + np.arange(n_old)
+        pos_new = np.searchsorted(self.rows, rows) + np.arange(n_new)
+        all_rows = np.empty(n_old + n_new, dtype=np.result_type(self.rows, rows))
+        all_rows[pos_old] = self.rows
+        all_rows[pos_new] = rows
+        vals = xp.empty((n_old + n_new, *self.values.shape[1:]), dtype=self.values.dtype)
+        vals[xp.asarray(pos_old)] = self.values
+        vals[xp.asarray(pos_new)] = values
+        return CacheEntry(self.tag, min(self.seq, seq), self.clock, all_rows, vals)
 
     def take(self, local_rows: np.ndarray | None):
         if self.rows is None:
@@ -473,7 +490,7 @@ class Session:
         for b, rows in missing.items():
             e = cache.get(b)
             if self._usable(e, need, refresh) and rows is not None and e.rows is not None:
-                fetch[b] = np.setdiff1d(rows, e.rows, assume_unique=True)
+                fetch[b] = _missing_sorted(rows, e.rows)
                 merge.add(b)
             else:
                 fetch[b] = rows

@@ -430,3 +430,23 @@ def test_common_sorted_rows_match_intersect1d():
         np.testing.assert_array_equal(ja, ia)
         np.testing.assert_array_equal(jb, ib)
         assert _same_rows(a, b) == (a.size == b.size and bool((a == b).all()))
+
+
+def test_cache_merge_and_missing_rows_match_numpy_set_operations():
+    """A cached block's rows are extended with freshly read ones (merged in
+    order, values kept with their rows); the rows to fetch are those not
+    held. Both use binary searches on sorted rows, checked here against
+    numpy's set operations."""
+    from dask_ps._session import CacheEntry, _missing_sorted
+
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        held = np.unique(rng.integers(0, 80, rng.integers(0, 40)))
+        want = np.unique(rng.integers(0, 80, rng.integers(0, 40)))
+        new = _missing_sorted(want, held)
+        np.testing.assert_array_equal(new, np.setdiff1d(want, held, assume_unique=True))
+        e = CacheEntry(3.0, 7, 2, held, np.stack([held * 10.0, -held * 1.0], axis=1))
+        m = e.merged(new, 5, np.stack([new * 10.0, -new * 1.0], axis=1))
+        np.testing.assert_array_equal(m.rows, np.union1d(held, want))
+        np.testing.assert_array_equal(m.values, np.stack([m.rows * 10.0, -m.rows * 1.0], axis=1))
+        assert (m.tag, m.seq, m.clock) == (3.0, 5, 2)
