@@ -416,37 +416,33 @@ def test_value_bound_norm_sums_pending_optimizer_steps():
     assert buf.max_abs() == pytest.approx(1.2)
 
 
-def test_common_sorted_rows_match_intersect1d():
-    """The session's write-through of a push into cached rows finds the
-    common rows by binary search; it must give numpy's intersection."""
-    from dask_ps._session import _common_sorted, _same_rows
-
-    rng = np.random.default_rng(0)
-    for _ in range(500):
-        a = np.unique(rng.integers(0, 60, rng.integers(0, 40)))
-        b = np.unique(rng.integers(0, 60, rng.integers(0, 40)))
-        _, ia, ib = np.intersect1d(a, b, assume_unique=True, return_indices=True)
-        ja, jb = _common_sorted(a, b)
-        np.testing.assert_array_equal(ja, ia)
-        np.testing.assert_array_equal(jb, ib)
-        assert _same_rows(a, b) == (a.size == b.size and bool((a == b).all()))
-
-
-def test_cache_merge_and_missing_rows_match_numpy_set_operations():
-    """A cached block's rows are extended with freshly read ones (merged in
-    order, values kept with their rows); the rows to fetch are those not
-    held. Both use binary searches on sorted rows, checked here against
-    numpy's set operations."""
-    from dask_ps._session import CacheEntry, _missing_sorted
+def test_cache_entry_row_lookups_match_numpy_set_operations():
+    """A cached block of some rows finds rows through a lookup table:
+    which of the asked rows it holds (a read fetches the others), where the
+    rows a push writes are in it (write-through), merging freshly read rows
+    in order with their values. Checked against numpy's set operations,
+    with rows beyond the largest held."""
+    from dask_ps._session import CacheEntry, _same_rows
 
     rng = np.random.default_rng(1)
     for _ in range(300):
         held = np.unique(rng.integers(0, 80, rng.integers(0, 40)))
-        want = np.unique(rng.integers(0, 80, rng.integers(0, 40)))
-        new = _missing_sorted(want, held)
-        np.testing.assert_array_equal(new, np.setdiff1d(want, held, assume_unique=True))
+        want = np.unique(rng.integers(0, 100, rng.integers(0, 40)))
         e = CacheEntry(3.0, 7, 2, held, np.stack([held * 10.0, -held * 1.0], axis=1))
+        new = e.missing(want)
+        np.testing.assert_array_equal(new, np.setdiff1d(want, held, assume_unique=True))
+        assert e.covers(want) == (new.size == 0)
+        _, ia, ib = np.intersect1d(held, want, assume_unique=True, return_indices=True)
+        ja, jb = e.common(want)
+        np.testing.assert_array_equal(ja, ia)
+        np.testing.assert_array_equal(jb, ib)
+        assert _same_rows(held, want) == (held.size == want.size and bool((held == want).all()))
         m = e.merged(new, 5, np.stack([new * 10.0, -new * 1.0], axis=1))
         np.testing.assert_array_equal(m.rows, np.union1d(held, want))
         np.testing.assert_array_equal(m.values, np.stack([m.rows * 10.0, -m.rows * 1.0], axis=1))
         assert (m.tag, m.seq, m.clock) == (3.0, 5, 2)
+        # the merged entry's lookup table (made by the merge) agrees with a fresh one
+        some = np.unique(rng.integers(0, 120, 30))
+        fresh = CacheEntry(m.tag, m.seq, m.clock, m.rows, m.values)
+        np.testing.assert_array_equal(m.positions(some), fresh.positions(some))
+        np.testing.assert_array_equal(m.take(m.rows[::2]), m.values[::2])
