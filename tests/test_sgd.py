@@ -313,6 +313,31 @@ def test_sparse_pulls_only_touched_rows(client):
         assert m["bytes_pushed"] / m["flushes"] < table_bytes / 2, m
 
 
+def test_unsorted_csr_trains_as_sorted_and_is_left_as_given(client):
+    """Column indices in any order within a row (e.g. from a matrix
+    product) train the same model, up to rounding, as the canonical CSR, and
+    the caller's matrix is not rewritten (the fit used to sort its indices
+    in place: 0.14 s per 450k rows, for nothing the kernels need)."""
+    X, y = _sparse_text(n=2000, d=2**12, nnz=15)
+    X = sp.csr_matrix(X)
+    X.sort_indices()
+    Xu = X.copy()
+    rng = np.random.default_rng(0)
+    for r in range(Xu.shape[0]):  # reverse or shuffle each row's entries
+        lo, hi = Xu.indptr[r], Xu.indptr[r + 1]
+        perm = lo + rng.permutation(hi - lo)
+        Xu.indices[lo:hi], Xu.data[lo:hi] = Xu.indices[perm], Xu.data[perm]
+    Xu.has_sorted_indices = False
+    before = Xu.indices.copy()
+    assert not np.array_equal(before, X.indices)
+    kw = dict(loss="log_loss", shuffle=False, tol=None, max_iter=3, random_state=0)
+    a = SGDClassifier(**kw).fit(X, y)
+    b = SGDClassifier(**kw).fit(Xu, y)
+    np.testing.assert_array_equal(Xu.indices, before)
+    np.testing.assert_allclose(b.coef_, a.coef_, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(b.intercept_, a.intercept_, rtol=1e-9, atol=1e-12)
+
+
 def test_consistency_models(client):
     X, y = make_classification(3000, 400, n_informative=20, flip_y=0.3, random_state=0)
     X = StandardScaler().fit_transform(X)

@@ -1369,8 +1369,6 @@ def _assemble_part(blocks, spec):
     if _backend.namespace(X) is np and not _is_cupy_sparse(X):
         X = check_array(X, accept_sparse="csr", dtype=[np.float64, np.float32], order="C",
                         accept_large_sparse=False, ensure_min_samples=0)
-        if sp.issparse(X):
-            X.sort_indices()
         if spec["classifier"]:
             y = np.asarray(y)
         else:
@@ -1696,8 +1694,6 @@ class _BaseSGDPS(SparseCoefMixin, BaseEstimator):
             self, X, y, accept_sparse="csr", dtype=[np.float64, np.float32], order="C",
             accept_large_sparse=False, reset=reset,
         )
-        if sp.issparse(X):
-            X.sort_indices()
         if self._is_classifier:
             check_classification_targets(y)
         else:
