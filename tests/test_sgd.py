@@ -842,8 +842,14 @@ def test_compact_rows_is_the_rows_relabelled_over_their_features(n_features):
     positions in that list; its scratch bitmap is left zeroed for the next
     round (checked by running two rounds on one scratch)."""
     numba_sgd = pytest.importorskip("dask_ps.linear_model._sgd_numba")
-    X = sp.random(300, n_features, density=min(1.0, 12 / n_features), format="csr", random_state=0)
-    X.data = np.arange(1, X.nnz + 1, dtype=np.float64)  # each value says where it came from
+    gen = np.random.default_rng(n_features)
+    # Rows of up to 12 distinct features, in no particular order within a row.
+    cols = [gen.choice(n_features, size=int(gen.integers(0, min(12, n_features) + 1)), replace=False)
+            for _ in range(300)]
+    indptr = np.concatenate([[0], np.cumsum([c.size for c in cols])])
+    indices = np.concatenate(cols).astype(np.int32)
+    data = np.arange(1, indices.size + 1, dtype=np.float64)  # each value says where it came from
+    X = sp.csr_matrix((data, indices, indptr), shape=(300, n_features))
     bits = np.zeros(n_features // 64 + 1, dtype=np.uint64)
     rank = np.zeros(bits.shape[0], dtype=np.int64)
     rng = np.random.default_rng(0)
