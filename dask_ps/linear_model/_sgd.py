@@ -778,6 +778,7 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
     run, and if the first attempt's push had been applied, that push stands
     and the retry's is dropped as a duplicate.
     """
+    t_enter = time.perf_counter()
     ctx = _TimedCtx(ctx)
     cpu0 = time.thread_time()
     hp = cfg.hp
@@ -838,6 +839,7 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
     resume = 0 if solo else int(ctx.current_clock)
     done_epochs, resume_round = divmod(resume, rounds)
     t_start = time.perf_counter()
+    setup_seconds = t_start - t_enter
     samples = 0
     first = cfg.epoch0
     for epoch in range(cfg.epoch0, min(cfg.epoch0 + done_epochs, cfg.max_iter)):
@@ -972,6 +974,7 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
             "ps_seconds": ctx.seconds,
             "ps_seconds_by_call": dict(ctx.by_call),
             "cpu_seconds": time.thread_time() - cpu0,
+            "setup_seconds": setup_seconds,  # data preparation before the first epoch
             "metrics": ctx.metrics() if hasattr(ctx._ctx, "metrics") else None,
         },
     }
