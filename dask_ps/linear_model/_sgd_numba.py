@@ -232,7 +232,7 @@ def _l1(w, q, idx, wscale, u):
 
 @numba.njit(cache=True, inline="always")
 def _popcount(x):
-    """Set bits of a uint64 (the SWAR count; LLVM turns it into popcnt)."""
+    """Set bits of a uint64 (the SWAR count: no popcount intrinsic in numba)."""
     x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
     x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
     x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
