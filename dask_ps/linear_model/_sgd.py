@@ -2130,9 +2130,12 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
     ``X`` may be a numpy array, a scipy.sparse matrix (CSR), a dask array
     (numpy, scipy.sparse or cupy chunks) or a dask DataFrame (``y`` then a
     dask array or Series with the same partitions). Dask inputs are trained
-    where their blocks are; nothing is gathered to the client. ``predict``,
-    ``decision_function`` and ``predict_proba`` return lazy dask arrays for
-    dask inputs.
+    where their blocks are, by one participant per worker that holds blocks
+    once they are computed; nothing is gathered to the client. A collection
+    persisted with all its blocks on one worker therefore trains on one
+    core: spread it first (``client.rebalance`` or ``persist`` with the
+    blocks on several workers). ``predict``, ``decision_function`` and
+    ``predict_proba`` return lazy dask arrays for dask inputs.
     """
 
     _is_classifier = True
