@@ -44,15 +44,22 @@ def _same_rows(a: np.ndarray, b: np.ndarray) -> bool:
     return a is b or (a.size == b.size and bool(np.array_equal(a, b)))
 
 
+# A cached entry of some rows uses a lookup table over its row numbers when
+# it holds at least 1 in this many of them; sparser ones binary-search.
+_DENSE_ROWS = 32
+
+
 @dataclass
 class CacheEntry:
     """A cached block (or some of its rows).
 
-    For some rows of a block, ``positions`` finds rows through a lookup
-    table over the block's row numbers (4 bytes per row up to the largest
-    held, built at first use): a table of a million rows read in rounds of
-    ~170k touched rows (sparse SGD) spent most of its pull time in binary
-    searches of sorted row lists, each step a cache miss."""
+    ``positions`` finds rows of an entry that holds many of its block's rows
+    through a lookup table over the row numbers (4 bytes per row number up
+    to the largest held, built at first use): a table of a million rows read
+    in rounds of ~170k touched rows (sparse SGD) spent most of its pull time
+    in binary searches of sorted row lists, each step a cache miss. An entry
+    of a few rows of a large block binary-searches: a table there would cost
+    more to build (per row number) than the searches it saves."""
 
     tag: float  # the values contain every update made at clocks < tag
     seq: int  # server sequence number of the block when read
@@ -61,8 +68,16 @@ class CacheEntry:
     values: object
     _index: np.ndarray | None = field(default=None, repr=False, compare=False)
 
+    def _dense(self) -> bool:
+        return self.rows.size * _DENSE_ROWS >= (int(self.rows[-1]) + 1 if self.rows.size else 0)
+
     def positions(self, local_rows: np.ndarray) -> np.ndarray:
         """Where each of ``local_rows`` is in ``rows`` (-1: not held)."""
+        if self._index is None and not self._dense():
+            if self.rows.size == 0:
+                return np.full(local_rows.shape, -1, dtype=np.intp)
+            pos = np.minimum(np.searchsorted(self.rows, local_rows), self.rows.size - 1)
+            return np.where(self.rows[pos] == local_rows, pos, -1)
         if self._index is None:
             size = int(self.rows[-1]) + 1 if self.rows.size else 0
             index = np.full(size, -1, dtype=np.int64 if self.rows.size >= 2**31 else np.int32)
@@ -93,19 +108,28 @@ class CacheEntry:
         older tag and sequence number stay: the merged entry satisfies both."""
         xp = _backend.namespace(self.values)
         # A row's place in the merged list is the number of rows held or read
-        # below it: a mark per row number and a running count, no sort (the
-        # count is also the merged entry's lookup table).
+        # below it: for many rows of the block, a mark per row number and a
+        # running count (which is also the merged entry's lookup table); for
+        # few, each list binary-searched in the other. No sort either way.
+        n = self.rows.size + rows.size
         size = max(int(self.rows[-1]) + 1 if self.rows.size else 0, int(rows[-1]) + 1 if rows.size else 0)
-        held = np.zeros(size, dtype=bool)
-        held[self.rows] = True
-        held[rows] = True
-        rank = np.cumsum(held, dtype=np.int64 if size >= 2**31 else np.int32) - 1
-        all_rows = np.flatnonzero(held)
-        pos_old, pos_new = rank[self.rows], rank[rows]
-        vals = xp.empty((all_rows.size, *self.values.shape[1:]), dtype=self.values.dtype)
+        rank = None
+        if n * _DENSE_ROWS >= size:
+            held = np.zeros(size, dtype=bool)
+            held[self.rows] = True
+            held[rows] = True
+            rank = np.cumsum(held, dtype=np.int64 if size >= 2**31 else np.int32) - 1
+            pos_old, pos_new = rank[self.rows], rank[rows]
+            rank[~held] = -1
+        else:
+            pos_old = np.searchsorted(rows, self.rows) + np.arange(self.rows.size)
+            pos_new = np.searchsorted(self.rows, rows) + np.arange(rows.size)
+        all_rows = np.empty(n, dtype=np.result_type(self.rows, rows))
+        all_rows[pos_old] = self.rows
+        all_rows[pos_new] = rows
+        vals = xp.empty((n, *self.values.shape[1:]), dtype=self.values.dtype)
         vals[xp.asarray(pos_old)] = self.values
         vals[xp.asarray(pos_new)] = values
-        rank[~held] = -1
         return CacheEntry(self.tag, min(self.seq, seq), self.clock, all_rows, vals, _index=rank)
 
     def common(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -421,13 +421,14 @@ def test_cache_entry_row_lookups_match_numpy_set_operations():
     which of the asked rows it holds (a read fetches the others), where the
     rows a push writes are in it (write-through), merging freshly read rows
     in order with their values. Checked against numpy's set operations,
-    with rows beyond the largest held."""
+    with rows beyond the largest held; entries holding many of their
+    block's row numbers (a lookup table) and few (binary search)."""
     from dask_ps._session import CacheEntry, _same_rows
 
     rng = np.random.default_rng(1)
-    for _ in range(300):
-        held = np.unique(rng.integers(0, 80, rng.integers(0, 40)))
-        want = np.unique(rng.integers(0, 100, rng.integers(0, 40)))
+    for span in [80] * 300 + [100_000] * 100:
+        held = np.unique(rng.integers(0, span, rng.integers(0, 40)))
+        want = np.unique(rng.integers(0, span + span // 4, rng.integers(0, 40)))
         e = CacheEntry(3.0, 7, 2, held, np.stack([held * 10.0, -held * 1.0], axis=1))
         new = e.missing(want)
         np.testing.assert_array_equal(new, np.setdiff1d(want, held, assume_unique=True))
@@ -442,7 +443,7 @@ def test_cache_entry_row_lookups_match_numpy_set_operations():
         np.testing.assert_array_equal(m.values, np.stack([m.rows * 10.0, -m.rows * 1.0], axis=1))
         assert (m.tag, m.seq, m.clock) == (3.0, 5, 2)
         # the merged entry's lookup table (made by the merge) agrees with a fresh one
-        some = np.unique(rng.integers(0, 120, 30))
+        some = np.unique(rng.integers(0, span + span // 2, 30))
         fresh = CacheEntry(m.tag, m.seq, m.clock, m.rows, m.values)
         np.testing.assert_array_equal(m.positions(some), fresh.positions(some))
         np.testing.assert_array_equal(m.take(m.rows[::2]), m.values[::2])
