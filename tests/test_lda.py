@@ -525,10 +525,13 @@ def test_checkpoint_of_another_fit_is_refused(lda_client, tmp_path):
     ps.create_table("not-lda", shape=(3,))
     try:
         ps.save(str(tmp_path / "other"), tables=["not-lda"], metadata={"estimator": "something"})
+        ps.save(str(tmp_path / "plain"), tables=["not-lda"])  # no metadata at all
     finally:
         ps.drop_table("not-lda")
-    with pytest.raises(ValueError, match="not a LatentDirichletAllocation fit"):
-        _bsp_fit(lda_client, X, checkpoint=str(tmp_path / "other"))
+    for other in ("other", "plain"):
+        with pytest.raises(ValueError, match="not a LatentDirichletAllocation fit"):
+            _bsp_fit(lda_client, X, checkpoint=str(tmp_path / other))
+    assert dask_ps.checkpoint_metadata(str(tmp_path / "plain")) == {}  # the user's checkpoint kept
 
 
 class _Delay:

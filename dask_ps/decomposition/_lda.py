@@ -226,7 +226,7 @@ def _drop_tables(ps, names):
             logger.warning("could not drop table %r", name, exc_info=True)
 
 
-def _chunk_history(results, P, max_iter):
+def _chunk_history(results, P):
     """Intermediate evaluations of one chunk: the sum of the participants' parts."""
     by_iter: dict[int, list] = {}
     for r in results:
@@ -234,7 +234,7 @@ def _chunk_history(results, P, max_iter):
             by_iter.setdefault(it, []).append((sec, ll))
     return [
         (it, max(s for s, _ in v), float(sum(ll for _, ll in v)))
-        for it, v in sorted(by_iter.items()) if len(v) == P and it < max_iter
+        for it, v in sorted(by_iter.items()) if len(v) == P
     ]
 
 
@@ -859,7 +859,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
             "n_features": V, "part_tokens": part_tokens,
         }
         z_id, good, history = uid, None, []
-        if meta:
+        if meta is not None:  # a checkpoint is there ({} if saved without metadata: not ours)
             self._check_resumable(meta, fingerprint, checkpoint)
             z_id, good, history = meta["z_id"], (int(meta["set"]), int(meta["iteration"])), [
                 tuple(h) for h in meta["history"]]
@@ -939,7 +939,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
                     if monitor is not None:
                         monitor.stop()
                     _drop_tables(ps, chunk_tables)
-                history.extend(_chunk_history(results, P, self.max_iter))
+                history.extend(_chunk_history(results, P))
                 if tolerant:
                     current = (out, stop)
                     if checkpoint is None:
