@@ -103,6 +103,7 @@ from numbers import Integral
 import dask
 import numpy as np
 import scipy.sparse as sp
+from scipy.special import gammaln
 from sklearn.base import BaseEstimator, RegressorMixin, _fit_context, clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import SGDClassifier as _SkSGDClassifier
@@ -819,9 +820,7 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
         # regularization, unbiased in log-scale.
         Xt = X[train_idx] if n_train < X.shape[0] else X
         counts = _backend.to_numpy(xp.bincount(Xt.indices, minlength=d)) if n_train else np.zeros(d)
-        b_mean = max(n_train / S, 1.0)  # samples per minibatch
-        q = 1.0 - (1.0 - np.minimum(counts / max(n_train, 1), 1.0)) ** b_mean
-        inv_q = np.where(q > 0, 1.0 / np.maximum(q, 1e-300), 1.0)
+        inv_q = _lazy_inv_q(counts, n_train, n_train / S)
     # Alone, a participant keeps the whole table local: one pull, one push.
     solo = ctx.n_participants == 1
     stats_pad = None if solo else np.zeros(1 + K + 3)  # a round's row: its loss sums only
@@ -1091,9 +1090,8 @@ class _CompiledData:
                 # a round touches the feature ("lazy" regularization).
                 ind = X[train_idx].indices.astype(np.int32, copy=False) if n_train < X.shape[0] else self.ind
                 counts = mod.feature_counts(ind, d)
-                per_round = max(min(cfg.clock_every, cfg.steps_per_epoch) * n_train / cfg.steps_per_epoch, 1.0)
-                q = 1.0 - (1.0 - np.minimum(counts / n_train, 1.0)) ** per_round
-                self.inv_q = np.where(q > 0, 1.0 / np.maximum(q, 1e-300), 1.0)
+                per_round = min(cfg.clock_every, cfg.steps_per_epoch) * n_train / cfg.steps_per_epoch
+                self.inv_q = _lazy_inv_q(counts, n_train, per_round)
         else:
             self.X = np.ascontiguousarray(X)
             self.chunk = max(256, (1 << 21) // max(8 * X.shape[1], 1))  # rows per ~2 MiB chunk
@@ -1196,6 +1194,25 @@ def _compiled_round(ctx, cfg: _RunConfig, c: _CompiledData, group, run_rounds, e
             "with StandardScaler or MinMaxScaler might help." % (epoch + 1)
         )
     return rows, W0, np.ascontiguousarray(W), n_round
+
+
+def _lazy_inv_q(counts, n, m):
+    """``1/q`` per feature for lazy regularization (1 where ``q = 0``):
+    ``q`` = the probability that a group of ``m`` of the ``n`` samples (the
+    groups of an epoch partition a shuffle of the samples) holds one of the
+    ``counts[f]`` samples that have feature ``f``; hypergeometric, so a
+    group of all samples touches every feature it has (``q = 1``: no
+    correction -- one group per epoch *is* scikit-learn's regularization)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    if n <= 0:
+        return np.ones_like(counts)
+    m = min(max(float(m), 1.0), float(n))
+    rest = n - counts  # samples without the feature
+    with np.errstate(invalid="ignore"):
+        log_miss = gammaln(rest + 1) - gammaln(rest - m + 1) - gammaln(n + 1) + gammaln(n - m + 1)
+    miss = np.where(rest >= m, np.exp(np.minimum(log_miss, 0.0)), 0.0)
+    q = 1.0 - miss
+    return np.where(q > 0, 1.0 / np.maximum(q, 1e-300), 1.0)
 
 
 def _unique_inverse(idx, stamp, lookup, xp):
