@@ -834,16 +834,18 @@ def test_sgd_fit_survives_a_worker_killed_mid_fit():
         assert abs(acc - acc_quiet) <= 0.02, (acc, acc_quiet)
 
 
-def test_compiled_kernel_matches_sklearn_over_many_chunks():
+@pytest.mark.parametrize("penalty", ["l2", "elasticnet"])
+def test_compiled_kernel_matches_sklearn_over_many_chunks(penalty, monkeypatch):
     """The compiled round kernel trains dense rounds in chunks through one
     buffer: a lone participant without shuffling, over many chunks, is
     still scikit-learn's per-sample SGD up to rounding (the weights are
     rescaled at each chunk's end; one epoch: the differences grow over
-    epochs on this nearly separable problem)."""
+    epochs on this nearly separable problem). The L1 penalty's cumulative
+    state carries over the chunks (it restarted at each: 18% off)."""
     X, y = make_classification(3000, 400, n_informative=20, flip_y=0.3, random_state=0)
     X = StandardScaler().fit_transform(X)
-    ref = SkSGDClassifier(loss="log_loss", shuffle=False, max_iter=1, tol=None).fit(X, y)
-    est = SGDClassifier(loss="log_loss", shuffle=False, max_iter=1, tol=None, batch_size=500)
+    ref = SkSGDClassifier(loss="log_loss", shuffle=False, max_iter=1, tol=None, penalty=penalty).fit(X, y)
+    est = SGDClassifier(loss="log_loss", shuffle=False, max_iter=1, tol=None, batch_size=500, penalty=penalty)
     hp = est._hyper(1, False)
     d = X.shape[1]
     S = int(np.ceil(len(y) / est.batch_size))
@@ -858,7 +860,11 @@ def test_compiled_kernel_matches_sklearn_over_many_chunks():
         if c is None:
             pytest.skip("numba is not installed")
         assert c.chunk < len(y)
+        calls = []
+        kernel = c.mod.sgd_round
+        monkeypatch.setattr(c.mod, "sgd_round", lambda *a: calls.append(1) or kernel(*a))
         _sgd._participant_loop(_LocalCtx(tables), _sgd._PartData(X, y, np.ones(len(y))), cfg)
+    assert len(calls) == -(-len(y) // c.chunk) > 1  # the compiled path ran, one call per chunk
     # Exact in one chunk; each chunk's rescaling rounds (~1e-9 of the scale here).
     scale = np.abs(ref.coef_).max()
     np.testing.assert_allclose(tables["w"][:d, 0], ref.coef_[0], rtol=1e-7, atol=1e-7 * scale)

@@ -1068,6 +1068,7 @@ class _CompiledData:
         self.optimal_init = hp.optimal_init() if hp.learning_rate == OPTIMAL else 0.0
         self.wscale_min = 1e-6 if X.dtype == np.float32 else 1e-9
         self.dummy_w = np.zeros(1, dtype=X.dtype)
+        self.dummy_q = np.zeros(1)  # the L1 state of a penalty without L1
         d = cfg.n_features
         self.inv_q = None
         if self.sparse:
@@ -1159,35 +1160,44 @@ def _compiled_round(ctx, cfg: _RunConfig, c: _CompiledData, group, run_rounds, e
                 n = part.shape[0]
                 buf = c.mod.gather_rows(c.X, part, c.buf[:n])
                 yield part, buf, [yk[part] for yk in c.Y], c.sw[part], c.arange_n(n)
-    for k in np.flatnonzero(active):
-        wk = W[:nw, k]
-        awk = W[:nw, K + k] if hp.average else c.dummy_w
-        eta = float(stop.eta[k]) if hp.learning_rate == ADAPTIVE else hp.eta0
-        icpt = float(W[nw, k])
-        aicpt = float(W[nw, K + k]) if hp.average else 0.0
-        tk = t
-        decay, eta_sum = 1.0, 0.0
-        for part, Xc, Yc, swc, local in chunks():
-            Xd, (xdata, xind, xptr) = (c.X, Xc) if c.sparse else (Xc, c.csr_dummy)
-            icpt, aicpt, sumloss, dec, es = c.mod.sgd_round(
-                not c.sparse, Xd, xdata, xind, xptr, local, Yc[k], swc, wk, awk, icpt, aicpt,
+    # Chunks outside, outputs inside: each chunk is gathered once for all
+    # outputs. Per output: intercepts, the decay and learning-rate sums (for
+    # the lazy regularization) and the L1 penalty state, carried over chunks.
+    outs = np.flatnonzero(active)
+    use_l1 = hp.penalty in (L1, ELASTICNET)
+    icpt = {k: float(W[nw, k]) for k in outs}
+    aicpt = {k: float(W[nw, K + k]) if hp.average else 0.0 for k in outs}
+    decay = dict.fromkeys(outs, 1.0)
+    eta_sum = dict.fromkeys(outs, 0.0)
+    l1_q = {k: np.zeros(nw) if use_l1 else c.dummy_q for k in outs}
+    l1_u = dict.fromkeys(outs, 0.0)
+    tk = t
+    for part, Xc, Yc, swc, local in chunks():
+        Xd, (xdata, xind, xptr) = (c.X, Xc) if c.sparse else (Xc, c.csr_dummy)
+        for k in outs:
+            eta = float(stop.eta[k]) if hp.learning_rate == ADAPTIVE else hp.eta0
+            icpt[k], aicpt[k], sumloss, dec, es, l1_u[k] = c.mod.sgd_round(
+                not c.sparse, Xd, xdata, xind, xptr, local, Yc[k], swc, W[:nw, k],
+                W[:nw, K + k] if hp.average else c.dummy_w, icpt[k], aicpt[k],
                 c.loss_id, c.thr, hp.penalty, hp.alpha, hp.l1_ratio, hp.learning_rate, eta, hp.eta0, hp.power_t,
                 c.optimal_init, bool(hp.fit_intercept), intercept_decay, float(cfg.cw_pos[k]),
-                float(cfg.cw_neg[k]), int(hp.average), tk, n_train_step, c.wscale_min)
-            tk += part.shape[0] * n_train_step
-            decay *= dec
-            eta_sum += es
+                float(cfg.cw_neg[k]), int(hp.average), tk, n_train_step, c.wscale_min, l1_q[k], l1_u[k])
+            decay[k] *= dec
+            eta_sum[k] += es
             loss_sum[k] += sumloss
-        if iq is not None:
-            extra = iq - 1.0
+        tk += part.shape[0] * n_train_step
+    extra = None if iq is None else iq - 1.0
+    for k in outs:
+        wk = W[:nw, k]
+        if extra is not None:
             if hp.penalty >= L2:
-                wk *= decay ** extra
-            if hp.penalty in (L1, ELASTICNET):
-                u = hp.l1_ratio * hp.alpha * eta_sum * extra
+                wk *= decay[k] ** extra
+            if use_l1:
+                u = hp.l1_ratio * hp.alpha * eta_sum[k] * extra
                 wk[:] = np.sign(wk) * np.maximum(np.abs(wk) - u, 0.0)
-        W[nw, k] = icpt
+        W[nw, k] = icpt[k]
         if hp.average:
-            W[nw, K + k] = aicpt
+            W[nw, K + k] = aicpt[k]
     if not _backend.all_finite(W):
         raise ValueError(
             "Floating-point under-/overflow occurred at epoch #%d. Scaling input data "

@@ -122,10 +122,14 @@ def _gradient(loss_id, thr, y, p):
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercept,
               loss_id, thr, penalty, alpha, l1_ratio, learning_rate, eta, eta0, power_t, optimal_init,
-              fit_intercept, intercept_decay, cw_pos, cw_neg, average, t, step, wscale_min):
+              fit_intercept, intercept_decay, cw_pos, cw_neg, average, t, step, wscale_min, q, u):
     """Train ``w`` (and ``aw`` if ``average > 0``) in place on the samples
     ``rows``, in that order; returns ``(intercept, aintercept, sumloss,
-    decay, eta_sum)``.
+    decay, eta_sum, u)``.
+
+    ``q``, ``u``: Tsuruoka's cumulative L1 penalty state (per weight, and
+    the total so far), carried by the caller across calls over one round's
+    chunks (``q`` may be a dummy without an L1 penalty).
 
     Dense: sample ``r`` is ``X[r]`` and ``w`` has one entry per column.
     Sparse: sample ``r`` is row ``r`` of the CSR (``data``, ``ind``, ``ptr``),
@@ -134,9 +138,7 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
     wscale = 1.0
     avg_a = 0.0
     avg_b = 1.0
-    u = 0.0
     use_l1 = penalty == _L1 or penalty == _ELASTICNET
-    q = np.zeros(n_w if use_l1 else 1, dtype=np.float64)
     sumloss = 0.0
     decay_prod = 1.0
     eta_sum = 0.0
@@ -217,7 +219,7 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
             aw[j] = (aw[j] + avg_a * w[j]) / avg_b
     for j in range(n_w):
         w[j] *= wscale
-    return intercept, aintercept, sumloss, decay_prod, eta_sum
+    return intercept, aintercept, sumloss, decay_prod, eta_sum, u
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy")
