@@ -61,6 +61,12 @@ HANDLERS = (
 )
 
 
+def _bytes_per_value(spec) -> int:
+    """Copies of the table's values a block holds: the values plus the
+    optimizer state of its rule (momentum/adagrad: 1, adam: 2)."""
+    return 1 + {"momentum": 1, "adagrad": 1, "adam": 2}.get(spec.rule.name, 0)
+
+
 @dataclass
 class SchedulerTableState:
     spec: TableSpec
@@ -422,6 +428,11 @@ class PSSchedulerPlugin(SchedulerPlugin):
         if left and attempt < 4:
             await asyncio.sleep(0.2 * 2 ** attempt)
             await self._resync(name, attempt + 1)
+        elif left:
+            # The copies stay fenced (reads go to other copies) until the next
+            # placement change of this table copies them again.
+            logger.warning("dask_ps: table %r: could not copy stale replica(s) %s again after %d tries",
+                           name, t.stale_owned(), attempt + 1)
 
     async def _change_placement(self, t: SchedulerTableState, new_owners, sources, skip=frozenset(),
                                 before_adopt=None) -> None:
@@ -448,7 +459,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self._announce(t)
         msg = dict(table=t.spec.name, table_id=t.spec.table_id)
         # 1a. Freeze every holder. One that cannot be reached is left out.
-        results = await asyncio.gather(*(self._call_leaving(w, "ps_freeze", **msg) for w in holders),
+        results = await asyncio.gather(*(self._call(w, "ps_freeze", **msg) for w in holders),
                                        return_exceptions=True)
         frozen = {w for w, r in zip(holders, results) if not isinstance(r, Exception)}
         # 1b. Copy blocks to their new owners. Sources: the block's old owners,
@@ -481,7 +492,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
                     continue
                 by_source.setdefault(candidates[b][0], []).extend((b, w) for w in wanted[b])
             results = await asyncio.gather(
-                *(self._call_leaving(src, "ps_copy_blocks", **msg, moves=mv) for src, mv in by_source.items()),
+                *(self._call(src, "ps_copy_blocks", **msg, moves=mv) for src, mv in by_source.items()),
                 return_exceptions=True,
             )
             for (src, mv), r in zip(by_source.items(), results):
@@ -628,8 +639,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         limits = [self.scheduler.workers[w].memory_limit for w in self.members if w in self.scheduler.workers]
         if not limits or not all(limits):
             return  # unlimited workers: nothing to check against
-        state = {"momentum": 1, "adagrad": 1, "adam": 2}.get(spec.rule.name, 0)
-        need = spec.nbytes * spec.replication * (1 + state)
+        need = spec.nbytes * spec.replication * _bytes_per_value(spec)
         budget = float(_config.get("max-memory-fraction")) * sum(limits)
         if spec.device == "cpu" and need > budget:
             raise PSValueError(
@@ -664,8 +674,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
                 "missing or no CUDA device). Use dask-cuda workers, device='cpu', or device='auto'.",
                 spec.name,
             )
-        state = {"momentum": 1, "adagrad": 1, "adam": 2}.get(spec.rule.name, 0)
-        block_bytes = spec.nbytes / max(1, spec.n_blocks) * (1 + state)
+        block_bytes = spec.nbytes / max(1, spec.n_blocks) * _bytes_per_value(spec)
         need: dict[tuple, float] = {}
         free: dict[tuple, int] = {}
         for w, blocks in by_worker.items():
@@ -746,18 +755,19 @@ class PSSchedulerPlugin(SchedulerPlugin):
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    def _call(self, worker: str, op: str, **msg):
+    def _call_once(self, worker: str, op: str, **msg):
         """An RPC to a worker that fails fast if the worker is removed meanwhile."""
         return self.liveness.call(worker, lambda: getattr(self.scheduler.rpc(worker), op)(**msg))
 
-    async def _call_leaving(self, worker: str, op: str, attempts: int = 4, **msg):
-        """:meth:`_call`, retried on a closed connection while ``worker`` is
-        retiring: Dask's scheduler drops its connections to a worker when it
-        removes it, while the worker still serves its blocks (its teardown
-        waits for the evacuation), so a new connection gets through."""
+    async def _call(self, worker: str, op: str, attempts: int = 4, **msg):
+        """An RPC to a worker (:meth:`_call_once`), retried on a closed
+        connection while ``worker`` is retiring: Dask's scheduler drops its
+        connections to a worker when it removes it, while the worker still
+        serves its blocks (its teardown waits for the evacuation), so a new
+        connection gets through."""
         for attempt in range(attempts):
             try:
-                return await self._call(worker, op, **msg)
+                return await self._call_once(worker, op, **msg)
             except (CommClosedError, OSError):
                 if worker not in self._retiring or worker in self.liveness.dead or attempt == attempts - 1:
                     raise

@@ -25,7 +25,6 @@ import time
 import uuid
 import zlib
 
-import dask.config
 
 from distributed.protocol.serialize import to_serialize
 
@@ -188,9 +187,10 @@ class Router:
                 seqs[b] = max(seqs.get(b, 0), s)
         return seqs
 
-    def read_from(self, h: TableHandle, block: int) -> str:
-        """The worker a read of ``block`` goes to first (see ``TableHandle.read_from``)."""
-        if not dask.config.get("ps.read-replicas", True):
+    def read_from(self, h: TableHandle, block: int, replicas: bool = True) -> str:
+        """The worker a read of ``block`` goes to first (see
+        ``TableHandle.read_from``); its primary if not ``replicas``."""
+        if not replicas:
             return h.primary(block)
         return h.read_from(block, self.transport.local_address, self._read_key)
 
@@ -201,9 +201,10 @@ class Router:
         at the block's primary."""
         h = await self.handle(name)
         entries = [e for es in reqs.values() for e in es] if isinstance(reqs, dict) else list(reqs)
+        replicas = bool(_config.get("read-replicas"))  # once per read, not per block
         by_addr: dict[str, list] = {}
         for e in entries:
-            by_addr.setdefault(self.read_from(h, e[0]), []).append(e)
+            by_addr.setdefault(self.read_from(h, e[0], replicas), []).append(e)
 
         async def call(h, addr, entries):
             reply = await self.transport.pull(addr, h, entries, **extra)
