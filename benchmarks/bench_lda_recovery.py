@@ -58,7 +58,7 @@ def main():
               f"{args.iters} iterations, checkpoint_every={args.every}, 3 workers x 1 thread, "
               f"{args.repeat} interleaved round(s)")
 
-        def fit(n, **kw):
+        def fit(**kw):
             return LatentDirichletAllocation(
                 args.topics, max_iter=args.iters, evaluate_every=0, n_partitions=3, random_state=0,
                 client=client, **kw).fit(X)
@@ -68,7 +68,7 @@ def main():
             "replication=2": {"replication": 2, "checkpoint_every": args.every},
             "checkpoint": {"checkpoint_every": args.every},
         }
-        fit(0)  # warm-up (numba compilation, imports on the workers)
+        fit()  # warm-up (numba compilation, imports on the workers)
         times = {k: [] for k in variants}
         lls = {k: [] for k in variants}
         for r in range(args.repeat):
@@ -76,7 +76,7 @@ def main():
                 if name == "checkpoint":
                     kw = dict(kw, checkpoint=os.path.join(tmp, f"ckpt-{r}"))
                 t0 = time.perf_counter()
-                est = fit(r, **kw)
+                est = fit(**kw)
                 times[name].append(time.perf_counter() - t0)
                 lls[name].append(est.loglik_history_[-1][2])
         base = statistics.median(times["plain"])
@@ -100,7 +100,7 @@ def main():
         th = threading.Thread(target=killer, daemon=True)
         t0 = time.perf_counter()
         th.start()
-        est = fit(99, **variants["replication=2"])
+        est = fit(**variants["replication=2"])
         seconds = time.perf_counter() - t0
         th.join(5)
         quiet_t = statistics.median(times["replication=2"])

@@ -207,6 +207,15 @@ class _AssignmentSets:
                                  consistency=dask_ps.ASP(), replication=self.replication)
 
 
+def _may_be_worker_loss(error) -> bool:
+    """Whether a failed run's error can come from a lost worker (then the
+    scheduler gets a moment to notice the death); bad input cannot."""
+    from distributed.scheduler import KilledWorker
+
+    return (isinstance(error, (LostAssignmentsError, dask_ps.PSError, KilledWorker, OSError))
+            and not isinstance(error, ValueError))
+
+
 def _lost_workers(client, members, wait=5.0) -> set:
     """Workers of ``members`` that left the cluster (waiting up to ``wait``
     seconds for the scheduler to notice a death that caused an error)."""
@@ -605,6 +614,9 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         cache hits, waits, staleness histogram, bytes), seconds spent
         sampling, pulling, pushing, in ``clock()`` and evaluating, its token
         count, and its own ``history`` of ``(iteration, seconds, loglik part)``.
+        Of the fit's last run: with ``checkpoint`` or ``replication > 1`` the
+        fit runs in chunks of ``checkpoint_every`` iterations, and these
+        cover the last chunk only.
 
     Notes
     -----
@@ -920,7 +932,8 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
                         nwk = np.maximum(ps.pull(nwk_name), 0)
                         nk = np.maximum(ps.pull(nk_name), 0)
                 except Exception as e:
-                    lost = _lost_workers(client, members) if tolerant else set()
+                    lost = (_lost_workers(client, members, wait=5.0 if _may_be_worker_loss(e) else 0.0)
+                            if tolerant else set())
                     if not lost or n_restarts >= _MAX_RESTARTS:
                         raise
                     n_restarts += 1
