@@ -658,13 +658,19 @@ def test_lda_fit_through_retire_workers_mid_chunk_loses_no_block(caplog):
                 time.sleep(0.02)
             time.sleep(0.1)
             victim = sorted(c.scheduler_info(n_workers=-1)["workers"])[0]
+            started.append(time.monotonic())
             c.retire_workers([victim])
             retired.append(victim)
 
+        started = []
+        retirer = threading.Thread(target=retire, daemon=True)
         with caplog.at_level(logging.ERROR, logger="dask_ps._scheduler_plugin"):
-            threading.Thread(target=retire, daemon=True).start()
+            retirer.start()
             disturbed = fit()
+            done = time.monotonic()
+        retirer.join(timeout=60)
         assert retired
+        assert started[0] < done, "the worker was not retired during the fit"
         assert "could be read" not in caplog.text and "lost block" not in caplog.text, caplog.text
         l_quiet, l_disturbed = quiet.loglik_history_[-1][2], disturbed.loglik_history_[-1][2]
         assert abs(l_disturbed - l_quiet) / abs(l_quiet) < 0.02
