@@ -1,0 +1,76 @@
+"""The machinery every parameter-server estimator shares.
+
+Written against the public ``ParameterServer``/``ctx`` API only (the
+counterpart of distributed's ``ShuffleRun``): an estimator is a short
+subclass plus its participant function and kernels. The one private
+``dask_ps`` package that estimators import. See ``docs/architecture.rst``,
+"Estimators".
+
+Parameters (``_params``)
+    ``PSEstimatorMixin`` (first base: ``__getstate__`` without the Client,
+    ``__sklearn_clone__`` sharing it, ``_parameter_server()``,
+    ``_checkpoint_path()``); ``SHARED_CONSTRAINTS`` (client, consistency,
+    replication, checkpoint, checkpoint_every, verbose);
+    ``setting(estimator, key)``, ``setting_bytes(estimator, key)``
+    (``dask.config`` ``ps.<estimator>.<key>``, defaults in ``ps.yaml``).
+Training data (``_data``)
+    ``TrainingParts`` (``from_pieces``, ``from_chunks``, ``per_worker``;
+    ``futures``, ``held``, ``index``, ``gather``, ``keep``,
+    ``rebuild_lost``, ``release``); ``PartCopies``, ``load_part``.
+Runs and checkpoints (``_runs``)
+    ``CheckpointMismatchError`` (a ``ValueError``), ``checkpoint_record``,
+    ``check_checkpoint``, ``find_checkpoint``, ``save_checkpoint``
+    (``SAVE_RETRY_SECONDS``), ``chunk_end``, ``jsonable``;
+    ``temporary_tables`` / ``TemporaryTables``; ``cluster_members``,
+    ``may_be_worker_loss``, ``lost_workers``, ``MAX_RESTARTS``.
+Progress and metrics (``_progress``)
+    ``Progress`` (verbose lines: stdout and the logger), ``rate``,
+    ``participant_metrics`` (``metrics_``).
+Prediction on dask collections (``_predict``)
+    ``is_dask_collection``, ``is_dask_dataframe``, ``is_dask_array``,
+    ``dask_meta``, ``dask_feature_names``, ``check_dask_X``,
+    ``map_row_blocks``.
+The Dask adapter (``_dask_adapter``)
+    The only module that uses ``distributed`` internals (matching persisted
+    futures to blocks, reading another task's data on a worker).
+"""
+
+from dask_ps._estimators._data import PartCopies, TrainingParts, load_part
+from dask_ps._estimators._params import SHARED_CONSTRAINTS, PSEstimatorMixin, setting, setting_bytes
+from dask_ps._estimators._predict import (
+    check_dask_X,
+    dask_feature_names,
+    dask_meta,
+    is_dask_array,
+    is_dask_collection,
+    is_dask_dataframe,
+    map_row_blocks,
+)
+from dask_ps._estimators._progress import Progress, participant_metrics, rate
+from dask_ps._estimators._runs import (
+    MAX_RESTARTS,
+    SAVE_RETRY_SECONDS,
+    CheckpointMismatchError,
+    TemporaryTables,
+    check_checkpoint,
+    checkpoint_record,
+    chunk_end,
+    cluster_members,
+    find_checkpoint,
+    jsonable,
+    lost_workers,
+    may_be_worker_loss,
+    save_checkpoint,
+    temporary_tables,
+)
+
+__all__ = [
+    "PSEstimatorMixin", "SHARED_CONSTRAINTS", "setting", "setting_bytes",
+    "TrainingParts", "PartCopies", "load_part",
+    "CheckpointMismatchError", "checkpoint_record", "check_checkpoint", "find_checkpoint", "save_checkpoint",
+    "SAVE_RETRY_SECONDS", "chunk_end", "jsonable", "temporary_tables", "TemporaryTables",
+    "cluster_members", "may_be_worker_loss", "lost_workers", "MAX_RESTARTS",
+    "Progress", "rate", "participant_metrics",
+    "is_dask_collection", "is_dask_dataframe", "is_dask_array", "dask_meta", "dask_feature_names",
+    "check_dask_X", "map_row_blocks",
+]

@@ -1,0 +1,231 @@
+"""Training data of a fit: one part per participant, on the workers.
+
+:class:`TrainingParts` holds what ``ParameterServer.run`` gets (futures, or
+plain objects small enough to travel inside the task), the futures that
+must stay alive while the parts are used, and how to make a part again when
+the worker holding it died. Three ways in, all parametrized by the
+estimator's own split and prepare functions:
+
+- :meth:`TrainingParts.from_pieces`: an in-memory input split on the client
+  and scattered (optionally ``replication`` copies per part, each part then
+  a small loader task, :func:`load_part`);
+- :meth:`TrainingParts.from_chunks`: a dask collection, one part per chunk,
+  computed where Dask puts it;
+- :meth:`TrainingParts.per_worker`: persisted dask collections, one part per
+  worker holding blocks, assembled on that worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from dask_ps._estimators import _dask_adapter
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PartCopies:
+    """The keys of the scattered copies of one in-memory part: on its
+    participant's worker first, then the backups (``from_pieces``)."""
+
+    keys: tuple
+
+
+def load_part(copies: PartCopies):
+    """Task: one part of an in-memory input, from a copy on this worker (no
+    transfer, no copy) or else from a surviving copy on another worker. It
+    depends on no other task, so Dask can always run it again: that is how
+    the retried participant of a dead worker gets its data back."""
+    return _dask_adapter.local_or_remote_copy(copies.keys)
+
+
+def _is_lost(part) -> bool:
+    return getattr(part, "status", None) in ("error", "cancelled", "lost")
+
+
+class TrainingParts:
+    """The parts of a fit's training data, one per participant.
+
+    Attributes
+    ----------
+    futures : list
+        One element per participant, what ``ParameterServer.run`` gets.
+    held : list
+        Futures to keep alive while the parts are used (scattered copies,
+        persisted collections).
+    """
+
+    def __init__(self, client, futures, remakes=None, held=()):
+        self.client = client
+        self.futures = list(futures)
+        # Per part: a function making it again (None: Dask recomputes it
+        # from its graph by itself, or it is a plain object).
+        self._remakes = list(remakes) if remakes is not None else [None] * len(self.futures)
+        self._index = list(range(len(self.futures)))
+        self.held = list(held)
+        self._made = 0
+
+    def __len__(self):
+        return len(self.futures)
+
+    def __repr__(self):
+        return f"<TrainingParts {len(self.futures)} part(s) of {self._index}>"
+
+    # --- building --------------------------------------------------------------------
+    def _submit(self, fn, *args, key_prefix=None, **kwargs):
+        if key_prefix is None:
+            return self.client.submit(fn, *args, pure=False, **kwargs)
+        self._made += 1
+        return self.client.submit(fn, *args, key=f"{key_prefix}-{self._made}", **kwargs)
+
+    @classmethod
+    def from_pieces(cls, client, split, *, prepare=None, key_prefix=None, workers=None, scatter=True,
+                    replication=1):
+        """Parts of an in-memory input.
+
+        Parameters
+        ----------
+        split : callable
+            ``split() -> list of pieces``, the same pieces on every call
+            (a lost piece is split again and scattered again).
+        prepare : callable, optional
+            ``prepare(piece) -> part``, run on the worker holding the piece.
+        key_prefix : str, optional
+            Task keys of ``prepare``: ``f"{key_prefix}-{n}"`` (else random keys).
+        workers : list of str, optional
+            Piece ``i`` goes to ``workers[i % len(workers)]``; None: where
+            ``Client.scatter`` puts them.
+        scatter : bool
+            False: the pieces travel inside the participants' tasks (small
+            inputs; no ``prepare``).
+        replication : int
+            With ``workers`` and ``k = min(replication, len(workers)) > 1``:
+            each piece is scattered to ``k`` consecutive workers under
+            separate keys (Dask's memory manager never drops a copy as a
+            redundant replica) and the part is a :func:`load_part` task, so
+            a retried participant of a dead worker finds a surviving copy.
+        """
+        self = cls(client, [])
+        pieces = split()
+        if not scatter:
+            self.futures = list(pieces)
+            self._remakes = [None] * len(pieces)
+        elif workers is not None and min(int(replication), len(workers)) > 1:
+            k = min(int(replication), len(workers))
+            for i, piece in enumerate(pieces):
+                copies = [client.scatter(piece, workers=[workers[(i + j) % len(workers)]], hash=False)
+                          for j in range(k)]
+                self.held.extend(copies)
+                self.futures.append(client.submit(
+                    load_part, PartCopies(tuple(f.key for f in copies)),
+                    workers=[workers[i % len(workers)]], allow_other_workers=True, pure=False))
+                self._remakes.append(None)
+        else:
+            if workers is None:
+                scattered = client.scatter(list(pieces), hash=False)
+            else:
+                scattered = [client.scatter(p, workers=[workers[i % len(workers)]], hash=False)
+                             for i, p in enumerate(pieces)]
+
+            def remake(i):
+                piece = client.scatter(split()[i], hash=False)
+                return self._submit(prepare, piece, key_prefix=key_prefix) if prepare is not None else piece
+
+            for i, piece in enumerate(scattered):
+                self.futures.append(self._submit(prepare, piece, key_prefix=key_prefix)
+                                    if prepare is not None else piece)
+                self._remakes.append(lambda i=i: remake(i))
+        self._index = list(range(len(self.futures)))
+        return self
+
+    @classmethod
+    def from_chunks(cls, client, chunks, *, prepare, key_prefix=None):
+        """One part per chunk of a dask collection (``chunks``: its
+        ``to_delayed()`` pieces): each computed where Dask puts it, then
+        ``prepare(chunk)`` there; a lost part is computed again."""
+        self = cls(client, [])
+        blocks = client.compute(list(chunks))
+        self.futures = [self._submit(prepare, b, key_prefix=key_prefix) for b in blocks]
+        self._remakes = [lambda i=i: self._submit(prepare, client.compute(chunks[i]), key_prefix=key_prefix)
+                         for i in range(len(chunks))]
+        self._index = list(range(len(self.futures)))
+        return self
+
+    @classmethod
+    def per_worker(cls, client, collections, *, prepare, what="the collections"):
+        """One part per worker holding blocks of aligned dask collections.
+
+        The collections are persisted (held by the parts); once their
+        blocks are computed, the blocks of each worker go to
+        ``prepare(blocks)`` on that worker, ``blocks`` a list of tuples (the
+        futures of block ``i`` of each collection). Nothing is gathered to
+        the client.
+        """
+        from distributed import wait
+
+        persisted = client.persist(list(collections))
+        per_coll = [_dask_adapter.futures_in_block_order(c) for c in persisted]
+        if len({len(b) for b in per_coll}) != 1:
+            raise ValueError(
+                f"{what} must have the same number of blocks/partitions; got "
+                + ", ".join(str(len(b)) for b in per_coll)
+            )
+        blocks = [tuple(b[i] for b in per_coll) for i in range(len(per_coll[0]))]
+        # Where the blocks are once computed (who_has is empty for a block
+        # still being computed: every such block would land in one part).
+        wait([b[0] for b in blocks])
+        where = _dask_adapter.holders(client, [b[0] for b in blocks])
+        by_worker: dict = {}
+        for b in blocks:
+            held_by = where.get(b[0].key) or ()
+            by_worker.setdefault(held_by[0] if held_by else None, []).append(b)
+        self = cls(client, [], held=persisted)
+
+        def submit(w, bl):
+            kw = {"workers": [w], "allow_other_workers": True} if w is not None else {}
+            return client.submit(prepare, bl, pure=False, **kw)
+
+        for w, bl in by_worker.items():
+            self.futures.append(submit(w, bl))
+            self._remakes.append(lambda w=w, bl=bl: submit(w, bl))
+        self._index = list(range(len(self.futures)))
+        return self
+
+    # --- using ---------------------------------------------------------------------------
+    def gather(self, fn, *args, key_prefix=None):
+        """``[fn(part, *args) for each part]``, computed where the parts are."""
+        if key_prefix is None:
+            futs = [self.client.submit(fn, p, *args, pure=False) for p in self.futures]
+        else:
+            futs = [self.client.submit(fn, p, *args, key=f"{key_prefix}-{i}") for i, p in enumerate(self.futures)]
+        return self.client.gather(futs)
+
+    def keep(self, indices):
+        """Keep only these parts (e.g. those with data), in this order."""
+        self.futures = [self.futures[i] for i in indices]
+        self._index = [self._index[i] for i in indices]
+
+    @property
+    def index(self) -> list:
+        """The position of each kept part among the parts first made."""
+        return list(self._index)
+
+    def rebuild_lost(self, owner="estimator") -> list:
+        """Make again the parts whose data is gone with a worker; returns
+        their positions (``index``)."""
+        rebuilt = []
+        for j, fut in enumerate(self.futures):
+            i = self._index[j]
+            if not _is_lost(fut) or self._remakes[i] is None:
+                continue
+            self.futures[j] = self._remakes[i]()
+            rebuilt.append(i)
+            logger.info("%s: partition %d was lost with its worker; made again", owner, i)
+        return rebuilt
+
+    def release(self) -> None:
+        """Let the parts and what they hold go."""
+        self.futures = []
+        self.held = []

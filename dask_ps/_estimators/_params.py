@@ -1,0 +1,73 @@
+"""The parameters every parameter-server estimator shares, and its settings.
+
+:class:`PSEstimatorMixin` goes first in an estimator's bases (before
+``BaseEstimator``). It brings the constraints of the shared parameters
+(``client``, ``consistency``, ``replication``, ``checkpoint``,
+``checkpoint_every``, ``verbose``), pickling without the live ``Client``,
+cloning that shares the ``Client``, and the ``ParameterServer`` of
+``client``. :func:`setting` reads an estimator's tunables from
+``dask.config`` (``ps.<estimator>.<key>``, defaults in ``dask_ps/ps.yaml``).
+"""
+
+from __future__ import annotations
+
+import os
+from numbers import Integral
+
+import dask
+from dask.utils import parse_bytes
+from sklearn.base import clone
+from sklearn.utils._param_validation import Interval
+
+from dask_ps import Consistency, ParameterServer, get_parameter_server
+
+# The constraints of the shared parameters (scikit-learn's
+# ``_parameter_constraints`` entries); an estimator extends or overrides them.
+SHARED_CONSTRAINTS: dict = {
+    "client": "no_validation",
+    "consistency": [Consistency, None],
+    "replication": [Interval(Integral, 1, None, closed="left")],
+    "checkpoint": [str, os.PathLike, None],
+    "checkpoint_every": [Interval(Integral, 1, None, closed="left"), None],
+    "verbose": ["verbose"],
+}
+
+
+def setting(estimator: str, key: str):
+    """``dask.config`` value ``ps.<estimator>.<key>`` (read at each call, so
+    ``dask.config.set`` applies at once)."""
+    return dask.config.get(f"ps.{estimator}.{key}")
+
+
+def setting_bytes(estimator: str, key: str) -> int:
+    """A :func:`setting` that is a size: an int or a string such as ``"2GiB"``."""
+    return int(parse_bytes(setting(estimator, key)))
+
+
+class PSEstimatorMixin:
+    """Shared plumbing of the parameter-server estimators (see the module docstring)."""
+
+    def _parameter_server(self) -> ParameterServer:
+        """The ``ParameterServer`` of ``client`` (None: the current client,
+        else a ``LocalCluster`` started once per process)."""
+        return get_parameter_server(self.client)
+
+    def _checkpoint_path(self) -> str | None:
+        return None if self.checkpoint is None else os.fspath(self.checkpoint)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        client = state.get("client")
+        if client is not None and not isinstance(client, (str, bytes)):
+            # A distributed.Client cannot be pickled: a fitted model is a plain
+            # object that predicts without a cluster. (client=None on load.)
+            state = dict(state, client=None)
+        return state
+
+    def __sklearn_clone__(self):
+        # clone() deep-copies parameters; a Client must be shared, not copied.
+        params = self.get_params(deep=False)
+        client = params.pop("client")
+        new = type(self)(**{k: clone(v, safe=False) for k, v in params.items()})
+        new.client = client
+        return new
