@@ -30,11 +30,16 @@ Prediction on dask collections (``_predict``)
     ``is_dask_collection``, ``is_dask_dataframe``, ``is_dask_array``,
     ``dask_meta``, ``dask_feature_names``, ``check_dask_X``,
     ``map_row_blocks``.
+Arrays (``arrays``, the module)
+    ``is_sparse``, ``is_cupy_sparse``, ``xp_of``, ``nbytes``, ``to_host``
+    and ``dask_ps._backend``'s ``namespace``, ``to_numpy``, ``all_finite``,
+    ``is_cupy``, ``cupy`` (estimators do not import ``_backend`` itself).
 The Dask adapter (``_dask_adapter``)
     The only module that uses ``distributed`` internals (matching persisted
     futures to blocks, reading another task's data on a worker).
 """
 
+from dask_ps._estimators import _arrays as arrays
 from dask_ps._estimators._data import PartCopies, TrainingParts, load_part
 from dask_ps._estimators._params import SHARED_CONSTRAINTS, PSEstimatorMixin, setting, setting_bytes
 from dask_ps._estimators._predict import (
@@ -65,6 +70,7 @@ from dask_ps._estimators._runs import (
 )
 
 __all__ = [
+    "arrays",
     "PSEstimatorMixin", "SHARED_CONSTRAINTS", "setting", "setting_bytes",
     "TrainingParts", "PartCopies", "load_part",
     "CheckpointMismatchError", "checkpoint_record", "check_checkpoint", "find_checkpoint", "save_checkpoint",
