@@ -10,7 +10,12 @@ ones with ``OSError``, which the failover logic retries elsewhere.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import defaultdict
+
+from distributed.comm import CommClosedError
+
+logger = logging.getLogger(__name__)
 
 
 class WorkerGone(OSError):
@@ -48,6 +53,51 @@ class Liveness:
                 tasks.discard(task)
                 if not tasks:
                     self._inflight.pop(addr, None)
+
+
+class WorkerCalls:
+    """The scheduler's RPCs to workers, through :class:`Liveness`.
+
+    ``rpc(address)`` gives the scheduler's rpc to a worker; ``retiring`` and
+    ``members`` are the plugin's sets (read at each call).
+    """
+
+    def __init__(self, rpc, liveness: Liveness, retiring: set[str], members: set[str]):
+        self.rpc = rpc
+        self.liveness = liveness
+        self.retiring = retiring
+        self.members = members
+
+    def __repr__(self):
+        return f"<WorkerCalls members={len(self.members)} retiring={sorted(self.retiring)}>"
+
+    def call_once(self, worker: str, op: str, **msg):
+        """An RPC to a worker that fails fast if the worker is removed meanwhile."""
+        return self.liveness.call(worker, lambda: getattr(self.rpc(worker), op)(**msg))
+
+    async def call(self, worker: str, op: str, attempts: int = 4, **msg):
+        """An RPC to a worker (:meth:`call_once`), retried on a closed
+        connection while ``worker`` is retiring: Dask's scheduler drops its
+        connections to a worker when it removes it, while the worker still
+        serves its blocks (its teardown waits for the evacuation), so a new
+        connection gets through."""
+        for attempt in range(attempts):
+            try:
+                return await self.call_once(worker, op, **msg)
+            except (CommClosedError, OSError):
+                if worker not in self.retiring or worker in self.liveness.dead or attempt == attempts - 1:
+                    raise
+                await asyncio.sleep(0.05 * 2**attempt)
+
+    async def broadcast(self, op: str, **msg) -> None:
+        """``op`` on every member; failures are logged (debug), not raised."""
+        results = await asyncio.gather(
+            *(self.call(w, op, **msg) for w in sorted(self.members)),
+            return_exceptions=True,
+        )
+        for r in results:
+            if isinstance(r, Exception):
+                logger.debug("dask_ps: %s failed on a worker: %r", op, r)
 
 
 def _retrieve(task: asyncio.Task) -> None:

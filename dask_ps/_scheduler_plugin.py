@@ -3,6 +3,9 @@
 Holds which tables exist (their specs), where each row block lives, which
 workers serve shards, and the clocks of running participants. It never holds
 parameter data: values move between workers (and the client) directly.
+Placement changes (repair, evacuate, rebalance, resync) are
+``_rebalance.PlacementChanger``; calls to workers go through
+``_liveness.WorkerCalls``.
 """
 
 from __future__ import annotations
@@ -16,21 +19,20 @@ from dataclasses import dataclass, field
 
 from dask.utils import format_bytes
 from distributed import SchedulerPlugin
-from distributed.comm import CommClosedError
 from distributed.protocol.pickle import dumps
 
 from dask_ps import _config
 from dask_ps._exceptions import (
     ClockTimeoutError,
     DataLostError,
-    PSError,
     PSValueError,
     RunAbortedError,
     TableExistsError,
     UnknownTableError,
 )
-from dask_ps._liveness import Liveness
+from dask_ps._liveness import Liveness, WorkerCalls
 from dask_ps._placement import place_blocks
+from dask_ps._rebalance import PlacementChanger
 from dask_ps._spec import TableSpec
 from dask_ps._worker_plugin import PLUGIN_NAME, PSWorkerPlugin, reply_errors
 
@@ -77,7 +79,7 @@ class SchedulerTableState:
     checkpoint: tuple[str, str] | None = None  # (path, data dir) of the latest save
     restored: int = 0  # blocks restored from a checkpoint after a loss (updates since were lost)
     # block -> replicas that missed a forwarded push: fenced (no reads), never
-    # a copy source or a promoted primary, copied again by ``_resync``
+    # a copy source or a promoted primary, copied again by ``PlacementChanger.resync``
     stale: dict[int, set[str]] = field(default_factory=dict)
 
     def __repr__(self):
@@ -164,14 +166,28 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self._background: set[asyncio.Task] = set()
         self._retiring: set[str] = set()
         self._evacuations: dict[str, asyncio.Task] = {}
-        self._resync_pending: set[str] = set()  # tables with a _resync scheduled, not started
         self.liveness = Liveness()
+        self.calls = WorkerCalls(lambda w: self.scheduler.rpc(w), self.liveness, self._retiring, self.members)
+        self.placement = PlacementChanger(self)  # repair, evacuate, rebalance, resync
         self.totals: Counter = Counter()  # metrics summed over finished participants
 
     def __repr__(self):
         return f"<PSSchedulerPlugin servers={len(self.members)} tables={sorted(self.tables)} runs={len(self.runs)}>"
 
     async def start(self, scheduler):
+        existing = scheduler.extensions.get(PLUGIN_NAME)
+        starting = getattr(existing, "_started", None)
+        if isinstance(existing, PSSchedulerPlugin) and starting is not None and not starting.is_set():
+            # Registered concurrently (fits started by several tasks at once):
+            # Scheduler.register_scheduler_plugin checks ``idempotent`` before
+            # awaiting ``start`` and adds the plugin after it, so a second
+            # start() would replace the handlers of the first one. Let the
+            # first finish (its add_plugin runs right after); this instance is
+            # then dropped as a duplicate.
+            await starting.wait()
+            return
+        self._started = asyncio.Event()
+        scheduler.extensions[PLUGIN_NAME] = self
         self.scheduler = scheduler
         self._servers_changed = asyncio.Condition()
         scheduler.handlers.update({op: reply_errors(getattr(self, op[3:])) for op in HANDLERS})
@@ -182,6 +198,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         await scheduler.register_worker_plugin(
             None, dumps(PSWorkerPlugin()), name=PLUGIN_NAME, idempotent=True
         )
+        self._started.set()
 
     async def close(self):
         from dask_ps import _prometheus
@@ -227,10 +244,10 @@ class PSSchedulerPlugin(SchedulerPlugin):
         # Everyone stops waiting on it now (a connect to a dead address would
         # retry for distributed.comm.timeouts.connect).
         self.scheduler.log_event("ps-worker-left", {"address": worker})
-        self._in_background(self._broadcast("ps_worker_left", address=worker))
+        self._in_background(self.calls.broadcast("ps_worker_left", address=worker))
         for t in list(self.tables.values()):
             if worker in t.holders():
-                self._in_background(self._repair(t.spec.name, gone={worker}, reason=f"{worker} left ({stimulus_id})"))
+                self._in_background(self.placement.repair(t.spec.name, gone={worker}, reason=f"{worker} left ({stimulus_id})"))
 
     def _in_background(self, coro) -> None:
         task = asyncio.ensure_future(coro)
@@ -247,12 +264,12 @@ class PSSchedulerPlugin(SchedulerPlugin):
         if address in self.liveness.dead:  # back at the same address: reachable again
             self.liveness.dead.discard(address)
             self.scheduler.log_event("ps-worker-joined", {"address": address})
-            self._in_background(self._broadcast("ps_worker_joined", address=address))
+            self._in_background(self.calls.broadcast("ps_worker_joined", address=address))
         async with self._servers_changed:
             self._servers_changed.notify_all()
         if new and self.tables:
             for name in list(self.tables):
-                self._in_background(self._rebalance(name))
+                self._in_background(self.placement.rebalance(name))
 
     async def evacuate(self, address: str) -> None:
         """Handler (worker plugin teardown, e.g. ``retire_workers``): wait until
@@ -267,22 +284,12 @@ class PSSchedulerPlugin(SchedulerPlugin):
         if isinstance(msg, dict) and msg.get("action") == "worker-status-change" and topic in self.members:
             if msg.get("status") == "closing_gracefully" and topic not in self._evacuations:
                 self._retiring.add(topic)
-                task = asyncio.ensure_future(self._evacuate(topic))
+                task = asyncio.ensure_future(self.placement.evacuate(topic))
                 self._evacuations[topic] = task
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
             elif msg.get("status") == "running":
                 self._retiring.discard(topic)
-
-    async def _evacuate(self, address: str) -> None:
-        self.members.discard(address)
-        if not self._running_members():
-            return  # the whole cluster is shutting down (scale(0) retires everyone)
-        names = [n for n, t in self.tables.items() if address in t.holders()]
-        # All tables at once: the worker may not wait long once it closes.
-        await asyncio.gather(*(
-            self._repair(n, gone=set(), leaving={address}, reason=f"{address} retired") for n in names
-        ))
 
     async def placement_settled(self) -> None:
         """Handler: wait for background placement changes (tests, benchmarks)."""
@@ -307,275 +314,21 @@ class PSSchedulerPlugin(SchedulerPlugin):
             if name in self.tables:
                 self.tables[name].checkpoint = (path, data)
 
-    # --- placement changes -------------------------------------------------------------
+    # --- placement (the freeze/copy/adopt protocol is _rebalance.PlacementChanger) ----
     def _running_members(self) -> set[str]:
         """Members that can take blocks: not closing or being retired."""
         ws = self.scheduler.workers
         return {w for w in self.members if w in ws and ws[w].status.name == "running"}
 
-    def _ideal(self, t: SchedulerTableState, members) -> list[list[str]]:
-        return place_blocks(
-            t.spec.name, t.spec.n_blocks, members,
-            vnodes=int(_config.get("vnodes")),
-            load_factor=float(_config.get("load-factor")),
-            replication=min(t.spec.replication, max(1, len(members))),
-        )
-
-    async def _rebalance(self, name: str) -> None:
-        lock = self._table_locks.setdefault(name, asyncio.Lock())
-        async with lock:
-            t = self.tables.get(name)
-            if t is None or not self.members or t.lost:
-                return
-            await self._change_placement(t, self._ideal(t, self.members), sources=self.members)
-
-    async def _repair(self, name: str, gone: set[str], reason: str, leaving: set[str] = frozenset()) -> None:
-        """Placement without the ``gone`` (dead) and ``leaving`` (alive, retiring)
-        workers: survivors keep their blocks, a surviving replica becomes
-        primary, missing copies are added; blocks with no copy left are
-        restored from the latest checkpoint or reported lost."""
-        lock = self._table_locks.setdefault(name, asyncio.Lock())
-        async with lock:
-            t = self.tables.get(name)
-            if t is None:
-                return
-            members = self._running_members() - gone - leaving
-            if not members:
-                for b in range(len(t.owners)):
-                    t.lost.setdefault(b, reason)
-                return
-            ideal = self._ideal(t, members)
-            k = min(t.spec.replication, len(members))
-            new_owners, lost = [], []
-            for b, old in enumerate(t.owners):
-                # Up-to-date survivors first (one becomes primary); a stale
-                # copy stays as a replica and is copied again.
-                bad = t.stale.get(b, set())
-                keep = sorted((w for w in old if w in members), key=lambda w: w in bad)
-                if not any(w not in bad and (w in members or w in leaving) for w in old):
-                    lost.append(b)
-                for w in ideal[b]:
-                    if len(keep) >= k:
-                        break
-                    if w not in keep:
-                        keep.append(w)
-                new_owners.append(keep)
-            if lost and t.checkpoint is None:
-                # Refuse the table from now on: never serve zeros for lost rows.
-                for b in lost:
-                    t.lost[b] = reason
-                logger.error("dask_ps: table %r lost block(s) %s (%s) and has no checkpoint",
-                             t.spec.name, lost, reason)
-
-            async def restore(t=t, lost=lost):
-                if lost and t.checkpoint is not None:
-                    await self._restore_blocks(t, lost, reason)
-
-            await self._change_placement(t, new_owners, sources=members | set(leaving), skip=set(lost),
-                                         before_adopt=restore)
+    def table_lock(self, name: str) -> asyncio.Lock:
+        """The lock that orders creation and placement changes of table ``name``."""
+        return self._table_locks.setdefault(name, asyncio.Lock())
 
     async def replica_missed(self, table: str, table_id: str, replica: str, blocks) -> None:
         """Handler (a block's primary): ``replica`` failed to apply a forwarded
-        push to ``blocks`` (an error or a timeout, while not removed). Mark
-        those copies stale, fence them (they refuse reads), and copy the
-        blocks to it again in the background. Returns once the fence holds;
-        raises if it could not be set on a worker that is still in the
-        cluster (the primary then does not acknowledge the push)."""
-        if not (isinstance(table, str) and isinstance(replica, str) and isinstance(blocks, (list, tuple))
-                and all(isinstance(b, int) and not isinstance(b, bool) for b in blocks)):
-            raise PSValueError("replica_missed needs a table, a replica address and block numbers")
-        t = self.tables.get(table)
-        if t is None or t.spec.table_id != table_id:
-            return  # dropped or created again: nothing to protect
-        # Also copies the current placement no longer lists (a change in
-        # progress): until it adopts, such a copy must not be a source.
-        blocks = sorted({b for b in blocks if 0 <= b < len(t.owners)})
-        new = [b for b in blocks if replica not in t.stale.get(b, ())]
-        # Record first: a placement change from now on neither copies from
-        # these copies nor promotes them.
-        for b in blocks:
-            t.stale.setdefault(b, set()).add(replica)
-        if new:
-            logger.warning("dask_ps: table %r: replica %s missed a push to block(s) %s; copying them again",
-                           table, replica, new)
-        # Even if the fence fails below: the primary has applied the push, so
-        # the copy differs from it whether or not the push is acknowledged.
-        if table not in self._resync_pending:
-            self._resync_pending.add(table)
-            self._in_background(self._resync(table))
-        try:
-            await asyncio.wait_for(
-                self._call(replica, "ps_fence", table=table, table_id=table_id, blocks=blocks),
-                _config.get_seconds("timeouts.rpc"),
-            )
-        except Exception as e:
-            if replica in self.scheduler.workers and replica not in self.liveness.dead:
-                raise PSError(f"table {table!r}: could not fence replica {replica}: {e!r}") from e
-            # Removed meanwhile: the repair of its removal drops the copy.
-
-    async def _resync(self, name: str, attempt: int = 0) -> None:
-        """Copy stale replicas again from an up-to-date copy (same owners,
-        a new placement version), retrying a few times if a copy fails."""
-        lock = self._table_locks.setdefault(name, asyncio.Lock())
-        async with lock:
-            # Misses reported from now on need another resync.
-            self._resync_pending.discard(name)
-            t = self.tables.get(name)
-            if t is None or t.lost or not t.stale_owned():
-                return
-            await self._change_placement(t, [list(o) for o in t.owners], sources=self.members)
-            left = bool(t.stale_owned())
-        if left and attempt < 4:
-            await asyncio.sleep(0.2 * 2 ** attempt)
-            await self._resync(name, attempt + 1)
-        elif left:
-            # The copies stay fenced (reads go to other copies) until the next
-            # placement change of this table copies them again.
-            logger.warning("dask_ps: table %r: could not copy stale replica(s) %s again after %d tries",
-                           name, t.stale_owned(), attempt + 1)
-
-    async def _change_placement(self, t: SchedulerTableState, new_owners, sources, skip=frozenset(),
-                                before_adopt=None) -> None:
-        """Move to ``new_owners`` in two phases, so no block ever has two primaries:
-
-        1. every live holder *freezes* the table (waits for pushes in
-           progress, then refuses client pushes and pulls, which retry); then
-           each block moving to new owners is copied from an old owner (a
-           staying one if possible, the next one if a copy fails);
-        2. every holder adopts the new placement and serves again.
-
-        Forwarded pushes (primary to replica) are applied even while frozen,
-        and replicas hold their copies before any primary of the new placement
-        serves, so no acknowledged push misses a copy. Numbered pushes make
-        the retries count once.
-        """
-        if new_owners == t.owners and not t.stale_owned():
-            return
-        version = t.version + 1
-        staying = set(self.members)
-        holders = {w for w in t.holders() | {w for ws in new_owners for w in ws} if w in self.members | set(sources)}
-        old_owners = t.owners
-        t.owners, t.version = new_owners, version  # handles now give the new placement
-        self._announce(t)
-        msg = dict(table=t.spec.name, table_id=t.spec.table_id)
-        # 1a. Freeze every holder. One that cannot be reached is left out.
-        results = await asyncio.gather(*(self._call(w, "ps_freeze", **msg) for w in holders),
-                                       return_exceptions=True)
-        frozen = {w for w, r in zip(holders, results) if not isinstance(r, Exception)}
-        # 1b. Copy blocks to their new owners. Sources: the block's old owners,
-        # staying workers before a retiring one; on failure, the next source.
-        wanted: dict[int, list[str]] = {}
-        candidates: dict[int, list[str]] = {}
-        for b, (old, new) in enumerate(zip(old_owners, new_owners)):
-            if b in skip:
-                continue
-            # New replicas first, the new primary last: a block is never
-            # primary somewhere before its replicas have it. A stale copy (it
-            # missed a push; read after the freeze, so no push is still
-            # reporting one) is copied again and never used as a source.
-            bad = t.stale.get(b, set())
-            targets = ([w for w in new[1:] if w not in old or w in bad]
-                       + [w for w in new[:1] if w not in old or w in bad])
-            if targets:
-                wanted[b] = targets
-                candidates[b] = sorted((w for w in old if w in frozen and w not in bad),
-                                       key=lambda w: w not in staying)
-        copies = 0
-        copied: dict[int, list[str]] = {}
-        while wanted:
-            by_source: dict[str, list[tuple[int, str]]] = {}
-            for b in list(wanted):
-                if not candidates[b]:
-                    logger.error("dask_ps: table %r: no copy of block %d could be read", t.spec.name, b)
-                    t.lost[b] = "no live copy could be read during a placement change"
-                    del wanted[b]
-                    continue
-                by_source.setdefault(candidates[b][0], []).extend((b, w) for w in wanted[b])
-            results = await asyncio.gather(
-                *(self._call(src, "ps_copy_blocks", **msg, moves=mv) for src, mv in by_source.items()),
-                return_exceptions=True,
-            )
-            for (src, mv), r in zip(by_source.items(), results):
-                for b in {b for b, _ in mv}:
-                    if not isinstance(r, Exception):
-                        copied[b] = wanted.pop(b, [])
-                        copies += len(copied[b])
-                        continue
-                    logger.warning("dask_ps: copying block %d of %r from %s failed: %r", b, t.spec.name, src, r)
-                    alive = [w for w in wanted[b] if w not in self.liveness.dead]
-                    if len(alive) < len(wanted[b]):  # a target died: the next repair replaces it
-                        wanted[b] = alive
-                        if not alive:
-                            del wanted[b]
-                    else:
-                        candidates[b].pop(0)
-        # Blocks with no copy left: empty shards on their new owners (a
-        # checkpoint restore fills them next).
-        fresh: dict[str, list[int]] = {}
-        for b in skip:
-            for w in new_owners[b]:
-                fresh.setdefault(w, []).append(b)
-        await asyncio.gather(*(
-            self._call(w, "ps_create_shards", spec=t.spec_msg, version=None, blocks=bs)
-            for w, bs in fresh.items()
-        ), return_exceptions=True)
-        # Copies made now are up to date; copies not kept are gone. Every
-        # holder is still frozen, so no new miss can have been reported.
-        for b in list(t.stale):
-            ws = t.stale[b] - set(copied.get(b, ()))
-            ws &= set(new_owners[b]) if b < len(new_owners) and b not in skip else set()
-            if ws:
-                t.stale[b] = ws
-            else:
-                del t.stale[b]
-        if before_adopt is not None:
-            await before_adopt()  # e.g. fill those blocks from a checkpoint while nobody serves them
-        # 2. Adopt. A retiring worker (not a member any more) need not.
-        await asyncio.gather(
-            *(self._call(w, "ps_set_placement", **msg, version=version, owners=new_owners)
-              for w in holders if w in self.members),
-            return_exceptions=True,
-        )
-        logger.info("dask_ps: table %r placement v%d (%d block copies)", t.spec.name, version, copies)
-
-    def _announce(self, t: SchedulerTableState) -> None:
-        """Tell every client and worker that ``t``'s placement changed, so
-        cached handles are refreshed before the next message instead of after
-        a failed one (a connect to a dead worker can take ``timeouts.connect``).
-        Clients hear it as a Dask event; workers through a handler."""
-        self.scheduler.log_event("ps-placement", {"table": t.spec.name, "version": t.version})
-        self._in_background(
-            self._broadcast("ps_placement_changed", table=t.spec.name, version=t.version)
-        )
-
-    async def _restore_blocks(self, t: SchedulerTableState, blocks: list[int], reason: str) -> None:
-        """Fill lost blocks on their new (still frozen) owners from the latest checkpoint."""
-        from dask_ps._checkpoint import table_dir
-
-        path, data = t.checkpoint
-        directory = table_dir(path, data, t.spec.name)
-        by_worker: dict[str, list[int]] = {}
-        for b in blocks:
-            for w in t.owners[b]:
-                by_worker.setdefault(w, []).append(b)
-        results = await asyncio.gather(*(
-            self._call(w, "ps_load_blocks", table=t.spec.name, table_id=t.spec.table_id,
-                       directory=directory, blocks=bs)
-            for w, bs in by_worker.items()
-        ), return_exceptions=True)
-        failed = [r for r in results if isinstance(r, Exception)]
-        if failed:  # never serve zeros in place of lost rows
-            for b in blocks:
-                t.lost[b] = f"{reason}; restoring from {path} failed: {failed[0]!r}"
-            logger.error("dask_ps: table %r: restoring block(s) %s from %s failed: %r",
-                         t.spec.name, blocks, path, failed[0])
-            return
-        t.restored += len(blocks)
-        logger.warning(
-            "dask_ps: table %r: block(s) %s were lost (%s) and restored from the checkpoint at %s; "
-            "updates made since that checkpoint are lost",
-            t.spec.name, blocks, reason, path,
-        )
+        push to ``blocks``; returns once the copy is fenced
+        (:meth:`PlacementChanger.replica_missed`)."""
+        await self.placement.replica_missed(table, table_id, replica, blocks)
 
     async def servers(self, n: int = 0, timeout: float = 0) -> list[str]:
         """Handler: current shard servers; with ``n``, wait up to ``timeout``
@@ -594,8 +347,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
     async def create_table(self, spec: dict) -> dict:
         """Handler: create a table (idempotent for an identical spec)."""
         new = TableSpec.from_msg(spec)
-        lock = self._table_locks.setdefault(new.name, asyncio.Lock())
-        async with lock:
+        async with self.table_lock(new.name):
             have = self.tables.get(new.name)
             if have is not None:
                 if have.spec.same_as(new):
@@ -653,7 +405,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
     async def _gpus(self, workers) -> dict:
         """Each worker's GPU (``_backend.gpu_info``), None where it has none."""
         workers = sorted(workers)
-        infos = await asyncio.gather(*(self._call(w, "ps_gpu_info") for w in workers), return_exceptions=True)
+        infos = await asyncio.gather(*(self.calls.call(w, "ps_gpu_info") for w in workers), return_exceptions=True)
         return {w: (None if isinstance(i, BaseException) else i) for w, i in zip(workers, infos)}
 
     async def resolve_device(self) -> str:
@@ -751,36 +503,9 @@ class PSSchedulerPlugin(SchedulerPlugin):
             run.notified = m
             # In the background: the participant's clock call does not wait
             # for servers to push fresh rows.
-            task = asyncio.ensure_future(self._broadcast("ps_clock_advance", run_id=run.run_id, min_clock=_num(m)))
+            task = asyncio.ensure_future(self.calls.broadcast("ps_clock_advance", run_id=run.run_id, min_clock=_num(m)))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
-
-    def _call_once(self, worker: str, op: str, **msg):
-        """An RPC to a worker that fails fast if the worker is removed meanwhile."""
-        return self.liveness.call(worker, lambda: getattr(self.scheduler.rpc(worker), op)(**msg))
-
-    async def _call(self, worker: str, op: str, attempts: int = 4, **msg):
-        """An RPC to a worker (:meth:`_call_once`), retried on a closed
-        connection while ``worker`` is retiring: Dask's scheduler drops its
-        connections to a worker when it removes it, while the worker still
-        serves its blocks (its teardown waits for the evacuation), so a new
-        connection gets through."""
-        for attempt in range(attempts):
-            try:
-                return await self._call_once(worker, op, **msg)
-            except (CommClosedError, OSError):
-                if worker not in self._retiring or worker in self.liveness.dead or attempt == attempts - 1:
-                    raise
-                await asyncio.sleep(0.05 * 2**attempt)
-
-    async def _broadcast(self, op: str, **msg) -> None:
-        results = await asyncio.gather(
-            *(self._call(w, op, **msg) for w in sorted(self.members)),
-            return_exceptions=True,
-        )
-        for r in results:
-            if isinstance(r, Exception):
-                logger.debug("dask_ps: %s failed on a worker: %r", op, r)
 
     async def clock(self, run_id: str, rank: int, clock: int, wait_for=None, timeout=None):
         """Handler: ``rank`` completed ``clock`` clocks; returns the run's min
@@ -849,7 +574,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         if run is None:
             return None
         if run.notify:
-            await self._broadcast("ps_run_end", run_id=run_id)
+            await self.calls.broadcast("ps_run_end", run_id=run_id)
         return {
             "run_id": run_id,
             "clocks": list(run.clocks),

@@ -260,7 +260,7 @@ def test_refresh_reads_what_the_servers_have(ps, tmp_path, model, use_rows):
 def test_aggregate_per_clock_applies_the_rule_once_per_clock(ps, rule, hp):
     """aggregate="clock" (MXNet's synchronous mode): the optimizer steps once
     per clock on the sum of every participant's gradients of that clock."""
-    from tests.test_core_pure import ref_steps
+    from tests.core.test_core_pure import ref_steps
 
     n_clocks, d = 5, 6
     ps.create_table("agg", shape=(d,), rule=rule, aggregate="clock", consistency=dask_ps.BSP(), **hp)

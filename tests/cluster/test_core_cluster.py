@@ -110,7 +110,7 @@ def test_batching_sends_one_message_per_server(ps):
     ],
 )
 def test_optimizer_rules_match_numpy_step_by_step(ps, name, hp, ref):
-    from tests.test_core_pure import ref_steps
+    from tests.core.test_core_pure import ref_steps
 
     rng = np.random.default_rng(3)
     p0 = rng.normal(size=(40, 3))

@@ -140,7 +140,7 @@ def test_replicas_hold_every_acknowledged_push():
 
 
 def test_save_kill_everything_load_on_a_new_cluster(tmp_path):
-    from tests.test_core_pure import ref_steps
+    from tests.core.test_core_pure import ref_steps
 
     path = str(tmp_path / "ckpt")
     rng = np.random.default_rng(1)
@@ -262,7 +262,7 @@ def test_retire_survives_dask_dropping_connections_to_the_retiring_worker():
             ps.create_table(f"t{i}", shape=(90, 2), block_rows=10, init=np.full((90, 2), float(i + 1)))
         victim = ps.placement("t0")[0].worker
         plugin = next(p for p in c.scheduler.plugins.values() if isinstance(p, PSSchedulerPlugin))
-        call, failed = plugin._call_once, []
+        call, failed = plugin.calls.call_once, []
 
         def flaky_call(worker, op, **msg):
             if worker == victim and op in ("ps_freeze", "ps_copy_blocks") and op not in failed:
@@ -273,12 +273,12 @@ def test_retire_survives_dask_dropping_connections_to_the_retiring_worker():
                 return dropped()
             return call(worker, op, **msg)
 
-        plugin._call_once = flaky_call
+        plugin.calls.call_once = flaky_call
         try:
             client.retire_workers([victim])
             ps.wait_for_placement()
         finally:
-            plugin._call_once = call
+            plugin.calls.call_once = call
         assert sorted(failed) == ["ps_copy_blocks", "ps_freeze"]  # both were refused once
         for i in range(3):
             assert victim not in {p.worker for p in ps.placement(f"t{i}")}

@@ -141,21 +141,21 @@ class PausedResync:
     can read while a replica is known to have missed a push."""
 
     def __init__(self, plugin):
-        self.plugin, self.orig, self.held = plugin, plugin._resync, []
-        plugin._resync = self.resync
+        self.placement, self.orig, self.held = plugin.placement, plugin.placement.resync, []
+        plugin.placement.resync = self.resync
 
     async def resync(self, name, attempt=0):
-        self.plugin._resync_pending.discard(name)
+        self.placement.resync_pending.discard(name)
         self.held.append(name)
 
     def release(self, client=None):
-        self.plugin._resync = self.orig
+        self.placement.resync = self.orig
         names, self.held = sorted(set(self.held)), []
         if client is not None and names:
 
             async def run(dask_scheduler):
                 for name in names:
-                    await dask_scheduler.extensions["ps"]._resync(name)
+                    await dask_scheduler.extensions["ps"].placement.resync(name)
 
             client.run_on_scheduler(run)
 
@@ -226,20 +226,20 @@ def test_read_my_writes_and_ssp_hold_on_a_replica_that_misses_forwards():
         fault = Fault(victim, n=3)
         plugin = c.scheduler.extensions["ps"]
         repairs = []
-        orig_resync = plugin._resync
+        orig_resync = plugin.placement.resync
 
         async def counting_resync(name, attempt=0):
             repairs.append(name)
             await orig_resync(name, attempt)
 
-        plugin._resync = counting_resync
+        plugin.placement.resync = counting_resync
         try:
             # replication=3 on 3 workers: every participant reads every block
             # on its own worker, so the victim's participant reads its copies.
             assert ps.run(marker_participant, range(P), staleness=1) == [CLOCKS] * P
         finally:
             fault.remove()
-            plugin._resync = orig_resync
+            plugin.placement.resync = orig_resync
         assert fault.left == 0 and repairs  # the faults fired and were repaired
         ps.wait_for_placement()
         want = expected_markers()

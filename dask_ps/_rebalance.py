@@ -1,0 +1,360 @@
+"""Placement changes: the two-phase freeze/copy/adopt protocol.
+
+Every repair (a worker died), evacuation (a worker retires), rebalance (a
+worker joined) and resync (a replica missed a forwarded push) ends in
+:meth:`PlacementChanger.change`, under the scheduler's per-table lock. The
+scheduler plugin decides *when* a table's placement changes (membership
+hooks, handlers); this module decides *what* the new placement is and moves
+the blocks there. ``docs/architecture.rst`` ("Placement changes and
+failover") draws the protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from dask_ps import _config
+from dask_ps._exceptions import PSError, PSValueError
+from dask_ps._placement import place_blocks
+
+logger = logging.getLogger(__name__)
+
+
+class PlacementChanger:
+    """Moves the blocks of the plugin's tables between its members.
+
+    Holds a reference to the scheduler plugin for its table registry
+    (``tables``), its membership (``members``, ``_running_members``), its
+    per-table locks and its background tasks; calls workers through the
+    plugin's :class:`~dask_ps._liveness.WorkerCalls`.
+    """
+
+    def __init__(self, plugin):
+        self.plugin = plugin
+        self.resync_pending: set[str] = set()  # tables with a resync scheduled, not started
+
+    def __repr__(self):
+        return f"<PlacementChanger tables={sorted(self.plugin.tables)} resync_pending={sorted(self.resync_pending)}>"
+
+    @property
+    def tables(self):
+        return self.plugin.tables
+
+    @property
+    def members(self) -> set[str]:
+        return self.plugin.members
+
+    @property
+    def calls(self):
+        return self.plugin.calls
+
+    def ideal(self, t, members) -> list[list[str]]:
+        """The consistent-hash placement of ``t`` over ``members``."""
+        return place_blocks(
+            t.spec.name, t.spec.n_blocks, members,
+            vnodes=int(_config.get("vnodes")),
+            load_factor=float(_config.get("load-factor")),
+            replication=min(t.spec.replication, max(1, len(members))),
+        )
+
+    # --- why a placement changes ------------------------------------------------------
+    async def rebalance(self, name: str) -> None:
+        """Move table ``name`` to its ideal placement over the members (a worker joined)."""
+        async with self.plugin.table_lock(name):
+            t = self.tables.get(name)
+            if t is None or not self.members or t.lost:
+                return
+            await self.change(t, self.ideal(t, self.members), sources=self.members)
+
+    async def evacuate(self, address: str) -> None:
+        """Move every block off ``address`` (retiring, still serving)."""
+        self.members.discard(address)
+        if not self.plugin._running_members():
+            return  # the whole cluster is shutting down (scale(0) retires everyone)
+        names = [n for n, t in self.tables.items() if address in t.holders()]
+        # All tables at once: the worker may not wait long once it closes.
+        await asyncio.gather(*(
+            self.repair(n, gone=set(), leaving={address}, reason=f"{address} retired") for n in names
+        ))
+
+    async def repair(self, name: str, gone: set[str], reason: str, leaving: set[str] = frozenset()) -> None:
+        """Placement without the ``gone`` (dead) and ``leaving`` (alive, retiring)
+        workers: survivors keep their blocks, a surviving replica becomes
+        primary, missing copies are added; blocks with no copy left are
+        restored from the latest checkpoint or reported lost."""
+        async with self.plugin.table_lock(name):
+            t = self.tables.get(name)
+            if t is None:
+                return
+            members = self.plugin._running_members() - gone - leaving
+            if not members:
+                for b in range(len(t.owners)):
+                    t.lost.setdefault(b, reason)
+                return
+            new_owners, lost = self._repaired_owners(t, members, leaving)
+            if lost and t.checkpoint is None:
+                # Refuse the table from now on: never serve zeros for lost rows.
+                for b in lost:
+                    t.lost[b] = reason
+                logger.error("dask_ps: table %r lost block(s) %s (%s) and has no checkpoint",
+                             t.spec.name, lost, reason)
+
+            async def restore(t=t, lost=lost):
+                if lost and t.checkpoint is not None:
+                    await self.restore_blocks(t, lost, reason)
+
+            await self.change(t, new_owners, sources=members | set(leaving), skip=set(lost),
+                              before_adopt=restore)
+
+    def _repaired_owners(self, t, members, leaving) -> tuple[list[list[str]], list[int]]:
+        """New owners keeping each block's up-to-date survivors first (one
+        becomes primary; a stale copy stays as a replica and is copied again),
+        topped up from the ideal placement; and the blocks with no up-to-date
+        copy left."""
+        ideal = self.ideal(t, members)
+        k = min(t.spec.replication, len(members))
+        new_owners, lost = [], []
+        for b, old in enumerate(t.owners):
+            bad = t.stale.get(b, set())
+            keep = sorted((w for w in old if w in members), key=lambda w: w in bad)
+            if not any(w not in bad and (w in members or w in leaving) for w in old):
+                lost.append(b)
+            for w in ideal[b]:
+                if len(keep) >= k:
+                    break
+                if w not in keep:
+                    keep.append(w)
+            new_owners.append(keep)
+        return new_owners, lost
+
+    async def replica_missed(self, table: str, table_id: str, replica: str, blocks) -> None:
+        """A block's primary reports that ``replica`` failed to apply a
+        forwarded push to ``blocks`` (an error or a timeout, while not
+        removed). Mark those copies stale, fence them (they refuse reads), and
+        copy the blocks to it again in the background. Returns once the fence
+        holds; raises if it could not be set on a worker that is still in the
+        cluster (the primary then does not acknowledge the push)."""
+        if not (isinstance(table, str) and isinstance(replica, str) and isinstance(blocks, (list, tuple))
+                and all(isinstance(b, int) and not isinstance(b, bool) for b in blocks)):
+            raise PSValueError("replica_missed needs a table, a replica address and block numbers")
+        t = self.tables.get(table)
+        if t is None or t.spec.table_id != table_id:
+            return  # dropped or created again: nothing to protect
+        # Also copies the current placement no longer lists (a change in
+        # progress): until it adopts, such a copy must not be a source.
+        blocks = sorted({b for b in blocks if 0 <= b < len(t.owners)})
+        new = [b for b in blocks if replica not in t.stale.get(b, ())]
+        # Record first: a placement change from now on neither copies from
+        # these copies nor promotes them.
+        for b in blocks:
+            t.stale.setdefault(b, set()).add(replica)
+        if new:
+            logger.warning("dask_ps: table %r: replica %s missed a push to block(s) %s; copying them again",
+                           table, replica, new)
+        # Even if the fence fails below: the primary has applied the push, so
+        # the copy differs from it whether or not the push is acknowledged.
+        if table not in self.resync_pending:
+            self.resync_pending.add(table)
+            self.plugin._in_background(self.resync(table))
+        try:
+            await asyncio.wait_for(
+                self.calls.call(replica, "ps_fence", table=table, table_id=table_id, blocks=blocks),
+                _config.get_seconds("timeouts.rpc"),
+            )
+        except Exception as e:
+            if replica in self.plugin.scheduler.workers and replica not in self.plugin.liveness.dead:
+                raise PSError(f"table {table!r}: could not fence replica {replica}: {e!r}") from e
+            # Removed meanwhile: the repair of its removal drops the copy.
+
+    async def resync(self, name: str, attempt: int = 0) -> None:
+        """Copy stale replicas again from an up-to-date copy (same owners,
+        a new placement version), retrying a few times if a copy fails."""
+        async with self.plugin.table_lock(name):
+            # Misses reported from now on need another resync.
+            self.resync_pending.discard(name)
+            t = self.tables.get(name)
+            if t is None or t.lost or not t.stale_owned():
+                return
+            await self.change(t, [list(o) for o in t.owners], sources=self.members)
+            left = bool(t.stale_owned())
+        if left and attempt < 4:
+            await asyncio.sleep(0.2 * 2 ** attempt)
+            await self.resync(name, attempt + 1)
+        elif left:
+            # The copies stay fenced (reads go to other copies) until the next
+            # placement change of this table copies them again.
+            logger.warning("dask_ps: table %r: could not copy stale replica(s) %s again after %d tries",
+                           name, t.stale_owned(), attempt + 1)
+
+    # --- the protocol ------------------------------------------------------------------
+    async def change(self, t, new_owners, sources, skip=frozenset(), before_adopt=None) -> None:
+        """Move to ``new_owners`` in two phases, so no block ever has two primaries:
+
+        1. every live holder *freezes* the table (waits for pushes in
+           progress, then refuses client pushes and pulls, which retry); then
+           each block moving to new owners is copied from an old owner (a
+           staying one if possible, the next one if a copy fails);
+        2. every holder adopts the new placement and serves again.
+
+        Forwarded pushes (primary to replica) are applied even while frozen,
+        and replicas hold their copies before any primary of the new placement
+        serves, so no acknowledged push misses a copy. Numbered pushes make
+        the retries count once. ``skip``: blocks with no copy left (created
+        empty; ``before_adopt`` may fill them while nobody serves them).
+        """
+        if new_owners == t.owners and not t.stale_owned():
+            return
+        version = t.version + 1
+        staying = set(self.members)
+        holders = {w for w in t.holders() | {w for ws in new_owners for w in ws} if w in self.members | set(sources)}
+        old_owners = t.owners
+        t.owners, t.version = new_owners, version  # handles now give the new placement
+        self.announce(t)
+        msg = dict(table=t.spec.name, table_id=t.spec.table_id)
+        frozen = await self._freeze(holders, msg)
+        wanted, candidates = self._plan_copies(t, old_owners, new_owners, frozen, staying, skip)
+        copied = await self._copy(t, wanted, candidates, msg)
+        await self._create_empty(t, new_owners, skip)
+        self._forget_stale(t, new_owners, copied, skip)
+        if before_adopt is not None:
+            await before_adopt()  # e.g. fill those blocks from a checkpoint while nobody serves them
+        await self._adopt(holders, msg, version, new_owners)
+        logger.info("dask_ps: table %r placement v%d (%d block copies)", t.spec.name, version,
+                    sum(len(ws) for ws in copied.values()))
+
+    async def _freeze(self, holders, msg) -> set[str]:
+        """Phase 1a: freeze every holder; returns those that answered (one
+        that cannot be reached is left out)."""
+        results = await asyncio.gather(*(self.calls.call(w, "ps_freeze", **msg) for w in holders),
+                                       return_exceptions=True)
+        return {w for w, r in zip(holders, results) if not isinstance(r, Exception)}
+
+    @staticmethod
+    def _plan_copies(t, old_owners, new_owners, frozen, staying, skip):
+        """Which new owners each block must be copied to (``wanted``) and
+        from where (``candidates``: its frozen, up-to-date old owners,
+        staying workers before a retiring one)."""
+        wanted: dict[int, list[str]] = {}
+        candidates: dict[int, list[str]] = {}
+        for b, (old, new) in enumerate(zip(old_owners, new_owners)):
+            if b in skip:
+                continue
+            # New replicas first, the new primary last: a block is never
+            # primary somewhere before its replicas have it. A stale copy (it
+            # missed a push; read after the freeze, so no push is still
+            # reporting one) is copied again and never used as a source.
+            bad = t.stale.get(b, set())
+            targets = ([w for w in new[1:] if w not in old or w in bad]
+                       + [w for w in new[:1] if w not in old or w in bad])
+            if targets:
+                wanted[b] = targets
+                candidates[b] = sorted((w for w in old if w in frozen and w not in bad),
+                                       key=lambda w: w not in staying)
+        return wanted, candidates
+
+    async def _copy(self, t, wanted, candidates, msg) -> dict[int, list[str]]:
+        """Phase 1b: copy each wanted block from its first candidate source;
+        on failure the next source (or, if a target died, without it: the
+        next repair replaces it). Returns ``block -> targets`` copied; a block
+        no source could give is marked lost."""
+        copied: dict[int, list[str]] = {}
+        while wanted:
+            by_source: dict[str, list[tuple[int, str]]] = {}
+            for b in list(wanted):
+                if not candidates[b]:
+                    logger.error("dask_ps: table %r: no copy of block %d could be read", t.spec.name, b)
+                    t.lost[b] = "no live copy could be read during a placement change"
+                    del wanted[b]
+                    continue
+                by_source.setdefault(candidates[b][0], []).extend((b, w) for w in wanted[b])
+            results = await asyncio.gather(
+                *(self.calls.call(src, "ps_copy_blocks", **msg, moves=mv) for src, mv in by_source.items()),
+                return_exceptions=True,
+            )
+            for (src, mv), r in zip(by_source.items(), results):
+                for b in {b for b, _ in mv}:
+                    if not isinstance(r, Exception):
+                        copied[b] = wanted.pop(b, [])
+                        continue
+                    logger.warning("dask_ps: copying block %d of %r from %s failed: %r", b, t.spec.name, src, r)
+                    alive = [w for w in wanted[b] if w not in self.plugin.liveness.dead]
+                    if len(alive) < len(wanted[b]):  # a target died: the next repair replaces it
+                        wanted[b] = alive
+                        if not alive:
+                            del wanted[b]
+                    else:
+                        candidates[b].pop(0)
+        return copied
+
+    async def _create_empty(self, t, new_owners, skip) -> None:
+        """Blocks with no copy left: empty shards on their new owners (a
+        checkpoint restore fills them next)."""
+        fresh: dict[str, list[int]] = {}
+        for b in skip:
+            for w in new_owners[b]:
+                fresh.setdefault(w, []).append(b)
+        await asyncio.gather(*(
+            self.calls.call(w, "ps_create_shards", spec=t.spec_msg, version=None, blocks=bs)
+            for w, bs in fresh.items()
+        ), return_exceptions=True)
+
+    @staticmethod
+    def _forget_stale(t, new_owners, copied, skip) -> None:
+        """Copies made now are up to date; copies not kept are gone. Every
+        holder is still frozen, so no new miss can have been reported."""
+        for b in list(t.stale):
+            ws = t.stale[b] - set(copied.get(b, ()))
+            ws &= set(new_owners[b]) if b < len(new_owners) and b not in skip else set()
+            if ws:
+                t.stale[b] = ws
+            else:
+                del t.stale[b]
+
+    async def _adopt(self, holders, msg, version, new_owners) -> None:
+        """Phase 2: every holder adopts the new placement and serves again. A
+        retiring worker (not a member any more) need not."""
+        await asyncio.gather(
+            *(self.calls.call(w, "ps_set_placement", **msg, version=version, owners=new_owners)
+              for w in holders if w in self.members),
+            return_exceptions=True,
+        )
+
+    def announce(self, t) -> None:
+        """Tell every client and worker that ``t``'s placement changed, so
+        cached handles are refreshed before the next message instead of after
+        a failed one (a connect to a dead worker can take ``timeouts.connect``).
+        Clients hear it as a Dask event; workers through a handler."""
+        self.plugin.scheduler.log_event("ps-placement", {"table": t.spec.name, "version": t.version})
+        self.plugin._in_background(
+            self.calls.broadcast("ps_placement_changed", table=t.spec.name, version=t.version)
+        )
+
+    async def restore_blocks(self, t, blocks: list[int], reason: str) -> None:
+        """Fill lost blocks on their new (still frozen) owners from the latest checkpoint."""
+        from dask_ps._checkpoint import table_dir
+
+        path, data = t.checkpoint
+        directory = table_dir(path, data, t.spec.name)
+        by_worker: dict[str, list[int]] = {}
+        for b in blocks:
+            for w in t.owners[b]:
+                by_worker.setdefault(w, []).append(b)
+        results = await asyncio.gather(*(
+            self.calls.call(w, "ps_load_blocks", table=t.spec.name, table_id=t.spec.table_id,
+                            directory=directory, blocks=bs)
+            for w, bs in by_worker.items()
+        ), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:  # never serve zeros in place of lost rows
+            for b in blocks:
+                t.lost[b] = f"{reason}; restoring from {path} failed: {failed[0]!r}"
+            logger.error("dask_ps: table %r: restoring block(s) %s from %s failed: %r",
+                         t.spec.name, blocks, path, failed[0])
+            return
+        t.restored += len(blocks)
+        logger.warning(
+            "dask_ps: table %r: block(s) %s were lost (%s) and restored from the checkpoint at %s; "
+            "updates made since that checkpoint are lost",
+            t.spec.name, blocks, reason, path,
+        )
