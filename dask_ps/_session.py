@@ -213,6 +213,11 @@ class Session:
         self._spares: dict[str, object] = {}
         self._cache: dict[str, dict[int, CacheEntry]] = {}
         self._own_seq: dict[tuple[str, int], int] = {}  # (table, block) -> seq after our last push
+        # aggregate="clock" sum tables: own pushes sent but perhaps not yet
+        # summed into the servers' values, as (clock, {block: [(rows, values)]})
+        # per table; dropped once the run's min clock passes their clock.
+        self._sent: dict[str, list[tuple[int, dict[int, list]]]] = {}
+        self._sent_floor: dict[str, float] = {}  # clocks below this were dropped from _sent
         self._metrics: dict[str, TableMetrics] = {}
         self._clock_wait = 0.0
         self._staleness_used: int | None = None  # the tightest bound among tables used
@@ -280,9 +285,16 @@ class Session:
     @staticmethod
     def _own_writes_visible(h: TableHandle) -> bool:
         """Whether this session can add its own updates to what it reads (a
-        sum applied per push). Otherwise the server computes the result (an
-        optimizer step, a per-clock sum) and reads flush pending pushes first."""
-        return h.spec.rule.additive and h.spec.aggregate == "push"
+        sum). Otherwise the server computes the result (an optimizer step)
+        and reads flush pending pushes first."""
+        return h.spec.rule.additive
+
+    @staticmethod
+    def _summed_per_clock(h: TableHandle) -> bool:
+        """A sum table with aggregate="clock": the servers hold a push until
+        its clock is complete everywhere, so this session adds its own sent
+        pushes the servers have not summed yet to what it fetches (read-my-writes)."""
+        return h.spec.rule.additive and h.spec.aggregate == "clock"
 
     def _wait_min(self, need: float, metrics: TableMetrics | None) -> None:
         """Block until the run's min clock is at least ``need``."""
@@ -350,6 +362,12 @@ class Session:
         m.flushes += 1
         m.bytes_pushed += sum(v.nbytes for items in msgs.values() for _, _, v in items)
         self._write_through(h, msgs, seqs)
+        if self._summed_per_clock(h):
+            by_block: dict[int, list] = {}
+            for items in msgs.values():
+                for b, rows, vals in items:
+                    by_block.setdefault(b, []).append((rows, vals))
+            self._sent.setdefault(name, []).append((self._clock, by_block))
         del self._buffers[name]
         if buf.dense is not None and buf.dense is not buf.spare:
             self._spares[name] = buf.dense  # sent and applied: reuse its memory next time
@@ -481,6 +499,44 @@ class Session:
             out = out[_backend.namespace(out).asarray(inverse)]
         return out
 
+    def _own_unsummed(self, h: TableHandle, b: int, rows, vals, summed_below):
+        """``vals`` (block ``b``'s ``rows`` as a server returned them, with
+        every per-clock sum of clocks ``< summed_below``) plus this session's
+        own sent pushes of later clocks, which the server holds back until
+        their clock is complete (aggregate="clock" sum tables)."""
+        below = float("inf") if summed_below is None else summed_below
+        out = vals
+        for clock, by_block in self._sent.get(h.spec.name, ()):
+            if clock < below:
+                continue
+            for prow, pvals in by_block.get(b, ()):
+                if out is vals:
+                    out = vals.copy()  # never write into a reply's buffer
+                xp = _backend.namespace(out)
+                if rows is None:
+                    if prow is None:
+                        out += pvals
+                    else:
+                        out[xp.asarray(prow)] += pvals
+                elif prow is None:
+                    out += pvals[xp.asarray(rows)]
+                else:
+                    pos = np.searchsorted(prow, rows)
+                    pos_c = np.minimum(pos, max(prow.size - 1, 0))
+                    hit = np.flatnonzero((pos < prow.size) & (prow[pos_c] == rows)) if prow.size else pos[:0]
+                    if hit.size:
+                        out[xp.asarray(hit)] += pvals[xp.asarray(pos_c[hit])]
+        return out
+
+    def _drop_summed(self, name: str, floor: float) -> None:
+        """Forget own sent pushes of clocks ``< floor``: every server value
+        fetched from now on (the run's min clock is ``>= floor``) has them."""
+        sent = self._sent.get(name)
+        if sent is None or floor <= self._sent_floor.get(name, 0):
+            return
+        self._sent_floor[name] = floor
+        self._sent[name] = [e for e in sent if e[0] >= floor]
+
     def _read(self, h: TableHandle, reqs: dict[int, np.ndarray | None]) -> dict:
         """Values of ``reqs[block] = local rows or None`` satisfying the bound:
         from the cache when legal, otherwise one request per server."""
@@ -535,9 +591,17 @@ class Session:
         if essp:
             extra["subscribe"] = (self.run_id, self._key, self.worker.address)
 
+        summed_per_clock = self._summed_per_clock(h)
+        summed: dict[int, float | None] = {}
+        if summed_per_clock:
+            extra["summed"] = summed
         got = self._sync(self._router.fetch, name, by_addr, **extra)
+        if summed_per_clock:
+            self._drop_summed(name, tag)  # the servers applied every clock < tag before answering
         for b, (rows, seq, vals) in got.items():
             m.bytes_pulled += vals.nbytes
+            if summed_per_clock:
+                vals = self._own_unsummed(h, b, rows, vals, summed.get(b, tag))
             if b in merge:
                 e = cache[b].merged(rows, seq, vals)
             else:
@@ -553,18 +617,23 @@ class Session:
         cache, where they are fresher and include all our own sent writes."""
         box = self._plugin.mailboxes.get(self._key) if self._plugin is not None else None
         while box:
-            table, version, tag, blocks, seqs, rows, values = box.popleft()
+            table, version, tag, blocks, seqs, rows, values, summed = box.popleft()
             cache = self._cache.get(table)
             h = self._router.handles.get(table)
             if cache is None or h is None or h.version != version:
                 continue
+            summed_per_clock = self._summed_per_clock(h)
             refresh = h.spec.consistency.refreshes
             # The servers push at an advance of the run's min clock to ``tag``.
             self._known_min = max(self._known_min, tag)
-            for b, seq, r, v in zip(blocks, seqs, rows, values):
+            for b, seq, r, v, below in zip(blocks, seqs, rows, values, summed):
                 e = cache.get(b)
                 if seq < self._own_seq.get((table, b), 0) or (e is not None and tag <= e.tag):
                     continue
+                if summed_per_clock:
+                    if below is not None and below < self._sent_floor.get(table, 0):
+                        continue  # own pushes it lacks were dropped already: skip it
+                    v = self._own_unsummed(h, b, r, v, below)
                 if e is not None and seq >= e.seq:
                     clock = e.clock  # at least as new as the copy it replaces
                 elif refresh and e is not None and e.clock == self._clock:

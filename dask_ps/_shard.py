@@ -36,6 +36,10 @@ class Block:
     seq: int = 0  # number of updates applied; lets caches order snapshots and own writes
     # sender -> numbers of its recent messages applied here (exactly-once on retry)
     applied: dict[str, deque] = field(default_factory=dict)
+    # aggregate="clock", a block installed from another worker: run -> every
+    # per-clock sum of that run's clocks below it is in ``data`` (its old
+    # owner may have applied more clocks than this worker has yet)
+    summed_below: dict[str, float] = field(default_factory=dict)
 
     def __repr__(self):
         return f"<Block {self.data.shape} {self.data.dtype} shared={self.shared}>"
@@ -49,6 +53,9 @@ class TableShards:
     # aggregate="clock": summed pushes waiting for their clock to complete,
     # by (run_id, clock) then block.
     pending: dict[tuple[str, int], dict[int, object]] = field(default_factory=dict)
+    # run -> every per-clock sum of that run's clocks below it is applied to
+    # every block here (``due`` pops all sums below a clock at once)
+    summed_below: dict[str, float] = field(default_factory=dict)
     owners: list[list[str]] = field(default_factory=list)  # the table's placement, primary first
     # During a placement change every holder is frozen (refuses client pushes
     # and pulls, which retry) from before blocks are copied until it adopts
@@ -150,15 +157,22 @@ class ShardStore:
                 "state": {k: v.copy() for k, v in blk.state.items()},
                 "seq": blk.seq,
                 "applied": {k: list(v) for k, v in blk.applied.items()},
-                # aggregate="clock": sums still waiting for their clock move too
+                # aggregate="clock": sums still waiting for their clock move
+                # too, and how far this copy has applied them
                 "pending": [[run, clock, acc[b].copy()] for (run, clock), acc in t.pending.items() if b in acc],
+                "summed_below": {run: _wire_clock(ShardStore.summed_below_of(t, b, run))
+                                 for run in {*t.summed_below, *blk.summed_below}},
             })
         return out
 
-    def install(self, spec: TableSpec, version: int | None, owners, exported: list[dict]) -> None:
+    def install(self, spec: TableSpec, version: int | None, owners, exported: list[dict],
+                min_clocks: dict[str, float] | None = None) -> None:
         """Receive blocks exported by another worker (migration, new replica,
         restore). ``version=None``: keep this worker's placement (the new one
-        is adopted later, by ``set_placement``)."""
+        is adopted later, by ``set_placement``). ``min_clocks`` (run -> the
+        run's min clock this worker heard of): per-clock sums the blocks
+        carry for clocks below it are applied now, not at the next advance
+        (a read that starts after the install must see them)."""
         t = self.create(spec, version, [], owners)
         for e in exported:
             b = int(e["block"])
@@ -173,10 +187,16 @@ class ShardStore:
             if not state:
                 state = spec.rule.init_state(data)
             applied = {k: deque(v, maxlen=APPLIED_WINDOW) for k, v in (e.get("applied") or {}).items()}
-            t.blocks[b] = Block(data, state, seq=int(e.get("seq", 0)), applied=applied)
+            summed = {run: _unwire_clock(c) for run, c in (e.get("summed_below") or {}).items()}
+            t.blocks[b] = Block(data, state, seq=int(e.get("seq", 0)), applied=applied, summed_below=summed)
             t.missed.discard(b)  # a fresh copy: up to date again
             for run, clock, acc in e.get("pending") or ():
                 t.pending.setdefault((run, int(clock)), {})[b] = _backend.to_device(acc, spec.device)
+        installed = [int(e["block"]) for e in exported]
+        for run, m in (min_clocks or {}).items():
+            # The blocks are this message's own fresh arrays: apply in place.
+            for items in self.due(t, run, m, blocks=installed):
+                self.commit(t, self.apply(t, items))
 
     def drop(self, name: str, table_id: str | None = None) -> bool:
         t = self.tables.get(name)
@@ -316,12 +336,37 @@ class ShardStore:
                 a[rows] += vals  # rows are unique within an item
 
     @staticmethod
-    def due(t: TableShards, run_id: str, min_clock: float) -> list[list[PushItem]]:
+    def due(t: TableShards, run_id: str, min_clock: float, blocks=None) -> list[list[PushItem]]:
         """Pop the sums of ``run_id``'s clocks ``< min_clock``, oldest first,
-        each as whole-block items ready for :meth:`apply`."""
+        each as whole-block items ready for :meth:`apply` (the caller applies
+        them before anyone reads). ``blocks``: only those blocks' sums."""
         keys = sorted(k for k in t.pending if k[0] == run_id and k[1] < min_clock)
-        # Only blocks still hosted here (a block that moved took its sums along).
-        return [[(b, None, a) for b, a in sorted(t.pending.pop(k).items()) if b in t.blocks] for k in keys]
+        out = []
+        for k in keys:
+            if blocks is None:
+                acc = t.pending.pop(k)
+            else:
+                acc = {b: t.pending[k].pop(b) for b in blocks if b in t.pending[k]}
+                if not t.pending[k]:
+                    del t.pending[k]
+            # Only blocks still hosted here (a block that moved took its sums along).
+            items = [(b, None, a) for b, a in sorted(acc.items()) if b in t.blocks]
+            if items:
+                out.append(items)
+        if blocks is None:
+            t.summed_below[run_id] = max(t.summed_below.get(run_id, -1), min_clock)
+        else:
+            for b in blocks:
+                if b in t.blocks:
+                    s = t.blocks[b].summed_below
+                    s[run_id] = max(s.get(run_id, -1), min_clock)
+        return out
+
+    @staticmethod
+    def summed_below_of(t: TableShards, block: int, run_id: str) -> float:
+        """Every per-clock sum of ``run_id``'s clocks below this is in ``block``
+        (a read's reply says so: the reader adds its own later pushes)."""
+        return max(t.summed_below.get(run_id, -1), t.blocks[block].summed_below.get(run_id, -1))
 
     @staticmethod
     def commit(t: TableShards, fresh: dict) -> None:
@@ -367,3 +412,16 @@ class ShardStore:
     @staticmethod
     def seqs(t: TableShards, items) -> list[int]:
         return [t.blocks[b].seq for b, *_ in items]
+
+
+def _wire_clock(c: float):
+    """A clock bound as msgpack: ``inf`` (everything) as None."""
+    return None if c == float("inf") else int(c)
+
+
+def _unwire_clock(c) -> float:
+    if c is None:
+        return float("inf")
+    if not isinstance(c, (int, float)) or isinstance(c, bool):
+        raise PSValueError(f"a clock must be a number or None, got {c!r}")
+    return c

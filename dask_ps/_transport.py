@@ -194,11 +194,12 @@ class Router:
             return h.primary(block)
         return h.read_from(block, self.transport.local_address, self._read_key)
 
-    async def fetch(self, name: str, reqs, **extra) -> dict[int, tuple]:
+    async def fetch(self, name: str, reqs, summed: dict | None = None, **extra) -> dict[int, tuple]:
         """Pull ``[(block, rows), ...]`` (or such lists in a dict, grouped by
         any address); returns ``{block: (rows, seq, values)}``. Each block is
         read from the copy :meth:`read_from` picks; a failed read is retried
-        at the block's primary."""
+        at the block's primary. ``summed`` (a dict, aggregate="clock"): filled
+        with each block's ``summed_below`` from the replies (see ``ps_pull``)."""
         h = await self.handle(name)
         entries = [e for es in reqs.values() for e in es] if isinstance(reqs, dict) else list(reqs)
         replicas = bool(_config.get("read-replicas"))  # once per read, not per block
@@ -216,6 +217,8 @@ class Router:
         for entries, reply in await self._with_failover(name, by_addr, call):
             for (b, rows), seq, vals in zip(entries, reply["seqs"], reply["values"]):
                 out[b] = (rows, seq, vals)
+            if summed is not None and reply.get("summed_below") is not None:
+                summed.update(zip((e[0] for e in entries), reply["summed_below"]))
         return out
 
     # --- whole-table and row operations for the client ------------------------------

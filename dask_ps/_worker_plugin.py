@@ -25,7 +25,7 @@ from distributed.protocol.serialize import Serialized, to_serialize
 from dask_ps import _backend, _config
 from dask_ps._exceptions import PSError, PSValueError, StaleVersionError, UnknownTableError
 from dask_ps._liveness import Liveness, WorkerGone
-from dask_ps._shard import ShardStore
+from dask_ps._shard import ShardStore, _wire_clock
 from dask_ps._spec import TableSpec
 
 logger = logging.getLogger(__name__)
@@ -253,8 +253,11 @@ class PSWorkerPlugin(WorkerPlugin):
         No lock here: the sender holds its own table lock while it waits for
         this, and two workers sending blocks to each other must not wait on
         each other. Installing is one synchronous step on the event loop; the
-        blocks serve only once this worker adopts the new placement."""
-        self.store.install(TableSpec.from_msg(spec), version, owners, [_unwire_block(e) for e in blocks])
+        blocks serve only once this worker adopts the new placement.
+        Per-clock sums they carry for clocks this worker knows complete are
+        applied here (not left for the next advance)."""
+        self.store.install(TableSpec.from_msg(spec), version, owners, [_unwire_block(e) for e in blocks],
+                           min_clocks=self._min_clock)
 
     def fence(self, table: str, table_id: str, blocks) -> list[int]:
         """Handler (scheduler): this worker's replicas of ``blocks`` missed a
@@ -319,18 +322,32 @@ class PSWorkerPlugin(WorkerPlugin):
         rows to that session after every clock advance.
         """
         rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
-        seqs, values = await self._read(table, version, blocks, rows, run, subscribe, copy=False, table_id=table_id)
-        return {"seqs": seqs, "values": [to_serialize(a) for a in values]}
+        seqs, values, summed = await self._read(table, version, blocks, rows, run, subscribe, copy=False,
+                                                table_id=table_id)
+        return {"seqs": seqs, "values": [to_serialize(a) for a in values], "summed_below": summed}
 
     async def _read(self, table, version, blocks, rows, run, subscribe, copy, table_id=None):
+        """``(seqs, values, summed_below)``; ``summed_below`` (aggregate="clock",
+        a participant's read, else None): per block, the clock below which
+        every per-clock sum of the run is in the values returned."""
         t, reqs = self.store.validate_pull(table, version, blocks, rows, table_id)
+        run_id = None
         if run is not None:
             run_id, min_clock = _check_run(run)
             await self._advance(run_id, min_clock)
         # Not while an update is applied in place on the offload thread.
         async with self._all_locks(t.spec.name):
             t, reqs = self.store.validate_pull(table, version, blocks, rows, table_id)
-            return self._read_locked(t, reqs, rows, subscribe, copy)
+            summed = None
+            if run_id is not None and t.spec.aggregate == "clock":
+                # The sums this read needs, under this table's own lock: an
+                # advance that recorded the min clock may still be applying
+                # another table's sums (issue 14).
+                m = math.inf if min_clock is None else min_clock
+                await self._apply_due(t, run_id, max(m, self._min_clock.get(run_id, -1)))
+                summed = [_wire_clock(self.store.summed_below_of(t, b, run_id)) for b, _ in reqs]
+            seqs, values = self._read_locked(t, reqs, rows, subscribe, copy)
+            return seqs, values, summed
 
     def _read_locked(self, t, reqs, rows, subscribe, copy):
         me = self.worker.address if self.worker is not None else None
@@ -352,13 +369,21 @@ class PSWorkerPlugin(WorkerPlugin):
         m = math.inf if min_clock is None else min_clock
         if m <= self._min_clock.get(run_id, -1):
             return
+        # Recorded first, applied table by table: a read of a table meanwhile
+        # applies that table's due sums itself, under its lock (see _read).
         self._min_clock[run_id] = m
         for name, t in list(self.store.tables.items()):
             if not t.pending:
                 continue
             async with self._all_locks(name):
-                for items in self.store.due(t, run_id, m):
-                    await self._apply(t, items)
+                if self.store.tables.get(name) is t:
+                    await self._apply_due(t, run_id, m)
+
+    async def _apply_due(self, t, run_id: str, m: float) -> None:
+        """Apply the per-clock sums of ``run_id`` below clock ``m`` (the
+        caller holds the table's locks, so no read sees them half applied)."""
+        for items in self.store.due(t, run_id, m):
+            await self._apply(t, items)
 
     async def clock_advance(self, run_id: str, min_clock=None) -> None:
         """Handler (scheduler, when a run's min clock grows): apply due
@@ -374,13 +399,20 @@ class PSWorkerPlugin(WorkerPlugin):
                 if t is None:
                     continue
                 async with self._all_locks(name):
+                    if self.store.tables.get(name) is not t:
+                        continue
+                    summed = None
+                    if t.spec.aggregate == "clock":  # as a read would (see _read)
+                        await self._apply_due(t, run_id, max(min_clock, self._min_clock.get(run_id, -1)))
                     # Not from a copy that missed a push (checked under the
                     # lock: a fence may arrive while we wait for it).
                     reqs = [(b, r) for b, r in blocks.items() if b in t.blocks and b not in t.missed]
                     dev_reqs = [(b, None if r is None else _backend.to_device(r, t.spec.device)) for b, r in reqs]
                     seqs, values = self.store.read(t, dev_reqs, copy=address == self.worker.address)
+                    if t.spec.aggregate == "clock":
+                        summed = [_wire_clock(self.store.summed_below_of(t, b, run_id)) for b, _ in reqs]
                 fill = dict(
-                    session=session, table=name, version=t.version, tag=min_clock,
+                    session=session, table=name, version=t.version, tag=min_clock, summed_below=summed,
                     blocks=[b for b, _ in reqs], seqs=seqs,
                     rows=[None if r is None else to_serialize(r) for _, r in reqs],
                     values=[to_serialize(v) for v in values],
@@ -393,9 +425,13 @@ class PSWorkerPlugin(WorkerPlugin):
             if isinstance(r, Exception):
                 logger.debug("dask_ps: ESSP push failed: %r", r)
 
-    def cache_fill(self, session, table, version, tag, blocks, seqs, rows, values) -> None:
-        """Handler: fresh rows for a session on this worker (ESSP)."""
-        self.mailboxes[session].append((table, version, tag, list(blocks), list(seqs), list(rows), list(values)))
+    def cache_fill(self, session, table, version, tag, blocks, seqs, rows, values, summed_below=None) -> None:
+        """Handler: fresh rows for a session on this worker (ESSP).
+        ``summed_below``: as in a pull's reply (aggregate="clock")."""
+        summed = list(summed_below) if summed_below is not None else [None] * len(blocks)
+        self.mailboxes[session].append(
+            (table, version, tag, list(blocks), list(seqs), list(rows), list(values), summed)
+        )
 
     async def run_end(self, run_id: str) -> None:
         """Handler (scheduler): a run ended; apply what it left, forget it."""
@@ -425,8 +461,9 @@ class PSWorkerPlugin(WorkerPlugin):
                                 sender, msg_seq, False, table_id)
 
     async def local_pull(self, table, version, blocks, rows, run=None, subscribe=None, table_id=None):
-        seqs, values = await self._read(table, version, blocks, rows, run, subscribe, copy=True, table_id=table_id)
-        return {"seqs": seqs, "values": values}
+        seqs, values, summed = await self._read(table, version, blocks, rows, run, subscribe, copy=True,
+                                                table_id=table_id)
+        return {"seqs": seqs, "values": values, "summed_below": summed}
 
 
 def reply_errors(handler):

@@ -1,0 +1,55 @@
+"""Issue 14, "no silent wrong answers", on a LocalCluster: the worker and
+session side (clock-aggregated tables, masked arrays, per-run state, the
+trust boundary of the worker handlers, exactly-once)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import dask_ps
+
+P = 3  # participants
+C = 8  # clocks each
+
+
+def _rmw_participant(ctx, _part, use_rows, delays):
+    """Push a one-hot marker per clock; every read must hold all own markers
+    (sent or still buffered) and everyone's markers of clocks < c - s."""
+    rank, s = ctx.rank, 2
+    rows = np.arange(P * C)
+    seen_own = []
+    for c in range(C):
+        time.sleep(delays[rank])
+        v = ctx.pull_rows("rmw", rows) if use_rows else ctx.pull("rmw")
+        seen = v.reshape(P, C)
+        seen_own.append(int(seen[rank].sum()))
+        assert seen[rank, :c].all() and not seen[rank, c:].any(), (
+            f"participant {rank} at clock {c} saw its own markers as {seen[rank].astype(int).tolist()}"
+        )
+        for q in range(P):
+            assert seen[q, :max(0, c - s)].all(), f"SSP bound broken at clock {c}: {seen.astype(int).tolist()}"
+        ctx.push_rows("rmw", [rank * C + c], [1.0])
+        assert ctx.pull_rows("rmw", [rank * C + c])[0] == 1.0  # buffered
+        ctx.flush()
+        assert ctx.pull_rows("rmw", [rank * C + c])[0] == 1.0  # sent, its clock not complete
+        again = ctx.pull_rows("rmw", rows) if use_rows else ctx.pull("rmw")
+        assert again.reshape(P, C)[rank, :c + 1].all()
+        ctx.clock()
+    return seen_own
+
+
+@pytest.mark.parametrize("use_rows", [False, True], ids=["dense", "rows"])
+@pytest.mark.parametrize("model", [dask_ps.SSP(staleness=2), dask_ps.ESSP(staleness=2),
+                                   dask_ps.SSP(staleness=2, refresh=True)], ids=repr)
+def test_read_my_writes_on_a_clock_aggregated_table(ps, model, use_rows):
+    """aggregate="clock" with SSP(2): a participant's own pushes are summed on
+    the servers until every participant finished their clock, yet its reads
+    show them at once (issue 14, item 1: it saw its own marker of clocks
+    0/1/2/3 as 0,0,0,1). A straggler keeps the others' cached copies in use."""
+    ps.create_table("rmw", shape=(P * C,), aggregate="clock", consistency=model, block_rows=C)
+    seen = ps.run(_rmw_participant, range(P), use_rows=use_rows, delays=[0.0, 0.0, 0.05])
+    assert seen == [list(range(C))] * P
+    np.testing.assert_array_equal(ps.pull("rmw"), np.ones(P * C))

@@ -1,0 +1,90 @@
+"""Issue 14, "no silent wrong answers": the worker and session side, without a
+cluster. The worker plugin runs in-process on a fake worker (only its
+address is used when nothing is replicated); races are injected
+deterministically by holding a table's lock."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import dask_ps
+from dask_ps._shard import ShardStore
+from dask_ps._spec import TableSpec
+from dask_ps._worker_plugin import PSWorkerPlugin
+
+ME = "tcp://10.0.0.1:1"
+
+
+def plugin_with(*specs: TableSpec) -> PSWorkerPlugin:
+    """A worker plugin hosting every block of ``specs`` alone (no replicas)."""
+    p = PSWorkerPlugin()
+    p.worker = SimpleNamespace(address=ME)
+    for s in specs:
+        p.create_shards(s.to_msg(), 1, list(range(s.n_blocks)), owners=[[ME]] * s.n_blocks)
+    return p
+
+
+def clock_spec(name, rule="sum", n=4, **kw):
+    return TableSpec.create(name, (n,), "float64", rule=rule, aggregate="clock",
+                            consistency=dask_ps.BSP(), **kw)
+
+
+async def push(p, table, values, run, sender="r-0", msg_seq=0):
+    return await p.push(table=table, version=1, blocks=[0], rows=[None], values=[np.asarray(values, float)],
+                        run=run, sender=sender, msg_seq=msg_seq)
+
+
+# --- item 1: clock-aggregated tables ----------------------------------------------------
+
+
+def test_pull_racing_the_clock_advance_sees_the_clocks_sums():
+    """Two clock-aggregated tables on one worker. The advance to min clock 1
+    is held up at table A (its lock is taken); a pull of table B tagged with
+    min clock 1 must still contain B's clock-0 sum. (Before the fix the
+    advance recorded the min clock first, so the pull skipped applying and
+    read B's zeros: the race of issue 14, item 1.)"""
+    p = plugin_with(clock_spec("A"), clock_spec("B"))
+
+    async def scenario():
+        await push(p, "A", np.ones(4), ("r", 0))
+        await push(p, "B", np.ones(4), ("r", 0), msg_seq=1)
+        async with p._locks["A"]:  # an advance applying A's sums holds A here
+            advance = asyncio.ensure_future(p.clock_advance("r", 1))
+            for _ in range(5):  # let it record min clock 1 and block on A
+                await asyncio.sleep(0)
+            assert not advance.done()
+            got = await p.local_pull("B", 1, [0], [None], run=("r", 1))
+        await advance
+        after = await p.local_pull("A", 1, [0], [None], run=("r", 1))
+        return got["values"][0], after["values"][0]
+
+    b, a = asyncio.run(scenario())
+    np.testing.assert_array_equal(b, np.ones(4))
+    np.testing.assert_array_equal(a, np.ones(4))
+
+
+def test_sums_installed_with_a_block_are_applied_at_install():
+    """A block moved by a placement change carries the per-clock sums its old
+    owner had not applied. Sums of clocks the new owner knows to be complete
+    are applied at install, so a read without a run tag (``ps.pull``) sees
+    them; sums of later clocks wait for their clock."""
+    s = clock_spec("A", n=4)
+    src = ShardStore()
+    t = src.create(s, 1, [0], owners=[["old"]])
+    _, items = src.validate_push("A", 1, [0], [None], [np.ones(4)])
+    src.accumulate(t, "r", 0, items)
+    src.accumulate(t, "r", 2, [(0, None, np.full(4, 10.0))])
+    exported = src.export(t, [0])
+
+    p = plugin_with()
+    p._min_clock["r"] = 1  # this worker heard that every participant finished clock 0
+    p.install_blocks(s.to_msg(), exported, version=2, owners=[[ME]])
+    got = asyncio.run(p.local_pull("A", 2, [0], [None]))
+    np.testing.assert_array_equal(got["values"][0], np.ones(4))
+    # clock 2's sum is still pending, and is applied when clock 2 completes
+    got = asyncio.run(p.local_pull("A", 2, [0], [None], run=("r", 3)))
+    np.testing.assert_array_equal(got["values"][0], np.full(4, 11.0))
