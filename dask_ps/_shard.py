@@ -24,7 +24,7 @@ import numpy as np
 
 from dask_ps import _backend, _config
 from dask_ps._exceptions import PSValueError, StaleVersionError, UnknownTableError
-from dask_ps._spec import CASTING, TableSpec
+from dask_ps._spec import CASTING, TableSpec, refuse_masked
 from dask_ps.rules import Assign
 
 
@@ -176,6 +176,7 @@ class ShardStore:
         t = self.create(spec, version, [], owners)
         for e in exported:
             b = int(e["block"])
+            refuse_masked(spec.name, e["data"], "an installed block")
             data = _backend.to_device(e["data"], spec.device)
             if tuple(data.shape) != spec.block_shape(b) or data.dtype != spec.dtype:
                 raise PSValueError(
@@ -236,6 +237,7 @@ class ShardStore:
         if rows is None:
             return None
         name = t.spec.name
+        refuse_masked(name, rows, "block rows")
         if not isinstance(rows, np.ndarray) or rows.ndim != 1 or rows.dtype.kind not in "iu":
             raise PSValueError(f"table {name!r}: block rows must be a 1-D integer array", name)
         n = blk.data.shape[0]
@@ -268,6 +270,7 @@ class ShardStore:
             blk = self._check_block(t, b)
             r = self._check_local_rows(t, blk, r)
             shape = blk.data.shape if r is None else (len(r), *spec.row_shape)
+            refuse_masked(spec.name, v, "push values")
             if not _backend.is_array(v):
                 raise PSValueError(
                     f"table {spec.name!r}: push values must be arrays, got {type(v).__name__}", spec.name

@@ -190,6 +190,7 @@ class TableSpec:
 
 def check_rows(spec: TableSpec, rows) -> np.ndarray:
     """Row indices as a 1-D int64 host array, all within ``[0, n_rows)``."""
+    refuse_masked(spec.name, rows, "rows")
     if _backend.is_cupy(rows):
         rows = _backend.to_numpy(rows)
     if not isinstance(rows, np.ndarray):
@@ -227,6 +228,7 @@ def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "p
 
     Returns the values cast to the table dtype, on the device they came on.
     """
+    refuse_masked(spec.name, values, f"{what} values")
     if not _backend.is_array(values):
         if isinstance(values, (str, bytes, dict, set)) or values is None:
             raise PSValueError(
@@ -273,3 +275,16 @@ def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "p
             spec.name,
         )
     return values
+
+
+def refuse_masked(name: str, x, what: str) -> None:
+    """Refuse a ``numpy.ma.MaskedArray``: its masked cells have no value to
+    store, and every finiteness check skips them, so a NaN under the mask
+    would reach a table that forbids NaN (issue 14). The caller decides
+    what a masked cell means."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise PSValueError(
+            f"table {name!r}: {what} must not be a numpy masked array (its masked cells have no value "
+            "to store); pass x.filled(fill_value) or np.ma.getdata(x) to say what they mean",
+            name,
+        )

@@ -53,3 +53,54 @@ def test_read_my_writes_on_a_clock_aggregated_table(ps, model, use_rows):
     seen = ps.run(_rmw_participant, range(P), use_rows=use_rows, delays=[0.0, 0.0, 0.05])
     assert seen == [list(range(C))] * P
     np.testing.assert_array_equal(ps.pull("rmw"), np.ones(P * C))
+
+
+# --- item 4: NaN under a numpy mask ---------------------------------------------------------
+
+
+def _masked_nan(n=4):
+    data = np.ones(n)
+    data[1] = np.nan
+    return np.ma.masked_array(data, mask=np.arange(n) == 1)
+
+
+def test_masked_array_refused_by_ps_push(ps):
+    """A masked array whose masked cell is NaN passed every finiteness check
+    (numpy skips masked cells) and put a NaN into a table with
+    allow_nonfinite=False. Now it is refused and the table is unchanged."""
+    ps.create_table("m", shape=(4,), allow_nonfinite=False)
+    with pytest.raises(dask_ps.PSValueError, match="'m'.*masked"):
+        ps.push("m", _masked_nan())
+    with pytest.raises(dask_ps.PSValueError, match="'m'.*masked"):
+        ps.push_rows("m", [0, 1], np.ma.masked_array([1.0, np.nan], mask=[False, True]))
+    np.testing.assert_array_equal(ps.pull("m"), np.zeros(4))
+
+
+def test_masked_array_refused_by_ctx_push(ps):
+    ps.create_table("m", shape=(4,), allow_nonfinite=False)
+
+    def train(ctx, _):
+        try:
+            ctx.push("m", _masked_nan())
+        except dask_ps.PSValueError as e:
+            ctx.clock()
+            return str(e)
+        ctx.clock()
+        return None
+
+    (msg,) = ps.run(train, [None])
+    assert msg is not None and "'m'" in msg and "masked" in msg
+    np.testing.assert_array_equal(ps.pull("m"), np.zeros(4))
+
+
+def test_masked_array_refused_by_the_raw_handler(ps, client):
+    """Straight to the worker's ps_push (Dask serializes masked arrays with
+    their mask): refused with an error reply, the table unchanged."""
+    from distributed.protocol import to_serialize
+
+    ps.create_table("m", shape=(4,), allow_nonfinite=False)
+    addr = ps.placement("m")[0].worker
+    with pytest.raises(dask_ps.PSValueError, match="'m'.*masked"):
+        client.sync(client.rpc(addr).ps_push, table="m", version=ps._handle("m").version, blocks=[0],
+                    rows=[None], values=[to_serialize(_masked_nan())])
+    np.testing.assert_array_equal(ps.pull("m"), np.zeros(4))

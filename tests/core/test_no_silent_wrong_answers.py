@@ -88,3 +88,35 @@ def test_sums_installed_with_a_block_are_applied_at_install():
     # clock 2's sum is still pending, and is applied when clock 2 completes
     got = asyncio.run(p.local_pull("A", 2, [0], [None], run=("r", 3)))
     np.testing.assert_array_equal(got["values"][0], np.full(4, 11.0))
+
+
+# --- item 4: NaN under a numpy mask ---------------------------------------------------------
+
+
+def _masked_nan():
+    v = np.ma.masked_array(np.array([1.0, np.nan, 3.0, 4.0]), mask=[False, True, False, False])
+    assert np.isfinite(v).all()  # what let it through: masked cells are skipped
+    return v
+
+
+def test_masked_values_are_refused_by_the_caller_side_checks():
+    from dask_ps._spec import check_rows, check_values
+
+    s = TableSpec.create("m", (4,), "float64")
+    with pytest.raises(dask_ps.PSValueError, match="'m'.*masked"):
+        check_values(s, _masked_nan(), (4,))
+    with pytest.raises(dask_ps.PSValueError, match="'m'.*masked"):
+        check_values(s, np.ma.masked_array(np.ones(4)), (4,))  # no cell masked: still refused
+    with pytest.raises(dask_ps.PSValueError, match="'m'.*masked"):
+        check_rows(s, np.ma.masked_array([0, 9], mask=[False, True]))
+
+
+def test_masked_values_are_refused_by_the_shard_store_and_change_nothing():
+    s = TableSpec.create("m", (4,), "float64")
+    st = ShardStore()
+    t = st.create(s, 1, [0])
+    with pytest.raises(dask_ps.PSValueError, match="'m'.*masked"):
+        st.validate_push("m", 1, [0], [None], [_masked_nan()])
+    with pytest.raises(dask_ps.PSValueError, match="'m'.*masked"):
+        st.validate_push("m", 1, [0], [np.ma.masked_array([0, 1])], [np.ones(2)])
+    np.testing.assert_array_equal(t.blocks[0].data, np.zeros(4))
