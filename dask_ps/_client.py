@@ -74,7 +74,7 @@ class ParameterServer:
         self._router = Router(Transport(client.rpc, client.scheduler), latest_versions=self._latest_versions)
         client.subscribe_topic("ps-worker-left", self._on_worker_left)
         client.subscribe_topic("ps-worker-joined", self._on_worker_joined)
-        self._metrics: dict[str, dict] = {}
+        self._metrics: dict[str, dict] = _RunHistory()  # the latest ps.metrics-history runs
         # Placement changes are announced as Dask events: refresh before the
         # next message instead of discovering a dead worker by a failed connect.
         client.subscribe_topic("ps-placement", self._on_placement)
@@ -326,7 +326,8 @@ class ParameterServer:
     def metrics(self) -> dict:
         """Per run: clocks, attempts, seconds, and per participant and table
         the counters of :class:`~dask_ps.Session` (reads, cache hits, wait
-        time, staleness histogram, bytes)."""
+        time, staleness histogram, bytes). Only the latest
+        ``ps.metrics-history`` runs (default 100) are kept, oldest first."""
         return dict(self._metrics)
 
     # --- reliability: checkpoints and placement -----------------------------------------
@@ -469,3 +470,14 @@ def _close_auto_ps() -> None:
             ps.close()
         except Exception:  # pragma: no cover - interpreter shutting down
             pass
+
+
+class _RunHistory(dict):
+    """Metrics by run id, the oldest dropped beyond ``ps.metrics-history``
+    runs (a grid search does thousands of fits; issue 14)."""
+
+    def __setitem__(self, run_id, metrics):
+        super().__setitem__(run_id, metrics)
+        keep = max(0, int(dask.config.get("ps.metrics-history")))
+        while len(self) > keep:
+            del self[next(iter(self))]

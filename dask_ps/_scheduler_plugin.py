@@ -573,8 +573,9 @@ class PSSchedulerPlugin(SchedulerPlugin):
         run = self.runs.pop(run_id, None)
         if run is None:
             return None
-        if run.notify:
-            await self.calls.broadcast("ps_run_end", run_id=run_id)
+        # Always: servers free the run's exactly-once windows (and refuse its
+        # late pushes), besides applying what it left (per-clock sums).
+        await self.calls.broadcast("ps_run_end", run_id=run_id)
         return {
             "run_id": run_id,
             "clocks": list(run.clocks),

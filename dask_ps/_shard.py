@@ -199,6 +199,21 @@ class ShardStore:
             for items in self.due(t, run, m, blocks=installed):
                 self.commit(t, self.apply(t, items))
 
+    def forget_run(self, run_id: str) -> None:
+        """A run ended: free what blocks keep for it (the exactly-once windows
+        of its participants, ``f"{run_id}-{rank}"``, and its per-clock sum
+        bookkeeping). The worker refuses the run's pushes from now on, so no
+        re-sent one can count twice."""
+        prefix = f"{run_id}-"
+        for t in self.tables.values():
+            t.summed_below.pop(run_id, None)
+            for k in [k for k in t.pending if k[0] == run_id]:
+                del t.pending[k]
+            for blk in t.blocks.values():
+                blk.summed_below.pop(run_id, None)
+                for sender in [s for s in blk.applied if s.startswith(prefix)]:
+                    del blk.applied[sender]
+
     def drop(self, name: str, table_id: str | None = None) -> bool:
         t = self.tables.get(name)
         if t is None or (table_id is not None and t.spec.table_id != table_id):

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections import defaultdict, deque
+from collections import OrderedDict, defaultdict, deque
 
 import functools
 import inspect
@@ -23,7 +23,7 @@ from distributed.core import error_message
 from distributed.protocol.serialize import Serialized, to_serialize
 
 from dask_ps import _backend, _config
-from dask_ps._exceptions import PSError, PSValueError, StaleVersionError, UnknownTableError
+from dask_ps._exceptions import PSError, PSValueError, RunAbortedError, StaleVersionError, UnknownTableError
 from dask_ps._liveness import Liveness, WorkerGone
 from dask_ps._shard import ShardStore, _wire_clock
 from dask_ps._spec import TableSpec
@@ -31,6 +31,7 @@ from dask_ps._spec import TableSpec
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "ps"
+ENDED_RUNS_KEPT = 1024  # ended run ids remembered per worker (see PSWorkerPlugin._ended_runs)
 HANDLERS = (
     "ps_create_shards", "ps_drop_table", "ps_push", "ps_pull", "ps_info",
     "ps_clock_advance", "ps_cache_fill", "ps_run_end",
@@ -60,6 +61,13 @@ class PSWorkerPlugin(WorkerPlugin):
         # ESSP: session key -> fresh rows pushed to a session on this worker
         self.mailboxes: dict[str, deque] = defaultdict(deque)
         self._min_clock: dict[str, float] = {}  # run_id -> highest min clock heard of
+        # Runs whose pushes this worker accepts (the scheduler said they are
+        # active); forgotten at ps_run_end, when their windows are freed.
+        self._active_runs: set[str] = set()
+        self._run_checks: dict[str, asyncio.Future] = {}  # run_id -> scheduler lookup in flight
+        # The latest runs ended here (refused without asking the scheduler;
+        # bounded: an older one is refused because the scheduler no longer has it).
+        self._ended_runs: OrderedDict[str, None] = OrderedDict()
         self.latest_versions: dict[str, int] = {}  # table -> newest placement version announced
         self.liveness = Liveness()  # workers the scheduler removed: do not wait on them
 
@@ -124,6 +132,13 @@ class PSWorkerPlugin(WorkerPlugin):
     async def _push(self, table, version, blocks, rows, values, raw, run, sender, msg_seq, replica, table_id=None):
         if sender is not None and not (isinstance(sender, str) and isinstance(msg_seq, int)):
             raise PSValueError(f"push sender/msg_seq must be str/int, got {sender!r}/{msg_seq!r}")
+        if run is not None:
+            run_id, _ = _check_run(run)
+            if sender is not None and not sender.startswith(f"{run_id}-"):
+                raise PSValueError(f"a push of run {run_id} must come from one of its participants, "
+                                   f"not {sender!r}")
+            if not replica:  # the primary checked it before forwarding
+                await self._check_run_active(run_id)
         key = table if isinstance(table, str) else ""
         # Two locks per table: a primary holds its lock while it forwards to
         # replicas, and replicas apply under the other one, so two primaries
@@ -148,6 +163,25 @@ class PSWorkerPlugin(WorkerPlugin):
             if not replica:
                 await self._forward(t, items, raw, run, sender, msg_seq)
             return self.store.seqs(t, items)
+
+    async def _check_run_active(self, run_id: str) -> None:
+        """Refuse pushes of a run that ended (its exactly-once windows are
+        freed at its end, so a late or re-sent push would count again) or
+        that the scheduler does not know. Asks the scheduler once per run."""
+        if run_id in self._active_runs:
+            return
+        if run_id not in self._ended_runs:
+            check = self._run_checks.get(run_id)
+            if check is None:
+                check = self._run_checks[run_id] = asyncio.ensure_future(asyncio.wait_for(
+                    self.worker.scheduler.ps_active_runs(), _config.get_seconds("timeouts.rpc")))
+                check.add_done_callback(lambda _: self._run_checks.pop(run_id, None))
+            active = await asyncio.shield(check)
+            # An end may have arrived while we asked.
+            if run_id in active and run_id not in self._ended_runs:
+                self._active_runs.add(run_id)
+                return
+        raise RunAbortedError(f"run {run_id} has ended (or was never started): its pushes are refused")
 
     async def _forward(self, t, items, raw, run, sender, msg_seq) -> None:
         """Send a primary's push on to the blocks' replicas and wait for them.
@@ -353,7 +387,7 @@ class PSWorkerPlugin(WorkerPlugin):
         me = self.worker.address if self.worker is not None else None
         for b, _ in reqs:
             t.reads["primary" if not t.owners or t.owners[b][0] == me else "replica"] += 1
-        if subscribe is not None:
+        if subscribe is not None and subscribe[0] not in self._ended_runs:
             run_id, session, address = subscribe
             _, tables = self.subscriptions[run_id].setdefault(session, (address, {}))
             subs = tables.setdefault(t.spec.name, {})
@@ -367,7 +401,7 @@ class PSWorkerPlugin(WorkerPlugin):
     async def _advance(self, run_id: str, min_clock) -> None:
         """Apply per-clock sums of ``run_id`` below ``min_clock`` (None: all)."""
         m = math.inf if min_clock is None else min_clock
-        if m <= self._min_clock.get(run_id, -1):
+        if m <= self._min_clock.get(run_id, -1) or run_id in self._ended_runs:
             return
         # Recorded first, applied table by table: a read of a table meanwhile
         # applies that table's due sums itself, under its lock (see _read).
@@ -382,6 +416,8 @@ class PSWorkerPlugin(WorkerPlugin):
     async def _apply_due(self, t, run_id: str, m: float) -> None:
         """Apply the per-clock sums of ``run_id`` below clock ``m`` (the
         caller holds the table's locks, so no read sees them half applied)."""
+        if run_id in self._ended_runs:
+            return  # all applied at its end
         for items in self.store.due(t, run_id, m):
             await self._apply(t, items)
 
@@ -434,13 +470,21 @@ class PSWorkerPlugin(WorkerPlugin):
         )
 
     async def run_end(self, run_id: str) -> None:
-        """Handler (scheduler): a run ended; apply what it left, forget it."""
+        """Handler (scheduler): a run ended; apply what it left, forget it
+        (its exactly-once windows included) and refuse its pushes from now on."""
+        if not isinstance(run_id, str):
+            raise PSValueError(f"run_end needs a run id, got {run_id!r}")
         await self._advance(run_id, None)
+        self._ended_runs[run_id] = None
+        while len(self._ended_runs) > ENDED_RUNS_KEPT:
+            self._ended_runs.popitem(last=False)
+        self._active_runs.discard(run_id)
         for session in self.subscriptions.pop(run_id, {}):
             self.mailboxes.pop(session, None)
         for session in [k for k in self.mailboxes if k.startswith(run_id)]:
             self.mailboxes.pop(session, None)
         self._min_clock.pop(run_id, None)
+        self.store.forget_run(run_id)
 
     def gpu_info(self) -> dict | None:
         """Handler: this worker's GPU and its free memory, None without one."""

@@ -104,3 +104,67 @@ def test_masked_array_refused_by_the_raw_handler(ps, client):
         client.sync(client.rpc(addr).ps_push, table="m", version=ps._handle("m").version, blocks=[0],
                     rows=[None], values=[to_serialize(_masked_nan())])
     np.testing.assert_array_equal(ps.pull("m"), np.zeros(4))
+
+
+# --- item 5: per-run state is freed -----------------------------------------------------------
+
+
+def _per_run_state(dask_worker):
+    plugin = dask_worker.extensions["ps"]
+    windows = sum(len(blk.applied) for t in plugin.store.tables.values() for blk in t.blocks.values())
+    summed = sum(len(t.summed_below) + sum(len(b.summed_below) for b in t.blocks.values())
+                 for t in plugin.store.tables.values())
+    return {"windows": windows, "summed": summed, "min_clock": len(plugin._min_clock),
+            "subscriptions": len(plugin.subscriptions), "mailboxes": len(plugin.mailboxes),
+            "pending": sum(len(t.pending) for t in plugin.store.tables.values())}
+
+
+def _one_push(ctx, _):
+    ctx.push("w", np.ones(2))
+    ctx.push("c", np.ones(2))
+    ctx.pull("e")
+    ctx.clock()
+
+
+def test_per_run_state_stays_bounded_over_many_runs(ps, client):
+    """Every block kept an exactly-once window per (run, rank) forever (3,736
+    in one block after 467 runs) and ps.metrics() kept every run. Over 200
+    short runs of two participants the windows, the per-run bookkeeping of
+    clock-aggregated and ESSP tables, and the metrics history stay bounded."""
+    import dask
+
+    ps.create_table("w", shape=(2,))
+    ps.create_table("c", shape=(2,), aggregate="clock")
+    ps.create_table("e", shape=(2,), consistency=dask_ps.ESSP(staleness=1))
+    n_runs = 200
+    with dask.config.set({"ps.metrics-history": 20}):
+        for _ in range(n_runs):
+            ps.run(_one_push, range(2))
+        assert len(ps.metrics()) == 20
+    np.testing.assert_array_equal(ps.pull("w"), np.full(2, 2.0 * n_runs))
+    np.testing.assert_array_equal(ps.pull("c"), np.full(2, 2.0 * n_runs))
+    for addr, state in client.run(_per_run_state).items():
+        assert state == {"windows": 0, "summed": 0, "min_clock": 0, "subscriptions": 0, "mailboxes": 0,
+                         "pending": 0}, (addr, state)
+
+
+def test_a_push_of_an_ended_run_is_refused_not_applied_again(ps, client):
+    """Once a run ended its exactly-once windows are freed, so a late or
+    re-sent push tagged with that run would count again: it is refused."""
+    from distributed.protocol import to_serialize
+
+    ps.create_table("w", shape=(2,))
+    run_ids = []
+
+    def train(ctx, _):
+        ctx.push("w", np.ones(2))
+        ctx.clock()
+        return ctx.run_id
+
+    run_ids = ps.run(train, range(1))
+    addr = ps.placement("w")[0].worker
+    late = dict(table="w", version=ps._handle("w").version, blocks=[0], rows=[None],
+                values=[to_serialize(np.ones(2))], run=(run_ids[0], 0), sender=f"{run_ids[0]}-0", msg_seq=0)
+    with pytest.raises(dask_ps.RunAbortedError, match="ended"):
+        client.sync(client.rpc(addr).ps_push, **late)
+    np.testing.assert_array_equal(ps.pull("w"), np.ones(2))

@@ -19,10 +19,20 @@ from dask_ps._worker_plugin import PSWorkerPlugin
 ME = "tcp://10.0.0.1:1"
 
 
-def plugin_with(*specs: TableSpec) -> PSWorkerPlugin:
+class FakeScheduler:
+    """What a worker plugin asks the scheduler about runs."""
+
+    def __init__(self, active=("r",)):
+        self.active = list(active)
+
+    async def ps_active_runs(self, tables=None):
+        return list(self.active)
+
+
+def plugin_with(*specs: TableSpec, active=("r",)) -> PSWorkerPlugin:
     """A worker plugin hosting every block of ``specs`` alone (no replicas)."""
     p = PSWorkerPlugin()
-    p.worker = SimpleNamespace(address=ME)
+    p.worker = SimpleNamespace(address=ME, scheduler=FakeScheduler(active))
     for s in specs:
         p.create_shards(s.to_msg(), 1, list(range(s.n_blocks)), owners=[[ME]] * s.n_blocks)
     return p
@@ -120,3 +130,28 @@ def test_masked_values_are_refused_by_the_shard_store_and_change_nothing():
     with pytest.raises(dask_ps.PSValueError, match="'m'.*masked"):
         st.validate_push("m", 1, [0], [np.ma.masked_array([0, 1])], [np.ones(2)])
     np.testing.assert_array_equal(t.blocks[0].data, np.zeros(4))
+
+
+# --- item 5: per-run state is freed at the run's end ------------------------------------------
+
+
+def test_run_end_frees_the_windows_and_refuses_the_runs_late_pushes():
+    s = TableSpec.create("w", (4,), "float64")
+    p = plugin_with(s, active=("r",))
+
+    async def scenario():
+        await push(p, "w", np.ones(4), ("r", 0), sender="r-0", msg_seq=0)
+        await push(p, "w", np.ones(4), ("r", 0), sender="r-0", msg_seq=0)  # re-sent: counted once
+        windows = len(p.store.tables["w"].blocks[0].applied)
+        await p.run_end("r")
+        after = len(p.store.tables["w"].blocks[0].applied)
+        with pytest.raises(dask_ps.RunAbortedError, match="ended"):
+            await push(p, "w", np.ones(4), ("r", 0), sender="r-0", msg_seq=0)
+        with pytest.raises(dask_ps.RunAbortedError, match="ended"):  # unknown to the scheduler
+            await push(p, "w", np.ones(4), ("x", 0), sender="x-0", msg_seq=0)
+        with pytest.raises(dask_ps.PSValueError, match="participants"):  # not one of its senders
+            await push(p, "w", np.ones(4), ("r", 0), sender="someone", msg_seq=5)
+        return windows, after
+
+    assert asyncio.run(scenario()) == (1, 0)
+    np.testing.assert_array_equal(p.store.tables["w"].blocks[0].data, np.ones(4))
