@@ -8,6 +8,8 @@ scores with, usable on any model's topics.
 The estimators use only the public ``dask_ps`` API.
 """
 
-from dask_ps.decomposition._lda import LatentDirichletAllocation, LostAssignmentsError, document_completion
+from dask_ps.decomposition._gibbs import LostAssignmentsError
+from dask_ps.decomposition._lda import LatentDirichletAllocation
+from dask_ps.decomposition._scoring import document_completion
 
 __all__ = ["LatentDirichletAllocation", "LostAssignmentsError", "document_completion"]

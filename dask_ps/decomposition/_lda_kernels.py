@@ -16,15 +16,9 @@ The full conditional of one token (its own assignment removed) is
 
     p(z = k | rest) ∝ (ndk + alpha) (nwk + beta) / (nk + vbeta).
 
-**Clamping.** Under bounded staleness a participant's copy of ``nwk``/``nk``
-mixes other participants' updates from different clocks. With read-my-writes
-and per-row atomic pushes a count cannot go below zero, but a retried or
-aborted participant, or a custom consistency model, could leave one
-transiently negative. Every kernel reads counts through ``max(count, 0)``
-when it computes probabilities, so a negative count means "no token here"
-and never produces a negative or NaN probability (every term stays
-``>= alpha * beta / (nk + vbeta) > 0``). The counts themselves are not
-changed: the deltas pushed are exact.
+Every kernel reads counts through ``max(count, 0)`` when it computes
+probabilities (why: "Clamping" in the "Estimators: LDA" section of
+``docs/architecture.rst``); the counts themselves stay exact.
 """
 
 from __future__ import annotations
@@ -56,6 +50,42 @@ except ImportError:  # pragma: no cover - numba is a dependency of this module
 # --- CPU: sequential collapsed Gibbs (exact within a participant) -----------------
 
 
+@njit(nogil=True, cache=True)
+def _inverse_totals(nk, vbeta):
+    """``1 / (nk + vbeta)`` per topic, the totals clamped at 0."""
+    K = nk.shape[0]
+    inv = np.empty(K)
+    for k in range(K):
+        n = nk[k]
+        inv[k] = 1.0 / ((n if n > 0 else 0) + vbeta)
+    return inv
+
+
+@njit(inline="always")
+def _doc_coefficients(ndk, d, alpha, inv, coef):
+    """Fill ``coef`` with document ``d``'s ``(ndk + alpha) / (nk + vbeta)``
+    per topic; returns their sum."""
+    total = 0.0
+    for k in range(coef.shape[0]):
+        coef[k] = (ndk[d, k] + alpha) * inv[k]
+        total += coef[k]
+    return total
+
+
+@njit(inline="always")
+def _move_token(ndk, nwk, nk, inv, coef, d, w, k, step, alpha, vbeta):
+    """Add (``step=1``) or remove (``step=-1``) a token of document ``d`` and
+    word ``w`` in topic ``k``, keeping the topic's ``inv`` and ``coef``
+    (``(ndk + alpha) / (nk + vbeta)``) current. Inlined into the sweeps
+    (compiled with their flags), so it costs no call per token."""
+    ndk[d, k] += step
+    nwk[w, k] += step
+    nk[k] += step
+    n = nk[k]
+    inv[k] = 1.0 / ((n if n > 0 else 0) + vbeta)
+    coef[k] = (ndk[d, k] + alpha) * inv[k]
+
+
 @njit(nogil=True, cache=True, fastmath=True)
 def gibbs_sweep_dense(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed):
     """One sweep over every token, O(K) per token, SIMD-friendly.
@@ -72,30 +102,18 @@ def gibbs_sweep_dense(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed)
     K = nk.shape[0]
     B = 8
     nb = (K + B - 1) // B
-    inv = np.empty(K)
-    for k in range(K):
-        n = nk[k]
-        inv[k] = 1.0 / ((n if n > 0 else 0) + vbeta)
+    inv = _inverse_totals(nk, vbeta)
     coef = np.empty(K)
     p = np.zeros(nb * B)  # padded: the last block's tail stays 0
     bs = np.empty(nb)
-    n_docs = doc_ptr.shape[0] - 1
-    for d in range(n_docs):
-        start = doc_ptr[d]
-        end = doc_ptr[d + 1]
-        if start == end:
+    for d in range(doc_ptr.shape[0] - 1):
+        if doc_ptr[d] == doc_ptr[d + 1]:
             continue
-        for k in range(K):
-            coef[k] = (ndk[d, k] + alpha) * inv[k]
-        for i in range(start, end):
+        _doc_coefficients(ndk, d, alpha, inv, coef)
+        for i in range(doc_ptr[d], doc_ptr[d + 1]):
             w = words[i]
             old = z[i]
-            ndk[d, old] -= 1
-            nwk[w, old] -= 1
-            nk[old] -= 1
-            n = nk[old]
-            inv[old] = 1.0 / ((n if n > 0 else 0) + vbeta)
-            coef[old] = (ndk[d, old] + alpha) * inv[old]
+            _move_token(ndk, nwk, nk, inv, coef, d, w, old, -1, alpha, vbeta)
             for k in range(K):
                 c = nwk[w, k]
                 p[k] = coef[k] * ((c if c > 0 else 0) + beta)  # clamped at 0
@@ -117,12 +135,7 @@ def gibbs_sweep_dense(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed)
                 u -= p[new]
                 new += 1
             z[i] = new
-            ndk[d, new] += 1
-            nwk[w, new] += 1
-            nk[new] += 1
-            n = nk[new]
-            inv[new] = 1.0 / ((n if n > 0 else 0) + vbeta)
-            coef[new] = (ndk[d, new] + alpha) * inv[new]
+            _move_token(ndk, nwk, nk, inv, coef, d, w, new, 1, alpha, vbeta)
 
 
 @njit(nogil=True, cache=True)
@@ -155,33 +168,19 @@ def gibbs_sweep_sparse(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed
                 nz_pos[w, k] = c
                 c += 1
         nz_cnt[w] = c
-    inv = np.empty(K)
-    for k in range(K):
-        n = nk[k]
-        inv[k] = 1.0 / ((n if n > 0 else 0) + vbeta)
+    inv = _inverse_totals(nk, vbeta)
     coef = np.empty(K)
     qv = np.empty(K)
-    n_docs = doc_ptr.shape[0] - 1
-    for d in range(n_docs):
-        start = doc_ptr[d]
-        end = doc_ptr[d + 1]
-        if start == end:
+    for d in range(doc_ptr.shape[0] - 1):
+        if doc_ptr[d] == doc_ptr[d + 1]:
             continue
-        s = 0.0
-        for k in range(K):
-            coef[k] = (ndk[d, k] + alpha) * inv[k]
-            s += coef[k]
-        for i in range(start, end):
+        s = _doc_coefficients(ndk, d, alpha, inv, coef)
+        for i in range(doc_ptr[d], doc_ptr[d + 1]):
             w = words[i]
             old = z[i]
             # remove the token
             s -= coef[old]
-            ndk[d, old] -= 1
-            nwk[w, old] -= 1
-            nk[old] -= 1
-            n = nk[old]
-            inv[old] = 1.0 / ((n if n > 0 else 0) + vbeta)
-            coef[old] = (ndk[d, old] + alpha) * inv[old]
+            _move_token(ndk, nwk, nk, inv, coef, d, w, old, -1, alpha, vbeta)
             s += coef[old]
             if nwk[w, old] <= 0 and nz_pos[w, old] >= 0:  # leaves the word's list
                 p = nz_pos[w, old]
@@ -220,12 +219,7 @@ def gibbs_sweep_sparse(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed
             # add the token
             z[i] = new
             s -= coef[new]
-            ndk[d, new] += 1
-            nwk[w, new] += 1
-            nk[new] += 1
-            n = nk[new]
-            inv[new] = 1.0 / ((n if n > 0 else 0) + vbeta)
-            coef[new] = (ndk[d, new] + alpha) * inv[new]
+            _move_token(ndk, nwk, nk, inv, coef, d, w, new, 1, alpha, vbeta)
             s += coef[new]
             if nwk[w, new] > 0 and nz_pos[w, new] < 0:
                 c = nz_cnt[w]

@@ -611,16 +611,17 @@ def test_lost_worker_without_saved_assignments_fails_clearly(monkeypatch):
     cannot go on: the fit fails with LostAssignmentsError saying what to do,
     instead of counting the partition's tokens twice."""
     from dask_ps.decomposition import LostAssignmentsError
-    from dask_ps.decomposition._lda import _gibbs_participant
+    from dask_ps.decomposition._gibbs import GibbsConfig, _gibbs_participant
 
     class RestartedCtx:
         current_clock = 3
 
     with pytest.raises(LostAssignmentsError, match="replication=2 or checkpoint"):
-        _gibbs_participant(RestartedCtx(), None, nwk_name="w", nk_name="t", progress_name=None, n_components=2,
-                           alpha=0.1, beta=0.1, n_features=3, start=0, stop=3, z_in=None, z_out=None,
-                           evaluate_every=0, seeds=[0], holders=np.ones(3), sampler="dense", device="cpu",
-                           t_start=0.0, delay=None)
+        _gibbs_participant(RestartedCtx(), None, GibbsConfig(
+            nwk_name="w", nk_name="t", progress_name=None, n_components=2,
+            alpha=0.1, beta=0.1, n_features=3, start=0, stop=3, z_in=None, z_out=None,
+            evaluate_every=0, seeds=[0], holders=np.ones(3), sampler="dense", device="cpu",
+            t_start=0.0, delay=None))
 
 
 @pytest.mark.slow  # a 3-worker cluster and two fits, 10-20 s

@@ -1,0 +1,232 @@
+"""The Gibbs participant of LDA: one partition's collapsed Gibbs sampler,
+``pull → sweep → push deltas → clock`` per iteration (AD-LDA; see the
+"Estimators: LDA" section of ``docs/architecture.rst``).
+
+It runs inside ``ParameterServer.run`` (a task on the worker that holds its
+partition) and uses only the session's push/pull/clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import numpy as np
+
+from dask_ps.decomposition import _lda_kernels as _k
+from dask_ps.decomposition._corpus import _to_host
+from dask_ps.decomposition._scoring import participant_loglik
+
+
+class LostAssignmentsError(RuntimeError):
+    """A participant was restarted mid-run (its worker died): the topic
+    assignments it sampled since the run began are gone, while its pushes are
+    on the servers, so it cannot simply go on. The estimator rolls the fit back
+    to its last saved assignments when it has some (``replication >= 2`` or
+    ``checkpoint``), otherwise the fit fails with this error."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GibbsConfig:
+    """What the participants of one run (iterations ``start .. stop - 1``) are given.
+
+    Tables: ``nwk_name`` (word-topic counts), ``nk_name`` (topic totals),
+    ``progress_name`` (verbose: evaluations for the client's monitor, or
+    None); ``z_in``/``z_out``: per rank, the table of saved assignments to
+    start from (None: random ones) and to write the final ones to (None:
+    not kept). ``seeds``: one per rank; ``holders``: per word, how many
+    partitions hold it. ``delay``: a benchmark hook, a picklable
+    ``f(rank, iteration, sweep_seconds) -> seconds`` slept after each sweep
+    to emulate stragglers.
+    """
+
+    nwk_name: str
+    nk_name: str
+    progress_name: str | None
+    n_components: int
+    alpha: float
+    beta: float
+    n_features: int
+    start: int
+    stop: int
+    z_in: list[str] | None
+    z_out: list[str] | None
+    evaluate_every: int
+    seeds: list[int] = dataclasses.field(repr=False)
+    holders: np.ndarray = dataclasses.field(repr=False)
+    sampler: str
+    device: str
+    t_start: float
+    delay: Callable | None
+
+
+def _xp_for(device):
+    if device == "cuda":
+        import cupy
+
+        return cupy
+    return np
+
+
+class _Sampler:
+    """One participant's local state: its tokens, their topic assignments and
+    its documents' topic counts (on the device for the array sampler), and
+    what it has measured."""
+
+    def __init__(self, part, z, ndk, cfg: GibbsConfig, rank, n_participants):
+        self.rank, self.P = rank, n_participants
+        self.vocab, self.words, self.doc_ptr = part["vocab"], part["words"], part["doc_ptr"]
+        self.doc_len = np.diff(self.doc_ptr)
+        self.z, self.ndk = z, ndk
+        self.vbeta = cfg.n_features * cfg.beta
+        self.sampler = cfg.sampler
+        self.weights = 1.0 / cfg.holders[self.vocab]  # each word's rows count once over all holders
+        self.history = []
+        self.sweep_seconds = 0.0
+        self.timing = {"pull_seconds": 0.0, "push_seconds": 0.0, "clock_seconds": 0.0, "eval_seconds": 0.0}
+
+    def to_device(self, cfg: GibbsConfig, doc_idx):
+        if self.sampler == "array":
+            self.xp = _xp_for(cfg.device)
+            self.d_words = self.xp.asarray(self.words.astype(np.int64))
+            self.d_doc = self.xp.asarray(doc_idx)
+            self.d_z = self.xp.asarray(self.z)
+            self.d_ndk = self.xp.asarray(self.ndk)
+        else:
+            self.sweep = _k.SWEEPS[self.sampler]
+
+    def local_ndk(self):
+        return self.ndk if self.sampler != "array" else _to_host(self.d_ndk)
+
+    def local_z(self):
+        return _to_host(self.d_z) if self.sampler == "array" else self.z
+
+
+def _gibbs_participant(ctx, part, cfg: GibbsConfig):
+    """One partition's Gibbs sampler for iterations ``cfg.start .. cfg.stop - 1``:
+    ``pull → sweep → push deltas → clock``.
+
+    Clock 0 pushes the counts of the starting assignments -- random ones
+    (``cfg.z_in`` None) or those saved in the table ``cfg.z_in[rank]`` -- into
+    the run's fresh, empty count tables, so the tables always equal the sum
+    of the participants' assignment counts. With ``cfg.z_out``, the final
+    assignments are written (assign rule) to ``cfg.z_out[rank]`` before
+    returning.
+    """
+    if ctx.current_clock != 0:
+        raise LostAssignmentsError(
+            "LatentDirichletAllocation: a participant was restarted mid-fit (its worker was lost) and "
+            "its topic assignments are gone. Fit with replication=2 or checkpoint=<path> to resume "
+            "from the last saved assignments instead."
+        )
+    s = _setup(ctx, part, cfg)
+    for it in range(cfg.start, cfg.stop):
+        _iteration(ctx, s, cfg, it)
+    return _finish(ctx, s, cfg)
+
+
+def _setup(ctx, part, cfg: GibbsConfig) -> _Sampler:
+    """The starting assignments and their counts, pushed at clock 0."""
+    K = cfg.n_components
+    rank = ctx.rank
+    words, doc_ptr = part["words"], part["doc_ptr"]
+    n_tokens = words.size
+    doc_len = np.diff(doc_ptr)
+    doc_idx = np.repeat(np.arange(doc_len.size, dtype=np.int64), doc_len)
+    Vp = part["vocab"].size
+
+    if cfg.z_in is None:  # random initial assignment, reproducible from the seed
+        z = np.random.default_rng(np.random.SeedSequence(cfg.seeds[rank])).integers(K, size=n_tokens, dtype=np.int32)
+    else:
+        z = np.array(ctx.pull(cfg.z_in[rank]), dtype=np.int32)
+        if z.shape != (n_tokens,) or (z.size and (z.min() < 0 or z.max() >= K)):
+            raise ValueError(
+                f"LatentDirichletAllocation: saved assignments in table {cfg.z_in[rank]!r} do not fit "
+                f"partition {rank} ({n_tokens} tokens, {K} topics)"
+            )
+    # The starting counts are this participant's first push.
+    ndk = np.bincount(doc_idx * K + z, minlength=doc_len.size * K).astype(np.int32).reshape(-1, K)
+    nwk0 = np.bincount(words.astype(np.int64) * K + z, minlength=Vp * K).reshape(Vp, K)
+    ctx.push_rows(cfg.nwk_name, part["vocab"], nwk0)
+    ctx.push(cfg.nk_name, np.bincount(z, minlength=K).astype(np.int64))
+    ctx.clock()
+
+    s = _Sampler(part, z, ndk, cfg, rank, ctx.n_participants)
+    s.to_device(cfg, doc_idx)
+    return s
+
+
+def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
+    """Iteration ``it``: pull the rows of the words held and the totals,
+    evaluate when due, sweep, push what changed, clock."""
+    t0 = time.perf_counter()
+    nwk = ctx.pull_rows(cfg.nwk_name, s.vocab)
+    nk = ctx.pull(cfg.nk_name)
+    t1 = time.perf_counter()
+    s.timing["pull_seconds"] += t1 - t0
+    if cfg.evaluate_every > 0 and it % cfg.evaluate_every == 0:
+        _evaluate(ctx, s, cfg, it, nwk, nk)
+        s.timing["eval_seconds"] += time.perf_counter() - t1
+    nwk_before = nwk.copy()
+    nk_before = nk.copy()
+    nwk, nk = _sweep(s, cfg, it, nwk, nk)
+    t2 = time.perf_counter()
+    delta = nwk - nwk_before
+    changed = np.flatnonzero(delta.any(axis=1))
+    if changed.size:
+        ctx.push_rows(cfg.nwk_name, s.vocab[changed], delta[changed])
+    ctx.push(cfg.nk_name, (nk - nk_before).astype(np.int64))
+    ctx.flush()
+    t3 = time.perf_counter()
+    ctx.clock()
+    s.timing["push_seconds"] += t3 - t2
+    s.timing["clock_seconds"] += time.perf_counter() - t3
+
+
+def _evaluate(ctx, s: _Sampler, cfg: GibbsConfig, it, nwk, nk):
+    """The state after ``it`` sweeps as this participant sees it, kept in
+    its history and (verbose) reported to the client's monitor."""
+    ll = participant_loglik(s.local_ndk(), s.doc_len, nwk, s.weights, nk, cfg.alpha, cfg.beta, s.vbeta, s.P)
+    s.history.append((it, time.time() - cfg.t_start, ll))
+    if cfg.progress_name is not None:
+        row = (it // cfg.evaluate_every) * s.P + s.rank  # assign: a retried chunk rewrites, never adds
+        ctx.push_rows(cfg.progress_name, [row], np.array([[ll, 1.0, s.history[-1][1]]]))
+
+
+def _sweep(s: _Sampler, cfg: GibbsConfig, it, nwk, nk):
+    """Resample every token once, updating the local copies of the counts."""
+    # Iteration ``it``'s stream: the same as spawning ``it`` children of the
+    # partition's seed, so a fit run in chunks samples like one run.
+    seed = int(np.random.SeedSequence(cfg.seeds[s.rank], spawn_key=(it,)).generate_state(1)[0] & 0x7FFFFFFF)
+    t0 = time.perf_counter()
+    if s.sampler == "array":
+        xp = s.xp
+        d_nwk = xp.asarray(nwk)
+        d_nk = xp.asarray(nk)
+        _k.gibbs_sweep_array(xp, s.d_doc, s.d_words, s.d_z, s.d_ndk, d_nwk, d_nk, cfg.alpha, cfg.beta,
+                             s.vbeta, seed)
+        nwk, nk = _to_host(d_nwk), _to_host(d_nk)
+    else:
+        s.sweep(s.doc_ptr, s.words, s.z, s.ndk, nwk, nk, cfg.alpha, cfg.beta, s.vbeta, seed)
+    dt = time.perf_counter() - t0
+    s.sweep_seconds += dt
+    if cfg.delay is not None:
+        time.sleep(cfg.delay(s.rank, it, dt))  # benchmark hook: emulate stragglers
+    return nwk, nk
+
+
+def _finish(ctx, s: _Sampler, cfg: GibbsConfig) -> dict:
+    """Write the final assignments (when kept) and report."""
+    if cfg.z_out is not None:
+        ctx.push(cfg.z_out[s.rank], np.asarray(s.local_z(), dtype=np.int32))
+        ctx.flush()
+    return {
+        "history": s.history,
+        "doc_loglik": _k.doc_loglik(s.local_ndk(), s.doc_len, cfg.alpha),
+        "end": time.time() - cfg.t_start,
+        "sweep_seconds": s.sweep_seconds,
+        **s.timing,
+        "n_tokens": s.words.size,
+        "metrics": ctx.metrics(),
+    }
