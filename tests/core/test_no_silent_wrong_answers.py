@@ -155,3 +155,51 @@ def test_run_end_frees_the_windows_and_refuses_the_runs_late_pushes():
 
     assert asyncio.run(scenario()) == (1, 0)
     np.testing.assert_array_equal(p.store.tables["w"].blocks[0].data, np.ones(4))
+
+
+# --- item 8: exactly-once, tested directly ------------------------------------------------------
+
+
+def test_a_resent_push_is_counted_once_by_the_shard_store():
+    """The shard store's half of exactly-once: a message re-sent with the same
+    ``(sender, msg_seq)`` is skipped, block by block, also after the block
+    moved to another worker (its window moves with it)."""
+    s = TableSpec.create("w", (8,), "float64", block_rows=4)
+    st = ShardStore()
+    t = st.create(s, 1, [0, 1])
+
+    def send(store, table, sender, msg_seq, blocks=(0, 1)):
+        t, items = store.validate_push("w", None, list(blocks), [None] * len(blocks),
+                                       [np.ones(4)] * len(blocks))
+        store.commit(t, store.apply(t, store.unapplied(t, items, sender, msg_seq)))
+
+    send(st, t, "r-0", 7)
+    send(st, t, "r-0", 7)  # re-sent: nothing applied
+    send(st, t, "r-0", 7, blocks=(1,))  # a partial re-send (failover of one block): nothing
+    send(st, t, "r-1", 7)  # another sender's message 7: applied
+    send(st, t, "r-0", 8)  # the next message: applied
+    assert [t.blocks[b].data.tolist() for b in (0, 1)] == [[3.0] * 4] * 2
+
+    moved = ShardStore()
+    moved.install(s, 2, [["b"], ["b"]], st.export(t, [0, 1]))
+    send(moved, moved.tables["w"], "r-0", 8)  # re-sent to the block's new owner: nothing
+    assert [moved.tables["w"].blocks[b].data.tolist() for b in (0, 1)] == [[3.0] * 4] * 2
+
+
+def test_a_resent_push_is_counted_once_by_the_push_handler():
+    """The worker handler's half: the same message to ``ps_push`` twice (a
+    flushed push whose acknowledgement was lost, re-sent by the Router) is
+    applied once, for per-push and for per-clock aggregation."""
+    p = plugin_with(TableSpec.create("w", (4,), "float64"), clock_spec("c"))
+
+    async def scenario():
+        for table in ("w", "c"):
+            for _ in range(2):
+                await push(p, table, np.ones(4), ("r", 0), sender="r-0", msg_seq=(0 << 24) + 0)
+            await push(p, table, np.ones(4), ("r", 0), sender="r-0", msg_seq=(0 << 24) + 1)
+        await p.clock_advance("r", 1)
+        return [(await p.local_pull(t, 1, [0], [None]))["values"][0] for t in ("w", "c")]
+
+    w, c = asyncio.run(scenario())
+    np.testing.assert_array_equal(w, np.full(4, 2.0))
+    np.testing.assert_array_equal(c, np.full(4, 2.0))
