@@ -78,6 +78,7 @@ nitpick_ignore = [
     ("py:class", "sklearn.linear_model._base.LinearClassifierMixin"),
     ("py:class", "sklearn.linear_model.SGDClassifier"),
     ("py:class", "sklearn.linear_model.SGDRegressor"),
-    ("py:class", "dask_ps.linear_model._sgd._BaseSGDPS"),
-    ("py:mod", "dask_ps.linear_model._sgd"),
+    ("py:class", "dask_ps.linear_model._base._BaseSGDPS"),
+    ("py:class", "dask_ps._estimators._params.PSEstimatorMixin"),
+    ("py:mod", "dask_ps.linear_model._stochastic_gradient"),
 ]

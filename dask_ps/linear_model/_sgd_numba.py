@@ -1,11 +1,12 @@
 """scikit-learn's per-sample SGD (``_plain_sgd``) compiled with numba, over
 a *round* of samples given by their indices into the participant's local
-data, so that a round needs no copy of its rows.
+data, so that a round needs no copy of its rows; and the helpers that build
+a round (``compact_rows``, ``gather_rows``, ``feature_counts``).
 
 Same rule, in the same order, as scikit-learn's Cython kernel (weight vector
 with a scale factor for the L2 decay, Tsuruoka's cumulative L1 penalty,
-averaging with scikit-learn's ``average_a``/``average_b``), with two
-additions the parameter server needs:
+averaging with scikit-learn's ``average_a``/``average_b``, the
+passive-aggressive rules), with two additions the parameter server needs:
 
 - the global sample counter ``t`` advances by ``step`` per sample (all
   participants' samples; ``step = 1`` for one participant, as scikit-learn);
@@ -15,10 +16,9 @@ additions the parameter server needs:
 It also returns the round's loss sum (scikit-learn's ``sumloss``: the loss of
 each sample at the weights it is trained from), and the product of the L2
 decays and the sum of the learning rates over the round, from which the
-caller regularizes lazily the rows the round did not touch.
-
-The passive-aggressive rules are not here (the caller uses scikit-learn's
-kernel for them). Imported only where numba is installed (``_sgd``).
+caller regularizes lazily the rows the round did not touch. The loss,
+penalty and learning-rate ids are ``_kernels``'s (numba reads module-level
+ints as constants).
 """
 
 from __future__ import annotations
@@ -28,14 +28,17 @@ import math
 import numba
 import numpy as np
 
-# Loss ids (``LOSS_IDS``); ``thr`` is the hinge threshold or the epsilon.
-LOSS_IDS = {
-    "hinge": 0, "perceptron": 0, "squared_hinge": 1, "log_loss": 2, "modified_huber": 3,
-    "squared_error": 4, "huber": 5, "epsilon_insensitive": 6, "squared_epsilon_insensitive": 7,
-}
-_OPTIMAL, _INVSCALING = 2, 3
-_L1, _L2, _ELASTICNET = 1, 2, 3
-_MAX_DLOSS = 1e12
+from dask_ps.linear_model._kernels import (  # noqa: F401  (LOSS_IDS: the ids sgd_round takes)
+    ELASTICNET,
+    INVSCALING,
+    L1,
+    L2,
+    LOSS_IDS,
+    MAX_DLOSS,
+    OPTIMAL,
+    PA1,
+    PA2,
+)
 
 
 @numba.njit(cache=True, inline="always", error_model="numpy")
@@ -138,7 +141,7 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
     wscale = 1.0
     avg_a = 0.0
     avg_b = 1.0
-    use_l1 = penalty == _L1 or penalty == _ELASTICNET
+    use_l1 = penalty == L1 or penalty == ELASTICNET
     sumloss = 0.0
     decay_prod = 1.0
     eta_sum = 0.0
@@ -153,22 +156,44 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
             for jj in range(ptr[r], ptr[r + 1]):
                 acc += w[ind[jj]] * data[jj]
         p = acc * wscale + intercept
-        if learning_rate == _OPTIMAL:
+        if learning_rate == OPTIMAL:
             eta = 1.0 / (alpha * (optimal_init + t - 1.0))
-        elif learning_rate == _INVSCALING:
+        elif learning_rate == INVSCALING:
             eta = eta0 / t**power_t
         yi = y[r]
-        sumloss += _loss(loss_id, thr, yi, p)
+        loss_value = _loss(loss_id, thr, yi, p)
+        sumloss += loss_value
         cw = cw_pos if yi > 0.0 else cw_neg
-        dloss = _gradient(loss_id, thr, yi, p)
-        if dloss < -_MAX_DLOSS:
-            dloss = -_MAX_DLOSS
-        elif dloss > _MAX_DLOSS:
-            dloss = _MAX_DLOSS
-        update = -eta * dloss
+        if learning_rate == PA1 or learning_rate == PA2:
+            sq = 0.0  # the sample's squared norm
+            if dense:
+                for j in range(n_w):
+                    z = float(X[r, j])
+                    sq += z * z
+            else:
+                for jj in range(ptr[r], ptr[r + 1]):
+                    z = float(data[jj])
+                    sq += z * z
+            if learning_rate == PA1:
+                if sq == 0.0:
+                    continue  # as scikit-learn: skipped, t does not advance
+                update = min(eta0, loss_value / sq)
+            else:
+                update = loss_value / (sq + 0.5 / eta0)
+            if loss_id == 0:  # hinge or perceptron: classification
+                update *= yi
+            elif yi - p < 0.0:  # regression
+                update *= -1.0
+        else:
+            dloss = _gradient(loss_id, thr, yi, p)
+            if dloss < -MAX_DLOSS:
+                dloss = -MAX_DLOSS
+            elif dloss > MAX_DLOSS:
+                dloss = MAX_DLOSS
+            update = -eta * dloss
         update *= cw * sw[r]
         eta_sum += eta
-        if penalty >= _L2:
+        if penalty >= L2:
             c = max(0.0, 1.0 - ((1.0 - l1_ratio) * eta * alpha))
             decay_prod *= c
             wscale *= c

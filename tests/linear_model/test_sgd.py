@@ -33,7 +33,7 @@ from sklearn.preprocessing import StandardScaler
 
 import dask_ps
 from dask_ps.linear_model import SGDClassifier, SGDRegressor
-from dask_ps.linear_model import _sgd
+from dask_ps.linear_model import _kernels, _participant, _rounds, _stochastic_gradient
 
 da = pytest.importorskip("dask.array")
 
@@ -96,7 +96,7 @@ def test_linear_model_imports_only_public_api():
     """dask_ps.linear_model is written against the public push/pull API: it
     imports public names of dask_ps (and the numpy/cupy helper module), no
     session, transport, plugin or consistency internals."""
-    pkg = pathlib.Path(_sgd.__file__).parent
+    pkg = pathlib.Path(_stochastic_gradient.__file__).parent
     for path in pkg.glob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -105,13 +105,13 @@ def test_linear_model_imports_only_public_api():
                     names = {a.name for a in node.names}
                     assert names <= ALLOWED_DASK_PS_NAMES | {"_backend"}, (path.name, names)
                 else:
-                    assert node.module in ("dask_ps._backend",) or node.module.startswith("dask_ps.linear_model"), (
-                        path.name, node.module)
+                    assert node.module in ("dask_ps._backend",) or node.module.startswith(
+                        ("dask_ps.linear_model", "dask_ps._estimators")), (path.name, node.module)
             elif isinstance(node, ast.Import):
                 for a in node.names:
                     assert not a.name.startswith("dask_ps.") or a.name == "dask_ps._backend", (path.name, a.name)
     for mod in ("_session", "_transport", "_worker_plugin", "_scheduler_plugin", "_client", "_routing", "_oplog"):
-        assert not hasattr(_sgd, mod)
+        assert not hasattr(_stochastic_gradient, mod)
 
 
 # --- pure kernels (no cluster) -----------------------------------------------------------------
@@ -142,6 +142,18 @@ class _LocalCtx:
         pass
 
 
+def _lone_config(est, hp, d, n, max_iter, n_cols=1, sparse=False, classes=(0, 1)):
+    """The run configuration of a lone participant without a stats table
+    (one round per epoch of ``est.batch_size`` minibatches)."""
+    S = int(np.ceil(n / est.batch_size))
+    return _rounds._RunConfig(
+        table="w", stats_table=None, hp=hp, n_features=d, n_cols=n_cols, n_total=n, steps_per_epoch=S,
+        clock_every=S, max_iter=max_iter, t0=1.0, seeds=(0,), staleness=2, global_stop=False, decision_lag=0,
+        classes=None if classes is None else np.array(classes), cw_pos=(1.0,), cw_neg=(1.0,),
+        eta_init=(est.eta0,), col_freq_needed=sparse,
+    )
+
+
 @pytest.mark.parametrize("loss", ["hinge", "log_loss", "modified_huber", "squared_hinge", "perceptron"])
 @pytest.mark.parametrize("kw", [{}, {"average": True}, {"penalty": "elasticnet"}, {"learning_rate": "invscaling", "eta0": 0.1}])
 def test_participant_alone_is_sklearn(loss, kw):
@@ -157,14 +169,9 @@ def test_participant_alone_is_sklearn(loss, kw):
     hp = est._hyper(1, False)
     d = X.shape[1]
     n_cols = 2 if est.average else 1
-    S = int(np.ceil(len(y) / est.batch_size))
-    cfg = _sgd._RunConfig(
-        table="w", stats_table=None, hp=hp, n_features=d, n_cols=n_cols, n_total=len(y), steps_per_epoch=S,
-        clock_every=S, max_iter=max_iter, t0=1.0, seeds=(0,), staleness=2, global_stop=False, decision_lag=0,
-        classes=np.array([0, 1]), cw_pos=(1.0,), cw_neg=(1.0,), eta_init=(est.eta0,), col_freq_needed=False,
-    )
+    cfg = _lone_config(est, hp, d, len(y), max_iter, n_cols=n_cols)
     tables = {"w": np.zeros((d + 1, n_cols))}
-    _sgd._participant_loop(_LocalCtx(tables), _sgd._PartData(X, y, np.ones(len(y))), cfg)
+    _participant._participant_loop(_LocalCtx(tables), _participant._PartData(X, y, np.ones(len(y))), cfg)
     W = tables["w"]
     col = 1 if est.average else 0
     np.testing.assert_allclose(W[:d, col], ref.coef_[0], rtol=1e-9, atol=1e-9)
@@ -187,18 +194,62 @@ def test_sparse_participant_alone_is_sklearn(penalty, max_iter):
     est = SGDClassifier(batch_size=256, **kw)
     hp = est._hyper(1, True)
     d = X.shape[1]
-    S = int(np.ceil(len(y) / est.batch_size))
-    cfg = _sgd._RunConfig(
-        table="w", stats_table=None, hp=hp, n_features=d, n_cols=1, n_total=len(y), steps_per_epoch=S,
-        clock_every=S, max_iter=max_iter, t0=1.0, seeds=(0,), staleness=2, global_stop=False, decision_lag=0,
-        classes=np.array([0, 1]), cw_pos=(1.0,), cw_neg=(1.0,), eta_init=(est.eta0,), col_freq_needed=True,
-    )
+    cfg = _lone_config(est, hp, d, len(y), max_iter, sparse=True)
     tables = {"w": np.zeros((d + 1, 1))}
     with dask.config.set({"ps.sgd.compiled": True}):
-        _sgd._participant_loop(_LocalCtx(tables), _sgd._PartData(X, y, np.ones(len(y))), cfg)
+        _participant._participant_loop(_LocalCtx(tables), _participant._PartData(X, y, np.ones(len(y))), cfg)
     scale = np.abs(ref.coef_).max()
     np.testing.assert_allclose(tables["w"][:d, 0], ref.coef_[0], rtol=1e-7, atol=1e-9 * scale)
     np.testing.assert_allclose(tables["w"][d, 0], ref.intercept_[0], rtol=1e-7, atol=1e-9 * scale)
+
+
+def _sk_loss_function(loss, epsilon):
+    """scikit-learn's Cython loss object (the test oracle of the losses)."""
+    cls, *args = SkSGDClassifier.loss_functions[loss]
+    if loss in ("huber", "epsilon_insensitive", "squared_epsilon_insensitive"):
+        args = (epsilon,)
+    return cls(*args)
+
+
+@pytest.mark.parametrize("cls, loss, rate, sparse, zero_row", [
+    (SGDClassifier, "hinge", "pa1", False, True), (SGDClassifier, "hinge", "pa2", True, False),
+    (SGDRegressor, "epsilon_insensitive", "pa1", True, False),
+    (SGDRegressor, "epsilon_insensitive", "pa2", False, True),
+])
+def test_passive_aggressive_participant_alone_is_sklearn(cls, loss, rate, sparse, zero_row):
+    """The compiled kernel has scikit-learn's passive-aggressive rules (PA-I,
+    PA-II): one participant without shuffling is scikit-learn's SGD, dense
+    and sparse, with averaging, or with an all-zero row (which PA-I skips
+    without advancing ``t``: the averaging would then start one sample later
+    per epoch here, where each epoch starts at its global count)."""
+    if cls is SGDClassifier:
+        X, y = load_breast_cancer(return_X_y=True)
+        sk_cls = SkSGDClassifier
+    else:
+        X, y = make_regression(600, 12, noise=5.0, random_state=0)
+        y = y / y.std()
+        sk_cls = SkSGDRegressor
+    X = StandardScaler().fit_transform(X)
+    if zero_row:
+        X[3] = 0.0
+    if sparse:
+        X = sp.csr_matrix(np.where(np.abs(X) > 0.5, X, 0.0))
+    kw = dict(loss=loss, learning_rate=rate, eta0=0.5, penalty=None, shuffle=False, max_iter=3, tol=None,
+              average=False if zero_row else 10)
+    ref = sk_cls(**kw).fit(X, y)
+    est = cls(batch_size=64, **kw)
+    hp = est._hyper(1, sparse)
+    d = X.shape[1]
+    cfg = _lone_config(est, hp, d, len(y), 3, n_cols=2, sparse=sparse,
+                       classes=(0, 1) if cls is SGDClassifier else None)
+    tables = {"w": np.zeros((d + 1, 2))}
+    _participant._participant_loop(_LocalCtx(tables), _participant._PartData(X, y, np.ones(len(y))), cfg)
+    W = tables["w"]
+    col = 0 if zero_row else 1  # the averaged weights' column
+    np.testing.assert_allclose(W[:d, col], ref.coef_.ravel(), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(W[d, col], ref.intercept_[0], rtol=1e-9, atol=1e-9)
+    if not zero_row:
+        np.testing.assert_allclose(W[:d, 0], ref._standard_coef.ravel(), rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("loss", ["hinge", "log_loss", "modified_huber", "squared_hinge", "squared_error",
@@ -206,7 +257,7 @@ def test_sparse_participant_alone_is_sklearn(penalty, max_iter):
 def test_loss_gradients_match_sklearn(loss):
     """The array-API losses (used by the minibatch kernel and the stopping
     rule) are scikit-learn's Cython ones."""
-    sk = _sgd._sk_loss_function(loss, 0.1)
+    sk = _sk_loss_function(loss, 0.1)
     rng = np.random.RandomState(0)
     p = rng.randn(50) * 3
     y = (rng.rand(50) > 0.5).astype(float)
@@ -214,8 +265,8 @@ def test_loss_gradients_match_sklearn(loss):
         y = 2 * y - 1
     if loss in ("squared_error", "huber", "epsilon_insensitive", "squared_epsilon_insensitive"):
         y = rng.randn(50)
-    g = _sgd._loss_gradient(loss, y, p, 0.1, np)
-    lv = _sgd._loss_value(loss, y, p, 0.1, np)
+    g = _kernels._loss_gradient(loss, y, p, 0.1, np)
+    lv = _kernels._loss_value(loss, y, p, 0.1, np)
     if hasattr(sk, "py_dloss"):
         ref_g = np.array([sk.py_dloss(pi, yi) for pi, yi in zip(p, y)])
         ref_l = np.array([sk.py_loss(pi, yi) for pi, yi in zip(p, y)])
@@ -237,7 +288,7 @@ def test_minibatch_kernel_learns():
     Y = (y == 1).astype(float)[:, None]
     for epoch in range(5):
         for idx in np.array_split(np.arange(4000), 40):
-            W, _ = _sgd._minibatch_kernel(hp, W, None, X[idx], Y[idx], np.ones(len(idx)), np.ones(1), np.ones(1),
+            W, _ = _kernels._minibatch_kernel(hp, W, None, X[idx], Y[idx], np.ones(len(idx)), np.ones(1), np.ones(1),
                                           np.arange(len(idx), dtype=float) + 1, np.ones(1) * 0.01,
                                           np.ones(1, bool), 1.0)
     acc = np.mean(((X @ W[:20, 0] + W[20, 0]) > 0) == y)
@@ -594,7 +645,7 @@ def test_minibatch_kernel_on_cupy():
     Xc = cupy.asarray(X)
     Y = cupy.asarray((y == 1).astype(float)[:, None])
     for idx in np.array_split(np.arange(4000), 20):
-        W, _ = _sgd._minibatch_kernel(hp, W, None, Xc[idx], Y[idx], cupy.ones(len(idx)), np.ones(1), np.ones(1),
+        W, _ = _kernels._minibatch_kernel(hp, W, None, Xc[idx], Y[idx], cupy.ones(len(idx)), np.ones(1), np.ones(1),
                                       cupy.arange(len(idx), dtype=float) + 1, np.ones(1) * 0.01,
                                       np.ones(1, bool), 1.0)
     assert isinstance(W, cupy.ndarray)
@@ -640,7 +691,7 @@ class _RecordingCtx:
 def _fake_run_config(est, X, y, global_stop, max_iter, steps=8, clock_every=3, n_participants=2):
     hp = est._hyper(1, sp.issparse(X))
     d = X.shape[1]
-    cfg = _sgd._RunConfig(
+    cfg = _rounds._RunConfig(
         table="w", stats_table="s", hp=hp, n_features=d, n_cols=1, n_total=X.shape[0] * n_participants,
         steps_per_epoch=steps, clock_every=clock_every, max_iter=max_iter, t0=1.0, seeds=(7, 8),
         staleness=1 if global_stop else None, global_stop=global_stop, decision_lag=1 if global_stop else 0,
@@ -680,23 +731,23 @@ def test_retried_participant_repeats_the_pushes_of_its_clock(global_stop, sparse
     # adaptive: each epoch without improvement divides eta by 5 -- a stopping
     # state that the pushes depend on
     est = SGDClassifier(learning_rate="adaptive", eta0=0.5, tol=1e-1, n_iter_no_change=1, penalty="elasticnet")
-    part = _sgd._PartData(X, y, np.ones(600))
+    part = _participant._PartData(X, y, np.ones(600))
     cfg, tables = _fake_run_config(est, X, y, global_stop, max_iter=12)
     full = _RecordingCtx({k: v.copy() for k, v in tables.items()})
-    res = _sgd._participant_loop(full, part, cfg)
+    res = _participant._participant_loop(full, part, cfg)
     assert full.current_clock >= 22  # 3 clocks per epoch; went past the resume points below
     assert res["state"]["stop"]["eta"][0] < 0.5 / 5**3  # eta changed
     for c in (4, 16, 21):  # epoch 1 round 1, epoch 5 round 1, the start of epoch 7
         retry = _RecordingCtx({k: v.copy() for k, v in full.snapshots[c].items()}, clock=c)
-        again = _sgd._participant_loop(retry, part, cfg)
+        again = _participant._participant_loop(retry, part, cfg)
         _same_pushes(retry.pushes, [p for p in full.pushes if p[0] >= c])
         assert again["n_iter"] == res["n_iter"] and again["state"] == res["state"]
         assert _decisions(again) == _decisions(res)
     # chunked: the same pushes, the same end state
     first = _RecordingCtx({k: v.copy() for k, v in tables.items()})
-    r1 = _sgd._participant_loop(first, part, dataclasses.replace(cfg, max_iter=5))
+    r1 = _participant._participant_loop(first, part, dataclasses.replace(cfg, max_iter=5))
     second = _RecordingCtx(first.tables)
-    r2 = _sgd._participant_loop(second, part, dataclasses.replace(cfg, epoch0=5, states=(r1["state"],)))
+    r2 = _participant._participant_loop(second, part, dataclasses.replace(cfg, epoch0=5, states=(r1["state"],)))
     chunked = first.pushes + [(c + first.current_clock, *rest) for c, *rest in second.pushes]
     _same_pushes(chunked, full.pushes)
     assert r2["state"] == res["state"]
@@ -848,22 +899,17 @@ def test_compiled_kernel_matches_sklearn_over_many_chunks(penalty, monkeypatch):
     est = SGDClassifier(loss="log_loss", shuffle=False, max_iter=1, tol=None, batch_size=500, penalty=penalty)
     hp = est._hyper(1, False)
     d = X.shape[1]
-    S = int(np.ceil(len(y) / est.batch_size))
-    cfg = _sgd._RunConfig(
-        table="w", stats_table=None, hp=hp, n_features=d, n_cols=1, n_total=len(y), steps_per_epoch=S,
-        clock_every=S, max_iter=1, t0=1.0, seeds=(0,), staleness=2, global_stop=False, decision_lag=0,
-        classes=np.array([0, 1]), cw_pos=(1.0,), cw_neg=(1.0,), eta_init=(est.eta0,), col_freq_needed=False,
-    )
+    cfg = _lone_config(est, hp, d, len(y), 1)
     tables = {"w": np.zeros((d + 1, 1))}
     with dask.config.set({"ps.sgd.compiled": True}):
-        c = _sgd._CompiledData.make(cfg, X, np.zeros((len(y), 1)), np.ones(len(y)), np.arange(len(y)))
+        c = _rounds._CompiledData.make(cfg, X, np.zeros((len(y), 1)), np.ones(len(y)), np.arange(len(y)))
         if c is None:
             pytest.skip("numba is not installed")
         assert c.chunk < len(y)
         calls = []
         kernel = c.mod.sgd_round
         monkeypatch.setattr(c.mod, "sgd_round", lambda *a: calls.append(1) or kernel(*a))
-        _sgd._participant_loop(_LocalCtx(tables), _sgd._PartData(X, y, np.ones(len(y))), cfg)
+        _participant._participant_loop(_LocalCtx(tables), _participant._PartData(X, y, np.ones(len(y))), cfg)
     assert len(calls) == -(-len(y) // c.chunk) > 1  # the compiled path ran, one call per chunk
     # Exact in one chunk; each chunk's rescaling rounds (~1e-9 of the scale here).
     scale = np.abs(ref.coef_).max()

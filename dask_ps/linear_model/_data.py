@@ -1,0 +1,154 @@
+"""SGD's training data: the validated input (``_Input``) and its parts on
+the workers, one per participant (through ``dask_ps._estimators.TrainingParts``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.utils.validation import check_array
+
+from dask_ps._estimators import TrainingParts, arrays, is_dask_collection, is_dask_dataframe, setting, setting_bytes
+from dask_ps.linear_model._participant import _PartData
+
+
+class _Input:
+    """Validated training data: in memory (X, y, sw arrays) or dask collections."""
+
+    def __init__(self, kind, X, y, sw, n_features, dtype, sparse, device):
+        self.kind, self.X, self.y, self.sw = kind, X, y, sw
+        self.n_features, self.dtype, self.sparse, self.device = n_features, np.dtype(dtype), sparse, device
+
+
+def _assemble_part(blocks, spec):
+    """Task (on the worker holding the blocks): concatenate one worker's
+    blocks of a dask input and validate them the scikit-learn way."""
+    Xs, ys, sws = [], [], []
+    for xb, yb, *rest in blocks:
+        swb = rest[0] if rest else None
+        if hasattr(xb, "to_numpy") and not arrays.is_sparse(xb):  # pandas
+            xb = xb.to_numpy()
+        if hasattr(yb, "to_numpy"):
+            yb = yb.to_numpy()
+        if yb is not None and getattr(yb, "ndim", 1) == 2 and yb.shape[1] == 1:
+            yb = yb.ravel()
+        Xs.append(xb)
+        ys.append(yb)
+        sws.append(swb if swb is None or not hasattr(swb, "to_numpy") else swb.to_numpy())
+    if arrays.is_sparse(Xs[0]):
+        if sp.issparse(Xs[0]):
+            X = sp.vstack(Xs, format="csr") if len(Xs) > 1 else sp.csr_matrix(Xs[0])
+        else:  # cupyx sparse
+            import cupyx.scipy.sparse as csp  # type: ignore[import-not-found]
+
+            X = csp.vstack(Xs, format="csr") if len(Xs) > 1 else Xs[0].tocsr()
+    else:
+        xp = arrays.namespace(*Xs)
+        X = xp.concatenate(Xs, axis=0) if len(Xs) > 1 else Xs[0]
+    xp_y = arrays.namespace(*[v for v in ys if v is not None])
+    y = xp_y.concatenate(ys) if len(ys) > 1 else ys[0]
+    if X.shape[0] != y.shape[0]:
+        raise ValueError(
+            f"Found input variables with inconsistent numbers of samples: [{X.shape[0]}, {y.shape[0]}]"
+        )
+    if arrays.namespace(X) is np and not arrays.is_cupy_sparse(X):
+        X = check_array(X, accept_sparse="csr", dtype=[np.float64, np.float32], order="C",
+                        accept_large_sparse=False, ensure_min_samples=0)
+        if spec["classifier"]:
+            y = np.asarray(y)
+        else:
+            y = check_array(y, ensure_2d=False, dtype=X.dtype, ensure_min_samples=0)
+    else:
+        if not arrays.is_cupy_sparse(X) and not arrays.all_finite(X):
+            raise ValueError("Input X contains NaN or infinity.")
+    if X.shape[1] != spec["n_features"]:
+        raise ValueError(f"X has {X.shape[1]} features, expected {spec['n_features']}")
+    if any(s is not None for s in sws):
+        sw = np.concatenate([arrays.to_numpy(s) for s in sws]) if len(sws) > 1 else arrays.to_numpy(sws[0])
+        sw = check_array(sw, ensure_2d=False, dtype=X.dtype, ensure_min_samples=0)
+        if sw.shape != (X.shape[0],):
+            raise ValueError(f"sample_weight.shape == {sw.shape}, expected {(X.shape[0],)}!")
+    else:
+        sw = np.ones(X.shape[0], dtype=X.dtype)
+    return _PartData(X, y, sw)
+
+
+def _part_info(part, classifier):
+    """Task: sizes and label counts of an assembled part."""
+    if classifier:
+        labels, counts = np.unique(arrays.to_numpy(part.y), return_counts=True)
+    else:
+        labels = counts = None
+    return len(part), labels, counts
+
+
+def _dask_parts(client, data: _Input, classifier: bool):
+    """The parts of a dask input: one per worker that holds blocks of it once
+    persisted, concatenated and validated there (``_assemble_part``);
+    returns ``(parts, sizes, labels)`` -- ``labels``: ``(labels, counts)``
+    over all parts for a classifier. Nothing is gathered to the client."""
+    X, y, sw = data.X, data.y, data.sw
+    if not is_dask_dataframe(X):
+        X = X.rechunk({1: -1}) if X.numblocks[1] > 1 else X
+    if not is_dask_collection(y):
+        raise TypeError("y must be a dask collection when X is one")
+    if hasattr(y, "chunks") and hasattr(X, "chunks") and not any(np.isnan(X.chunks[0])):
+        if y.chunks[0] != X.chunks[0]:
+            y = y.rechunk({0: X.chunks[0]})
+    if sw is not None and not is_dask_collection(sw):
+        import dask.array as da
+
+        if hasattr(X, "chunks") and not any(np.isnan(X.chunks[0])):
+            sw = da.from_array(np.asarray(sw), chunks=(X.chunks[0],))
+        else:
+            raise TypeError("sample_weight must be a dask collection aligned with X")
+    spec = {"n_features": data.n_features, "classifier": classifier}
+    parts = TrainingParts.per_worker(client, [X, y] + ([sw] if sw is not None else []),
+                                     prepare=functools.partial(_assemble_part, spec=spec),
+                                     what="X, y (and sample_weight)")
+    infos = parts.gather(_part_info, classifier)
+    sizes = [i[0] for i in infos]
+    labels = None
+    if classifier:
+        lab = [i[1] for i in infos if i[1] is not None and len(i[1])]
+        cnt = [i[2] for i in infos if i[2] is not None and len(i[2])]
+        if lab:
+            all_labels, inv = np.unique(np.concatenate(lab), return_inverse=True)
+            labels = (all_labels, np.bincount(inv, weights=np.concatenate(cnt)))
+    keep = [i for i, n in enumerate(sizes) if n > 0]
+    parts.keep(keep)
+    return parts, [sizes[i] for i in keep], labels
+
+
+def _memory_parts(client, servers, data: _Input, random_state, shuffle: bool, replication: int = 1):
+    """Split an in-memory input into one part per worker (fewer for small
+    inputs: one per ``ps.sgd.min-samples-per-participant`` samples) and
+    scatter each part once; returns ``(parts, sizes)``.
+
+    Data scattered to a worker that dies is gone: Dask cannot recompute it,
+    and the participant that Dask retries would fail. So with
+    ``replication >= 2`` each part lives on ``replication`` workers and the
+    participant's part is a loader task that takes the local copy or fetches
+    a surviving one (``TrainingParts.from_pieces``). Parts small enough to
+    travel inside the task (under ``ps.sgd.scatter-bytes``) and dask inputs
+    are recomputable as they are."""
+    X, y, sw = data.X, data.y, data.sw
+    n = X.shape[0]
+    n_parts = max(1, min(len(servers), n // max(1, int(setting("sgd", "min-samples-per-participant")))))
+    if n_parts == 1:
+        chunks = None
+    else:
+        idx = random_state.permutation(n) if shuffle else np.arange(n)
+        chunks = [np.sort(chunk) for chunk in np.array_split(idx, n_parts)]
+
+    def split():  # the same pieces at every call (keeps no copy of the data)
+        if chunks is None:
+            return [_PartData(X, y, sw)]
+        return [_PartData(X[c], y[c], sw[c]) for c in chunks]
+
+    sizes = [n] if chunks is None else [c.shape[0] for c in chunks]
+    scatter = arrays.nbytes(X) >= setting_bytes("sgd", "scatter-bytes")
+    parts = TrainingParts.from_pieces(client, split, workers=servers, scatter=scatter, replication=replication)
+    return parts, sizes

@@ -1,0 +1,315 @@
+"""The SGD rule as plain functions of arrays: losses, learning rates,
+penalties, the array-API minibatch kernel (numpy or cupy), lazy
+regularization, and the loss / penalty / learning-rate ids -- defined here
+once; the compiled kernels (``_sgd_numba``) import them.
+
+Values and formulas as in scikit-learn's ``_stochastic_gradient.py`` and
+``_sgd_fast.pyx.tp``. Nothing here knows the client, the estimator or the
+parameter server.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.special import gammaln
+
+from dask_ps._estimators import arrays
+
+# Values as in scikit-learn's _stochastic_gradient.py / _sgd_fast.pyx.tp.
+PENALTY_TYPES = {"none": 0, "l1": 1, "l2": 2, "elasticnet": 3}
+LEARNING_RATE_TYPES = {"constant": 1, "optimal": 2, "invscaling": 3, "adaptive": 4, "pa1": 5, "pa2": 6}
+L1, L2, ELASTICNET = 1, 2, 3
+CONSTANT, OPTIMAL, INVSCALING, ADAPTIVE, PA1, PA2 = 1, 2, 3, 4, 5, 6
+# Loss ids of the compiled kernel; its ``thr`` is the hinge threshold or the epsilon.
+LOSS_IDS = {
+    "hinge": 0, "perceptron": 0, "squared_hinge": 1, "log_loss": 2, "modified_huber": 3,
+    "squared_error": 4, "huber": 5, "epsilon_insensitive": 6, "squared_epsilon_insensitive": 7,
+}
+HINGE_THRESHOLDS = {"hinge": 1.0, "perceptron": 0.0, "squared_hinge": 1.0}
+MAX_DLOSS = 1e12
+SPARSE_INTERCEPT_DECAY = 0.01
+MAX_INT = np.iinfo(np.int32).max
+EPSILON_LOSSES = ("huber", "epsilon_insensitive", "squared_epsilon_insensitive")
+
+
+# --- losses (y encoded as scikit-learn does: {0, 1} for log_loss, {-1, +1} for the
+# other classification losses) ------------------------------------------------------------
+
+
+def _expit(p, xp):
+    e = xp.exp(-xp.abs(p))
+    return xp.where(p >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def _loss_value(loss, y, p, epsilon, xp):
+    """Per-sample loss ``L(y, p)`` as scikit-learn's ``cy_loss``."""
+    if loss in ("hinge", "perceptron"):
+        thr = 1.0 if loss == "hinge" else 0.0
+        return xp.maximum(thr - p * y, 0.0)
+    if loss == "squared_hinge":
+        z = xp.maximum(1.0 - p * y, 0.0)
+        return z * z
+    if loss == "log_loss":
+        return xp.logaddexp(0.0, p) - y * p
+    if loss == "modified_huber":
+        z = p * y
+        return xp.where(z >= 1.0, 0.0, xp.where(z >= -1.0, (1.0 - z) ** 2, -4.0 * z))
+    if loss == "squared_error":
+        return 0.5 * (y - p) ** 2
+    if loss == "huber":
+        r = xp.abs(y - p)
+        return xp.where(r <= epsilon, 0.5 * r * r, epsilon * (r - 0.5 * epsilon))
+    if loss == "epsilon_insensitive":
+        return xp.maximum(xp.abs(y - p) - epsilon, 0.0)
+    if loss == "squared_epsilon_insensitive":
+        return xp.maximum(xp.abs(y - p) - epsilon, 0.0) ** 2
+    raise ValueError(f"unknown loss {loss!r}")
+
+
+def _loss_gradient(loss, y, p, epsilon, xp):
+    """``dL/dp`` as scikit-learn's ``cy_gradient``."""
+    if loss in ("hinge", "perceptron"):
+        thr = 1.0 if loss == "hinge" else 0.0
+        return xp.where(p * y <= thr, -y, 0.0)
+    if loss == "squared_hinge":
+        z = 1.0 - p * y
+        return xp.where(z > 0, -2.0 * y * z, 0.0)
+    if loss == "log_loss":
+        return _expit(p, xp) - y
+    if loss == "modified_huber":
+        z = p * y
+        return xp.where(z >= 1.0, 0.0, xp.where(z >= -1.0, 2.0 * (1.0 - z) * -y, -4.0 * y))
+    if loss == "squared_error":
+        return p - y
+    if loss == "huber":
+        r = p - y
+        return xp.where(xp.abs(r) <= epsilon, r, xp.where(r >= 0, epsilon, -epsilon))
+    if loss == "epsilon_insensitive":
+        return xp.where(y - p > epsilon, -1.0, xp.where(p - y > epsilon, 1.0, 0.0))
+    if loss == "squared_epsilon_insensitive":
+        z = y - p
+        return xp.where(z > epsilon, -2.0 * (z - epsilon), xp.where(z < -epsilon, 2.0 * (-z - epsilon), 0.0))
+    raise ValueError(f"unknown loss {loss!r}")
+
+
+# --- hyper-parameters as plain values (what the kernels and participants receive) ---------
+
+
+@dataclass(frozen=True)
+class _Hyper:
+    loss: str
+    epsilon: float
+    penalty: int
+    alpha: float
+    l1_ratio: float  # effective: 0 for l2/none, 1 for l1
+    learning_rate: int
+    eta0: float
+    power_t: float
+    fit_intercept: bool
+    average: int  # 0: off; else averaging starts at sample t >= average
+    n_outputs: int  # K one-vs-rest problems (1 for binary and regression)
+    tol: float  # -inf: never stop on no improvement
+    n_iter_no_change: int
+    early_stopping: bool
+    validation_fraction: float
+    shuffle: bool
+    classifier: bool
+
+    @property
+    def log_encoded(self) -> bool:
+        return self.loss == "log_loss"
+
+    def optimal_init(self) -> float:
+        """scikit-learn's ``optimal_init`` (``_plain_sgd``): ``eta`` at the first
+        sample is ``typw / max(1, dloss(1, -typw))``, ``typw = sqrt(1/sqrt(alpha))``."""
+        typw = math.sqrt(1.0 / math.sqrt(self.alpha))
+        g = float(_loss_gradient(self.loss, np.float64(1.0), np.float64(-typw), self.epsilon, np))
+        initial_eta0 = typw / max(1.0, g)
+        return 1.0 / (initial_eta0 * self.alpha)
+
+
+def _learning_rates(hp: _Hyper, ts, eta_k, xp):
+    """Per-sample, per-output learning rates at global sample counts ``ts``: (n, K)."""
+    n = ts.shape[0]
+    if hp.learning_rate == OPTIMAL:
+        eta = 1.0 / (hp.alpha * (hp.optimal_init() + ts - 1.0))
+    elif hp.learning_rate == INVSCALING:
+        eta = hp.eta0 / ts**hp.power_t
+    elif hp.learning_rate == ADAPTIVE:
+        return xp.broadcast_to(xp.asarray(eta_k)[None, :], (n, hp.n_outputs))
+    else:  # constant, pa1, pa2
+        eta = xp.full(n, hp.eta0)
+    return xp.broadcast_to(eta[:, None], (n, hp.n_outputs))
+
+
+def _l2_decay(hp: _Hyper, etas, xp):
+    """Product over the minibatch of scikit-learn's per-sample weight decay
+    ``max(0, 1 - (1 - l1_ratio) * eta * alpha)``: shape (K,)."""
+    if hp.penalty < L2:
+        return xp.ones(etas.shape[1])
+    f = xp.maximum(0.0, 1.0 - (1.0 - hp.l1_ratio) * etas * hp.alpha)
+    return xp.prod(f, axis=0)
+
+
+# --- the minibatch kernel: one minibatch, a pure function of arrays ------------------------
+#
+# W: (d + 1, K) weights of the minibatch's features (last row: intercepts),
+# A: the same for the averaged weights (or None), X: (b, d) dense or CSR with
+# column j meaning row j of W, Y: (b, K) encoded targets, sw: (b,) sample
+# weights, cw_pos/cw_neg: (K,) class weights, ts: (b,) global sample counts,
+# eta_k: (K,) current adaptive learning rates, active: (K,) bool.
+# It returns new (W, A) arrays; the caller pushes the differences.
+
+
+def _decision(W, X, xp):
+    d = W.shape[0] - 1
+    return X @ W[:d] + W[d]
+
+
+def _batch_loss(hp: _Hyper, W, X, Y, xp):
+    """Sum over the minibatch of the (unweighted) loss at the pulled weights: (K,).
+    scikit-learn's stopping rule uses the same unweighted per-sample loss."""
+    p = _decision(W, X, xp)
+    return xp.sum(_loss_value(hp.loss, Y, p, hp.epsilon, xp), axis=0)
+
+
+def _minibatch_kernel(hp: _Hyper, W, A, X, Y, sw, cw_pos, cw_neg, ts, eta_k, active, intercept_decay):
+    """Array-API minibatch step (numpy or cupy): the sum of scikit-learn's
+    per-sample updates evaluated at ``W``."""
+    xp = arrays.namespace(W)
+    d = W.shape[0] - 1
+    act = xp.asarray(active)
+    etas = _learning_rates(hp, ts, eta_k, xp)
+    p = _decision(W, X, xp)
+    if hp.learning_rate in (PA1, PA2):
+        if sp.issparse(X) or hasattr(X, "multiply"):
+            sq = xp.asarray(X.multiply(X).sum(axis=1)).ravel()
+        else:
+            sq = xp.sum(X * X, axis=1)
+        lv = _loss_value(hp.loss, Y, p, hp.epsilon, xp)
+        if hp.learning_rate == PA1:
+            safe = xp.where(sq == 0, 1.0, sq)[:, None]
+            upd = xp.where(sq[:, None] == 0, 0.0, xp.minimum(hp.eta0, lv / safe))
+        else:
+            upd = lv / (sq[:, None] + 0.5 / hp.eta0)
+        if hp.loss in ("hinge", "perceptron"):
+            upd = upd * Y
+        else:
+            upd = xp.where(Y - p < 0, -upd, upd)
+    else:
+        g = xp.clip(_loss_gradient(hp.loss, Y, p, hp.epsilon, xp), -MAX_DLOSS, MAX_DLOSS)
+        upd = -etas * g
+    cw = xp.where(Y > 0, xp.asarray(cw_pos)[None, :], xp.asarray(cw_neg)[None, :])
+    upd = upd * cw * sw[:, None] * act[None, :]
+    decay = xp.where(act, _l2_decay(hp, etas, xp), 1.0)
+    coef = W[:d] * decay[None, :] + X.T @ upd
+    if hp.penalty in (L1, ELASTICNET):
+        # Proximal step for the L1 part of the penalty accrued over the minibatch.
+        u = hp.l1_ratio * hp.alpha * xp.sum(etas, axis=0) * act
+        coef = xp.sign(coef) * xp.maximum(xp.abs(coef) - u[None, :], 0.0)
+    new = xp.empty_like(W)
+    new[:d] = coef
+    new[d] = W[d] + (xp.sum(upd, axis=0) * intercept_decay if hp.fit_intercept else 0.0)
+    new_a = None
+    if A is not None:
+        # Averaging from sample t >= average: avg += (w - avg) / (t - average + 1)
+        # per sample, with w taken at the end of the minibatch.
+        steps = ts - hp.average + 1.0
+        keep = xp.prod(xp.where(steps >= 1.0, 1.0 - 1.0 / xp.maximum(steps, 1.0), 1.0))
+        frac = (1.0 - keep) * act
+        new_a = A + (new - A) * frac[None, :]
+    return new, new_a
+
+
+def _penalty_value(hp: _Hyper, W, xp):
+    """scikit-learn's per-sample penalty term of the objective: (K,)."""
+    if hp.penalty == 0:
+        return xp.zeros(hp.n_outputs)
+    d = W.shape[0] - 1
+    w = W[:d, : hp.n_outputs]
+    return hp.alpha * ((1.0 - hp.l1_ratio) * 0.5 * xp.sum(w * w, axis=0) + hp.l1_ratio * xp.sum(xp.abs(w), axis=0))
+
+
+# --- lazy regularization of sparse rows ----------------------------------------------------
+
+
+def _lazy_inv_q(counts, n, m):
+    """``1/q`` per feature for lazy regularization (1 where ``q = 0``):
+    ``q`` = the probability that a group of ``m`` of the ``n`` samples (the
+    groups of an epoch partition a shuffle of the samples) holds one of the
+    ``counts[f]`` samples that have feature ``f``; hypergeometric, so a
+    group of all samples touches every feature it has (``q = 1``: no
+    correction -- one group per epoch *is* scikit-learn's regularization)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    if n <= 0:
+        return np.ones_like(counts)
+    m = min(max(float(m), 1.0), float(n))
+    rest = n - counts  # samples without the feature
+    with np.errstate(invalid="ignore"):
+        log_miss = gammaln(rest + 1) - gammaln(rest - m + 1) - gammaln(n + 1) + gammaln(n - m + 1)
+    miss = np.where(rest >= m, np.exp(np.minimum(log_miss, 0.0)), 0.0)
+    q = 1.0 - miss
+    return np.where(q > 0, 1.0 / np.maximum(q, 1e-300), 1.0)
+
+
+def _unique_inverse(idx, stamp, lookup, xp):
+    """``np.unique(idx, return_inverse=True)`` without the sort, in O(len(idx)),
+    the unique values in order of first appearance; ``stamp``/``lookup`` are
+    scratch arrays indexed by the values (never cleared: every slot read was
+    written for these ``idx``)."""
+    if xp is not np:  # a GPU scatter has no "last write wins" order: sort
+        uniq, inv = xp.unique(idx, return_inverse=True)
+        return uniq, inv.astype(np.int32).ravel()
+    pos = xp.arange(idx.shape[0], dtype=np.int64)
+    stamp[idx[::-1]] = pos[::-1]  # the first occurrence wins
+    first = stamp[idx] == pos
+    uniq = idx[first]
+    lookup[uniq] = xp.arange(uniq.shape[0], dtype=np.int32)
+    return uniq, lookup[idx]
+
+
+def _lazy_regularization(hp, new, inv_q, ts, eta_k, active, xp):
+    """Give the rows a sparse minibatch touched the regularization of the
+    minibatches that did not touch them (see ``_sgd_participant``)."""
+    d = new.shape[0] - 1
+    extra = xp.asarray(inv_q - 1.0)[:, None]  # (d, 1), >= 0
+    etas = _learning_rates(hp, ts, eta_k, xp)
+    act = xp.asarray(active)[None, :]
+    coef = new[:d]
+    if hp.penalty >= L2:
+        decay = _l2_decay(hp, etas, xp)[None, :]  # (1, K)
+        coef = coef * xp.where(act, decay**extra, 1.0)
+    if hp.penalty in (L1, ELASTICNET):
+        u = (hp.l1_ratio * hp.alpha * xp.sum(etas, axis=0))[None, :] * extra * act
+        coef = xp.sign(coef) * xp.maximum(xp.abs(coef) - u, 0.0)
+    out = new.copy()
+    out[:d] = coef
+    return out
+
+
+def compact_rows_xp(Xg, d, xp):
+    """``_sgd_numba.compact_rows`` for any array module (numpy or cupy
+    CSR): the features that the rows ``Xg`` touch (sorted, as int64 numpy),
+    and the rows with their columns renumbered to positions in that list --
+    a mark and a lookup table over the ``d`` features: O(nnz + d), no sort."""
+    touched = xp.zeros(d, dtype=bool)
+    touched[Xg.indices] = True
+    cols = xp.flatnonzero(touched)
+    lookup = xp.empty(d, dtype=np.int32)
+    lookup[cols] = xp.arange(cols.shape[0], dtype=np.int32)
+    cols_np = arrays.to_numpy(cols).astype(np.int64)
+    compact = type(Xg)((Xg.data, lookup[Xg.indices], Xg.indptr), shape=(Xg.shape[0], cols_np.shape[0]))
+    return cols_np, compact
+
+
+def check_finite(W, epoch) -> None:
+    """Raise scikit-learn's error when training produced NaN or Inf weights."""
+    if not arrays.all_finite(W):
+        raise ValueError(
+            "Floating-point under-/overflow occurred at epoch #%d. Scaling input data "
+            "with StandardScaler or MinMaxScaler might help." % (epoch + 1)
+        )

@@ -1,0 +1,492 @@
+"""The SGD participant: one per part of the data, run by
+``ParameterServer.run`` on a worker: ``pull -> train a round -> push ->
+clock()``. See ``docs/architecture.rst``, "Estimators: SGD", for how a fit
+runs (rounds, model averaging, the stopping rule, resuming a retried
+participant).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
+
+from dask_ps._estimators import arrays
+from dask_ps.linear_model._kernels import (
+    MAX_INT,
+    SPARSE_INTERCEPT_DECAY,
+    _batch_loss,
+    _decision,
+    _lazy_inv_q,
+    _lazy_regularization,
+    _minibatch_kernel,
+    _penalty_value,
+    _unique_inverse,
+    check_finite,
+    compact_rows_xp,
+)
+from dask_ps.linear_model._rounds import (
+    _CompiledData,
+    _compiled_round,
+    _epoch_rounds,
+    _kernel_for,
+    _rng_state_from_json,
+    _rng_state_to_json,
+    _round_size,
+    _RunConfig,
+    _stats_row,
+    _StopRule,
+)
+
+
+class _PartData:
+    """One participant's data: X (n, d), y (n,), sample weights (n,)."""
+
+    def __init__(self, X, y, sw):
+        self.X, self.y, self.sw = X, y, sw
+
+    def __len__(self):
+        return self.X.shape[0]
+
+    def __repr__(self):
+        return f"<_PartData n={self.X.shape[0]} d={self.X.shape[1]} {type(self.X).__name__}>"
+
+
+def _encode_targets(cfg: _RunConfig, y, dtype, xp):
+    """(n, K) targets of the K binary problems, as scikit-learn encodes them."""
+    hp = cfg.hp
+    if not hp.classifier:
+        return xp.asarray(y, dtype=dtype).reshape(-1, 1)
+    classes = np.asarray(cfg.classes)
+    y_np = arrays.to_numpy(y)
+    unseen = ~np.isin(y_np, classes)
+    if unseen.any():
+        raise ValueError("classes should include all valid labels that can be in y")
+    if len(classes) == 2:
+        onehot = (y_np == classes[1])[:, None]
+    else:
+        onehot = y_np[:, None] == classes[None, :]
+    neg = 0.0 if hp.log_encoded else -1.0
+    return xp.asarray(np.where(onehot, 1.0, neg).astype(dtype))
+
+
+def _validation_split(cfg: _RunConfig, y, rng):
+    hp = cfg.hp
+    n = y.shape[0]
+    mask = np.zeros(n, dtype=bool)
+    if not hp.early_stopping:
+        return mask
+    y_np = arrays.to_numpy(y)
+    seed = rng.randint(MAX_INT)
+    try:
+        if hp.classifier:
+            splitter = StratifiedShuffleSplit(test_size=hp.validation_fraction, random_state=seed)
+        else:
+            splitter = ShuffleSplit(test_size=hp.validation_fraction, random_state=seed)
+        idx_train, idx_val = next(splitter.split(np.zeros((n, 1)), y_np))
+    except ValueError:
+        idx_train, idx_val = next(
+            ShuffleSplit(test_size=hp.validation_fraction, random_state=seed).split(np.zeros((n, 1)))
+        )
+    if idx_train.shape[0] == 0 or idx_val.shape[0] == 0:
+        raise ValueError(
+            "Splitting %d samples into a train set and a validation set with "
+            "validation_fraction=%r led to an empty set (%d and %d samples). Please "
+            "either change validation_fraction, increase number of samples, or "
+            "disable early_stopping." % (n, hp.validation_fraction, idx_train.shape[0], idx_val.shape[0])
+        )
+    mask[idx_val] = True
+    return mask
+
+
+def _validation_stats(cfg: _RunConfig, W, X, Y, sw, xp):
+    """Sums from which the validation score is computed: classifier accuracy
+    of each binary problem (weighted), or R² of the regression."""
+    hp = cfg.hp
+    K = hp.n_outputs
+    if X.shape[0] == 0:
+        return np.zeros(K + 3)
+    p = _decision(W[:, :K], X, xp)
+    if hp.classifier:
+        correct = (p > 0) == (Y > 0)
+        num = xp.sum(correct * sw[:, None], axis=0)
+        return np.concatenate([arrays.to_numpy(num), [float(xp.sum(sw)), 0.0, 0.0]])
+    y = Y[:, 0]
+    ss_res = xp.sum(sw * (y - p[:, 0]) ** 2)
+    return np.array([float(ss_res), float(xp.sum(sw)), float(xp.sum(sw * y)), float(xp.sum(sw * y * y))])
+
+
+def _validation_score(cfg: _RunConfig, v):
+    K = cfg.hp.n_outputs
+    if cfg.hp.classifier:
+        return v[:K] / max(v[K], 1e-300)
+    ss_res, s_w, s_wy, s_wy2 = v[:4]
+    ss_tot = s_wy2 - s_wy * s_wy / max(s_w, 1e-300)
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
+    return np.array([r2])
+
+
+
+
+def _sgd_participant(ctx, part, *, cfg: _RunConfig):
+    """Task: one participant of a fit (see ``_participant_loop``).
+
+    Called by ``ParameterServer.run`` on a worker. One BLAS thread: the
+    parallelism is the participants', and BLAS's own threads cost more than
+    they bring on the small vectors of a minibatch."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _participant_loop(ctx, part, cfg)
+
+
+class _TimedCtx:
+    """The participant's session, with the seconds spent in its calls
+    (``pull*``, ``push*``, ``clock``) counted: the fit's communication and
+    waiting time, reported per participant (``_participant_loop``)."""
+
+    def __init__(self, ctx):
+        self._ctx = ctx
+        self.seconds = 0.0
+        self.by_call: dict[str, float] = {}
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def _call(self, name, *args):
+        t = time.perf_counter()
+        try:
+            return getattr(self._ctx, name)(*args)
+        finally:
+            dt = time.perf_counter() - t
+            self.seconds += dt
+            self.by_call[name] = self.by_call.get(name, 0.0) + dt
+
+    def pull(self, *args):
+        return self._call("pull", *args)
+
+    def pull_rows(self, *args):
+        return self._call("pull_rows", *args)
+
+    def push(self, *args):
+        return self._call("push", *args)
+
+    def push_rows(self, *args):
+        return self._call("push_rows", *args)
+
+    def clock(self):
+        return self._call("clock")
+
+
+
+def _participant_loop(ctx, part, cfg: _RunConfig):
+    """One participant: ``pull -> update -> push -> clock()``; returns
+    per-problem epoch counts, a per-epoch history (for ``verbose``), its
+    state at the end (stopping rule and RNG, for the next run of a chunked
+    fit) and a profile (where its time went).
+
+    A participant that Dask retried (its worker died) starts at
+    ``ctx.current_clock``: clock ``c`` of a run is round ``c % R`` of epoch
+    ``epoch0 + c // R`` (``R`` rounds per epoch); the RNG replays the draws
+    of the epochs done and the stopping decisions are re-read from the
+    stats table (``_Participant.replay``). What is and is not exact:
+    ``docs/architecture.rst``, "Estimators: SGD"."""
+    t_enter = time.perf_counter()
+    ctx = _TimedCtx(ctx)
+    cpu0 = time.thread_time()
+    run = _Participant(ctx, part, cfg)
+    t_start = time.perf_counter()
+    first, resume_round = run.replay()
+    if run.solo:  # alone, a participant keeps the whole table local: one pull, one push
+        run.W_all = ctx.pull(cfg.table)
+        W_start = run.W_all.copy()
+    for epoch in range(first, cfg.max_iter):
+        if not run.stop.active.any():
+            break
+        run.epoch(epoch, resume_round if epoch == first else 0)
+    if run.solo:
+        ctx.push(cfg.table, run.W_all - W_start)
+    return run.result(t_start, t_start - t_enter, cpu0)
+
+
+class _Participant:
+    """The state of one participant's run and its steps: setup
+    (``__init__``), ``replay`` (the epochs a retried participant had done),
+    ``epoch`` (its rounds: ``compiled_round`` or ``minibatch_round``, then
+    ``sync_round``), ``end_epoch`` and ``decide``."""
+
+    def __init__(self, ctx, part, cfg: _RunConfig):
+        self.ctx, self.cfg, self.hp = ctx, cfg, cfg.hp
+        hp = cfg.hp
+        self.K, self.d = hp.n_outputs, cfg.n_features
+        X, y = part.X, part.y
+        self.X = X
+        self.xp = xp = arrays.xp_of(X)
+        self.sparse = arrays.is_sparse(X)
+        dtype = np.dtype(X.dtype)
+        self.Y = _encode_targets(cfg, y, dtype, xp)
+        self.sw = xp.asarray(part.sw, dtype=dtype)
+        self.rng = np.random.RandomState(cfg.seeds[ctx.rank])
+        val_mask = _validation_split(cfg, y, self.rng)
+        self.train_idx = np.flatnonzero(~val_mask)
+        self.val_idx = np.flatnonzero(val_mask)
+        self.n_train = self.train_idx.shape[0]
+        self.compiled = None
+        if _kernel_for(X) == "compiled":
+            self.compiled = _CompiledData.make(cfg, X, self.Y, self.sw, self.train_idx)
+        self.intercept_decay = SPARSE_INTERCEPT_DECAY if self.sparse else 1.0
+        self.cw_pos = np.asarray(cfg.cw_pos, dtype=float)
+        self.cw_neg = np.asarray(cfg.cw_neg, dtype=float)
+        self.stop = _StopRule(hp, cfg.eta_init)
+        state = cfg.states[ctx.rank] if cfg.states is not None else None
+        if state is not None:  # a later run of a chunked or resumed fit
+            self.stop.set_state(state["stop"])
+            if state.get("rng") is not None:
+                self.rng.set_state(_rng_state_from_json(state["rng"]))
+        self.history = []
+        self.inv_q = None
+        if self.sparse and hp.penalty > 0 and self.compiled is None:
+            # A minibatch decays only the rows it touches: the other rows miss its
+            # L2 decay (and L1 shrinkage). A touched row gets them scaled by 1/q,
+            # q = the probability that a minibatch touches the feature -- "lazy"
+            # regularization, unbiased in log-scale.
+            n_train, S = self.n_train, cfg.steps_per_epoch
+            Xt = X[self.train_idx] if n_train < X.shape[0] else X
+            counts = arrays.to_numpy(xp.bincount(Xt.indices, minlength=self.d)) if n_train else np.zeros(self.d)
+            self.inv_q = _lazy_inv_q(counts, n_train, n_train / S)
+        self.solo = ctx.n_participants == 1
+        self.stats_pad = None if self.solo else np.zeros(1 + self.K + 3)  # a round's row: its loss sums only
+        # The rounds of an epoch (see ``_epoch_rounds``): lists of minibatches,
+        # or, for compacted sparse rounds, (round id, order of its samples).
+        self.fixed = self.compiled is not None and self.compiled.sparse
+        self.run_rounds = []  # the rounds fixed at the run's first epoch
+        self.samples = 0
+        self.W_all = None
+
+    def draw(self, epoch):
+        cfg = self.cfg
+        return _epoch_rounds(self.rng, self.hp.shuffle, self.train_idx, cfg.steps_per_epoch, cfg.clock_every,
+                             self.fixed, self.run_rounds, epoch, cfg.seeds[self.ctx.rank])
+
+    def replay(self):
+        """Where a retried task resumes: a lone participant never clocks and
+        redoes its run; the others go on from the clock the run recorded,
+        after replaying the draws and decisions of the epochs done. Returns
+        ``(first epoch to train, its first round)``."""
+        cfg = self.cfg
+        rounds = -(-cfg.steps_per_epoch // cfg.clock_every)
+        resume = 0 if self.solo else int(self.ctx.current_clock)
+        done_epochs, resume_round = divmod(resume, rounds)
+        first = cfg.epoch0
+        for epoch in range(cfg.epoch0, min(cfg.epoch0 + done_epochs, cfg.max_iter)):
+            if not self.stop.active.any():
+                break
+            self.draw(epoch)  # the draws the first attempt made
+            self.samples += self.n_train
+            self.decide(epoch, float("nan"))
+            first = epoch + 1
+        return first, resume_round
+
+    def epoch(self, epoch, r_first):
+        """Train ``epoch`` from its round ``r_first`` on."""
+        t_epoch = time.perf_counter()
+        ctx, cfg, xp, K = self.ctx, self.cfg, self.xp, self.K
+        epoch_rounds = self.draw(epoch)
+        loss_sum = xp.zeros(K)
+        active = self.stop.active.copy()
+        seen = sum(_round_size(g, self.run_rounds) for g in epoch_rounds[:r_first])
+        self.samples += seen
+        for ri in range(r_first, len(epoch_rounds)):
+            if not self.solo:
+                loss_sum = xp.zeros(K)  # pushed every round (see _participant_loop)
+            if self.compiled is not None:
+                rows, W0, W, n_round = _compiled_round(
+                    ctx, cfg, self.compiled, epoch_rounds[ri], self.run_rounds, epoch, seen, self.W_all,
+                    self.stop, active, loss_sum, self.solo)
+            else:
+                rows, W0, W, n_round = self.minibatch_round(epoch_rounds[ri], epoch, seen, active, loss_sum)
+            seen += n_round
+            self.samples += n_round
+            self.sync_round(rows, W0, W)
+            if ri == len(epoch_rounds) - 1:
+                W_end = self.W_all if self.solo else (None if self.sparse else W)
+                self.end_epoch(epoch, loss_sum, W_end, time.perf_counter() - t_epoch)
+            else:
+                row = np.concatenate([arrays.to_numpy(loss_sum).astype(float), self.stats_pad])
+                ctx.push_rows(cfg.stats_table, np.array([_stats_row(cfg, ctx.rank, epoch)]), row[None, :])
+                ctx.clock()
+
+    def sync_round(self, rows, W0, W):
+        """The round's change: into the local table (alone), or ``1/P`` of it
+        pushed (model averaging: once every participant pushed, the table
+        holds the mean of their models)."""
+        if self.solo:
+            if self.sparse:
+                self.W_all[self.xp.asarray(rows)] = W
+            else:
+                self.W_all = W
+            return
+        delta = W - W0
+        if self.ctx.n_participants > 1:
+            delta *= 1.0 / self.ctx.n_participants
+        if self.sparse:
+            self.ctx.push_rows(self.cfg.table, rows, delta)
+        else:
+            self.ctx.push(self.cfg.table, delta)
+
+    def minibatch_round(self, group, epoch, seen, active, loss_sum):
+        """One round with the array-API minibatch kernel (cupy data, or
+        ``ps.sgd.kernel: minibatch``): returns ``(rows, W0, W, n_samples)``
+        (``rows`` None for dense data)."""
+        cfg, xp = self.cfg, self.xp
+        rows = Xg = None
+        if self.sparse:
+            # The features the round touches, and its samples with their
+            # columns renumbered to rows of the pulled block.
+            cols_np, Xg = compact_rows_xp(self.X[np.concatenate(group)], self.d, xp)
+            rows = np.append(cols_np, self.d)
+            W0 = self.W_all[xp.asarray(rows)] if self.solo else self.ctx.pull_rows(cfg.table, rows)
+        else:
+            W0 = self.W_all if self.solo else self.ctx.pull(cfg.table)
+        W = W0.copy()
+        scratch = None
+        if self.sparse:  # for the minibatches' unique()
+            scratch = (xp.empty(Xg.shape[1], dtype=np.int64), xp.empty(Xg.shape[1], dtype=np.int32),
+                       None if self.inv_q is None else self.inv_q[cols_np])
+        off = n_round = 0
+        for idx in group:
+            nb = idx.shape[0]
+            if nb == 0:
+                continue
+            Xb = Xg[off:off + nb] if self.sparse else self.X[idx]
+            off += nb
+            self.minibatch_step(W, Xb, idx, epoch, seen + n_round, active, loss_sum, scratch)
+            n_round += nb
+        return rows, W0, W, n_round
+
+    def minibatch_step(self, W, Xb, idx, epoch, seen, active, loss_sum, scratch):
+        """One minibatch (samples ``idx``, rows ``Xb``) trained on ``W`` in place."""
+        hp, cfg, xp, K = self.hp, self.cfg, self.xp, self.K
+        nb = idx.shape[0]
+        Yb, swb = self.Y[idx], self.sw[idx]
+        if self.sparse:
+            # The kernels touch every row they are given (decay, norms,
+            # checks): give them the minibatch's rows only.
+            stamp, lookup, iq = scratch
+            ub, inv = _unique_inverse(Xb.indices, stamp, lookup, xp)
+            sel = xp.append(ub, W.shape[0] - 1)  # + the intercept row
+            Xb = type(Xb)((Xb.data, inv, Xb.indptr), shape=(nb, ub.shape[0]))
+            Wb = W[sel]
+        else:
+            Wb = W
+        # Global sample counter of this minibatch's samples: all participants
+        # together advance t by N per epoch (with one participant, exactly
+        # scikit-learn's t).
+        N = cfg.n_total
+        step = N / max(self.n_train, 1)
+        ts = cfg.t0 + epoch * N + (seen + xp.arange(nb, dtype=np.float64)) * step
+        Wk = Wb[:, :K]
+        Ak = Wb[:, K:] if hp.average else None
+        loss_sum += _batch_loss(hp, Wk, Xb, Yb, xp)
+        new, new_a = _minibatch_kernel(hp, Wk, Ak, Xb, Yb, swb, self.cw_pos, self.cw_neg, ts, self.stop.eta,
+                                       active, self.intercept_decay)
+        if self.sparse and iq is not None:
+            new = _lazy_regularization(hp, new, iq[arrays.to_numpy(ub)], ts, self.stop.eta, active, xp)
+        check_finite(new, epoch)
+        where = sel if self.sparse else slice(None)
+        W[where, :K] = new
+        if hp.average:
+            W[where, K:] = new_a
+
+    def end_epoch(self, epoch, loss_sum, W, seconds):
+        """Epoch end: objective (and validation) sums, the epoch's last clock,
+        and the stopping decision (``decide``).
+
+        ``loss_sum`` is the epoch's loss sum for a lone participant, and the
+        last round's for the others, whose earlier rounds pushed theirs to the
+        stats table already. With several participants the sums go to the
+        stats table: to row ``epoch`` under a staleness bound, where they add
+        up over the participants (see ``decide``), else to the participant's
+        own row."""
+        ctx, cfg, hp, K = self.ctx, self.cfg, self.hp, self.K
+        # The penalty term of the objective only matters to the stopping rule.
+        with_penalty = hp.penalty > 0 and hp.tol > -np.inf and not hp.early_stopping
+        Wf = None
+        if with_penalty or hp.early_stopping:
+            Wf = W if W is not None else ctx.pull(cfg.table)
+        obj = arrays.to_numpy(loss_sum).astype(float)
+        if with_penalty:
+            obj = obj + self.n_train * arrays.to_numpy(_penalty_value(hp, Wf, arrays.namespace(Wf)))
+        val = np.zeros(K + 3)
+        if hp.early_stopping:
+            v = self.val_idx
+            val = _validation_stats(cfg, Wf, self.X[v], self.Y[v], self.sw[v], self.xp)
+        row = np.concatenate([obj, [float(self.n_train)], val])
+        if cfg.stats_table is not None:
+            ctx.push_rows(cfg.stats_table, np.array([_stats_row(cfg, ctx.rank, epoch)]), row[None, :])
+        if not self.solo:
+            ctx.clock()
+        self.decide(epoch, seconds, row if cfg.stats_table is None else None)
+
+    def decide(self, epoch, seconds, row=None):
+        """The stopping decision at the end of ``epoch`` (after its last clock).
+
+        With several participants under a staleness bound ``s`` the decision
+        is global: every participant pushes its sums to row ``epoch`` of the
+        stats table, and decides about epoch ``epoch - lag`` once that row is
+        complete (``lag = ceil(s / clocks_per_epoch)``), so every participant
+        takes the same decision at the same clock without waiting for the
+        others. Without a bound (ASP/VAP) each participant decides on its own
+        row. A lone participant passes its ``row``. Reads only the table (and
+        ``stop``), so a retried participant replays its decisions."""
+        ctx, cfg, stop, K = self.ctx, self.cfg, self.stop, self.K
+        decided = epoch
+        if cfg.stats_table is not None:
+            if cfg.global_stop:
+                decided = epoch - cfg.decision_lag
+            row = None
+            if decided >= 0:
+                r = _stats_row(cfg, ctx.rank, decided)
+                row = arrays.to_numpy(ctx.pull_rows(cfg.stats_table, np.array([r]))[0])
+        # An epoch counts once (a chunked fit carries ``last_decided`` over), and
+        # a row without samples was never written (a fit resumed in another mode).
+        if row is not None and (decided <= stop.last_decided or row[K] <= 0):
+            row = None
+        if row is not None:
+            objective = row[:K] / row[K]
+            score = _validation_score(cfg, row[K + 1:]) if self.hp.early_stopping else None
+            stop.update(objective, score)
+            stop.last_decided = decided
+        else:
+            objective, score = np.full(K, np.nan), None
+        stop.n_iter[stop.active] = epoch + 1
+        self.history.append({
+            "epoch": epoch + 1,
+            "decided": decided + 1,
+            "objective": float(np.mean(objective)),
+            "score": None if score is None else float(np.mean(score)),
+            "seconds": seconds,
+            "samples": self.samples,
+            "active": int(stop.active.sum()),
+        })
+
+    def result(self, t_start, setup_seconds, cpu0) -> dict:
+        stop, ctx = self.stop, self.ctx
+        return {
+            "n_iter": stop.n_iter.tolist(),
+            "history": self.history,
+            "samples": self.samples,
+            "seconds": time.perf_counter() - t_start,
+            "eta": stop.eta.tolist(),
+            "state": {"stop": stop.get_state(), "rng": _rng_state_to_json(self.rng)},
+            # Where the participant's time went: its calls to the parameter
+            # server (communication and clock waits) and its thread's CPU time.
+            "profile": {
+                "ps_seconds": ctx.seconds,
+                "ps_seconds_by_call": dict(ctx.by_call),
+                "cpu_seconds": time.thread_time() - cpu0,
+                "setup_seconds": setup_seconds,  # data preparation before the first epoch
+                "metrics": ctx.metrics() if hasattr(ctx._ctx, "metrics") else None,
+            },
+        }

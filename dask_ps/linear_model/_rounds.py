@@ -1,0 +1,393 @@
+"""What a participant's run is made of: its configuration (``_RunConfig``),
+the stopping rule (``_StopRule``), the rounds of an epoch
+(``_epoch_rounds``), and a round trained by the compiled kernel
+(``_CompiledData``, ``_compiled_round``). Plain values and arrays; the
+participant (``_participant``) drives them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from dask_ps._estimators import arrays, setting, setting_bytes
+from dask_ps.linear_model._kernels import (
+    ADAPTIVE,
+    ELASTICNET,
+    HINGE_THRESHOLDS,
+    L1,
+    L2,
+    OPTIMAL,
+    SPARSE_INTERCEPT_DECAY,
+    _Hyper,
+    _lazy_inv_q,
+    check_finite,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _RunConfig:
+    """Everything a participant needs (plain values; sent with the task)."""
+
+    table: str
+    stats_table: str | None
+    hp: _Hyper
+    n_features: int
+    n_cols: int
+    n_total: int  # training samples over all participants
+    steps_per_epoch: int
+    clock_every: int
+    max_iter: int
+    t0: float
+    seeds: tuple
+    staleness: int | None
+    global_stop: bool
+    decision_lag: int  # epochs between an epoch's end and the decision about it
+    classes: object  # ndarray of labels (classifier) or None
+    cw_pos: tuple
+    cw_neg: tuple
+    eta_init: tuple
+    col_freq_needed: bool
+    # Chunked fits (checkpoint_every) and resumed fits: this run trains the
+    # epochs [epoch0, max_iter) (absolute numbers); ``states[rank]`` is the
+    # participant's stopping rule and RNG state at epoch0 (None: fresh).
+    epoch0: int = 0
+    states: tuple | None = None
+    # Rows of the stats table: epoch (global decision) or
+    # rank * stats_stride + epoch (each participant decides alone).
+    stats_stride: int = 0
+
+
+class _StopRule:
+    """scikit-learn's stopping rule, per one-vs-rest problem: no improvement of
+    the objective (or validation score) by ``tol`` for ``n_iter_no_change``
+    epochs stops the problem ('adaptive' first divides eta by 5)."""
+
+    def __init__(self, hp: _Hyper, eta_init):
+        K = hp.n_outputs
+        self.hp = hp
+        self.best = np.full(K, np.inf if not hp.early_stopping else -np.inf)
+        self.no_improvement = np.zeros(K, dtype=int)
+        self.eta = np.array(eta_init, dtype=float)
+        self.active = np.ones(K, dtype=bool)
+        self.n_iter = np.zeros(K, dtype=int)  # epochs trained, per problem
+        self.last_decided = -1  # the last epoch whose objective was accounted
+
+    def get_state(self) -> dict:
+        """Plain (JSON-able) state: carried between the runs of a chunked fit
+        and stored in checkpoints. Infinite values as strings."""
+        return {
+            "best": [float(v) if np.isfinite(v) else str(float(v)) for v in self.best],
+            "no_improvement": [int(v) for v in self.no_improvement],
+            "eta": [float(v) for v in self.eta],
+            "active": [bool(v) for v in self.active],
+            "n_iter": [int(v) for v in self.n_iter],
+            "last_decided": int(self.last_decided),
+        }
+
+    def set_state(self, state: dict) -> None:
+        self.best = np.array([float(v) for v in state["best"]], dtype=float)
+        self.no_improvement = np.array(state["no_improvement"], dtype=int)
+        self.eta = np.array(state["eta"], dtype=float)
+        self.active = np.array(state["active"], dtype=bool)
+        self.n_iter = np.array(state["n_iter"], dtype=int)
+        self.last_decided = int(state["last_decided"])
+
+    def update(self, objective, score) -> None:
+        """Account one epoch's objective (or validation score) per problem."""
+        hp = self.hp
+        for k in np.flatnonzero(self.active):
+            if hp.early_stopping:
+                s = score[k]
+                worse = hp.tol > -np.inf and s < self.best[k] + hp.tol
+                self.best[k] = max(self.best[k], s)
+            else:
+                o = objective[k]
+                worse = hp.tol > -np.inf and o > self.best[k] - hp.tol
+                self.best[k] = min(self.best[k], o)
+            self.no_improvement[k] = self.no_improvement[k] + 1 if worse else 0
+            if self.no_improvement[k] >= hp.n_iter_no_change:
+                if hp.learning_rate == ADAPTIVE and self.eta[k] > 1e-6:
+                    self.eta[k] /= 5.0
+                    self.no_improvement[k] = 0
+                else:
+                    self.active[k] = False
+
+
+
+def _rng_state_to_json(rng) -> list:
+    name, keys, pos, has_gauss, cached = rng.get_state()
+    return [str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
+
+
+def _rng_state_from_json(state) -> tuple:
+    name, keys, pos, has_gauss, cached = state
+    return (name, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached))
+
+
+def _stats_row(cfg: _RunConfig, rank: int, epoch: int) -> int:
+    """Row of the stats table that holds ``epoch``'s sums of this participant
+    (global decision: all participants' sums in one row per epoch)."""
+    return epoch if cfg.global_stop else rank * cfg.stats_stride + epoch
+
+
+def _epoch_rounds(rng, shuffle, train_idx, S, m, fixed, run_rounds, epoch, seed):
+    """The rounds of ``epoch``, in order, and the RNG draws that make them
+    (replayed as they are by a retried participant).
+
+    Default: scikit-learn's reshuffle of all samples each epoch (``shuffle``),
+    cut into ``S`` minibatches and rounds of ``m`` of them; a round is its
+    list of minibatches.
+
+    ``fixed`` (sparse data with the compiled kernel): which samples form each
+    round is drawn once per fit -- a shuffle of the training samples cut the
+    same way, from its own stream (``seed``), so that every run of a chunked
+    or resumed fit and every retry finds the same rounds (kept in
+    ``run_rounds`` as index arrays) -- and each epoch after the first
+    shuffles the order of the rounds and the order of the samples inside each
+    round (from ``rng``). A round's compacted CSR over its touched features
+    (``_compiled_round``) is then built once and re-read in a new order. A
+    round is ``(round id, order of its samples or None)``."""
+    if fixed:
+        if not run_rounds:
+            order = np.random.default_rng([int(seed), 1]).permutation(train_idx) if shuffle else train_idx
+            batches = np.array_split(order, S)
+            run_rounds.extend(np.concatenate(batches[r0:r0 + m]) if m > 1 else batches[r0]
+                              for r0 in range(0, S, m))
+        if not shuffle or epoch == 0:
+            return [(i, None) for i in range(len(run_rounds))]
+        return [(int(i), rng.permutation(run_rounds[i].shape[0])) for i in rng.permutation(len(run_rounds))]
+    order = rng.permutation(train_idx) if shuffle else train_idx
+    batches = np.array_split(order, S)
+    return [batches[r0:r0 + m] for r0 in range(0, S, m)]
+
+
+def _round_size(group, run_rounds) -> int:
+    if isinstance(group, tuple):
+        return int(run_rounds[group[0]].shape[0])
+    return sum(b.shape[0] for b in group)
+
+
+
+def _numba_module():
+    """``_sgd_numba`` (None where numba does not import: the minibatch
+    kernel then trains, with a warning)."""
+    global _NUMBA
+    if _NUMBA is None:
+        try:
+            from dask_ps.linear_model import _sgd_numba
+
+            _NUMBA = _sgd_numba
+        except Exception:  # pragma: no cover - numba missing or broken
+            logger.warning("numba does not import: SGD trains with the array-API minibatch kernel", exc_info=True)
+            _NUMBA = False
+    return _NUMBA or None
+
+
+_NUMBA = None
+
+
+def _kernel_for(X) -> str:
+    """``"compiled"`` (numba: numpy and scipy.sparse data) or ``"minibatch"``
+    (array API: cupy data, or ``ps.sgd.kernel: minibatch``)."""
+    kind = setting("sgd", "kernel")
+    if kind not in ("auto", "compiled", "minibatch"):
+        raise ValueError(f"ps.sgd.kernel must be 'auto', 'compiled' or 'minibatch', got {kind!r}")
+    if kind == "minibatch" or arrays.xp_of(X) is not np:
+        return "minibatch"
+    return "compiled"
+
+
+class _CompiledData:
+    """A participant's data prepared once per fit for the compiled round
+    kernel (``_sgd_numba.sgd_round``): targets per output as contiguous
+    vectors, the CSR's arrays, scratch arrays over the features, and for
+    sparse data with a penalty the lazy-regularization factors per feature.
+
+    The round kernel reads the samples of a round by index from the local
+    data (no copy of the round's rows), runs scikit-learn's per-sample rule
+    over the whole round in one call, and, for sparse data, on the block of
+    the round's touched rows only."""
+
+    _arange = np.arange(0, dtype=np.int64)
+
+    def arange_n(self, n):
+        if self._arange.shape[0] < n:
+            self._arange = np.arange(max(n, 2 * self._arange.shape[0]), dtype=np.int64)
+        return self._arange[:n]
+
+    @classmethod
+    def make(cls, cfg: _RunConfig, X, Y, sw, train_idx):
+        hp = cfg.hp
+        mod = _numba_module()
+        if mod is None:
+            return None
+        self = cls()
+        self.mod = mod
+        self.sparse = sp.issparse(X)
+        self.n_train = train_idx.shape[0]
+        self.Y = [np.ascontiguousarray(Y[:, k]) for k in range(Y.shape[1])]
+        self.sw = np.ascontiguousarray(sw)
+        self.loss_id = mod.LOSS_IDS[hp.loss]
+        self.thr = HINGE_THRESHOLDS.get(hp.loss, float(hp.epsilon))
+        self.optimal_init = hp.optimal_init() if hp.learning_rate == OPTIMAL else 0.0
+        self.wscale_min = 1e-6 if X.dtype == np.float32 else 1e-9
+        self.dummy_w = np.zeros(1, dtype=X.dtype)
+        self.dummy_q = np.zeros(1)  # the L1 state of a penalty without L1
+        d = cfg.n_features
+        self.inv_q = None
+        if self.sparse:
+            self.X = np.zeros((1, 1), dtype=X.dtype)
+            self.data = X.data
+            self.ind = X.indices.astype(np.int32, copy=False)
+            self.ptr = X.indptr.astype(np.int32, copy=False)
+            self.bits = np.zeros(d // 64 + 1, dtype=np.uint64)  # compact_rows' scratch
+            self.rank = np.zeros(self.bits.shape[0], dtype=np.int64)
+            n_train = train_idx.shape[0]
+            # The rounds' compacted CSRs, kept across the epochs of a run
+            # while they fit the budget (about the size of the training CSR).
+            nnz_train = int(np.sum(np.diff(self.ptr)[train_idx])) if n_train else 0
+            est = nnz_train * (X.data.dtype.itemsize + 4) + n_train * (8 * (Y.shape[1] + 2) + 4)
+            self.cache = {} if est <= setting_bytes("sgd", "round-cache-bytes") else None
+            if hp.penalty > 0 and n_train:
+                # A round decays (L2) and shrinks (L1) the rows it touches
+                # only; a touched row also gets the regularization of the
+                # rounds that missed it, 1/q times, q = the probability that
+                # a round touches the feature ("lazy" regularization).
+                ind = X[train_idx].indices.astype(np.int32, copy=False) if n_train < X.shape[0] else self.ind
+                counts = mod.feature_counts(ind, d)
+                per_round = min(cfg.clock_every, cfg.steps_per_epoch) * n_train / cfg.steps_per_epoch
+                self.inv_q = _lazy_inv_q(counts, n_train, per_round)
+        else:
+            self.X = np.ascontiguousarray(X)
+            self.chunk = max(256, (1 << 21) // max(8 * X.shape[1], 1))  # rows per ~2 MiB chunk
+            self.buf = np.empty((min(self.chunk, X.shape[0]), X.shape[1]), dtype=X.dtype)
+            self.csr_dummy = (np.zeros(1, dtype=X.dtype), np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.int32))
+        return self
+
+
+def _compiled_round(ctx, cfg: _RunConfig, c: _CompiledData, group, run_rounds, epoch, seen, W_all, stop, active,
+                    loss_sum, solo):
+    """One round with the compiled kernel: pull the weights the round needs
+    (the touched rows for sparse data), train every active output over the
+    round's samples in one call each, regularize the touched rows lazily;
+    returns ``(rows, W0, W, n_samples)`` (``rows`` None for dense data) and
+    adds the round's loss sums to ``loss_sum``.
+
+    ``group``: the round's minibatches (dense data), or ``(round id, order)``
+    of a round of ``run_rounds`` (sparse data, ``_epoch_rounds``), whose
+    compacted CSR is built at its first use and kept in ``c.cache`` when the
+    budget allows."""
+    rows, W0, chunks, n_round = _round_block(ctx, cfg, c, group, run_rounds, W_all, solo)
+    W = np.array(W0, dtype=W0.dtype, order="F", copy=True)  # columns contiguous
+    n_train_step = cfg.n_total / max(c.n_train, 1)
+    t = cfg.t0 + epoch * cfg.n_total + seen * n_train_step
+    outs = np.flatnonzero(active)
+    sums = _train_chunks(cfg, c, W, chunks, outs, t, n_train_step, stop, loss_sum)
+    _finish_round(cfg, c, W, rows, outs, *sums)
+    check_finite(W, epoch)
+    return rows, W0, np.ascontiguousarray(W), n_round
+
+
+def _round_block(ctx, cfg: _RunConfig, c: _CompiledData, group, run_rounds, W_all, solo):
+    """The weights a round needs (pulled) and its samples as chunks for
+    ``sgd_round``: ``(rows, W0, chunks, n_samples)``; each chunk is
+    ``(samples, X, Y per output, sample weights, rows of X to train on)``."""
+    d = cfg.n_features
+    if c.sparse:
+        rid, order = group
+        entry = None if c.cache is None else c.cache.get(rid)
+        if entry is None:
+            idx = run_rounds[rid]
+            cols, cdata, cind, cptr = c.mod.compact_rows(idx, c.data, c.ind, c.ptr, c.bits, c.rank)
+            rows = np.append(cols, d)  # sorted and unique: pull_rows/push_rows do not sort them
+            entry = (rows, (cdata, cind, cptr), [yk[idx] for yk in c.Y], c.sw[idx])
+            if c.cache is not None:
+                c.cache[rid] = entry
+        rows = entry[0]
+        n_round = entry[3].shape[0]
+        W0 = W_all[rows] if solo else ctx.pull_rows(cfg.table, rows)
+        # The round's rows as a CSR over its touched features (the pulled
+        # block): one pass of lookups, then the kernel reads it in order.
+        # The sample order: the round's own (its first epoch) or ``order``,
+        # read through the kernel's list of rows (no copy of the CSR).
+        local = c.arange_n(n_round) if order is None else order
+        return rows, W0, [(local, entry[1], entry[2], entry[3], local)], n_round
+    idx = np.concatenate(group) if len(group) > 1 else group[0]
+    W0 = W_all if solo else ctx.pull(cfg.table)
+
+    # Dense rows are copied in chunks to a contiguous buffer first (one
+    # buffer: each chunk is trained before the next is gathered): a
+    # gather then a sequential pass is ~2x faster than the per-sample
+    # kernel reading rows at random.
+    def chunks():
+        for a in range(0, idx.shape[0], c.chunk):
+            part = idx[a:a + c.chunk]
+            n = part.shape[0]
+            buf = c.mod.gather_rows(c.X, part, c.buf[:n])
+            yield part, buf, [yk[part] for yk in c.Y], c.sw[part], c.arange_n(n)
+
+    return None, W0, chunks(), idx.shape[0]
+
+
+def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train_step, stop, loss_sum):
+    """``sgd_round`` over the chunks, for each output in ``outs``, on ``W``
+    (in place); returns per output the intercepts, the products of the L2
+    decays and the sums of the learning rates (for the lazy regularization).
+
+    Chunks outside, outputs inside: each chunk is gathered once for all
+    outputs. Per output the intercepts, the decay and learning-rate sums and
+    the L1 penalty state carry over the chunks."""
+    hp = cfg.hp
+    K = hp.n_outputs
+    nw = W.shape[0] - 1
+    intercept_decay = SPARSE_INTERCEPT_DECAY if c.sparse else 1.0
+    use_l1 = hp.penalty in (L1, ELASTICNET)
+    icpt = {k: float(W[nw, k]) for k in outs}
+    aicpt = {k: float(W[nw, K + k]) if hp.average else 0.0 for k in outs}
+    decay = dict.fromkeys(outs, 1.0)
+    eta_sum = dict.fromkeys(outs, 0.0)
+    l1_q = {k: np.zeros(nw) if use_l1 else c.dummy_q for k in outs}
+    l1_u = dict.fromkeys(outs, 0.0)
+    tk = t
+    for part, Xc, Yc, swc, local in chunks:
+        Xd, (xdata, xind, xptr) = (c.X, Xc) if c.sparse else (Xc, c.csr_dummy)
+        for k in outs:
+            eta = float(stop.eta[k]) if hp.learning_rate == ADAPTIVE else hp.eta0
+            icpt[k], aicpt[k], sumloss, dec, es, l1_u[k] = c.mod.sgd_round(
+                not c.sparse, Xd, xdata, xind, xptr, local, Yc[k], swc, W[:nw, k],
+                W[:nw, K + k] if hp.average else c.dummy_w, icpt[k], aicpt[k],
+                c.loss_id, c.thr, hp.penalty, hp.alpha, hp.l1_ratio, hp.learning_rate, eta, hp.eta0, hp.power_t,
+                c.optimal_init, bool(hp.fit_intercept), intercept_decay, float(cfg.cw_pos[k]),
+                float(cfg.cw_neg[k]), int(hp.average), tk, n_train_step, c.wscale_min, l1_q[k], l1_u[k])
+            decay[k] *= dec
+            eta_sum[k] += es
+            loss_sum[k] += sumloss
+        tk += part.shape[0] * n_train_step
+    return icpt, aicpt, decay, eta_sum
+
+
+def _finish_round(cfg: _RunConfig, c: _CompiledData, W, rows, outs, icpt, aicpt, decay, eta_sum):
+    """Write the intercepts into ``W`` and give the touched rows the
+    regularization of the rounds that missed them (sparse data)."""
+    hp = cfg.hp
+    K = hp.n_outputs
+    nw = W.shape[0] - 1
+    iq = None if c.inv_q is None else c.inv_q[rows[:-1]]
+    extra = None if iq is None else iq - 1.0
+    for k in outs:
+        wk = W[:nw, k]
+        if extra is not None:
+            if hp.penalty >= L2:
+                wk *= decay[k] ** extra
+            if hp.penalty in (L1, ELASTICNET):
+                u = hp.l1_ratio * hp.alpha * eta_sum[k] * extra
+                wk[:] = np.sign(wk) * np.maximum(np.abs(wk) - u, 0.0)
+        W[nw, k] = icpt[k]
+        if hp.average:
+            W[nw, K + k] = aicpt[k]

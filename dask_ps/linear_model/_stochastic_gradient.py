@@ -1,0 +1,372 @@
+"""``SGDClassifier`` and ``SGDRegressor``: scikit-learn's SGD estimators
+trained on the parameter server. Each is its parameters' defaults, its
+targets and its predictions on top of ``_base._BaseSGDPS``; how a fit runs
+is in ``docs/architecture.rst``, "Estimators: SGD".
+"""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+from sklearn.base import RegressorMixin, _fit_context
+from sklearn.linear_model import SGDClassifier as _SkSGDClassifier
+from sklearn.linear_model import SGDRegressor as _SkSGDRegressor
+from sklearn.linear_model._base import LinearClassifierMixin
+from sklearn.utils import compute_class_weight
+from sklearn.utils.metaestimators import available_if
+from sklearn.utils.multiclass import _check_partial_fit_first_call, check_classification_targets, type_of_target
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from dask_ps._estimators import arrays, is_dask_collection, map_row_blocks
+from dask_ps.linear_model._base import PS_DEFAULTS, _BaseSGDPS, _constraints, _storing_init
+from dask_ps.linear_model._kernels import _expit
+
+__all__ = ["SGDClassifier", "SGDRegressor"]
+
+# scikit-learn's parameters both estimators take, with the defaults they share.
+_SHARED_DEFAULTS = {
+    "penalty": "l2", "alpha": 0.0001, "l1_ratio": 0.15, "fit_intercept": True, "max_iter": 1000, "tol": 1e-3,
+    "shuffle": True, "verbose": 0, "epsilon": 0.1, "random_state": None, "eta0": 0.01, "early_stopping": False,
+    "validation_fraction": 0.1, "n_iter_no_change": 5, "warm_start": False, "average": False,
+}
+
+
+class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
+    """Linear classifiers (SVM, logistic regression, ...) trained by SGD on the
+    parameter server.
+
+    The parameters and fitted attributes are scikit-learn's
+    :class:`sklearn.linear_model.SGDClassifier` (without ``n_jobs``), plus:
+
+    Parameters
+    ----------
+    batch_size : int, default=256
+        Samples per minibatch and participant: the unit of a pull and a push.
+        Each participant clocks every ``ps.sgd.clock-samples`` samples.
+    consistency : dask_ps.Consistency, optional
+        Consistency model of the weights table (``dask_ps.SSP(2)``, ``BSP()``,
+        ...); default from ``dask.config`` ``ps.consistency``.
+    client : distributed.Client, optional
+        The cluster to train on. ``None``: the current client, or a
+        ``LocalCluster`` started once per process.
+    checkpoint : str or path-like, default=None
+        Where ``fit`` saves its state (``ParameterServer.save``: any fsspec
+        URL that the client and every worker can reach, e.g. a shared
+        directory or ``s3://...``). If it already holds a checkpoint of a
+        compatible fit (same estimator, ``n_features``, classes and
+        problem-defining parameters: loss, penalty, alpha, l1_ratio,
+        learning_rate, eta0, power_t, epsilon, fit_intercept, average,
+        shuffle, early_stopping, validation_fraction, class_weight), ``fit``
+        resumes from it: it loads the weights and goes on from the saved
+        epoch up to ``max_iter``, with the saved stopping-rule state. One
+        that belongs to another fit raises ``ValueError``. ``max_iter``,
+        ``tol``, ``n_iter_no_change``, ``batch_size``, ``consistency`` and
+        ``replication`` may differ. A resume is exact (the same run as one
+        that was never interrupted, up to the asynchrony of the participants)
+        when the data is split the same way: the same data, number of workers
+        and an int ``random_state``; otherwise the participants go on with
+        fresh shuffling. A checkpoint at or past ``max_iter`` epochs (or
+        of a fit that stopped) gives the saved model without training. A
+        resumed fit ignores ``coef_init``, ``intercept_init`` and
+        ``warm_start``; ``partial_fit`` ignores ``checkpoint``. Use one path
+        per fit at a time.
+    checkpoint_every : int, default=None
+        Save every this many epochs: ``fit`` then trains in runs of
+        ``checkpoint_every`` epochs (one ``ParameterServer.run`` each) and
+        saves after each. ``None``: one save, at the end of ``fit``.
+        Requires ``checkpoint``. The stopping rule (``tol``,
+        ``early_stopping``) carries over from one run to the next.
+    replication : int, default=1
+        Copies of the weights on distinct workers (``create_table(...,
+        replication=k)``). With 2 or more, a fit survives the loss of a
+        worker: the weights have a copy elsewhere, Dask retries the
+        participant that ran there, and the retried participant resumes at
+        the clock it was in. An in-memory input (numpy, scipy.sparse) is then
+        also kept on ``replication`` workers, so that Dask can rebuild the
+        dead worker's part of the data (dask inputs are recomputed from their
+        graph). With 1, a lost worker takes the only copy of some weights
+        (and of scattered data) with it and the fit fails as the reliability
+        docs describe; with ``checkpoint``, ``fit`` again resumes from the
+        last save.
+
+    All the scikit-learn parameters (``loss``, ``penalty``, ``alpha``,
+    ``l1_ratio``, ``fit_intercept``, ``max_iter``, ``tol``, ``shuffle``,
+    ``verbose``, ``epsilon``, ``random_state``, ``learning_rate``, ``eta0``,
+    ``power_t``, ``early_stopping``, ``validation_fraction``,
+    ``n_iter_no_change``, ``class_weight``, ``warm_start``, ``average``) mean
+    what they mean there, except that ``shuffle`` shuffles per participant,
+    and, for sparse numpy/scipy data trained with the compiled kernel (the
+    default where numba is installed), per *round*: which samples form each
+    round of ``ps.sgd.clock-samples`` samples is drawn once per fit, and each
+    later epoch shuffles the order of the rounds and the order of the
+    samples within each round (scikit-learn reshuffles all samples each
+    epoch; dask-ml's ``Incremental`` shuffles whole blocks). This lets a
+    participant compact each round to its touched features once per fit
+    instead of once per epoch; the compacted rounds take about as much
+    memory as the participant's own CSR (kept while within
+    ``ps.sgd.round-cache-bytes``, default 2 GiB per participant; beyond it
+    they are rebuilt each epoch, with the same result).
+
+    Attributes
+    ----------
+    coef_, intercept_, classes_, n_iter_, t_, n_features_in_, feature_names_in_
+        As scikit-learn's. After ``fit`` the model holds numpy arrays only: it
+        pickles and predicts without a cluster.
+    metrics_ : list of dict
+        Per participant of the last run (with ``checkpoint_every``, of the
+        last ``checkpoint_every`` epochs): the parameter-server session's
+        counters (reads, cache hits, waits, staleness histogram, bytes),
+        seconds spent in its calls to the parameter server
+        (``ps_seconds``, ``ps_seconds_by_call``), its thread's CPU seconds,
+        the seconds it took to prepare its data (``setup_seconds``), its
+        samples, seconds and per-epoch ``history``.
+
+    Notes
+    -----
+    ``X`` may be a numpy array, a scipy.sparse matrix (CSR), a dask array
+    (numpy, scipy.sparse or cupy chunks) or a dask DataFrame (``y`` then a
+    dask array or Series with the same partitions). Dask inputs are trained
+    where their blocks are, by one participant per worker that holds blocks
+    once they are computed; nothing is gathered to the client. A collection
+    persisted with all its blocks on one worker therefore trains on one
+    core: spread it first (``client.rebalance`` or ``persist`` with the
+    blocks on several workers). ``predict``, ``decision_function`` and
+    ``predict_proba`` return lazy dask arrays for dask inputs.
+    """
+
+    _is_classifier = True
+    _parameter_constraints: dict = _constraints(_SkSGDClassifier)
+    __init__ = _storing_init({"loss": "hinge", **_SHARED_DEFAULTS, "learning_rate": "optimal", "power_t": 0.5,
+                              "class_weight": None, **PS_DEFAULTS})
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y, classes=None, sample_weight=None):
+        """One epoch of SGD over the given samples (``max_iter=1``).
+
+        ``classes`` is required on the first call, as in scikit-learn.
+        """
+        first = not hasattr(self, "classes_")
+        if first:
+            self._more_validate_params(for_partial_fit=True)
+            if self.class_weight == "balanced":
+                raise ValueError(
+                    "class_weight '{0}' is not supported for partial_fit. In order to use "
+                    "'balanced' weights, use compute_class_weight('{0}', classes=classes, y=y). "
+                    "In place of y you can use a large enough sample of the full training set "
+                    "target to properly estimate the class frequency distributions. Pass the "
+                    "resulting weights as the class_weight parameter.".format(self.class_weight)
+                )
+        return self._partial_fit(X, y, 1, sample_weight, None, None, None, reset=first, classes=classes)
+
+    def _targets(self, data, classes):
+        """The classes (``classes_``; "infer": those of y), the class weights
+        and the K one-vs-rest problems (1 for two classes)."""
+        if isinstance(classes, str) and classes == "infer":  # fit: the labels of y
+            classes = np.unique(data.y) if data.kind == "memory" else self._dask_classes(data.y)
+        _check_partial_fit_first_call(self, classes)
+        n_classes = self.classes_.shape[0]
+        if n_classes < 2:
+            raise ValueError(
+                "The number of classes has to be greater than one; got %d class" % n_classes
+            )
+        y_for_weights = data.y if data.kind == "memory" else None
+        if y_for_weights is None and self.class_weight == "balanced":
+            y_for_weights = self._dask_balanced_y(data.y)
+        if y_for_weights is not None:
+            cw = compute_class_weight(self.class_weight, classes=self.classes_, y=y_for_weights)
+        elif self.class_weight is None:
+            cw = np.ones(n_classes, dtype=np.float64)
+        else:  # a dict; labels of y are checked on the workers
+            cw = compute_class_weight(self.class_weight, classes=self.classes_, y=self.classes_)
+        self._expanded_class_weight = cw
+        if n_classes == 2:
+            cw_pos, cw_neg = [cw[1]], [cw[0]]
+        else:
+            cw_pos, cw_neg = list(cw), [1.0] * n_classes
+        K = 1 if n_classes == 2 else n_classes
+        return K, {"classes": self.classes_, "cw_pos": cw_pos, "cw_neg": cw_neg}
+
+    def _dask_classes(self, y):
+        """Unique labels of a dask y, computed on the workers."""
+        import dask.array as da
+
+        if hasattr(y, "unique") and not hasattr(y, "chunks"):  # dask Series
+            classes = np.sort(np.asarray(y.unique().compute()))
+        else:
+            classes = np.asarray(da.unique(y).compute())
+        check_classification_targets(classes)
+        if type_of_target(classes) not in ("binary", "multiclass"):
+            raise ValueError(f"Unknown label type: {type_of_target(classes)}")
+        return classes
+
+    def _dask_balanced_y(self, y):
+        """A label array with the class frequencies of a dask y (for 'balanced')."""
+        import dask.array as da
+
+        if hasattr(y, "value_counts"):
+            vc = y.value_counts().compute()
+            labels, counts = np.asarray(vc.index), np.asarray(vc.values)
+        else:
+            labels, counts = da.unique(y, return_counts=True)
+            labels, counts = dask.compute(labels, counts)
+        return np.repeat(labels, counts.astype(int))
+
+    # --- prediction -------------------------------------------------------------------------
+    def decision_function(self, X):
+        """Confidence scores; a lazy dask array for dask input."""
+        if is_dask_collection(X):
+            X = self._check_dask_X(X)
+            K = self.coef_.shape[0]
+            return map_row_blocks(X, _block_decision, self.coef_, self.intercept_,
+                                  n_columns=None if K == 1 else K, dtype=self.coef_.dtype)
+        return super().decision_function(X)
+
+    def predict(self, X):
+        """Class labels; a lazy dask array for dask input."""
+        if is_dask_collection(X):
+            X = self._check_dask_X(X)
+            return map_row_blocks(X, _block_predict, self.coef_, self.intercept_, self.classes_,
+                                  dtype=self.classes_.dtype)
+        return super().predict(X)
+
+    def _check_proba(self):
+        if self.loss not in ("log_loss", "modified_huber"):
+            raise AttributeError("probability estimates are not available for loss=%r" % self.loss)
+        return True
+
+    @available_if(_check_proba)
+    def predict_proba(self, X):
+        """Probability estimates (``log_loss`` and ``modified_huber``), as
+        scikit-learn's; a lazy dask array for dask input."""
+        check_is_fitted(self)
+        if is_dask_collection(X):
+            X = self._check_dask_X(X)
+            n = len(self.classes_)
+            return map_row_blocks(X, _block_proba, self.coef_, self.intercept_, self.loss, n, n_columns=n,
+                                  dtype=self.coef_.dtype)
+        if self.loss == "log_loss":
+            return self._predict_proba_lr(X)
+        scores = self.decision_function(X)
+        return _block_proba_from_scores(scores, len(self.classes_))
+
+    @available_if(_check_proba)
+    def predict_log_proba(self, X):
+        """Log of ``predict_proba``."""
+        p = self.predict_proba(X)
+        if is_dask_collection(p):
+            import dask.array as da
+
+            return da.log(p)
+        return np.log(p)
+
+
+def _block_proba_from_scores(scores, n_classes):
+    """scikit-learn's modified_huber probabilities from decision values."""
+    binary = scores.ndim == 1
+    if binary:
+        prob2 = np.ones((scores.shape[0], 2))
+        prob = prob2[:, 1]
+    else:
+        prob = scores
+    np.clip(scores, -1, 1, prob)
+    prob += 1.0
+    prob /= 2.0
+    if binary:
+        prob2[:, 0] -= prob
+        return prob2
+    prob_sum = prob.sum(axis=1)
+    all_zero = prob_sum == 0
+    if np.any(all_zero):
+        prob[all_zero, :] = 1
+        prob_sum[all_zero] = len(prob[0])
+    prob /= prob_sum.reshape((prob.shape[0], -1))
+    return prob
+
+
+
+def _block_decision(X, coef, intercept):
+    """Task: decision values of one block (numpy, scipy.sparse or cupy)."""
+    if hasattr(X, "to_numpy"):
+        X = X.to_numpy()
+    xp = arrays.xp_of(X)
+    scores = X @ xp.asarray(coef.T) + xp.asarray(intercept)
+    scores = xp.asarray(scores)
+    return scores.ravel() if scores.shape[1] == 1 else scores
+
+
+def _block_predict(X, coef, intercept, classes):
+    s = _block_decision(X, coef, intercept)
+    xp = arrays.namespace(s)
+    idx = (s > 0).astype(int) if s.ndim == 1 else xp.argmax(s, axis=1)
+    return classes[arrays.to_numpy(idx)]
+
+
+def _block_proba(X, coef, intercept, loss, n_classes):
+    s = _block_decision(X, coef, intercept)
+    xp = arrays.namespace(s)
+    if loss == "log_loss":
+        p = _expit(s, xp)
+        if s.ndim == 1:
+            return xp.stack([1 - p, p], axis=1)
+        return p / xp.sum(p, axis=1, keepdims=True)
+    # modified_huber, as scikit-learn's SGDClassifier.predict_proba
+    if s.ndim == 1:
+        p1 = (xp.clip(s, -1, 1) + 1) / 2.0
+        return xp.stack([1 - p1, p1], axis=1)
+    p = (xp.clip(s, -1, 1) + 1) / 2.0
+    norm = xp.sum(p, axis=1, keepdims=True)
+    all_zero = norm[:, 0] == 0
+    p = xp.where(all_zero[:, None], 1.0 / n_classes, p / xp.where(norm == 0, 1.0, norm))
+    return p
+
+
+
+class SGDRegressor(RegressorMixin, _BaseSGDPS):
+    """Linear regression trained by SGD on the parameter server.
+
+    The parameters and fitted attributes are scikit-learn's
+    :class:`sklearn.linear_model.SGDRegressor`, plus ``batch_size``,
+    ``consistency``, ``client``, ``checkpoint``, ``checkpoint_every`` and
+    ``replication`` (see :class:`SGDClassifier`, also for what ``shuffle``
+    does on sparse data: rounds fixed per fit, their order and the order of
+    their samples reshuffled each epoch).
+    ``predict`` returns a lazy dask array for dask input. Fitted attributes
+    as scikit-learn's, plus ``metrics_`` (see :class:`SGDClassifier`).
+    """
+
+    _is_classifier = False
+    _parameter_constraints: dict = _constraints(_SkSGDRegressor)
+    __init__ = _storing_init({"loss": "squared_error", **_SHARED_DEFAULTS, "learning_rate": "invscaling",
+                              "power_t": 0.25, **PS_DEFAULTS})
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y, sample_weight=None):
+        """One epoch of SGD over the given samples (``max_iter=1``)."""
+        first = not hasattr(self, "coef_")
+        if first:
+            self._more_validate_params(for_partial_fit=True)
+        return self._partial_fit(X, y, 1, sample_weight, None, None, None, reset=first)
+
+    def _targets(self, data, classes):
+        return 1, {}
+
+    def _store(self, W, K, d):
+        super()._store(W, K, d)
+        self.coef_ = self.coef_.ravel()
+        self.intercept_ = np.atleast_1d(self.intercept_)
+        if self.average:
+            self._standard_coef = self._standard_coef.ravel()
+            self._average_coef = self._average_coef.ravel()
+
+    def _decision_function(self, X):
+        check_is_fitted(self)
+        X = validate_data(self, X, accept_sparse="csr", reset=False)
+        return np.asarray(X @ self.coef_.T).ravel() + self.intercept_
+
+    def predict(self, X):
+        """Predicted targets; a lazy dask array for dask input."""
+        if is_dask_collection(X):
+            X = self._check_dask_X(X)
+            return map_row_blocks(X, _block_decision, self.coef_.reshape(1, -1), self.intercept_,
+                                  dtype=self.coef_.dtype)
+        return self._decision_function(X)

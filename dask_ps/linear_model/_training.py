@@ -1,0 +1,280 @@
+"""One SGD training call on the parameter server (``_BaseSGDPS._train``):
+the parts of the data, the weights and stats tables, the run configuration,
+runs of ``checkpoint_every`` epochs each followed by a save, resuming from
+a checkpoint, progress lines and ``metrics_``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.utils import check_random_state
+
+from dask_ps import ASP, SSP
+from dask_ps._estimators import (
+    CheckpointMismatchError,
+    Progress,
+    arrays,
+    checkpoint_record,
+    chunk_end,
+    find_checkpoint,
+    participant_metrics,
+    rate,
+    save_checkpoint,
+    setting,
+    temporary_tables,
+)
+from dask_ps.linear_model._data import _dask_parts, _Input, _memory_parts
+from dask_ps.linear_model._kernels import ADAPTIVE, MAX_INT
+from dask_ps.linear_model._participant import _sgd_participant
+from dask_ps.linear_model._rounds import _RunConfig
+
+logger = logging.getLogger("dask_ps.linear_model")
+
+
+@dataclass
+class _Start:
+    """Where a training call starts: the table's initial values, the epoch,
+    the participants' states, and the names to use (a resumed checkpoint's)."""
+
+    W0: np.ndarray
+    seeds: tuple
+    name: str
+    epoch: int = 0
+    states: tuple | None = None
+    n_iter: int = 0
+    saved_stats: np.ndarray | None = None
+
+
+def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg_intercept,
+          classes=None, cw_pos=None, cw_neg=None, checkpoint=None):
+    """Fit ``est`` on the parameter server from the given start; returns
+    ``(W, n_iter, n_seen)`` and sets ``est.metrics_``.
+
+    Without ``checkpoint``: one run of ``max_iter`` epochs. With one
+    (``fit`` only): a compatible checkpoint found there is resumed from, and
+    the epochs run in runs of ``checkpoint_every`` (all in one run if None),
+    each followed by a save."""
+    ps = est._parameter_server()
+    rs = check_random_state(est.random_state)
+    hp = est._hyper(n_outputs, data.sparse)
+    d, K = data.n_features, n_outputs
+    replication = int(getattr(est, "replication", 1))
+    if data.kind == "dask":
+        parts, sizes, _ = _dask_parts(ps.client, data, est._is_classifier)
+    else:
+        parts, sizes = _memory_parts(ps.client, ps.servers, data, rs, hp.shuffle, replication)
+    try:
+        if not len(parts):
+            raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required.")
+        P = len(parts)
+        n_cols = 2 * K if hp.average else K
+        seeds = tuple(int(s) for s in rs.randint(MAX_INT, size=P))
+        start = _Start(W0=_initial_table(data, hp, K, n_cols, coef, intercept, avg_coef, avg_intercept),
+                       seeds=seeds, name=f"dask_ps-sgd-{uuid.uuid4().hex[:12]}")
+        fingerprint = _fingerprint(est, hp, d, n_cols, classes)
+        if checkpoint is not None:
+            start = _resume(est, ps, checkpoint, fingerprint, start, d, n_cols, P, sizes, data.dtype)
+        n_total = int(sum(sizes) * (1.0 - hp.validation_fraction)) if hp.early_stopping else int(sum(sizes))
+        n_seen = int(sum(sizes) if not hp.early_stopping else n_total)
+        with temporary_tables(ps) as tables:
+            stats, staleness = _create_tables(est, ps, tables, start, data, K, P, max_iter)
+            cfg = _run_config(est, hp, start, stats, staleness, d, n_cols, n_total, sizes, max_iter,
+                              classes, cw_pos, cw_neg, data.sparse)
+            record = dict(fingerprint=fingerprint, n_outputs=K, n_seen=n_seen, sizes=sizes)
+            runs, states, n_iter = _run_chunks(est, ps, parts, cfg, start, checkpoint, record)
+            W = arrays.to_numpy(ps.pull(start.name))
+    finally:
+        parts.release()
+    if hp.learning_rate == ADAPTIVE and states is not None:
+        est._adaptive_eta = [float(v) for v in states[0]["stop"]["eta"]]
+    _report(est, runs, P)
+    return W, n_iter, n_seen
+
+
+def _initial_table(data: _Input, hp, K, n_cols, coef, intercept, avg_coef, avg_intercept):
+    """The weights table's start: rows are features (the last the intercept),
+    columns the K outputs, then their averages."""
+    d = data.n_features
+    W0 = np.zeros((d + 1, n_cols), dtype=data.dtype)
+    W0[:d, :K] = np.asarray(coef).reshape(K, d).T
+    W0[d, :K] = intercept
+    if hp.average:
+        W0[:d, K:] = np.asarray(avg_coef).reshape(K, d).T
+        W0[d, K:] = avg_intercept
+    return W0
+
+
+def _create_tables(est, ps, tables, start: _Start, data: _Input, K, P, max_iter):
+    """The weights table, and with several participants the stats table:
+    per-round loss sums and per-epoch stopping sums (see
+    ``_Participant.end_epoch``), one row per epoch summed over the
+    participants under a staleness bound (SSP(s) like the weights, without a
+    value bound: a flush must not depend on the values), else one row per
+    participant and epoch. Returns ``(stats table or None, staleness)``."""
+    W0 = start.W0
+    tables.create(start.name, shape=W0.shape, dtype=data.dtype, init=W0 if W0.any() else None,
+                  consistency=est.consistency, device=data.device, replication=est.replication)
+    staleness = ps.spec(start.name).consistency.staleness
+    if P == 1:
+        return None, staleness
+    global_stop = staleness is not None
+    n_stats = K + 1 + K + 3
+    n_rows = max_iter if global_stop else P * max_iter
+    init = None
+    saved = start.saved_stats
+    if global_stop and saved is not None and saved.shape[1] == n_stats:
+        init = np.zeros((n_rows, n_stats))
+        k = min(n_rows, saved.shape[0])
+        init[:k] = saved[:k]
+        init = init if init.any() else None
+    stats = tables.create(start.name + "-stats", shape=(n_rows, n_stats), dtype="float64", init=init,
+                          consistency=SSP(staleness) if global_stop else ASP(), replication=est.replication)
+    return stats, staleness
+
+
+def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, sizes, max_iter, classes, cw_pos,
+                cw_neg, sparse) -> _RunConfig:
+    """What every participant gets: the schedule (minibatches per epoch,
+    rounds of ``ps.sgd.clock-samples`` samples, the stopping decision's lag)
+    and the problem."""
+    K = hp.n_outputs
+    P = len(sizes)
+    global_stop = P > 1 and staleness is not None
+    steps = max(1, math.ceil(max(sizes) / est.batch_size))
+    b_local = max(1, max(sizes) // steps)
+    clock_every = max(1, int(setting("sgd", "clock-samples")) // b_local) if P > 1 else steps
+    clock_every = min(clock_every, steps)
+    clocks_per_epoch = math.ceil(steps / clock_every)
+    lag = math.ceil(staleness / clocks_per_epoch) if global_stop else 0
+    eta_init = getattr(est, "_adaptive_eta", None)
+    if eta_init is None or len(eta_init) != K:
+        eta_init = [float(est.eta0)] * K
+    return _RunConfig(
+        table=start.name, stats_table=stats, hp=hp, n_features=d, n_cols=n_cols,
+        n_total=max(1, n_total), steps_per_epoch=steps, clock_every=clock_every,
+        max_iter=int(max_iter), t0=float(est.t_), seeds=start.seeds,
+        staleness=staleness, global_stop=global_stop, decision_lag=lag, classes=classes,
+        cw_pos=tuple(np.ones(K) if cw_pos is None else cw_pos),
+        cw_neg=tuple(np.ones(K) if cw_neg is None else cw_neg),
+        eta_init=tuple(eta_init), col_freq_needed=sparse, stats_stride=int(max_iter),
+    )
+
+
+def _run_chunks(est, ps, parts, cfg: _RunConfig, start: _Start, checkpoint, record):
+    """The runs of ``checkpoint_every`` epochs (one run without a
+    checkpoint), each followed by a save; returns ``(runs' results, the
+    participants' last states, n_iter)``."""
+    epoch, states, n_iter = start.epoch, start.states, start.n_iter
+    every = est.checkpoint_every if checkpoint is not None else None
+    max_iter = cfg.max_iter
+    runs = []
+    while epoch < max_iter and (states is None or any(any(s["stop"]["active"]) for s in states)):
+        end = chunk_end(epoch, max_iter, every)
+        run_cfg = cfg
+        if epoch or states is not None or end != max_iter:
+            run_cfg = dataclasses.replace(cfg, epoch0=epoch, max_iter=end, states=states)
+        results = ps.run(_sgd_participant, parts.futures, cfg=run_cfg)
+        runs.append(results)
+        states = tuple(r["state"] for r in results)
+        n_iter = int(max(max(s["stop"]["n_iter"]) for s in states))
+        epoch = end
+        if checkpoint is not None:
+            saved = [cfg.table] + ([cfg.stats_table] if cfg.global_stop else [])
+            metadata = checkpoint_record(
+                est._checkpoint_kind(), record["fingerprint"],
+                n_outputs=record["n_outputs"], epoch=epoch, n_iter=n_iter, t0=cfg.t0,
+                t_=cfg.t0 + n_iter * record["n_seen"],
+                tables={"weights": cfg.table, "stats": cfg.stats_table if cfg.global_stop else None},
+                n_parts=len(record["sizes"]), sizes=[int(s) for s in record["sizes"]], seeds=list(cfg.seeds),
+                states=list(states))
+            save_checkpoint(ps, checkpoint, saved, metadata, owner=type(est).__name__, after=f"epoch {epoch}")
+    return runs, states, n_iter
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+def _fingerprint(est, hp, d, n_cols, classes) -> dict:
+    """What a checkpoint must match to be resumed: the data's shape and
+    classes and the parameters that define the problem and the schedule
+    (``_BaseSGDPS._checkpoint_params``)."""
+    return {
+        "n_features": d, "n_cols": n_cols,
+        "classes": None if classes is None else np.asarray(classes).tolist(),
+        **est._checkpoint_params(hp),
+    }
+
+
+def _resume(est, ps, path, fingerprint, start: _Start, d, n_cols, n_parts, sizes, dtype) -> _Start:
+    """The start saved at ``path`` (``start`` as given when there is no
+    checkpoint there): checks that the checkpoint belongs to this fit, loads
+    its tables, reads the weights and stopping sums, and drops them again."""
+    meta = find_checkpoint(path, est._checkpoint_kind(), fingerprint, owner=type(est).__name__)
+    if meta is None:
+        return start
+    tables = meta["tables"]
+    names = [tables["weights"]] + ([tables["stats"]] if tables.get("stats") else [])
+    with temporary_tables(ps) as loaded:
+        loaded.add(*names)
+        ps.load(path, tables=names, overwrite=True)
+        W = arrays.to_numpy(ps.pull(tables["weights"]))
+        saved_stats = arrays.to_numpy(ps.pull(tables["stats"])) if tables.get("stats") else None
+    if W.shape != (d + 1, n_cols):
+        raise CheckpointMismatchError(
+            f"the checkpoint at {str(path)!r}: weights of shape {W.shape}, expected {(d + 1, n_cols)}")
+    states = [dict(s) for s in meta["states"]]
+    same_parts = meta["n_parts"] == n_parts and list(meta["sizes"]) == [int(s) for s in sizes]
+    if not same_parts:
+        # Another split of the data (another number of workers, or sizes):
+        # every participant goes on with the first one's stopping rule and
+        # a fresh shuffling RNG.
+        states = [{"stop": states[0]["stop"], "rng": None} for _ in range(n_parts)]
+    return _Start(
+        # The saved names: a save keeps the checkpoint's other tables, so new
+        # names would pile up there.
+        W0=W.astype(dtype, copy=False), name=tables["weights"], saved_stats=saved_stats,
+        epoch=int(meta["epoch"]), n_iter=int(meta["n_iter"]), states=tuple(states),
+        seeds=tuple(meta["seeds"]) if meta["n_parts"] == n_parts else start.seeds,
+    )
+
+
+# --- progress and metrics --------------------------------------------------------------------
+
+
+def _report(est, runs, n_parts) -> None:
+    """``est.metrics_`` (the last run's participants) and, with ``verbose``,
+    a line per epoch (rank 0's; the others' are alike) and a total."""
+    last = runs[-1] if runs else []
+    est.metrics_ = participant_metrics(
+        [dict(r["profile"], samples=r["samples"], seconds=r["seconds"], history=r["history"]) for r in last],
+        fields=("ps_seconds", "ps_seconds_by_call", "cpu_seconds", "setup_seconds", "samples", "seconds",
+                "history"),
+    )
+    progress = Progress(est.verbose, logger)
+    if not progress:
+        return
+    total = secs = 0.0
+    for results in runs:
+        total += sum(r["samples"] for r in results)
+        secs += max(r["seconds"] for r in results)
+        prev = 0
+        for h in results[0]["history"]:
+            samples_per_second = rate((h["samples"] - prev) * n_parts, max(h["seconds"], 1e-9))
+            prev = h["samples"]
+            line = f"-- Epoch {h['epoch']}: avg. objective {h['objective']:.6f}"
+            if h["decided"] != h["epoch"]:
+                line += f" (of epoch {h['decided']})"
+            if h["score"] is not None:
+                line += f", validation score {h['score']:.6f}"
+            if not math.isfinite(h["seconds"]):
+                progress.line(line + " (replayed by a retried participant)")
+                continue
+            progress.line(line + f", {h['seconds']:.2f} s, {samples_per_second:.3g} samples/s, "
+                          f"{n_parts} participant(s)")
+    progress.line(f"Total: {total:.0f} samples in {secs:.2f} s ({rate(total, max(secs, 1e-9)):.3g} samples/s)")
