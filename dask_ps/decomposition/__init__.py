@@ -5,7 +5,8 @@ the word-topic counts and topic totals in ``dask_ps`` tables (the seed
 paper's application); :func:`document_completion` is the held-out metric it
 scores with, usable on any model's topics.
 
-The estimators use only the public ``dask_ps`` API.
+The estimators use only the public ``dask_ps`` API and the shared estimator
+machinery (``dask_ps._estimators``).
 """
 
 from dask_ps.decomposition._gibbs import LostAssignmentsError

@@ -3,26 +3,11 @@ partitions, and turned into the token arrays a Gibbs participant samples."""
 
 from __future__ import annotations
 
-import dask
 import numpy as np
 import scipy.sparse as sp
 from sklearn.utils.validation import check_non_negative
 
-
-def _is_dask_array(X) -> bool:
-    return dask.is_dask_collection(X) and hasattr(X, "chunks") and getattr(X, "ndim", 0) == 2
-
-
-def _is_cupy(X) -> bool:
-    mod = type(X).__module__ or ""
-    return mod.startswith("cupy") or mod.startswith("cupyx")
-
-
-def _to_host(X):
-    """cupy / cupyx.scipy.sparse -> numpy / scipy.sparse."""
-    if _is_cupy(X):
-        return X.get()
-    return X
+from dask_ps._estimators import arrays
 
 
 def _check_counts(X, whom: str, integer: bool = True):
@@ -59,7 +44,7 @@ def _prepare_part(block, n_features: int, check: bool):
     (local word id per token, grouped by document) and ``doc_ptr``
     (token offsets of each document; empty documents have empty ranges).
     """
-    block = _to_host(block)
+    block = arrays.to_host(block)
     if not sp.issparse(block):
         block = np.asarray(block)
         if block.ndim != 2:

@@ -14,8 +14,8 @@ from typing import Callable
 
 import numpy as np
 
+from dask_ps._estimators import arrays
 from dask_ps.decomposition import _lda_kernels as _k
-from dask_ps.decomposition._corpus import _to_host
 from dask_ps.decomposition._scoring import participant_loglik
 
 
@@ -97,10 +97,10 @@ class _Sampler:
             self.sweep = _k.SWEEPS[self.sampler]
 
     def local_ndk(self):
-        return self.ndk if self.sampler != "array" else _to_host(self.d_ndk)
+        return self.ndk if self.sampler != "array" else arrays.to_host(self.d_ndk)
 
     def local_z(self):
-        return _to_host(self.d_z) if self.sampler == "array" else self.z
+        return arrays.to_host(self.d_z) if self.sampler == "array" else self.z
 
 
 def _gibbs_participant(ctx, part, cfg: GibbsConfig):
@@ -206,7 +206,7 @@ def _sweep(s: _Sampler, cfg: GibbsConfig, it, nwk, nk):
         d_nk = xp.asarray(nk)
         _k.gibbs_sweep_array(xp, s.d_doc, s.d_words, s.d_z, s.d_ndk, d_nwk, d_nk, cfg.alpha, cfg.beta,
                              s.vbeta, seed)
-        nwk, nk = _to_host(d_nwk), _to_host(d_nk)
+        nwk, nk = arrays.to_host(d_nwk), arrays.to_host(d_nk)
     else:
         s.sweep(s.doc_ptr, s.words, s.z, s.ndk, nwk, nk, cfg.alpha, cfg.beta, s.vbeta, seed)
     dt = time.perf_counter() - t0

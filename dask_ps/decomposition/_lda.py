@@ -4,7 +4,8 @@ parameter server (the seed paper's application).
 The estimator validates, cuts the fit into runs (``_runs``) of the Gibbs
 participant (``_gibbs``) and scores with ``_scoring``; how the pieces fit is
 the "Estimators: LDA" section of ``docs/architecture.rst``. It uses only the
-public ``dask_ps`` API.
+public ``dask_ps`` API and the shared estimator machinery
+(``dask_ps._estimators``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import time
 import uuid
 from numbers import Integral, Real
@@ -27,9 +27,22 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 import dask_ps
+from dask_ps._estimators import (
+    SHARED_CONSTRAINTS,
+    Progress,
+    PSEstimatorMixin,
+    arrays,
+    check_checkpoint,
+    check_dask_X,
+    is_dask_array,
+    map_row_blocks,
+    participant_metrics,
+    rate,
+    setting,
+)
 from dask_ps.consistency import as_consistency
-from dask_ps.decomposition._corpus import _as_count_csr, _check_counts, _is_cupy, _is_dask_array, _to_host
-from dask_ps.decomposition._runs import GibbsRuns, RunPlan, _Parts, check_resumable, corpus_layout
+from dask_ps.decomposition._corpus import _as_count_csr, _check_counts
+from dask_ps.decomposition._runs import CHECKPOINT_KIND, OWNER, GibbsRuns, RunPlan, corpus_layout, make_parts
 from dask_ps.decomposition._scoring import _fold_in, _topic_word, document_completion, final_loglik
 
 logger = logging.getLogger(__name__)
@@ -37,7 +50,7 @@ logger = logging.getLogger(__name__)
 _MODEL_NAMES = {"bsp", "ssp", "essp", "vap", "cvap", "asp"}
 
 
-class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """Latent Dirichlet Allocation by distributed collapsed Gibbs sampling.
 
     The word-topic counts (``n_features x n_components``) and the topic
@@ -126,8 +139,10 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         started once per process and closed at exit. Not pickled.
     random_state : int, RandomState instance or None, default None
     verbose : int, default 0
-        > 0 logs (``logging``, logger ``dask_ps.decomposition._lda``) the
-        training log-likelihood and tokens/s at every evaluation.
+        > 0 prints the training log-likelihood and tokens/s at every
+        evaluation, and a summary at the end, to standard output and to the
+        logger ``dask_ps.decomposition._lda`` (INFO), as every dask_ps
+        estimator does.
 
     Attributes
     ----------
@@ -199,9 +214,8 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     lose their assignments (Dask retries them and they raise
     :class:`LostAssignmentsError`), the run is aborted, lost partitions of
     the input are made again, and the chunk is redone from the last
-    complete set -- at most ``ps.lda.max-restarts`` (3) times per fit
-    (``n_restarts_``). Without either option a lost worker fails the fit
-    with that error.
+    complete set -- at most 3 times per fit (``n_restarts_``). Without
+    either option a lost worker fails the fit with that error.
 
     Examples
     --------
@@ -213,11 +227,13 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     """
 
     _parameter_constraints: dict = {
+        **SHARED_CONSTRAINTS,  # client, replication, checkpoint, checkpoint_every, verbose
         "n_components": [Interval(Integral, 1, None, closed="left")],
         "doc_topic_prior": [None, Interval(Real, 0, None, closed="neither")],
         "topic_word_prior": [None, Interval(Real, 0, None, closed="neither")],
         "max_iter": [Interval(Integral, 0, None, closed="left")],
         "evaluate_every": [Integral],
+        # LDA also takes a model's name
         "consistency": [None, dask_ps.Consistency, StrOptions(_MODEL_NAMES)],
         "totals_consistency": [None, dask_ps.Consistency, StrOptions(_MODEL_NAMES)],
         "n_partitions": [None, Interval(Integral, 1, None, closed="left")],
@@ -225,12 +241,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         "device": [StrOptions({"auto", "cpu", "cuda"})],
         "max_doc_update_iter": [Interval(Integral, 0, None, closed="left")],
         "mean_change_tol": [Interval(Real, 0, None, closed="left")],
-        "checkpoint": [str, os.PathLike, None],
-        "checkpoint_every": [Interval(Integral, 1, None, closed="left"), None],
-        "replication": [Interval(Integral, 1, None, closed="left")],
-        "client": "no_validation",
         "random_state": ["random_state"],
-        "verbose": ["verbose"],
     }
 
     def __init__(
@@ -283,13 +294,6 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         tags.non_deterministic = True
         return tags
 
-    def __getstate__(self):
-        state = super().__getstate__()
-        if state.get("client") is not None:  # a Client is a live connection: not pickled
-            state = dict(state)
-            state["client"] = None
-        return state
-
     @property
     def _n_features_out(self):
         return self.components_.shape[0]
@@ -311,7 +315,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     def _resolved(self, X):
         device = self.device
         if device == "auto":
-            device = "cuda" if _is_cupy(X) else "cpu"
+            device = "cuda" if arrays.is_cupy(X) or arrays.is_cupy_sparse(X) else "cpu"
         sampler = self.sampler
         if sampler == "auto":
             sampler = "array" if device == "cuda" else ("dense" if self.n_components < 128 else "sparse")
@@ -358,17 +362,19 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         self.topic_word_prior_ = 1.0 / K if self.topic_word_prior is None else float(self.topic_word_prior)
         word_model, totals_model = self._consistencies()
 
-        ps = dask_ps.get_parameter_server(self.client)
+        ps = self._parameter_server()
         uid = uuid.uuid4().hex[:10]
-        checkpoint = None if self.checkpoint is None else os.fspath(self.checkpoint)
+        checkpoint = self._checkpoint_path()
+        # Read before the data is split (a resumed fit splits as the saved one
+        # did), checked once the fingerprint is known.
         meta = dask_ps.checkpoint_metadata(checkpoint) if checkpoint is not None else None
         parts, n_parts = self._partitions(X, ps.client, uid, meta)
-        layout = corpus_layout(ps.client, parts, uid, self.n_features_in_)
+        layout = corpus_layout(parts, uid, self.n_features_in_)
         self.n_tokens_ = layout.n_tokens
         plan = self._plan(ps, layout, checkpoint, n_parts, word_model, totals_model)
         resume = (uid, None, [])
         if meta is not None:  # a checkpoint is there ({} if saved without metadata: not ours)
-            check_resumable(meta, plan.fingerprint, checkpoint)
+            check_checkpoint(meta, CHECKPOINT_KIND, plan.fingerprint, checkpoint, OWNER)
             resume = (meta["z_id"], (int(meta["set"]), int(meta["iteration"])),
                       [tuple(h) for h in meta["history"]])
         P = len(layout.part_tokens)
@@ -380,21 +386,22 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
             # ``_sweep_delay`` (not a parameter): the benchmark hook of ``GibbsConfig.delay``.
             delay=getattr(self, "_sweep_delay", None),
         )
-        runs = GibbsRuns(ps, parts, uid, plan, fixed, resume).run()
-        self._set_fitted(runs, P)
+        progress = Progress(self.verbose, logger)
+        runs = GibbsRuns(ps, parts, uid, plan, fixed, resume, progress).run()
+        self._set_fitted(runs, P, progress)
         return self
 
     def _partitions(self, X, client, uid, meta):
         """The corpus prepared on the workers, and the number of partitions
         an in-memory input was split into (None for a dask array)."""
-        if _is_dask_array(X):
+        if is_dask_array(X):
             if math.isnan(X.shape[1]):
                 raise ValueError("LatentDirichletAllocation.fit: the number of columns of X must be known")
             self.n_features_in_ = int(X.shape[1])
             if len(X.chunks[1]) > 1:
                 X = X.rechunk({1: -1})
-            return _Parts(client, uid, self.n_features_in_, delayed=list(X.to_delayed()[:, 0])), None
-        X = _to_host(X)
+            return make_parts(client, uid, self.n_features_in_, chunks=list(X.to_delayed()[:, 0])), None
+        X = arrays.to_host(X)
         X = validate_data(
             self, X, reset=True, accept_sparse="csr",
             dtype=[np.float64, np.float32, np.int64, np.int32, np.int16, np.int8, np.uint32, np.uint16, np.uint8],
@@ -406,7 +413,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         n_parts = self.n_partitions or (meta or {}).get("n_parts") or max(
             1, sum(w.get("nthreads", 1) for w in client.scheduler_info(n_workers=-1)["workers"].values())
         )
-        return _Parts(client, uid, self.n_features_in_, matrix=X, n_parts=n_parts), n_parts
+        return make_parts(client, uid, self.n_features_in_, matrix=X, n_parts=n_parts), n_parts
 
     def _plan(self, ps, layout, checkpoint, n_parts, word_model, totals_model) -> RunPlan:
         """How the fit runs: chunks, tables, what a checkpoint must match."""
@@ -421,7 +428,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         evaluate_every = max(self.evaluate_every, 0)
         n_evals = (self.max_iter + evaluate_every - 1) // evaluate_every if evaluate_every else 0
         tolerant = checkpoint is not None or self.replication > 1
-        every = ((self.checkpoint_every or int(dask.config.get("ps.lda.checkpoint-every"))) if tolerant
+        every = ((self.checkpoint_every or int(setting("lda", "checkpoint-every"))) if tolerant
                  else max(1, self.max_iter))
         return RunPlan(
             max_iter=self.max_iter, every=every, tolerant=tolerant, checkpoint=checkpoint,
@@ -435,7 +442,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
             n_evals=n_evals if self.verbose else 0, n_tokens=layout.n_tokens,
         )
 
-    def _set_fitted(self, runs: GibbsRuns, P):
+    def _set_fitted(self, runs: GibbsRuns, P, progress: Progress):
         beta = self.topic_word_prior_
         self.components_ = runs.nwk.T.astype(np.float64) + beta
         # A resumed checkpoint may already be past max_iter: report what the
@@ -444,27 +451,20 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         self.n_restarts_ = runs.n_restarts
         self.fit_seconds_ = runs.seconds
         trained = max(0, runs.stop - runs.first_iteration)
-        self.tokens_per_second_ = (self.n_tokens_ * trained / runs.seconds if runs.seconds > 0
-                                   else float("nan"))
-        self.metrics_ = [
-            {**r["metrics"], **{k: r[k] for k in (
-                "sweep_seconds", "pull_seconds", "push_seconds", "clock_seconds", "eval_seconds", "n_tokens",
-                "history")}}
-            for r in runs.results
-        ]
+        self.tokens_per_second_ = rate(self.n_tokens_ * trained, runs.seconds)
+        self.metrics_ = participant_metrics(runs.results, fields=(
+            "sweep_seconds", "pull_seconds", "push_seconds", "clock_seconds", "eval_seconds", "n_tokens", "history"))
         final = final_loglik([r["doc_loglik"] for r in runs.results], runs.nwk, runs.nk, beta)
         runs.history.append((runs.stop, time.time() - runs.t_start, float(final)))
         self.loglik_history_ = runs.history
-        if self.verbose:
-            logger.info(
-                "LatentDirichletAllocation: %d iterations, %d tokens, %d participants, %.1f s, "
-                "%.3g tokens/s, log-likelihood %.6g",
-                self.max_iter, self.n_tokens_, P, runs.seconds, self.tokens_per_second_, final,
-            )
+        progress.line(
+            f"LatentDirichletAllocation: {self.max_iter} iterations, {self.n_tokens_} tokens, {P} participants, "
+            f"{runs.seconds:.1f} s, {self.tokens_per_second_:.3g} tokens/s, log-likelihood {final:.6g}"
+        )
 
     # --- inference -----------------------------------------------------------------------
     def _check_X(self, X, whom, integer):
-        X = _to_host(X)
+        X = arrays.to_host(X)
         X = validate_data(self, X, reset=False, accept_sparse="csr", dtype=[np.float64, np.float32])
         _check_counts(X, whom, integer=integer)
         return X
@@ -489,18 +489,9 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
             Rows sum to 1; empty documents get the uniform distribution.
         """
         check_is_fitted(self)
-        if _is_dask_array(X):
-            if X.shape[1] != self.n_features_in_:
-                raise ValueError(
-                    f"X has {X.shape[1]} features, but {type(self).__name__} is expecting "
-                    f"{self.n_features_in_} features as input."
-                )
-            if len(X.chunks[1]) > 1:
-                X = X.rechunk({1: -1})
-            return X.map_blocks(
-                self.transform, dtype=np.float64, chunks=(X.chunks[0], (self.components_.shape[0],)),
-                meta=np.empty((0, 0)),
-            )
+        if is_dask_array(X):
+            return map_row_blocks(check_dask_X(self, X), _transform_block, self,
+                                  n_columns=self.components_.shape[0], dtype=np.float64, meta=np.empty((0, 0)))
         X = self._check_X(X, "LatentDirichletAllocation.transform", integer=False)
         X = sp.csr_matrix(X, dtype=np.float64)
         X.sum_duplicates()
@@ -511,7 +502,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
 
     def _completion(self, X):
         check_is_fitted(self)
-        if _is_dask_array(X):
+        if is_dask_array(X):
             X = X.compute()
         X = self._check_X(X, "LatentDirichletAllocation.score", integer=True)
         return document_completion(
@@ -536,3 +527,8 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         if n == 0:
             raise ValueError("perplexity: the held-out halves of X have no tokens")
         return float(np.exp(-ll / n))
+
+
+def _transform_block(block, est):
+    """``est.transform`` of one row block of a dask array (a task)."""
+    return est.transform(block)

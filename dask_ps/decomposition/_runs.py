@@ -1,7 +1,7 @@
-"""Chunked runs of LDA's Gibbs sampler: the partitions of the corpus on the
-workers, the topic assignments kept between runs, runs redone after a lost
-worker, checkpoints, and verbose progress (see "Estimators: LDA" in
-``docs/architecture.rst``).
+"""The runs of one LDA fit, on the shared estimator machinery
+(``dask_ps._estimators``): the corpus on the workers, the topic assignments
+kept between runs, runs redone after a lost worker, checkpoints and the
+verbose monitor (see "Estimators: LDA" in ``docs/architecture.rst``).
 
 Called by ``LatentDirichletAllocation.fit`` on the client.
 """
@@ -9,16 +9,29 @@ Called by ``LatentDirichletAllocation.fit`` on the client.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
-import warnings
 
-import dask
 import numpy as np
 from dask.utils import parse_timedelta
 
 import dask_ps
+from dask_ps._estimators import (
+    MAX_RESTARTS,
+    Progress,
+    TrainingParts,
+    checkpoint_record,
+    chunk_end,
+    cluster_members,
+    lost_workers,
+    may_be_worker_loss,
+    rate,
+    save_checkpoint,
+    setting,
+    temporary_tables,
+)
 from dask_ps.decomposition._corpus import _part_stats, _prepare_part, _split_rows
 from dask_ps.decomposition._gibbs import GibbsConfig, LostAssignmentsError, _gibbs_participant
 from dask_ps.decomposition._scoring import _chunk_history
@@ -27,59 +40,58 @@ from dask_ps.decomposition._scoring import _chunk_history
 logger = logging.getLogger("dask_ps.decomposition._lda")
 
 CHECKPOINT_KIND = "dask_ps.decomposition.LatentDirichletAllocation"
+OWNER = "LatentDirichletAllocation"
 
 
-def _config(key):
-    """``ps.lda.<key>`` from ``dask.config`` (defaults in ``dask_ps/ps.yaml``)."""
-    return dask.config.get(f"ps.lda.{key}")
+# --- the corpus on the workers ----------------------------------------------------------
 
 
-class _Parts:
-    """The prepared partitions (futures on the workers, one per participant)
-    and how to make one again when the worker that held it died.
+def make_parts(client, uid, n_features, *, chunks=None, matrix=None, n_parts=None) -> TrainingParts:
+    """The prepared partitions (futures on the workers, one per participant).
 
-    In-memory input is split on the client and scattered (no lineage: a lost
-    piece is split and scattered again from ``matrix``); a dask array's
-    chunks are computed where Dask puts them and recomputed from the graph.
+    A dask array's row ``chunks`` (its ``to_delayed()`` pieces) are computed
+    where Dask puts them, checked and prepared there, and recomputed from
+    the graph when lost. An in-memory count ``matrix`` (already checked) is
+    split on the client into ``n_parts`` row ranges with about the same
+    number of tokens and scattered; a lost piece is split and scattered
+    again.
     """
+    key_prefix = f"lda-prepare-{uid}"
+    if chunks is not None:
+        prepare = functools.partial(_prepare_part, n_features=n_features, check=True)
+        return TrainingParts.from_chunks(client, chunks, prepare=prepare, key_prefix=key_prefix)
+    prepare = functools.partial(_prepare_part, n_features=n_features, check=False)
+    return TrainingParts.from_pieces(client, lambda: _split_rows(matrix, n_parts), prepare=prepare,
+                                     key_prefix=key_prefix)
 
-    def __init__(self, client, uid, n_features, *, delayed=None, matrix=None, n_parts=None):
-        self.client, self.uid, self.n_features = client, uid, n_features
-        self._delayed, self._matrix, self._n_parts = delayed, matrix, n_parts
-        self._made = 0
-        if delayed is not None:
-            blocks = client.compute(delayed)
-            self.futures = [self._prepare(b, check=True) for b in blocks]
-        else:
-            pieces = client.scatter(_split_rows(matrix, n_parts), hash=False)
-            self.futures = [self._prepare(p, check=False) for p in pieces]
-        self._index = list(range(len(self.futures)))
 
-    def _prepare(self, block, check):
-        self._made += 1
-        return self.client.submit(_prepare_part, block, n_features=self.n_features, check=check,
-                                  key=f"lda-prepare-{self.uid}-{self._made}")
+@dataclasses.dataclass(frozen=True, eq=False)
+class CorpusLayout:
+    """What the client knows of the prepared partitions (those with tokens)."""
 
-    def keep(self, indices):
-        """Keep only these partitions (those with tokens), in this order."""
-        self.futures = [self.futures[i] for i in indices]
-        self._index = [self._index[i] for i in indices]
+    part_tokens: list[int]  # tokens per participant
+    holders: np.ndarray  # per word: how many partitions hold it (at least 1)
+    n_tokens: int
 
-    def rebuild_lost(self):
-        """Make again the partitions whose data is gone with a worker."""
-        for j, fut in enumerate(self.futures):
-            if fut.status not in ("error", "cancelled", "lost"):
-                continue
-            i = self._index[j]
-            if self._delayed is not None:
-                self.futures[j] = self._prepare(self.client.compute(self._delayed[i]), check=True)
-            else:
-                piece = _split_rows(self._matrix, self._n_parts)[i]
-                self.futures[j] = self._prepare(self.client.scatter(piece, hash=False), check=False)
-            logger.info("LatentDirichletAllocation: partition %d was lost with its worker; made again", i)
 
-    def release(self):
-        self.futures = []
+def corpus_layout(parts: TrainingParts, uid, n_features) -> CorpusLayout:
+    """Token counts and vocabularies of the partitions; the empty ones are
+    dropped from ``parts``."""
+    stats = parts.gather(_part_stats, key_prefix=f"lda-stats-{uid}")
+    n_tokens = sum(s[1] for s in stats)
+    if n_tokens == 0:
+        raise ValueError("LatentDirichletAllocation.fit: X has no tokens (every document is empty)")
+    parts.keep([i for i, s in enumerate(stats) if s[1] > 0])
+    holders = np.zeros(n_features, dtype=np.float64)
+    part_tokens = [int(s[1]) for s in stats if s[1] > 0]
+    for s in stats:
+        if s[1] > 0:
+            holders[s[2]] += 1
+    holders[holders == 0] = 1.0
+    return CorpusLayout(part_tokens, holders, int(n_tokens))
+
+
+# --- assignments between runs, progress ---------------------------------------------------
 
 
 class _AssignmentSets:
@@ -105,46 +117,18 @@ class _AssignmentSets:
                                  consistency=dask_ps.ASP(), replication=self.replication)
 
 
-def _may_be_worker_loss(error) -> bool:
-    """Whether a failed run's error can come from a lost worker (then the
-    scheduler gets a moment to notice the death); bad input cannot."""
-    from distributed.scheduler import KilledWorker
-
-    return (isinstance(error, (LostAssignmentsError, dask_ps.PSError, KilledWorker, OSError))
-            and not isinstance(error, ValueError))
-
-
-def _lost_workers(client, members, wait) -> set:
-    """Workers of ``members`` that left the cluster (waiting up to ``wait``
-    seconds for the scheduler to notice a death that caused an error)."""
-    deadline = time.monotonic() + wait
-    while True:
-        lost = set(members) - set(client.scheduler_info(n_workers=-1)["workers"])
-        if lost or time.monotonic() > deadline:
-            return lost
-        time.sleep(0.2)
-
-
-def _drop_tables(ps, names):
-    for name in names:
-        try:
-            ps.drop_table(name)
-        except Exception:  # pragma: no cover - cluster going away
-            logger.warning("could not drop table %r", name, exc_info=True)
-
-
 class _Monitor(threading.Thread):
-    """Logs the training log-likelihood as participants report it (verbose).
+    """Reports the training log-likelihood as participants write it (verbose).
 
     Participant ``r`` writes ``(loglik part, 1, seconds)`` into row
     ``(it // evaluate_every) * P + r`` of a small assign table; an evaluation
     is complete when all its P rows are written. ``first``: the first
     evaluation of this chunk."""
 
-    def __init__(self, ps, table, n_participants, evaluate_every, n_tokens, t_start, period, first=0):
+    def __init__(self, ps, table, n_participants, evaluate_every, n_tokens, progress: Progress, period, first=0):
         super().__init__(daemon=True, name="lda-progress")
         self.ps, self.table, self.P = ps, table, n_participants
-        self.every, self.n_tokens, self.t_start, self.period = evaluate_every, n_tokens, t_start, period
+        self.every, self.n_tokens, self.progress, self.period = evaluate_every, n_tokens, progress, period
         self._stop_event = threading.Event()
         self._logged = first
         self._last = (0.0, 0)
@@ -160,8 +144,9 @@ class _Monitor(threading.Thread):
             sec = float(prog[self._logged, :, 2].mean())
             it = self._logged * self.every
             t0, it0 = self._last
-            rate = self.n_tokens * (it - it0) / (sec - t0) if it > it0 and sec > t0 else float("nan")
-            logger.info("iteration %d: log-likelihood %.6g, %.3g tokens/s (%.1f s)", it, ll, rate, sec)
+            tokens_per_second = rate(self.n_tokens * (it - it0), sec - t0) if it > it0 else float("nan")
+            self.progress.line(f"iteration {it}: log-likelihood {ll:.6g}, {tokens_per_second:.3g} tokens/s "
+                               f"({sec:.1f} s)")
             self._last = (sec, it)
             self._logged += 1
 
@@ -172,69 +157,6 @@ class _Monitor(threading.Thread):
             self._poll()
         except Exception:  # the cluster went away: progress is best effort
             logger.debug("progress monitor stopped", exc_info=True)
-
-
-# --- the corpus on the workers ----------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class CorpusLayout:
-    """What the client knows of the prepared partitions (those with tokens)."""
-
-    part_tokens: list[int]  # tokens per participant
-    holders: np.ndarray  # per word: how many partitions hold it (at least 1)
-    n_tokens: int
-
-
-def corpus_layout(client, parts: _Parts, uid, n_features) -> CorpusLayout:
-    """Token counts and vocabularies of the partitions; the empty ones are
-    dropped from ``parts``."""
-    stats = client.gather(client.map(_part_stats, parts.futures,
-                                     key=[f"lda-stats-{uid}-{i}" for i in range(len(parts.futures))]))
-    n_tokens = sum(s[1] for s in stats)
-    if n_tokens == 0:
-        raise ValueError("LatentDirichletAllocation.fit: X has no tokens (every document is empty)")
-    parts.keep([i for i, s in enumerate(stats) if s[1] > 0])
-    holders = np.zeros(n_features, dtype=np.float64)
-    part_tokens = [int(s[1]) for s in stats if s[1] > 0]
-    for s in stats:
-        if s[1] > 0:
-            holders[s[2]] += 1
-    holders[holders == 0] = 1.0
-    return CorpusLayout(part_tokens, holders, int(n_tokens))
-
-
-# --- checkpoints --------------------------------------------------------------------------
-
-
-def check_resumable(meta, fingerprint, path):
-    """Refuse a checkpoint that is not of this fit (another estimator, no
-    metadata, other data or priors)."""
-    where = f"the checkpoint at {path!r}"
-    if meta.get("estimator") != CHECKPOINT_KIND:
-        raise ValueError(
-            f"{where} holds {meta.get('estimator') or 'tables of something else'}, not a "
-            "LatentDirichletAllocation fit; use another checkpoint path"
-        )
-    diffs = [f"{k}: saved {meta.get(k)!r}, now {v!r}" for k, v in fingerprint.items() if meta.get(k) != v]
-    if diffs:
-        raise ValueError(
-            f"{where} belongs to another fit ({'; '.join(diffs)}): use another checkpoint path, or "
-            "delete that checkpoint to start over"
-        )
-
-
-def save_checkpoint(ps, path, tables, metadata) -> bool:
-    """``ps.save`` between two chunks; on failure warn and go on (the
-    previous checkpoint stays the one to resume from)."""
-    try:
-        ps.save(path, tables=tables, metadata=metadata)
-        return True
-    except Exception as e:
-        warnings.warn(f"LatentDirichletAllocation: checkpoint after iteration {metadata['iteration']} "
-                      f"not saved: {type(e).__name__}: {e}", RuntimeWarning,
-                      stacklevel=6)  # as before: past _save, _chunk, run and fit, to fit's wrapper
-        return False
 
 
 # --- the runs of one fit ------------------------------------------------------------------
@@ -277,9 +199,10 @@ class GibbsRuns:
     ``t_start`` and ``seconds``.
     """
 
-    def __init__(self, ps, parts: _Parts, uid, plan: RunPlan, fixed: dict, resume):
+    def __init__(self, ps, parts: TrainingParts, uid, plan: RunPlan, fixed: dict, resume, progress: Progress):
         self.ps, self.client, self.parts, self.uid, self.plan = ps, ps.client, parts, uid, plan
         self.fixed = fixed  # the GibbsConfig fields that are the same in every run of the fit
+        self.progress = progress
         self.z_id, self.good, self.history = resume
         self.P = len(plan.fingerprint["part_tokens"])
         self.sets = (_AssignmentSets(ps, self.z_id, plan.fingerprint["part_tokens"], plan.replication)
@@ -291,20 +214,19 @@ class GibbsRuns:
         self.t_start = time.time()
         t0 = time.perf_counter()
         self.first_iteration = self.good[1] if self.good else 0
-        created = []
         try:
-            if self.plan.tolerant:
-                created.extend(self.sets.names[0] + self.sets.names[1])
-                if self.good is not None:
-                    self.ps.load(self.plan.checkpoint, tables=self.sets.names[self.good[0]], overwrite=True)
-                for s in (0, 1):
-                    if self.good is None or s != self.good[0]:
-                        self.sets.fresh(s)
-            current, done = self.good, False
-            while not done:
-                current, done = self._chunk(current)
+            with temporary_tables(self.ps) as kept:
+                if self.plan.tolerant:
+                    kept.add(*self.sets.names[0], *self.sets.names[1])
+                    if self.good is not None:
+                        self.ps.load(self.plan.checkpoint, tables=self.sets.names[self.good[0]], overwrite=True)
+                    for s in (0, 1):
+                        if self.good is None or s != self.good[0]:
+                            self.sets.fresh(s)
+                current, done = self.good, False
+                while not done:
+                    current, done = self._chunk(current)
         finally:
-            _drop_tables(self.ps, created)
             self.parts.release()
         self.seconds = time.perf_counter() - t0
         return self
@@ -313,7 +235,7 @@ class GibbsRuns:
         """One run from ``current``; returns where the next starts and whether the fit is done."""
         plan, sets = self.plan, self.sets
         start = current[1] if current else 0
-        stop = min(plan.max_iter, start + plan.every) if start < plan.max_iter else start
+        stop = chunk_end(start, plan.max_iter, plan.every)
         out = (1 - self.good[0] if self.good else 0) if plan.tolerant else None
         tag = f"{self.uid}-{self.n_restarts}-{start}"
         cfg = GibbsConfig(
@@ -322,23 +244,22 @@ class GibbsRuns:
             start=start, stop=stop, z_in=sets.names[current[0]] if current else None,
             z_out=sets.names[out] if plan.tolerant else None, t_start=self.t_start,
         )
-        members = set(self.client.scheduler_info(n_workers=-1)["workers"])
-        chunk_tables = []
-        monitor = None
-        try:
-            monitor = self._create_tables(cfg, chunk_tables)
-            self.results = self.ps.run(_gibbs_participant, self.parts.futures, cfg=cfg)
-            if stop >= plan.max_iter:
-                self.nwk = np.maximum(self.ps.pull(cfg.nwk_name), 0)
-                self.nk = np.maximum(self.ps.pull(cfg.nk_name), 0)
-        except Exception as e:
-            if not self._restart(e, members, start, stop):
-                raise
-            return self.good, False
-        finally:
-            if monitor is not None:
-                monitor.stop()
-            _drop_tables(self.ps, chunk_tables)
+        members = cluster_members(self.client)
+        with temporary_tables(self.ps) as tables:
+            monitor = None
+            try:
+                monitor = self._create_tables(cfg, tables)
+                self.results = self.ps.run(_gibbs_participant, self.parts.futures, cfg=cfg)
+                if stop >= plan.max_iter:
+                    self.nwk = np.maximum(self.ps.pull(cfg.nwk_name), 0)
+                    self.nk = np.maximum(self.ps.pull(cfg.nk_name), 0)
+            except Exception as e:
+                if not self._restart(e, members, start, stop):
+                    raise
+                return self.good, False
+            finally:
+                if monitor is not None:
+                    monitor.stop()
         self.history.extend(_chunk_history(self.results, self.P))
         self.stop = stop
         if plan.tolerant:
@@ -347,23 +268,20 @@ class GibbsRuns:
                 self.good = current
         return current, stop >= plan.max_iter
 
-    def _create_tables(self, cfg: GibbsConfig, created):
-        """The run's count tables (and progress table and monitor, verbose);
-        their names go to ``created`` as they are made."""
-        plan, ps = self.plan, self.ps
+    def _create_tables(self, cfg: GibbsConfig, tables):
+        """The run's count tables (and, verbose, its progress table and
+        monitor), in ``tables`` (dropped when the run ends)."""
+        plan = self.plan
         K, V = cfg.n_components, cfg.n_features
-        ps.create_table(cfg.nwk_name, shape=(V, K), dtype=plan.count_dtype, consistency=plan.word_model,
-                        block_rows=plan.block_rows)
-        created.append(cfg.nwk_name)
-        ps.create_table(cfg.nk_name, shape=(K,), dtype="int64", consistency=plan.totals_model)
-        created.append(cfg.nk_name)
+        tables.create(cfg.nwk_name, shape=(V, K), dtype=plan.count_dtype, consistency=plan.word_model,
+                      block_rows=plan.block_rows)
+        tables.create(cfg.nk_name, shape=(K,), dtype="int64", consistency=plan.totals_model)
         if cfg.progress_name is None:
             return None
-        ps.create_table(cfg.progress_name, shape=(plan.n_evals * self.P, 3), dtype="float64",
-                        rule="assign", consistency=dask_ps.ASP())
-        created.append(cfg.progress_name)
-        monitor = _Monitor(ps, cfg.progress_name, self.P, cfg.evaluate_every, plan.n_tokens, self.t_start,
-                           period=parse_timedelta(_config("progress-interval")),
+        tables.create(cfg.progress_name, shape=(plan.n_evals * self.P, 3), dtype="float64",
+                      rule="assign", consistency=dask_ps.ASP())
+        monitor = _Monitor(self.ps, cfg.progress_name, self.P, cfg.evaluate_every, plan.n_tokens, self.progress,
+                           period=parse_timedelta(setting("lda", "progress-interval")),
                            first=-(-cfg.start // cfg.evaluate_every))
         monitor.start()
         return monitor
@@ -372,28 +290,31 @@ class GibbsRuns:
         """After a failed run: when workers of ``members`` were lost (and
         restarts are left), make ready to redo the chunk from the last
         complete set and return True; else False (the error is the fit's)."""
-        max_restarts = int(_config("max-restarts"))
         lost = set()
-        if self.plan.tolerant:  # a worker's death may take the scheduler a moment to notice
-            wait = parse_timedelta(_config("lost-worker-wait")) if _may_be_worker_loss(error) else 0.0
-            lost = _lost_workers(self.client, members, wait=wait)
-        if not lost or self.n_restarts >= max_restarts:
+        if self.plan.tolerant:
+            # A death that caused the error may take the scheduler a moment
+            # to notice (lost_workers waits for it); bad input cannot be one.
+            wait = {} if may_be_worker_loss(error, also=(LostAssignmentsError,)) else {"wait": 0.0}
+            lost = lost_workers(self.client, members, **wait)
+        if not lost or self.n_restarts >= MAX_RESTARTS:
             return False
         self.n_restarts += 1
         logger.warning(
             "LatentDirichletAllocation: worker(s) %s lost during iterations %d-%d (%s: %s); "
             "redoing from iteration %d (restart %d of at most %d)",
             sorted(lost), start, stop, type(error).__name__, error, self.good[1] if self.good else 0,
-            self.n_restarts, max_restarts,
+            self.n_restarts, MAX_RESTARTS,
         )
         self.ps.wait_for_placement()
         self.sets.fresh(1 - self.good[0] if self.good else 0)  # the set the redo writes
-        self.parts.rebuild_lost()
+        self.parts.rebuild_lost(owner=OWNER)
         return True
 
     def _save(self, out, stop) -> bool:
         plan = self.plan
-        return save_checkpoint(self.ps, plan.checkpoint, self.sets.names[out], {
-            "estimator": CHECKPOINT_KIND, "z_id": self.z_id, "set": out, "iteration": stop,
-            "n_parts": plan.n_parts, "history": [list(h) for h in self.history], **plan.fingerprint,
-        })
+        metadata = checkpoint_record(
+            CHECKPOINT_KIND, plan.fingerprint, z_id=self.z_id, set=out, iteration=stop, n_parts=plan.n_parts,
+            history=[list(h) for h in self.history],
+        )
+        return save_checkpoint(self.ps, plan.checkpoint, self.sets.names[out], metadata, owner=OWNER,
+                               after=f"iteration {stop}")

@@ -9,7 +9,8 @@ import scipy.sparse as sp
 from sklearn.utils import check_random_state
 
 from dask_ps.decomposition import _lda_kernels as _k
-from dask_ps.decomposition._corpus import _as_count_csr, _check_counts, _to_host
+from dask_ps._estimators import arrays
+from dask_ps.decomposition._corpus import _as_count_csr, _check_counts
 
 # --- training log-likelihood (Griffiths & Steyvers' collapsed joint log p(w, z)) ------
 
@@ -100,7 +101,7 @@ def document_completion(components, X, doc_topic_prior, *, max_iter=100, tol=0.0
         Number of tokens in the B halves; ``loglik / n_tokens`` is the
         held-out log-likelihood per token (BASELINES.md's metric).
     """
-    X = _to_host(X)
+    X = arrays.to_host(X)
     if not sp.issparse(X):
         X = np.asarray(X)
         if X.ndim != 2:
