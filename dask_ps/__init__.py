@@ -12,6 +12,7 @@ from dask_ps._exceptions import (
     DataLostError,
     PSError,
     PSValueError,
+    RolledBackError,
     RunAbortedError,
     StaleVersionError,
     TableError,
@@ -30,5 +31,5 @@ __all__ = [
     "Consistency", "BSP", "SSP", "ESSP", "VAP", "CVAP", "ASP",
     "UpdateRule", "Sum", "Assign", "SGD", "Momentum", "Adagrad", "Adam", "Custom",
     "PSError", "TableError", "UnknownTableError", "TableExistsError", "PSValueError",
-    "StaleVersionError", "RunAbortedError", "ClockTimeoutError", "DataLostError",
+    "StaleVersionError", "RunAbortedError", "ClockTimeoutError", "DataLostError", "RolledBackError",
 ]

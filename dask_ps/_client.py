@@ -16,7 +16,7 @@ import numpy as np
 from distributed import Client, Future, LocalCluster, futures_of, get_client
 
 from dask_ps import _spec
-from dask_ps._exceptions import TableExistsError, UnknownTableError
+from dask_ps._exceptions import RolledBackError, TableExistsError, UnknownTableError
 from dask_ps._routing import coalesce_rows
 from dask_ps._scheduler_plugin import PSSchedulerPlugin
 from dask_ps._transport import Router, Transport
@@ -286,6 +286,17 @@ class ParameterServer:
         worker's thread pool. If one raises, the run is aborted: the others
         get :class:`RunAbortedError` at their next clock, and the first
         error is re-raised here with its remote traceback.
+
+        Raises
+        ------
+        RolledBackError
+            The run finished, but blocks of a table it used were lost with a
+            worker (no replica) and restored from the table's checkpoint
+            while it ran: updates since that checkpoint, the run's
+            included, are gone. The error names the tables, blocks and
+            clocks, and carries the participants' return values
+            (``results``). A run that fails for another reason re-raises
+            that error with a note saying the same.
         """
         from dask_ps._session import participant
 
@@ -315,13 +326,35 @@ class ParameterServer:
         try:
             results = self.client.gather(futures)
         except BaseException as e:
-            self._sync(self.client.scheduler.ps_run_abort, run_id=run_id, reason=f"{type(e).__name__}: {e}")
+            try:
+                self._sync(self.client.scheduler.ps_run_abort, run_id=run_id, reason=f"{type(e).__name__}: {e}")
+            finally:
+                rolled_back = self._end_run(run_id)
+                if rolled_back:
+                    e.add_note(f"dask_ps: {RolledBackError.from_run(run_id, rolled_back)}")
             raise
-        finally:
-            metrics = self._sync(self.client.scheduler.ps_run_end, run_id=run_id)
-            if metrics is not None:
-                self._metrics[run_id] = metrics
+        rolled_back = self._end_run(run_id)
+        if rolled_back:
+            # Never only a log line: acknowledged updates are gone.
+            raise RolledBackError.from_run(run_id, rolled_back, results)
         return results
+
+    def _end_run(self, run_id: str) -> list[dict]:
+        """Forget the run on the scheduler, keep its metrics; returns its rollbacks."""
+        metrics = self._sync(self.client.scheduler.ps_run_end, run_id=run_id)
+        if metrics is None:
+            return []
+        metrics["rolled_back"] = [_rollback_record(r) for r in metrics.get("rolled_back", ())]
+        self._metrics[run_id] = metrics
+        return metrics["rolled_back"]
+
+    def rollbacks(self, table: str | None = None) -> list[dict]:
+        """The latest restores of lost blocks from a checkpoint (of ``table``,
+        or of every table), whether or not a run was active: each record
+        names the table, the blocks, the reason, the checkpoint and when it
+        was noted and restored (see :class:`RolledBackError`). Updates made
+        since the checkpoint to those blocks are gone."""
+        return [_rollback_record(r) for r in self._sync(self.client.scheduler.ps_rollbacks, table=table)]
 
     def metrics(self) -> dict:
         """Per run: clocks, attempts, seconds, and per participant and table
@@ -427,6 +460,11 @@ class ParameterServer:
 
     async def _gather_rpc_each(self, msgs: dict, op):
         return await asyncio.gather(*(getattr(self.client.rpc(w), op)(**m) for w, m in msgs.items()))
+
+
+def _rollback_record(record: dict) -> dict:
+    """A rollback record as sent, with lists again (msgpack gives tuples)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in record.items()}
 
 
 # --- the parameter server an estimator uses with client=None ---------------------------

@@ -7,8 +7,11 @@ Hierarchy::
     │   ├── UnknownTableError    no such table (KeyError)
     │   ├── TableExistsError     created twice with different specs (ValueError)
     │   ├── PSValueError         bad push/pull input: shape, dtype, rows, NaN (ValueError)
-    │   └── DataLostError        blocks lost with a worker, no replica or checkpoint
+    │   ├── DataLostError        blocks lost with a worker, no replica or checkpoint
+    │   └── RolledBackError      blocks restored from a checkpoint during a run: updates lost
     ├── StaleVersionError        a message carried an old table version; refresh and retry
+    │   └── ForwardRefusedError  a replica refused a push forwarded by a worker behind its placement
+    ├── InternalOnlyError        a handler only the cluster's scheduler and workers may call (PermissionError)
     ├── RunAbortedError          a run was aborted because another participant failed
     └── ClockTimeoutError        waiting for the consistency bound took too long (TimeoutError)
 
@@ -55,8 +58,75 @@ class DataLostError(TableError):
     (no live replica, no checkpoint). Drop the table or ``load`` a checkpoint."""
 
 
+class RolledBackError(TableError):
+    """Blocks of a table a run used were lost with a worker (no replica) and
+    restored from the table's latest checkpoint while the run was active:
+    every update made to them since that checkpoint is gone, including the
+    run's own. Raised by :meth:`~dask_ps.ParameterServer.run` after the run
+    finished (see ``docs/reliability.rst``).
+
+    Attributes
+    ----------
+    table : str
+        The first rolled-back table (``rollbacks`` lists all of them).
+    rollbacks : list of dict
+        One record per restore: ``table``, ``blocks``, ``reason``,
+        ``checkpoint`` (its path), ``checkpoint_time`` and ``restored_at``
+        (Unix seconds), ``clocks`` (the run's participants' clocks at the
+        restore) and ``run_started`` (Unix seconds).
+    results : list or None
+        What the run's participants returned (the run did finish).
+    run_id : str or None
+    """
+
+    def __init__(self, message: str, table: str | None = None, rollbacks=None, results=None, run_id=None):
+        super().__init__(message, table)
+        self.rollbacks = list(rollbacks or [])
+        self.results = results
+        self.run_id = run_id
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.table, self.rollbacks, self.results, self.run_id))
+
+    @classmethod
+    def from_run(cls, run_id: str, rollbacks: list[dict], results=None) -> RolledBackError:
+        """The error for ``run_id`` whose tables were restored as ``rollbacks`` say."""
+        parts = []
+        for r in rollbacks:
+            before = r["checkpoint_time"] is not None and r["checkpoint_time"] <= r["run_started"]
+            age = (f"saved or loaded {r['restored_at'] - r['checkpoint_time']:.1f} s before the restore"
+                   if r["checkpoint_time"] is not None else "of unknown age")
+            parts.append(
+                f"table {r['table']!r}: block(s) {r['blocks']} were lost ({r['reason']}) and restored from "
+                f"the checkpoint at {r['checkpoint']!r} ({age}"
+                f"{', before this run started' if before else ''}); every update to those blocks since then "
+                f"is gone, including this run's up to its participants' clocks {r['clocks']} at the restore"
+            )
+        return cls(
+            f"run {run_id} finished, but a table it used was rolled back: " + "; ".join(parts)
+            + ". The table now mixes checkpoint and current blocks. Load the checkpoint again "
+            "(ps.load(path, overwrite=True)) and redo the work since it, or use replication=2.",
+            rollbacks[0]["table"] if rollbacks else None, rollbacks, results, run_id,
+        )
+
+
 class StaleVersionError(PSError):
     """A message used an outdated table version (placement changed). Retry."""
+
+
+class ForwardRefusedError(StaleVersionError):
+    """A replica refused a push forwarded to it: the forwarding worker's
+    placement of the table is older than the replica's, so it is not the
+    blocks' primary any more. The forwarder's caller refreshes and retries
+    at the current primary; the replica is not at fault."""
+
+
+class InternalOnlyError(PSError, PermissionError):
+    """A worker handler that only the cluster's scheduler and workers may
+    call (placement changes, forwarded pushes, clock events) was called
+    without the cluster's internal token. See ``docs/security.rst``: this
+    guards against mistakes and stray messages, not against someone who can
+    run code in the cluster."""
 
 
 class RunAbortedError(PSError):

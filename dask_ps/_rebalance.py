@@ -353,6 +353,7 @@ class PlacementChanger:
                          t.spec.name, blocks, path, failed[0])
             return
         t.restored += len(blocks)
+        self.plugin.note_rollback(t, blocks, reason)
         logger.warning(
             "dask_ps: table %r: block(s) %s were lost (%s) and restored from the checkpoint at %s; "
             "updates made since that checkpoint are lost",

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from dask.utils import format_bytes
@@ -34,7 +34,7 @@ from dask_ps._liveness import Liveness, WorkerCalls
 from dask_ps._placement import place_blocks
 from dask_ps._rebalance import PlacementChanger
 from dask_ps._spec import TableSpec
-from dask_ps._worker_plugin import PLUGIN_NAME, PSWorkerPlugin, reply_errors
+from dask_ps._worker_plugin import PLUGIN_NAME, InternalRPC, PSWorkerPlugin, internal_token, reply_errors
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,11 @@ HANDLERS = (
     "ps_run_end",
     "ps_replica_missed",
     "ps_resolve_device",
+    "ps_rollbacks",
 )
+
+
+ROLLBACK_HISTORY = 32  # rollback records kept per table (ps.rollbacks)
 
 
 def _bytes_per_value(spec) -> int:
@@ -77,7 +81,10 @@ class SchedulerTableState:
     owners: list[list[str]]  # owners[block] = [primary, replicas...]
     lost: dict[int, str] = field(default_factory=dict)  # block -> how it was lost
     checkpoint: tuple[str, str] | None = None  # (path, data dir) of the latest save
+    checkpoint_time: float | None = None  # when that save (or load) was noted
     restored: int = 0  # blocks restored from a checkpoint after a loss (updates since were lost)
+    # the latest restores from a checkpoint (records as RolledBackError.rollbacks)
+    rollbacks: deque = field(default_factory=lambda: deque(maxlen=ROLLBACK_HISTORY))
     # block -> replicas that missed a forwarded push: fenced (no reads), never
     # a copy source or a promoted primary, copied again by ``PlacementChanger.resync``
     stale: dict[int, set[str]] = field(default_factory=dict)
@@ -123,6 +130,7 @@ class RunState:
     started: float = field(default_factory=time.time)
     notify: bool = False  # tell servers when min_clock grows (ESSP, aggregate="clock")
     tables: set[str] = field(default_factory=set)  # tables its participants used
+    rollbacks: list[dict] = field(default_factory=list)  # restores from a checkpoint while it ran
     notified: float = 0  # the last min clock sent to servers
 
     def __repr__(self):
@@ -167,12 +175,18 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self._retiring: set[str] = set()
         self._evacuations: dict[str, asyncio.Task] = {}
         self.liveness = Liveness()
-        self.calls = WorkerCalls(lambda w: self.scheduler.rpc(w), self.liveness, self._retiring, self.members)
+        self.internal_token = None  # the workers' (set in start); internal handlers require it
+        self.calls = WorkerCalls(self.worker_rpc, self.liveness, self._retiring, self.members)
         self.placement = PlacementChanger(self)  # repair, evacuate, rebalance, resync
         self.totals: Counter = Counter()  # metrics summed over finished participants
 
     def __repr__(self):
         return f"<PSSchedulerPlugin servers={len(self.members)} tables={sorted(self.tables)} runs={len(self.runs)}>"
+
+    def worker_rpc(self, worker: str) -> InternalRPC:
+        """The scheduler's rpc to ``worker``, carrying the internal token that
+        the workers' internal handlers require (docs/security.rst)."""
+        return InternalRPC(self.scheduler.rpc(worker), self.internal_token)
 
     async def start(self, scheduler):
         existing = scheduler.extensions.get(PLUGIN_NAME)
@@ -198,6 +212,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         await scheduler.register_worker_plugin(
             None, dumps(PSWorkerPlugin()), name=PLUGIN_NAME, idempotent=True
         )
+        self.internal_token = internal_token(scheduler)  # of the plugin the workers got
         self._started.set()
 
     async def close(self):
@@ -313,6 +328,26 @@ class PSSchedulerPlugin(SchedulerPlugin):
         for name in tables:
             if name in self.tables:
                 self.tables[name].checkpoint = (path, data)
+                self.tables[name].checkpoint_time = time.time()
+
+    def note_rollback(self, t: SchedulerTableState, blocks: list[int], reason: str) -> None:
+        """``blocks`` of ``t`` were lost and restored from its checkpoint:
+        every update since that checkpoint is gone. Recorded on the table
+        (``ps_rollbacks``) and on every active run, whose end reports it
+        (``ParameterServer.run`` raises ``RolledBackError``)."""
+        record = {
+            "table": t.spec.name, "blocks": sorted(int(b) for b in blocks), "reason": reason,
+            "checkpoint": t.checkpoint[0], "checkpoint_time": t.checkpoint_time, "restored_at": time.time(),
+        }
+        t.rollbacks.append(record)
+        self.scheduler.log_event("ps-rollback", record)
+        for run in self.runs.values():
+            run.rollbacks.append({**record, "clocks": list(run.clocks), "run_started": run.started})
+
+    def rollbacks(self, table: str | None = None) -> list[dict]:
+        """Handler: the latest restores from a checkpoint (of ``table``, or of every table)."""
+        names = [table] if table is not None else sorted(self.tables)
+        return [r for name in names for r in self._table(name).rollbacks]
 
     # --- placement (the freeze/copy/adopt protocol is _rebalance.PlacementChanger) ----
     def _running_members(self) -> set[str]:
@@ -375,7 +410,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
                 await self._check_gpu_memory(new, by_worker)
             await asyncio.gather(
                 *(
-                    self.scheduler.rpc(w).ps_create_shards(spec=spec, version=version, blocks=bs, owners=owners)
+                    self.worker_rpc(w).ps_create_shards(spec=spec, version=version, blocks=bs, owners=owners)
                     for w, bs in by_worker.items()
                 )
             )
@@ -466,7 +501,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         del self.tables[name]
         workers = {w for ws in t.owners for w in ws if w in self.members}
         await asyncio.gather(
-            *(self.scheduler.rpc(w).ps_drop_table(name=name, table_id=t.spec.table_id) for w in workers),
+            *(self.worker_rpc(w).ps_drop_table(name=name, table_id=t.spec.table_id) for w in workers),
             return_exceptions=True,
         )
 
@@ -570,9 +605,16 @@ class PSSchedulerPlugin(SchedulerPlugin):
     async def run_end(self, run_id: str) -> dict | None:
         """Handler: forget a run; returns its per-participant metrics. Servers
         apply what the run left (per-clock sums) before this returns."""
-        run = self.runs.pop(run_id, None)
+        run = self.runs.get(run_id)
         if run is None:
             return None
+        # A repair of a table it used that is in progress (a worker died just
+        # before the end) may restore blocks from a checkpoint: let it finish
+        # so that the run reports the rollback.
+        for name in sorted(run.tables):
+            async with self.table_lock(name):
+                pass
+        self.runs.pop(run_id, None)
         # Always: servers free the run's exactly-once windows (and refuse its
         # late pushes), besides applying what it left (per-clock sums).
         await self.calls.broadcast("ps_run_end", run_id=run_id)
@@ -582,4 +624,5 @@ class PSSchedulerPlugin(SchedulerPlugin):
             "attempts": dict(run.attempts),
             "seconds": time.time() - run.started,
             "participants": {int(k): v for k, v in run.metrics.items()},
+            "rolled_back": [r for r in run.rollbacks if r["table"] in run.tables],
         }
