@@ -323,8 +323,8 @@ def _round_block(ctx, cfg: _RunConfig, c: _CompiledData, group, run_rounds, W_al
 
     # Dense rows are copied in chunks to a contiguous buffer first (one
     # buffer: each chunk is trained before the next is gathered): a
-    # gather then a sequential pass is ~2x faster than the per-sample
-    # kernel reading rows at random.
+    # gather then a sequential pass beats the per-sample kernel reading
+    # rows at random (docs/benchmarks.md).
     def chunks():
         for a in range(0, idx.shape[0], c.chunk):
             part = idx[a:a + c.chunk]

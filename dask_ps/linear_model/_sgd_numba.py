@@ -279,8 +279,8 @@ def compact_rows(rows, data, ind, ptr, bits, rank):
     feature's new number is then the count of marked features before it,
     from ``rank`` (per word) and a popcount. The bitmap and the ranks are
     1/32 of the features' size, so they stay in cache while the rows, read
-    at random, do not (a per-feature lookup table of 4-8 bytes missed the
-    cache on every non-zero: 2-3x slower)."""
+    at random, do not (a per-feature lookup table of 4-8 bytes misses the
+    cache on every non-zero)."""
     nnz = 0
     for i in range(rows.shape[0]):
         r = rows[i]

@@ -576,6 +576,18 @@ def test_verbose_prints_progress(client, capsys):
     assert "-- Epoch 1" in out and "samples/s" in out
 
 
+def test_metrics_per_participant(client):
+    """metrics_: one dict per participant of the fit's run, with its session's
+    counters, its timings and its per-epoch history."""
+    X, y = make_classification(30000, 20, random_state=0)
+    est = SGDClassifier(max_iter=3, tol=None, random_state=0).fit(StandardScaler().fit_transform(X), y)
+    assert len(est.metrics_) == 2  # one participant per worker
+    for m in est.metrics_:
+        assert m["clock"] >= 3 and "tables" in m and m["ps_seconds"] >= 0 and m["cpu_seconds"] > 0
+        assert m["samples"] == 3 * 15000 and [h["epoch"] for h in m["history"]] == [1, 2, 3]
+    assert pickle.loads(pickle.dumps(est)).metrics_[0]["samples"] == 45000
+
+
 def test_early_stopping_and_n_iter_no_change(client):
     X, y = make_classification(3000, 20, random_state=0)
     X = StandardScaler().fit_transform(X)
