@@ -127,8 +127,6 @@ def _validation_score(cfg: _RunConfig, v):
     return np.array([r2])
 
 
-
-
 def _sgd_participant(ctx, part, *, cfg: _RunConfig):
     """Task: one participant of a fit (see ``_participant_loop``).
 
@@ -177,7 +175,6 @@ class _TimedCtx:
 
     def clock(self):
         return self._call("clock")
-
 
 
 def _participant_loop(ctx, part, cfg: _RunConfig):

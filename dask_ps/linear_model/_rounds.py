@@ -119,7 +119,6 @@ class _StopRule:
                     self.active[k] = False
 
 
-
 def _rng_state_to_json(rng) -> list:
     name, keys, pos, has_gauss, cached = rng.get_state()
     return [str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
@@ -171,7 +170,6 @@ def _round_size(group, run_rounds) -> int:
     if isinstance(group, tuple):
         return int(run_rounds[group[0]].shape[0])
     return sum(b.shape[0] for b in group)
-
 
 
 def _numba_module():

@@ -283,7 +283,6 @@ def _block_proba_from_scores(scores, n_classes):
     return prob
 
 
-
 def _block_decision(X, coef, intercept):
     """Task: decision values of one block (numpy, scipy.sparse or cupy)."""
     if hasattr(X, "to_numpy"):
@@ -318,7 +317,6 @@ def _block_proba(X, coef, intercept, loss, n_classes):
     all_zero = norm[:, 0] == 0
     p = xp.where(all_zero[:, None], 1.0 / n_classes, p / xp.where(norm == 0, 1.0, norm))
     return p
-
 
 
 class SGDRegressor(RegressorMixin, _BaseSGDPS):
