@@ -34,7 +34,7 @@ from dask_ps._liveness import Liveness, WorkerCalls
 from dask_ps._placement import place_blocks
 from dask_ps._rebalance import PlacementChanger
 from dask_ps._spec import TableSpec
-from dask_ps._worker_plugin import PLUGIN_NAME, PSWorkerPlugin, reply_errors
+from dask_ps._worker_plugin import PLUGIN_NAME, InternalRPC, PSWorkerPlugin, internal_token, reply_errors
 
 logger = logging.getLogger(__name__)
 
@@ -175,12 +175,18 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self._retiring: set[str] = set()
         self._evacuations: dict[str, asyncio.Task] = {}
         self.liveness = Liveness()
-        self.calls = WorkerCalls(lambda w: self.scheduler.rpc(w), self.liveness, self._retiring, self.members)
+        self.internal_token = None  # the workers' (set in start); internal handlers require it
+        self.calls = WorkerCalls(self.worker_rpc, self.liveness, self._retiring, self.members)
         self.placement = PlacementChanger(self)  # repair, evacuate, rebalance, resync
         self.totals: Counter = Counter()  # metrics summed over finished participants
 
     def __repr__(self):
         return f"<PSSchedulerPlugin servers={len(self.members)} tables={sorted(self.tables)} runs={len(self.runs)}>"
+
+    def worker_rpc(self, worker: str) -> InternalRPC:
+        """The scheduler's rpc to ``worker``, carrying the internal token that
+        the workers' internal handlers require (docs/security.rst)."""
+        return InternalRPC(self.scheduler.rpc(worker), self.internal_token)
 
     async def start(self, scheduler):
         existing = scheduler.extensions.get(PLUGIN_NAME)
@@ -206,6 +212,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         await scheduler.register_worker_plugin(
             None, dumps(PSWorkerPlugin()), name=PLUGIN_NAME, idempotent=True
         )
+        self.internal_token = internal_token(scheduler)  # of the plugin the workers got
         self._started.set()
 
     async def close(self):
@@ -403,7 +410,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
                 await self._check_gpu_memory(new, by_worker)
             await asyncio.gather(
                 *(
-                    self.scheduler.rpc(w).ps_create_shards(spec=spec, version=version, blocks=bs, owners=owners)
+                    self.worker_rpc(w).ps_create_shards(spec=spec, version=version, blocks=bs, owners=owners)
                     for w, bs in by_worker.items()
                 )
             )
@@ -494,7 +501,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         del self.tables[name]
         workers = {w for ws in t.owners for w in ws if w in self.members}
         await asyncio.gather(
-            *(self.scheduler.rpc(w).ps_drop_table(name=name, table_id=t.spec.table_id) for w in workers),
+            *(self.worker_rpc(w).ps_drop_table(name=name, table_id=t.spec.table_id) for w in workers),
             return_exceptions=True,
         )
 

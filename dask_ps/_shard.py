@@ -102,6 +102,12 @@ class ShardStore:
     def create(self, spec: TableSpec, version: int | None, blocks: list[int], owners=None) -> TableShards:
         """Allocate zero blocks. ``version=None``: blocks for a placement that
         is not adopted yet (a new table here starts frozen)."""
+        if owners is not None:
+            owners = check_owners(spec, owners)
+        try:
+            spec.rule.check_available()  # a rule registered by name must be registered here
+        except LookupError as e:
+            raise PSValueError(f"table {spec.name!r}: {e}", spec.name) from None
         have = self.tables.get(spec.name)
         if have is not None and have.spec.table_id == spec.table_id:
             # Idempotent re-send, or more blocks after a placement change.
@@ -121,8 +127,13 @@ class ShardStore:
     def set_placement(self, name: str, table_id: str, version: int, owners, me: str) -> None:
         """A newer placement: adopt it and drop blocks this worker no longer owns."""
         t = self.tables.get(name)
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise PSValueError(f"set_placement needs an int version, got {version!r}")
         if t is None or t.spec.table_id != table_id or version < t.version:
             return
+        # A whole placement, checked before anything changes: a malformed one
+        # (e.g. no owners at all) must not make this worker drop its blocks.
+        owners = check_owners(t.spec, owners)
         t.version = version
         t.frozen = False
         t.owners = [list(o) for o in owners]
@@ -443,3 +454,25 @@ def _unwire_clock(c) -> float:
     if not isinstance(c, (int, float)) or isinstance(c, bool):
         raise PSValueError(f"a clock must be a number or None, got {c!r}")
     return c
+
+
+def check_owners(spec: TableSpec, owners) -> list[list[str]]:
+    """A table's placement as sent by the scheduler: for every block, one or
+    more distinct worker addresses, the primary first."""
+    if not isinstance(owners, (list, tuple)) or len(owners) != spec.n_blocks:
+        raise PSValueError(
+            f"table {spec.name!r}: a placement lists the owners of all {spec.n_blocks} blocks, got "
+            f"{len(owners) if isinstance(owners, (list, tuple)) else type(owners).__name__}",
+            spec.name,
+        )
+    out = []
+    for b, ws in enumerate(owners):
+        if (not isinstance(ws, (list, tuple)) or not ws or len(set(map(str, ws))) != len(ws)
+                or not all(isinstance(w, str) and w for w in ws)):
+            raise PSValueError(
+                f"table {spec.name!r}: block {b} needs one or more distinct worker addresses "
+                f"(primary first), got {ws!r}",
+                spec.name,
+            )
+        out.append(list(ws))
+    return out

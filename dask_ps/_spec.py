@@ -170,12 +170,16 @@ class TableSpec:
 
     @classmethod
     def from_msg(cls, msg: dict) -> "TableSpec":
+        try:
+            rule = rule_from_msg(msg["rule"])
+        except PSValueError as e:  # e.g. a pickled rule where they are refused
+            raise PSValueError(f"table {msg['name']!r}: {e}", msg["name"]) from None
         return cls(
             name=msg["name"],
             shape=tuple(msg["shape"]),
             dtype=np.dtype(msg["dtype"]),
             device=msg["device"],
-            rule=rule_from_msg(msg["rule"]),
+            rule=rule,
             consistency=Consistency.from_msg(msg["consistency"]),
             allow_nonfinite=msg["allow_nonfinite"],
             aggregate=msg["aggregate"],

@@ -15,7 +15,9 @@ import math
 from collections import OrderedDict, defaultdict, deque
 
 import functools
+import hmac
 import inspect
+import secrets
 
 import numpy as np
 from distributed import WorkerPlugin
@@ -23,14 +25,30 @@ from distributed.core import error_message
 from distributed.protocol.serialize import Serialized, to_serialize
 
 from dask_ps import _backend, _config
-from dask_ps._exceptions import PSError, PSValueError, RunAbortedError, StaleVersionError, UnknownTableError
+from dask_ps._exceptions import (
+    ForwardRefusedError,
+    InternalOnlyError,
+    PSError,
+    PSValueError,
+    RunAbortedError,
+    StaleVersionError,
+    UnknownTableError,
+)
 from dask_ps._liveness import Liveness, WorkerGone
-from dask_ps._shard import ShardStore, _wire_clock
+from dask_ps._shard import ShardStore, _wire_clock, check_owners
 from dask_ps._spec import TableSpec
 
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "ps"
+# Handlers only the cluster's scheduler and workers call: they need the
+# cluster's internal token (see PSWorkerPlugin.internal_token). ps_push is
+# open, but a forwarded push (replica=True) needs the token too.
+INTERNAL_HANDLERS = frozenset({
+    "ps_create_shards", "ps_drop_table", "ps_clock_advance", "ps_cache_fill", "ps_run_end",
+    "ps_freeze", "ps_copy_blocks", "ps_install_blocks", "ps_set_placement",
+    "ps_placement_changed", "ps_worker_left", "ps_worker_joined", "ps_fence",
+})
 ENDED_RUNS_KEPT = 1024  # ended run ids remembered per worker (see PSWorkerPlugin._ended_runs)
 HANDLERS = (
     "ps_create_shards", "ps_drop_table", "ps_push", "ps_pull", "ps_info",
@@ -70,6 +88,13 @@ class PSWorkerPlugin(WorkerPlugin):
         self._ended_runs: OrderedDict[str, None] = OrderedDict()
         self.latest_versions: dict[str, int] = {}  # table -> newest placement version announced
         self.liveness = Liveness()  # workers the scheduler removed: do not wait on them
+        # Created once where the scheduler plugin builds this plugin, and
+        # pickled with it to every worker: only the scheduler and the workers
+        # know it. Dask's comm does not say who is calling (a peer address is
+        # an ephemeral port; TLS nodes usually share one certificate), so
+        # internal handlers check this instead. It stops mistakes and stray
+        # messages, not someone who can run code in the cluster (docs/security.rst).
+        self.internal_token = secrets.token_hex(16)
 
     def __repr__(self):
         addr = self.worker.address if self.worker is not None else None
@@ -77,7 +102,7 @@ class PSWorkerPlugin(WorkerPlugin):
 
     async def setup(self, worker):
         self.worker = worker
-        worker.handlers.update({op: reply_errors(getattr(self, op[3:])) for op in HANDLERS})
+        worker.handlers.update({op: self._guard(op, reply_errors(getattr(self, op[3:]))) for op in HANDLERS})
         worker.extensions[PLUGIN_NAME] = self
         # Announce ourselves (never called from the scheduler's add_worker:
         # an RPC to a joining worker there deadlocks, see DASK_NOTES pitfall 1).
@@ -98,6 +123,30 @@ class PSWorkerPlugin(WorkerPlugin):
         # empty they answer UnknownTableError, and callers re-route.
         self.store.tables.clear()
 
+    def _is_internal(self, token) -> bool:
+        return isinstance(token, str) and hmac.compare_digest(token, self.internal_token)
+
+    def _guard(self, op: str, handler):
+        """``handler`` for Dask: takes the ``token`` every message may carry;
+        refuses an internal handler without the cluster's token; tells
+        ``ps_push`` whether the caller is internal."""
+        internal_only = op in INTERNAL_HANDLERS
+
+        @functools.wraps(handler)
+        def guarded(**msg):
+            internal = self._is_internal(msg.pop("token", None))
+            msg.pop("internal", None)  # never from the message itself
+            if internal_only and not internal:
+                return error_message(InternalOnlyError(
+                    f"{op} may be called only by the cluster's scheduler and workers (they send the "
+                    "cluster's internal token: the scheduler plugin's calls, InternalRPC)"
+                ), status="uncaught-error")
+            if op == "ps_push":
+                msg["internal"] = internal
+            return handler(**msg)  # a coroutine for async handlers: Dask awaits it
+
+        return guarded
+
     @contextlib.asynccontextmanager
     async def _all_locks(self, table: str):
         """Exclusive access to a table's shards (placement changes, checkpoints)."""
@@ -116,20 +165,26 @@ class PSWorkerPlugin(WorkerPlugin):
         return self.store.drop(name, table_id)
 
     async def push(self, table=None, version=None, blocks=(), rows=(), values=(), raw=False, run=None,
-                   sender=None, msg_seq=None, replica=False, table_id=None):
+                   sender=None, msg_seq=None, replica=False, table_id=None, forwarder=None, internal=False):
         """Handler: apply one message of updates (all blocks or none).
 
         ``run = (run_id, clock)`` tags a participant's push (per-clock
         aggregation); ``sender``/``msg_seq`` number it so a re-sent message is
         applied once. On a block's primary the message is forwarded to the
         block's replicas, and the reply waits until they applied it too.
+        A forwarded message (``replica=True``) names its ``forwarder``, which
+        must be the blocks' primary, and carries the internal token
+        (``internal`` is set by the handler's guard, never by the message).
         """
         rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
         values = [_unwrap(v) for v in values] if isinstance(values, (list, tuple)) else values
+        if replica and not internal:
+            raise InternalOnlyError("a forwarded push (replica=True) may come only from the blocks' primary")
         return await self._push(table, version, blocks, rows, values, bool(raw), run, sender, msg_seq,
-                                bool(replica), table_id)
+                                bool(replica), table_id, forwarder)
 
-    async def _push(self, table, version, blocks, rows, values, raw, run, sender, msg_seq, replica, table_id=None):
+    async def _push(self, table, version, blocks, rows, values, raw, run, sender, msg_seq, replica, table_id=None,
+                    forwarder=None):
         if sender is not None and not (isinstance(sender, str) and isinstance(msg_seq, int)):
             raise PSValueError(f"push sender/msg_seq must be str/int, got {sender!r}/{msg_seq!r}")
         if run is not None:
@@ -147,7 +202,9 @@ class PSWorkerPlugin(WorkerPlugin):
             # A forwarded push follows the primary's placement, not the sender's.
             t, items = self.store.validate_push(table, None if replica else version, blocks, rows, values,
                                                 table_id, frozen_ok=replica)
-            if not replica:
+            if replica:
+                self._check_forwarder(t, [b for b, _, _ in items], version, forwarder)
+            else:
                 me = self.worker.address
                 wrong = [b for b, _, _ in items if t.owners and t.owners[b][0] != me]
                 if wrong:
@@ -163,6 +220,37 @@ class PSWorkerPlugin(WorkerPlugin):
             if not replica:
                 await self._forward(t, items, raw, run, sender, msg_seq)
             return self.store.seqs(t, items)
+
+    def _check_forwarder(self, t, blocks, version, forwarder) -> None:
+        """Only a block's primary forwards its pushes to its replicas. Under
+        the same placement version the forwarder must be the primary this
+        worker has recorded; a forwarder with an older version is not the
+        primary any more (it refreshes and its caller retries); one with a
+        newer version is accepted only while this worker waits to adopt that
+        placement (frozen by a placement change in progress)."""
+        name = t.spec.name
+        if not isinstance(forwarder, str) or not isinstance(version, int) or isinstance(version, bool):
+            raise PSValueError(f"table {name!r}: a forwarded push must name its forwarder and placement version",
+                               name)
+        if version < t.version:
+            raise ForwardRefusedError(
+                f"table {name!r}: {forwarder} forwarded a push under placement v{version}, this replica "
+                f"has v{t.version}: it is no longer the primary; refresh and retry"
+            )
+        if version > t.version:
+            if not t.frozen:  # this copy missed a placement change: its primary fences it
+                raise StaleVersionError(
+                    f"table {name!r}: this replica has placement v{t.version}, the forward is for v{version}"
+                )
+            return
+        me = self.worker.address
+        wrong = [b for b in blocks
+                 if b >= len(t.owners) or t.owners[b][0] != forwarder or me not in t.owners[b][1:]]
+        if wrong:
+            raise PSValueError(
+                f"table {name!r}: only the primary of block(s) {wrong} may forward their pushes to this "
+                f"replica, not {forwarder}", name,
+            )
 
     async def _check_run_active(self, run_id: str) -> None:
         """Refuse pushes of a run that ended (its exactly-once windows are
@@ -205,17 +293,25 @@ class PSWorkerPlugin(WorkerPlugin):
                 rows=[None if x is None else to_serialize(x) for _, x, _ in its],
                 values=[to_serialize(v) for _, _, v in its],
                 raw=raw, run=run, sender=sender, msg_seq=msg_seq, replica=True,
+                forwarder=self.worker.address, token=self.internal_token,
             ), timeout))
             for r, its in by_replica.items()
         ]
-        missed = {}
+        missed, refused = {}, []
         for r, res in zip(by_replica, await asyncio.gather(*calls, return_exceptions=True)):
-            if isinstance(res, Exception):
+            if isinstance(res, ForwardRefusedError):
+                refused.append(res)  # our placement is older than the replica's: not its fault
+            elif isinstance(res, Exception):
                 logger.warning("dask_ps: replica %s of table %r missed a push: %r", r, t.spec.name, res)
                 if not isinstance(res, WorkerGone) and r not in self.liveness.dead:
                     missed[r] = sorted({it[0] for it in by_replica[r]})
         if missed:
             await self._report_missed(t, missed)
+        if refused:
+            # Applied here, not acknowledged: the caller re-sends it (same
+            # numbers) to the current primary.
+            raise StaleVersionError(f"table {t.spec.name!r}: this worker is no longer the primary; retry") \
+                from refused[0]
 
     async def _report_missed(self, t, missed: dict[str, list[int]]) -> None:
         """Have the scheduler fence and re-copy replicas that missed a push.
@@ -269,6 +365,10 @@ class PSWorkerPlugin(WorkerPlugin):
             if t is None or t.spec.table_id != table_id:
                 raise UnknownTableError(f"table {table!r} is not hosted on {self.worker.address}", table)
             by_target: dict[str, list[int]] = defaultdict(list)
+            if not isinstance(moves, (list, tuple)) or not all(
+                    isinstance(m, (list, tuple)) and len(m) == 2 and isinstance(m[1], str)
+                    and isinstance(m[0], int) and not isinstance(m[0], bool) for m in moves):
+                raise PSValueError(f"table {table!r}: copy_blocks needs [(block, target address), ...]", table)
             for b, target in moves:
                 if int(b) not in t.blocks:
                     raise UnknownTableError(f"table {table!r}: block {b} is not on {self.worker.address}", table)
@@ -277,7 +377,8 @@ class PSWorkerPlugin(WorkerPlugin):
             await asyncio.gather(*(
                 self.liveness.call(target, lambda target=target, blocks=[
                     _wire_block(e) for e in self.store.export(t, bs)
-                ]: self.worker.rpc(target).ps_install_blocks(spec=spec, blocks=blocks))
+                ]: self.worker.rpc(target).ps_install_blocks(spec=spec, blocks=blocks,
+                                                            token=self.internal_token))
                 for target, bs in by_target.items()
             ))
 
@@ -314,6 +415,8 @@ class PSWorkerPlugin(WorkerPlugin):
     async def set_placement(self, table: str, table_id: str, version: int, owners) -> None:
         """Handler (scheduler), phase 2 of a placement change: adopt it, drop
         blocks no longer ours, serve again."""
+        if not isinstance(table, str):
+            raise PSValueError(f"set_placement needs a table name, got {table!r}")
         async with self._all_locks(table):
             self.store.set_placement(table, table_id, version, owners, self.worker.address)
 
@@ -345,7 +448,7 @@ class PSWorkerPlugin(WorkerPlugin):
             t = self.store.tables.get(table)
             if t is None or t.spec.table_id != table_id:
                 raise UnknownTableError(f"table {table!r} is not hosted on {self.worker.address}", table)
-            self.store.install(t.spec, t.version, t.owners, exported)
+            self.store.install(t.spec, t.version, t.owners or None, exported)
 
     async def pull(self, table=None, version=None, blocks=(), rows=(), run=None, subscribe=None, table_id=None):
         """Handler: values of whole blocks or of rows within blocks.
@@ -456,7 +559,7 @@ class PSWorkerPlugin(WorkerPlugin):
                 if address == self.worker.address:
                     self.cache_fill(**{**fill, "rows": [r for _, r in reqs], "values": values})
                 else:
-                    sends.append(self.worker.rpc(address).ps_cache_fill(**fill))
+                    sends.append(self.worker.rpc(address).ps_cache_fill(**fill, token=self.internal_token))
         for r in await asyncio.gather(*sends, return_exceptions=True):
             if isinstance(r, Exception):
                 logger.debug("dask_ps: ESSP push failed: %r", r)
@@ -562,3 +665,23 @@ def _unwrap(x):
     if isinstance(x, Serialized):
         raise PSValueError("payload could not be deserialized")
     return x
+
+
+class InternalRPC:
+    """A Dask rpc to a worker whose calls carry the cluster's internal token
+    (the scheduler plugin's calls to workers)."""
+
+    def __init__(self, rpc, token: str):
+        self._rpc, self._token = rpc, token
+
+    def __getattr__(self, op):
+        call = getattr(self._rpc, op)
+        return lambda **msg: call(token=self._token, **msg)
+
+
+def internal_token(scheduler) -> str:
+    """The internal token of the worker plugin registered on ``scheduler``
+    (read back from what the workers get, so both sides agree)."""
+    from distributed.protocol.pickle import loads
+
+    return loads(scheduler.worker_plugins[PLUGIN_NAME]).internal_token

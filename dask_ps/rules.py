@@ -11,12 +11,23 @@ Optimizer rules treat a push as a *gradient*; their step follows PyTorch's
 definitions (see each class). A rule is ``additive`` when two pushes may be
 summed before applying them without changing the result (only ``Sum``);
 other rules are applied push by push, in order.
+
+Custom rules are code. A callable passed as ``rule`` travels to the workers
+as a pickle (:class:`Custom`), which is Dask's own trust model: whoever can
+reach the cluster's comm can run code on it. A cluster that wants no
+pickled rules sets ``ps.allow-pickled-rules: false`` and registers its
+rules by name in the workers' own code (:func:`register_rule`, e.g. in a
+``--preload`` module); a table then names its rule (``rule="clipped_sum"``)
+and only the name travels (:class:`Registered`). See ``docs/security.rst``.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Callable
+
+import dask.config
 
 from dask_ps._backend import namespace
 
@@ -43,6 +54,11 @@ class UpdateRule:
 
     def _step(self, param, grad, state: dict) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def check_available(self) -> None:
+        """Raise unless this process can apply the rule (a worker creating a
+        table's blocks calls it: a rule registered by name must be registered
+        here)."""
 
     def to_msg(self) -> dict:
         return {"rule": self.name, **asdict(self)}
@@ -211,8 +227,87 @@ class Custom(UpdateRule):
         return Custom(pickle.loads(fn))
 
 
+# Rules registered by name in this process (register_rule): name -> callable.
+_REGISTERED: dict[str, Callable] = {}
+_registry_lock = threading.Lock()
+
+
+def register_rule(name: str, fn: Callable, *, replace: bool = False) -> None:
+    """Register a custom update rule under ``name`` in this process.
+
+    A table created with ``rule=name`` sends only the name; every worker
+    that hosts its blocks must have registered the same rule (register it
+    in code the workers run at start, e.g. a module passed to
+    ``dask worker --preload``, or an installed package they import). The
+    client needs it registered too to pass the plain name, or it passes
+    ``dask_ps.rules.Registered(name)``.
+
+    Parameters
+    ----------
+    name : str
+        Not one of the built-in rule names.
+    fn : callable
+        ``fn(param_block, update_block, state)``, as for :class:`Custom`.
+    replace : bool, default False
+        Replace a different function registered under ``name``.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"a rule name must be a non-empty str, got {name!r}")
+    if name.lower() in RULES:
+        raise ValueError(f"{name!r} is a built-in rule name; choose another")
+    if not callable(fn):
+        raise TypeError(f"rule {name!r} must be callable, got {fn!r}")
+    with _registry_lock:
+        have = _REGISTERED.get(name)
+        if have is not None and have is not fn and not replace:
+            raise ValueError(f"rule {name!r} is already registered (to {have!r}); pass replace=True")
+        _REGISTERED[name] = fn
+
+
+def unregister_rule(name: str) -> None:
+    """Forget a rule registered with :func:`register_rule` (tables using it
+    can no longer be created or updated in this process)."""
+    with _registry_lock:
+        _REGISTERED.pop(name, None)
+
+
+def registered_rules() -> list[str]:
+    """Names of the rules registered in this process."""
+    return sorted(_REGISTERED)
+
+
+@dataclass(frozen=True)
+class Registered(UpdateRule):
+    """A custom rule registered by name with :func:`register_rule`: only its
+    name travels, and each worker applies the function registered under
+    that name in its own process (as :class:`Custom` would)."""
+
+    rule_name: str = ""
+    name = "registered"
+
+    def __post_init__(self):
+        if not isinstance(self.rule_name, str) or not self.rule_name:
+            raise TypeError(f"a registered rule needs a name, got {self.rule_name!r}")
+
+    def _fn(self):
+        fn = _REGISTERED.get(self.rule_name)
+        if fn is None:
+            raise LookupError(
+                f"update rule {self.rule_name!r} is not registered in this process (registered: "
+                f"{registered_rules()}); call dask_ps.rules.register_rule({self.rule_name!r}, fn) on every "
+                "worker at start (e.g. in a --preload module)"
+            )
+        return fn
+
+    def check_available(self) -> None:
+        self._fn()
+
+    def apply(self, param, update, state, rows=None):
+        Custom(self._fn()).apply(param, update, state, rows)
+
+
 RULES: dict[str, type[UpdateRule]] = {
-    r.name: r for r in (Sum, Assign, SGD, Momentum, Adagrad, Adam, Custom)
+    r.name: r for r in (Sum, Assign, SGD, Momentum, Adagrad, Adam, Custom, Registered)
 }
 
 
@@ -224,10 +319,15 @@ def as_rule(rule, **hyper) -> UpdateRule:
         return rule
     if isinstance(rule, str):
         key = rule.lower()
-        if key not in RULES or key == "custom":
+        if rule in _REGISTERED and key not in RULES:
+            if hyper:
+                raise TypeError(f"rule {rule!r} is registered by name: it takes no hyper-parameters")
+            return Registered(rule)
+        if key not in RULES or key in ("custom", "registered"):
             raise ValueError(
                 f"unknown update rule {rule!r}; expected one of "
-                f"{sorted(k for k in RULES if k != 'custom')} or a callable"
+                f"{sorted(k for k in RULES if k not in ('custom', 'registered'))}, a rule registered "
+                f"with dask_ps.rules.register_rule (here: {registered_rules()}), or a callable"
             )
         try:
             return RULES[key](**hyper)
@@ -238,7 +338,24 @@ def as_rule(rule, **hyper) -> UpdateRule:
     raise TypeError(f"rule must be a rule name, an UpdateRule or a callable, got {rule!r}")
 
 
+def pickled_rules_allowed() -> bool:
+    """``ps.allow-pickled-rules`` of this process (default True)."""
+    v = dask.config.get("ps.allow-pickled-rules", True)
+    if isinstance(v, str):
+        return v.strip().lower() not in ("0", "false", "no", "off")
+    return bool(v)
+
+
 def rule_from_msg(msg: dict) -> UpdateRule:
     if msg["rule"] == "custom":
+        if not pickled_rules_allowed():
+            # Refused before unpickling anything.
+            from dask_ps._exceptions import PSValueError
+
+            raise PSValueError(
+                "a custom update rule sent as a pickle is refused here (ps.allow-pickled-rules is false): "
+                "register the rule by name with dask_ps.rules.register_rule on every worker and create "
+                "the table with rule=<its name> (see docs/security.rst)"
+            )
         return Custom._from_bytes(msg["fn"])
     return UpdateRule.from_msg(msg)

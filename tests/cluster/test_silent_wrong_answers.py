@@ -218,3 +218,127 @@ def test_a_flushed_push_sent_again_with_the_same_numbers_counts_once(ps, client,
         assert len(held) == 2
         for arr in held:
             np.testing.assert_array_equal(arr, expected[4 * b:4 * b + 4])
+
+
+# --- item 7: the trust boundary of the worker handlers ---------------------------------------
+
+
+def _token(dask_worker=None):
+    return dask_worker.extensions["ps"].internal_token
+
+
+def test_set_placement_without_owners_does_not_drop_a_workers_blocks(ps, client):
+    """``ps_set_placement(owners=[])`` sent to a worker made it drop its
+    blocks silently. From a client it is refused (only the scheduler may
+    change a placement); even with the cluster's internal token (code run on
+    a worker) a malformed placement is refused; the table keeps serving."""
+    ps.create_table("t", shape=(8,), block_rows=4, init=np.arange(8.0))
+    h = ps._handle("t")
+    msg = dict(table="t", table_id=h.spec.table_id, version=h.version + 1, owners=[])
+    for addr in {p.worker for p in ps.placement("t")}:
+        with pytest.raises(PermissionError, match="ps_set_placement"):
+            client.sync(client.rpc(addr).ps_set_placement, **msg)
+        token = client.run(_token, workers=[addr])[addr]
+        with pytest.raises(dask_ps.PSValueError, match="'t'"):
+            client.sync(client.rpc(addr).ps_set_placement, **msg, token=token)
+    np.testing.assert_array_equal(ps.pull("t"), np.arange(8.0))
+    ps.push("t", np.ones(8))
+    np.testing.assert_array_equal(ps.pull("t"), np.arange(8.0) + 1)
+
+
+def test_a_push_sent_straight_to_a_replica_is_refused(ps, client):
+    """``ps_push(replica=True)`` straight to a replica made the copies
+    diverge. Only the block's primary may forward: without the internal
+    token, or naming another forwarder, it is refused and the copies stay
+    equal."""
+    from distributed.protocol import to_serialize
+
+    ps.create_table("r", shape=(8,), block_rows=4, replication=2)
+    h = ps._handle("r")
+    primary, replica = h.owners[0]
+    msg = dict(table="r", version=h.version, blocks=[0], rows=[None], values=[to_serialize(np.ones(4))],
+               replica=True)
+    with pytest.raises(PermissionError, match="primary"):
+        client.sync(client.rpc(replica).ps_push, **msg)
+    token = client.run(_token, workers=[replica])[replica]
+    with pytest.raises(dask_ps.PSValueError, match="only the primary"):
+        client.sync(client.rpc(replica).ps_push, **msg, token=token, forwarder=replica)
+    copies = client.run(_copies, "r")
+    assert [c[0].tolist() for c in copies.values() if 0 in c] == [[0.0] * 4] * 2
+    ps.push("r", np.ones(8))
+    copies = client.run(_copies, "r")
+    assert [c[0].tolist() for c in copies.values() if 0 in c] == [[1.0] * 4] * 2
+
+
+@pytest.mark.parametrize("op,kwargs", [
+    ("ps_freeze", {}),
+    ("ps_fence", {"blocks": [0]}),
+    ("ps_drop_table", {}),
+    ("ps_create_shards", {"version": 5, "blocks": [0]}),
+    ("ps_run_end", {"run_id": "x"}),
+    ("ps_worker_left", {}),
+])
+def test_what_only_the_scheduler_sends_is_refused_from_a_client(ps, client, op, kwargs):
+    """Placement, fencing, table and run events come only from the scheduler
+    (or the table's workers): a client's message gets InternalOnlyError and
+    changes nothing."""
+    ps.create_table("s", shape=(8,), block_rows=4, init=np.arange(8.0))
+    h = ps._handle("s")
+    addr = h.owners[0][0]
+    full = {"table": "s", "name": "s", "table_id": h.spec.table_id, "spec": h.spec.to_msg(),
+            "address": addr, **kwargs}
+    import inspect
+
+    from dask_ps._worker_plugin import PSWorkerPlugin
+
+    params = inspect.signature(getattr(PSWorkerPlugin, op[3:])).parameters
+    with pytest.raises(PermissionError, match=op):
+        client.sync(getattr(client.rpc(addr), op), **{k: v for k, v in full.items() if k in params})
+    ps.push("s", np.ones(8))
+    np.testing.assert_array_equal(ps.pull("s"), np.arange(8.0) + 1)
+
+
+def _clip_add(param, update, state):
+    np.clip(param + update, -1.0, 1.0, out=param)
+
+
+def _register(dask_worker=None, dask_scheduler=None):
+    from dask_ps import rules
+
+    rules.register_rule("clip_add", _clip_add, replace=True)
+
+
+def _allow_pickles(value, dask_worker=None, dask_scheduler=None):
+    import dask
+
+    dask.config.set({"ps.allow-pickled-rules": value})
+
+
+def test_a_cluster_can_refuse_pickled_rules_and_use_named_ones(ps, client):
+    """With ps.allow-pickled-rules false on the scheduler and the workers, a
+    callable rule is refused at create_table; a rule registered by name in
+    the workers (here through client.run; a real cluster registers it in a
+    --preload module) works, and only its name travels."""
+    from dask_ps import rules
+
+    client.run(_register)
+    rules.register_rule("clip_add", _clip_add, replace=True)
+    client.run(_allow_pickles, False)
+    client.run_on_scheduler(_allow_pickles, False)
+    try:
+        with pytest.raises(dask_ps.PSValueError, match="'bad'.*allow-pickled-rules"):
+            ps.create_table("bad", shape=(4,), rule=_clip_add)
+        assert "bad" not in ps.tables()
+        ps.create_table("clip", shape=(4,), rule="clip_add", block_rows=2)
+        ps.push("clip", np.array([0.5, 2.0, -3.0, 0.0]))
+
+        def train(ctx, _):
+            ctx.push("clip", np.full(4, 0.25))
+            ctx.clock()
+
+        ps.run(train, range(2))
+        np.testing.assert_allclose(ps.pull("clip"), [1.0, 1.0, -0.5, 0.5])
+    finally:
+        client.run(_allow_pickles, True)
+        client.run_on_scheduler(_allow_pickles, True)
+        rules.unregister_rule("clip_add")

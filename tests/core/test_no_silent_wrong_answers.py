@@ -203,3 +203,142 @@ def test_a_resent_push_is_counted_once_by_the_push_handler():
     w, c = asyncio.run(scenario())
     np.testing.assert_array_equal(w, np.full(4, 2.0))
     np.testing.assert_array_equal(c, np.full(4, 2.0))
+
+
+# --- item 7: the worker handlers check what they act on ---------------------------------------
+
+
+def test_a_malformed_placement_is_refused_and_the_blocks_stay():
+    """``ps_set_placement(owners=[])`` made a worker silently drop its blocks."""
+    s = TableSpec.create("t", (8,), "float64", block_rows=4)
+    st = ShardStore()
+    t = st.create(s, 1, [0, 1], owners=[["a"], ["a"]])
+    for owners in ([], [["a"]], [["a"], []], [["a"], ["b", "b"]], [["a"], [None]], "a", None):
+        with pytest.raises(dask_ps.PSValueError, match="'t'"):
+            st.set_placement("t", s.table_id, 2, owners, "a")
+    with pytest.raises(dask_ps.PSValueError, match="version"):
+        st.set_placement("t", s.table_id, "2", [["a"], ["a"]], "a")
+    assert sorted(t.blocks) == [0, 1] and t.version == 1 and t.owners == [["a"], ["a"]]
+    st.set_placement("t", s.table_id, 2, [["a"], ["b"]], "a")  # a real change still drops block 1
+    assert sorted(t.blocks) == [0] and t.version == 2
+    with pytest.raises(dask_ps.PSValueError, match="'u'"):
+        ShardStore().create(TableSpec.create("u", (8,), block_rows=4), 1, [0], owners=[["a"]])
+
+
+def _replica_plugin(version=1, frozen=False):
+    """This worker (ME) is the replica of both blocks of "t"; "tcp://p" is primary."""
+    s = TableSpec.create("t", (8,), "float64", block_rows=4, replication=2)
+    p = PSWorkerPlugin()
+    p.worker = SimpleNamespace(address=ME, scheduler=FakeScheduler())
+    p.create_shards(s.to_msg(), version, [0, 1], owners=[["tcp://p", ME]] * 2)
+    p.store.tables["t"].frozen = frozen
+    return p
+
+
+async def _forwarded(p, version, forwarder, internal=True):
+    return await p.push(table="t", version=version, blocks=[0], rows=[None], values=[np.ones(4)],
+                        replica=True, forwarder=forwarder, internal=internal, sender="c", msg_seq=1)
+
+
+def test_only_the_primary_may_forward_a_push_to_a_replica():
+    """A forwarded push (replica=True) sent straight to a replica made the
+    copies diverge. Now it needs the internal token and must come from the
+    block's recorded primary under the replica's placement version."""
+    p = _replica_plugin()
+    with pytest.raises(dask_ps.PSError, match="only from the blocks' primary"):
+        asyncio.run(_forwarded(p, 1, "tcp://p", internal=False))  # no token
+    with pytest.raises(dask_ps.PSValueError, match="only the primary of block"):
+        asyncio.run(_forwarded(p, 1, "tcp://someone"))
+    with pytest.raises(dask_ps.PSValueError, match="forwarder"):
+        asyncio.run(_forwarded(p, 1, None))
+    assert p.store.tables["t"].blocks[0].data.sum() == 0
+    asyncio.run(_forwarded(p, 1, "tcp://p"))
+    assert p.store.tables["t"].blocks[0].data.sum() == 4
+
+
+def test_a_forward_under_another_placement_version():
+    from dask_ps._exceptions import ForwardRefusedError
+
+    p = _replica_plugin(version=3)
+    with pytest.raises(ForwardRefusedError):  # the forwarder is behind: not the primary any more
+        asyncio.run(_forwarded(p, 2, "tcp://p"))
+    with pytest.raises(dask_ps.StaleVersionError):  # this copy is behind, not in a change: fenced
+        asyncio.run(_forwarded(p, 4, "tcp://p"))
+    assert p.store.tables["t"].blocks[0].data.sum() == 0
+    p = _replica_plugin(version=3, frozen=True)  # adopting the forwarder's newer placement
+    asyncio.run(_forwarded(p, 4, "tcp://new-primary"))
+    assert p.store.tables["t"].blocks[0].data.sum() == 4
+
+
+def test_a_primary_whose_forward_is_refused_as_stale_does_not_fence_the_replica():
+    """A replica refuses a forward from a worker whose placement is older
+    (it is not the primary any more): the forwarder's caller gets a
+    retryable error, and the replica is not reported as having missed it."""
+    from dask_ps._exceptions import ForwardRefusedError
+
+    class Scheduler(FakeScheduler):
+        missed = []
+
+        async def ps_replica_missed(self, **kw):
+            self.missed.append(kw)
+
+    class Replica:
+        async def ps_push(self, **kw):
+            assert kw["forwarder"] == ME and kw["token"]
+            raise ForwardRefusedError("placement v2 here")
+
+    s = TableSpec.create("t", (4,), "float64", replication=2)
+    p = PSWorkerPlugin()
+    p.worker = SimpleNamespace(address=ME, scheduler=Scheduler(), rpc=lambda addr: Replica())
+    p.create_shards(s.to_msg(), 1, [0], owners=[[ME, "tcp://r"]])
+    with pytest.raises(dask_ps.StaleVersionError, match="no longer the primary"):
+        asyncio.run(p.push(table="t", version=1, blocks=[0], rows=[None], values=[np.ones(4)],
+                           sender="c", msg_seq=1))
+    assert Scheduler.missed == []
+
+
+def _clip_add(param, update, state):
+    """A custom rule: add, then clip to [-1, 1]."""
+    np.clip(param + update, -1.0, 1.0, out=param)
+
+
+def test_rules_registered_by_name_travel_as_their_name():
+    from dask_ps import rules
+
+    rules.register_rule("clip_add", _clip_add)
+    try:
+        with pytest.raises(ValueError, match="already registered"):
+            rules.register_rule("clip_add", lambda p, u, s: None)
+        with pytest.raises(ValueError, match="built-in"):
+            rules.register_rule("Sum", _clip_add)
+        s = TableSpec.create("t", (4,), rule="clip_add")
+        assert s.rule == rules.Registered("clip_add") and "clip_add" in rules.registered_rules()
+        msg = s.to_msg()
+        assert msg["rule"] == {"rule": "registered", "rule_name": "clip_add"}  # no pickle
+        st = ShardStore()
+        t = st.create(TableSpec.from_msg(msg), 1, [0])
+        _, items = st.validate_push("t", 1, [0], [None], [np.array([0.5, 2.0, -3.0, 0.0])])
+        st.commit(t, st.apply(t, items))
+        _, items = st.validate_push("t", 1, [0], [np.array([0, 3])], [np.array([0.7, 0.7])])
+        st.commit(t, st.apply(t, items))
+        assert t.blocks[0].data.tolist() == [1.0, 1.0, -1.0, 0.7]
+    finally:
+        rules.unregister_rule("clip_add")
+    # A worker that lacks the registration refuses the table's blocks at once.
+    with pytest.raises(dask_ps.PSValueError, match="'t'.*not registered"):
+        ShardStore().create(TableSpec.from_msg(msg), 1, [0])
+
+
+def test_pickled_rules_can_be_refused():
+    import dask
+
+    s = TableSpec.create("t", (4,), rule=_clip_add)
+    msg = s.to_msg()
+    assert TableSpec.from_msg(msg).rule.name == "custom"
+    with dask.config.set({"ps.allow-pickled-rules": False}):
+        with pytest.raises(dask_ps.PSValueError, match="'t'.*allow-pickled-rules"):
+            TableSpec.from_msg(msg)
+        assert TableSpec.from_msg(TableSpec.create("u", (4,), rule="adam", lr=0.1).to_msg()).rule.lr == 0.1
+    with dask.config.set({"ps.allow-pickled-rules": "false"}):  # as an environment variable gives it
+        with pytest.raises(dask_ps.PSValueError):
+            TableSpec.from_msg(msg)
