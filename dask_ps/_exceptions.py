@@ -12,8 +12,6 @@ Hierarchy::
     ├── StaleVersionError        a message carried an old table version; refresh and retry
     │   └── ForwardRefusedError  a replica refused a push forwarded by a worker behind its placement
     ├── InternalOnlyError        a handler only the cluster's scheduler and workers may call (PermissionError)
-    │   └── ForwardRefusedError  a replica refused a push forwarded by a worker behind its placement
-    ├── InternalOnlyError        a handler only the cluster's scheduler and workers may call (PermissionError)
     ├── RunAbortedError          a run was aborted because another participant failed
     └── ClockTimeoutError        waiting for the consistency bound took too long (TimeoutError)
 
@@ -114,21 +112,6 @@ class RolledBackError(TableError):
 
 class StaleVersionError(PSError):
     """A message used an outdated table version (placement changed). Retry."""
-
-
-class ForwardRefusedError(StaleVersionError):
-    """A replica refused a push forwarded to it: the forwarding worker's
-    placement of the table is older than the replica's, so it is not the
-    blocks' primary any more. The forwarder's caller refreshes and retries
-    at the current primary; the replica is not at fault."""
-
-
-class InternalOnlyError(PSError, PermissionError):
-    """A worker handler that only the cluster's scheduler and workers may
-    call (placement changes, forwarded pushes, clock events) was called
-    without the cluster's internal token. See ``docs/security.rst``: this
-    guards against mistakes and stray messages, not against someone who can
-    run code in the cluster."""
 
 
 class ForwardRefusedError(StaleVersionError):
