@@ -615,9 +615,14 @@ class PSSchedulerPlugin(SchedulerPlugin):
             async with self.table_lock(name):
                 pass
         self.runs.pop(run_id, None)
-        # Always: servers free the run's exactly-once windows (and refuse its
-        # late pushes), besides applying what it left (per-clock sums).
-        await self.calls.broadcast("ps_run_end", run_id=run_id)
+        # Servers free the run's exactly-once windows (and refuse its late
+        # pushes from now on). They apply what it left (per-clock sums)
+        # before this returns; without such sums the run's end does not wait
+        # for every worker to answer.
+        if run.notify:
+            await self.calls.broadcast("ps_run_end", run_id=run_id)
+        else:
+            self._in_background(self.calls.broadcast("ps_run_end", run_id=run_id))
         return {
             "run_id": run_id,
             "clocks": list(run.clocks),

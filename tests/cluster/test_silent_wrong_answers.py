@@ -143,6 +143,7 @@ def test_per_run_state_stays_bounded_over_many_runs(ps, client):
         assert len(ps.metrics()) == 20
     np.testing.assert_array_equal(ps.pull("w"), np.full(2, 2.0 * n_runs))
     np.testing.assert_array_equal(ps.pull("c"), np.full(2, 2.0 * n_runs))
+    ps.wait_for_placement()  # the scheduler's background work: the last runs' ends reach the workers
     for addr, state in client.run(_per_run_state).items():
         assert state == {"windows": 0, "summed": 0, "min_clock": 0, "subscriptions": 0, "mailboxes": 0,
                          "pending": 0}, (addr, state)
@@ -162,6 +163,7 @@ def test_a_push_of_an_ended_run_is_refused_not_applied_again(ps, client):
         return ctx.run_id
 
     run_ids = ps.run(train, range(1))
+    ps.wait_for_placement()  # the run's end reached the workers (in the background)
     addr = ps.placement("w")[0].worker
     late = dict(table="w", version=ps._handle("w").version, blocks=[0], rows=[None],
                 values=[to_serialize(np.ones(2))], run=(run_ids[0], 0), sender=f"{run_ids[0]}-0", msg_seq=0)
