@@ -31,12 +31,16 @@ class ParameterServer:
 
     Parameters
     ----------
-    client : distributed.Client, optional
-        The cluster to use. ``None`` uses the current client (``get_client()``)
-        or, when there is none, starts a ``LocalCluster`` owned by this object
-        and closed by :meth:`close` (or on leaving a ``with`` block).
+    client : distributed.Client or str, optional
+        The cluster to use: a client, or a scheduler address (connected here).
+        ``None`` uses the current client (``get_client()``) or, when there is
+        none, starts the embedded ``LocalCluster`` (``ps.embedded-cluster``;
+        in-process by default) owned by this object and closed by
+        :meth:`close` (or on leaving a ``with`` block). It is not made the
+        default Dask client.
     **cluster_kwargs
-        Passed to ``LocalCluster`` when one is started.
+        Passed to ``LocalCluster`` when one is started (over the
+        ``ps.embedded-cluster`` settings).
 
     Notes
     -----
@@ -61,10 +65,13 @@ class ParameterServer:
             try:
                 client = get_client()
             except ValueError:
-                cluster_kwargs.setdefault("processes", True)
-                self._own_cluster = LocalCluster(**cluster_kwargs)
-                self._own_client = client = Client(self._own_cluster)
+                self._own_cluster = LocalCluster(**embedded_cluster_kwargs(cluster_kwargs))
+                # Not the user's default scheduler: dask.compute() elsewhere in
+                # the program keeps whatever scheduler it had.
+                self._own_client = client = Client(self._own_cluster, set_as_default=False)
                 logger.info("dask_ps: started %s", self._own_cluster)
+        elif isinstance(client, str):
+            self._own_client = client = Client(client, set_as_default=False)
         self.client = client
         client.register_plugin(PSSchedulerPlugin())
         n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
@@ -87,7 +94,8 @@ class ParameterServer:
         """Close the client and cluster this object started (if any)."""
         if self._own_client is not None:
             self._own_client.close()
-            self._own_cluster.close()
+            if self._own_cluster is not None:
+                self._own_cluster.close()
             self._own_client = self._own_cluster = None
 
     def __enter__(self):
@@ -324,7 +332,7 @@ class ParameterServer:
                 )
             futures.append(fut)
         try:
-            results = self.client.gather(futures)
+            results = _gather_outside_the_pool(self.client, futures)
         except BaseException as e:
             try:
                 self._sync(self.client.scheduler.ps_run_abort, run_id=run_id, reason=f"{type(e).__name__}: {e}")
@@ -467,21 +475,80 @@ def _rollback_record(record: dict) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in record.items()}
 
 
+def _gather_outside_the_pool(client, futures):
+    """``client.gather(futures)``; called from inside a Dask task (a fit run
+    by joblib's dask backend or a dask-ml search), the waiting thread first
+    secedes from the worker's pool, whose threads the participants need,
+    and rejoins it afterwards (as ``distributed.worker_client`` does)."""
+    from distributed import get_worker, rejoin, secede
+
+    try:
+        get_worker()
+    except ValueError:
+        return client.gather(futures)
+    secede()
+    try:
+        return client.gather(futures)
+    finally:
+        rejoin()
+
+
 # --- the parameter server an estimator uses with client=None ---------------------------
+def embedded_cluster_kwargs(overrides: dict | None = None) -> dict:
+    """``LocalCluster`` arguments of the embedded cluster (``ps.embedded-cluster``).
+
+    The default is an in-process cluster (workers are threads of this
+    process, talking over Dask's in-process comm): it starts in a fraction of
+    a second, and it needs no ``if __name__ == "__main__":`` guard, so it works
+    from a plain script, a notebook, and inside joblib/loky workers (daemonic
+    processes, which may not start worker processes). ``processes: true``
+    gives worker processes, LocalCluster's own default.
+    """
+    import os
+
+    cfg = dask.config.get("ps.embedded-cluster")
+    kwargs = {
+        "processes": bool(cfg.get("processes", False)),
+        "n_workers": cfg.get("n-workers") or max(1, min(os.cpu_count() or 1, 8)),
+        "threads_per_worker": cfg.get("threads-per-worker") or 1,
+    }
+    if cfg.get("dashboard-address", "default") != "default":
+        kwargs["dashboard_address"] = cfg["dashboard-address"]
+    kwargs.update(overrides or {})
+    return kwargs
+
+
+_clients_by_address: dict[str, Client] = {}
+
+
+def _client_for(client):
+    """``client`` as a ``Client``: a scheduler address string connects once
+    per address (not as the default client); ``None`` stays ``None``."""
+    if not isinstance(client, str):
+        return client
+    c = _clients_by_address.get(client)
+    if c is None or c.status not in ("running", "connecting", "newly-created"):
+        c = _clients_by_address[client] = Client(client, set_as_default=False)
+    return c
+
+
 _auto_lock = threading.Lock()
 _auto_ps: ParameterServer | None = None
 _ps_by_client: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def get_parameter_server(client: Client | None = None) -> ParameterServer:
-    """The :class:`ParameterServer` of ``client``; with ``None``, the current
-    client's, or one on a ``LocalCluster`` started once per process, reused by
-    every later call and closed at interpreter exit.
+def get_parameter_server(client: Client | str | None = None) -> ParameterServer:
+    """The :class:`ParameterServer` of ``client`` (a ``Client`` or a scheduler
+    address); with ``None``, the current client's, or one on the embedded
+    cluster (:func:`embedded_cluster_kwargs`), started once per process,
+    reused by every later call and closed at interpreter exit. The embedded
+    cluster never becomes Dask's default scheduler.
 
     Estimators call this for ``client=None``, so fitting several (of any
     kind) in one process starts at most one cluster.
     """
     global _auto_ps
+    client = _client_for(client)
     if client is None:
         try:
             client = get_client()

@@ -189,19 +189,6 @@ class PSSchedulerPlugin(SchedulerPlugin):
         return InternalRPC(self.scheduler.rpc(worker), self.internal_token)
 
     async def start(self, scheduler):
-        existing = scheduler.extensions.get(PLUGIN_NAME)
-        starting = getattr(existing, "_started", None)
-        if isinstance(existing, PSSchedulerPlugin) and starting is not None and not starting.is_set():
-            # Registered concurrently (fits started by several tasks at once):
-            # Scheduler.register_scheduler_plugin checks ``idempotent`` before
-            # awaiting ``start`` and adds the plugin after it, so a second
-            # start() would replace the handlers of the first one. Let the
-            # first finish (its add_plugin runs right after); this instance is
-            # then dropped as a duplicate.
-            await starting.wait()
-            return
-        self._started = asyncio.Event()
-        scheduler.extensions[PLUGIN_NAME] = self
         self.scheduler = scheduler
         self._servers_changed = asyncio.Condition()
         scheduler.handlers.update({op: reply_errors(getattr(self, op[3:])) for op in HANDLERS})
@@ -213,7 +200,6 @@ class PSSchedulerPlugin(SchedulerPlugin):
             None, dumps(PSWorkerPlugin()), name=PLUGIN_NAME, idempotent=True
         )
         self.internal_token = internal_token(scheduler)  # of the plugin the workers got
-        self._started.set()
 
     async def close(self):
         from dask_ps import _prometheus
