@@ -314,8 +314,8 @@ class ParameterServer:
             return []
         run_id = uuid.uuid4().hex[:12]
         servers = self.servers or sorted(self.client.scheduler_info(n_workers=-1)["workers"])
-        self._sync(self.client.scheduler.ps_run_start, run_id=run_id, n=n)
         name = getattr(fn, "__name__", "fn")
+        self._sync(self.client.scheduler.ps_run_start, run_id=run_id, n=n, name=name)
         futures = []
         for rank, part in enumerate(parts):
             key = f"ps-run-{name}-{rank}-{run_id}"

@@ -21,7 +21,7 @@ from dask.utils import format_bytes
 from distributed import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
-from dask_ps import _config
+from dask_ps import _config, _dashboard
 from dask_ps._exceptions import (
     ClockTimeoutError,
     DataLostError,
@@ -132,6 +132,9 @@ class RunState:
     tables: set[str] = field(default_factory=set)  # tables its participants used
     rollbacks: list[dict] = field(default_factory=list)  # restores from a checkpoint while it ran
     notified: float = 0  # the last min clock sent to servers
+    name: str = ""  # the participant function's name (the dashboard)
+    waiting: int = 0  # participants waiting in ps_clock/ps_wait_clock now
+    wait_seconds: float = 0.0  # seconds participants spent waiting there
 
     def __repr__(self):
         return f"<RunState {self.run_id} clocks={self.clocks} done={sorted(self.done)}>"
@@ -200,6 +203,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
             None, dumps(PSWorkerPlugin()), name=PLUGIN_NAME, idempotent=True
         )
         self.internal_token = internal_token(scheduler)  # of the plugin the workers got
+        _dashboard.install(scheduler, self)  # the /ps page on the Dask dashboard
 
     async def close(self):
         from dask_ps import _prometheus
@@ -492,8 +496,8 @@ class PSSchedulerPlugin(SchedulerPlugin):
         )
 
     # --- runs and clocks ------------------------------------------------------------
-    def run_start(self, run_id: str, n: int) -> None:
-        self.runs[run_id] = RunState(run_id, n, [0] * n)
+    def run_start(self, run_id: str, n: int, name: str = "") -> None:
+        self.runs[run_id] = RunState(run_id, n, [0] * n, name=str(name)[:200])
 
     def _run(self, run_id) -> RunState:
         run = self.runs.get(run_id)
@@ -550,16 +554,21 @@ class PSSchedulerPlugin(SchedulerPlugin):
         if run.min_clock >= clock:
             return _num(run.min_clock)
         t0 = time.monotonic()
-        async with run.cond:
-            try:
-                await asyncio.wait_for(
-                    run.cond.wait_for(lambda: run.aborted or run.min_clock >= clock), timeout
-                )
-            except asyncio.TimeoutError:
-                raise ClockTimeoutError(
-                    f"run {run_id}: waited {time.monotonic() - t0:.1f}s for every participant to "
-                    f"reach clock {clock}; behind: {'; '.join(run.behind(clock))}"
-                ) from None
+        run.waiting += 1
+        try:
+            async with run.cond:
+                try:
+                    await asyncio.wait_for(
+                        run.cond.wait_for(lambda: run.aborted or run.min_clock >= clock), timeout
+                    )
+                except asyncio.TimeoutError:
+                    raise ClockTimeoutError(
+                        f"run {run_id}: waited {time.monotonic() - t0:.1f}s for every participant to "
+                        f"reach clock {clock}; behind: {'; '.join(run.behind(clock))}"
+                    ) from None
+        finally:
+            run.waiting -= 1
+            run.wait_seconds += time.monotonic() - t0
         self._run(run_id)  # raises if aborted meanwhile
         return _num(run.min_clock)
 

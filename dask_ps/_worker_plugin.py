@@ -72,6 +72,8 @@ class PSWorkerPlugin(WorkerPlugin):
     def __init__(self):
         self.store = ShardStore()
         self.worker = None
+        # Pushes and reads served here and their bytes (the dashboard's rates).
+        self.served = {"pushes": 0, "bytes_pushed": 0, "pulls": 0, "bytes_pulled": 0}
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._replica_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # ESSP: run_id -> session key -> (session's worker, {table: {block: rows}})
@@ -212,6 +214,9 @@ class PSWorkerPlugin(WorkerPlugin):
                         f"table {t.spec.name!r}: this worker is not the primary of block(s) {wrong}"
                     )
             todo = self.store.unapplied(t, items, sender, msg_seq)
+            if not replica:
+                self.served["pushes"] += 1
+                self.served["bytes_pushed"] += sum(getattr(v, "nbytes", 0) for _, _, v in items)
             if run is not None and t.spec.aggregate == "clock" and not raw:
                 run_id, clock = _check_run(run)
                 self.store.accumulate(t, run_id, clock, todo)
@@ -484,6 +489,8 @@ class PSWorkerPlugin(WorkerPlugin):
                 await self._apply_due(t, run_id, max(m, self._min_clock.get(run_id, -1)))
                 summed = [_wire_clock(self.store.summed_below_of(t, b, run_id)) for b, _ in reqs]
             seqs, values = self._read_locked(t, reqs, rows, subscribe, copy)
+            self.served["pulls"] += 1
+            self.served["bytes_pulled"] += sum(getattr(v, "nbytes", 0) for v in values)
             return seqs, values, summed
 
     def _read_locked(self, t, reqs, rows, subscribe, copy):
@@ -593,8 +600,11 @@ class PSWorkerPlugin(WorkerPlugin):
         """Handler: this worker's GPU and its free memory, None without one."""
         return _backend.gpu_info()
 
-    def info(self) -> dict:
-        """Handler: which blocks of which tables live here, and their bytes."""
+    def info(self, served: bool = False) -> dict:
+        """Handler: which blocks of which tables live here, and their bytes;
+        ``served=True``: also the pushes and reads served (the dashboard)."""
+        if served:
+            return {"tables": self.info(), "served": dict(self.served)}
         return {
             name: {"version": t.version, "blocks": sorted(t.blocks), "nbytes": t.nbytes,
                    "missed": sorted(t.missed), "reads": dict(t.reads)}
