@@ -433,6 +433,8 @@ def main():
                     help=f"part 2: the models to run (BSP always runs), from {list(STALENESS_MODELS)}")
     ap.add_argument("--repeats", type=int, default=1, help="part 2: run every model this many times, interleaved")
     ap.add_argument("--plot", default="docs/lda_staleness.png")
+    ap.add_argument("--cluster", choices=["processes", "threads"], default="processes",
+                    help="2 worker processes, or 2 workers as threads of this process (processes=False)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("distributed").setLevel(logging.WARNING)
@@ -446,7 +448,8 @@ def main():
     if args.part == "kernels":
         part_kernels(train, args)
         return
-    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster, \
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=args.cluster == "processes",
+                      dashboard_address=None) as cluster, \
             Client(cluster) as client:
         # warm-up: compile the numba kernels on both workers
         LatentDirichletAllocation(args.k, max_iter=2, client=client, random_state=0).fit(train[:200])

@@ -196,6 +196,8 @@ def main():
     ap.add_argument("--full", action="store_true", help="the issue's sizes: 1M x 100 dense, 1M x 2^20 sparse")
     ap.add_argument("--no-dask-ml", action="store_true")
     ap.add_argument("--only", choices=["dense", "sparse"], help="run one of the two data sets")
+    ap.add_argument("--cluster", choices=["processes", "threads"], default="processes",
+                    help="2 worker processes, or 2 workers as threads of this process (processes=False)")
     args = ap.parse_args()
     if args.full:
         args.dense_n = args.sparse_n = 1_000_000
@@ -206,7 +208,8 @@ def main():
     from distributed import Client, LocalCluster
 
     kw = dict(loss="log_loss", alpha=1e-4)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=args.cluster == "processes",
+                      dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         # Warm up: the parameter server's plugins, imports on the workers.
         from dask_ps.linear_model import SGDClassifier
