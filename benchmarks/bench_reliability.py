@@ -10,8 +10,13 @@
 4. Reads from replicas: participant pull throughput on a replication=2 table,
    reading any up-to-date copy (the default) vs the primary only
    (``ps.read-replicas: false``), measured in the same run.
+5. A hung worker: as 2., but the worker holding blocks is stopped (SIGSTOP)
+   for ``--stop`` seconds instead of killed. Reports the longest stall seen
+   by the participant with hung-worker fencing (``ps.timeouts.hung``) and
+   without it (``ps.timeouts.hung: 0``: the stall lasts as long as the
+   stop), and whether every push counted exactly once after SIGCONT.
 
-    python benchmarks/bench_reliability.py [--budget 2] [--pushes 10000] [--only reads]
+    python benchmarks/bench_reliability.py [--budget 2] [--pushes 10000] [--only reads|stop]
 """
 
 from __future__ import annotations
@@ -150,6 +155,55 @@ def recovery(ps, client):
             "time until 2 copies again (s)": t_repaired - t_kill, "flushes": len(s)}
 
 
+def hung_worker(ps, client, stop_seconds, hung):
+    """A participant flushes pushes (on a worker that is not the victim); the
+    primary of block 0 is stopped with SIGSTOP for ``stop_seconds``, then
+    continued. ``hung``: the ``ps.timeouts.hung`` setting (0: no fencing)."""
+    import dask
+
+    ps.create_table("hang", shape=(10_000, 8), replication=2, block_rows=500)
+
+    def timed(ctx, _, seconds):
+        out = []
+        t_end = time.time() + seconds
+        rng = np.random.default_rng(0)
+        while time.time() < t_end:
+            ctx.push_rows("hang", rng.choice(10_000, 32, replace=False), np.ones((32, 8)))
+            ctx.flush()
+            out.append(time.time())
+        return out
+
+    victim = ps.placement("hang")[0].worker
+    others = [w for w in ps.servers if w != victim]
+    pid = client.run(os.getpid, workers=[victim])[victim]
+    result = {}
+
+    def go():
+        futs = client.scatter([0], workers=[others[0]])
+        result["stamps"] = ps.run(timed, futs, seconds=stop_seconds + 3.0)[0]
+
+    with dask.config.set({"ps.timeouts.hung": hung}):  # read by the scheduler (this process)
+        th = threading.Thread(target=go)
+        th.start()
+        time.sleep(1.5)
+        t_stop = time.time()
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(stop_seconds)
+        os.kill(pid, signal.SIGCONT)
+        th.join()
+        deadline = time.time() + 60
+        while victim not in ps.servers and time.time() < deadline:  # taken back after SIGCONT
+            time.sleep(0.2)
+        ps.wait_for_placement()
+    s = np.array(result["stamps"])
+    around = s[(s > t_stop - 0.5)]
+    stall = float(np.max(np.diff(around))) if around.size > 1 else float("nan")
+    exact = float(ps.pull("hang").sum()) == len(s) * 32 * 8
+    ps.drop_table("hang")
+    return {"stop (s)": stop_seconds, "longest stall after the stop (s)": stall,
+            "flushes": len(s), "every push counted once": exact}
+
+
 def soak(ps, client, n_pushes):
     ps.create_table("soak", shape=(1000,), replication=2, block_rows=100, consistency=dask_ps.ASP())
 
@@ -200,13 +254,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=float, default=1.5)
     ap.add_argument("--pushes", type=int, default=10_000)
-    ap.add_argument("--only", choices=["reads"], help="run only part 4")
+    ap.add_argument("--only", choices=["reads", "stop"], help="run only part 4 (reads) or 5 (stop)")
+    ap.add_argument("--stop", type=float, default=10.0, help="seconds a worker stays stopped (part 5)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for name in ("distributed", "dask_ps"):
         logging.getLogger(name).setLevel(logging.ERROR)
     with LocalCluster(n_workers=3, threads_per_worker=1, dashboard_address=None) as cluster, Client(cluster) as client:
         ps = dask_ps.ParameterServer(client)
+        if args.only == "stop":
+            _print_hung(_hung_both(ps, client, args.stop))
+            return
         logger.info("4. reads from replicas")
         reads = replica_reads(ps, client, args.budget)
         if args.only == "reads":
@@ -221,6 +279,10 @@ def main():
         ps.wait_for_placement()
         logger.info("3. soak")
         sk = soak(ps, client, args.pushes)
+        client.wait_for_workers(3)
+        ps._servers(n=3, timeout=60)
+        ps.wait_for_placement()
+        hung = _hung_both(ps, client, args.stop)
     print("\n1. push throughput, replication=2 vs 1 (ops/s)")
     print(f"{'operation':36s} {'repl=1':>10s} {'repl=2':>10s} {'ratio':>7s}")
     for name, r1, r2 in cost:
@@ -232,6 +294,21 @@ def main():
     for k, v in sk.items():
         print(f"{k:36s} {v:10.1f}")
     _print_reads(reads)
+    _print_hung(hung)
+
+
+def _hung_both(ps, client, stop_seconds):
+    logger.info("5. a hung worker (SIGSTOP), with and without fencing")
+    return {"fenced (ps.timeouts.hung: 3s)": hung_worker(ps, client, stop_seconds, "3s"),
+            "not fenced (ps.timeouts.hung: 0)": hung_worker(ps, client, stop_seconds, 0)}
+
+
+def _print_hung(results):
+    print("\n5. SIGSTOP of a worker holding blocks (replication=2), SIGCONT after the stop")
+    for mode, r in results.items():
+        print(mode)
+        for k, v in r.items():
+            print(f"  {k:34s} {v!s:>10s}" if isinstance(v, bool) else f"  {k:34s} {v:10.3f}")
 
 
 def _print_reads(reads):

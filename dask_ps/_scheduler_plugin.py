@@ -30,7 +30,7 @@ from dask_ps._exceptions import (
     TableExistsError,
     UnknownTableError,
 )
-from dask_ps._liveness import Liveness, WorkerCalls
+from dask_ps._liveness import HungWorkers, Liveness, WorkerCalls
 from dask_ps._placement import place_blocks
 from dask_ps._rebalance import PlacementChanger
 from dask_ps._spec import TableSpec
@@ -61,6 +61,7 @@ HANDLERS = (
     "ps_replica_missed",
     "ps_resolve_device",
     "ps_rollbacks",
+    "ps_fenced_out",
 )
 
 
@@ -181,6 +182,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self.internal_token = None  # the workers' (set in start); internal handlers require it
         self.calls = WorkerCalls(self.worker_rpc, self.liveness, self._retiring, self.members)
         self.placement = PlacementChanger(self)  # repair, evacuate, rebalance, resync
+        self.hung = HungWorkers(self)  # fences out members that stop answering
         self.totals: Counter = Counter()  # metrics summed over finished participants
 
     def __repr__(self):
@@ -203,12 +205,14 @@ class PSSchedulerPlugin(SchedulerPlugin):
             None, dumps(PSWorkerPlugin()), name=PLUGIN_NAME, idempotent=True
         )
         self.internal_token = internal_token(scheduler)  # of the plugin the workers got
+        self.hung.start()
         _dashboard.install(scheduler, self)  # the /ps page on the Dask dashboard
 
     async def close(self):
         from dask_ps import _prometheus
 
         _prometheus.unregister(self)
+        self.hung.stop()
         for run in self.runs.values():
             run.aborted = "the scheduler is closing"
         self.runs.clear()
@@ -241,6 +245,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
 
     def _worker_gone(self, worker, stimulus_id):
         self._retiring.discard(worker)
+        self.hung.forget(worker)
         self._evacuations.pop(worker, None)
         self.liveness.mark_dead(worker)
         self.members.discard(worker)
@@ -333,6 +338,11 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self.scheduler.log_event("ps-rollback", record)
         for run in self.runs.values():
             run.rollbacks.append({**record, "clocks": list(run.clocks), "run_started": run.started})
+
+    def fenced_out(self, address: str) -> bool:
+        """Handler (a worker that was stopped for long, ``PauseGuard``): was
+        it fenced out as hung (its copies must not serve until it dropped them)?"""
+        return address in self.hung.fenced
 
     def rollbacks(self, table: str | None = None) -> list[dict]:
         """Handler: the latest restores from a checkpoint (of ``table``, or of every table)."""

@@ -34,7 +34,7 @@ from dask_ps._exceptions import (
     StaleVersionError,
     UnknownTableError,
 )
-from dask_ps._liveness import Liveness, WorkerGone
+from dask_ps._liveness import Liveness, PauseGuard, WorkerGone
 from dask_ps._shard import ShardStore, _wire_clock, check_owners
 from dask_ps._spec import TableSpec
 
@@ -47,14 +47,14 @@ PLUGIN_NAME = "ps"
 INTERNAL_HANDLERS = frozenset({
     "ps_create_shards", "ps_drop_table", "ps_clock_advance", "ps_cache_fill", "ps_run_end",
     "ps_freeze", "ps_copy_blocks", "ps_install_blocks", "ps_set_placement",
-    "ps_placement_changed", "ps_worker_left", "ps_worker_joined", "ps_fence",
+    "ps_placement_changed", "ps_worker_left", "ps_worker_joined", "ps_fence", "ps_evicted",
 })
 ENDED_RUNS_KEPT = 1024  # ended run ids remembered per worker (see PSWorkerPlugin._ended_runs)
 HANDLERS = (
     "ps_create_shards", "ps_drop_table", "ps_push", "ps_pull", "ps_info",
     "ps_clock_advance", "ps_cache_fill", "ps_run_end",
     "ps_freeze", "ps_copy_blocks", "ps_install_blocks", "ps_set_placement", "ps_save_blocks", "ps_load_blocks",
-    "ps_placement_changed", "ps_worker_left", "ps_worker_joined", "ps_fence", "ps_gpu_info",
+    "ps_placement_changed", "ps_worker_left", "ps_worker_joined", "ps_fence", "ps_gpu_info", "ps_evicted",
 )
 
 
@@ -90,6 +90,10 @@ class PSWorkerPlugin(WorkerPlugin):
         self._ended_runs: OrderedDict[str, None] = OrderedDict()
         self.latest_versions: dict[str, int] = {}  # table -> newest placement version announced
         self.liveness = Liveness()  # workers the scheduler removed: do not wait on them
+        self._evictions: set[str] = set()  # ps_evicted ids handled (a resent one is a no-op)
+        # Refuses to serve after a long stop until the scheduler says whether
+        # this worker was fenced out as hung (started in setup).
+        self.pause_guard = PauseGuard(lambda: self.worker.scheduler.ps_fenced_out(address=self.worker.address))
         # Created once where the scheduler plugin builds this plugin, and
         # pickled with it to every worker: only the scheduler and the workers
         # know it. Dask's comm does not say who is calling (a peer address is
@@ -106,11 +110,13 @@ class PSWorkerPlugin(WorkerPlugin):
         self.worker = worker
         worker.handlers.update({op: self._guard(op, reply_errors(getattr(self, op[3:]))) for op in HANDLERS})
         worker.extensions[PLUGIN_NAME] = self
+        self.pause_guard.start()
         # Announce ourselves (never called from the scheduler's add_worker:
         # an RPC to a joining worker there deadlocks, see DASK_NOTES pitfall 1).
         await worker.scheduler.ps_register_server(address=worker.address)
 
     async def teardown(self, worker):
+        self.pause_guard.stop()
         # A graceful close (retire_workers, scale down): hand our blocks to
         # other workers first. The scheduler ignores this while shutting down.
         if self.store.tables:
@@ -207,6 +213,7 @@ class PSWorkerPlugin(WorkerPlugin):
             if replica:
                 self._check_forwarder(t, [b for b, _, _ in items], version, forwarder)
             else:
+                self.pause_guard.check()  # stopped for long: maybe fenced out, not the primary any more
                 me = self.worker.address
                 wrong = [b for b, _, _ in items if t.owners and t.owners[b][0] != me]
                 if wrong:
@@ -237,6 +244,13 @@ class PSWorkerPlugin(WorkerPlugin):
         if not isinstance(forwarder, str) or not isinstance(version, int) or isinstance(version, bool):
             raise PSValueError(f"table {name!r}: a forwarded push must name its forwarder and placement version",
                                name)
+        if forwarder in self.liveness.dead:
+            # Fenced out as hung (or removed): it may still take itself for
+            # the primary when it runs again; its copy has left the placement.
+            raise ForwardRefusedError(
+                f"table {name!r}: {forwarder} forwarded a push but has left the placement (fenced out); "
+                "refresh and retry"
+            )
         if version < t.version:
             raise ForwardRefusedError(
                 f"table {name!r}: {forwarder} forwarded a push under placement v{version}, this replica "
@@ -409,6 +423,19 @@ class PSWorkerPlugin(WorkerPlugin):
         """Handler (scheduler): a worker was removed; stop waiting on it."""
         self.liveness.mark_dead(address)
 
+    def evicted(self, eviction: str) -> None:
+        """Handler (scheduler): this worker was fenced out as hung (it sent
+        no heartbeat for ``ps.timeouts.hung``) and its copies left every
+        placement. They missed pushes: drop them all. The scheduler then
+        takes this worker back as a new member (``_liveness.HungWorkers``)."""
+        if eviction in self._evictions:
+            return
+        self._evictions.add(eviction)
+        for name in list(self.store.tables):
+            self.store.drop(name)
+        self.pause_guard.clear()
+        logger.warning("dask_ps: %s was fenced out as hung; dropped its copies", self.worker.address)
+
     def worker_joined(self, address: str) -> None:
         """Handler (scheduler): a worker is back at an address that had left."""
         self.liveness.dead.discard(address)
@@ -480,6 +507,7 @@ class PSWorkerPlugin(WorkerPlugin):
         # Not while an update is applied in place on the offload thread.
         async with self._all_locks(t.spec.name):
             t, reqs = self.store.validate_pull(table, version, blocks, rows, table_id)
+            self.pause_guard.check()  # stopped for long: these copies may have missed pushes
             summed = None
             if run_id is not None and t.spec.aggregate == "clock":
                 # The sums this read needs, under this table's own lock: an

@@ -16,7 +16,7 @@ from distributed import Client, LocalCluster
 import dask_ps
 from dask_ps import RolledBackError
 
-N_ROWS, BLOCK_ROWS = 60, 10
+N_ROWS, BLOCK_ROWS, WIDTH = 60, 10, 3
 
 
 def cluster(n=3, **kw):
@@ -118,3 +118,98 @@ def test_rollback_outside_a_run_is_listed_and_later_runs_do_not_raise(tmp_path):
         [record] = ps.rollbacks()
         assert record["table"] == "t" and record["blocks"] == sorted(record["blocks"])
         assert ps.run(ones_pusher, range(2), clocks=2, delay=0) == [2, 2]
+
+
+def workload(rank, clock):
+    """One participant's pushes at one clock: integer-valued, duplicate rows included."""
+    rng = np.random.default_rng(1000 * rank + clock)
+    rows = rng.integers(0, N_ROWS, size=12)
+    return rows, rng.integers(-3, 4, size=(12, WIDTH)).astype("float64")
+
+
+def expected_sum(n, clocks):
+    out = np.zeros((N_ROWS, WIDTH))
+    for r in range(n):
+        for c in range(clocks):
+            rows, vals = workload(r, c)
+            np.add.at(out, rows, vals)
+    return out
+
+
+def reading_pusher(ctx, _, clocks, delay):
+    """Push, flush, read the whole table (every copy serves reads), clock."""
+    for clock in range(ctx.current_clock, clocks):
+        rows, vals = workload(ctx.rank, clock)
+        ctx.push_rows("t", rows, vals)
+        ctx.flush()
+        ctx.pull("t")
+        time.sleep(delay)
+        ctx.clock()
+    return ctx.current_clock
+
+
+def held_copies(client, table):
+    """Every worker's copy of every block of ``table`` it holds."""
+    def get(dask_worker):
+        t = dask_worker.extensions["ps"].store.tables.get(table)
+        return {} if t is None else {b: blk.data.copy() for b, blk in t.blocks.items()}
+    return client.run(get)
+
+
+def test_a_hung_shard_host_is_fenced_out_and_the_run_goes_on():
+    """replication=2 on 3 workers: SIGSTOP of a shard host (primary of some
+    blocks, replica of others; no participant) in the middle of a run. The
+    scheduler sees its heartbeats stop and fences it out after
+    ``ps.timeouts.hung`` (3 s): calls waiting on it fail over, a replica is
+    promoted, and the run finishes while the host is still stopped. After
+    SIGCONT the host drops its old copies and joins again; every copy on
+    every worker is exact.
+
+    Before the fix (checked by running this test on the previous commit) the
+    run did not finish in the 120 s it was given with the host stopped: a
+    forward or read waits for it up to ``ps.timeouts.rpc`` (300 s)."""
+    clocks, block_rows = 40, 5  # 12 blocks: every worker is a primary and a replica
+    with cluster(3) as c, Client(c) as client:
+        ps = dask_ps.ParameterServer(client)
+        ps.create_table("t", shape=(N_ROWS, WIDTH), block_rows=block_rows, replication=2,
+                        consistency=dask_ps.SSP(1))
+        servers = ps.servers
+        victim = servers[2]  # participants run on servers[0] and servers[1]
+        placement = ps._handle("t").owners
+        assert any(o[0] == victim for o in placement) and any(victim in o[1:] for o in placement)
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        result = {}
+
+        def run():
+            try:
+                result["value"] = ps.run(reading_pusher, range(2), clocks=clocks, delay=0.05)
+            except BaseException as e:  # noqa: BLE001 - checked below
+                result["error"] = e
+
+        runner = threading.Thread(target=run)
+        runner.start()
+        wait_for_clock(ps, 5)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            runner.join(timeout=120)  # a bound far below the old stall, not a timing measurement
+            finished_while_stopped = not runner.is_alive()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        runner.join(timeout=300)
+        assert finished_while_stopped, "the run waited for the stopped worker"
+        assert result == {"value": [clocks, clocks]}, result
+        want = expected_sum(2, clocks)
+        np.testing.assert_array_equal(ps.pull("t"), want)
+        # Taken back after SIGCONT: it holds copies again, and every copy is exact.
+        deadline = time.monotonic() + 120
+        while victim not in {p.worker for p in ps.placement("t")} and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ps.wait_for_placement()
+        assert victim in ps.servers
+        held = held_copies(client, "t")
+        assert held[victim], "the worker did not get copies back"
+        for addr, blocks in held.items():
+            for b, data in blocks.items():
+                np.testing.assert_array_equal(data, want[b * block_rows:(b + 1) * block_rows],
+                                              err_msg=f"{addr} block {b}")
+        assert sum(len(blocks) for blocks in held.values()) == 2 * N_ROWS // block_rows
