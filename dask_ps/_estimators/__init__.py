@@ -24,7 +24,9 @@ Runs and checkpoints (``_runs``)
     ``temporary_tables`` / ``TemporaryTables``; ``cluster_members``,
     ``may_be_worker_loss``, ``lost_workers``, ``MAX_RESTARTS``.
 Progress and metrics (``_progress``)
-    ``Progress`` (verbose lines: stdout and the logger), ``rate``,
+    ``Progress`` (verbose lines: stdout and the logger; the optional tqdm
+    bar, ``ps.progress-bar``), ``PollingMonitor`` (a client thread reading
+    the participants' progress while a fit runs), ``rate``,
     ``participant_metrics`` (``metrics_``).
 Prediction on dask collections (``_predict``)
     ``is_dask_collection``, ``is_dask_dataframe``, ``is_dask_array``,
@@ -51,7 +53,7 @@ from dask_ps._estimators._predict import (
     is_dask_dataframe,
     map_row_blocks,
 )
-from dask_ps._estimators._progress import Progress, participant_metrics, rate
+from dask_ps._estimators._progress import PollingMonitor, Progress, participant_metrics, rate
 from dask_ps._estimators._runs import (
     MAX_RESTARTS,
     SAVE_RETRY_SECONDS,
@@ -76,7 +78,7 @@ __all__ = [
     "CheckpointMismatchError", "checkpoint_record", "check_checkpoint", "find_checkpoint", "save_checkpoint",
     "SAVE_RETRY_SECONDS", "chunk_end", "jsonable", "temporary_tables", "TemporaryTables",
     "cluster_members", "may_be_worker_loss", "lost_workers", "MAX_RESTARTS",
-    "Progress", "rate", "participant_metrics",
+    "Progress", "PollingMonitor", "rate", "participant_metrics",
     "is_dask_collection", "is_dask_dataframe", "is_dask_array", "dask_meta", "dask_feature_names",
     "check_dask_X", "map_row_blocks",
 ]

@@ -1,36 +1,143 @@
-"""Progress lines and ``metrics_`` of the parameter-server estimators.
+"""Progress lines, the progress bar and ``metrics_`` of the
+parameter-server estimators.
 
 One verbose style: with ``verbose > 0`` an estimator's progress lines go to
 standard output, as scikit-learn's estimators print theirs, and the same
 lines to the estimator's logger at INFO (for applications that collect
-logs). ``metrics_`` is a list with one dict per participant of the fit's
-last run: the session's counters (``ctx.metrics()``) and the estimator's
-own timings and counts.
+logs). They are printed while the fit runs: the participants write their
+progress into a small table and a client-side thread (a
+:class:`PollingMonitor`) prints what is complete.
+
+The progress bar: with ``dask.config`` ``ps.progress-bar: true`` and tqdm
+installed (the ``progress`` extra), a fit that knows its length (``total``)
+also shows a ``tqdm.auto`` bar, in a terminal or a notebook, whatever
+``verbose`` is; verbose lines are then written above it. A config switch
+rather than a ``verbose`` value: ``verbose`` keeps scikit-learn's meaning
+(an int), so ``clone``/``GridSearchCV`` and the estimator checks see the
+same parameter, and one setting turns the bar on for every fit of a
+program or notebook.
+
+``metrics_`` is a list with one dict per participant of the fit's last
+run: the session's counters (``ctx.metrics()``) and the estimator's own
+timings and counts.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+
+import dask
+
+logger = logging.getLogger(__name__)
+
+
+def _tqdm():
+    """``tqdm.auto.tqdm`` when the bar is on (``ps.progress-bar``) and tqdm
+    imports; else None."""
+    if not dask.config.get("ps.progress-bar", False):
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        logger.info("ps.progress-bar is set but tqdm is not installed (pip install 'dask-ps[progress]')")
+        return None
+    return tqdm
 
 
 class Progress:
-    """Where an estimator's verbose output goes (see the module docstring)."""
+    """Where an estimator's verbose output goes (see the module docstring).
 
-    def __init__(self, verbose, logger: logging.Logger):
+    Parameters
+    ----------
+    verbose : int
+        Lines are printed when > 0.
+    logger : logging.Logger
+        Lines are also logged there at INFO.
+    total : int, optional
+        The fit's length in ``unit`` (epochs, iterations): with it, and
+        ``ps.progress-bar`` set, a tqdm bar that :meth:`advance` moves.
+    unit, desc : str
+        The bar's unit and label.
+    """
+
+    def __init__(self, verbose, logger: logging.Logger, *, total=None, unit="it", desc=None):
         self.verbose = int(verbose or 0)
         self.logger = logger
+        self._bar = None
+        tqdm = _tqdm() if total is not None else None
+        if tqdm is not None:
+            self._bar = tqdm(total=int(total), unit=unit, desc=desc, leave=True, dynamic_ncols=True)
 
     def __repr__(self):
-        return f"<Progress verbose={self.verbose} logger={self.logger.name!r}>"
+        return f"<Progress verbose={self.verbose} logger={self.logger.name!r} bar={self._bar is not None}>"
 
     def __bool__(self):
         return self.verbose > 0
 
+    @property
+    def active(self) -> bool:
+        """Whether anything is shown: lines (``verbose``) or a bar."""
+        return self.verbose > 0 or self._bar is not None
+
     def line(self, text: str) -> None:
         """One progress line (nothing unless ``verbose``)."""
         if self.verbose > 0:
-            print(text, flush=True)
+            if self._bar is not None:
+                self._bar.write(text)
+            else:
+                print(text, flush=True)
             self.logger.info(text)
+
+    def advance(self, n: int = 1, **postfix) -> None:
+        """Move the bar ``n`` steps, showing ``postfix`` (no bar: nothing)."""
+        if self._bar is not None:
+            if postfix:
+                self._bar.set_postfix(postfix, refresh=False)
+            self._bar.update(n)
+
+    def close(self) -> None:
+        """Close the bar (lines need no closing)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+class PollingMonitor(threading.Thread):
+    """A client-side thread that calls :meth:`poll` every ``period`` seconds
+    while a fit runs, and once more when stopped: participants write their
+    progress into a table, ``poll`` reads it and reports what is complete.
+
+    Best effort: an error in ``poll`` (the cluster went away) ends the
+    thread with a debug log, never the fit."""
+
+    def __init__(self, period: float, name: str = "ps-progress"):
+        super().__init__(daemon=True, name=name)
+        self.period = float(period)
+        self._stop_event = threading.Event()
+        self._poll_lock = threading.Lock()
+
+    def poll(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _poll_once(self):
+        with self._poll_lock:
+            self.poll()
+
+    def stop(self, timeout: float = 30) -> None:
+        """Stop polling; the last poll has run when this returns (or the
+        thread did not end within ``timeout`` seconds)."""
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout=timeout)
+
+    def run(self):
+        try:
+            while not self._stop_event.wait(self.period):
+                self._poll_once()
+            self._poll_once()
+        except Exception:  # the cluster went away: progress is best effort
+            logger.debug("%s stopped", self.name, exc_info=True)
 
 
 def rate(amount: float, seconds: float) -> float:

@@ -13,6 +13,7 @@ import numpy as np
 from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 
 from dask_ps._estimators import arrays
+from dask_ps.linear_model import _monitor
 from dask_ps.linear_model._kernels import (
     MAX_INT,
     SPARSE_INTERCEPT_DECAY,
@@ -260,6 +261,7 @@ class _Participant:
         self.run_rounds = []  # the rounds fixed at the run's first epoch
         self.samples = 0
         self.W_all = None
+        self.stale_seen = {}  # the staleness histogram at the last progress row
 
     def draw(self, epoch):
         cfg = self.cfg
@@ -291,6 +293,7 @@ class _Participant:
         ctx, cfg, xp, K = self.ctx, self.cfg, self.xp, self.K
         epoch_rounds = self.draw(epoch)
         loss_sum = xp.zeros(K)
+        epoch_loss = None if self.solo else xp.zeros(K)  # the rounds' loss sums, for the progress row
         active = self.stop.active.copy()
         seen = sum(_round_size(g, self.run_rounds) for g in epoch_rounds[:r_first])
         self.samples += seen
@@ -305,10 +308,15 @@ class _Participant:
                 rows, W0, W, n_round = self.minibatch_round(epoch_rounds[ri], epoch, seen, active, loss_sum)
             seen += n_round
             self.samples += n_round
+            if epoch_loss is not None:
+                epoch_loss += loss_sum
             self.sync_round(rows, W0, W)
             if ri == len(epoch_rounds) - 1:
                 W_end = self.W_all if self.solo else (None if self.sparse else W)
-                self.end_epoch(epoch, loss_sum, W_end, time.perf_counter() - t_epoch)
+                seconds = time.perf_counter() - t_epoch
+                val = self.end_epoch(epoch, loss_sum, W_end, seconds)
+                if cfg.progress_table is not None:
+                    self.report(epoch, loss_sum if epoch_loss is None else epoch_loss, val, seconds)
             else:
                 row = np.concatenate([arrays.to_numpy(loss_sum).astype(float), self.stats_pad])
                 ctx.push_rows(cfg.stats_table, np.array([_stats_row(cfg, ctx.rank, epoch)]), row[None, :])
@@ -398,7 +406,7 @@ class _Participant:
 
     def end_epoch(self, epoch, loss_sum, W, seconds):
         """Epoch end: objective (and validation) sums, the epoch's last clock,
-        and the stopping decision (``decide``).
+        and the stopping decision (``decide``); returns the validation sums.
 
         ``loss_sum`` is the epoch's loss sum for a lone participant, and the
         last round's for the others, whose earlier rounds pushed theirs to the
@@ -425,6 +433,44 @@ class _Participant:
         if not self.solo:
             ctx.clock()
         self.decide(epoch, seconds, row if cfg.stats_table is None else None)
+        return val
+
+    def report(self, epoch, epoch_loss, val, seconds):
+        """Send this participant's progress row of ``epoch`` (verbose or a
+        progress bar; read by the client's monitor, ``_monitor``) after the
+        epoch's last clock: its loss sum, samples, seconds, the staleness of
+        its reads of the weights in the epoch, its validation score, and the
+        model's norm, non-zeros, bias and penalty term: a lone participant's
+        own model, or on dense data rank 0's read of the table (the read
+        the next round makes; sparse rounds read only their rows, so the
+        monitor reads the table there)."""
+        ctx, cfg, hp, K = self.ctx, self.cfg, self.hp, self.K
+        row = np.full(_monitor.N_FIELDS, np.nan)
+        row[_monitor.F_EPOCH] = epoch + 1
+        row[_monitor.F_LOSS] = float(np.mean(arrays.to_numpy(epoch_loss)))
+        row[_monitor.F_SAMPLES] = self.n_train
+        row[_monitor.F_SECONDS] = seconds
+        row[_monitor.F_END] = time.time()
+        row[_monitor.F_READS:_monitor.F_STALE_MAX + 1] = self.staleness_since_last_report()
+        if hp.early_stopping:
+            row[_monitor.F_SCORE] = float(np.mean(_validation_score(cfg, val)))
+        W = self.W_all if self.solo else (ctx.pull(cfg.table) if ctx.rank == 0 and not self.sparse else None)
+        if W is not None:
+            row[_monitor.F_NORM:_monitor.F_PENALTY + 1] = _monitor.model_summary(hp, W, self.d)
+        where = np.array([_monitor.progress_row(cfg, ctx.n_participants, ctx.rank, epoch)])
+        ctx.push_rows(cfg.progress_table, where, row[None, :])
+        ctx.flush()  # only this row is buffered after the epoch's last clock
+
+    def staleness_since_last_report(self):
+        """``(reads, summed staleness, max staleness)`` of this participant's
+        reads of the weights table since the last call (the session's
+        staleness histogram, in clocks)."""
+        metrics = self.ctx.metrics() if hasattr(self.ctx._ctx, "metrics") else {}
+        hist = {int(k): int(v) for k, v in metrics.get("tables", {}).get(self.cfg.table, {}).get(
+            "staleness", {}).items()}
+        new = {k: v - self.stale_seen.get(k, 0) for k, v in hist.items() if v > self.stale_seen.get(k, 0)}
+        self.stale_seen = hist
+        return (sum(new.values()), sum(k * v for k, v in new.items()), max(new, default=0))
 
     def decide(self, epoch, seconds, row=None):
         """The stopping decision at the end of ``epoch`` (after its last clock).

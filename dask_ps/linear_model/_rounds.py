@@ -61,6 +61,10 @@ class _RunConfig:
     # Rows of the stats table: epoch (global decision) or
     # rank * stats_stride + epoch (each participant decides alone).
     stats_stride: int = 0
+    # verbose or a progress bar: the table of the participants' progress rows
+    # (``_monitor``), a ring of ``progress_epochs`` epochs.
+    progress_table: str | None = None
+    progress_epochs: int = 0
 
 
 class _StopRule:

@@ -6,13 +6,16 @@ a checkpoint, progress lines and ``metrics_``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
+import time
 import uuid
 from dataclasses import dataclass
 
 import numpy as np
+from dask.utils import parse_timedelta
 from sklearn.utils import check_random_state
 
 from dask_ps import ASP, SSP
@@ -24,13 +27,13 @@ from dask_ps._estimators import (
     chunk_end,
     find_checkpoint,
     participant_metrics,
-    rate,
     save_checkpoint,
     setting,
     temporary_tables,
 )
 from dask_ps.linear_model._data import _dask_parts, _Input, _memory_parts
 from dask_ps.linear_model._kernels import ADAPTIVE, MAX_INT
+from dask_ps.linear_model._monitor import N_FIELDS, RING_EPOCHS, EpochMonitor
 from dask_ps.linear_model._participant import _sgd_participant
 from dask_ps.linear_model._rounds import _RunConfig
 
@@ -82,18 +85,20 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
             start = _resume(est, ps, checkpoint, fingerprint, start, d, n_cols, P, sizes, data.dtype)
         n_total = int(sum(sizes) * (1.0 - hp.validation_fraction)) if hp.early_stopping else int(sum(sizes))
         n_seen = int(sum(sizes) if not hp.early_stopping else n_total)
-        with temporary_tables(ps) as tables:
+        progress = Progress(est.verbose, logger, total=max_iter - start.epoch, unit="epoch", desc=type(est).__name__)
+        with temporary_tables(ps) as tables, progress_closed(progress):
             stats, staleness = _create_tables(est, ps, tables, start, data, K, P, max_iter)
             cfg = _run_config(est, hp, start, stats, staleness, d, n_cols, n_total, sizes, max_iter,
                               classes, cw_pos, cw_neg, data.sparse)
             record = dict(fingerprint=fingerprint, n_outputs=K, n_seen=n_seen, sizes=sizes)
-            runs, states, n_iter = _run_chunks(est, ps, parts, cfg, start, checkpoint, record)
+            with _monitored(ps, tables, cfg, start, P, progress) as cfg:
+                runs, states, n_iter = _run_chunks(est, ps, parts, cfg, start, checkpoint, record)
             W = arrays.to_numpy(ps.pull(start.name))
     finally:
         parts.release()
     if hp.learning_rate == ADAPTIVE and states is not None:
         est._adaptive_eta = [float(v) for v in states[0]["stop"]["eta"]]
-    _report(est, runs, P)
+    _report(est, runs)
     return W, n_iter, n_seen
 
 
@@ -136,6 +141,37 @@ def _create_tables(est, ps, tables, start: _Start, data: _Input, K, P, max_iter)
     stats = tables.create(start.name + "-stats", shape=(n_rows, n_stats), dtype="float64", init=init,
                           consistency=SSP(staleness) if global_stop else ASP(), replication=est.replication)
     return stats, staleness
+
+
+@contextlib.contextmanager
+def _monitored(ps, tables, cfg: _RunConfig, start: _Start, P, progress: Progress):
+    """With ``verbose`` or a progress bar: the progress table in ``tables``
+    and a monitor printing the epochs while the block runs; yields ``cfg``
+    with the table (as given otherwise)."""
+    if not progress.active:
+        yield cfg
+        return
+    ring = max(1, min(cfg.max_iter - start.epoch, RING_EPOCHS))
+    name = tables.create(start.name + "-progress", shape=(ring * P, N_FIELDS), dtype="float64", rule="assign",
+                         consistency=ASP(), allow_nonfinite=True)  # NaN: a field a participant does not know
+    monitor = EpochMonitor(
+        lambda rows: ps.pull_rows(name, rows), lambda: ps.pull(cfg.table), n_participants=P, ring=ring,
+        first_epoch=start.epoch, hp=cfg.hp, n_features=cfg.n_features, progress=progress, t_start=time.time(),
+        period=parse_timedelta(setting("sgd", "progress-interval")))
+    monitor.start()
+    try:
+        yield dataclasses.replace(cfg, progress_table=name, progress_epochs=ring)
+    finally:
+        monitor.stop()
+
+
+@contextlib.contextmanager
+def progress_closed(progress: Progress):
+    """``progress``'s bar closed on leaving the block."""
+    try:
+        yield progress
+    finally:
+        progress.close()
 
 
 def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, sizes, max_iter, classes, cw_pos,
@@ -247,9 +283,10 @@ def _resume(est, ps, path, fingerprint, start: _Start, d, n_cols, n_parts, sizes
 # --- progress and metrics --------------------------------------------------------------------
 
 
-def _report(est, runs, n_parts) -> None:
+def _report(est, runs) -> None:
     """``est.metrics_`` (the last run's participants) and, with ``verbose``,
-    a line per epoch (rank 0's; the others' are alike) and a total."""
+    scikit-learn's last line when the stopping rule ended the fit (the
+    epochs themselves were printed as they ended, ``_monitor``)."""
     last = runs[-1] if runs else []
     est.metrics_ = participant_metrics(
         [dict(r["profile"], samples=r["samples"], seconds=r["seconds"], history=r["history"]) for r in last],
@@ -257,24 +294,9 @@ def _report(est, runs, n_parts) -> None:
                 "history"),
     )
     progress = Progress(est.verbose, logger)
-    if not progress:
+    if not progress or not last:
         return
-    total = secs = 0.0
-    for results in runs:
-        total += sum(r["samples"] for r in results)
-        secs += max(r["seconds"] for r in results)
-        prev = 0
-        for h in results[0]["history"]:
-            samples_per_second = rate((h["samples"] - prev) * n_parts, max(h["seconds"], 1e-9))
-            prev = h["samples"]
-            line = f"-- Epoch {h['epoch']}: avg. objective {h['objective']:.6f}"
-            if h["decided"] != h["epoch"]:
-                line += f" (of epoch {h['decided']})"
-            if h["score"] is not None:
-                line += f", validation score {h['score']:.6f}"
-            if not math.isfinite(h["seconds"]):
-                progress.line(line + " (replayed by a retried participant)")
-                continue
-            progress.line(line + f", {h['seconds']:.2f} s, {samples_per_second:.3g} samples/s, "
-                          f"{n_parts} participant(s)")
-    progress.line(f"Total: {total:.0f} samples in {secs:.2f} s ({rate(total, max(secs, 1e-9)):.3g} samples/s)")
+    n_iter = max(max(r["n_iter"]) for r in last)
+    seconds = sum(max(r["seconds"] for r in results) for results in runs)
+    if not any(any(r["state"]["stop"]["active"]) for r in last):
+        progress.line(f"Convergence after {n_iter} epochs took {seconds:.2f} seconds")

@@ -1,0 +1,145 @@
+"""SGD estimators the way scikit-learn and Dask users use them (issue 13):
+live verbose progress, the same errors for dask inputs as for arrays,
+compiled kernels cached outside the package, ``partial_fit`` of small
+blocks in the calling process, run ids linking ``metrics_`` to
+``ps.metrics()``.
+
+One module-scoped in-process LocalCluster (2 workers, 1 thread each): the
+participants run in this process, so a test can hold one back (a patched
+method) until the client printed something.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import threading
+
+import dask
+import numpy as np
+import pytest
+from sklearn.datasets import make_classification
+from sklearn.preprocessing import StandardScaler
+
+from dask_ps.linear_model import SGDClassifier, _participant
+
+pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+
+
+@pytest.fixture(scope="module")
+def client():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+        with Client(cluster, set_as_default=False) as c:
+            yield c
+
+
+def _data(n, d=20, seed=0):
+    X, y = make_classification(n, d, random_state=seed)
+    return StandardScaler().fit_transform(X), y
+
+
+# --- live progress -----------------------------------------------------------------------------
+
+
+class _Recorder(io.TextIOBase):
+    """A stdout that keeps what was written and says when ``needle`` was."""
+
+    def __init__(self, needle):
+        self.text, self.needle, self.seen = [], needle, threading.Event()
+
+    def write(self, s):
+        self.text.append(s)
+        if self.needle in "".join(self.text):
+            self.seen.set()
+        return len(s)
+
+
+@pytest.mark.parametrize("n_samples", [5000, 30000], ids=["one-participant", "two-participants"])
+def test_verbose_lines_appear_while_the_fit_runs(client, monkeypatch, n_samples):
+    """Every participant waits at the end of its third epoch until the
+    client printed the first one (at most 20 s): the lines come from the
+    participants while the fit runs, not from the results afterwards (the
+    previous code printed everything after the run, starting with
+    ``avg. objective nan (of epoch -1)``)."""
+    out = _Recorder("-- Epoch 1\n")
+    printed_during_fit = []
+    end_epoch = _participant._Participant.end_epoch
+
+    def held_end_epoch(self, epoch, *args, **kwargs):
+        result = end_epoch(self, epoch, *args, **kwargs)
+        if epoch == 2:
+            printed_during_fit.append(out.seen.wait(20))
+        return result
+
+    monkeypatch.setattr(_participant._Participant, "end_epoch", held_end_epoch)
+    monkeypatch.setattr(sys, "stdout", out)
+    X, y = _data(n_samples)
+    est = SGDClassifier(max_iter=5, tol=None, verbose=1, random_state=0, client=client).fit(X, y)
+    monkeypatch.undo()
+    text = "".join(out.text)
+    assert printed_during_fit and all(printed_during_fit), text
+    lines = text.splitlines()
+    assert lines[0] == "-- Epoch 1", text
+    assert [ln for ln in lines if ln.startswith("-- Epoch")] == [f"-- Epoch {e}" for e in range(1, 6)]
+    stats = [ln for ln in lines if ln.startswith("Norm: ")]
+    assert len(stats) == 5 and all(", NNZs: " in ln and ", Bias: " in ln and ", Avg. loss: " in ln for ln in stats)
+    assert "nan" not in text.lower()
+    assert all("samples/s" in ln and "staleness" in ln for ln in lines if ln.startswith("Total training time"))
+    # T counts the samples trained in this call, as scikit-learn's
+    assert stats[-1].split("T: ")[1].split(",")[0] == str(5 * n_samples)
+    assert est.n_iter_ == 5
+
+
+def test_verbose_avg_loss_is_scikit_learns_for_one_participant(client, capsys):
+    """One participant without shuffling is scikit-learn's run: the same
+    per-epoch average loss (and the same T)."""
+    from sklearn.linear_model import SGDClassifier as SkSGDClassifier
+
+    X, y = _data(3000)
+    kw = dict(max_iter=3, tol=None, shuffle=False, verbose=1, random_state=0)
+    SkSGDClassifier(**kw).fit(X, y)
+    sk = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Norm:")]
+    SGDClassifier(client=client, **kw).fit(X, y)
+    ours = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Norm:")]
+
+    def field(line, name):
+        return float(line.split(f"{name}: ")[1].split(",")[0])
+
+    assert len(sk) == len(ours) == 3
+    for a, b in zip(sk, ours):
+        for name in ("Norm", "NNZs", "T"):
+            assert field(a, name) == pytest.approx(field(b, name), rel=1e-6), (a, b)
+        assert field(a, "Avg. loss") == pytest.approx(field(b, "Avg. loss"), rel=1e-6), (a, b)
+        assert field(a, "Bias") == pytest.approx(field(b, "Bias"), rel=1e-6, abs=1e-9), (a, b)
+
+
+def test_progress_bar_with_tqdm(client, capsys):
+    """``ps.progress-bar``: a tqdm bar over the epochs (on stderr), with or
+    without verbose; nothing on stdout without verbose."""
+    pytest.importorskip("tqdm")
+    X, y = _data(3000)
+    with dask.config.set({"ps.progress-bar": True}):
+        SGDClassifier(max_iter=4, tol=None, random_state=0, client=client).fit(X, y)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "4/4" in captured.err and "SGDClassifier" in captured.err
+
+
+def test_progress_bar_without_tqdm_is_skipped(client, capsys, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tqdm(name, *args, **kwargs):
+        if name.startswith("tqdm"):
+            raise ImportError("no tqdm here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tqdm)
+    X, y = _data(3000)
+    with dask.config.set({"ps.progress-bar": True}):
+        SGDClassifier(max_iter=2, tol=None, random_state=0, verbose=1, client=client).fit(X, y)
+    captured = capsys.readouterr()
+    assert "-- Epoch 2" in captured.out and "2/2" not in captured.err
