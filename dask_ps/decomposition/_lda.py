@@ -138,6 +138,8 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         The cluster; None: the current client, else a ``LocalCluster``
         started once per process and closed at exit. Not pickled.
     random_state : int, RandomState instance or None, default None
+        Seeds the starting assignments and every partition's sampler. With
+        BSP and an int the fit is reproducible (see Notes).
     verbose : int, default 0
         > 0 prints the training log-likelihood and tokens/s at every
         evaluation, and a summary at the end, to standard output and to the
@@ -157,7 +159,11 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         participant's part computed on its own (possibly stale) view: the
         documents it holds, the word rows it holds (each word weighed by 1 /
         number of holders) and 1 / P of the totals term; exact under BSP.
-        The last entry (``iteration == n_iter_``) is computed from the final
+        Every participant's starting counts are on the servers before the
+        first sweep reads the tables, so every view holds every token (at a
+        stale topic at most) and the entries are comparable along the fit:
+        the first one (``iteration == 0``) is the random starting
+        assignment's, the worst. The last entry (``iteration == n_iter_``) is computed from the final
         tables and is exact.
     n_iter_ : int
         Gibbs sweeps the final assignments have had: ``max_iter``, or more
@@ -203,6 +209,24 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
     (:func:`document_completion`): each token of a document goes to half A
     or B at random (fixed seed 0, so all models see the same split), theta
     is fitted on A with the topics fixed, and B is scored.
+
+    *Reproducibility.* Two fits give identical ``components_``,
+    ``loglik_history_`` values and ``transform`` results when they have the
+    same data, the same parameters, an integer ``random_state``, a
+    consistency model of staleness 0 (``BSP()``; ``totals_consistency``
+    None or staleness 0 too), the same number of partitions (set
+    ``n_partitions``: with None it is the number of worker threads, so it
+    follows the cluster; a dask array gives one per row chunk) and the same
+    sampler on the same kind of machine (the compiled samplers use
+    fast-math floating point). The number of workers, how the partitions
+    are placed, their timing, and fitting in chunks (``checkpoint``,
+    ``replication``) or resuming do not matter: under BSP the count tables
+    sum pushes per clock, so every read at clock ``c`` sees exactly the
+    clocks before ``c`` (plus the reader's own pushes), and each
+    partition's random stream at each iteration comes from its own seed.
+    Under staleness (``SSP``, ``ESSP``, ``VAP``, ``CVAP``, ``ASP``, and the
+    default ``consistency=None``) what a read sees depends on timing: the
+    topics are as good, but not the same bit for bit.
 
     *Fault tolerance.* The count tables always equal the sum of the
     participants' assignment counts: each run starts from empty tables that

@@ -91,6 +91,30 @@ def corpus_layout(parts: TrainingParts, uid, n_features) -> CorpusLayout:
     return CorpusLayout(part_tokens, holders, int(n_tokens))
 
 
+def count_aggregate(model) -> str:
+    """How a count table sums pushes: per clock under a model of staleness 0
+    (BSP), else per push.
+
+    The reproducible mode. A BSP read at clock ``c`` is guaranteed every
+    push of clocks ``< c``, but with per-push sums it also sees whatever
+    pushes of clock ``c`` a faster participant has already made, which
+    depends on timing (two fits with the same seeds differed by up to 26
+    counts). Summed per clock, the servers hold clock ``c``'s pushes back
+    until every participant has finished it, so each read sees exactly the
+    clocks ``< c`` plus the reader's own pushes, and the same seeds give the
+    same chain. With staleness, fresher rows are worth more than that (a
+    read may see any clock between ``c - s`` and now), so pushes count at once.
+    """
+    return "clock" if model.staleness == 0 else "push"
+
+
+def _starts_together(plan) -> bool:
+    """Whether the first reads of a run wait for every participant's
+    starting counts by themselves (staleness 0 on both count tables);
+    otherwise the participants wait for them once (``start_name``)."""
+    return plan.word_model.staleness == 0 and plan.totals_model.staleness == 0
+
+
 # --- assignments between runs, progress ---------------------------------------------------
 
 
@@ -241,6 +265,7 @@ class GibbsRuns:
         cfg = GibbsConfig(
             **self.fixed, nwk_name=f"lda-{tag}-word-topic", nk_name=f"lda-{tag}-topic-totals",
             progress_name=f"lda-{tag}-progress" if plan.n_evals else None,
+            start_name=None if _starts_together(plan) else f"lda-{tag}-started",
             start=start, stop=stop, z_in=sets.names[current[0]] if current else None,
             z_out=sets.names[out] if plan.tolerant else None, t_start=self.t_start,
         )
@@ -274,8 +299,12 @@ class GibbsRuns:
         plan = self.plan
         K, V = cfg.n_components, cfg.n_features
         tables.create(cfg.nwk_name, shape=(V, K), dtype=plan.count_dtype, consistency=plan.word_model,
-                      block_rows=plan.block_rows)
-        tables.create(cfg.nk_name, shape=(K,), dtype="int64", consistency=plan.totals_model)
+                      block_rows=plan.block_rows, aggregate=count_aggregate(plan.word_model))
+        tables.create(cfg.nk_name, shape=(K,), dtype="int64", consistency=plan.totals_model,
+                      aggregate=count_aggregate(plan.totals_model))
+        if cfg.start_name is not None:
+            # VAP: its reads always go to the servers (the participants poll it)
+            tables.create(cfg.start_name, shape=(1,), dtype="float64", consistency=dask_ps.VAP(1.0))
         if cfg.progress_name is None:
             return None
         tables.create(cfg.progress_name, shape=(plan.n_evals * self.P, 3), dtype="float64",
