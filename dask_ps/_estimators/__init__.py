@@ -31,7 +31,9 @@ Progress and metrics (``_progress``)
 Prediction on dask collections (``_predict``)
     ``is_dask_collection``, ``is_dask_dataframe``, ``is_dask_array``,
     ``dask_meta``, ``dask_feature_names``, ``check_dask_X``,
-    ``map_row_blocks``.
+    ``map_row_blocks``; checks of dask inputs to ``fit`` with
+    scikit-learn's messages: ``check_dask_fit_input``,
+    ``known_n_samples``, ``raise_no_samples``.
 Arrays (``arrays``, the module)
     ``is_sparse``, ``is_cupy_sparse``, ``xp_of``, ``nbytes``, ``to_host``
     and ``dask_ps._backend``'s ``namespace``, ``to_numpy``, ``all_finite``,
@@ -45,13 +47,16 @@ from dask_ps._estimators import _arrays as arrays
 from dask_ps._estimators._data import PartCopies, TrainingParts, load_part
 from dask_ps._estimators._params import SHARED_CONSTRAINTS, PSEstimatorMixin, setting, setting_bytes
 from dask_ps._estimators._predict import (
+    check_dask_fit_input,
     check_dask_X,
     dask_feature_names,
     dask_meta,
     is_dask_array,
     is_dask_collection,
     is_dask_dataframe,
+    known_n_samples,
     map_row_blocks,
+    raise_no_samples,
 )
 from dask_ps._estimators._progress import PollingMonitor, Progress, participant_metrics, rate
 from dask_ps._estimators._runs import (
@@ -80,5 +85,5 @@ __all__ = [
     "cluster_members", "may_be_worker_loss", "lost_workers", "MAX_RESTARTS",
     "Progress", "PollingMonitor", "rate", "participant_metrics",
     "is_dask_collection", "is_dask_dataframe", "is_dask_array", "dask_meta", "dask_feature_names",
-    "check_dask_X", "map_row_blocks",
+    "check_dask_X", "map_row_blocks", "check_dask_fit_input", "known_n_samples", "raise_no_samples",
 ]

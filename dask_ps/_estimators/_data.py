@@ -175,7 +175,10 @@ class TrainingParts:
         blocks = [tuple(b[i] for b in per_coll) for i in range(len(per_coll[0]))]
         # Where the blocks are once computed (who_has is empty for a block
         # still being computed: every such block would land in one part).
-        wait([b[0] for b in blocks])
+        # ``wait`` uses the default client: ``client`` may not be it (the
+        # embedded cluster's never is).
+        with client.as_current():
+            wait([b[0] for b in blocks])
         where = _dask_adapter.holders(client, [b[0] for b in blocks])
         by_worker: dict = {}
         for b in blocks:

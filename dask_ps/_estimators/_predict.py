@@ -1,16 +1,32 @@
-"""Prediction and transform on dask collections, and what kind of input X is.
+"""Prediction and transform on dask collections, what kind of input X is,
+and the checks of dask inputs to ``fit``.
 
 A fitted estimator is a plain object; on a dask collection its
 ``predict``/``transform`` maps a pure function of one block over the row
 blocks, lazily (:func:`map_row_blocks`), after :func:`check_dask_X` checked
 the collection as scikit-learn checks an array.
+
+A dask input to ``fit`` gets scikit-learn's own messages for what its
+shapes tell without computing anything (:func:`check_dask_fit_input`:
+inconsistent lengths, no samples or features, a 2-D ``y``), and the same
+message for an input found empty once computed
+(:func:`raise_no_samples`). The messages are made by scikit-learn's checks
+run on empty stand-in arrays of the same shape, so they stay scikit-learn's.
 """
 
 from __future__ import annotations
 
+import math
+
 import dask
 import numpy as np
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import (
+    _check_sample_weight,
+    check_array,
+    check_consistent_length,
+    check_is_fitted,
+    validate_data,
+)
 
 
 def is_dask_collection(X) -> bool:
@@ -76,3 +92,52 @@ def map_row_blocks(X, fn, *args, n_columns=None, dtype, meta=None):
     if n_columns is None:
         return X.map_blocks(fn, *args, drop_axis=1, dtype=dtype, **kw)
     return X.map_blocks(fn, *args, chunks=(X.chunks[0], (n_columns,)), dtype=dtype, **kw)
+
+
+# --- dask inputs to fit --------------------------------------------------------------------
+
+
+def known_n_samples(X) -> int | None:
+    """The rows of ``X`` when they are known without computing anything: a
+    dask array with known chunks, or an in-memory array; else None (a dask
+    DataFrame, a dask array of unknown chunk sizes)."""
+    if X is None:
+        return None
+    if is_dask_collection(X):
+        if not hasattr(X, "chunks") or not getattr(X, "ndim", 0):
+            return None
+        n = X.shape[0]
+        return None if isinstance(n, float) and math.isnan(n) else int(n)
+    shape = getattr(X, "shape", None)
+    return int(shape[0]) if shape is not None and len(shape) else len(X)
+
+
+def raise_no_samples(est, n_features: int):
+    """scikit-learn's error for an input without samples (``X`` found empty)."""
+    check_array(np.empty((0, max(int(n_features), 1))), estimator=est, ensure_all_finite=False)
+    raise AssertionError("check_array accepted an empty array")  # pragma: no cover
+
+
+def check_dask_fit_input(est, X, y, sample_weight=None, n_features=None) -> None:
+    """What scikit-learn checks on ``fit(X, y, sample_weight)`` that the
+    shapes of dask collections tell without computing anything, with
+    scikit-learn's messages: no samples or no features in ``X``, ``y`` not
+    1-D, ``X``, ``y`` and ``sample_weight`` of different lengths.
+
+    Unknown lengths (dask DataFrames) are checked where the data is
+    assembled, and an input found empty raises :func:`raise_no_samples`.
+    """
+    n = known_n_samples(X)
+    if n == 0:
+        raise_no_samples(est, n_features or 1)
+    if n_features == 0:
+        check_array(np.empty((n or 1, 0)), estimator=est, ensure_all_finite=False)
+    if y is not None and getattr(y, "ndim", 1) == 2 and y.shape[1] != 1:
+        raise ValueError(f"y should be a 1d array, got an array of shape {tuple(y.shape)} instead.")
+    n_y = known_n_samples(y)
+    if n is not None and n_y is not None and n != n_y:
+        check_consistent_length(np.empty((n, 0)), np.empty((n_y, 0)))
+    n_sw = known_n_samples(sample_weight)
+    if n is not None and n_sw is not None and n != n_sw:
+        shape = tuple(int(v) for v in sample_weight.shape)
+        _check_sample_weight(np.ones(shape), np.empty((n, 0)))

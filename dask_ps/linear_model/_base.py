@@ -25,6 +25,7 @@ from dask_ps._estimators import (
     SHARED_CONSTRAINTS,
     PSEstimatorMixin,
     arrays,
+    check_dask_fit_input,
     check_dask_X,
     dask_feature_names,
     dask_meta,
@@ -33,7 +34,7 @@ from dask_ps._estimators import (
     jsonable,
 )
 from dask_ps.linear_model import _training
-from dask_ps.linear_model._data import _Input
+from dask_ps.linear_model._data import _Input, int32_indices
 from dask_ps.linear_model._kernels import EPSILON_LOSSES, L1, L2, LEARNING_RATE_TYPES, PENALTY_TYPES, _Hyper
 
 # The parameters both estimators take beyond scikit-learn's own, with their
@@ -212,10 +213,8 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
         shape and dtype here and for values on the workers."""
         if is_dask_collection(X):
             return self._validate_dask_input(X, y, sample_weight, reset)
-        X, y = validate_data(
-            self, X, y, accept_sparse="csr", dtype=[np.float64, np.float32], order="C",
-            accept_large_sparse=False, reset=reset,
-        )
+        X, y = validate_data(self, X, y, accept_sparse="csr", dtype=[np.float64, np.float32], order="C", reset=reset)
+        X = int32_indices(X)  # int64 indices that fit (scikit-learn's SGD refuses them)
         if self._is_classifier:
             check_classification_targets(y)
         else:
@@ -246,6 +245,7 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
             n_features = len(X.columns)
         if y is None:
             raise ValueError("requires y to be passed, but the target y is None")
+        check_dask_fit_input(self, X, y, sample_weight, n_features)
         return _Input("dask", X, y, sample_weight, n_features, dtype, sparse, device)
 
     def _check_dask_X(self, X):

@@ -14,6 +14,22 @@ from dask_ps._estimators import TrainingParts, arrays, is_dask_collection, is_da
 from dask_ps.linear_model._participant import _PartData
 
 
+INT32_MAX = np.iinfo(np.int32).max
+
+
+def int32_indices(X, what="X"):
+    """``X`` with int32 indices when it is a sparse matrix with int64 ones
+    that fit (the kernels' and scikit-learn's index type; the values are
+    not copied); raises ``ValueError`` when they do not fit."""
+    if not sp.issparse(X) or (X.indices.dtype == np.int32 and X.indptr.dtype == np.int32):
+        return X
+    if X.nnz > INT32_MAX or max(X.shape) > INT32_MAX:
+        raise ValueError(
+            f"{what} has {X.nnz} stored values and shape {X.shape}: more than 32-bit indices can address "
+            f"({INT32_MAX}); split it into smaller blocks (e.g. a dask array of sparse chunks)")
+    return type(X)((X.data, X.indices.astype(np.int32), X.indptr.astype(np.int32)), shape=X.shape)
+
+
 class _Input:
     """Validated training data: in memory (X, y, sw arrays) or dask collections."""
 
@@ -54,8 +70,8 @@ def _assemble_part(blocks, spec):
             f"Found input variables with inconsistent numbers of samples: [{X.shape[0]}, {y.shape[0]}]"
         )
     if arrays.namespace(X) is np and not arrays.is_cupy_sparse(X):
-        X = check_array(X, accept_sparse="csr", dtype=[np.float64, np.float32], order="C",
-                        accept_large_sparse=False, ensure_min_samples=0)
+        X = int32_indices(check_array(X, accept_sparse="csr", dtype=[np.float64, np.float32], order="C",
+                                      ensure_min_samples=0))
         if spec["classifier"]:
             y = np.asarray(y)
         else:

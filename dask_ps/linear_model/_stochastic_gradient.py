@@ -6,7 +6,6 @@ is in ``docs/architecture.rst``, "Estimators: SGD".
 
 from __future__ import annotations
 
-import dask
 import numpy as np
 from sklearn.base import RegressorMixin, _fit_context
 from sklearn.linear_model import SGDClassifier as _SkSGDClassifier
@@ -17,7 +16,7 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import _check_partial_fit_first_call, check_classification_targets, type_of_target
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from dask_ps._estimators import arrays, is_dask_collection, map_row_blocks
+from dask_ps._estimators import arrays, is_dask_collection, map_row_blocks, raise_no_samples
 from dask_ps.linear_model._base import PS_DEFAULTS, _BaseSGDPS, _constraints, _storing_init
 from dask_ps.linear_model._kernels import _expit
 
@@ -162,7 +161,7 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         """The classes (``classes_``; "infer": those of y), the class weights
         and the K one-vs-rest problems (1 for two classes)."""
         if isinstance(classes, str) and classes == "infer":  # fit: the labels of y
-            classes = np.unique(data.y) if data.kind == "memory" else self._dask_classes(data.y)
+            classes = np.unique(data.y) if data.kind == "memory" else self._dask_classes(data)
         _check_partial_fit_first_call(self, classes)
         n_classes = self.classes_.shape[0]
         if n_classes < 2:
@@ -186,14 +185,18 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         K = 1 if n_classes == 2 else n_classes
         return K, {"classes": self.classes_, "cw_pos": cw_pos, "cw_neg": cw_neg}
 
-    def _dask_classes(self, y):
-        """Unique labels of a dask y, computed on the workers."""
+    def _dask_classes(self, data):
+        """Unique labels of a dask y, computed on the fit's cluster."""
         import dask.array as da
 
+        y = data.y
+        client = self._parameter_server().client
         if hasattr(y, "unique") and not hasattr(y, "chunks"):  # dask Series
-            classes = np.sort(np.asarray(y.unique().compute()))
+            classes = np.sort(np.asarray(client.compute(y.unique(), sync=True)))
         else:
-            classes = np.asarray(da.unique(y).compute())
+            classes = np.asarray(client.compute(da.unique(y), sync=True))
+        if classes.shape[0] == 0:  # an empty input of unknown length (a dask DataFrame)
+            raise_no_samples(self, data.n_features)
         check_classification_targets(classes)
         if type_of_target(classes) not in ("binary", "multiclass"):
             raise ValueError(f"Unknown label type: {type_of_target(classes)}")
@@ -203,12 +206,12 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         """A label array with the class frequencies of a dask y (for 'balanced')."""
         import dask.array as da
 
+        client = self._parameter_server().client
         if hasattr(y, "value_counts"):
-            vc = y.value_counts().compute()
+            vc = client.compute(y.value_counts(), sync=True)
             labels, counts = np.asarray(vc.index), np.asarray(vc.values)
         else:
-            labels, counts = da.unique(y, return_counts=True)
-            labels, counts = dask.compute(labels, counts)
+            labels, counts = client.compute(list(da.unique(y, return_counts=True)), sync=True)
         return np.repeat(labels, counts.astype(int))
 
     # --- prediction -------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from dask_ps._estimators import (
     chunk_end,
     find_checkpoint,
     participant_metrics,
+    raise_no_samples,
     save_checkpoint,
     setting,
     temporary_tables,
@@ -74,7 +75,7 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
         parts, sizes = _memory_parts(ps.client, ps.servers, data, rs, hp.shuffle, replication)
     try:
         if not len(parts):
-            raise ValueError("Found array with 0 sample(s) while a minimum of 1 is required.")
+            raise_no_samples(est, d)
         P = len(parts)
         n_cols = 2 * K if hp.average else K
         seeds = tuple(int(s) for s in rs.randint(MAX_INT, size=P))

@@ -143,3 +143,138 @@ def test_progress_bar_without_tqdm_is_skipped(client, capsys, monkeypatch):
         SGDClassifier(max_iter=2, tol=None, random_state=0, verbose=1, client=client).fit(X, y)
     captured = capsys.readouterr()
     assert "-- Epoch 2" in captured.out and "2/2" not in captured.err
+
+
+# --- dask inputs with a client that is not the default ---------------------------------------
+
+
+def test_dask_inputs_fit_on_a_client_that_is_not_the_default(client):
+    """The embedded cluster's client is never Dask's default: a dask input
+    failed with ``No clients found`` (``distributed.wait``), and its labels
+    were computed outside the cluster."""
+    import distributed
+
+    da = pytest.importorskip("dask.array")
+    dd = pytest.importorskip("dask.dataframe")
+    pd = pytest.importorskip("pandas")
+    with pytest.raises(ValueError):
+        distributed.get_client()  # the fixture's client is not the default
+    X, y = _data(4000, d=5)
+    Xd, yd = da.from_array(X, chunks=1000), da.from_array(y, chunks=1000)
+    est = SGDClassifier(max_iter=5, random_state=0, client=client).fit(Xd, yd)
+    assert est.score(X, y) > 0.8
+    df = dd.from_pandas(pd.DataFrame(X, columns=list("abcde")), npartitions=4)
+    ys = dd.from_pandas(pd.Series(y), npartitions=4)
+    est = SGDClassifier(max_iter=5, random_state=0, class_weight="balanced", client=client).fit(df, ys)
+    assert list(est.classes_) == [0, 1] and est.score(X, y) > 0.8
+
+
+# --- errors: dask inputs get scikit-learn's messages -------------------------------------------
+
+
+def _sk_message(fit, *args, **kwargs):
+    from sklearn.linear_model import SGDClassifier as SkSGDClassifier
+
+    with pytest.raises(ValueError) as info:
+        getattr(SkSGDClassifier(max_iter=2), fit)(*args, **kwargs)
+    return str(info.value)
+
+
+def _small():
+    X, y = _data(100, d=5)
+    return X, y
+
+
+def test_dask_y_of_wrong_length_says_what_scikit_learn_says(client):
+    """Was ``Chunks do not add up to shape``."""
+    da = pytest.importorskip("dask.array")
+    X, y = _small()
+    message = _sk_message("fit", X, y[:99])
+    with pytest.raises(ValueError) as info:
+        SGDClassifier(max_iter=2, client=client).fit(da.from_array(X, chunks=50), da.from_array(y[:99], chunks=50))
+    assert str(info.value) == message
+
+
+def test_dask_sample_weight_of_wrong_length_says_what_scikit_learn_says(client):
+    da = pytest.importorskip("dask.array")
+    X, y = _small()
+    message = _sk_message("fit", X, y, sample_weight=np.ones(99))
+    for sw in (np.ones(99), da.ones(99, chunks=50)):
+        with pytest.raises(ValueError) as info:
+            SGDClassifier(max_iter=2, client=client).fit(da.from_array(X, chunks=50), da.from_array(y, chunks=50),
+                                                         sample_weight=sw)
+        assert str(info.value) == message
+
+
+def test_dask_2d_y_says_what_scikit_learn_says(client):
+    da = pytest.importorskip("dask.array")
+    X, y = _small()
+    Y = np.c_[y, y]
+    message = _sk_message("fit", X, Y)
+    with pytest.raises(ValueError) as info:
+        SGDClassifier(max_iter=2, client=client).fit(da.from_array(X, chunks=50), da.from_array(Y, chunks=50))
+    assert str(info.value) == message
+
+
+def test_empty_dask_input_says_what_scikit_learn_says(client):
+    """Was ``The number of classes has to be greater than one; got 0 class``:
+    a dask array (known length) and a dask DataFrame (length known only once
+    computed), for the classifier and the regressor."""
+    from sklearn.linear_model import SGDRegressor as SkSGDRegressor
+
+    from dask_ps.linear_model import SGDRegressor
+
+    da = pytest.importorskip("dask.array")
+    dd = pytest.importorskip("dask.dataframe")
+    pd = pytest.importorskip("pandas")
+    X, y = _small()
+    inputs = [
+        (da.from_array(X[:0], chunks=50), da.from_array(y[:0], chunks=50)),
+        (dd.from_pandas(pd.DataFrame(X[:0]), npartitions=1), dd.from_pandas(pd.Series(y[:0]), npartitions=1)),
+    ]
+    for ours, theirs in ((SGDClassifier, None), (SGDRegressor, SkSGDRegressor)):
+        if theirs is None:
+            message = _sk_message("fit", X[:0], y[:0])
+        else:
+            with pytest.raises(ValueError) as info:
+                theirs().fit(X[:0], y[:0])
+            message = str(info.value)
+        for Xd, yd in inputs:
+            with pytest.raises(ValueError) as info:
+                ours(max_iter=2, client=client).fit(Xd, yd)
+            assert str(info.value) == message, (ours, type(Xd))
+
+
+def test_int64_sparse_indices_are_accepted(client):
+    """scikit-learn's SGD refuses int64 indices (asking to report it on its
+    tracker); they are downcast here when they fit, for scipy input and for
+    dask arrays of scipy chunks, with the same model as int32 indices."""
+    import scipy.sparse as sp
+
+    da = pytest.importorskip("dask.array")
+    X, y = _small()
+    X32 = sp.csr_matrix(X)
+    X64 = sp.csr_matrix(X)
+    X64.indices, X64.indptr = X64.indices.astype(np.int64), X64.indptr.astype(np.int64)
+    assert "32-bit integer indices" in _sk_message("fit", X64, y)
+    kw = dict(max_iter=3, tol=None, random_state=0, client=client)
+    ref = SGDClassifier(**kw).fit(X32, y)
+    for Xin in (X64, da.from_array(X64, chunks=(100, 5), asarray=False)):
+        yin = y if isinstance(Xin, sp.spmatrix) else da.from_array(y, chunks=100)
+        est = SGDClassifier(**kw).fit(Xin, yin)
+        np.testing.assert_array_equal(est.coef_, ref.coef_)
+        np.testing.assert_array_equal(est.intercept_, ref.intercept_)
+    assert X64.indices.dtype == np.int64  # the caller's matrix is left as it is
+    np.testing.assert_array_equal(SGDClassifier(**kw).partial_fit(X64, y, classes=[0, 1]).predict(X64),
+                                  SGDClassifier(**kw).partial_fit(X32, y, classes=[0, 1]).predict(X32))
+
+
+def test_int64_indices_that_do_not_fit_are_refused():
+    import scipy.sparse as sp
+
+    from dask_ps.linear_model._data import int32_indices
+
+    X = sp.csr_matrix((3, 2**31 + 5))
+    X.indices, X.indptr = X.indices.astype(np.int64), X.indptr.astype(np.int64)
+    with pytest.raises(ValueError, match="32-bit indices"):
+        int32_indices(X)
