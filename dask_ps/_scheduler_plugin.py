@@ -517,14 +517,17 @@ class PSSchedulerPlugin(SchedulerPlugin):
             raise RunAbortedError(f"run {run_id} was aborted: {run.aborted}")
         return run
 
-    async def run_join(self, run_id: str, rank: int, address: str) -> int:
+    async def run_join(self, run_id: str, rank: int, address: str, with_attempt: bool = False):
         """Handler: a participant starts (or restarts); returns its clock so a
-        retried task resumes at the clock the run recorded for it."""
+        retried task resumes at the clock the run recorded for it
+        (``with_attempt``: ``[clock, attempt]``, attempt 1 for the first)."""
         run = self._run(run_id)
         run.where[rank] = address
         run.attempts[rank] = run.attempts.get(rank, 0) + 1
         if rank in run.done:  # a retried task that had already left
             run.done.discard(rank)
+        if with_attempt:
+            return [run.clocks[rank], run.attempts[rank]]
         return run.clocks[rank]
 
     def run_notify(self, run_id: str) -> None:

@@ -222,6 +222,7 @@ class Session:
         self._clock_wait = 0.0
         self._staleness_used: int | None = None  # the tightest bound among tables used
         self._clock = 0
+        self._resumed_clock: int | None = None  # a retried attempt's first clock (see _join)
         self._known_min = 0.0
         self._closed = False
 
@@ -233,9 +234,15 @@ class Session:
 
     # --- lifecycle ---------------------------------------------------------------------
     def _join(self):
-        self._clock = self._sync(
-            self.worker.scheduler.ps_run_join, run_id=self.run_id, rank=self.rank, address=self.worker.address
+        self._clock, attempt = self._sync(
+            self.worker.scheduler.ps_run_join, run_id=self.run_id, rank=self.rank, address=self.worker.address,
+            with_attempt=True,
         )
+        # A retried task repeats the clock it was stopped in, whose pushes the
+        # servers may have applied already (they skip them: same numbers).
+        # In that clock this session cannot tell its new writes from old
+        # ones, so it reads what the servers have instead of adding its own.
+        self._resumed_clock = self._clock if attempt > 1 else None
         self._known_min = 0
 
     def _leave(self, ok: bool):
@@ -282,12 +289,12 @@ class Session:
                 self._notifying = True
         return h
 
-    @staticmethod
-    def _own_writes_visible(h: TableHandle) -> bool:
+    def _own_writes_visible(self, h: TableHandle) -> bool:
         """Whether this session can add its own updates to what it reads (a
-        sum). Otherwise the server computes the result (an optimizer step)
-        and reads flush pending pushes first."""
-        return h.spec.rule.additive
+        sum). Otherwise the server computes the result (an optimizer step,
+        or a sum in the clock a retried task repeats, which may count a
+        push already) and reads flush pending pushes first."""
+        return h.spec.rule.additive and self._clock != self._resumed_clock
 
     @staticmethod
     def _summed_per_clock(h: TableHandle) -> bool:
