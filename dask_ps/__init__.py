@@ -14,6 +14,7 @@ from dask_ps._exceptions import (
     PSValueError,
     RolledBackError,
     RunAbortedError,
+    SchedulerLostError,
     StaleVersionError,
     TableError,
     TableExistsError,
@@ -32,4 +33,5 @@ __all__ = [
     "UpdateRule", "Sum", "Assign", "SGD", "Momentum", "Adagrad", "Adam", "Custom",
     "PSError", "TableError", "UnknownTableError", "TableExistsError", "PSValueError",
     "StaleVersionError", "RunAbortedError", "ClockTimeoutError", "DataLostError", "RolledBackError",
+    "SchedulerLostError",
 ]

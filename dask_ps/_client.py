@@ -16,7 +16,7 @@ import numpy as np
 from distributed import Client, Future, LocalCluster, futures_of, get_client
 
 from dask_ps import _spec
-from dask_ps._exceptions import RolledBackError, TableExistsError, UnknownTableError
+from dask_ps._exceptions import RolledBackError, SchedulerLostError, TableExistsError, UnknownTableError
 from dask_ps._routing import coalesce_rows
 from dask_ps._scheduler_plugin import PSSchedulerPlugin
 from dask_ps._transport import Router, Transport
@@ -74,11 +74,14 @@ class ParameterServer:
             self._own_client = client = Client(client, set_as_default=False)
         self.client = client
         client.register_plugin(PSSchedulerPlugin())
-        n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
+        info = client.scheduler_info(n_workers=-1)
+        n_workers = len(info["workers"])
+        self._scheduler_id = info.get("id")  # a new scheduler has another: the tables are not there
         # Worker plugins set up asynchronously; wait until every worker serves.
         self._servers(n=n_workers, timeout=30)
         self._latest_versions: dict[str, int] = {}
         self._router = Router(Transport(client.rpc, client.scheduler), latest_versions=self._latest_versions)
+        self._router.lost_check = self._check_scheduler  # failover stops at once when the scheduler is gone
         client.subscribe_topic("ps-worker-left", self._on_worker_left)
         client.subscribe_topic("ps-worker-joined", self._on_worker_joined)
         self._metrics: dict[str, dict] = _RunHistory()  # the latest ps.metrics-history runs
@@ -116,7 +119,39 @@ class ParameterServer:
         self._latest_versions[name] = max(version, self._latest_versions.get(name, 0))
 
     def _sync(self, fn, *args, **kwargs):
-        return self.client.sync(fn, *args, **kwargs)
+        self._check_scheduler()
+        try:
+            return self.client.sync(fn, *args, **kwargs)
+        except Exception as e:
+            self._check_scheduler(e)
+            raise
+
+    def _scheduler_lost(self) -> str | None:
+        """Why this object's scheduler is gone (no RPC: the client's state), or None."""
+        status = self.client.status
+        if status in ("connecting", "closing", "closed", "failed"):
+            # The client noticed at once: its stream to the scheduler closed.
+            return f"the Dask client is {status!r}: its connection to the scheduler is gone"
+        # Private, but scheduler_info() would make an RPC; updated on a reconnect.
+        now = getattr(self.client, "_scheduler_identity", {}).get("id")
+        if self._scheduler_id is not None and now is not None and now != self._scheduler_id:
+            return f"the Dask client reconnected to a new scheduler ({now}, was {self._scheduler_id})"
+        return None
+
+    def _check_scheduler(self, error: BaseException | None = None) -> None:
+        """Raise :class:`SchedulerLostError` if the scheduler is gone, instead of
+        waiting for connects to a dead address (``distributed.comm.timeouts.connect``,
+        then ``ps.timeouts.failover``) and raising a raw comm error."""
+        why = self._scheduler_lost()
+        if why is None:
+            return
+        raise SchedulerLostError(
+            f"dask_ps: {why}. The scheduler held the metadata of every table (and Dask workers close "
+            f"when their scheduler connection breaks, taking their blocks): tables {sorted(self._router.handles)} "
+            "and any run in progress are gone. Start a new scheduler and workers, then "
+            "ParameterServer(Client(address)).load(checkpoint) to continue from the latest ps.save "
+            "(docs/reliability.rst, 'Losing the scheduler')."
+        ) from error
 
     def _servers(self, n: int = 0, timeout: float = 0) -> list[str]:
         return self._sync(self.client.scheduler.ps_servers, n=n, timeout=timeout)
@@ -334,6 +369,7 @@ class ParameterServer:
         try:
             results = _gather_outside_the_pool(self.client, futures)
         except BaseException as e:
+            self._check_scheduler(e)  # the participants' futures were cancelled: say why
             try:
                 self._sync(self.client.scheduler.ps_run_abort, run_id=run_id, reason=f"{type(e).__name__}: {e}")
             finally:

@@ -13,6 +13,7 @@ Hierarchy::
     │   └── ForwardRefusedError  a replica refused a push forwarded by a worker behind its placement
     ├── InternalOnlyError        a handler only the cluster's scheduler and workers may call (PermissionError)
     ├── RunAbortedError          a run was aborted because another participant failed
+    ├── SchedulerLostError       the Dask scheduler (and with it every table) is gone
     └── ClockTimeoutError        waiting for the consistency bound took too long (TimeoutError)
 
 Errors raised inside worker or scheduler handlers travel back to the caller as
@@ -131,6 +132,14 @@ class InternalOnlyError(PSError, PermissionError):
 
 class RunAbortedError(PSError):
     """The run this participant belongs to was aborted."""
+
+
+class SchedulerLostError(PSError):
+    """The client lost its Dask scheduler (killed, closed, or replaced by a
+    new one). The scheduler held every table's metadata and clocks, and Dask
+    workers close when their scheduler connection breaks, so the tables are
+    gone: start a new scheduler and workers, then ``ps.load`` a checkpoint
+    (see ``docs/reliability.rst``, "Losing the scheduler")."""
 
 
 class ClockTimeoutError(PSError, TimeoutError):

@@ -108,6 +108,9 @@ class Router:
         self.latest_versions = latest_versions if latest_versions is not None else {}
         self.sender = sender or uuid.uuid4().hex
         self._msg_seq = itertools.count()
+        # Called after a failed attempt (the client's: raises if the scheduler
+        # is gone, so a retry does not wait for connects to a dead address).
+        self.lost_check = None
         # Spreads readers over the copies of a block, the same choice every time.
         self._read_key = zlib.crc32(self.sender.encode())
 
@@ -149,6 +152,8 @@ class Router:
                     out.append((by_addr[a], r))
             if not failed:
                 return out
+            if self.lost_check is not None:
+                self.lost_check(error)
             if time.monotonic() > deadline:
                 raise PSError(
                     f"table {name!r}: blocks {sorted({e[0] for e in failed})} stayed unreachable for "
