@@ -3,37 +3,62 @@ partitions, and turned into the token arrays a Gibbs participant samples."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import scipy.sparse as sp
+from sklearn.exceptions import DataConversionWarning
 from sklearn.utils.validation import check_non_negative
 
 from dask_ps._estimators import arrays
 
 
-def _check_counts(X, whom: str, integer: bool = True):
-    """Non-negative (and, with ``integer``, whole-number) counts; NaN/Inf are
-    caught earlier by ``validate_data``."""
+# The rule for counts given as floats, in one place: what the docstrings,
+# the warning and the tests say.
+ROUNDING_RULE = "rounded to the nearest integer (numpy.rint, halves to even)"
+
+
+def _check_counts(X, whom: str):
+    """Non-negative numbers (NaN/Inf are caught earlier by ``validate_data``)."""
+    data = X.data if sp.issparse(X) else np.asarray(X)
+    if data.dtype.kind not in "biuf":
+        raise ValueError(f"{whom}: X must be numeric counts, got dtype {data.dtype}")
     check_non_negative(X, whom)
-    if integer:
-        data = X.data if sp.issparse(X) else np.asarray(X)
-        if data.dtype.kind == "f" and data.size and not np.all(np.floor(data) == data):
-            raise ValueError(
-                f"{whom}: X must hold whole-number counts (document-term counts); "
-                "got non-integer values. Round or scale them to counts first."
-            )
-        if data.dtype.kind == "b":
-            return
-        if data.dtype.kind not in "iuf":
-            raise ValueError(f"{whom}: X must be numeric counts, got dtype {data.dtype}")
 
 
-def _as_count_csr(X) -> sp.csr_matrix:
-    """A private int64 CSR copy with duplicates summed and zeros removed."""
+def _as_count_csr(X) -> tuple[sp.csr_matrix, bool]:
+    """A private int64 CSR copy of checked counts, with duplicates summed,
+    floats rounded (``ROUNDING_RULE``) and zeros removed; and whether the
+    rounding changed a value."""
     X = sp.csr_matrix(X, copy=True)
     X.sum_duplicates()
+    rounded = False
+    if X.data.dtype.kind == "f":
+        whole = np.rint(X.data)
+        rounded = bool(np.any(whole != X.data))
+        X.data = whole
     X.eliminate_zeros()
     if X.data.dtype != np.int64:
         X = sp.csr_matrix((X.data.astype(np.int64), X.indices, X.indptr), shape=X.shape)
+    return X, rounded
+
+
+def warn_rounded(whom: str) -> None:
+    """The warning for counts that were not whole numbers."""
+    warnings.warn(
+        f"{whom}: X holds non-integer values; collapsed Gibbs sampling counts tokens, so each count was "
+        f"{ROUNDING_RULE} (values below 0.5 count as 0). Pass document-term counts to silence this.",
+        DataConversionWarning, stacklevel=3,
+    )
+
+
+def count_matrix(X, whom: str) -> sp.csr_matrix:
+    """Checked counts as a private int64 CSR matrix (``_as_count_csr``),
+    warning (``DataConversionWarning``) when floats had to be rounded."""
+    _check_counts(X, whom)
+    X, rounded = _as_count_csr(X)
+    if rounded:
+        warn_rounded(whom)
     return X
 
 
@@ -58,17 +83,18 @@ def _prepare_part(block, n_features: int, check: bool):
         if data.dtype.kind == "f" and not np.all(np.isfinite(data)):
             raise ValueError("LatentDirichletAllocation.fit: Input X contains NaN or infinity.")
         _check_counts(block, "LatentDirichletAllocation.fit")
-    X = _as_count_csr(block)
+    X, rounded = _as_count_csr(block)
     vocab, local = np.unique(X.indices, return_inverse=True)
     words = np.repeat(local.astype(np.int32), X.data)
     doc_len = np.asarray(X.sum(axis=1)).ravel().astype(np.int64)
     doc_ptr = np.zeros(X.shape[0] + 1, dtype=np.int64)
     np.cumsum(doc_len, out=doc_ptr[1:])
-    return {"vocab": vocab.astype(np.int64), "words": words, "doc_ptr": doc_ptr}
+    # ``rounded``: whether floats were rounded (the client warns: a warning on a worker is lost)
+    return {"vocab": vocab.astype(np.int64), "words": words, "doc_ptr": doc_ptr, "rounded": rounded}
 
 
 def _part_stats(part):
-    return part["doc_ptr"].size - 1, int(part["words"].size), part["vocab"]
+    return part["doc_ptr"].size - 1, int(part["words"].size), part["vocab"], part.get("rounded", False)
 
 
 def _split_rows(X: sp.csr_matrix, n_parts: int) -> list[sp.csr_matrix]:

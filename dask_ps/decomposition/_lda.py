@@ -41,7 +41,7 @@ from dask_ps._estimators import (
     setting,
 )
 from dask_ps.consistency import as_consistency
-from dask_ps.decomposition._corpus import _as_count_csr, _check_counts
+from dask_ps.decomposition._corpus import _check_counts, count_matrix, warn_rounded
 from dask_ps.decomposition._runs import CHECKPOINT_KIND, OWNER, GibbsRuns, RunPlan, corpus_layout, make_parts
 from dask_ps.decomposition._scoring import _fold_in, _topic_word, document_completion, final_loglik
 
@@ -199,11 +199,17 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
     transiently negative count (e.g. after an aborted participant) is read as
     zero and never yields NaN.
 
-    *Input.* Document-term counts: non-negative whole numbers (floats with
-    integral values are accepted). Empty documents are allowed: they are
-    skipped by the sampler and ``transform`` returns the uniform
-    distribution for them; a corpus with no tokens at all is an error.
-    ``transform`` accepts non-negative real weights.
+    *Input.* Document-term counts: non-negative numbers (numpy or
+    scipy.sparse arrays of any numeric dtype, or a dask array of them);
+    negative values, NaN and infinity are errors. The sampler counts tokens,
+    so ``fit`` (and :func:`document_completion`) round each count to the
+    nearest integer (``numpy.rint``, halves to even; below 0.5 is 0) and warn (``sklearn.exceptions.DataConversionWarning``) when that changed
+    a value: a tf-idf matrix, whose values are mostly below 0.5, is not a
+    corpus. Empty documents are allowed: they are skipped by the sampler and
+    ``transform`` returns the uniform distribution for them; a corpus with
+    no tokens at all is an error. ``transform``, ``score`` and
+    ``perplexity`` take non-negative real weights as they are, as
+    scikit-learn's LDA does.
 
     *Held-out score.* ``score`` and ``perplexity`` use document completion
     (:func:`document_completion`): each token of a document goes to half A
@@ -315,7 +321,10 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         tags.input_tags.sparse = True
         tags.input_tags.positive_only = True
         tags.transformer_tags.preserves_dtype = ["float64"]
-        tags.non_deterministic = True
+        # Reproducible under staleness 0 (see Notes): then the checks that
+        # compare two fits apply.
+        word, totals = self._consistencies()
+        tags.non_deterministic = not (word.staleness == 0 and totals.staleness == 0)
         return tags
 
     @property
@@ -394,6 +403,8 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         meta = dask_ps.checkpoint_metadata(checkpoint) if checkpoint is not None else None
         parts, n_parts = self._partitions(X, ps.client, uid, meta)
         layout = corpus_layout(parts, uid, self.n_features_in_)
+        if layout.rounded:  # a dask array's chunks, rounded on the workers
+            warn_rounded("LatentDirichletAllocation.fit")
         self.n_tokens_ = layout.n_tokens
         plan = self._plan(ps, layout, checkpoint, n_parts, word_model, totals_model)
         resume = (uid, None, [])
@@ -430,8 +441,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
             self, X, reset=True, accept_sparse="csr",
             dtype=[np.float64, np.float32, np.int64, np.int32, np.int16, np.int8, np.uint32, np.uint16, np.uint8],
         )
-        _check_counts(X, "LatentDirichletAllocation.fit")
-        X = _as_count_csr(X)
+        X = count_matrix(X, "LatentDirichletAllocation.fit")
         # A resumed fit splits the documents as the saved one did, whatever
         # the cluster's size now.
         n_parts = self.n_partitions or (meta or {}).get("n_parts") or max(
@@ -487,10 +497,10 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         )
 
     # --- inference -----------------------------------------------------------------------
-    def _check_X(self, X, whom, integer):
+    def _check_X(self, X, whom):
         X = arrays.to_host(X)
         X = validate_data(self, X, reset=False, accept_sparse="csr", dtype=[np.float64, np.float32])
-        _check_counts(X, whom, integer=integer)
+        _check_counts(X, whom)
         return X
 
     def transform(self, X):
@@ -516,7 +526,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         if is_dask_array(X):
             return map_row_blocks(check_dask_X(self, X), _transform_block, self,
                                   n_columns=self.components_.shape[0], dtype=np.float64, meta=np.empty((0, 0)))
-        X = self._check_X(X, "LatentDirichletAllocation.transform", integer=False)
+        X = self._check_X(X, "LatentDirichletAllocation.transform")
         X = sp.csr_matrix(X, dtype=np.float64)
         X.sum_duplicates()
         return _fold_in(
@@ -528,7 +538,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         check_is_fitted(self)
         if is_dask_array(X):
             X = X.compute()
-        X = self._check_X(X, "LatentDirichletAllocation.score", integer=True)
+        X = self._check_X(X, "LatentDirichletAllocation.score")
         return document_completion(
             self.components_, X, self.doc_topic_prior_, max_iter=self.max_doc_update_iter,
             tol=self.mean_change_tol, random_state=0,

@@ -72,6 +72,7 @@ class CorpusLayout:
     part_tokens: list[int]  # tokens per participant
     holders: np.ndarray  # per word: how many partitions hold it (at least 1)
     n_tokens: int
+    rounded: bool = False  # a chunk of a dask array held floats that were rounded
 
 
 def corpus_layout(parts: TrainingParts, uid, n_features) -> CorpusLayout:
@@ -79,8 +80,10 @@ def corpus_layout(parts: TrainingParts, uid, n_features) -> CorpusLayout:
     dropped from ``parts``."""
     stats = parts.gather(_part_stats, key_prefix=f"lda-stats-{uid}")
     n_tokens = sum(s[1] for s in stats)
+    rounded = any(s[3] for s in stats)
     if n_tokens == 0:
-        raise ValueError("LatentDirichletAllocation.fit: X has no tokens (every document is empty)")
+        raise ValueError("LatentDirichletAllocation.fit: X has no tokens (every document is empty"
+                         + (", its counts rounded to integers)" if rounded else ")"))
     parts.keep([i for i, s in enumerate(stats) if s[1] > 0])
     holders = np.zeros(n_features, dtype=np.float64)
     part_tokens = [int(s[1]) for s in stats if s[1] > 0]
@@ -88,7 +91,7 @@ def corpus_layout(parts: TrainingParts, uid, n_features) -> CorpusLayout:
         if s[1] > 0:
             holders[s[2]] += 1
     holders[holders == 0] = 1.0
-    return CorpusLayout(part_tokens, holders, int(n_tokens))
+    return CorpusLayout(part_tokens, holders, int(n_tokens), rounded)
 
 
 def count_aggregate(model) -> str:

@@ -10,7 +10,7 @@ from sklearn.utils import check_random_state
 
 from dask_ps.decomposition import _lda_kernels as _k
 from dask_ps._estimators import arrays
-from dask_ps.decomposition._corpus import _as_count_csr, _check_counts
+from dask_ps.decomposition._corpus import count_matrix
 
 # --- training log-likelihood (Griffiths & Steyvers' collapsed joint log p(w, z)) ------
 
@@ -87,7 +87,9 @@ def document_completion(components, X, doc_topic_prior, *, max_iter=100, tol=0.0
         normalized here), e.g. ``LatentDirichletAllocation.components_``,
         scikit-learn's ``components_`` or the ``lda`` package's ``topic_word_``.
     X : {array-like, sparse matrix} of shape (n_samples, n_features)
-        Held-out document-term counts (non-negative integers).
+        Held-out document-term counts (non-negative; floats are rounded to
+        the nearest integer with a ``DataConversionWarning``, as in
+        ``LatentDirichletAllocation.fit``).
     doc_topic_prior : float
     max_iter : int, default 100
     tol : float, default 0.0
@@ -112,8 +114,7 @@ def document_completion(components, X, doc_topic_prior, *, max_iter=100, tol=0.0
         )
     if not np.all(np.isfinite(X.data if sp.issparse(X) else X)):
         raise ValueError("document_completion: Input X contains NaN or infinity.")
-    _check_counts(X, "document_completion")
-    X = _as_count_csr(X)
+    X = count_matrix(X, "document_completion")
     rng = check_random_state(random_state)
     a = rng.binomial(X.data, 0.5)
     A = sp.csr_matrix((a.astype(np.float64), X.indices, X.indptr), shape=X.shape)
