@@ -153,6 +153,10 @@ class RunState:
         ]
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _num(x: float):
     """Clock values cross the wire as msgpack; ``inf`` means "no one left"."""
     return None if math.isinf(x) else int(x)
@@ -507,6 +511,8 @@ class PSSchedulerPlugin(SchedulerPlugin):
 
     # --- runs and clocks ------------------------------------------------------------
     def run_start(self, run_id: str, n: int, name: str = "") -> None:
+        if not (isinstance(run_id, str) and _is_int(n) and n >= 1):
+            raise PSValueError(f"a run needs a str id and n >= 1 participants, got {run_id!r}, {n!r}")
         self.runs[run_id] = RunState(run_id, n, [0] * n, name=str(name)[:200])
 
     def _run(self, run_id) -> RunState:
@@ -517,11 +523,22 @@ class PSSchedulerPlugin(SchedulerPlugin):
             raise RunAbortedError(f"run {run_id} was aborted: {run.aborted}")
         return run
 
+    @staticmethod
+    def _check_rank(run: RunState, rank, clock=0) -> None:
+        """Only the run's participants report, with a clock count: a rank
+        outside ``[0, n)`` (``-1`` indexed the last participant's clock) or
+        a clock that is not a count is refused, and nothing changes."""
+        if not (_is_int(rank) and 0 <= rank < run.n):
+            raise PSValueError(f"run {run.run_id}: rank {rank!r} is not one of its participants 0..{run.n - 1}")
+        if not (_is_int(clock) and clock >= 0):
+            raise PSValueError(f"run {run.run_id}: rank {rank} reported clock {clock!r}, not a count >= 0")
+
     async def run_join(self, run_id: str, rank: int, address: str, with_attempt: bool = False):
         """Handler: a participant starts (or restarts); returns its clock so a
         retried task resumes at the clock the run recorded for it
         (``with_attempt``: ``[clock, attempt]``, attempt 1 for the first)."""
         run = self._run(run_id)
+        self._check_rank(run, rank)
         run.where[rank] = address
         run.attempts[rank] = run.attempts.get(rank, 0) + 1
         if rank in run.done:  # a retried task that had already left
@@ -551,6 +568,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         ``wait_for`` if given. Taking the max makes a repeated report (a
         retried task) count once."""
         run = self._run(run_id)
+        self._check_rank(run, rank, clock)
         if clock > run.clocks[rank]:
             run.clocks[rank] = clock
             self._clock_changed(run)
@@ -590,6 +608,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         run = self.runs.get(run_id)
         if run is None:
             return
+        self._check_rank(run, rank)
         run.done.add(rank)
         if metrics is not None:
             run.metrics[rank] = metrics

@@ -213,3 +213,30 @@ def test_a_hung_shard_host_is_fenced_out_and_the_run_goes_on():
                 np.testing.assert_array_equal(data, want[b * block_rows:(b + 1) * block_rows],
                                               err_msg=f"{addr} block {b}")
         assert sum(len(blocks) for blocks in held.values()) == 2 * N_ROWS // block_rows
+
+
+def test_scheduler_refuses_clock_reports_from_outside_the_run():
+    """Clock reports (and joins, leaves) must come from one of the run's
+    ranks ``0..n-1`` with a clock count. Before the fix (checked on the
+    previous commit) ``rank=-1`` moved the last participant's clock to 50."""
+    from dask_ps import PSValueError
+
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as c, Client(c) as client:
+        dask_ps.ParameterServer(client)
+        scheduler = client.scheduler
+        client.sync(scheduler.ps_run_start, run_id="r", n=2)
+        clocks = lambda: client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.extensions["ps"].runs["r"].clocks))  # noqa: E731
+        for bad in (dict(rank=-1, clock=50), dict(rank=2, clock=1), dict(rank=True, clock=1),
+                    dict(rank=0, clock=-3), dict(rank=0, clock=1.5)):
+            with pytest.raises(PSValueError, match="run r"):
+                client.sync(scheduler.ps_clock, run_id="r", **bad)
+        with pytest.raises(PSValueError):
+            client.sync(scheduler.ps_run_join, run_id="r", rank=-1, address="x")
+        with pytest.raises(PSValueError):
+            client.sync(scheduler.ps_run_leave, run_id="r", rank=5)
+        with pytest.raises(PSValueError):
+            client.sync(scheduler.ps_run_start, run_id="s", n=-1)
+        assert clocks() == [0, 0]
+        assert client.sync(scheduler.ps_clock, run_id="r", rank=1, clock=1) == 0  # a real report still counts
+        assert clocks() == [0, 1]
+        client.sync(scheduler.ps_run_end, run_id="r")
