@@ -71,6 +71,26 @@ def to_device(x, device: str):
     return x
 
 
+def read_only(x):
+    """A view of ``x`` that cannot be written through (numpy); a cupy array
+    as it is (cupy has no read-only flag). Replies that share a server's
+    stored block (an in-process cluster passes them without a copy) are
+    handed out this way, so a reader cannot change the server's values."""
+    if isinstance(x, np.ndarray):
+        v = x.view()
+        v.flags.writeable = False
+        return v
+    return x
+
+
+def writable(x):
+    """``x`` itself if it may be written in place, else a copy."""
+    flags = getattr(x, "flags", None)
+    if flags is not None and not flags.writeable:
+        return x.copy()
+    return x
+
+
 def to_numpy(x):
     return cupy.asnumpy(x) if is_cupy(x) else np.asarray(x)
 

@@ -131,7 +131,7 @@ def dense_requests(h: TableHandle) -> dict[str, list[tuple[int, None]]]:
 def assemble_blocks(h: TableHandle, parts: dict[int, object]):
     """Whole-block values ``parts[block]`` as one array of the table's shape."""
     if h.spec.n_blocks == 1:
-        return parts[0]
+        return _backend.writable(parts[0])  # the caller's to change, not the server's
     xp = _backend.namespace(*parts.values())
     out = xp.empty(h.spec.shape, dtype=h.spec.dtype)
     for b, arr in parts.items():

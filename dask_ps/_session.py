@@ -396,6 +396,8 @@ class Session:
                 e = cache.get(b)
                 if e is None:
                     continue
+                # A reply can share the server's array (in-process): copy first.
+                e.values = _backend.writable(e.values)
                 xp = _backend.namespace(e.values)
                 if e.rows is None:
                     if rows is None:

@@ -435,7 +435,8 @@ class ShardStore:
                 out.append(blk.data.copy())
             else:
                 blk.shared = True
-                out.append(blk.data)
+                # read-only: in-process, the reader gets this very array
+                out.append(_backend.read_only(blk.data))
         return seqs, out
 
     @staticmethod
