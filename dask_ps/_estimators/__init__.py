@@ -38,12 +38,17 @@ Arrays (``arrays``, the module)
     ``is_sparse``, ``is_cupy_sparse``, ``xp_of``, ``nbytes``, ``to_host``
     and ``dask_ps._backend``'s ``namespace``, ``to_numpy``, ``all_finite``,
     ``is_cupy``, ``cupy`` (estimators do not import ``_backend`` itself).
+Compiled kernels (``_compiled``)
+    ``njit`` (``numba.njit(cache=True)`` with the cache outside the package
+    directory), ``kernel_cache_dir`` (where: ``ps.kernel-cache-dir``,
+    ``NUMBA_CACHE_DIR`` or the user's cache directory).
 The Dask adapter (``_dask_adapter``)
     The only module that uses ``distributed`` internals (matching persisted
     futures to blocks, reading another task's data on a worker).
 """
 
 from dask_ps._estimators import _arrays as arrays
+from dask_ps._estimators._compiled import kernel_cache_dir, njit
 from dask_ps._estimators._data import PartCopies, TrainingParts, load_part
 from dask_ps._estimators._params import SHARED_CONSTRAINTS, PSEstimatorMixin, setting, setting_bytes
 from dask_ps._estimators._predict import (
@@ -84,6 +89,7 @@ __all__ = [
     "SAVE_RETRY_SECONDS", "chunk_end", "jsonable", "temporary_tables", "TemporaryTables",
     "cluster_members", "may_be_worker_loss", "lost_workers", "MAX_RESTARTS",
     "Progress", "PollingMonitor", "rate", "participant_metrics",
+    "njit", "kernel_cache_dir",
     "is_dask_collection", "is_dask_dataframe", "is_dask_array", "dask_meta", "dask_feature_names",
     "check_dask_X", "map_row_blocks", "check_dask_fit_input", "known_n_samples", "raise_no_samples",
 ]

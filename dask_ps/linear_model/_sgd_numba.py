@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
+from dask_ps._estimators import njit  # numba.njit(cache=True) caching outside the package
 from dask_ps.linear_model._kernels import (  # noqa: F401  (LOSS_IDS: the ids sgd_round takes)
     ELASTICNET,
     INVSCALING,
@@ -41,7 +41,7 @@ from dask_ps.linear_model._kernels import (  # noqa: F401  (LOSS_IDS: the ids sg
 )
 
 
-@numba.njit(cache=True, inline="always", error_model="numpy")
+@njit(inline="always", error_model="numpy")
 def _log1pexp(x):
     if x <= -37.0:
         return math.exp(x)
@@ -54,7 +54,7 @@ def _log1pexp(x):
     return x
 
 
-@numba.njit(cache=True, inline="always", error_model="numpy")
+@njit(inline="always", error_model="numpy")
 def _loss(loss_id, thr, y, p):
     if loss_id == 0:
         z = p * y
@@ -82,7 +82,7 @@ def _loss(loss_id, thr, y, p):
     return r * r if r > 0.0 else 0.0
 
 
-@numba.njit(cache=True, inline="always", error_model="numpy")
+@njit(inline="always", error_model="numpy")
 def _gradient(loss_id, thr, y, p):
     if loss_id == 0:
         return -y if p * y <= thr else 0.0
@@ -122,7 +122,7 @@ def _gradient(loss_id, thr, y, p):
     return 0.0
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")
+@njit(nogil=True, error_model="numpy")
 def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercept,
               loss_id, thr, penalty, alpha, l1_ratio, learning_rate, eta, eta0, power_t, optimal_init,
               fit_intercept, intercept_decay, cw_pos, cw_neg, average, t, step, wscale_min, q, u):
@@ -247,7 +247,7 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
     return intercept, aintercept, sumloss, decay_prod, eta_sum, u
 
 
-@numba.njit(cache=True, inline="always", error_model="numpy")
+@njit(inline="always", error_model="numpy")
 def _l1(w, q, idx, wscale, u):
     z = w[idx]
     if wscale * z > 0.0:
@@ -257,7 +257,7 @@ def _l1(w, q, idx, wscale, u):
     q[idx] += wscale * (w[idx] - z)
 
 
-@numba.njit(cache=True, inline="always")
+@njit(inline="always")
 def _popcount(x):
     """Set bits of a uint64 (the SWAR count: no popcount intrinsic in numba)."""
     x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
@@ -266,7 +266,7 @@ def _popcount(x):
     return np.int64((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def compact_rows(rows, data, ind, ptr, bits, rank):
     """The round's compact problem: the features that the CSR rows ``rows``
     touch (sorted), and those rows as a CSR over these features only
@@ -320,7 +320,7 @@ def compact_rows(rows, data, ind, ptr, bits, rank):
     return cols, cdata, cind, cptr
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def feature_counts(ind, n_features):
     """``np.bincount(ind, minlength=n_features)`` without converting the
     int32 indices to intp first (a copy of 8 bytes per non-zero)."""
@@ -330,7 +330,7 @@ def feature_counts(ind, n_features):
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def gather_rows(X, rows, out):
     """``out[i] = X[rows[i]]`` (``np.take`` with ``out`` may copy all of a
     read-only ``X`` first)."""

@@ -161,11 +161,12 @@ def test_dask_inputs_fit_on_a_client_that_is_not_the_default(client):
         distributed.get_client()  # the fixture's client is not the default
     X, y = _data(4000, d=5)
     Xd, yd = da.from_array(X, chunks=1000), da.from_array(y, chunks=1000)
-    est = SGDClassifier(max_iter=5, random_state=0, client=client).fit(Xd, yd)
+    kw = dict(loss="log_loss", max_iter=20, tol=None, random_state=0, client=client)
+    est = SGDClassifier(**kw).fit(Xd, yd)
     assert est.score(X, y) > 0.8
     df = dd.from_pandas(pd.DataFrame(X, columns=list("abcde")), npartitions=4)
     ys = dd.from_pandas(pd.Series(y), npartitions=4)
-    est = SGDClassifier(max_iter=5, random_state=0, class_weight="balanced", client=client).fit(df, ys)
+    est = SGDClassifier(class_weight="balanced", **kw).fit(df, ys)
     assert list(est.classes_) == [0, 1] and est.score(X, y) > 0.8
 
 
@@ -278,3 +279,63 @@ def test_int64_indices_that_do_not_fit_are_refused():
     X.indices, X.indptr = X.indices.astype(np.int64), X.indptr.astype(np.int64)
     with pytest.raises(ValueError, match="32-bit indices"):
         int32_indices(X)
+
+
+# --- compiled kernels: cached outside the package ----------------------------------------------
+
+_FIT_IN_A_FRESH_PROCESS = r"""
+import json, pathlib, sys
+import numpy as np, scipy.sparse as sp
+import dask_ps
+from dask_ps.linear_model import SGDClassifier, SGDRegressor, _sgd_numba
+
+# The cache files of the SGD kernels, the only compiled module an SGD fit
+# imports (checked below): other processes sharing the source tree may write
+# other modules' files meanwhile (e.g. the LDA kernels' under numba's default).
+pkg = pathlib.Path(dask_ps.__file__).parent
+def cache_files():
+    return {str(p): p.stat().st_mtime_ns for p in pkg.rglob("_sgd_numba.*") if p.suffix in (".nbi", ".nbc")}
+before = cache_files()
+rng = np.random.RandomState(0)
+X = rng.randn(3000, 8); y = (X[:, 0] > 0).astype(int)
+with dask_ps.ParameterServer() as ps:
+    SGDClassifier(max_iter=2, tol=None, client=ps.client).fit(X, y)
+    SGDClassifier(max_iter=2, tol=None, client=ps.client).fit(sp.csr_matrix(X), y)
+    SGDRegressor(max_iter=2, tol=None, client=ps.client).fit(X.astype(np.float32), X[:, 1])
+after = cache_files()
+assert "dask_ps.decomposition._lda_kernels" not in sys.modules
+print(json.dumps({
+    "written_in_package": sorted(p for p, t in after.items() if before.get(p) != t),
+    "cache_paths": sorted({f.stats.cache_path for f in (_sgd_numba.sgd_round, _sgd_numba.gather_rows,
+                                                         _sgd_numba.compact_rows)}),
+}))
+"""
+
+
+def test_compiled_kernels_are_cached_outside_the_package(tmp_path):
+    """A fresh process with an empty user cache directory: the kernels are
+    compiled into ``$XDG_CACHE_HOME/dask_ps/numba`` (numba's ``cache=True``
+    wrote into the package's ``__pycache__``), nothing is written under the
+    package directory; ``ps.kernel-cache-dir`` moves them."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+
+    import dask_ps
+
+    pkg = pathlib.Path(dask_ps.__file__).parent
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "DASK_PS__KERNEL_CACHE_DIR")}
+    for name, extra, where in [
+        ("default", {"XDG_CACHE_HOME": str(tmp_path / "xdg")}, tmp_path / "xdg" / "dask_ps" / "numba"),
+        ("config", {"DASK_PS__KERNEL_CACHE_DIR": str(tmp_path / "configured")}, tmp_path / "configured"),
+    ]:
+        out = subprocess.run([sys.executable, "-c", _FIT_IN_A_FRESH_PROCESS], env={**env, **extra},
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        assert result["written_in_package"] == [], name
+        for path in result["cache_paths"]:
+            assert pathlib.Path(path).is_relative_to(where), (name, path)
+            assert not pathlib.Path(path).is_relative_to(pkg), (name, path)
+        assert any(where.rglob("*.nbi")) and any(where.rglob("*.nbc")), name
