@@ -209,8 +209,8 @@ class PSSchedulerPlugin(SchedulerPlugin):
             None, dumps(PSWorkerPlugin()), name=PLUGIN_NAME, idempotent=True
         )
         self.internal_token = internal_token(scheduler)  # of the plugin the workers got
-        self.hung.start()
         _dashboard.install(scheduler, self)  # the /ps page on the Dask dashboard
+        self.hung.start()
 
     async def close(self):
         from dask_ps import _prometheus
