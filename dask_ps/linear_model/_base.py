@@ -156,8 +156,10 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
         return self
 
     def _partial_fit(self, X, y, max_iter, sample_weight, coef_init, intercept_init, avg, reset, classes=None,
-                     checkpoint=None):
-        """``max_iter`` epochs from the current model (or the given start)."""
+                     checkpoint=None, in_process=False):
+        """``max_iter`` epochs from the current model (or the given start);
+        ``in_process`` (``partial_fit``): a block small enough for one
+        participant trains in this process (``_in_process``)."""
         first_call = getattr(self, "coef_", None) is None
         data = self._validate_input(X, y, sample_weight, reset=reset or first_call)
         K, targets = self._targets(data, classes)
@@ -167,7 +169,7 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
         if not hasattr(self, "t_"):
             self.t_ = 1.0
         W, n_iter, n_seen = _training.train(self, data, max_iter, K, coef, intercept, avg_coef, avg_intercept,
-                                            checkpoint=checkpoint, **targets)
+                                            checkpoint=checkpoint, in_process=in_process, **targets)
         self.n_iter_ = n_iter
         self.t_ += n_iter * n_seen
         self._store(W, K, d)

@@ -118,10 +118,38 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         seconds spent in its calls to the parameter server
         (``ps_seconds``, ``ps_seconds_by_call``), its thread's CPU seconds,
         the seconds it took to prepare its data (``setup_seconds``), its
-        samples, seconds and per-epoch ``history``.
+        samples, seconds and per-epoch ``history``, and the ``run_id`` of
+        its run. A ``partial_fit`` trained in this process (see Notes) has
+        one entry with ``in_process: True`` and no session counters.
+    run_ids_ : list of str
+        The parameter-server runs of the last ``fit``/``partial_fit`` call
+        (one, or one per ``checkpoint_every`` chunk), in order: the keys of
+        their entries in ``ParameterServer.metrics()``, e.g.
+        ``dask_ps.get_parameter_server(est.client).metrics()[est.run_ids_[-1]]``
+        (clocks, attempts, seconds, per-participant counters). Empty for a
+        ``partial_fit`` trained in this process.
 
     Notes
     -----
+    ``verbose > 0`` prints scikit-learn's lines for each epoch while the
+    fit runs (``-- Epoch n``; ``Norm``, ``NNZs``, ``Bias``, ``T``,
+    ``Avg. loss``, ``Objective``; the training time), with the samples per
+    second, the staleness of the participants' reads (in clocks) and the
+    number of participants; the participants report each epoch to the
+    client through a small table read every ``ps.sgd.progress-interval``.
+    ``dask.config.set({"ps.progress-bar": True})`` shows a tqdm progress bar
+    over the epochs instead of or with the lines (tqdm installed: the
+    ``progress`` extra).
+
+    ``partial_fit`` on an in-memory block that the parameter server would
+    train with one participant (under ``2 x
+    ps.sgd.min-samples-per-participant`` samples, 20,000 by default) trains
+    it in the calling process, with the same participant and the same
+    result, without a run on the cluster: a run costs tens of milliseconds,
+    more than such a block's training (``dask_ml.wrappers.Incremental``
+    calls ``partial_fit`` once per block). ``ps.sgd.partial-fit-in-process:
+    false`` sends every block to the cluster.
+
     ``X`` may be a numpy array, a scipy.sparse matrix (CSR), a dask array
     (numpy, scipy.sparse or cupy chunks) or a dask DataFrame (``y`` then a
     dask array or Series with the same partitions). Dask inputs are trained
@@ -155,7 +183,8 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
                     "target to properly estimate the class frequency distributions. Pass the "
                     "resulting weights as the class_weight parameter.".format(self.class_weight)
                 )
-        return self._partial_fit(X, y, 1, sample_weight, None, None, None, reset=first, classes=classes)
+        return self._partial_fit(X, y, 1, sample_weight, None, None, None, reset=first, classes=classes,
+                                 in_process=True)
 
     def _targets(self, data, classes):
         """The classes (``classes_``; "infer": those of y), the class weights
@@ -332,7 +361,9 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
     does on sparse data: rounds fixed per fit, their order and the order of
     their samples reshuffled each epoch).
     ``predict`` returns a lazy dask array for dask input. Fitted attributes
-    as scikit-learn's, plus ``metrics_`` (see :class:`SGDClassifier`).
+    as scikit-learn's, plus ``metrics_`` and ``run_ids_``; ``verbose``,
+    the progress bar and ``partial_fit`` of small blocks as in
+    :class:`SGDClassifier`.
     """
 
     _is_classifier = False
@@ -346,7 +377,7 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
         first = not hasattr(self, "coef_")
         if first:
             self._more_validate_params(for_partial_fit=True)
-        return self._partial_fit(X, y, 1, sample_weight, None, None, None, reset=first)
+        return self._partial_fit(X, y, 1, sample_weight, None, None, None, reset=first, in_process=True)
 
     def _targets(self, data, classes):
         return 1, {}

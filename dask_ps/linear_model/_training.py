@@ -33,9 +33,10 @@ from dask_ps._estimators import (
     temporary_tables,
 )
 from dask_ps.linear_model._data import _dask_parts, _Input, _memory_parts
+from dask_ps.linear_model._in_process import InProcessSession
 from dask_ps.linear_model._kernels import ADAPTIVE, MAX_INT
 from dask_ps.linear_model._monitor import N_FIELDS, RING_EPOCHS, EpochMonitor
-from dask_ps.linear_model._participant import _sgd_participant
+from dask_ps.linear_model._participant import _PartData, _sgd_participant
 from dask_ps.linear_model._rounds import _RunConfig
 
 logger = logging.getLogger("dask_ps.linear_model")
@@ -56,17 +57,22 @@ class _Start:
 
 
 def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg_intercept,
-          classes=None, cw_pos=None, cw_neg=None, checkpoint=None):
+          classes=None, cw_pos=None, cw_neg=None, checkpoint=None, in_process=False):
     """Fit ``est`` on the parameter server from the given start; returns
-    ``(W, n_iter, n_seen)`` and sets ``est.metrics_``.
+    ``(W, n_iter, n_seen)`` and sets ``est.metrics_`` and ``est.run_ids_``.
 
     Without ``checkpoint``: one run of ``max_iter`` epochs. With one
     (``fit`` only): a compatible checkpoint found there is resumed from, and
     the epochs run in runs of ``checkpoint_every`` (all in one run if None),
-    each followed by a save."""
-    ps = est._parameter_server()
+    each followed by a save. ``in_process`` (``partial_fit``): an input
+    the parameter server would train with one participant trains in this
+    process instead (``_in_process``), with the same result."""
     rs = check_random_state(est.random_state)
     hp = est._hyper(n_outputs, data.sparse)
+    start = (coef, intercept, avg_coef, avg_intercept)
+    if in_process and _one_participant_in_process(data):
+        return _train_in_process(est, data, rs, hp, max_iter, n_outputs, start, classes, cw_pos, cw_neg)
+    ps = est._parameter_server()
     d, K = data.n_features, n_outputs
     replication = int(getattr(est, "replication", 1))
     if data.kind == "dask":
@@ -101,6 +107,40 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
         est._adaptive_eta = [float(v) for v in states[0]["stop"]["eta"]]
     _report(est, runs)
     return W, n_iter, n_seen
+
+
+def _one_participant_in_process(data: _Input) -> bool:
+    """Whether an input trains in this process (``ps.sgd.partial-fit-in-process``):
+    in-memory numpy/scipy data that ``_memory_parts`` gives one participant
+    on any cluster (under twice ``ps.sgd.min-samples-per-participant``)."""
+    if not setting("sgd", "partial-fit-in-process") or data.kind != "memory" or data.device != "cpu":
+        return False
+    if arrays.xp_of(data.X) is not np:
+        return False
+    return data.X.shape[0] // max(1, int(setting("sgd", "min-samples-per-participant"))) <= 1
+
+
+def _train_in_process(est, data: _Input, rs, hp, max_iter, K, weights, classes, cw_pos, cw_neg):
+    """``train`` of a lone participant in this process, on an
+    ``InProcessSession``: what the parameter server's path does with one
+    participant (one seed drawn, the same table and configuration, the same
+    participant), without a cluster."""
+    d, n = data.n_features, data.X.shape[0]
+    n_cols = 2 * K if hp.average else K
+    seeds = tuple(int(s) for s in rs.randint(MAX_INT, size=1))
+    start = _Start(W0=_initial_table(data, hp, K, n_cols, *weights), seeds=seeds, name="weights")
+    n_total = int(n * (1.0 - hp.validation_fraction)) if hp.early_stopping else n
+    session = InProcessSession()
+    session.create_table(start.name, start.W0)
+    cfg = _run_config(est, hp, start, None, None, d, n_cols, n_total, [n], max_iter, classes, cw_pos, cw_neg,
+                      data.sparse)
+    progress = Progress(est.verbose, logger, total=max_iter, unit="epoch", desc=type(est).__name__)
+    with progress_closed(progress), _monitored_in_process(session, cfg, start, progress) as cfg:
+        result = _sgd_participant(session, _PartData(data.X, data.y, data.sw), cfg=cfg)
+    if hp.learning_rate == ADAPTIVE:
+        est._adaptive_eta = [float(v) for v in result["state"]["stop"]["eta"]]
+    _report(est, [[result]])
+    return session.tables[start.name], int(max(result["state"]["stop"]["n_iter"])), n_total
 
 
 def _initial_table(data: _Input, hp, K, n_cols, coef, intercept, avg_coef, avg_intercept):
@@ -163,6 +203,27 @@ def _monitored(ps, tables, cfg: _RunConfig, start: _Start, P, progress: Progress
     try:
         yield dataclasses.replace(cfg, progress_table=name, progress_epochs=ring)
     finally:
+        monitor.stop()
+
+
+@contextlib.contextmanager
+def _monitored_in_process(session: InProcessSession, cfg: _RunConfig, start: _Start, progress: Progress):
+    """``_monitored`` for a participant in this process: the progress table
+    in ``session``, read at each of its flushes (one per epoch)."""
+    if not progress.active:
+        yield cfg
+        return
+    ring = max(1, min(cfg.max_iter - start.epoch, RING_EPOCHS))
+    name = session.create_table("progress", np.zeros((ring, N_FIELDS)), assign=True)
+    monitor = EpochMonitor(
+        lambda rows: session.pull_rows(name, rows), lambda: session.pull(cfg.table), n_participants=1, ring=ring,
+        first_epoch=start.epoch, hp=cfg.hp, n_features=cfg.n_features, progress=progress, t_start=time.time(),
+        period=0)
+    session.on_flush = monitor.poll
+    try:
+        yield dataclasses.replace(cfg, progress_table=name, progress_epochs=ring)
+    finally:
+        session.on_flush = None
         monitor.stop()
 
 
@@ -285,15 +346,18 @@ def _resume(est, ps, path, fingerprint, start: _Start, d, n_cols, n_parts, sizes
 
 
 def _report(est, runs) -> None:
-    """``est.metrics_`` (the last run's participants) and, with ``verbose``,
-    scikit-learn's last line when the stopping rule ended the fit (the
-    epochs themselves were printed as they ended, ``_monitor``)."""
+    """``est.metrics_`` (the last run's participants), ``est.run_ids_`` (the
+    call's runs, keys of ``ParameterServer.metrics()``) and, with
+    ``verbose``, scikit-learn's last line when the stopping rule ended the
+    fit (the epochs themselves were printed as they ended, ``_monitor``)."""
     last = runs[-1] if runs else []
     est.metrics_ = participant_metrics(
-        [dict(r["profile"], samples=r["samples"], seconds=r["seconds"], history=r["history"]) for r in last],
-        fields=("ps_seconds", "ps_seconds_by_call", "cpu_seconds", "setup_seconds", "samples", "seconds",
+        [dict(r["profile"], samples=r["samples"], seconds=r["seconds"], history=r["history"],
+              run_id=r.get("run_id")) for r in last],
+        fields=("run_id", "ps_seconds", "ps_seconds_by_call", "cpu_seconds", "setup_seconds", "samples", "seconds",
                 "history"),
     )
+    est.run_ids_ = [results[0]["run_id"] for results in runs if results and results[0].get("run_id")]
     progress = Progress(est.verbose, logger)
     if not progress or not last:
         return

@@ -339,3 +339,132 @@ def test_compiled_kernels_are_cached_outside_the_package(tmp_path):
             assert pathlib.Path(path).is_relative_to(where), (name, path)
             assert not pathlib.Path(path).is_relative_to(pkg), (name, path)
         assert any(where.rglob("*.nbi")) and any(where.rglob("*.nbc")), name
+
+
+# --- partial_fit of small blocks in the calling process ------------------------------------------
+
+
+def _blocks(kind, n_blocks=6, n=500, seed=0):
+    import scipy.sparse as sp
+    from sklearn.datasets import make_regression
+
+    if kind == "regression":
+        X, y = make_regression(n_blocks * n, 8, noise=1.0, random_state=seed)
+        X = StandardScaler().fit_transform(X)
+    else:
+        X, y = make_classification(n_blocks * n, 12, n_informative=6, n_classes=3 if kind == "multiclass" else 2,
+                                   random_state=seed)
+        X = StandardScaler().fit_transform(X)
+    if kind == "sparse":
+        X[np.abs(X) < 0.8] = 0
+        X = sp.csr_matrix(X)
+    return [(X[i * n:(i + 1) * n], y[i * n:(i + 1) * n]) for i in range(n_blocks)]
+
+
+PARTIAL_FIT_CASES = {
+    "binary-hinge": ("binary", lambda c: SGDClassifier(random_state=0, client=c)),
+    "multiclass-log-average": ("multiclass", lambda c: SGDClassifier(loss="log_loss", average=2, random_state=1,
+                                                                     client=c)),
+    "sparse-elasticnet-class-weight": ("sparse", lambda c: SGDClassifier(
+        penalty="elasticnet", class_weight={0: 1.0, 1: 3.0}, random_state=2, client=c)),
+    "regressor-adaptive": ("regression", lambda c: _regressor(learning_rate="adaptive", eta0=0.01, random_state=3,
+                                                               client=c)),
+    "float32-modified-huber-no-shuffle": ("binary32", lambda c: SGDClassifier(loss="modified_huber", shuffle=False,
+                                                                              client=c)),
+}
+
+
+def _regressor(**kw):
+    from dask_ps.linear_model import SGDRegressor
+
+    return SGDRegressor(**kw)
+
+
+@pytest.mark.parametrize("case", sorted(PARTIAL_FIT_CASES))
+def test_partial_fit_in_process_equals_the_parameter_server_path(client, case):
+    """k partial_fit calls on blocks under ``2 x
+    ps.sgd.min-samples-per-participant`` train in the calling process (no
+    run: ``ps.metrics()`` gets none) and give bitwise the model the
+    parameter server's one-participant run gives
+    (``ps.sgd.partial-fit-in-process: false``)."""
+    import dask_ps
+
+    kind, make = PARTIAL_FIT_CASES[case]
+    blocks = _blocks(kind.replace("32", ""))
+    if kind.endswith("32"):
+        blocks = [(X.astype(np.float32), y) for X, y in blocks]
+    classes = None if kind == "regression" else np.unique(np.concatenate([y for _, y in blocks]))
+    weights = [np.random.RandomState(i).uniform(0.5, 2.0, len(y)) for i, (_, y) in enumerate(blocks)]
+
+    def fit(est):
+        for i, (X, y) in enumerate(blocks):
+            kw = {} if classes is None else {"classes": classes}
+            est.partial_fit(X, y, sample_weight=weights[i], **kw)
+        return est
+
+    ps = dask_ps.get_parameter_server(client)
+    with dask.config.set({"ps.sgd.partial-fit-in-process": False}):
+        on_cluster = fit(make(client))
+    assert len(on_cluster.run_ids_) == 1 and on_cluster.run_ids_[0] in ps.metrics()
+    runs_before = set(ps.metrics())
+    in_process = fit(make(client))
+    assert set(ps.metrics()) == runs_before and in_process.run_ids_ == []  # no run on the cluster
+    np.testing.assert_array_equal(in_process.coef_, on_cluster.coef_)
+    np.testing.assert_array_equal(in_process.intercept_, on_cluster.intercept_)
+    assert in_process.coef_.dtype == on_cluster.coef_.dtype
+    assert in_process.t_ == on_cluster.t_ and in_process.n_iter_ == on_cluster.n_iter_
+    if getattr(on_cluster, "average", False):
+        np.testing.assert_array_equal(in_process._average_coef, on_cluster._average_coef)
+    assert in_process.metrics_[0]["in_process"] and "in_process" not in on_cluster.metrics_[0]
+
+
+def test_partial_fit_of_a_large_block_still_runs_on_the_cluster(client):
+    import dask_ps
+
+    X, y = _data(2 * 10000 + 10)
+    est = SGDClassifier(random_state=0, client=client).partial_fit(X, y, classes=[0, 1])
+    assert len(est.run_ids_) == 1 and est.run_ids_[0] in dask_ps.get_parameter_server(client).metrics()
+    assert len(est.metrics_) == 2
+
+
+def test_dask_ml_incremental_equals_partial_fit_on_the_parameter_server(client):
+    """dask-ml's Incremental calls partial_fit once per block (22 s for 20
+    blocks against 0.4 s with scikit-learn's estimator, when each was a
+    run on the cluster): the same model as partial_fit on the parameter
+    server's path, block after block."""
+    dask_ml_wrappers = pytest.importorskip("dask_ml.wrappers")
+    da = pytest.importorskip("dask.array")
+    X, y = _data(20 * 500, d=10)
+    Xd, yd = da.from_array(X, chunks=500), da.from_array(y, chunks=500)
+    inc = dask_ml_wrappers.Incremental(SGDClassifier(loss="log_loss", random_state=0, client=client),
+                                       shuffle_blocks=False)
+    inc.fit(Xd, yd, classes=[0, 1])
+    with dask.config.set({"ps.sgd.partial-fit-in-process": False}):
+        ref = SGDClassifier(loss="log_loss", random_state=0, client=client)
+        for i in range(20):
+            ref.partial_fit(X[i * 500:(i + 1) * 500], y[i * 500:(i + 1) * 500], classes=[0, 1])
+    np.testing.assert_array_equal(inc.estimator_.coef_, ref.coef_)
+    np.testing.assert_array_equal(inc.estimator_.intercept_, ref.intercept_)
+    assert inc.score(Xd, yd) > 0.7
+
+
+# --- run ids: metrics_ linked to ps.metrics() -----------------------------------------------------
+
+
+def test_run_ids_link_the_estimator_to_ps_metrics(client, tmp_path):
+    """``ps.metrics()`` is keyed by run ids: ``run_ids_`` holds the fit's
+    (one per checkpoint chunk), and each ``metrics_`` entry its run's."""
+    import dask_ps
+
+    X, y = _data(30000)
+    ps = dask_ps.get_parameter_server(client)
+    est = SGDClassifier(max_iter=3, tol=None, random_state=0, client=client).fit(X, y)
+    assert len(est.run_ids_) == 1
+    run = ps.metrics()[est.run_ids_[0]]
+    assert {m["run_id"] for m in est.metrics_} == set(est.run_ids_)
+    assert len(est.metrics_) == 2 and run  # the run's own record: clocks, participants' counters
+    chunked = SGDClassifier(max_iter=4, tol=None, random_state=0, client=client, checkpoint=str(tmp_path / "ck"),
+                            checkpoint_every=2).fit(X, y)
+    assert len(chunked.run_ids_) == 2 and all(r in ps.metrics() for r in chunked.run_ids_)
+    assert {m["run_id"] for m in chunked.metrics_} == {chunked.run_ids_[-1]}
+    assert "run_ids_" not in SGDClassifier().__dict__
