@@ -135,3 +135,16 @@ def test_embedded_cluster_settings():
         kw = embedded_cluster_kwargs({"threads_per_worker": 2})
     assert kw["processes"] is True and kw["n_workers"] == 3 and kw["threads_per_worker"] == 2
     assert np.isfinite(kw["n_workers"])
+
+
+def test_dask_ml_grid_search_runs_fits_as_tasks():
+    """dask-ml's GridSearchCV fits every candidate inside a task of the
+    client's cluster: each fit uses that worker's client and secedes."""
+    dask_ml_search = pytest.importorskip("dask_ml.model_selection")
+    X, y = make_classification(2000, 10, random_state=0)
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster):  # the default client: dask-ml computes on it
+        gs = _fit_in_thread(lambda: dask_ml_search.GridSearchCV(
+            SGDClassifier(max_iter=5, tol=None, random_state=0), {"alpha": [1e-4, 1e-3]}, cv=2).fit(X, y),
+            timeout=180)
+    assert gs.best_score_ > 0.75
