@@ -80,9 +80,11 @@ def kernel_cache_dir() -> str:
     return path
 
 
-def njit(**options):
+def njit(*, cache=True, **options):
     """``numba.njit(cache=True, **options)``, caching in
-    :func:`kernel_cache_dir` instead of the package directory.
+    :func:`kernel_cache_dir` instead of the package directory
+    (``cache=False``: plain ``numba.njit(**options)``, e.g. for helpers
+    that are only inlined).
 
     numba reads ``numba.config.CACHE_DIR`` when it decorates (its cache
     locator is made then), so it is set for the decoration only and put
@@ -90,6 +92,8 @@ def njit(**options):
     import numba
 
     def decorate(fn):
+        if not cache:
+            return numba.njit(**options)(fn)
         with _decorating:
             previous = numba.config.CACHE_DIR
             numba.config.CACHE_DIR = kernel_cache_dir()
