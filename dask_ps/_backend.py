@@ -3,9 +3,18 @@
 Storage and update code calls :func:`namespace` on its arrays and uses only
 functions that numpy and cupy share, so a ``device="cuda"`` table runs the
 same code on the GPU.
+
+What ``device="cuda"`` means is one module, :func:`device_module`: cupy
+where it imports. The tests replace it (:func:`set_device_module`) with a
+CPU stand-in that behaves like cupy where it matters (its own array type,
+no implicit host conversion, no mixing with numpy operands:
+``tests/gpu/cupy_standin.py``), so every device path runs in the default
+test run; in-process clusters share the replacement with their workers.
 """
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 
@@ -15,18 +24,40 @@ except Exception:  # pragma: no cover - depends on the machine
     cupy = None
 
 
+logger = logging.getLogger(__name__)
+
 DEVICES = ("cpu", "cuda")
+
+_device_module = cupy  # the array module of device="cuda" (see device_module)
+
+
+def device_module():
+    """The array module of ``device="cuda"``: cupy (None where it does not
+    import), or the stand-in a test installed with :func:`set_device_module`."""
+    return _device_module
+
+
+def set_device_module(module):
+    """Make ``module`` (cupy-like: ``ndarray``, ``asarray``, ``asnumpy``,
+    ``zeros``, ``add.at``, ``cuda.runtime``) the array module of
+    ``device="cuda"`` in this process; returns the previous one. For tests:
+    a CPU stand-in for cupy (``tests/gpu/cupy_standin.py``)."""
+    global _device_module
+    previous, _device_module = _device_module, module
+    return previous
 
 
 def is_cupy(x) -> bool:
-    return cupy is not None and isinstance(x, cupy.ndarray)
+    """Whether ``x`` is a device array (of :func:`device_module`)."""
+    xp = _device_module
+    return xp is not None and isinstance(x, xp.ndarray)
 
 
 def namespace(*arrays):
-    """The array module (numpy or cupy) of ``arrays``."""
+    """The array module (numpy or the device module) of ``arrays``."""
     for a in arrays:
         if is_cupy(a):
-            return cupy
+            return _device_module
     return np
 
 
@@ -36,9 +67,10 @@ def is_array(x) -> bool:
 
 def zeros(shape, dtype, device: str):
     if device == "cuda":
-        if cupy is None:
+        xp = _device_module
+        if xp is None:
             raise RuntimeError("device='cuda' needs cupy on the worker (pip install dask-ps[cuda])")
-        return cupy.zeros(shape, dtype=dtype)
+        return xp.zeros(shape, dtype=dtype)
     return np.zeros(shape, dtype=dtype)
 
 
@@ -46,13 +78,14 @@ def gpu_info() -> dict | None:
     """This process's current GPU: ``{"device": PCI bus id, "free": bytes,
     "total": bytes}``, or None without cupy or a usable device (the table
     placement check uses it for ``device="cuda"`` and ``"auto"``)."""
-    if cupy is None:
+    xp = _device_module
+    if xp is None:
         return None
     try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
+        if xp.cuda.runtime.getDeviceCount() < 1:
             return None
-        dev = cupy.cuda.Device()
-        free, total = cupy.cuda.runtime.memGetInfo()
+        dev = xp.cuda.Device()
+        free, total = xp.cuda.runtime.memGetInfo()
         return {"device": str(dev.pci_bus_id), "free": int(free), "total": int(total)}
     except Exception:  # pragma: no cover - no driver, or a broken one
         return None
@@ -63,36 +96,42 @@ def to_device(x, device: str):
     if device == "cuda":
         if is_cupy(x):
             return x
-        if cupy is None:
+        if _device_module is None:
             raise RuntimeError("device='cuda' needs cupy on the worker")
-        return cupy.asarray(x)
+        return _device_module.asarray(x)
     if is_cupy(x):
-        return cupy.asnumpy(x)
+        return _device_module.asnumpy(x)
     return x
 
 
 def read_only(x):
-    """A view of ``x`` that cannot be written through (numpy); a cupy array
-    as it is (cupy has no read-only flag). Replies that share a server's
-    stored block (an in-process cluster passes them without a copy) are
-    handed out this way, so a reader cannot change the server's values."""
+    """``x`` for a reader that must not change it: a read-only view of a
+    numpy array; a copy of a device array (cupy has no read-only arrays; the
+    copy runs at device memory speed). Replies that share a server's stored
+    block (an in-process cluster passes them without a copy) are handed out
+    this way, so a reader cannot change the server's values (a session adds
+    its own writes to what it read: on a cuda table that changed the server's
+    block, counting own pushes twice)."""
     if isinstance(x, np.ndarray):
         v = x.view()
         v.flags.writeable = False
         return v
+    if is_cupy(x):
+        return x.copy()
     return x
 
 
 def writable(x):
-    """``x`` itself if it may be written in place, else a copy."""
+    """``x`` itself if it may be written in place, else a copy (cupy arrays
+    always may: their ``flags`` have no ``writeable``)."""
     flags = getattr(x, "flags", None)
-    if flags is not None and not flags.writeable:
+    if flags is not None and not getattr(flags, "writeable", True):
         return x.copy()
     return x
 
 
 def to_numpy(x):
-    return cupy.asnumpy(x) if is_cupy(x) else np.asarray(x)
+    return _device_module.asnumpy(x) if is_cupy(x) else np.asarray(x)
 
 
 def all_finite(x) -> bool:
@@ -114,11 +153,67 @@ def all_finite(x) -> bool:
     return bool(xp.all(xp.isfinite(x)))
 
 
-def scatter_add(out, idx, vals) -> None:
-    """``out[idx] += vals`` with repeated indices accumulated."""
-    if is_cupy(out):
-        import cupyx  # type: ignore[import-not-found]
+# The dtypes cupy.add.at accumulates (CUDA atomicAdd); others go through a wider one.
+_DEVICE_ADD_AT = frozenset(np.dtype(t) for t in ("int32", "int64", "float16", "float32", "float64", "uint32",
+                                                  "uint64"))
 
-        cupyx.scatter_add(out, idx, vals)
-    else:
+
+def scatter_add(out, idx, vals) -> None:
+    """``out[idx] += vals`` with repeated indices accumulated (``numpy.add.at``).
+
+    On the device ``add.at`` of cupy (``cupyx.scatter_add`` is deprecated
+    for it) takes int32/64, uint32/64 and float16/32/64 only; other table
+    dtypes accumulate in a wider one (int64 for small integers and bool,
+    float64 pairs for complex) and are cast back, as numpy's wrap-around
+    and truth value would give."""
+    if not is_cupy(out):
         np.add.at(out, idx, vals)
+        return
+    xp = _device_module
+    if out.dtype in _DEVICE_ADD_AT:
+        xp.add.at(out, idx, vals.astype(out.dtype, copy=False))
+        return
+    if out.dtype.kind == "c":
+        real = xp.zeros(out.shape, dtype=np.float64)
+        imag = xp.zeros(out.shape, dtype=np.float64)
+        xp.add.at(real, idx, vals.real.astype(np.float64))
+        xp.add.at(imag, idx, vals.imag.astype(np.float64))
+        out += (real + 1j * imag).astype(out.dtype)
+        return
+    wide = out.astype(np.int64)
+    xp.add.at(wide, idx, vals.astype(np.int64))
+    out[...] = wide.astype(out.dtype) if out.dtype.kind != "b" else wide != 0
+
+
+# rmm pool made in this process (ps.rmm-pool-size), so a second plugin setup keeps it.
+_rmm_pool_size: int | None = None
+
+
+def setup_device_memory(pool_size) -> bool:
+    """Make an rmm memory pool of ``pool_size`` (bytes or a string such as
+    ``"20 GiB"``; ``ps.rmm-pool-size``) on this process's GPU and have cupy
+    allocate from it; the worker plugin's setup calls this. Returns whether a
+    pool is in place. None: nothing to do (dask-cuda workers make their own
+    with ``rmm_pool_size``). Without rmm or a device module it logs a warning.
+    """
+    global _rmm_pool_size
+    if pool_size is None:
+        return False
+    from dask.utils import parse_bytes
+
+    size = parse_bytes(pool_size) if isinstance(pool_size, str) else int(pool_size)
+    if _rmm_pool_size == size:
+        return True
+    try:
+        import rmm  # type: ignore[import-not-found]
+        from rmm.allocators.cupy import rmm_cupy_allocator  # type: ignore[import-not-found]
+    except ImportError:
+        logger.warning("dask_ps: ps.rmm-pool-size is set but rmm does not import here; cupy keeps its allocator")
+        return False
+    if _device_module is None:
+        logger.warning("dask_ps: ps.rmm-pool-size is set but cupy does not import here")
+        return False
+    rmm.reinitialize(pool_allocator=True, initial_pool_size=size)
+    _device_module.cuda.set_allocator(rmm_cupy_allocator)
+    _rmm_pool_size = size
+    return True

@@ -325,7 +325,10 @@ class Session:
     def push(self, name: str, values) -> None:
         """Buffer an update of the whole table (sent at ``flush``/``clock``)."""
         h = self._handle(name)
-        values = check_values(h.spec, values, h.spec.shape)
+        # On the table's device from here on: the buffer, the overlay of own
+        # pushes on reads and the write-through add them to the table's arrays
+        # (cupy refuses numpy operands, and numpy cupy ones).
+        values = _backend.to_device(check_values(h.spec, values, h.spec.shape), h.spec.device)
         self._buffer(h).add_dense(values)
         self._after_push(h)
 
@@ -334,6 +337,7 @@ class Session:
         h = self._handle(name)
         rows = check_rows(h.spec, rows)
         values = check_values(h.spec, values, (len(rows), *h.spec.row_shape))
+        values = _backend.to_device(values, h.spec.device)  # as in push
         self._buffer(h).add_rows(rows, values)
         self._after_push(h)
 
@@ -495,8 +499,8 @@ class Session:
         slices = _routing.block_slices(h.spec, uniq)
         reqs = {b: uniq[lo:hi] - b * h.spec.block_rows for b, lo, hi in slices}
         parts = self._read(h, reqs)
-        if not slices:
-            out = np.empty((0, *h.spec.row_shape), dtype=h.spec.dtype)
+        if not slices:  # no rows: an empty array of the table's device
+            out = _backend.zeros((0, *h.spec.row_shape), h.spec.dtype, h.spec.device)
         else:
             chunks = [parts[b] for b, _, _ in slices]
             xp = _backend.namespace(*chunks)

@@ -37,7 +37,8 @@ Prediction on dask collections (``_predict``)
 Arrays (``arrays``, the module)
     ``is_sparse``, ``is_cupy_sparse``, ``xp_of``, ``nbytes``, ``to_host``
     and ``dask_ps._backend``'s ``namespace``, ``to_numpy``, ``all_finite``,
-    ``is_cupy``, ``cupy`` (estimators do not import ``_backend`` itself).
+    ``is_cupy``, ``device_module`` (cupy, or the tests' stand-in; estimators
+    do not import ``_backend`` itself).
 Compiled kernels (``_compiled``)
     ``njit`` (``numba.njit(cache=True)`` with the cache outside the package
     directory), ``kernel_cache_dir`` (where: ``ps.kernel-cache-dir``,

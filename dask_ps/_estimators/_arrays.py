@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from dask_ps._backend import all_finite, cupy, is_cupy, namespace, to_numpy
+from dask_ps._backend import all_finite, device_module, is_cupy, namespace, to_numpy
 
-__all__ = ["all_finite", "cupy", "is_cupy", "namespace", "to_numpy", "is_cupy_sparse", "is_sparse", "xp_of",
-           "nbytes", "to_host"]
+__all__ = ["all_finite", "device_module", "is_cupy", "namespace", "to_numpy", "is_cupy_sparse", "is_sparse",
+           "xp_of", "nbytes", "to_host"]
 
 
 def is_cupy_sparse(X) -> bool:
@@ -30,7 +30,7 @@ def xp_of(X):
     if sp.issparse(X):
         return np
     if is_cupy_sparse(X):
-        return cupy
+        return device_module()
     return namespace(X)
 
 
@@ -43,7 +43,6 @@ def nbytes(X) -> int:
 
 def to_host(X):
     """cupy / cupyx.scipy.sparse -> numpy / scipy.sparse; others as they are."""
-    mod = type(X).__module__ or ""
-    if mod.startswith("cupy") or mod.startswith("cupyx"):
+    if is_cupy(X) or is_cupy_sparse(X):
         return X.get()
     return X

@@ -68,9 +68,10 @@ class GibbsConfig:
 
 def _xp_for(device):
     if device == "cuda":
-        import cupy
-
-        return cupy
+        xp = arrays.device_module()  # cupy (or the tests' CPU stand-in)
+        if xp is None:
+            raise RuntimeError("LatentDirichletAllocation: device='cuda' needs cupy on the workers")
+        return xp
     return np
 
 
