@@ -24,6 +24,7 @@ than the polling shows its later model there).
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -46,6 +47,8 @@ F_BIAS = 10
 F_PENALTY = 11
 F_SCORE = 12  # validation score on the participant's validation samples (early_stopping)
 N_FIELDS = 13
+
+logger = logging.getLogger(__name__)
 
 RING_EPOCHS = 1024  # epochs the progress table holds (a monitor further behind skips epochs)
 
@@ -109,8 +112,16 @@ class EpochMonitor(PollingMonitor):
     def stop(self, timeout: float = 30) -> None:
         self.final = True
         super().stop(timeout)
-        if not self.is_alive() and self.ident is None:  # never started (a fit in this thread)
+        if self.ident is None:  # never started: a fit in this thread (``poll_now`` at its flushes)
+            self.poll_now()
+
+    def poll_now(self) -> None:
+        """Poll in the calling thread (a participant in this process, at
+        each of its flushes); progress is best effort, never the fit's error."""
+        try:
             self._poll_once()
+        except Exception:
+            logger.debug("sgd progress: poll failed", exc_info=True)
 
     def poll(self) -> None:
         """Print every complete epoch from ``next_epoch`` on."""

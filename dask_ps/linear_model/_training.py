@@ -219,7 +219,7 @@ def _monitored_in_process(session: InProcessSession, cfg: _RunConfig, start: _St
         lambda rows: session.pull_rows(name, rows), lambda: session.pull(cfg.table), n_participants=1, ring=ring,
         first_epoch=start.epoch, hp=cfg.hp, n_features=cfg.n_features, progress=progress, t_start=time.time(),
         period=0)
-    session.on_flush = monitor.poll
+    session.on_flush = monitor.poll_now
     try:
         yield dataclasses.replace(cfg, progress_table=name, progress_epochs=ring)
     finally:
