@@ -43,7 +43,7 @@ from dask_ps._estimators import (
 from dask_ps.consistency import as_consistency
 from dask_ps.decomposition._corpus import _check_counts, count_matrix, warn_rounded
 from dask_ps.decomposition._runs import CHECKPOINT_KIND, OWNER, GibbsRuns, RunPlan, corpus_layout, make_parts
-from dask_ps.decomposition._scoring import _fold_in, _topic_word, document_completion, final_loglik
+from dask_ps.decomposition._scoring import _fold_in, _topic_word, doc_logliks, final_loglik
 
 logger = logging.getLogger(__name__)
 
@@ -211,10 +211,14 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
     ``perplexity`` take non-negative real weights as they are, as
     scikit-learn's LDA does.
 
-    *Held-out score.* ``score`` and ``perplexity`` use document completion
-    (:func:`document_completion`): each token of a document goes to half A
-    or B at random (fixed seed 0, so all models see the same split), theta
-    is fitted on A with the topics fixed, and B is scored.
+    *Scores.* ``score(X)`` is the log-likelihood of ``X`` with each
+    document's theta folded in on itself and the topics fixed (total, nats)
+    and ``perplexity(X) = exp(-score(X) / X.sum())``, with scikit-learn's
+    meaning and scale: how well the model fits ``X``. For held-out
+    evaluation (comparing models, choosing ``n_components``) use
+    :func:`document_completion`: each token of a document goes to half A or
+    B at random (fixed seed, so all models see the same split), theta is
+    fitted on A and B is scored.
 
     *Reproducibility.* Two fits give identical ``components_``,
     ``loglik_history_`` values and ``transform`` results when they have the
@@ -534,33 +538,69 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
             self.mean_change_tol,
         )
 
-    def _completion(self, X):
+    def _doc_logliks(self, X):
+        """Per document: ``log p(x_d | theta_d, topics)`` (see :meth:`score`)
+        and its number of words, as two columns."""
+        X = self._check_X(X, "LatentDirichletAllocation.score")
+        X = sp.csr_matrix(X, dtype=np.float64)
+        X.sum_duplicates()
+        ll = doc_logliks(self.components_, X, self.doc_topic_prior_, self.max_doc_update_iter,
+                         self.mean_change_tol)
+        return np.column_stack([ll, np.asarray(X.sum(axis=1)).ravel()])
+
+    def _loglik_and_words(self, X):
         check_is_fitted(self)
         if is_dask_array(X):
-            X = X.compute()
-        X = self._check_X(X, "LatentDirichletAllocation.score")
-        return document_completion(
-            self.components_, X, self.doc_topic_prior_, max_iter=self.max_doc_update_iter,
-            tol=self.mean_change_tol, random_state=0,
-        )
+            X = check_dask_X(self, X)
+            per_doc = map_row_blocks(X, _doc_logliks_block, self, n_columns=2, dtype=np.float64,
+                                     meta=np.empty((0, 0)))
+            ll, n_words = per_doc.sum(axis=0).compute()
+            return float(ll), float(n_words)
+        ll, n_words = _doc_logliks_block(X, self).sum(axis=0)
+        return float(ll), float(n_words)
 
     def score(self, X, y=None):
-        """Held-out log-likelihood of ``X`` by document completion (total, nats).
+        """Log-likelihood of ``X`` under the fitted topics (total, nats), as
+        scikit-learn's ``LatentDirichletAllocation.score``: higher is better.
 
-        See :func:`document_completion`: each document's tokens are split at
-        random (fixed seed) into halves A and B; theta is fitted on A with the
-        topics fixed and the log-likelihood of B is returned. Divide by the
-        number of B tokens (or use :meth:`perplexity`) for a per-token value.
+        Each document's topic proportions theta are folded in on the
+        document itself with the topics fixed (:meth:`transform`), and the
+        result is ``sum over documents d and words w of x_dw log sum_k
+        theta_dk phi_kw``, with ``phi`` the normalized ``components_``.
+        scikit-learn's score is a variational lower bound of ``log p(X)``
+        (it also subtracts the divergences of theta and the topics from
+        their priors), so on the same data and topics it is somewhat lower
+        than this plug-in value; both are totals over the tokens of ``X``,
+        on the same scale. Use it, and :meth:`perplexity`, for how well the
+        model fits ``X``; for comparing models on documents they were not
+        trained on, use :func:`document_completion` (theta fitted on half of
+        each document, the other half scored), which this estimator used
+        for ``score`` before.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix, dask array} of shape (n_samples, n_features)
+            Non-negative counts (or weights, taken as they are).
+        y : ignored
+
+        Returns
+        -------
+        float
         """
-        return self._completion(X)[0]
+        return self._loglik_and_words(X)[0]
 
     def perplexity(self, X):
-        """``exp(-loglik / n_tokens)`` of the document-completion estimate
-        (see :meth:`score`); lower is better."""
-        ll, n = self._completion(X)
-        if n == 0:
-            raise ValueError("perplexity: the held-out halves of X have no tokens")
-        return float(np.exp(-ll / n))
+        """``exp(-score(X) / number of words in X)``, as scikit-learn's
+        ``perplexity``: lower is better (see :meth:`score`)."""
+        ll, n_words = self._loglik_and_words(X)
+        if n_words <= 0:
+            raise ValueError("LatentDirichletAllocation.perplexity: X has no words")
+        return float(np.exp(-ll / n_words))
+
+
+def _doc_logliks_block(block, est):
+    """``est._doc_logliks`` of one row block (of a dask array: a task)."""
+    return est._doc_logliks(block)
 
 
 def _transform_block(block, est):

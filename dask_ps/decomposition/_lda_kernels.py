@@ -401,16 +401,24 @@ def fold_in(indptr, indices, data, phi_t, alpha, max_iter, tol, theta):
 
 
 @njit(nogil=True, cache=True)
-def heldout_loglik(indptr, indices, data, phi_t, theta):
-    """sum over entries x_dv of x_dv log(sum_k theta_dk phi_kv)."""
+def doc_logliks(indptr, indices, data, phi_t, theta, out):
+    """Write ``out[d] = sum over entries x_dv of document d of
+    x_dv log(sum_k theta_dk phi_kv)``."""
     n_docs = indptr.shape[0] - 1
     K = phi_t.shape[1]
-    total = 0.0
     for d in range(n_docs):
+        total = 0.0
         for j in range(indptr[d], indptr[d + 1]):
             v = indices[j]
             p = 0.0
             for k in range(K):
                 p += theta[d, k] * phi_t[v, k]
             total += data[j] * math.log(p)
-    return total
+        out[d] = total
+
+
+def heldout_loglik(indptr, indices, data, phi_t, theta) -> float:
+    """sum over entries x_dv of x_dv log(sum_k theta_dk phi_kv)."""
+    out = np.empty(indptr.shape[0] - 1)
+    doc_logliks(indptr, indices, data, phi_t, theta, out)
+    return float(out.sum())
