@@ -538,6 +538,48 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
             self.mean_change_tol,
         )
 
+    def top_words(self, feature_names=None, n=10):
+        """The ``n`` most probable words of every topic, with their
+        probabilities (as tomotopy's ``get_topic_words`` and gensim's
+        ``show_topics(formatted=False)``).
+
+        Parameters
+        ----------
+        feature_names : array-like of shape (n_features,), default None
+            The word of each column, e.g. a ``CountVectorizer``'s
+            ``get_feature_names_out()``. None: ``feature_names_in_`` when the
+            model was fitted on a DataFrame, else the column indices.
+        n : int, default 10
+            Words per topic (all of them when ``n >= n_features``).
+
+        Returns
+        -------
+        list of n_components lists of (word, probability)
+            Per topic, the words in decreasing order of ``p(word | topic)``
+            (the normalized rows of ``components_``; ties in column order).
+
+        Examples
+        --------
+        >>> for k, words in enumerate(lda.top_words(vectorizer.get_feature_names_out(), n=5)):  # doctest: +SKIP
+        ...     print(k, " ".join(w for w, _ in words))
+        """
+        check_is_fitted(self)
+        V = self.components_.shape[1]
+        if isinstance(n, bool) or not isinstance(n, Integral) or n < 1:
+            raise ValueError(f"LatentDirichletAllocation.top_words: n must be a positive int, got {n!r}")
+        if feature_names is None:
+            feature_names = getattr(self, "feature_names_in_", None)
+        names = np.arange(V) if feature_names is None else np.asarray(feature_names, dtype=object)
+        if names.shape != (V,):
+            raise ValueError(
+                f"LatentDirichletAllocation.top_words: feature_names has shape {names.shape}, but the "
+                f"model has {V} features"
+            )
+        phi = self.components_ / self.components_.sum(axis=1, keepdims=True)
+        order = np.argsort(-phi, axis=1, kind="stable")[:, :n]
+        return [[(names[j].item() if hasattr(names[j], "item") else names[j], float(phi[k, j])) for j in row]
+                for k, row in enumerate(order)]
+
     def _doc_logliks(self, X):
         """Per document: ``log p(x_d | theta_d, topics)`` (see :meth:`score`)
         and its number of words, as two columns."""

@@ -244,3 +244,35 @@ def test_score_and_perplexity_on_scikit_learns_scale(fitted):
     assert 0.85 < theirs / ours < 1.15, (ours, theirs)
     assert theirs < ours  # a lower bound of the marginal, below the plug-in value
     assert 0.7 < m.perplexity(X) / sk.perplexity(X) < 1.3, (m.perplexity(X), sk.perplexity(X))
+
+
+# --- 4. top words -------------------------------------------------------------------------------
+
+
+def test_top_words(fitted):
+    m, X = fitted
+    names = np.array([f"w{j}" for j in range(X.shape[1])])
+    top = m.top_words(names, n=4)
+    assert len(top) == 5 and all(len(t) == 4 for t in top)
+    phi = m.components_ / m.components_.sum(1, keepdims=True)
+    for k, words in enumerate(top):
+        expected = np.argsort(-phi[k], kind="stable")[:4]
+        assert [w for w, _ in words] == [f"w{j}" for j in expected]
+        assert [p for _, p in words] == pytest.approx(phi[k, expected].tolist())
+        assert all(isinstance(w, str) and isinstance(p, float) for w, p in words)
+    by_index = m.top_words(n=2)  # no names: column indices
+    assert by_index[0] == [(int(j), pytest.approx(phi[0, j])) for j in np.argsort(-phi[0], kind="stable")[:2]]
+    assert all(isinstance(w, int) for w, _ in by_index[0])
+    assert len(m.top_words(n=10_000)[0]) == X.shape[1]
+    with pytest.raises(ValueError, match="feature_names has shape"):
+        m.top_words(names[:-1])
+    with pytest.raises(ValueError, match="positive int"):
+        m.top_words(n=0)
+
+
+def test_top_words_default_to_dataframe_column_names(lda_client):
+    pd = pytest.importorskip("pandas")
+    X, _ = lda_corpus(n_docs=60, doc_len=30, n_words=20, n_topics=2, seed=3)
+    df = pd.DataFrame(X.toarray(), columns=[f"word{j}" for j in range(20)])
+    m = LatentDirichletAllocation(2, max_iter=5, client=lda_client, random_state=0).fit(df)
+    assert all(w.startswith("word") for topic in m.top_words(n=3) for w, _ in topic)
