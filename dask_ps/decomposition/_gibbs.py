@@ -90,6 +90,7 @@ class _Sampler:
         self.weights = 1.0 / cfg.holders[self.vocab]  # each word's rows count once over all holders
         self.topics = np.arange(cfg.n_components)
         self.history = []
+        self.stale_seen = {}  # the staleness histogram of the word rows at the last evaluation
         self.sweep_seconds = 0.0
         self.timing = {"pull_seconds": 0.0, "push_seconds": 0.0, "clock_seconds": 0.0, "eval_seconds": 0.0}
 
@@ -215,7 +216,9 @@ def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
     nwk, nk = _sweep(s, cfg, it, nwk, nk)
     t2 = time.perf_counter()
     delta = nwk - nwk_before
-    changed = np.flatnonzero(delta.any(axis=1))
+    # the changed words' indices to the host (push_rows takes host rows); the
+    # counts stay where the tables are (on the device with device="cuda")
+    changed = arrays.to_numpy(arrays.namespace(delta).flatnonzero(delta.any(axis=1)))
     if changed.size:
         ctx.push_rows(cfg.nwk_name, s.vocab[changed], delta[changed])
     ctx.push(cfg.nk_name, (nk - nk_before).astype(np.int64))
@@ -226,14 +229,37 @@ def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
     s.timing["clock_seconds"] += time.perf_counter() - t3
 
 
+# The columns of a row of the progress table (verbose), one row per
+# participant and evaluation, read by ``_runs._Monitor``.
+P_LOGLIK, P_DONE, P_SECONDS, P_READS, P_STALE_SUM, P_STALE_MAX = range(6)
+PROGRESS_COLUMNS = 6
+
+
 def _evaluate(ctx, s: _Sampler, cfg: GibbsConfig, it, nwk, nk):
     """The state after ``it`` sweeps as this participant sees it, kept in
-    its history and (verbose) reported to the client's monitor."""
+    its history and (verbose) reported to the client's monitor with the
+    staleness of its word-row reads since the last evaluation."""
+    nwk, nk = arrays.to_host(nwk), arrays.to_host(nk)  # the log-likelihood terms run on the host
     ll = participant_loglik(s.local_ndk(), s.doc_len, nwk, s.weights, nk, cfg.alpha, cfg.beta, s.vbeta, s.P)
     s.history.append((it, time.time() - cfg.t_start, ll))
     if cfg.progress_name is not None:
-        row = (it // cfg.evaluate_every) * s.P + s.rank  # assign: a retried chunk rewrites, never adds
-        ctx.push_rows(cfg.progress_name, [row], np.array([[ll, 1.0, s.history[-1][1]]]))
+        row = np.empty((1, PROGRESS_COLUMNS))
+        row[0, :P_READS] = ll, 1.0, s.history[-1][1]
+        row[0, P_READS:] = _staleness_since_last_evaluation(ctx, s, cfg)
+        where = (it // cfg.evaluate_every) * s.P + s.rank  # assign: a retried chunk rewrites, never adds
+        ctx.push_rows(cfg.progress_name, [where], row)
+
+
+def _staleness_since_last_evaluation(ctx, s: _Sampler, cfg: GibbsConfig):
+    """``(reads, summed staleness, max staleness)`` of this participant's
+    reads of the word-topic rows since the last call (the session's
+    staleness histogram: clocks between the reader and the state its read
+    is guaranteed to hold)."""
+    hist = {int(k): int(v) for k, v in ctx.metrics().get("tables", {}).get(cfg.nwk_name, {}).get(
+        "staleness", {}).items()}
+    new = {k: v - s.stale_seen.get(k, 0) for k, v in hist.items() if v > s.stale_seen.get(k, 0)}
+    s.stale_seen = hist
+    return sum(new.values()), sum(k * v for k, v in new.items()), max(new, default=0)
 
 
 def _sweep(s: _Sampler, cfg: GibbsConfig, it, nwk, nk):
@@ -243,12 +269,13 @@ def _sweep(s: _Sampler, cfg: GibbsConfig, it, nwk, nk):
     seed = int(np.random.SeedSequence(cfg.seeds[s.rank], spawn_key=(it,)).generate_state(1)[0] & 0x7FFFFFFF)
     t0 = time.perf_counter()
     if s.sampler == "array":
+        # The rows as read: on the device for device="cuda" (cuda count
+        # tables), where the sampler updates them and the deltas are pushed
+        # from; nothing crosses to the host.
         xp = s.xp
-        d_nwk = xp.asarray(nwk)
-        d_nk = xp.asarray(nk)
-        _k.gibbs_sweep_array(xp, s.d_doc, s.d_words, s.d_z, s.d_ndk, d_nwk, d_nk, cfg.alpha, cfg.beta,
+        nwk, nk = xp.asarray(nwk), xp.asarray(nk)
+        _k.gibbs_sweep_array(xp, s.d_doc, s.d_words, s.d_z, s.d_ndk, nwk, nk, cfg.alpha, cfg.beta,
                              s.vbeta, seed)
-        nwk, nk = arrays.to_host(d_nwk), arrays.to_host(d_nk)
     else:
         s.sweep(s.doc_ptr, s.words, s.z, s.ndk, nwk, nk, cfg.alpha, cfg.beta, s.vbeta, seed)
     dt = time.perf_counter() - t0

@@ -141,10 +141,14 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         Seeds the starting assignments and every partition's sampler. With
         BSP and an int the fit is reproducible (see Notes).
     verbose : int, default 0
-        > 0 prints the training log-likelihood and tokens/s at every
-        evaluation, and a summary at the end, to standard output and to the
-        logger ``dask_ps.decomposition._lda`` (INFO), as every dask_ps
-        estimator does.
+        > 0 prints, while the fit runs, one line per evaluation (every
+        ``evaluate_every`` iterations): the iteration, the training
+        log-likelihood, tokens/s since the previous line and the staleness
+        of the participants' word-row reads (clocks, mean and max), and a
+        summary at the end, to standard output and to the logger
+        ``dask_ps.decomposition._lda`` (INFO), as every dask_ps estimator
+        does. With ``dask.config`` ``ps.progress-bar: true`` (and tqdm) a
+        progress bar over the iterations is shown too, whatever ``verbose``.
 
     Attributes
     ----------
@@ -425,9 +429,14 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
             # ``_sweep_delay`` (not a parameter): the benchmark hook of ``GibbsConfig.delay``.
             delay=getattr(self, "_sweep_delay", None),
         )
-        progress = Progress(self.verbose, logger)
-        runs = GibbsRuns(ps, parts, uid, plan, fixed, resume, progress).run()
-        self._set_fitted(runs, P, progress)
+        first = resume[1][1] if resume[1] else 0
+        progress = Progress(self.verbose, logger, total=max(0, self.max_iter - first), unit="it",
+                            desc=type(self).__name__)
+        try:
+            runs = GibbsRuns(ps, parts, uid, plan, fixed, resume, progress).run()
+            self._set_fitted(runs, P, progress)
+        finally:
+            progress.close()
         return self
 
     def _partitions(self, X, client, uid, meta):
@@ -477,7 +486,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
             },
             n_parts=n_parts, replication=min(self.replication, n_servers), word_model=word_model,
             totals_model=totals_model, count_dtype=count_dtype, block_rows=block_rows,
-            n_evals=n_evals if self.verbose else 0, n_tokens=layout.n_tokens,
+            n_evals=n_evals, n_tokens=layout.n_tokens,
         )
 
     def _set_fitted(self, runs: GibbsRuns, P, progress: Progress):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import threading
 import time
 
 import numpy as np
@@ -20,8 +19,10 @@ from dask.utils import parse_timedelta
 import dask_ps
 from dask_ps._estimators import (
     MAX_RESTARTS,
+    PollingMonitor,
     Progress,
     TrainingParts,
+    arrays,
     checkpoint_record,
     chunk_end,
     cluster_members,
@@ -33,7 +34,18 @@ from dask_ps._estimators import (
     temporary_tables,
 )
 from dask_ps.decomposition._corpus import _part_stats, _prepare_part, _split_rows
-from dask_ps.decomposition._gibbs import GibbsConfig, LostAssignmentsError, _gibbs_participant
+from dask_ps.decomposition._gibbs import (
+    P_DONE,
+    P_LOGLIK,
+    P_READS,
+    P_SECONDS,
+    P_STALE_MAX,
+    P_STALE_SUM,
+    PROGRESS_COLUMNS,
+    GibbsConfig,
+    LostAssignmentsError,
+    _gibbs_participant,
+)
 from dask_ps.decomposition._scoring import _chunk_history
 
 # The estimator's logger: what users configure for verbose output and restarts.
@@ -144,46 +156,47 @@ class _AssignmentSets:
                                  consistency=dask_ps.ASP(), replication=self.replication)
 
 
-class _Monitor(threading.Thread):
-    """Reports the training log-likelihood as participants write it (verbose).
+class _Monitor(PollingMonitor):
+    """Prints the training log-likelihood while the fit runs, as the
+    participants write it (verbose), and moves the progress bar.
 
-    Participant ``r`` writes ``(loglik part, 1, seconds)`` into row
-    ``(it // evaluate_every) * P + r`` of a small assign table; an evaluation
-    is complete when all its P rows are written. ``first``: the first
-    evaluation of this chunk."""
+    Participant ``r`` writes a row (``_gibbs.P_*`` columns: its loglik
+    part, 1, seconds since the fit started, and the reads, summed and
+    largest staleness of its word-row reads since its last evaluation) into
+    row ``(it // evaluate_every) * P + r`` of a small assign table; an
+    evaluation is complete when all its P rows are written. ``first``: the
+    first evaluation of this chunk; ``reported``: the last iteration
+    printed (or where the chunk started)."""
 
-    def __init__(self, ps, table, n_participants, evaluate_every, n_tokens, progress: Progress, period, first=0):
-        super().__init__(daemon=True, name="lda-progress")
+    def __init__(self, ps, table, n_participants, evaluate_every, n_tokens, progress: Progress, period,
+                 first=0, start=0):
+        super().__init__(period, name="lda-progress")
         self.ps, self.table, self.P = ps, table, n_participants
-        self.every, self.n_tokens, self.progress, self.period = evaluate_every, n_tokens, progress, period
-        self._stop_event = threading.Event()
+        self.every, self.n_tokens, self.progress = evaluate_every, n_tokens, progress
         self._logged = first
         self._last = (0.0, 0)
+        self.reported = start
 
-    def stop(self):
-        self._stop_event.set()
-        self.join(timeout=10)
-
-    def _poll(self):
-        prog = self.ps.pull(self.table).reshape(-1, self.P, 3)
-        while self._logged < len(prog) and np.all(prog[self._logged, :, 1] >= 1):
-            ll = float(prog[self._logged, :, 0].sum())
-            sec = float(prog[self._logged, :, 2].mean())
+    def poll(self):
+        prog = self.ps.pull(self.table).reshape(-1, self.P, PROGRESS_COLUMNS)
+        while self._logged < len(prog) and np.all(prog[self._logged, :, P_DONE] >= 1):
+            rows = prog[self._logged]
+            ll = float(rows[:, P_LOGLIK].sum())
+            sec = float(rows[:, P_SECONDS].mean())
             it = self._logged * self.every
             t0, it0 = self._last
-            tokens_per_second = rate(self.n_tokens * (it - it0), sec - t0) if it > it0 else float("nan")
-            self.progress.line(f"iteration {it}: log-likelihood {ll:.6g}, {tokens_per_second:.3g} tokens/s "
-                               f"({sec:.1f} s)")
+            speed = ""
+            if it > it0:
+                speed = f", {rate(self.n_tokens * (it - it0), sec - t0):.3g} tokens/s"
+            reads = rows[:, P_READS].sum()
+            stale = (f", staleness {rows[:, P_STALE_SUM].sum() / reads:.2f} (max {int(rows[:, P_STALE_MAX].max())})"
+                     if reads > 0 and self.P > 1 else "")
+            self.progress.line(f"iteration {it}: log-likelihood {ll:.6g}{speed}{stale} ({sec:.1f} s)")
+            if it > self.reported:
+                self.progress.advance(it - self.reported, loglik=f"{ll:.6g}")
+                self.reported = it
             self._last = (sec, it)
             self._logged += 1
-
-    def run(self):
-        try:
-            while not self._stop_event.wait(self.period):
-                self._poll()
-            self._poll()
-        except Exception:  # the cluster went away: progress is best effort
-            logger.debug("progress monitor stopped", exc_info=True)
 
 
 # --- the runs of one fit ------------------------------------------------------------------
@@ -211,7 +224,7 @@ class RunPlan:
     totals_model: object
     count_dtype: type
     block_rows: int
-    n_evals: int  # evaluations a progress table has room for (0: no progress, not verbose)
+    n_evals: int  # evaluations a progress table has room for (0: none; used when progress is shown)
     n_tokens: int
 
 
@@ -267,7 +280,7 @@ class GibbsRuns:
         tag = f"{self.uid}-{self.n_restarts}-{start}"
         cfg = GibbsConfig(
             **self.fixed, nwk_name=f"lda-{tag}-word-topic", nk_name=f"lda-{tag}-topic-totals",
-            progress_name=f"lda-{tag}-progress" if plan.n_evals else None,
+            progress_name=f"lda-{tag}-progress" if plan.n_evals and self.progress.active else None,
             start_name=None if _starts_together(plan) else f"lda-{tag}-started",
             start=start, stop=stop, z_in=sets.names[current[0]] if current else None,
             z_out=sets.names[out] if plan.tolerant else None, t_start=self.t_start,
@@ -279,8 +292,8 @@ class GibbsRuns:
                 monitor = self._create_tables(cfg, tables)
                 self.results = self.ps.run(_gibbs_participant, self.parts.futures, cfg=cfg)
                 if stop >= plan.max_iter:
-                    self.nwk = np.maximum(self.ps.pull(cfg.nwk_name), 0)
-                    self.nk = np.maximum(self.ps.pull(cfg.nk_name), 0)
+                    self.nwk = np.maximum(arrays.to_numpy(self.ps.pull(cfg.nwk_name)), 0)
+                    self.nk = np.maximum(arrays.to_numpy(self.ps.pull(cfg.nk_name)), 0)
             except Exception as e:
                 if not self._restart(e, members, start, stop):
                     raise
@@ -289,6 +302,7 @@ class GibbsRuns:
                 if monitor is not None:
                     monitor.stop()
         self.history.extend(_chunk_history(self.results, self.P))
+        self.progress.advance(stop - (monitor.reported if monitor is not None else start))
         self.stop = stop
         if plan.tolerant:
             current = (out, stop)
@@ -301,20 +315,22 @@ class GibbsRuns:
         monitor), in ``tables`` (dropped when the run ends)."""
         plan = self.plan
         K, V = cfg.n_components, cfg.n_features
+        # The count tables live where the sampler runs (device="cuda": on the
+        # GPU, the array sampler's rows are read and pushed without a host copy).
         tables.create(cfg.nwk_name, shape=(V, K), dtype=plan.count_dtype, consistency=plan.word_model,
-                      block_rows=plan.block_rows, aggregate=count_aggregate(plan.word_model))
+                      block_rows=plan.block_rows, aggregate=count_aggregate(plan.word_model), device=cfg.device)
         tables.create(cfg.nk_name, shape=(K,), dtype="int64", consistency=plan.totals_model,
-                      aggregate=count_aggregate(plan.totals_model))
+                      aggregate=count_aggregate(plan.totals_model), device=cfg.device)
         if cfg.start_name is not None:
             # VAP: its reads always go to the servers (the participants poll it)
             tables.create(cfg.start_name, shape=(1,), dtype="float64", consistency=dask_ps.VAP(1.0))
         if cfg.progress_name is None:
             return None
-        tables.create(cfg.progress_name, shape=(plan.n_evals * self.P, 3), dtype="float64",
+        tables.create(cfg.progress_name, shape=(plan.n_evals * self.P, PROGRESS_COLUMNS), dtype="float64",
                       rule="assign", consistency=dask_ps.ASP())
         monitor = _Monitor(self.ps, cfg.progress_name, self.P, cfg.evaluate_every, plan.n_tokens, self.progress,
                            period=parse_timedelta(setting("lda", "progress-interval")),
-                           first=-(-cfg.start // cfg.evaluate_every))
+                           first=-(-cfg.start // cfg.evaluate_every), start=cfg.start)
         monitor.start()
         return monitor
 

@@ -7,6 +7,7 @@ history comparable along the fit, and live verbose output.
 from __future__ import annotations
 
 import logging
+import threading
 
 import numpy as np
 import pytest
@@ -276,3 +277,75 @@ def test_top_words_default_to_dataframe_column_names(lda_client):
     df = pd.DataFrame(X.toarray(), columns=[f"word{j}" for j in range(20)])
     m = LatentDirichletAllocation(2, max_iter=5, client=lda_client, random_state=0).fit(df)
     assert all(w.startswith("word") for topic in m.top_words(n=3) for w, _ in topic)
+
+
+# --- 6. live progress ---------------------------------------------------------------------------
+
+_LINE_SEEN = threading.Event()
+
+
+class _WaitForTheLine:
+    """Delay hook (participants, after each sweep): after sweep 6 every
+    participant waits until the client has printed iteration 5's line, so
+    that line must appear while the fit is still sampling."""
+
+    waited: list = []
+
+    def __call__(self, rank, it, dt):
+        if it == 6:
+            _WaitForTheLine.waited.append(_LINE_SEEN.wait(30))
+        return 0.0
+
+
+def test_verbose_prints_while_the_fit_runs(monkeypatch):
+    """verbose=1 prints to standard output without any logging set up, one
+    line per evaluation (iteration, log-likelihood, tokens/s, staleness of
+    the participants' reads) while the participants still sample. (Live
+    since the estimator refactor of issue 11; the staleness is new.)"""
+    import io
+    import sys
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    class Recorder(io.StringIO):
+        def write(self, text):
+            if "iteration 5:" in text:
+                _LINE_SEEN.set()
+            return super().write(text)
+
+    X, _ = lda_corpus(n_docs=60, doc_len=30, n_words=50, n_topics=3, seed=2)
+    _LINE_SEEN.clear()
+    _WaitForTheLine.waited = []
+    out = Recorder()
+    # in-process workers: the participants' hook sees this process's event
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as c, dask.config.set({"ps.lda.progress-interval": "50ms"}):
+        est = LatentDirichletAllocation(3, max_iter=10, evaluate_every=5, verbose=1, consistency=dask_ps.BSP(),
+                                        n_partitions=2, client=c, random_state=0)
+        est._sweep_delay = _WaitForTheLine()
+        monkeypatch.setattr(sys, "stdout", out)
+        est.fit(X)
+        monkeypatch.undo()
+    assert _WaitForTheLine.waited == [True, True], "iteration 5's line was not printed while the fit ran"
+    lines = out.getvalue().splitlines()
+    first = next(line for line in lines if line.startswith("iteration 0:"))
+    fifth = next(line for line in lines if line.startswith("iteration 5:"))
+    assert "log-likelihood" in first and "staleness 0.00 (max 0)" in first  # BSP
+    assert "tokens/s" in fifth and "staleness" in fifth
+    assert lines[-1].startswith("LatentDirichletAllocation: 10 iterations")
+
+
+@pytest.mark.parametrize("evaluate_every", [5, 0])
+def test_progress_bar(lda_client, capsys, evaluate_every):
+    """ps.progress-bar: a tqdm bar over the iterations, verbose or not,
+    moved by the evaluations while the fit runs and to the end after it."""
+    pytest.importorskip("tqdm")
+    import dask
+
+    X, _ = lda_corpus(n_docs=60, doc_len=30, n_words=50, n_topics=3, seed=2)
+    with dask.config.set({"ps.progress-bar": True}):
+        LatentDirichletAllocation(3, max_iter=12, evaluate_every=evaluate_every, replication=2, checkpoint_every=4,
+                                  client=lda_client, random_state=0).fit(X)
+    err = capsys.readouterr().err
+    assert "LatentDirichletAllocation" in err and "12/12" in err and "13/12" not in err
