@@ -134,9 +134,11 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         without a checkpoint: the chunk in progress is redone from the
         copies. The count tables are not replicated -- they are rebuilt
         from the assignments.
-    client : distributed.Client, default None
-        The cluster; None: the current client, else a ``LocalCluster``
-        started once per process and closed at exit. Not pickled.
+    client : distributed.Client or str, default None
+        The cluster (a ``Client`` or a scheduler address); None: the current
+        client, else the embedded cluster (in-process by default,
+        ``ps.embedded-cluster``) started once per process and closed at
+        exit. A ``Client`` is not pickled.
     random_state : int, RandomState instance or None, default None
         Seeds the starting assignments and every partition's sampler. With
         BSP and an int the fit is reproducible (see Notes).
@@ -207,8 +209,9 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
     scipy.sparse arrays of any numeric dtype, or a dask array of them);
     negative values, NaN and infinity are errors. The sampler counts tokens,
     so ``fit`` (and :func:`document_completion`) round each count to the
-    nearest integer (``numpy.rint``, halves to even; below 0.5 is 0) and warn (``sklearn.exceptions.DataConversionWarning``) when that changed
-    a value: a tf-idf matrix, whose values are mostly below 0.5, is not a
+    nearest integer (``numpy.rint``, halves to even; below 0.5 is 0) and
+    warn (``sklearn.exceptions.DataConversionWarning``) when that changed a
+    value: a tf-idf matrix, whose values are mostly below 0.5, is not a
     corpus. Empty documents are allowed: they are skipped by the sampler and
     ``transform`` returns the uniform distribution for them; a corpus with
     no tokens at all is an error. ``transform``, ``score`` and
@@ -350,8 +353,10 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
                 "checkpoint_every is set but there is nothing to save to: pass checkpoint=<path> "
                 "and/or replication >= 2"
             )
-        if self.client is not None and not hasattr(self.client, "scheduler_info"):
-            raise TypeError(f"client must be a distributed.Client or None, got {type(self.client).__name__}")
+        if self.client is not None and not isinstance(self.client, str) and not hasattr(self.client, "scheduler_info"):
+            raise TypeError(
+                f"client must be a distributed.Client, a scheduler address or None, got {type(self.client).__name__}"
+            )
 
     def _resolved(self, X):
         device = self.device

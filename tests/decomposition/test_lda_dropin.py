@@ -349,3 +349,12 @@ def test_progress_bar(lda_client, capsys, evaluate_every):
                                   client=lda_client, random_state=0).fit(X)
     err = capsys.readouterr().err
     assert "LatentDirichletAllocation" in err and "12/12" in err and "13/12" not in err
+
+
+def test_client_may_be_a_scheduler_address(lda_client):
+    """As every dask_ps estimator: client="tcp://..." (LDA refused it with a TypeError)."""
+    X, _ = lda_corpus(n_docs=40, doc_len=30, n_words=50, n_topics=3, seed=2)
+    m = LatentDirichletAllocation(3, max_iter=3, client=lda_client.scheduler.address, random_state=0).fit(X)
+    assert m.components_.shape == (3, 50)
+    with pytest.raises(TypeError, match="client must be"):
+        LatentDirichletAllocation(3, client=42).fit(X)
