@@ -88,7 +88,6 @@ class _Sampler:
         self.vbeta = cfg.n_features * cfg.beta
         self.sampler = cfg.sampler
         self.weights = 1.0 / cfg.holders[self.vocab]  # each word's rows count once over all holders
-        self.topics = np.arange(cfg.n_components)
         self.history = []
         self.stale_seen = {}  # the staleness histogram of the word rows at the last evaluation
         self.sweep_seconds = 0.0
@@ -201,11 +200,7 @@ def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
     evaluate when due, sweep, push what changed, clock."""
     t0 = time.perf_counter()
     nwk = ctx.pull_rows(cfg.nwk_name, s.vocab)
-    # pull_rows, not pull: on an in-process cluster a whole-block pull of a
-    # clock-aggregated table (BSP here) returned the server's own array, which
-    # the session then changed in place with this participant's next push
-    # (read-my-writes), counting it twice (the core's to fix; row pulls copy).
-    nk = ctx.pull_rows(cfg.nk_name, s.topics)
+    nk = ctx.pull(cfg.nk_name)
     t1 = time.perf_counter()
     s.timing["pull_seconds"] += t1 - t0
     if cfg.evaluate_every > 0 and it % cfg.evaluate_every == 0:

@@ -111,9 +111,10 @@ def test_history_starts_from_the_starting_state(lda_client, reuters, model):
 def test_reproducible_whatever_the_cluster(lda_client):
     """The same fit on 2 worker processes and on an in-process cluster (the
     embedded default's kind). On the in-process cluster a whole-table pull
-    of the clock-summed totals handed the participant the server's own
-    array, which its next push then changed in place: its own pushes
-    counted twice and the fits differed."""
+    of the clock-summed totals used to hand the participant the server's
+    own array, which its next push then changed in place: its own pushes
+    counted twice and the fits differed (fixed in the core by 4544337:
+    replies are read-only)."""
     from distributed import Client, LocalCluster
 
     X, _ = lda_corpus(n_docs=80, doc_len=40, n_words=60, n_topics=3, seed=7)
