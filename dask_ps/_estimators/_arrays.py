@@ -13,7 +13,7 @@ import scipy.sparse as sp
 from dask_ps._backend import all_finite, device_module, is_cupy, namespace, to_numpy
 
 __all__ = ["all_finite", "device_module", "is_cupy", "namespace", "to_numpy", "is_cupy_sparse", "is_sparse",
-           "xp_of", "nbytes", "to_host"]
+           "xp_of", "nbytes", "to_host", "check_device_X"]
 
 
 def is_cupy_sparse(X) -> bool:
@@ -39,6 +39,35 @@ def nbytes(X) -> int:
     if sp.issparse(X):
         return X.data.nbytes + X.indices.nbytes + X.indptr.nbytes
     return getattr(X, "nbytes", 0)
+
+
+def check_device_X(X, estimator, dtypes=(np.float64, np.float32)):
+    """scikit-learn's ``check_array`` of a dense device (cupy) array, done on
+    the device: scikit-learn's own converts to numpy, which cupy refuses.
+    2-D, at least one sample and one feature, a dtype of ``dtypes`` (else
+    cast to the first), C order, finite; the same messages."""
+    name = type(estimator).__name__
+    if X.ndim != 2:
+        raise ValueError(
+            f"Expected 2D array, got {X.ndim}D array instead. Reshape your data either using "
+            "array.reshape(-1, 1) if your data has a single feature or array.reshape(1, -1) if it "
+            "contains a single sample."
+        )
+    for axis, what in ((0, "sample"), (1, "feature")):
+        if X.shape[axis] < 1:
+            raise ValueError(
+                f"Found array with {X.shape[axis]} {what}(s) (shape={tuple(X.shape)}) while a minimum of 1 "
+                f"is required by {name}."
+            )
+    xp = namespace(X)
+    if X.dtype not in [np.dtype(d) for d in dtypes]:
+        X = X.astype(dtypes[0])
+    X = xp.ascontiguousarray(X)
+    if not all_finite(X):
+        if bool(xp.isnan(X).any()):
+            raise ValueError(f"Input X contains NaN. {name} does not accept missing values encoded as NaN.")
+        raise ValueError(f"Input X contains infinity or a value too large for {X.dtype!r}.")
+    return X
 
 
 def to_host(X):

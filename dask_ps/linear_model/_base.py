@@ -19,7 +19,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model._base import SparseCoefMixin
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import _check_sample_weight, validate_data
+from sklearn.utils.validation import _check_sample_weight, check_array, column_or_1d, validate_data
 
 from dask_ps._estimators import (
     SHARED_CONSTRAINTS,
@@ -215,6 +215,8 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
         shape and dtype here and for values on the workers."""
         if is_dask_collection(X):
             return self._validate_dask_input(X, y, sample_weight, reset)
+        if arrays.is_cupy(X):  # stays on the device (scikit-learn's checks would copy it to numpy)
+            return self._validate_device_input(X, y, sample_weight, reset)
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=[np.float64, np.float32], order="C", reset=reset)
         X = int32_indices(X)  # int64 indices that fit (scikit-learn's SGD refuses them)
         if self._is_classifier:
@@ -223,6 +225,33 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
             y = y.astype(X.dtype, copy=False)
         sw = _check_sample_weight(sample_weight, X, dtype=X.dtype, allow_all_zero_weights=self.early_stopping)
         return _Input("memory", X, y, sw, X.shape[1], X.dtype, sp.issparse(X), "cpu")
+
+    def _validate_device_input(self, X, y, sample_weight, reset) -> _Input:
+        """A dense device (cupy) X in memory, checked on the device as
+        scikit-learn checks numpy input; the weights table goes on the device
+        too. y and sample_weight (one value per sample) are checked on the host."""
+        X = self._device_X(X, reset)
+        if y is None:
+            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None")
+        y = column_or_1d(arrays.to_numpy(y), warn=True)
+        if y.shape[0] != X.shape[0]:
+            raise ValueError(
+                f"Found input variables with inconsistent numbers of samples: [{X.shape[0]}, {y.shape[0]}]")
+        if self._is_classifier:
+            check_classification_targets(y)
+        else:
+            y = check_array(y, ensure_2d=False, dtype=X.dtype)
+        sw = None if sample_weight is None else arrays.to_numpy(sample_weight)
+        sw = _check_sample_weight(sw, np.empty((X.shape[0], 0), dtype=X.dtype), dtype=X.dtype,
+                                  allow_all_zero_weights=self.early_stopping)
+        return _Input("memory", X, y, sw, X.shape[1], X.dtype, False, "cuda")
+
+    def _device_X(self, X, reset=False):
+        """A device X checked (``arrays.check_device_X``) and its number of
+        features set (``reset``) or compared with the fitted one."""
+        X = arrays.check_device_X(X, self)
+        validate_data(self, X=X, skip_check_array=True, reset=reset)
+        return X
 
     def _validate_dask_input(self, X, y, sample_weight, reset) -> _Input:
         meta = dask_meta(X)

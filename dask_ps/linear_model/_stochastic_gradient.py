@@ -16,7 +16,7 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import _check_partial_fit_first_call, check_classification_targets, type_of_target
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from dask_ps._estimators import arrays, is_dask_collection, map_row_blocks, raise_no_samples
+from dask_ps._estimators import arrays, dask_meta, is_dask_collection, map_row_blocks, raise_no_samples
 from dask_ps.linear_model._base import PS_DEFAULTS, _BaseSGDPS, _constraints, _storing_init
 from dask_ps.linear_model._kernels import _expit
 
@@ -223,6 +223,8 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         if hasattr(y, "unique") and not hasattr(y, "chunks"):  # dask Series
             classes = np.sort(np.asarray(client.compute(y.unique(), sync=True)))
         else:
+            if arrays.is_cupy(dask_meta(y)):  # da.unique builds numpy record arrays: labels to the host
+                y = y.map_blocks(arrays.to_numpy, dtype=y.dtype, meta=np.empty((0,), dtype=y.dtype))
             classes = np.asarray(client.compute(da.unique(y), sync=True))
         if classes.shape[0] == 0:  # an empty input of unknown length (a dask DataFrame)
             raise_no_samples(self, data.n_features)
@@ -240,6 +242,8 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
             vc = client.compute(y.value_counts(), sync=True)
             labels, counts = np.asarray(vc.index), np.asarray(vc.values)
         else:
+            if arrays.is_cupy(dask_meta(y)):  # as in _dask_classes
+                y = y.map_blocks(arrays.to_numpy, dtype=y.dtype, meta=np.empty((0,), dtype=y.dtype))
             labels, counts = client.compute(list(da.unique(y, return_counts=True)), sync=True)
         return np.repeat(labels, counts.astype(int))
 
@@ -251,6 +255,9 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
             K = self.coef_.shape[0]
             return map_row_blocks(X, _block_decision, self.coef_, self.intercept_,
                                   n_columns=None if K == 1 else K, dtype=self.coef_.dtype)
+        if arrays.is_cupy(X):  # on the device (scikit-learn's would copy X to numpy): a device array
+            check_is_fitted(self)
+            return _block_decision(self._device_X(X), self.coef_, self.intercept_)
         return super().decision_function(X)
 
     def predict(self, X):
@@ -259,6 +266,9 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
             X = self._check_dask_X(X)
             return map_row_blocks(X, _block_predict, self.coef_, self.intercept_, self.classes_,
                                   dtype=self.classes_.dtype)
+        if arrays.is_cupy(X):  # labels (numpy) of device data, computed on the device
+            check_is_fitted(self)
+            return _block_predict(self._device_X(X), self.coef_, self.intercept_, self.classes_)
         return super().predict(X)
 
     def _check_proba(self):
@@ -276,6 +286,8 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
             n = len(self.classes_)
             return map_row_blocks(X, _block_proba, self.coef_, self.intercept_, self.loss, n, n_columns=n,
                                   dtype=self.coef_.dtype)
+        if arrays.is_cupy(X):  # a device array, computed on the device
+            return _block_proba(self._device_X(X), self.coef_, self.intercept_, self.loss, len(self.classes_))
         if self.loss == "log_loss":
             return self._predict_proba_lr(X)
         scores = self.decision_function(X)
@@ -401,4 +413,7 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
             X = self._check_dask_X(X)
             return map_row_blocks(X, _block_decision, self.coef_.reshape(1, -1), self.intercept_,
                                   dtype=self.coef_.dtype)
+        if arrays.is_cupy(X):  # a device array, computed on the device
+            check_is_fitted(self)
+            return _block_decision(self._device_X(X), self.coef_.reshape(1, -1), self.intercept_)
         return self._decision_function(X)
