@@ -10,8 +10,10 @@ and measures, on the same arrays and in the same run:
     RPC baseline is ``client.rpc(B).bench_push(data=...)``; the Actor is
     called from the client;
   - **participant**: a task on worker A (a participant of ``ps.run``) calls
-    ``ctx.push(name, x); ctx.flush()`` and ``ctx.pull(name)``; the baselines
-    are ``worker.rpc(B).bench_*`` and Actor calls made from the same task
+    ``ctx.push(name, x, copy=False); ctx.flush()`` (the zero-copy push; a
+    second row shows the default push, which copies ``x`` into the session's
+    buffer) and ``ctx.pull(name)``; the baselines are
+    ``worker.rpc(B).bench_*`` and Actor calls made from the same task
     thread.
 
   Every dask_ps table here is one block (``block_rows = n_rows``) hosted on
@@ -56,6 +58,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import math
 import platform
@@ -165,8 +168,11 @@ def participant_kv(ctx, measure, *, host, push_table, pull_table, n, actor, budg
     x = np.full(n, 1e-3, np.float32)
     rpc = w.rpc(host)
     act = Actor(ArrayActor, *actor)
+    # copy=False (the zero-copy push) where this dask_ps has it; the default push copies into the buffer
+    zero_copy = {"copy": False} if "copy" in inspect.signature(ctx.push).parameters else {}
     pushes = {
-        "dask_ps": lambda: (ctx.push(push_table, x), ctx.flush()),
+        "dask_ps": lambda: (ctx.push(push_table, x, **zero_copy), ctx.flush()),
+        "dask_ps_copy": lambda: (ctx.push(push_table, x), ctx.flush()),
         "bare": lambda: sync(w.loop, rpc.bench_push, data=to_serialize(x)),
         "actor": lambda: act.push(x).result(),
     }
@@ -178,6 +184,7 @@ def participant_kv(ctx, measure, *, host, push_table, pull_table, n, actor, budg
     return {
         "push": _medians(time_ops(pushes, budget, min_reps, rounds)),
         "pull": _medians(time_ops(pulls, budget, min_reps, rounds)),
+        "zero_copy": bool(zero_copy),
     }
 
 
@@ -307,7 +314,10 @@ class Bench:
             actor=(actor._address, actor.key), budget=a.budget, min_reps=a.min_reps, rounds=a.rounds,
         )
         (res,) = [r for r in res if r is not None]
-        self._add(label, nbytes, "participant", "push", res["push"])
+        self._add(label, nbytes, "participant", "push", res["push"], note="copy=False" if res["zero_copy"] else "")
+        if res["zero_copy"]:
+            self._add(label, nbytes, "participant", "push", {**res["push"], "dask_ps": res["push"]["dask_ps_copy"]},
+                      note="default push: copies into the buffer")
         self._add(label, nbytes, "participant", "pull", res["pull"], note="VAP table: uncached reads")
         logger.info("%s: participant side done", label)
 

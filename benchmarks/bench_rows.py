@@ -7,8 +7,10 @@ participant task on worker A:
 
 * **dask_ps**: ``ctx.pull_rows(table, rows)`` of a ``VAP(bound=1e30)`` table
   (VAP tables are never cached by the session, so every pull reads the
-  server) and ``ctx.push_rows(table, rows, values); ctx.flush()`` into an
-  ``ASP()`` table;
+  server) and ``ctx.push_rows(table, rows, values, copy=False); ctx.flush()``
+  into an ``ASP()`` table (the zero-copy push: the buffer takes the arrays,
+  as the bare RPC sends them); **dask_ps copy** the default push, which
+  copies both arrays into the session's buffer (the caller may reuse them);
 * **bare**: ``worker.rpc(B).bench_rows_pull(rows=...)`` replying
   ``store[rows]`` and ``bench_rows_push(rows=..., values=...)`` doing
   ``np.add.at(store, rows, values)``, from the same task thread.
@@ -20,19 +22,31 @@ distinct random rows, sorted (what a sparse minibatch's touched features
 are). The ratio printed is dask_ps speed / bare speed (bare seconds /
 dask_ps seconds): the issue's target is >= 0.9 for pulls and pushes.
 
+``--profile`` instead runs each dask_ps operation ``--profile-reps`` times
+under ``cProfile`` in the participant's thread and on both workers' event
+loops (worker A: the participant's comm; worker B: the server's handler) and
+prints the functions that took the most time on each side (where a row
+operation's time goes; docs/benchmarks.md, "Row path").
+
 Usage::
 
     python benchmarks/bench_rows.py                        # about a minute
     python benchmarks/bench_rows.py --repeat 3 --budget 1
+    python benchmarks/bench_rows.py --profile --cases 0 1  # where the time goes
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import inspect
+import io
 import logging
+import pstats
 import os
 import statistics
 import sys
+import time
 
 import numpy as np
 from distributed import Client, LocalCluster, WorkerPlugin, get_worker
@@ -85,12 +99,60 @@ def participant(ctx, measure, *, host, pull_table, push_table, rows, width, budg
         "dask_ps": lambda: ctx.pull_rows(pull_table, rows),
         "bare": lambda: sync(w.loop, rpc.bench_rows_pull, rows=to_serialize(rows)),
     }
+    # copy=False where this dask_ps has it (the comparison with older commits runs the same script)
+    zero_copy = {"copy": False} if "copy" in inspect.signature(ctx.push_rows).parameters else {}
     pushes = {
-        "dask_ps": lambda: (ctx.push_rows(push_table, rows, values), ctx.flush()),
+        "dask_ps": lambda: (ctx.push_rows(push_table, rows, values, **zero_copy), ctx.flush()),
+        "dask_ps_copy": lambda: (ctx.push_rows(push_table, rows, values), ctx.flush()),
         "bare": lambda: sync(w.loop, rpc.bench_rows_push, rows=to_serialize(rows), values=to_serialize(values)),
     }
     return {"pull": _medians(time_ops(pulls, budget, min_reps, rounds)),
             "push": _medians(time_ops(pushes, budget, min_reps, rounds))}
+
+
+def _profile_text(prof: cProfile.Profile, top: int) -> str:
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    # Keep the table: drop pstats' preamble and blank lines.
+    lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
+    start = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls")), 0)
+    return "\n".join(lines[start:])
+
+
+def _loop_profile_start(dask_worker):
+    """On the worker's event loop thread (``client.run``): profile that thread."""
+    prof = dask_worker._bench_rows_profile = cProfile.Profile()
+    prof.enable()
+
+
+def _loop_profile_stop(dask_worker, top):
+    prof = dask_worker._bench_rows_profile
+    prof.disable()
+    del dask_worker._bench_rows_profile
+    return _profile_text(prof, top)
+
+
+def participant_profile(ctx, measure, *, pull_table, push_table, rows, width, reps, top, op):
+    """One dask_ps operation ``reps`` times under cProfile in this thread."""
+    if not measure:
+        return None
+    values = np.full((len(rows), width), 1e-3, np.float32)
+    if op == "pull":
+        def f():
+            ctx.pull_rows(pull_table, rows)
+    else:
+        def f():
+            ctx.push_rows(push_table, rows, values)
+            ctx.flush()
+    for _ in range(3):
+        f()
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(reps):
+        f()
+    prof.disable()
+    return (time.perf_counter() - t0) / reps, _profile_text(prof, top)
 
 
 def table_on(ps, base, host, **kwargs):
@@ -114,12 +176,33 @@ def run_case(client, ps, n_rows, width, k, args):
     rows = np.sort(np.random.default_rng(0).choice(n_rows, k, replace=False)).astype(np.int64)
     parts = [s != host for s in servers]  # rank r runs on servers[r % n]
     try:
+        if args.profile:
+            return profile_case(client, ps, parts, host, pull_t, push_t, rows, width, args)
         results = ps.run(participant, parts, host=host, pull_table=pull_t, push_table=push_t, rows=rows,
                          width=width, budget=args.budget, min_reps=args.min_reps, rounds=args.rounds)
     finally:
         ps.drop_table(pull_t)
         ps.drop_table(push_t)
     return next(r for r in results if r is not None)
+
+
+def profile_case(client, ps, parts, host, pull_t, push_t, rows, width, args):
+    """``{op: text}``: the participant's thread and both event loops profiled."""
+    out = {}
+    for op in ("pull", "push"):
+        client.run(_loop_profile_start)
+        try:
+            results = ps.run(participant_profile, parts, pull_table=pull_t, push_table=push_t, rows=rows,
+                             width=width, reps=args.profile_reps, top=args.profile_top, op=op)
+        finally:
+            loops = client.run(_loop_profile_stop, top=args.profile_top)
+        seconds, text = next(r for r in results if r is not None)
+        parts_text = [f"--- participant thread (worker A) ---\n{text}"]
+        for addr, t in sorted(loops.items(), key=lambda kv: kv[0] == host):
+            side = "worker B: the server's handlers" if addr == host else "worker A: the participant's comm"
+            parts_text.append(f"--- event loop of {side} ---\n{t}")
+        out[op] = (seconds, "\n".join(parts_text))
+    return out
 
 
 def main(argv=None):
@@ -129,25 +212,40 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--cluster", choices=["processes", "threads"], default="processes")
+    ap.add_argument("--cases", type=int, nargs="+", default=list(range(len(CASES))),
+                    help=f"indices into {CASES} (default: all)")
+    ap.add_argument("--profile", action="store_true", help="cProfile the dask_ps operations instead")
+    ap.add_argument("--profile-reps", type=int, default=40)
+    ap.add_argument("--profile-top", type=int, default=15, help="functions shown per side")
     args = ap.parse_args(argv)
     logging.getLogger("distributed").setLevel(logging.ERROR)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=args.cluster == "processes",
                       dashboard_address=None) as cluster, Client(cluster) as client:
         client.register_plugin(BareRows())
         ps = dask_ps.ParameterServer(client)
+        cases = [CASES[i] for i in args.cases]
+        if args.profile:
+            for n_rows, width, k in cases:
+                for op, (seconds, text) in run_case(client, ps, n_rows, width, k, args).items():
+                    print(f"=== {op}_rows {n_rows}x{width}, {k} rows: {seconds * 1e3:.2f} ms per operation "
+                          f"under cProfile ({args.profile_reps} operations, {args.cluster}) ===")
+                    print(text, flush=True)
+            return
         print(f"bench_rows: participant on worker A, data on worker B ({args.cluster}); "
-              f"median seconds per operation; ratio = dask_ps speed / bare speed (target >= {TARGET})")
+              f"median seconds per operation; ratio = dask_ps speed / bare speed (target >= {TARGET}); "
+              "push: copy=False, push copy: the default push (copies into the buffer)")
         print(f"{'table':>14} {'rows':>8} {'MB':>6} | {'pull ps':>8} {'pull bare':>9} {'ratio':>6} | "
-              f"{'push ps':>8} {'push bare':>9} {'ratio':>6}")
-        for n_rows, width, k in CASES:
+              f"{'push ps':>8} {'push bare':>9} {'ratio':>6} | {'push copy':>9} {'ratio':>6}")
+        for n_rows, width, k in cases:
             reps = [run_case(client, ps, n_rows, width, k, args) for _ in range(args.repeat)]
             line = f"{n_rows:>10}x{width:<3} {k:>8} {k * width * 4 / 1e6:>6.1f}"
-            for op in ("pull", "push"):
-                ps_t = statistics.median(r[op]["dask_ps"] for r in reps)
+            for op, mech in (("pull", "dask_ps"), ("push", "dask_ps"), ("push", "dask_ps_copy")):
+                ps_t = statistics.median(r[op][mech] for r in reps)
                 bare_t = statistics.median(r[op]["bare"] for r in reps)
-                ratios = [r[op]["bare"] / r[op]["dask_ps"] for r in reps]
+                ratios = [r[op]["bare"] / r[op][mech] for r in reps]
                 rng = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(reps) > 1 else ""
-                line += f" | {ps_t * 1e3:>6.2f}ms {bare_t * 1e3:>7.2f}ms {bare_t / ps_t:>6.2f}{rng}"
+                bare = "" if mech == "dask_ps_copy" else f" {bare_t * 1e3:>7.2f}ms"
+                line += f" | {ps_t * 1e3:>6.2f}ms{bare} {bare_t / ps_t:>6.2f}{rng}"
             print(line, flush=True)
 
 

@@ -6,6 +6,13 @@ array, row pushes concatenated and coalesced at flush, so many small pushes
 become one message per server. For other rules (optimizer steps, assign)
 every push is one step, so pushes are kept in order and still batched into
 one message per server.
+
+Ownership (ps-lite's ``ZPush``): the buffer copies what it is given unless
+the caller hands its arrays over (``copy=False`` of ``ctx.push``/
+``push_rows``, or arrays the validation already made fresh). It then keeps
+them as they are until they are sent and acknowledged (``borrowed``): the
+caller must not write to them before that, and nothing here writes to them
+(a second push into a borrowed sum first copies it).
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ class PushBuffer:
         self.row_parts: list[tuple[np.ndarray, object]] = []  # additive row pushes
         self.ops: list[tuple[np.ndarray | None, object]] = []  # non-additive, in order
         self.nbytes = 0
+        # Arrays the caller handed over (copy=False) are kept: such a buffer
+        # is never reused as a spare, and its arrays never written.
+        self.borrowed = False
+        self._dense_borrowed = False
 
     def __repr__(self):
         return f"<PushBuffer {self.spec.name!r} {self.nbytes} bytes>"
@@ -35,26 +46,53 @@ class PushBuffer:
     def __bool__(self):
         return self.dense is not None or bool(self.row_parts) or bool(self.ops)
 
-    def add_dense(self, values) -> None:
+    def add_dense(self, values, keep: bool = False, borrowed: bool = False) -> None:
+        """Buffer a push of the whole table. ``keep``: ``values`` may be kept
+        as it is, no copy (fresh from validation, or handed over);
+        ``borrowed``: it is the caller's array (see the module docstring)."""
+        self.borrowed |= borrowed
         if not self.additive:
-            self.ops.append((None, values.copy()))
+            self.ops.append((None, values if keep else values.copy()))
             self.nbytes += values.nbytes
         elif self.dense is None:
-            # A copy: the caller may reuse its array.
-            if self.spare is not None and self.spare.shape == values.shape and self.spare.dtype == values.dtype:
+            if keep:
+                self.dense, self._dense_borrowed = values, borrowed
+            elif self.spare is not None and self.spare.shape == values.shape and self.spare.dtype == values.dtype:
+                # A copy into an array of an earlier flush: the caller may reuse its array.
                 self.dense, self.spare = self.spare, None
                 self.dense[...] = values
             else:
                 self.dense = values.copy()
             self.nbytes += values.nbytes
+        elif self._dense_borrowed:
+            self.dense, self._dense_borrowed = self.dense + values, False  # never into the caller's array
         else:
             self.dense += values
 
-    def add_rows(self, rows: np.ndarray, values) -> None:
-        rows, values = _routing.coalesce_rows(rows, values, self.additive)
-        part = (rows.copy(), values.copy())
+    def add_rows(self, rows: np.ndarray, values, keep_rows: bool = False, keep_values: bool = False,
+                 borrowed: bool = False, increasing: bool | None = None) -> None:
+        """Buffer a row push. ``keep_rows``/``keep_values``: that array may
+        be kept as it is, no copy (fresh from validation, or handed over);
+        ``borrowed``: one of them is the caller's (see the module docstring).
+        Rows that need coalescing come out as fresh arrays anyway;
+        ``increasing``: whether the rows are known to be sorted and unique."""
+        merged_rows, merged_values = _routing.coalesce_rows(rows, values, self.additive, increasing)
+        if merged_rows is not rows:  # coalesced: fresh arrays, the buffer's own
+            keep_rows = keep_values = True
+            borrowed = False
+        self.borrowed |= borrowed
+        part = (merged_rows if keep_rows else merged_rows.copy(),
+                merged_values if keep_values else merged_values.copy())
         (self.row_parts if self.additive else self.ops).append(part)
-        self.nbytes += values.nbytes + rows.nbytes
+        self.nbytes += merged_values.nbytes + merged_rows.nbytes
+
+    @property
+    def spare_after_send(self):
+        """The dense array to reuse for the next buffer once this one was
+        sent and acknowledged (None: none, or it is the caller's)."""
+        if self.dense is None or self.dense is self.spare or self._dense_borrowed:
+            return None
+        return self.dense
 
     def max_abs(self) -> float:
         """Largest magnitude of any element's pending update, summed over all
@@ -113,29 +151,37 @@ class PushBuffer:
         return merged
 
     # --- read-my-writes: own pending updates, added to what a read returns ----------
-    def overlay_dense(self, out):
-        """``out`` plus the pending updates (additive tables only)."""
+    def overlay_dense(self, out, owned: bool = False):
+        """``out`` plus the pending updates (additive tables only); added in
+        place when ``out`` is the caller's own (``owned``)."""
         if self.dense is not None:
-            out = out + self.dense
+            if owned:
+                out += self.dense
+            else:
+                out, owned = out + self.dense, True
         if self.row_parts:
             rows, vals = self._merged_rows()
-            out = out.copy() if self.dense is None else out
+            out = out if owned else out.copy()
             xp = _backend.namespace(out)
             out[xp.asarray(rows)] += vals
         return out
 
-    def overlay_rows(self, rows: np.ndarray, out):
-        """``out`` (the values of ``rows``) plus the pending updates of those rows."""
+    def overlay_rows(self, rows: np.ndarray, out, owned: bool = False):
+        """``out`` (the values of ``rows``) plus the pending updates of those
+        rows; added in place when ``out`` is the caller's own (``owned``)."""
         xp = _backend.namespace(out)
         if self.dense is not None:
-            out = out + self.dense[xp.asarray(rows)]
+            if owned:
+                out += self.dense[xp.asarray(rows)]
+            else:
+                out, owned = out + self.dense[xp.asarray(rows)], True
         if self.row_parts:
             prow, pvals = self._merged_rows()
             pos = np.searchsorted(prow, rows)
             pos_c = np.minimum(pos, max(prow.size - 1, 0))
             hit = (pos < prow.size) & (prow[pos_c] == rows) if prow.size else np.zeros(rows.size, bool)
             if hit.any():
-                out = out.copy() if self.dense is None else out
+                out = out if owned else out.copy()
                 idx = np.flatnonzero(hit)
                 out[xp.asarray(idx)] += pvals[xp.asarray(pos_c[idx])]
         return out

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dask_ps import _backend
-from dask_ps._spec import TableSpec
+from dask_ps._spec import TableSpec, strictly_increasing
 
 # addr -> list of (block, local rows or None, values)
 Messages = dict[str, list[tuple[int, "np.ndarray | None", object]]]
@@ -62,10 +62,11 @@ class TableHandle:
         return f"<TableHandle {self.spec.name!r} v{self.version} {self.spec.n_blocks} blocks>"
 
 
-def coalesce_rows(rows: np.ndarray, values, additive: bool = True):
+def coalesce_rows(rows: np.ndarray, values, additive: bool = True, increasing: bool | None = None):
     """Sorted unique rows and their values: duplicates summed (``additive``)
-    or, for last-write-wins rules, the last occurrence kept."""
-    if rows.size <= 1 or bool(np.all(rows[1:] > rows[:-1])):
+    or, for last-write-wins rules, the last occurrence kept. ``increasing``:
+    whether ``rows`` are known to be sorted and unique already (None: check)."""
+    if increasing or (increasing is None and strictly_increasing(rows)):
         return rows, values
     xp = _backend.namespace(values)
     order = np.argsort(rows, kind="stable")
@@ -89,17 +90,47 @@ def coalesce_rows(rows: np.ndarray, values, additive: bool = True):
 
 
 def block_slices(spec: TableSpec, sorted_rows: np.ndarray):
-    """``(block, lo, hi)`` for each block touched by sorted rows."""
+    """``(block, lo, hi)`` for each block touched by sorted rows.
+
+    Binary searches for the blocks' first rows: no temporary per row (a
+    ``rows // block_rows`` of a 100k-row request cost more than the search
+    in a Dask worker, where every large fresh array page-faults)."""
     if sorted_rows.size == 0:
         return []
-    blocks = sorted_rows // spec.block_rows
-    first, last = int(blocks[0]), int(blocks[-1])
-    cuts = np.searchsorted(blocks, np.arange(first, last + 2))
-    return [
-        (first + i, int(cuts[i]), int(cuts[i + 1]))
-        for i in range(last - first + 1)
-        if cuts[i + 1] > cuts[i]
-    ]
+    br = spec.block_rows
+    first, last = int(sorted_rows[0]) // br, int(sorted_rows[-1]) // br
+    if first == last:
+        return [(first, 0, int(sorted_rows.size))]
+    cuts = np.searchsorted(sorted_rows, np.arange(first + 1, last + 1, dtype=np.int64) * br)
+    bounds = [0, *cuts.tolist(), int(sorted_rows.size)]
+    return [(first + i, bounds[i], bounds[i + 1]) for i in range(last - first + 1) if bounds[i + 1] > bounds[i]]
+
+
+def local_rows(spec: TableSpec, block: int, rows: np.ndarray) -> np.ndarray:
+    """Global ``rows`` of ``block`` (sorted) as rows within the block. Block
+    0's are the rows themselves (no copy); others are int32 when the block
+    fits, which halves what the subtraction writes and the message carries."""
+    start = block * spec.block_rows
+    if start == 0:
+        return rows
+    if spec.block_rows <= np.iinfo(np.int32).max:
+        return np.subtract(rows, start, dtype=np.int32, casting="unsafe")
+    return rows - start
+
+
+def contiguous(rows: np.ndarray) -> bool:
+    """Whether sorted unique ``rows`` are one range (a constant-time test)."""
+    return rows.size > 0 and int(rows[-1]) - int(rows[0]) + 1 == rows.size
+
+
+def wire_rows(rows):
+    """How a block's local rows travel: None (the whole block), ``[start,
+    stop]`` for a range of rows (no index array at all), else the array."""
+    if rows is None or not isinstance(rows, np.ndarray):
+        return rows
+    if contiguous(rows):
+        return [int(rows[0]), int(rows[-1]) + 1]
+    return rows
 
 
 def split_dense(h: TableHandle, values) -> Messages:
@@ -115,8 +146,7 @@ def split_rows(h: TableHandle, rows: np.ndarray, values) -> Messages:
     """Sorted unique ``rows`` and their ``values`` grouped by block and owner."""
     msgs: Messages = defaultdict(list)
     for b, lo, hi in block_slices(h.spec, rows):
-        start = b * h.spec.block_rows
-        msgs[h.primary(b)].append((b, rows[lo:hi] - start, values[lo:hi]))
+        msgs[h.primary(b)].append((b, local_rows(h.spec, b, rows[lo:hi]), values[lo:hi]))
     return msgs
 
 
@@ -146,13 +176,13 @@ def row_requests(h: TableHandle, rows: np.ndarray):
     ``uniq``, grouped by the block's primary, and
     ``uniq[inverse] == rows`` (``inverse`` None if rows were already sorted
     and unique)."""
-    if rows.size > 1 and bool(np.all(rows[1:] > rows[:-1])):
+    if strictly_increasing(rows):
         uniq, inverse = rows, None
     else:
         uniq, inverse = np.unique(rows, return_inverse=True)
     reqs = defaultdict(list)
     for b, lo, hi in block_slices(h.spec, uniq):
-        reqs[h.primary(b)].append((b, uniq[lo:hi] - b * h.spec.block_rows))
+        reqs[h.primary(b)].append((b, local_rows(h.spec, b, uniq[lo:hi])))
     return reqs, uniq, inverse
 
 

@@ -30,8 +30,9 @@ from distributed.utils import sync
 
 from dask_ps import _backend, _config, _routing
 from dask_ps._oplog import PushBuffer
+from dask_ps._overlap import Overlap, PullHandle, PushHandle, ps_call
 from dask_ps._routing import TableHandle
-from dask_ps._spec import check_rows, check_values
+from dask_ps._spec import check_row_request, check_rows_sorted, check_values
 from dask_ps._transport import Router, Transport
 from dask_ps.consistency import ASP
 
@@ -161,6 +162,8 @@ class TableMetrics:
     flushes: int = 0
     eager_fills: int = 0  # ESSP: blocks refreshed by a server push
     refetches: int = 0  # refresh=True: blocks fetched although the cached copy met the bound
+    prefetch_hits: int = 0  # prefetched reads served entirely by what was prefetched
+    prefetch_rereads: int = 0  # prefetched reads that read (some blocks) again at result()
 
     def to_dict(self) -> dict:
         return {
@@ -174,14 +177,23 @@ class TableMetrics:
             "flushes": self.flushes,
             "eager_fills": self.eager_fills,
             "refetches": self.refetches,
+            "prefetch_hits": self.prefetch_hits,
+            "prefetch_rereads": self.prefetch_rereads,
         }
 
 
-class Session:
+class Session(Overlap):
     """One participant's handle: ``pull → compute → push → clock()``.
 
     Created by :meth:`ParameterServer.run` on a worker; user code receives it
     as ``ctx``. Not thread-safe: one participant, one thread.
+
+    Communication can overlap the participant's computation (ps-lite's
+    ``ZPull``/``ZPush`` and ``Wait``): ``prefetch``/``prefetch_rows`` start
+    a read and return a handle whose ``result()`` is the read;
+    ``flush(wait=False)`` and ``clock(wait=False)`` send in the background.
+    Every guarantee of the tables' consistency models holds on these paths
+    (see :mod:`dask_ps._overlap`).
 
     Attributes
     ----------
@@ -225,12 +237,17 @@ class Session:
         self._resumed_clock: int | None = None  # a retried attempt's first clock (see _join)
         self._known_min = 0.0
         self._closed = False
+        self._init_overlap()
 
     def __repr__(self):
         return f"<Session run={self.run_id} rank={self.rank}/{self.n_participants} clock={self._clock}>"
 
     def _sync(self, fn, *args, **kwargs):
-        return sync(self.worker.loop, fn, *args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            return sync(self.worker.loop, fn, *args, **kwargs)
+        finally:
+            self._blocked_seconds += time.perf_counter() - t0
 
     # --- lifecycle ---------------------------------------------------------------------
     def _join(self):
@@ -244,11 +261,25 @@ class Session:
         # ones, so it reads what the servers have instead of adding its own.
         self._resumed_clock = self._clock if attempt > 1 else None
         self._known_min = 0
+        self._started = time.perf_counter()
+        self._ps_seconds = self._blocked_seconds = 0.0
 
     def _leave(self, ok: bool):
+        self._cancel_prefetches()
         try:
             if ok:
                 self.flush()
+                self._finish_all()
+            else:  # let the flushes in flight end (their errors are not this exception's cause)
+                if self._clock_flight is not None:
+                    self._clock_flight[0].cancel()  # may wait for the others: not after an error
+                    self._clock_flight = None
+                for name in list(self._flights):
+                    while self._flights.get(name):
+                        try:
+                            self._finish_flights(name)
+                        except Exception as e:
+                            logger.debug("dask_ps: %r: a flush failed after an error: %r", self, e)
         finally:
             self._closed = True
             self._sync(
@@ -261,10 +292,19 @@ class Session:
         return self._clock
 
     def metrics(self) -> dict:
-        """This participant's counters, per table (plus time blocked in ``clock``)."""
+        """This participant's counters, per table, and where its time went:
+        ``ps_seconds`` in calls of this session (pulls, pushes, flushes,
+        clocks, prefetch results), of which ``ps_blocked_seconds`` waiting
+        on the network, the servers or other participants, and
+        ``compute_seconds`` everything else since it joined the run (its own
+        code); ``clock_wait_seconds``: blocked in ``clock``."""
+        elapsed = time.perf_counter() - self._started
         return {
             "clock": self._clock,
             "clock_wait_seconds": self._clock_wait,
+            "compute_seconds": max(0.0, elapsed - self._ps_seconds),
+            "ps_seconds": self._ps_seconds,
+            "ps_blocked_seconds": self._blocked_seconds,
             "tables": {k: v.to_dict() for k, v in self._metrics.items()},
         }
 
@@ -289,12 +329,13 @@ class Session:
                 self._notifying = True
         return h
 
-    def _own_writes_visible(self, h: TableHandle) -> bool:
+    def _own_writes_visible(self, h: TableHandle, clock: int | None = None) -> bool:
         """Whether this session can add its own updates to what it reads (a
         sum). Otherwise the server computes the result (an optimizer step,
         or a sum in the clock a retried task repeats, which may count a
         push already) and reads flush pending pushes first."""
-        return h.spec.rule.additive and self._clock != self._resumed_clock
+        # ``clock``: of a write (a flush booked after the clock advanced).
+        return h.spec.rule.additive and (self._clock if clock is None else clock) != self._resumed_clock
 
     @staticmethod
     def _summed_per_clock(h: TableHandle) -> bool:
@@ -322,23 +363,42 @@ class Session:
             self._clock_wait += dt
 
     # --- push ------------------------------------------------------------------------
-    def push(self, name: str, values) -> None:
-        """Buffer an update of the whole table (sent at ``flush``/``clock``)."""
+    @ps_call
+    def push(self, name: str, values, copy: bool = True) -> None:
+        """Buffer an update of the whole table (sent at ``flush``/``clock``).
+
+        ``copy=False`` hands ``values`` over instead of copying it (ps-lite's
+        ``ZPush``): do not write to it until the push was sent and
+        acknowledged, i.e. until the next blocking ``flush()``/``clock()``
+        returned (or the handle of ``flush(wait=False)`` says it is done).
+        """
         h = self._handle(name)
+        given = values
         # On the table's device from here on: the buffer, the overlay of own
         # pushes on reads and the write-through add them to the table's arrays
         # (cupy refuses numpy operands, and numpy cupy ones).
         values = _backend.to_device(check_values(h.spec, values, h.spec.shape), h.spec.device)
-        self._buffer(h).add_dense(values)
+        fresh = values is not given  # a cast or device copy: the buffer's own
+        self._buffer(h).add_dense(values, keep=fresh or not copy, borrowed=not fresh and not copy)
         self._after_push(h)
 
-    def push_rows(self, name: str, rows, values) -> None:
-        """Buffer an update of ``rows`` (duplicates are summed)."""
+    @ps_call
+    def push_rows(self, name: str, rows, values, copy: bool = True) -> None:
+        """Buffer an update of ``rows`` (duplicates are summed).
+
+        ``copy=False`` hands ``rows`` and ``values`` over instead of copying
+        them (ps-lite's ``ZPush``): do not write to them until the push was
+        sent and acknowledged (see :meth:`push`).
+        """
         h = self._handle(name)
-        rows = check_rows(h.spec, rows)
+        given_rows, given_values = rows, values
+        rows, increasing = check_rows_sorted(h.spec, rows)
         values = check_values(h.spec, values, (len(rows), *h.spec.row_shape))
         values = _backend.to_device(values, h.spec.device)  # as in push
-        self._buffer(h).add_rows(rows, values)
+        theirs_rows, theirs_values = rows is given_rows, values is given_values
+        self._buffer(h).add_rows(rows, values, keep_rows=not theirs_rows or not copy,
+                                 keep_values=not theirs_values or not copy,
+                                 borrowed=not copy and (theirs_rows or theirs_values), increasing=increasing)
         self._after_push(h)
 
     def _buffer(self, h: TableHandle) -> PushBuffer:
@@ -354,44 +414,55 @@ class Session:
             # per element, so the run's total never exceeds v.
             self._flush_table(h.spec.name)
 
-    def flush(self) -> None:
-        """Send every buffered push now: one message per server, concurrently."""
-        for name in list(self._buffers):
-            self._flush_table(name)
+    @ps_call
+    def flush(self, wait: bool = True) -> PushHandle | None:
+        """Send every buffered push now: one message per server, concurrently.
+
+        ``wait=False`` sends them in the background and returns at once with
+        a :class:`~dask_ps._overlap.PushHandle` (``wait()``, ``done()``); a
+        later read of a table waits for its flushes, and ``clock()`` reports
+        the clock only once they were acknowledged.
+        """
+        handle = self._flush_async()
+        if not wait:
+            return handle
+        for name in list(self._flights):
+            self._finish_flights(name)
+        return None
 
     def _flush_table(self, name: str) -> None:
-        buf = self._buffers.get(name)
-        if not buf:
-            return
-        m = self._metrics[name]
-        h = self._router.handles[name]
+        """Send ``name``'s buffered pushes and wait for them."""
+        self._start_flush(name)
+        self._finish_flights(name)
 
-        msgs = buf.messages(h)
-        msg_seq = (self._clock << 24) + self._flushes_this_clock
-        self._flushes_this_clock += 1
-        seqs = self._sync(self._router.send, name, msgs, run=(self.run_id, self._clock), msg_seq=msg_seq)
+    def _flushed(self, flight, seqs: dict[int, int]) -> None:
+        """Book an acknowledged flush (the participant's thread, in order)."""
+        name, h, msgs = flight.name, flight.h, flight.msgs
+        m = self._metrics[name]
         m.flushes += 1
         m.bytes_pushed += sum(v.nbytes for items in msgs.values() for _, _, v in items)
-        self._write_through(h, msgs, seqs)
+        self._write_through(h, msgs, seqs, flight.clock)
         if self._summed_per_clock(h):
             by_block: dict[int, list] = {}
             for items in msgs.values():
                 for b, rows, vals in items:
-                    by_block.setdefault(b, []).append((rows, vals))
-            self._sent.setdefault(name, []).append((self._clock, by_block))
-        del self._buffers[name]
-        if buf.dense is not None and buf.dense is not buf.spare:
-            self._spares[name] = buf.dense  # sent and applied: reuse its memory next time
+                    # Kept until summed everywhere: never the caller's array (copy=False).
+                    by_block.setdefault(b, []).append((rows, vals.copy() if flight.buf.borrowed else vals))
+            self._sent.setdefault(name, []).append((flight.clock, by_block))
+        spare = flight.buf.spare_after_send
+        if spare is not None:
+            self._spares[name] = spare  # sent and applied: reuse its memory next time
 
-    def _write_through(self, h: TableHandle, msgs, seqs: dict[int, int]) -> None:
-        """Keep own writes visible in the cache after they were sent (read-my-writes)."""
+    def _write_through(self, h: TableHandle, msgs, seqs: dict[int, int], clock: int | None = None) -> None:
+        """Keep own writes visible in the cache after they were sent
+        (read-my-writes); ``clock``: the writer's clock when they were sent."""
         name = h.spec.name
         cache = self._cache.get(name, {})
         for b, s in seqs.items():
             self._own_seq[(name, b)] = s
         if not cache:
             return
-        if not self._own_writes_visible(h):
+        if not self._own_writes_visible(h, clock):
             for b in seqs:  # the server's result is not ours to compute: re-read
                 cache.pop(b, None)
             return
@@ -418,30 +489,30 @@ class Session:
                         e.values[xp.asarray(ie)] += vals[xp.asarray(iv)]
 
     # --- clock --------------------------------------------------------------------------
-    def clock(self) -> None:
+    @ps_call
+    def clock(self, wait: bool = True) -> None:
         """End of one iteration: flush, then count the clock.
 
         Updates reach their servers before the clock counts. Under SSP(s)
         (the tightest bound of the tables used) this then waits while this
         participant is more than ``s`` clocks ahead of the slowest live one.
+
+        ``wait=False``: the flush and the clock's report go out in the
+        background (the report after the flush was acknowledged) and this
+        returns at once; ``current_clock`` advances now. A read then waits
+        as its table's bound requires at the new clock, and the next
+        ``clock()`` first waits for this one's report (so a participant is
+        never more than one clock past what the servers know).
         """
-        self.flush()
+        self._finish_clock()  # the previous clock's report, if in the background
+        self._flush_async()
         self._clock += 1
         self._flushes_this_clock = 0
         wait_for = None if self._staleness_used is None else self._clock - self._staleness_used
-        t0 = time.perf_counter()
         # One RPC: report the clock and, under SSP, wait for the slowest.
-        m = self._sync(
-            self.worker.scheduler.ps_clock,
-            run_id=self.run_id,
-            rank=self.rank,
-            clock=self._clock,
-            wait_for=wait_for,
-            timeout=_config.get_seconds("timeouts.clock"),
-        )
-        if wait_for is not None:
-            self._clock_wait += time.perf_counter() - t0
-        self._known_min = float("inf") if m is None else max(self._known_min, m)
+        self._start_clock(wait_for)
+        if wait:
+            self._finish_clock()
 
     # --- pull ------------------------------------------------------------------------------
     def _required_tag(self, h: TableHandle) -> float | None:
@@ -468,14 +539,71 @@ class Session:
         # visible updates beyond the value bound.
         return h.spec.consistency.value_bound is None
 
+    @ps_call
     def pull(self, name: str):
         """The whole table, as fresh as its consistency model guarantees,
         including this participant's own pending updates."""
         h = self._handle(name)
         reqs = {b: None for b in range(h.spec.n_blocks)}
-        parts = self._read(h, reqs)
+        return self._assemble_dense(h, self._read(h, reqs))
+
+    @ps_call
+    def pull_rows(self, name: str, rows):
+        """Values of ``rows`` (any order, duplicates allowed), as fresh as the
+        table's model guarantees, including own pending updates."""
+        h, reqs, uniq, inverse = self._row_read(name, rows)
+        return self._assemble_rows(h, uniq, inverse, reqs, self._read(h, reqs))
+
+    @ps_call
+    def prefetch(self, name: str, for_clock: int | None = None) -> PullHandle:
+        """Start reading the whole table; ``handle.result()`` returns what
+        :meth:`pull` would return when it is called (ps-lite's ``ZPull``).
+
+        The read goes out in the background while the participant computes.
+        ``for_clock``: the clock at which ``result()`` will be called
+        (default: the current one); the read then waits, in the background,
+        until the table's bound for that clock is met (e.g. the next clock's
+        read of a BSP table goes out once every participant reported the
+        current one). ``result()`` checks what arrived against the bound of
+        the reader's clock *then*, adds own writes made since, and reads
+        again what is not legal any more (under ``refresh=True``: read in
+        another clock). Value-bounded tables (VAP, CVAP) are read at
+        ``result()``.
+        """
+        h = self._handle(name)
+        return self._prefetch(h, {b: None for b in range(h.spec.n_blocks)}, None, None, for_clock)
+
+    @ps_call
+    def prefetch_rows(self, name: str, rows, for_clock: int | None = None) -> PullHandle:
+        """Start reading ``rows``; ``handle.result()`` returns what
+        :meth:`pull_rows` would return when it is called (see :meth:`prefetch`)."""
+        h, reqs, uniq, inverse = self._row_read(name, rows)
+        return self._prefetch(h, reqs, uniq, inverse, for_clock)
+
+    def _row_read(self, name: str, rows):
+        """``(handle, reqs, uniq, inverse)`` of a read of ``rows``: validated
+        and coalesced in one pass, ``reqs[block]`` the block's local rows."""
+        h = self._handle(name)
+        uniq, inverse = check_row_request(h.spec, rows)
+        reqs = {b: _routing.local_rows(h.spec, b, uniq[lo:hi]) for b, lo, hi in _routing.block_slices(h.spec, uniq)}
+        if uniq is rows and 0 in reqs and self._cacheable(h):
+            reqs[0] = reqs[0].copy()  # the cache keeps it: never a view of the caller's array
+        return h, reqs, uniq, inverse
+
+    def _owned(self, name: str, b: int, values) -> bool:
+        """Whether ``values`` read from block ``b`` is this read's own (a fresh
+        reply or gather), not the cache's entry nor a read-only reply."""
+        e = self._cache.get(name, {}).get(b)
+        if e is not None and values is e.values:
+            return False
+        flags = getattr(values, "flags", None)
+        return flags is None or getattr(flags, "writeable", True)
+
+    def _assemble_dense(self, h: TableHandle, parts: dict):
+        name = h.spec.name
         if h.spec.n_blocks == 1:
-            out = parts[0].copy()
+            owned = self._owned(name, 0, parts[0])
+            out = parts[0] if owned else parts[0].copy()
         else:
             xp = _backend.namespace(*parts.values())
             out = xp.empty(h.spec.shape, dtype=h.spec.dtype)
@@ -484,30 +612,23 @@ class Session:
                 out[start:stop] = arr
         buf = self._buffers.get(name)
         if buf and self._own_writes_visible(h):
-            out = buf.overlay_dense(out)
+            out = buf.overlay_dense(out, owned=True)
         return out
 
-    def pull_rows(self, name: str, rows):
-        """Values of ``rows`` (any order, duplicates allowed), as fresh as the
-        table's model guarantees, including own pending updates."""
-        h = self._handle(name)
-        rows = check_rows(h.spec, rows)
-        if rows.size > 1 and bool(np.all(rows[1:] > rows[:-1])):
-            uniq, inverse = rows, None
-        else:
-            uniq, inverse = np.unique(rows, return_inverse=True)
-        slices = _routing.block_slices(h.spec, uniq)
-        reqs = {b: uniq[lo:hi] - b * h.spec.block_rows for b, lo, hi in slices}
-        parts = self._read(h, reqs)
-        if not slices:  # no rows: an empty array of the table's device
+    def _assemble_rows(self, h: TableHandle, uniq, inverse, reqs: dict, parts: dict):
+        name = h.spec.name
+        if not reqs:  # no rows: an empty array of the table's device
             out = _backend.zeros((0, *h.spec.row_shape), h.spec.dtype, h.spec.device)
         else:
-            chunks = [parts[b] for b, _, _ in slices]
+            chunks = [parts[b] for b in reqs]
             xp = _backend.namespace(*chunks)
-            out = xp.concatenate(chunks, axis=0) if len(chunks) > 1 else chunks[0].copy()
+            if len(chunks) > 1:
+                out = xp.concatenate(chunks, axis=0)
+            else:  # no copy of a fresh reply nobody else holds
+                out = chunks[0] if self._owned(name, next(iter(reqs)), chunks[0]) else chunks[0].copy()
         buf = self._buffers.get(name)
         if buf and self._own_writes_visible(h):
-            out = buf.overlay_rows(uniq, out)
+            out = buf.overlay_rows(uniq, out, owned=True)
         if inverse is not None:
             out = out[_backend.namespace(out).asarray(inverse)]
         return out
@@ -556,6 +677,7 @@ class Session:
         name = h.spec.name
         m = self._metrics[name]
         m.reads += 1
+        self._finish_flights(name)  # own flushes in flight: in what is read, and written through to the cache
         if not self._own_writes_visible(h) and self._buffers.get(name):
             self._flush_table(name)  # read-my-writes for optimizer tables: the server computes them
         need = self._required_tag(h)
@@ -594,7 +716,7 @@ class Session:
                 fetch[b] = e.missing(rows)
                 merge.add(b)
             else:
-                fetch[b] = rows
+                fetch[b] = None if self._dense_read(h, b, rows) else rows
         tag = self._known_min
         by_addr: dict[str, list] = {}
         for b, rows in fetch.items():
@@ -633,8 +755,8 @@ class Session:
             table, version, tag, blocks, seqs, rows, values, summed = box.popleft()
             cache = self._cache.get(table)
             h = self._router.handles.get(table)
-            if cache is None or h is None or h.version != version:
-                continue
+            if cache is None or h is None or h.version != version or self._flights.get(table):
+                continue  # (own flushes in flight: the fill may hold them, or not)
             summed_per_clock = self._summed_per_clock(h)
             refresh = h.spec.consistency.refreshes
             # The servers push at an advance of the run's min clock to ``tag``.
@@ -655,6 +777,10 @@ class Session:
                     clock = -1  # not a server read of this reader's: refresh=True re-reads it
                 cache[b] = CacheEntry(tag, seq, clock, r, v)
                 self._metrics[table].eager_fills += 1
+
+    @staticmethod
+    def _entry(tag, seq, clock, rows, values) -> CacheEntry:
+        return CacheEntry(tag, seq, clock, rows, values)
 
     def _record_staleness(self, m: TableMetrics, tag: float) -> None:
         # How many clocks behind the reader the guaranteed-visible state is.

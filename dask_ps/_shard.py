@@ -24,8 +24,8 @@ import numpy as np
 
 from dask_ps import _backend, _config
 from dask_ps._exceptions import PSValueError, StaleVersionError, UnknownTableError
-from dask_ps._spec import CASTING, TableSpec, refuse_masked
-from dask_ps.rules import Assign
+from dask_ps._spec import CASTING, TableSpec, refuse_masked, strictly_increasing
+from dask_ps.rules import Assign, Sum
 
 
 @dataclass
@@ -259,18 +259,28 @@ class ShardStore:
             raise StaleVersionError(f"table {t.spec.name!r}: block {b} is not hosted here (yet)")
         return t.blocks[int(b)]
 
-    def _check_local_rows(self, t: TableShards, blk: Block, rows) -> np.ndarray | None:
+    def _check_local_rows(self, t: TableShards, blk: Block, rows):
+        """A message's rows of one block: None (the whole block), a ``slice``
+        for ``[start, stop]`` (a range travels without an index array), or
+        a sorted unique in-range integer array (checked in one pass)."""
         if rows is None:
             return None
         name = t.spec.name
+        n = blk.data.shape[0]
+        if isinstance(rows, (list, tuple)):
+            if not (len(rows) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in rows)
+                    and 0 <= rows[0] < rows[1] <= n):
+                raise PSValueError(f"table {name!r}: a block row range must be [start, stop] within [0, {n}]",
+                                   name)
+            return slice(rows[0], rows[1])
         refuse_masked(name, rows, "block rows")
         if not isinstance(rows, np.ndarray) or rows.ndim != 1 or rows.dtype.kind not in "iu":
             raise PSValueError(f"table {name!r}: block rows must be a 1-D integer array", name)
-        n = blk.data.shape[0]
-        if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= n):
-            raise PSValueError(f"table {name!r}: block row index out of range [0, {n})", name)
-        if rows.size > 1 and not bool(np.all(rows[1:] > rows[:-1])):
+        if not strictly_increasing(rows):
             raise PSValueError(f"table {name!r}: block rows must be sorted and unique", name)
+        # Sorted: the ends bound every row.
+        if rows.size and (int(rows[0]) < 0 or int(rows[-1]) >= n):
+            raise PSValueError(f"table {name!r}: block row index out of range [0, {n})", name)
         return rows
 
     def validate_push(self, name, version, blocks, rows, values, table_id=None,
@@ -295,7 +305,8 @@ class ShardStore:
         for b, r, v in zip(blocks, rows, values):
             blk = self._check_block(t, b)
             r = self._check_local_rows(t, blk, r)
-            shape = blk.data.shape if r is None else (len(r), *spec.row_shape)
+            n_rows = blk.data.shape[0] if r is None else r.stop - r.start if isinstance(r, slice) else len(r)
+            shape = (n_rows, *spec.row_shape)
             refuse_masked(spec.name, v, "push values")
             if not _backend.is_array(v):
                 raise PSValueError(
@@ -310,7 +321,9 @@ class ShardStore:
             if not spec.allow_nonfinite and not _backend.all_finite(v):
                 raise PSValueError(f"table {spec.name!r}: push values contain NaN or Inf", spec.name)
             v = _backend.to_device(v, spec.device)
-            if r is not None:
+            if isinstance(r, slice) and not isinstance(spec.rule, (Sum, Assign)):
+                r = np.arange(r.start, r.stop)  # other rules (custom ones too) get index arrays
+            if isinstance(r, np.ndarray):
                 r = _backend.to_device(r, spec.device)
             items.append((int(b), r, v.astype(spec.dtype, copy=False)))
         return t, items
@@ -418,25 +431,46 @@ class ShardStore:
                     f"table {t.spec.name!r}: this replica of block {b} missed an update; read the primary"
                 )
             r = self._check_local_rows(t, blk, r)
-            reqs.append((int(b), None if r is None else _backend.to_device(r, t.spec.device)))
+            reqs.append((int(b), _backend.to_device(r, t.spec.device) if isinstance(r, np.ndarray) else r))
         return t, reqs
+
+    def recheck_pull(self, t: TableShards, name, version, blocks, table_id=None) -> TableShards:
+        """The part of :meth:`validate_pull` that may change while a reader
+        waits for the table's locks (version, frozen, hosted and fenced
+        blocks); its rows were checked already and stay valid for the same
+        table. A table dropped and created again meanwhile (another
+        ``TableShards``) raises, so a caller validates it anew."""
+        now = self.get(name, version, table_id)
+        if now is not t:
+            raise StaleVersionError(f"table {name!r} changed while a read waited for it; retry")
+        for b in blocks:
+            self._check_block(t, b)
+            if b in t.missed:
+                raise StaleVersionError(
+                    f"table {t.spec.name!r}: this replica of block {b} missed an update; read the primary"
+                )
+        return t
 
     @staticmethod
     def read(t: TableShards, reqs: list, *, copy: bool = False) -> tuple[list, list]:
         """``(seqs, values)`` of validated ``(block, rows)`` requests. Whole
-        blocks are returned without a copy (and marked shared) unless ``copy``."""
+        blocks, and ranges of at least half a block, are returned without a
+        copy (and the block marked shared) unless ``copy``."""
         seqs, out = [], []
         for b, rows in reqs:
             blk = t.blocks[b]
             seqs.append(blk.seq)
-            if rows is not None:
-                out.append(blk.data[rows])
+            if isinstance(rows, slice) and (copy or 2 * (rows.stop - rows.start) < blk.data.shape[0]):
+                out.append(blk.data[rows].copy())
+            elif rows is not None and not isinstance(rows, slice):
+                # take: a gather of whole rows (faster than fancy indexing on 2-D)
+                out.append(_backend.namespace(blk.data).take(blk.data, rows, axis=0))
             elif copy:
                 out.append(blk.data.copy())
             else:
                 blk.shared = True
                 # read-only: in-process, the reader gets this very array
-                out.append(_backend.read_only(blk.data))
+                out.append(_backend.read_only(blk.data if rows is None else blk.data[rows]))
         return seqs, out
 
     @staticmethod

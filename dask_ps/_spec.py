@@ -192,8 +192,27 @@ class TableSpec:
 # --- validation of caller input -----------------------------------------------
 
 
-def check_rows(spec: TableSpec, rows) -> np.ndarray:
-    """Row indices as a 1-D int64 host array, all within ``[0, n_rows)``."""
+# Chunk of the vectorised checks below: its boolean temporary (64 KiB)
+# stays on the heap. A temporary of a whole 100k-row request would be a
+# fresh mmap in a Dask worker (the nanny's MALLOC_TRIM_THRESHOLD_ turns off
+# glibc's adaptive mmap threshold) and page-fault on every use.
+_CHUNK = 1 << 16
+
+
+def strictly_increasing(a: np.ndarray) -> bool:
+    """Whether the 1-D array ``a`` is sorted with no duplicates (one pass)."""
+    n = a.size
+    if n <= _CHUNK:
+        return n < 2 or bool((a[1:] > a[:-1]).all())
+    for lo in range(0, n - 1, _CHUNK):
+        hi = min(lo + _CHUNK, n - 1)
+        if not bool((a[lo + 1:hi + 1] > a[lo:hi]).all()):
+            return False
+    return True
+
+
+def _row_array(spec: TableSpec, rows) -> np.ndarray:
+    """``rows`` as a 1-D integer host array (not yet range-checked)."""
     refuse_masked(spec.name, rows, "rows")
     if _backend.is_cupy(rows):
         rows = _backend.to_numpy(rows)
@@ -214,16 +233,55 @@ def check_rows(spec: TableSpec, rows) -> np.ndarray:
         raise PSValueError(
             f"table {spec.name!r}: rows must be 1-D, got shape {rows.shape}", spec.name
         )
+    return rows
+
+
+def _check_row_range(spec: TableSpec, lo: int, hi: int) -> None:
+    if lo < 0 or hi >= spec.n_rows:
+        bad = lo if lo < 0 else hi
+        raise PSValueError(
+            f"table {spec.name!r}: row {bad} is out of range; the table has "
+            f"{spec.n_rows} rows (valid rows are 0..{spec.n_rows - 1})",
+            spec.name,
+        )
+
+
+def check_row_request(spec: TableSpec, rows) -> tuple[np.ndarray, np.ndarray | None]:
+    """Validate and coalesce the rows of a read in one pass: ``(uniq,
+    inverse)``, the sorted unique rows (int64, within ``[0, n_rows)``) and
+    ``inverse`` with ``uniq[inverse] == rows`` (None when ``rows`` already
+    were sorted and unique: then ``uniq`` may be the caller's own array).
+
+    Sorted unique rows (what a minibatch's touched features usually are)
+    cost one vectorised pass, whose ends give the range check; others are
+    sorted once by ``np.unique``, whose ends give it too."""
+    rows = _row_array(spec, rows)
+    if strictly_increasing(rows):
+        uniq, inverse = rows, None
+    else:
+        uniq, inverse = np.unique(rows, return_inverse=True)
+    if uniq.size:
+        _check_row_range(spec, int(uniq[0]), int(uniq[-1]))
+    return uniq.astype(np.int64, copy=False), inverse
+
+
+def check_rows(spec: TableSpec, rows) -> np.ndarray:
+    """Row indices as a 1-D int64 host array, all within ``[0, n_rows)``."""
+    return check_rows_sorted(spec, rows)[0]
+
+
+def check_rows_sorted(spec: TableSpec, rows) -> tuple[np.ndarray, bool]:
+    """:func:`check_rows` and whether the rows are sorted and unique (found
+    by the same pass: sorted rows' ends give the range)."""
+    rows = _row_array(spec, rows)
+    increasing = strictly_increasing(rows)
     if rows.size:
-        lo, hi = int(rows.min()), int(rows.max())
-        if lo < 0 or hi >= spec.n_rows:
-            bad = lo if lo < 0 else hi
-            raise PSValueError(
-                f"table {spec.name!r}: row {bad} is out of range; the table has "
-                f"{spec.n_rows} rows (valid rows are 0..{spec.n_rows - 1})",
-                spec.name,
-            )
-    return rows.astype(np.int64, copy=False)
+        if increasing:
+            lo, hi = int(rows[0]), int(rows[-1])
+        else:
+            lo, hi = int(rows.min()), int(rows.max())
+        _check_row_range(spec, lo, hi)
+    return rows.astype(np.int64, copy=False), increasing
 
 
 def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "push"):

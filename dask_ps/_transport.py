@@ -34,8 +34,18 @@ from dask_ps._liveness import Liveness, WorkerGone
 from dask_ps._routing import TableHandle
 
 
-def _wrap(x):
-    return None if x is None else to_serialize(x)
+def _wire(rows):
+    """A block's local rows as a message: None (the whole block), ``[start,
+    stop]`` for a range (no index array), else a zero-copy frame."""
+    rows = _routing.wire_rows(rows)
+    return rows if rows is None or isinstance(rows, list) else to_serialize(rows)
+
+
+async def _within(seconds: float, coro):
+    """``coro`` with a deadline, run in the caller's task (``asyncio.wait_for``
+    would start one more task per message)."""
+    async with asyncio.timeout(seconds):
+        return await coro
 
 
 def _retryable(e: BaseException) -> bool:
@@ -60,38 +70,39 @@ class Transport:
     async def push(self, addr: str, h: TableHandle, items, raw=False, run=None, sender=None, msg_seq=None):
         """Apply ``items`` on ``addr``; returns each block's sequence number after it."""
         if addr == self.local_address:
+            items = [(b, _routing.wire_rows(r), v) for b, r, v in items]
             return await self.local.local_push(h.spec.name, h.version, items, raw=raw, run=run,
                                                sender=sender, msg_seq=msg_seq, table_id=h.spec.table_id)
-        return await self.liveness.call(addr, lambda: asyncio.wait_for(
+        return await self.liveness.call(addr, lambda: _within(
+            _config.get_seconds("timeouts.rpc"),
             self.rpc(addr).ps_push(
                 table=h.spec.name,
                 table_id=h.spec.table_id,
                 version=h.version,
                 blocks=[b for b, _, _ in items],
-                rows=[_wrap(r) for _, r, _ in items],
+                rows=[_wire(r) for _, r, _ in items],
                 values=[to_serialize(v) for _, _, v in items],
                 raw=raw,
                 run=run,
                 sender=sender,
                 msg_seq=msg_seq,
             ),
-            _config.get_seconds("timeouts.rpc"),
         ))
 
     async def pull(self, addr: str, h: TableHandle, reqs, **extra) -> dict:
         """``{"seqs": [...], "values": [...]}`` for ``(block, rows)`` requests.
         ``extra``: ``run``/``subscribe`` of a participant (see ``ps_pull``)."""
         blocks = [b for b, _ in reqs]
-        rows = [r for _, r in reqs]
         if addr == self.local_address:
-            return await self.local.local_pull(h.spec.name, h.version, blocks, rows,
+            return await self.local.local_pull(h.spec.name, h.version, blocks,
+                                               [_routing.wire_rows(r) for _, r in reqs],
                                                table_id=h.spec.table_id, **extra)
-        return await self.liveness.call(addr, lambda: asyncio.wait_for(
+        return await self.liveness.call(addr, lambda: _within(
+            _config.get_seconds("timeouts.rpc"),
             self.rpc(addr).ps_pull(
                 table=h.spec.name, table_id=h.spec.table_id, version=h.version, blocks=blocks,
-                rows=[_wrap(r) for r in rows], **extra
+                rows=[_wire(r) for _, r in reqs], **extra
             ),
-            _config.get_seconds("timeouts.rpc"),
         ))
 
 
@@ -138,9 +149,15 @@ class Router:
         out = []
         while True:
             addrs = list(by_addr)
-            results = await asyncio.gather(
-                *(call(h, a, by_addr[a]) for a in addrs), return_exceptions=True
-            )
+            if len(addrs) == 1:  # the common case: no task for a gather of one
+                try:
+                    results = [await call(h, addrs[0], by_addr[addrs[0]])]
+                except Exception as e:
+                    results = [e]
+            else:
+                results = await asyncio.gather(
+                    *(call(h, a, by_addr[a]) for a in addrs), return_exceptions=True
+                )
             failed, error = [], None
             for a, r in zip(addrs, results):
                 if isinstance(r, BaseException):
@@ -199,12 +216,15 @@ class Router:
             return h.primary(block)
         return h.read_from(block, self.transport.local_address, self._read_key)
 
-    async def fetch(self, name: str, reqs, summed: dict | None = None, **extra) -> dict[int, tuple]:
+    async def fetch(self, name: str, reqs, summed: dict | None = None, applied: dict | None = None,
+                    **extra) -> dict[int, tuple]:
         """Pull ``[(block, rows), ...]`` (or such lists in a dict, grouped by
         any address); returns ``{block: (rows, seq, values)}``. Each block is
         read from the copy :meth:`read_from` picks; a failed read is retried
         at the block's primary. ``summed`` (a dict, aggregate="clock"): filled
-        with each block's ``summed_below`` from the replies (see ``ps_pull``)."""
+        with each block's ``summed_below`` from the replies (see ``ps_pull``);
+        ``applied`` (a dict; pass ``sender=`` in ``extra``): with the number
+        of that sender's latest push each block's values contain."""
         h = await self.handle(name)
         entries = [e for es in reqs.values() for e in es] if isinstance(reqs, dict) else list(reqs)
         replicas = bool(_config.get("read-replicas"))  # once per read, not per block
@@ -224,6 +244,8 @@ class Router:
                 out[b] = (rows, seq, vals)
             if summed is not None and reply.get("summed_below") is not None:
                 summed.update(zip((e[0] for e in entries), reply["summed_below"]))
+            if applied is not None and reply.get("applied") is not None:
+                applied.update(zip((e[0] for e in entries), reply["applied"]))
         return out
 
     # --- whole-table and row operations for the client ------------------------------

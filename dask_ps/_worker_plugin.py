@@ -310,7 +310,7 @@ class PSWorkerPlugin(WorkerPlugin):
         calls = [
             self.liveness.call(r, lambda r=r, its=its: asyncio.wait_for(self.worker.rpc(r).ps_push(
                 table=t.spec.name, version=t.version, blocks=[b for b, _, _ in its],
-                rows=[None if x is None else to_serialize(x) for _, x, _ in its],
+                rows=[_wire_local_rows(x) for _, x, _ in its],
                 values=[to_serialize(v) for _, _, v in its],
                 raw=raw, run=run, sender=sender, msg_seq=msg_seq, replica=True,
                 forwarder=self.worker.address, token=self.internal_token,
@@ -483,23 +483,33 @@ class PSWorkerPlugin(WorkerPlugin):
                 raise UnknownTableError(f"table {table!r} is not hosted on {self.worker.address}", table)
             self.store.install(t.spec, t.version, t.owners or None, exported)
 
-    async def pull(self, table=None, version=None, blocks=(), rows=(), run=None, subscribe=None, table_id=None):
-        """Handler: values of whole blocks or of rows within blocks.
+    async def pull(self, table=None, version=None, blocks=(), rows=(), run=None, subscribe=None, table_id=None,
+                   sender=None):
+        """Handler: values of whole blocks, of ranges ``[start, stop]`` or of
+        rows within blocks.
 
         ``run = (run_id, min_clock)``: the reader knows every participant
         finished ``min_clock`` clocks, so per-clock sums below it are applied
         first. ``subscribe = (run_id, session, address)``: ESSP, send these
-        rows to that session after every clock advance.
+        rows to that session after every clock advance. ``sender``: the
+        reply also says, per block, the number of that sender's latest push
+        the values contain (``applied``; a prefetch tells by it which of its
+        reader's own pushes it holds).
         """
         rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
-        seqs, values, summed = await self._read(table, version, blocks, rows, run, subscribe, copy=False,
-                                                table_id=table_id)
-        return {"seqs": seqs, "values": [to_serialize(a) for a in values], "summed_below": summed}
+        seqs, values, summed, applied = await self._read(table, version, blocks, rows, run, subscribe, copy=False,
+                                                         table_id=table_id, sender=sender)
+        return {"seqs": seqs, "values": [to_serialize(a) for a in values], "summed_below": summed,
+                "applied": applied}
 
-    async def _read(self, table, version, blocks, rows, run, subscribe, copy, table_id=None):
-        """``(seqs, values, summed_below)``; ``summed_below`` (aggregate="clock",
-        a participant's read, else None): per block, the clock below which
-        every per-clock sum of the run is in the values returned."""
+    async def _read(self, table, version, blocks, rows, run, subscribe, copy, table_id=None, sender=None):
+        """``(seqs, values, summed_below, applied)``; ``summed_below``
+        (aggregate="clock", a participant's read, else None): per block, the
+        clock below which every per-clock sum of the run is in the values
+        returned; ``applied`` (with a ``sender``, else None): per block, that
+        sender's latest push number applied to it (None: none)."""
+        if sender is not None and not isinstance(sender, str):
+            raise PSValueError(f"pull sender must be a str, got {sender!r}")
         t, reqs = self.store.validate_pull(table, version, blocks, rows, table_id)
         run_id = None
         if run is not None:
@@ -507,7 +517,12 @@ class PSWorkerPlugin(WorkerPlugin):
             await self._advance(run_id, min_clock)
         # Not while an update is applied in place on the offload thread.
         async with self._all_locks(t.spec.name):
-            t, reqs = self.store.validate_pull(table, version, blocks, rows, table_id)
+            # Rows were checked above (one pass); what may have changed while
+            # waiting for the locks is checked again.
+            try:
+                t = self.store.recheck_pull(t, table, version, [b for b, _ in reqs], table_id)
+            except StaleVersionError:
+                t, reqs = self.store.validate_pull(table, version, blocks, rows, table_id)
             self.pause_guard.check()  # stopped for long: these copies may have missed pushes
             summed = None
             if run_id is not None and t.spec.aggregate == "clock":
@@ -517,12 +532,16 @@ class PSWorkerPlugin(WorkerPlugin):
                 m = math.inf if min_clock is None else min_clock
                 await self._apply_due(t, run_id, max(m, self._min_clock.get(run_id, -1)))
                 summed = [_wire_clock(self.store.summed_below_of(t, b, run_id)) for b, _ in reqs]
-            seqs, values = self._read_locked(t, reqs, rows, subscribe, copy)
+            seqs, values = self._read_locked(t, reqs, subscribe, copy)
+            applied = None
+            if sender is not None:
+                applied = [max(t.blocks[b].applied[sender]) if t.blocks[b].applied.get(sender) else None
+                           for b, _ in reqs]
             self.served["pulls"] += 1
             self.served["bytes_pulled"] += sum(getattr(v, "nbytes", 0) for v in values)
-            return seqs, values, summed
+            return seqs, values, summed, applied
 
-    def _read_locked(self, t, reqs, rows, subscribe, copy):
+    def _read_locked(self, t, reqs, subscribe, copy):
         me = self.worker.address if self.worker is not None else None
         for b, _ in reqs:
             t.reads["primary" if not t.owners or t.owners[b][0] == me else "replica"] += 1
@@ -530,8 +549,12 @@ class PSWorkerPlugin(WorkerPlugin):
             run_id, session, address = subscribe
             _, tables = self.subscriptions[run_id].setdefault(session, (address, {}))
             subs = tables.setdefault(t.spec.name, {})
-            for (b, _), r in zip(reqs, rows):
+            for b, r in reqs:
                 # Rows read at different times add up (None: the whole block).
+                if isinstance(r, slice):
+                    r = np.arange(r.start, r.stop)
+                elif r is not None:
+                    r = _backend.to_numpy(r)  # the subscription's own host copy
                 prev = subs.get(b, r)
                 subs[b] = None if r is None or prev is None else np.union1d(prev, r)
         return self.store.read(t, reqs, copy=copy)
@@ -646,10 +669,10 @@ class PSWorkerPlugin(WorkerPlugin):
         return await self._push(table, version, list(blocks), list(rows), list(values), raw, run,
                                 sender, msg_seq, False, table_id)
 
-    async def local_pull(self, table, version, blocks, rows, run=None, subscribe=None, table_id=None):
-        seqs, values, summed = await self._read(table, version, blocks, rows, run, subscribe, copy=True,
-                                                table_id=table_id)
-        return {"seqs": seqs, "values": values, "summed_below": summed}
+    async def local_pull(self, table, version, blocks, rows, run=None, subscribe=None, table_id=None, sender=None):
+        seqs, values, summed, applied = await self._read(table, version, blocks, rows, run, subscribe, copy=True,
+                                                         table_id=table_id, sender=sender)
+        return {"seqs": seqs, "values": values, "summed_below": summed, "applied": applied}
 
 
 def reply_errors(handler):
@@ -697,6 +720,16 @@ def _unwire_block(e: dict) -> dict:
     if not isinstance(e, dict) or not _backend.is_array(e.get("data")):
         raise PSValueError("an installed block must be a dict with a 'data' array")
     return e
+
+
+def _wire_local_rows(rows):
+    """Validated rows of a forwarded push as a message: None, ``[start,
+    stop]`` for a range, or a zero-copy frame."""
+    if rows is None:
+        return None
+    if isinstance(rows, slice):
+        return [rows.start, rows.stop]
+    return to_serialize(rows)
 
 
 def _unwrap(x):

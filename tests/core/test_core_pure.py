@@ -319,8 +319,8 @@ def test_copy_on_write_after_zero_copy_read():
     s = spec((4, 2), block_rows=4)
     st = make_store(s)
     t = st.get("t")
-    _, (snapshot,) = st.read(t, [(0, None)])  # zero-copy: the stored array itself
-    assert snapshot is t.blocks[0].data
+    _, (snapshot,) = st.read(t, [(0, None)])  # zero-copy: a read-only view of the stored array
+    assert np.shares_memory(snapshot, t.blocks[0].data) and not snapshot.flags.writeable
     _, items = st.validate_push("t", 1, [0], [None], [np.ones((4, 2))])
     st.commit(t, st.apply(t, items))
     assert snapshot.sum() == 0  # the reply being sent is unchanged

@@ -1,0 +1,481 @@
+"""Communication off the participant's critical path: the session's
+background half (:class:`Session` inherits :class:`Overlap`).
+
+ps-lite's ``ZPush``/``ZPull`` and ``Wait`` in Dask terms. Every network
+operation of a session is a coroutine on the worker's event loop (Dask's
+comm and RPC pools: no thread or network layer of our own). A blocking call
+starts it and waits (``distributed.utils.sync``); the calls here start it
+with ``asyncio.run_coroutine_threadsafe`` and return at once, and the
+participant's thread waits only when it needs the result:
+
+* ``ctx.flush(wait=False)`` sends the buffered pushes and returns a
+  :class:`PushHandle`; ``ctx.clock(wait=False)`` also reports the clock in
+  the background, after the flushes it follows were acknowledged.
+* ``ctx.prefetch(name)`` / ``ctx.prefetch_rows(name, rows)`` start a read
+  and return a :class:`PullHandle`; ``handle.result()`` returns what
+  ``ctx.pull``/``pull_rows`` would return at that moment.
+
+What keeps every consistency guarantee (docs/architecture.rst, "Overlap"):
+
+* A write reaches its servers before the writer's clock is reported past
+  it: a clock report awaits every flush started before it, and is not sent
+  when one failed (its error is raised at the next call of the session).
+* One table's flushes go out in order, each after the one before was
+  acknowledged (rules other than a sum depend on the order), and a read of
+  a table waits for that table's flushes in flight, so own writes are in
+  what it returns and in the cache before the cache is used.
+* A prefetched read is checked when it is consumed, against the bound of
+  *that* moment: it was fetched with the tag of the run's minimum clock
+  known when it was issued (every update of the clocks below is in it); if
+  the reader's clock has since moved past what the tag allows (or, under
+  ``refresh=True``, past the clock it was issued in), the read is made
+  again. Own pushes flushed after it was issued are added to it when the
+  reply shows the server had not applied them yet (each reply says which of
+  this sender's numbered pushes it holds), or the block is read again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dask_ps import _backend, _config, _routing
+from dask_ps._oplog import PushBuffer
+from dask_ps._routing import TableHandle
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Flight:
+    """One flush of one table, sent in the background."""
+
+    name: str
+    h: TableHandle
+    msgs: _routing.Messages
+    msg_seq: int  # this sender's number of the push (exactly once; see PullHandle)
+    clock: int  # the writer's clock when it was flushed
+    buf: PushBuffer
+    future: concurrent.futures.Future  # -> {block: sequence number after the push}
+
+
+class PushHandle:
+    """What ``ctx.flush(wait=False)`` returns: the pushes it sent.
+
+    ``wait()`` blocks until the servers acknowledged them (and raises if
+    one failed); ``done()`` says whether they did, without blocking. Pushes
+    handed over with ``copy=False`` may be written to again once ``wait()``
+    returned (or after the next blocking ``flush()``/``clock()``).
+    """
+
+    def __init__(self, session, flights: list[Flight]):
+        self._session = session
+        self._flights = flights
+
+    def __repr__(self):
+        return f"<PushHandle {sorted({f.name for f in self._flights})} done={self.done()}>"
+
+    def done(self) -> bool:
+        return all(f.future.done() for f in self._flights)
+
+    def wait(self) -> None:
+        with self._session._api():
+            for name in dict.fromkeys(f.name for f in self._flights):
+                self._session._finish_flights(name)
+
+
+@dataclass(eq=False)
+class PullHandle:
+    """A read started ahead: ``ctx.prefetch(name)`` or
+    ``ctx.prefetch_rows(name, rows)``.
+
+    ``result()`` returns what ``ctx.pull``/``pull_rows`` would return at the
+    moment it is called: values that satisfy the table's bound *at the
+    reader's clock of that moment*, with all of the reader's own updates.
+    It uses the prefetched values where they are still legal and reads
+    again what is not (see :mod:`dask_ps._overlap`). ``done()``: whether the
+    prefetched values arrived.
+    """
+
+    session: object
+    h: TableHandle
+    reqs: dict  # block -> local rows (None: whole block), as the read asks
+    uniq: np.ndarray | None  # pull_rows: sorted unique rows (None: the whole table)
+    inverse: np.ndarray | None
+    future: concurrent.futures.Future | None  # -> Router.fetch's reply; None: nothing prefetched
+    tag: float = 0.0  # the run's min clock known when the read was sent (all updates below are in it)
+    clock: int = 0  # the reader's clock when the read was sent
+    for_clock: int = 0  # the clock the read is for (it waited for that clock's bound)
+    summed: dict = field(default_factory=dict)  # aggregate="clock": block -> summed_below
+    applied: dict = field(default_factory=dict)  # block -> latest own push number in the values
+    flushes: list = field(default_factory=list)  # own Flights of this table started after issue
+    _value: object = None
+
+    def __repr__(self):
+        return f"<PullHandle {self.h.spec.name!r} clock={self.clock} done={self.done()}>"
+
+    def done(self) -> bool:
+        return self.future is None or self.future.done()
+
+    def result(self):
+        if self._value is None:
+            self._value = self.session._prefetch_result(self)
+        return self._value
+
+
+def add_into(out, rows, prow, pvals) -> None:
+    """``out`` (the values of local ``rows`` of a block, None: all of it) +=
+    a push of local rows ``prow`` (None: the whole block) with ``pvals``."""
+    xp = _backend.namespace(out)
+    if rows is None:
+        if prow is None:
+            out += pvals
+        else:
+            out[xp.asarray(prow)] += pvals
+    elif prow is None:
+        out += pvals[xp.asarray(rows)]
+    else:
+        pos = np.searchsorted(prow, rows)
+        pos_c = np.minimum(pos, max(prow.size - 1, 0))
+        hit = np.flatnonzero((pos < prow.size) & (prow[pos_c] == rows)) if prow.size else pos[:0]
+        if hit.size:
+            out[xp.asarray(hit)] += pvals[xp.asarray(pos_c[hit])]
+
+
+async def _after(previous: concurrent.futures.Future | None) -> None:
+    """Wait for ``previous`` (a flight) to end; its error is raised where it
+    is reaped, not here."""
+    if previous is not None and not previous.done():
+        await asyncio.wait([asyncio.wrap_future(previous)])
+
+
+async def _result_of(future: concurrent.futures.Future):
+    return await asyncio.wrap_future(future)
+
+
+class Overlap:
+    """The background half of :class:`dask_ps._session.Session`."""
+
+    def _init_overlap(self) -> None:
+        self._flights: dict[str, list[Flight]] = {}  # per table, oldest first
+        self._clock_flight: tuple[concurrent.futures.Future, int | None] | None = None
+        self._prefetches: dict[str, weakref.WeakSet] = {}  # unconsumed PullHandles per table
+        self._api_depth = 0
+        self._api_entered = 0.0
+        self._ps_seconds = 0.0  # time in ctx calls
+        self._blocked_seconds = 0.0  # of which waiting on the event loop (network, servers, others)
+        self._started = time.perf_counter()
+
+    # --- timing ---------------------------------------------------------------------------
+    def _api(self):
+        """Context of a public call: its time counts as ``ps_seconds``."""
+        return _ApiTimer(self)
+
+    def _submit(self, coro) -> concurrent.futures.Future:
+        """Start ``coro`` on the worker's event loop; do not wait."""
+        return asyncio.run_coroutine_threadsafe(coro, self.worker.loop.asyncio_loop)
+
+    def _await(self, future: concurrent.futures.Future):
+        """The result of a started operation, waiting for it if need be."""
+        if future.done():
+            return future.result()
+        return self._sync(_result_of, future)
+
+    # --- flushes ---------------------------------------------------------------------------
+    def _start_flush(self, name: str) -> Flight | None:
+        """Send ``name``'s buffered pushes in the background (after the
+        table's flushes in flight); the buffer is this flight's from now on."""
+        buf = self._buffers.get(name)
+        if not buf:
+            return None
+        del self._buffers[name]
+        h = self._router.handles[name]
+        msgs = buf.messages(h)
+        msg_seq = (self._clock << 24) + self._flushes_this_clock
+        self._flushes_this_clock += 1
+        flights = self._flights.setdefault(name, [])
+        previous = flights[-1].future if flights else None
+        future = self._submit(self._send_in_order(previous, name, msgs, (self.run_id, self._clock), msg_seq))
+        flight = Flight(name, h, msgs, msg_seq, self._clock, buf, future)
+        flights.append(flight)
+        for handle in self._prefetches.get(name, ()):
+            handle.flushes.append(flight)
+        return flight
+
+    async def _send_in_order(self, previous, name, msgs, run, msg_seq):
+        await _after(previous)
+        return await self._router.send(name, msgs, run=run, msg_seq=msg_seq)
+
+    def _finish_flights(self, name: str, block: bool = True) -> None:
+        """Book ``name``'s acknowledged flushes, oldest first (``block``: wait
+        for all of them). A failed flush raises here; its pushes are lost."""
+        flights = self._flights.get(name)
+        while flights:
+            flight = flights[0]
+            if not block and not flight.future.done():
+                return
+            try:
+                seqs = self._await(flight.future)
+            finally:
+                flights.pop(0)
+                if not flights:
+                    self._flights.pop(name, None)
+            self._flushed(flight, seqs)
+
+    def _reap(self) -> None:
+        """Book whatever finished in the background (at every call: cheap)."""
+        for name in list(self._flights):
+            self._finish_flights(name, block=False)
+        if self._clock_flight is not None and self._clock_flight[0].done():
+            self._finish_clock()
+
+    def _flush_async(self) -> PushHandle:
+        return PushHandle(self, [f for f in map(self._start_flush, list(self._buffers)) if f is not None])
+
+    # --- clock -------------------------------------------------------------------------
+    def _start_clock(self, wait_for: int | None) -> None:
+        """Report ``self._clock`` in the background once every flush started
+        so far was acknowledged (the caller started this clock's flushes)."""
+        pending = [f.future for flights in self._flights.values() for f in flights]
+        self._clock_flight = (self._submit(self._report_clock(pending, self._clock, wait_for)), wait_for)
+
+    async def _report_clock(self, pending, clock: int, wait_for):
+        if pending:
+            done, _ = await asyncio.wait([asyncio.wrap_future(f) for f in pending])
+            if any(f.exception() is not None for f in done):
+                # A write that did not reach its server: the clock must not count.
+                raise RuntimeError(f"clock {clock} not reported: a flush before it failed")
+        t0 = time.perf_counter()
+        m = await self.worker.scheduler.ps_clock(
+            run_id=self.run_id, rank=self.rank, clock=clock, wait_for=wait_for,
+            timeout=_config.get_seconds("timeouts.clock"),
+        )
+        return m, time.perf_counter() - t0
+
+    def _finish_clock(self) -> None:
+        """Wait for the clock reported in the background (flush errors first)."""
+        if self._clock_flight is None:
+            return
+        future, wait_for = self._clock_flight
+        self._clock_flight = None
+        t0 = time.perf_counter()
+        try:
+            m, _ = self._await(future)
+        except Exception:
+            for name in list(self._flights):
+                self._finish_flights(name)  # a failed flush raises its own error first
+            raise
+        if wait_for is not None:
+            self._clock_wait += time.perf_counter() - t0
+        self._known_min = float("inf") if m is None else max(self._known_min, m)
+
+    def _finish_all(self) -> None:
+        for name in list(self._flights):
+            self._finish_flights(name)
+        self._finish_clock()
+
+    def _cancel_prefetches(self) -> None:
+        """The participant ends: reads started and never consumed stop."""
+        for handles in self._prefetches.values():
+            for p in list(handles):
+                if p.future is not None:
+                    p.future.cancel()
+        self._prefetches.clear()
+
+    # --- prefetch ------------------------------------------------------------------------
+    def _prefetch(self, h: TableHandle, reqs: dict, uniq, inverse, for_clock: int | None) -> PullHandle:
+        """Start reading ``reqs`` (block -> local rows or None) for a read at
+        clock ``for_clock`` (None: now). Blocks a cached copy serves now are
+        left to the cache; value-bounded tables are read at ``result()``."""
+        name = h.spec.name
+        for_clock = self._clock if for_clock is None else for_clock
+        if not isinstance(for_clock, int) or isinstance(for_clock, bool) or for_clock < self._clock:
+            raise ValueError(f"table {name!r}: for_clock must be a clock >= the current one ({self._clock}), "
+                             f"got {for_clock!r}")
+        handle = PullHandle(self, h, reqs, uniq, inverse, None, tag=self._known_min, clock=self._clock,
+                            for_clock=for_clock)
+        if not self._cacheable(h) or not reqs:
+            return handle
+        need, refresh = self._required_tag(h), h.spec.consistency.refreshes
+        cache = self._cache.get(name, {})
+        fetch = {}
+        for b, rows in reqs.items():
+            e = cache.get(b)
+            if not (for_clock == self._clock and self._usable(e, need, refresh) and e.covers(rows)):
+                fetch[b] = None if self._dense_read(h, b, rows) else rows
+        if fetch:
+            s = h.spec.consistency.staleness
+            need_at = None if need is None else for_clock - s
+            flights = self._flights.get(name)
+            handle.future = self._submit(self._fetch_ahead(
+                flights[-1].future if flights else None, handle, fetch, need_at))
+            self._prefetches.setdefault(name, weakref.WeakSet()).add(handle)
+        return handle
+
+    async def _fetch_ahead(self, previous, p: PullHandle, fetch: dict, need_at):
+        """On the event loop: wait (for the table's flushes in flight, and for
+        the bound of the clock the read is for), then read."""
+        await _after(previous)  # own flushes in flight are in what it reads
+        if need_at is not None and max(p.tag, self._known_min) < need_at:
+            m = await self.worker.scheduler.ps_wait_clock(
+                run_id=self.run_id, clock=int(need_at), timeout=_config.get_seconds("timeouts.clock"))
+            p.tag = float("inf") if m is None else max(p.tag, m)
+        # What the reply is: a server read in the reader's clock of now, with
+        # every update of the clocks below the min clock known now.
+        p.tag, p.clock = max(p.tag, self._known_min), self._clock
+        by_addr: dict[str, list] = {}
+        for b, rows in fetch.items():
+            by_addr.setdefault(p.h.primary(b), []).append((b, rows))
+        run = (self.run_id, None if p.tag == float("inf") else int(p.tag))
+        return await self._router.fetch(p.h.spec.name, by_addr, summed=p.summed, applied=p.applied, run=run,
+                                        sender=self._router.sender)
+
+    def _prefetch_result(self, p: PullHandle):
+        with self._api():
+            self._reap()
+            name = p.h.spec.name
+            h = self._handle(name)
+            self._finish_flights(name)  # own writes in flight: booked (write-through, _sent)
+            parts = {}
+            if p.future is not None:
+                self._prefetches.get(name, weakref.WeakSet()).discard(p)
+                if p.for_clock > self._clock and not p.future.done():
+                    # Read before the clock it was for: its fetch may wait for
+                    # this very participant's clock; read now instead.
+                    got = {}
+                else:
+                    try:
+                        got = self._await(p.future)
+                    except Exception as e:  # read again below: it raises if the cause persists
+                        logger.debug("dask_ps: prefetch of %r failed (%r); reading again", name, e)
+                        got = {}
+                parts = self._take_prefetched(h, p, got)
+            rest = {b: rows for b, rows in p.reqs.items() if b not in parts}
+            m = self._metrics[name]
+            if rest:
+                parts.update(self._read(h, rest))
+            else:
+                m.reads += 1
+                self._record_staleness(m, p.tag)
+            if parts and not rest:
+                m.prefetch_hits += 1
+            elif p.future is not None:
+                m.prefetch_rereads += 1
+            if p.uniq is None:
+                return self._assemble_dense(h, parts)
+            return self._assemble_rows(h, p.uniq, p.inverse, p.reqs, parts)
+
+    def _prefetch_fresh(self, h: TableHandle, p: PullHandle) -> bool:
+        """Whether values fetched as ``p`` was issued may serve a read now."""
+        if h.version != p.h.version or h.spec.table_id != p.h.spec.table_id:
+            return False
+        if self._clock == self._resumed_clock:
+            return False  # reads what the servers have: see Session._own_writes_visible
+        if not h.spec.rule.additive and (p.flushes or self._buffers.get(h.spec.name)):
+            return False  # the servers compute own writes of other rules: read them there
+        need = self._required_tag(h)
+        if need is None:  # ASP: read-my-writes only; fetched in this clock or the one before
+            return p.clock >= self._clock - 1
+        return p.tag >= need and (not h.spec.consistency.refreshes or p.clock == self._clock)
+
+    def _take_prefetched(self, h: TableHandle, p: PullHandle, got: dict) -> dict:
+        """The prefetched blocks that may serve the read now, with own writes
+        added where the servers had not applied them yet; cached where the
+        cache holds nothing usable."""
+        if not got or not self._prefetch_fresh(h, p):
+            return {}
+        name = h.spec.name
+        summed_per_clock = self._summed_per_clock(h)
+        if summed_per_clock:
+            self._drop_summed(name, p.tag)  # the servers applied every clock < tag before answering
+        need, refresh = self._required_tag(h), h.spec.consistency.refreshes
+        cache = self._cache.setdefault(name, {})
+        out = {}
+        for b, (rows, seq, vals) in got.items():
+            self._metrics[name].bytes_pulled += vals.nbytes
+            if summed_per_clock:
+                below = p.summed.get(b, p.tag)
+                if below is not None and below < self._sent_floor.get(name, 0):
+                    continue  # own pushes it lacks were forgotten already: read again
+                vals = self._own_unsummed(h, b, rows, vals, below)
+            else:
+                vals = self._own_missed(p, b, rows, vals)
+                if vals is None:
+                    continue
+            e = self._entry(p.tag, seq, p.clock, rows, vals)
+            if not self._usable(cache.get(b), need, refresh):
+                cache[b] = e
+            out[b] = e.take(p.reqs[b]) if rows is not p.reqs[b] else e.values
+        return out
+
+    def _own_missed(self, p: PullHandle, b: int, rows, vals):
+        """``vals`` plus this session's pushes to block ``b`` flushed after
+        ``p`` was issued that the servers had not applied when they read it
+        (its reply holds ``applied``: this sender's latest push number in
+        the block). None: such a push was the caller's array (``copy=False``),
+        which it may have changed since: read again."""
+        applied = p.applied.get(b)
+        out = vals
+        for f in p.flushes:
+            if applied is not None and f.msg_seq <= applied:
+                continue  # in the values (one table's flushes are applied in order)
+            items = [(r, v) for its in f.msgs.values() for bb, r, v in its if bb == b]
+            if not items:
+                continue
+            if f.buf.borrowed:
+                return None
+            if out is vals:
+                out = vals.copy()  # never write into a reply's buffer
+            for prow, pvals in items:
+                add_into(out, rows, prow, pvals)
+        return out
+
+    def _dense_read(self, h: TableHandle, b: int, rows) -> bool:
+        """Whether a read of ``rows`` of block ``b`` fetches the whole block:
+        when it needs at least ``ps.dense-read-fraction`` of its rows (no
+        index array to send, no gather on the server, and the whole block
+        is cached)."""
+        if rows is None:
+            return False
+        start, stop = h.spec.block_bounds(b)
+        return rows.size >= float(_config.get("dense-read-fraction")) * (stop - start)
+
+
+def ps_call(method):
+    """A public session call: books what finished in the background first,
+    and its time counts as ``ps_seconds``."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self._api():
+            self._reap()
+            return method(self, *args, **kwargs)
+
+    return call
+
+
+class _ApiTimer:
+    """Counts the time in the outermost public call of a session."""
+
+    __slots__ = ("s",)
+
+    def __init__(self, session):
+        self.s = session
+
+    def __enter__(self):
+        if self.s._api_depth == 0:
+            self.s._api_entered = time.perf_counter()
+        self.s._api_depth += 1
+
+    def __exit__(self, *exc):
+        self.s._api_depth -= 1
+        if self.s._api_depth == 0:
+            self.s._ps_seconds += time.perf_counter() - self.s._api_entered
+        return False
