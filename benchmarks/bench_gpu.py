@@ -1,15 +1,22 @@
-"""GPU benchmarks (issues 4, 5 and 7), on dask-cuda workers sharing one GPU.
+"""GPU benchmarks (issues 4, 5, 7 and 15), on dask-cuda workers sharing one GPU.
 
 Parts (``--part``, default all):
 
-- ``kv``: client push/pull GB/s of cuda tables vs numpy tables, with the
-  measured ceilings next to them.
+- ``kv``: client push/pull GB/s of a one-block cuda table against a bare
+  Dask RPC handler on the same worker doing the same with a stored cupy
+  array (``store += values``; reply ``store``) -- the issue's target is
+  >= 0.8x of the bare RPC -- with numpy tables and the measured ceilings
+  next to them.
 - ``sgd``: ``dask_ps.linear_model.SGDClassifier`` (log loss) on dense d=128
   data held as cupy chunks on the workers: samples/s of a fit (target from
   issue 4: >= 1e8 samples/s on one GPU), and its test accuracy.
 - ``lda``: ``LatentDirichletAllocation(n_components=100, device="cuda")``
-  (the array-API sampler on cupy) on a synthetic corpus: tokens/s of the fit
-  and of the sweeps alone (target from issue 5: >= 1e8 tokens/s at K=100).
+  (the array-API sampler on cupy, count tables on the GPU) on a synthetic
+  corpus: tokens/s of the fit and of the sweeps alone (target from issue 5:
+  >= 1e8 tokens/s at K=100).
+
+Each part ends with one ``FIGURE`` line (what ``scripts/gpu_check.sh``
+collects for ``docs/benchmarks.md``).
 
 ``--device cpu`` runs the same code with numpy on a ``LocalCluster`` (a dry
 run of the script where there is no GPU; the numbers then mean nothing for
@@ -25,6 +32,7 @@ import argparse
 import time
 
 import numpy as np
+from distributed import WorkerPlugin
 
 
 def rate(fn, budget):
@@ -36,23 +44,78 @@ def rate(fn, budget):
     return n / (time.perf_counter() - t0)
 
 
+class BareArrayRPC(WorkerPlugin):
+    """The baseline of ``kv``: a worker plugin holding one array (cupy on a
+    GPU worker) with two handlers, ``bench_gpu_push`` (``store += values``)
+    and ``bench_gpu_pull`` (the array itself, as a frame): what a table of
+    one block on that worker does, without dask_ps."""
+
+    name = "bench-gpu"
+    idempotent = True
+    OPS = ("bench_gpu_init", "bench_gpu_push", "bench_gpu_pull")
+
+    def setup(self, worker):
+        self.store = None
+        worker.handlers.update({op: getattr(self, op[len("bench_gpu_"):]) for op in self.OPS})
+
+    def teardown(self, worker):
+        for op in self.OPS:
+            worker.handlers.pop(op, None)
+
+    def init(self, n, cuda):
+        xp = __import__("cupy") if cuda else np
+        self.store = xp.zeros(n, dtype="float32")
+
+    def push(self, values):
+        self.store += values
+
+    def pull(self):
+        from distributed.protocol.serialize import to_serialize
+
+        return to_serialize(self.store)
+
+
 def part_kv(client, args, cuda):
+    from distributed.protocol.serialize import to_serialize
+
     import dask_ps
 
+    client.register_plugin(BareArrayRPC())
     ps = dask_ps.ParameterServer(client)
-    mods = [("cuda", __import__("cupy"))] if cuda else []
-    print(f"{'MiB':>6s} {'table':>6s} {'push GB/s':>10s} {'pull GB/s':>10s}")
+    xp = __import__("cupy") if cuda else np
+    device = "cuda" if cuda else "cpu"
+    print(f"{'MiB':>6s} {'what':>14s} {'push GB/s':>10s} {'pull GB/s':>10s}")
+    ratios = []
     for mib in args.mib:
         n = mib * 2**20 // 4
-        for device, xp in mods + [("cpu", np)]:
-            ps.create_table("b", shape=(n,), dtype="float32", device=device)
-            x = xp.ones(n, dtype="float32")
-            push = rate(lambda: ps.push("b", x), args.budget) * mib * 2**20 / 1e9
-            pull = rate(lambda: ps.pull("b"), args.budget) * mib * 2**20 / 1e9
-            print(f"{mib:6d} {device:>6s} {push:10.2f} {pull:10.2f}")
-            ps.drop_table("b")
+        gb = mib * 2**20 / 1e9
+        x = xp.ones(n, dtype="float32")
+        ps.create_table("b", shape=(n,), dtype="float32", device=device, block_rows=n)  # one block
+        worker = ps.placement("b")[0].worker
+        push = rate(lambda: ps.push("b", x), args.budget) * gb
+        pull = rate(lambda: ps.pull("b"), args.budget) * gb
+        ps.drop_table("b")
+        bare = client.rpc(worker)
+        client.sync(bare.bench_gpu_init, n=n, cuda=cuda)
+        bpush = rate(lambda: client.sync(bare.bench_gpu_push, values=to_serialize(x)), args.budget) * gb
+        bpull = rate(lambda: client.sync(bare.bench_gpu_pull), args.budget) * gb
+        client.sync(bare.bench_gpu_init, n=0, cuda=cuda)
+        ratios.append((push / bpush, pull / bpull))
+        print(f"{mib:6d} {device + ' table':>14s} {push:10.2f} {pull:10.2f}")
+        print(f"{mib:6d} {'bare RPC':>14s} {bpush:10.2f} {bpull:10.2f}   ratio push {push / bpush:.2f}x, "
+              f"pull {pull / bpull:.2f}x (target >= 0.8x)")
+        if cuda:  # the host path for comparison
+            ps.create_table("h", shape=(n,), dtype="float32", device="cpu", block_rows=n)
+            h = np.ones(n, dtype="float32")
+            hpush = rate(lambda: ps.push("h", h), args.budget) * gb
+            hpull = rate(lambda: ps.pull("h"), args.budget) * gb
+            ps.drop_table("h")
+            print(f"{mib:6d} {'cpu table':>14s} {hpush:10.2f} {hpull:10.2f}")
     print("ceilings (BASELINES.md, H200): on-device add 2500 GB/s; host->device 6.5 GB/s, "
           "device->host 2.6 GB/s; Dask TCP worker->worker of a cupy array ~1 GB/s")
+    worst_push, worst_pull = min(r[0] for r in ratios), min(r[1] for r in ratios)
+    print(f"FIGURE kv ({device}): push {worst_push:.2f}x, pull {worst_pull:.2f}x of a bare RPC "
+          f"(worst over {args.mib} MiB; target >= 0.8x)")
 
 
 def part_sgd(client, args, cuda):
@@ -84,6 +147,8 @@ def part_sgd(client, args, cuda):
     print(f"sgd: {n:,} x {d} float32 on {n_workers} workers ({'cupy' if cuda else 'numpy'} chunks), "
           f"batch {args.sgd_batch}, {args.sgd_epochs} epochs: {seconds:.2f} s, "
           f"{n * args.sgd_epochs / seconds:.3g} samples/s (target 1e8 on one GPU), accuracy {acc:.4f}")
+    print(f"FIGURE sgd ({'cuda' if cuda else 'cpu'}): {n * args.sgd_epochs / seconds:.3g} samples/s, dense d={d} "
+          f"logistic regression (target >= 1e8 on one GPU), accuracy {acc:.4f}")
 
 
 def synthetic_corpus(n_docs, doc_len, n_words, n_topics, seed=0):
@@ -122,6 +187,8 @@ def part_lda(client, args, cuda):
           f"{lda.tokens_per_second_:.3g} tokens/s; sweeps alone {n_tokens * args.lda_iters / sweep:.3g} "
           f"tokens/s (target 1e8 on one GPU); final log-likelihood per token "
           f"{lda.loglik_history_[-1][2] / n_tokens:.4f}")
+    print(f"FIGURE lda ({kw['device']}): {lda.tokens_per_second_:.3g} tokens/s (fit), "
+          f"{n_tokens * args.lda_iters / sweep:.3g} tokens/s (sweeps), K=100 (target >= 1e8)")
 
 
 def main():
