@@ -209,6 +209,9 @@ class HungWorkers:
         """Why fencing ``worker`` out would lose data (a block whose only
         up-to-date copy it holds), or None."""
         plugin = self.plugin
+        for name, owners in list(getattr(plugin, "creating", {}).items()):
+            if any(worker in ws and len(ws) == 1 for ws in owners):
+                return f"it holds the only copy of a block of table {name!r}, being created"
         for t in plugin.tables.values():
             if t.lost or worker not in t.holders():
                 continue

@@ -187,6 +187,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self.calls = WorkerCalls(self.worker_rpc, self.liveness, self._retiring, self.members)
         self.placement = PlacementChanger(self)  # repair, evacuate, rebalance, resync
         self.hung = HungWorkers(self)  # fences out members that stop answering
+        self.creating: dict[str, list[list[str]]] = {}  # table -> owners, while its shards are created
         self.totals: Counter = Counter()  # metrics summed over finished participants
 
     def __repr__(self):
@@ -412,12 +413,19 @@ class PSSchedulerPlugin(SchedulerPlugin):
                     by_worker.setdefault(w, []).append(b)
             if new.device == "cuda":
                 await self._check_gpu_memory(new, by_worker)
-            await asyncio.gather(
-                *(
-                    self.worker_rpc(w).ps_create_shards(spec=spec, version=version, blocks=bs, owners=owners)
-                    for w, bs in by_worker.items()
+            # Until the table is registered, its blocks are only here: a
+            # worker holding a sole copy must not be fenced out as hung
+            # meanwhile (HungWorkers reads ``creating``).
+            self.creating[new.name] = owners
+            try:
+                await asyncio.gather(
+                    *(
+                        self.worker_rpc(w).ps_create_shards(spec=spec, version=version, blocks=bs, owners=owners)
+                        for w, bs in by_worker.items()
+                    )
                 )
-            )
+            finally:
+                self.creating.pop(new.name, None)
             state = SchedulerTableState(new, spec, version, owners)
             self.tables[new.name] = state
             logger.info("dask_ps: created table %r (%s) on %d workers", new.name, new.describe(), len(by_worker))

@@ -342,3 +342,19 @@ def test_pickled_rules_can_be_refused():
     with dask.config.set({"ps.allow-pickled-rules": "false"}):  # as an environment variable gives it
         with pytest.raises(dask_ps.PSValueError):
             TableSpec.from_msg(msg)
+
+
+def test_a_hung_worker_holding_the_sole_copy_of_a_table_being_created_is_not_fenced():
+    """A table's shards are created before it is registered: under load a
+    worker could go quiet while it creates the only copy of a block, and
+    fencing it then left the fit's pulls failing over to nowhere for 60 s
+    ("stayed unreachable ... WorkerGone")."""
+    from types import SimpleNamespace
+
+    from dask_ps._liveness import HungWorkers
+
+    plugin = SimpleNamespace(tables={}, members={"a", "b"}, creating={"counts": [["a"], ["b"]]})
+    hung = HungWorkers(plugin)
+    assert "being created" in hung._sole_copies("a", silent={"a"})
+    plugin.creating = {"weights": [["a", "b"], ["b", "a"]]}  # replicated: another copy exists
+    assert hung._sole_copies("a", silent={"a"}) is None
