@@ -310,8 +310,7 @@ def asarray(a, dtype=None, order=None, *, blocking=False):
 
 def array(obj, dtype=None, copy=True, order="K", ndmin=0, *, blocking=False):
     if isinstance(obj, ndarray):
-        a = np.array(obj._a, dtype=dtype, copy=copy, order=order, ndmin=ndmin)
-        return ndarray(a if copy or a is not obj._a else a)
+        return ndarray(np.array(obj._a, dtype=dtype, copy=copy, order=order, ndmin=ndmin))
     host = np.array(obj, dtype=dtype, copy=True, order=order, ndmin=ndmin)
     if isinstance(obj, np.ndarray):
         _h2d(host)
@@ -431,7 +430,7 @@ linalg = types.SimpleNamespace(norm=lambda *a, **k: _call(np.linalg.norm, a, k))
 # Names that are not numpy functions (kept out of the forwarding below).
 _NOT_FORWARDED = frozenset({"errstate", "seterr", "geterr", "load", "save", "savez", "loadtxt", "savetxt",
                             "frombuffer", "fromfile", "ctypeslib", "memmap", "lib", "ma", "testing",
-                            "asarray_chkfinite", "asanyarray", "ascontiguousarray", "asfortranarray"})
+                            "asarray_chkfinite", "asanyarray", "asfortranarray"})
 
 
 def __getattr__(name):

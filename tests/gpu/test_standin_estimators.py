@@ -73,6 +73,8 @@ def test_sgd_regressor_fits_an_in_memory_device_array(standin, standin_client, t
     assert "cuda" in table_devices.values()
     assert reg.score(X, y) > 0.95
     np.testing.assert_allclose(_backend.to_numpy(reg.predict(standin.asarray(X))), reg.predict(X))
+    reg.partial_fit(standin.asarray(X[:500]), standin.asarray(y[:500]))  # on the cluster: not a host block
+    assert reg.score(X, y) > 0.95
 
 
 def test_sgd_device_input_is_checked_as_scikit_learn_checks_host_input(standin, standin_client):
