@@ -88,7 +88,7 @@ def split(X, seed=0):
 # --- part 0: one core, CPU time (robust to a loaded machine) ---------------------------------
 
 
-def part_kernels(train, args):
+def part_kernels(train, test, args):
     """Tokens per CPU-second of the samplers alone, one thread: dask_ps's
     kernels run as a plain sequential Gibbs sampler over the whole corpus
     (no parameter server), the lda package and tomotopy with one worker.
@@ -103,24 +103,28 @@ def part_kernels(train, args):
     words = np.repeat(train.indices, train.data).astype(np.int32)
     n = words.size
     rows = []
-    for name in ("dense", "sparse"):
+    for name in args.samplers:
         z = np.random.default_rng(0).integers(K, size=n, dtype=np.int32)
         ndk = np.zeros((train.shape[0], K), np.int32)
         nwk = np.zeros((V, K), np.int32)
         nk = np.zeros(K, np.int64)
         kk.init_counts(doc_ptr, words, z, ndk, nwk, nk)
         sweep = kk.SWEEPS[name]
+        sweep(doc_ptr[:2], words, z.copy(), ndk.copy(), nwk.copy(), nk.copy(), ALPHA, ETA, V * ETA, 0)  # compile
         t = time.thread_time()
         for it in range(iters):
             sweep(doc_ptr, words, z, ndk, nwk, nk, ALPHA, ETA, V * ETA, it)
-        rows.append((f"dask_ps `{name}` kernel (no PS)", n * iters / (time.thread_time() - t)))
+        tps = n * iters / (time.thread_time() - t)
+        ll = heldout((nwk.T + ETA) / (nk[:, None] + V * ETA), test) if test is not None else float("nan")
+        rows.append((f"dask_ps `{name}` kernel (no PS)", tps, ll))
     try:
         import lda
 
         m = lda.LDA(n_topics=K, n_iter=iters, alpha=ALPHA, eta=ETA, random_state=0, refresh=10**6)
         t = time.process_time()
         m.fit(train)
-        rows.append(("`lda` package", n * iters / (time.process_time() - t)))
+        rows.append(("`lda` package", n * iters / (time.process_time() - t),
+                     heldout(m.topic_word_, test) if test is not None else float("nan")))
     except ImportError:
         pass
     try:
@@ -133,14 +137,15 @@ def part_kernels(train, args):
                 mdl.add_doc([str(w) for w in np.repeat(row.indices, row.data)])
         t = time.process_time()
         mdl.train(iters, workers=1)
-        rows.append(("tomotopy, 1 worker", n * iters / (time.process_time() - t)))
+        rows.append(("tomotopy, 1 worker", n * iters / (time.process_time() - t),
+                     heldout(_tomotopy_topics(mdl, K, V), test) if test is not None else float("nan")))
     except ImportError:
         pass
     print(f"\n## One core, CPU time: {iters} iterations from a random start, K={K}, {n:,} tokens\n")
-    print("| sampler | tokens per CPU-second |")
-    print("| --- | --- |")
-    for name, tps in rows:
-        print(f"| {name} | {tps:.3g} |")
+    print("| sampler | tokens per CPU-second | held-out ll/token |")
+    print("| --- | --- | --- |")
+    for name, tps, ll in rows:
+        print(f"| {name} | {tps:.3g} | {ll:.4f} |")
 
 
 # --- part 1: peers ------------------------------------------------------------------------
@@ -181,11 +186,15 @@ def run_tomotopy(train, test, K, iters, workers):
     t = time.perf_counter()
     mdl.train(iters, workers=workers)
     dt = time.perf_counter() - t
-    tw = np.full((K, train.shape[1]), 1e-12)
+    return train.sum() * iters / dt, heldout(_tomotopy_topics(mdl, K, train.shape[1]), test), dt
+
+
+def _tomotopy_topics(mdl, K, V):
+    tw = np.full((K, V), 1e-12)
     cols = np.array([int(w) for w in mdl.used_vocabs])
     for k in range(K):
         tw[k, cols] = mdl.get_topic_word_dist(k)
-    return train.sum() * iters / dt, heldout(tw, test), dt
+    return tw
 
 
 def run_sklearn(train, test, K, passes, method, n_jobs):
@@ -413,7 +422,8 @@ def part_staleness(client, train, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", choices=["news", "reuters"], default="news")
-    ap.add_argument("--k", type=int, default=50)
+    ap.add_argument("--k", type=int, nargs="+", default=[50],
+                    help="numbers of topics: parts kernels and peers run each (e.g. --k 50 1000); staleness the first")
     ap.add_argument("--iters", type=int, default=100, help="Gibbs iterations in part 1")
     ap.add_argument("--vb-passes", type=int, default=10, help="batch VB passes (online VB, gensim: half)")
     ap.add_argument("--skip-peers", action="store_true")
@@ -423,6 +433,8 @@ def main():
     ap.add_argument("--part", choices=["kernels", "peers", "staleness", "both"], default="both",
                     help="both = peers and staleness; kernels = one-core CPU-time comparison only")
     ap.add_argument("--kernel-iters", type=int, default=30)
+    ap.add_argument("--samplers", nargs="+", default=["dense", "sparse", "mh"],
+                    help="part kernels: the dask_ps sweeps to time (keys of _lda_kernels.SWEEPS)")
     ap.add_argument("--staleness-iters", type=int, default=40)
     ap.add_argument("--scenario", choices=["persistent", "transient", "both"], default="both")
     ap.add_argument("--staleness-docs", type=int, default=1000, help="training documents in part 2")
@@ -446,7 +458,8 @@ def main():
     train, test = split(X)
     logger.info("corpus %s: %d docs, %d tokens, V=%d", args.corpus, X.shape[0], X.sum(), X.shape[1])
     if args.part == "kernels":
-        part_kernels(train, args)
+        for K in args.k:
+            part_kernels(train, test, argparse.Namespace(**{**vars(args), "k": K}))
         return
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=args.cluster == "processes",
                       dashboard_address=None) as cluster, \

@@ -228,7 +228,9 @@ def gibbs_sweep_sparse(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed
                 nz_cnt[w] = c + 1
 
 
-SWEEPS = {"dense": gibbs_sweep_dense, "sparse": gibbs_sweep_sparse}
+from dask_ps.decomposition._lda_mh import gibbs_sweep_mh  # noqa: E402  (alias-table MH, large K)
+
+SWEEPS = {"dense": gibbs_sweep_dense, "sparse": gibbs_sweep_sparse, "mh": gibbs_sweep_mh}
 
 
 @njit(nogil=True, cache=True)
