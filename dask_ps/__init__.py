@@ -20,6 +20,7 @@ from dask_ps._exceptions import (
     TableExistsError,
     UnknownTableError,
 )
+from dask_ps._overlap import PullHandle, PushHandle
 from dask_ps._session import Session
 from dask_ps._spec import TableSpec
 from dask_ps.consistency import ASP, BSP, CVAP, ESSP, SSP, VAP, Consistency
@@ -28,7 +29,8 @@ from dask_ps.rules import SGD, Adagrad, Adam, Assign, Custom, Momentum, Sum, Upd
 __version__ = "0.1.0"
 
 __all__ = [
-    "ParameterServer", "get_parameter_server", "checkpoint_metadata", "Session", "TableSpec", "BlockPlacement",
+    "ParameterServer", "get_parameter_server", "checkpoint_metadata", "Session", "PullHandle", "PushHandle",
+    "TableSpec", "BlockPlacement",
     "Consistency", "BSP", "SSP", "ESSP", "VAP", "CVAP", "ASP",
     "UpdateRule", "Sum", "Assign", "SGD", "Momentum", "Adagrad", "Adam", "Custom",
     "PSError", "TableError", "UnknownTableError", "TableExistsError", "PSValueError",

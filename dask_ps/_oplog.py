@@ -39,6 +39,9 @@ class PushBuffer:
         # is never reused as a spare, and its arrays never written.
         self.borrowed = False
         self._dense_borrowed = False
+        # Values summed here (pushes merged, duplicate rows coalesced): a sum
+        # of finite values can overflow, so they are checked again at flush.
+        self.summed = False
 
     def __repr__(self):
         return f"<PushBuffer {self.spec.name!r} {self.nbytes} bytes>"
@@ -66,8 +69,10 @@ class PushBuffer:
             self.nbytes += values.nbytes
         elif self._dense_borrowed:
             self.dense, self._dense_borrowed = self.dense + values, False  # never into the caller's array
+            self.summed = True
         else:
             self.dense += values
+            self.summed = True
 
     def add_rows(self, rows: np.ndarray, values, keep_rows: bool = False, keep_values: bool = False,
                  borrowed: bool = False, increasing: bool | None = None) -> None:
@@ -80,6 +85,7 @@ class PushBuffer:
         if merged_rows is not rows:  # coalesced: fresh arrays, the buffer's own
             keep_rows = keep_values = True
             borrowed = False
+            self.summed |= self.additive and merged_rows.size < rows.size
         self.borrowed |= borrowed
         part = (merged_rows if keep_rows else merged_rows.copy(),
                 merged_values if keep_values else merged_values.copy())
@@ -127,6 +133,7 @@ class PushBuffer:
                     dense = self.dense.copy()
                     xp = _backend.namespace(dense)
                     dense[xp.asarray(rows)] += vals  # rows are unique after merging
+                    self.summed = True
                 else:
                     dense = self.dense
                 return _routing.split_dense(h, dense)
@@ -148,6 +155,7 @@ class PushBuffer:
         vals = xp.concatenate([v for _, v in self.row_parts], axis=0)
         merged = _routing.coalesce_rows(rows, vals, additive=True)
         self.row_parts = [merged]  # keep the merged form (overlays reuse it)
+        self.summed |= merged[0].size < rows.size  # duplicate rows were summed
         return merged
 
     # --- read-my-writes: own pending updates, added to what a read returns ----------

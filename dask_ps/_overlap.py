@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dask_ps import _backend, _config, _routing
+from dask_ps._exceptions import PSValueError
 from dask_ps._oplog import PushBuffer
 from dask_ps._routing import TableHandle
 
@@ -149,6 +150,18 @@ def add_into(out, rows, prow, pvals) -> None:
             out[xp.asarray(hit)] += pvals[xp.asarray(pos_c[hit])]
 
 
+def _check_sums_finite(name: str, msgs) -> None:
+    """Every push was checked for NaN/Inf when it was made, and the servers
+    trust that check; pushes summed in the buffer are checked again, since a
+    sum of finite values can overflow."""
+    for items in msgs.values():
+        for b, _, vals in items:
+            if not _backend.all_finite(vals):
+                raise PSValueError(
+                    f"table {name!r}: the sum of the pushes buffered since the last flush overflowed to Inf "
+                    f"(block {b}); nothing of them was sent, and they were dropped", name)
+
+
 async def _after(previous: concurrent.futures.Future | None) -> None:
     """Wait for ``previous`` (a flight) to end; its error is raised where it
     is reaped, not here."""
@@ -198,6 +211,8 @@ class Overlap:
         del self._buffers[name]
         h = self._router.handles[name]
         msgs = buf.messages(h)
+        if buf.summed and not h.spec.allow_nonfinite:
+            _check_sums_finite(name, msgs)
         msg_seq = (self._clock << 24) + self._flushes_this_clock
         self._flushes_this_clock += 1
         flights = self._flights.setdefault(name, [])

@@ -284,9 +284,11 @@ class ShardStore:
         return rows
 
     def validate_push(self, name, version, blocks, rows, values, table_id=None,
-                      frozen_ok=False) -> tuple[TableShards, list[PushItem]]:
+                      frozen_ok=False, check_finite=True) -> tuple[TableShards, list[PushItem]]:
         """Check a whole push message; return the table and its items. Raises
-        before anything is applied. (``frozen_ok``: a push forwarded by a
+        before anything is applied. (``check_finite=False``: the sender, a
+        dask_ps session or primary inside the cluster, checked the values
+        for NaN/Inf already; ``frozen_ok``: a push forwarded by a
         primary, applied even during a placement change.)"""
         t = self.get(name, version, table_id, frozen_ok)
         spec = t.spec
@@ -318,7 +320,7 @@ class ShardStore:
                     f"{spec.dtype}, got {tuple(v.shape)} {v.dtype}",
                     spec.name,
                 )
-            if not spec.allow_nonfinite and not _backend.all_finite(v):
+            if check_finite and not spec.allow_nonfinite and not _backend.all_finite(v):
                 raise PSValueError(f"table {spec.name!r}: push values contain NaN or Inf", spec.name)
             v = _backend.to_device(v, spec.device)
             if isinstance(r, slice) and not isinstance(spec.rule, (Sum, Assign)):

@@ -61,6 +61,9 @@ class Transport:
         self.rpc = rpc
         self.scheduler = scheduler
         self.local = local
+        # A session's pushes carry the cluster's internal token: the servers
+        # trust its NaN/Inf check (made at every push) and skip their own.
+        self._trusted = {"token": local.internal_token} if local is not None else {}
         self.liveness = liveness if liveness is not None else Liveness()
         self.local_address = local.worker.address if local is not None and local.worker else None
 
@@ -86,6 +89,7 @@ class Transport:
                 run=run,
                 sender=sender,
                 msg_seq=msg_seq,
+                **self._trusted,
             ),
         ))
 

@@ -190,10 +190,15 @@ class PSWorkerPlugin(WorkerPlugin):
         if replica and not internal:
             raise InternalOnlyError("a forwarded push (replica=True) may come only from the blocks' primary")
         return await self._push(table, version, blocks, rows, values, bool(raw), run, sender, msg_seq,
-                                bool(replica), table_id, forwarder)
+                                bool(replica), table_id, forwarder, trusted=internal)
 
     async def _push(self, table, version, blocks, rows, values, raw, run, sender, msg_seq, replica, table_id=None,
-                    forwarder=None):
+                    forwarder=None, trusted=False):
+        """(``trusted``: the message carries the cluster's internal token, so
+        it comes from a dask_ps session in a worker, which checked every
+        value for NaN/Inf before sending it, or from a primary that checked
+        it: the pass over the values is not made twice. A client's push is
+        checked here.)"""
         if sender is not None and not (isinstance(sender, str) and isinstance(msg_seq, int)):
             raise PSValueError(f"push sender/msg_seq must be str/int, got {sender!r}/{msg_seq!r}")
         if run is not None:
@@ -210,7 +215,7 @@ class PSWorkerPlugin(WorkerPlugin):
         async with (self._replica_locks[key] if replica else self._locks[key]):
             # A forwarded push follows the primary's placement, not the sender's.
             t, items = self.store.validate_push(table, None if replica else version, blocks, rows, values,
-                                                table_id, frozen_ok=replica)
+                                                table_id, frozen_ok=replica, check_finite=not trusted)
             if replica:
                 self._check_forwarder(t, [b for b, _, _ in items], version, forwarder)
             else:
@@ -667,7 +672,7 @@ class PSWorkerPlugin(WorkerPlugin):
     async def local_push(self, table, version, items, raw=False, run=None, sender=None, msg_seq=None, table_id=None):
         blocks, rows, values = zip(*items) if items else ((), (), ())
         return await self._push(table, version, list(blocks), list(rows), list(values), raw, run,
-                                sender, msg_seq, False, table_id)
+                                sender, msg_seq, False, table_id, trusted=True)
 
     async def local_pull(self, table, version, blocks, rows, run=None, subscribe=None, table_id=None, sender=None):
         seqs, values, summed, applied = await self._read(table, version, blocks, rows, run, subscribe, copy=True,

@@ -264,3 +264,25 @@ def test_prefetch_for_a_later_clock_consumed_early_reads_now(ps):
         return v
 
     assert ps.run(train, [None])[0].tolist() == [1.0] * 4
+
+
+def test_an_overflowing_sum_of_buffered_pushes_is_refused_at_flush(ps):
+    """Servers trust a session's NaN/Inf check of each push; two finite
+    pushes summed in the buffer can overflow, and that flush is refused
+    before anything is sent (the table is unchanged)."""
+    ps.create_table("big", shape=(4,), dtype="float32", consistency=dask_ps.ASP())
+
+    def train(ctx, _):
+        big = np.full(4, 3e38, np.float32)
+        ctx.push("big", big)
+        ctx.push("big", big)  # 6e38: inf in float32
+        with pytest.raises(dask_ps.PSValueError, match="overflowed"):
+            ctx.flush()
+        ctx.push_rows("big", [1, 1], np.full(2, 3e38, np.float32))  # duplicates summed: inf too
+        with pytest.raises(dask_ps.PSValueError, match="overflowed"):
+            ctx.clock()
+        ctx.push_rows("big", [2], [1.0])
+        ctx.flush()
+
+    ps.run(train, [None])
+    assert ps.pull("big").tolist() == [0.0, 0.0, 1.0, 0.0]

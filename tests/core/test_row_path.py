@@ -334,3 +334,36 @@ def test_add_into_adds_a_push_to_what_was_read(rows, prow):
     out = block.copy() if rows is None else block[rows].copy()
     add_into(out, None if rows is None else np.array(rows), None if prow is None else np.array(prow), pvals)
     np.testing.assert_array_equal(out, ref if rows is None else ref[rows])
+
+
+# --- one NaN/Inf pass per push -------------------------------------------------------------
+
+
+def test_buffer_says_when_it_summed_values():
+    s = spec((10, 3), block_rows=4)
+    buf = PushBuffer(s)
+    buf.add_dense(np.ones((10, 3)))
+    assert not buf.summed  # one push: checked when it was made
+    buf.add_dense(np.ones((10, 3)))
+    assert buf.summed  # a sum of finite values may overflow: checked again at flush
+    rows = PushBuffer(s)
+    rows.add_rows(np.array([1, 4]), np.ones((2, 3)))
+    rows.add_rows(np.array([2, 5]), np.ones((2, 3)))
+    rows.messages(handle(s))
+    assert not rows.summed  # merged parts with distinct rows: nothing summed
+    rows.add_rows(np.array([1]), np.ones((1, 3)))
+    rows.messages(handle(s))
+    assert rows.summed
+    dup = PushBuffer(s)
+    dup.add_rows(np.array([3, 3]), np.ones((2, 3)))
+    assert dup.summed
+
+
+def test_server_skips_the_finite_check_only_for_trusted_senders():
+    s = spec((8, 2), block_rows=8)
+    st, t = store_with(s, np.random.default_rng(13))
+    bad = np.full((8, 2), np.nan)
+    with pytest.raises(PSValueError, match="NaN"):
+        st.validate_push("t", 1, [0], [None], [bad])
+    _, items = st.validate_push("t", 1, [0], [None], [bad], check_finite=False)  # a session checked it
+    assert len(items) == 1
