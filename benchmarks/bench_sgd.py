@@ -1,23 +1,42 @@
 """SGDClassifier on the parameter server vs scikit-learn vs dask-ml, same data, one run.
 
-For each data set (dense make_classification, sparse hashed text-like) and
-each method, fits with ``max_iter = E`` epochs (``tol=None``) for E = 1, 2,
-3, 5, 8, ... from scratch and reports:
+For each data set and each method, fits with ``max_iter = E`` epochs
+(``tol=None``) for E = 1, 2, 3, 5, ... from scratch and reports:
 
 - samples/s = training samples x epochs / fit seconds (of the largest E run),
-- time to a fixed test accuracy: the fit seconds of the smallest E whose
-  model reaches it. The target is scikit-learn's best test accuracy over the
-  epochs tried, minus ``--slack`` (0.005).
+- time to a fixed test score: the fit seconds of the smallest E whose model
+  reaches it. The target is scikit-learn's best test score over the epochs
+  tried, minus ``--slack`` (0.005). The score is the test accuracy, or the
+  test ROC AUC on the click-through set.
+
+Data sets (``--data``, default ``dense sparse``):
+
+- ``dense``: make_classification, standardized (1M x 100 with ``--full``);
+- ``sparse``: hashed bag-of-words-like CSR, 2^20 columns, ~41 non-zeros a
+  row (1M rows with ``--full``);
+- ``ctr``: click-through-rate-like impressions from ``examples/ctr_logistic.py``
+  (13 log-transformed counts and 26 Zipf-distributed categorical fields
+  hashed with their field into 2^22 columns, ~20% clicks), ``alpha=1e-6``,
+  scored by test ROC AUC (1M rows with ``--full``).
 
 Methods: scikit-learn ``SGDClassifier`` (one process); dask_ps
 ``SGDClassifier`` on ``LocalCluster(n_workers=2, threads_per_worker=1)``
-(data given as a dask array persisted on the workers, one block per worker,
+(worker processes, or threads of this process with ``--cluster threads``;
+data given as a dask array persisted on the workers, one block per worker,
 so the fit does not include moving the data); dask-ml
 ``Incremental(SGDClassifier)`` on the same cluster and blocks, where dask-ml
-is installed. All use loss="log_loss", alpha=1e-4, the "optimal" schedule.
+is installed. All use loss="log_loss", the "optimal" schedule, alpha=1e-4
+(1e-6 on ``ctr``).
+
+``--breakdown`` prints, for the largest E, where the dask_ps fit's time went:
+in the client (parts, tables, the run, the rest) and per participant
+(setup, the rounds' preparation, the kernel, blocked on the parameter
+server, the rest), from ``metrics_``; and the CPU seconds of the fit's
+processes against scikit-learn's.
 
     python benchmarks/bench_sgd.py                     # ~2-3 minutes on 2 cores
     python benchmarks/bench_sgd.py --full              # the issue's 1M x 100 dense, 1M x 2^20 sparse
+    python benchmarks/bench_sgd.py --full --data ctr --breakdown
     python benchmarks/bench_sgd.py --dense-n 200000 --sparse-n 0 --epochs 1 2 3
     python benchmarks/bench_sgd.py --full --only sparse --epochs 1 2 3
 """
@@ -25,6 +44,9 @@ is installed. All use loss="log_loss", alpha=1e-4, the "optimal" schedule.
 from __future__ import annotations
 
 import argparse
+import os
+import pathlib
+import sys
 import time
 import warnings
 
@@ -67,61 +89,130 @@ def hashed_data(n, d, nnz, seed=0):
     return X, y
 
 
-def run_sklearn(Xtr, ytr, Xte, yte, epochs, kw):
+def ctr_data(n, d=2**22, seed=0):
+    """Click-through-like impressions: ``examples/ctr_logistic.py``'s
+    generator (13 log counts, 26 Zipf categorical fields hashed with their
+    field into ``d`` columns), as ``(X, y)``."""
+    examples = pathlib.Path(__file__).resolve().parents[1] / "examples"
+    if str(examples) not in sys.path:
+        sys.path.insert(0, str(examples))
+    from ctr_logistic import impressions
+
+    X, y, _ = impressions(n, seed=seed, n_columns=d)
+    X.indices = X.indices.astype(np.int32)
+    X.indptr = X.indptr.astype(np.int32)
+    return X, y
+
+
+def accuracy(model, X, y):
+    return model.score(X, y)
+
+
+def roc_auc(model, X, y):
+    from sklearn.metrics import roc_auc_score
+
+    return roc_auc_score(y, model.predict_proba(X)[:, 1])
+
+
+class CPUClock:
+    """CPU seconds of this process and of the cluster's worker processes
+    (the load-independent cost of a fit: on 2 cores, a fit whose processes
+    use C CPU seconds takes at least C / 2 s)."""
+
+    def __init__(self, client=None):
+        self.client = client
+        self.own_pid = os.getpid()
+
+    def read(self) -> float:
+        total = time.process_time()
+        if self.client is not None:
+            times = self.client.run(lambda: (os.getpid(), time.process_time()))
+            total += sum(t for pid, t in times.values() if pid != self.own_pid)  # threads: this process
+        return total
+
+
+def run_sklearn(Xtr, ytr, Xte, yte, epochs, kw, scorer):
     from sklearn.linear_model import SGDClassifier
 
     out = []
     for E in epochs:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            c = time.process_time()
             t = time.perf_counter()
             m = SGDClassifier(max_iter=E, tol=None, random_state=0, **kw).fit(Xtr, ytr)
             dt = time.perf_counter() - t
-        out.append((E, dt, m.score(Xte, yte)))
+            cpu = time.process_time() - c
+        out.append((E, dt, scorer(m, Xte, yte), cpu, None))
     return out
 
 
-def run_dask_ps(client, dXtr, dytr, Xte, yte, epochs, kw, batch_size):
+def run_dask_ps(client, dXtr, dytr, Xte, yte, epochs, kw, batch_size, scorer):
     from dask_ps.linear_model import SGDClassifier
 
     out = []
+    clock = CPUClock(client)
     for E in epochs:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            c = clock.read()
             t = time.perf_counter()
             m = SGDClassifier(max_iter=E, tol=None, random_state=0, batch_size=batch_size, client=client,
                               **kw).fit(dXtr, dytr)
             dt = time.perf_counter() - t
-        out.append((E, dt, m.score(Xte, yte)))
+            cpu = clock.read() - c
+        out.append((E, dt, scorer(m, Xte, yte), cpu, m))
     return out
 
 
-def run_dask_ml(client, dXtr, dytr, Xte, yte, epochs, kw, classes):
+def run_dask_ml(client, dXtr, dytr, Xte, yte, epochs, kw, classes, scorer):
     from dask_ml.wrappers import Incremental
     from sklearn.linear_model import SGDClassifier
 
     out = []
+    clock = CPUClock(client)
     for E in epochs:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            c = clock.read()
             t = time.perf_counter()
             inc = Incremental(SGDClassifier(tol=None, random_state=0, **kw), shuffle_blocks=True, random_state=0)
             for _ in range(E):
                 inc.partial_fit(dXtr, dytr, classes=classes)
             dt = time.perf_counter() - t
-        out.append((E, dt, inc.estimator_.score(Xte, yte)))
+            cpu = clock.read() - c
+        out.append((E, dt, scorer(inc.estimator_, Xte, yte), cpu, None))
     return out
 
 
-def summarize(name, results, n_train, target):
-    E, dt, acc = results[-1]
+def summarize(name, results, n_train, target, metric):
+    E, dt, score, cpu, _ = results[-1]
     reach = next((r for r in results if r[2] >= target), None)
     tta = f"{reach[1]:.2f} s (E={reach[0]})" if reach else "not reached"
-    accs = " ".join(f"{r[2]:.4f}" for r in results)
+    scores = " ".join(f"{r[2]:.4f}" for r in results)
     secs = " ".join(f"{r[1]:.2f}" for r in results)
-    print(f"  {name:28s} {n_train * E / dt:11.3g} samples/s   time-to-{target:.4f}: {tta:20s} acc by E: {accs}"
-          f"   s by E: {secs}")
-    return {"samples_s": n_train * E / dt, "tta": None if reach is None else reach[1], "acc": acc}
+    cpus = " ".join(f"{r[3]:.2f}" for r in results)
+    print(f"  {name:28s} {n_train * E / dt:11.3g} samples/s   time-to-{target:.4f}: {tta:20s} {metric} by E: "
+          f"{scores}   s by E: {secs}   CPU s by E: {cpus}")
+    return {"samples_s": n_train * E / dt, "tta": None if reach is None else reach[1], "score": score,
+            "tta_cpu": None if reach is None else reach[3]}
+
+
+def print_breakdown(model, seconds):
+    """Where a dask_ps fit's time went: the client's phases
+    (``model._fit_profile``) and each participant's (``metrics_``)."""
+    prof = getattr(model, "_fit_profile", None) or {}
+    if prof:
+        run = prof.get("run_seconds", 0.0)
+        parts = " ".join(f"{k.replace('_seconds', '')} {v:.3f}" for k, v in prof.items() if k != "run_seconds")
+        print(f"    breakdown of the fit ({seconds:.2f} s): in ps.run {run:.3f} s; client: {parts}; "
+              f"rest {seconds - sum(prof.values()):.3f} s")
+    for i, m in enumerate(model.metrics_):
+        keys = ("setup_seconds", "round_prep_seconds", "kernel_seconds", "ps_blocked_seconds", "ps_seconds",
+                "compute_seconds", "cpu_seconds", "seconds")
+        fields = " ".join(f"{k.replace('_seconds', '')} {m[k]:.3f}" for k in keys if isinstance(m.get(k), float))
+        calls = " ".join(f"{k} {v:.3f}" for k, v in (m.get("ps_seconds_by_call") or {}).items())
+        print(f"    participant {i}: {fields}  | in calls: {calls}")
 
 
 def spread_blocks(client, X, y, chunks_per_worker=1):
@@ -145,66 +236,75 @@ def spread_blocks(client, X, y, chunks_per_worker=1):
     return da.concatenate(xs), da.concatenate(ys)
 
 
-def bench(label, X, y, client, args, kw, batch_size, chunks_per_worker=1):
+def bench(label, X, y, client, args, kw, batch_size, scorer=accuracy, metric="acc", chunks_per_worker=1):
     from sklearn.model_selection import train_test_split
 
     Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.1, random_state=0)
     n_train = Xtr.shape[0]
     print(f"\n{label}: {n_train} training samples, {X.shape[1]} features"
-          + (f", {X.nnz / X.shape[0]:.1f} non-zeros/row" if sp.issparse(X) else ""))
+          + (f", {X.nnz / X.shape[0]:.1f} non-zeros/row" if sp.issparse(X) else "")
+          + f"; load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
     res = {}
     t = time.perf_counter()
-    res["sklearn"] = run_sklearn(Xtr, ytr, Xte, yte, args.epochs, kw)
+    res["sklearn"] = run_sklearn(Xtr, ytr, Xte, yte, args.epochs, kw, scorer)
     target = max(r[2] for r in res["sklearn"]) - args.slack
     client.wait_for_workers(2)
     dXtr, dytr = spread_blocks(client, Xtr, ytr, chunks_per_worker)
     # One untimed fit on the persisted blocks first (worker-side imports, caches).
-    run_dask_ps(client, dXtr, dytr, Xte, yte, [1], kw, batch_size)
-    res["dask_ps (2 workers)"] = run_dask_ps(client, dXtr, dytr, Xte, yte, args.epochs, kw, batch_size)
+    run_dask_ps(client, dXtr, dytr, Xte, yte, [1], kw, batch_size, scorer)
+    res["dask_ps (2 workers)"] = run_dask_ps(client, dXtr, dytr, Xte, yte, args.epochs, kw, batch_size, scorer)
     if not args.no_dask_ml:
         try:
             import dask_ml  # noqa: F401
 
-            res["dask-ml Incremental"] = run_dask_ml(client, dXtr, dytr, Xte, yte, args.epochs, kw, np.unique(y))
+            res["dask-ml Incremental"] = run_dask_ml(client, dXtr, dytr, Xte, yte, args.epochs, kw, np.unique(y),
+                                                     scorer)
         except ImportError:
             print("  dask-ml is not installed: column skipped")
     out = {}
     for name, r in res.items():
-        out[name] = summarize(name, r, n_train, target)
+        out[name] = summarize(name, r, n_train, target, metric)
     sk = out["sklearn"]
     ps = out["dask_ps (2 workers)"]
     print(f"  dask_ps / sklearn samples/s: {ps['samples_s'] / sk['samples_s']:.2f}x"
-          + (f"; time-to-accuracy ratio dask_ps/sklearn: {ps['tta'] / sk['tta']:.2f}" if ps["tta"] and sk["tta"] else ""))
+          + (f"; time-to-target ratio dask_ps/sklearn: {ps['tta'] / sk['tta']:.2f}"
+             f" (CPU seconds to the target: {ps['tta_cpu'] / sk['tta_cpu']:.2f}x)" if ps["tta"] and sk["tta"] else ""))
     if "dask-ml Incremental" in out:
         dm = out["dask-ml Incremental"]
         print(f"  dask_ps / dask-ml samples/s: {ps['samples_s'] / dm['samples_s']:.2f}x"
-              + (f"; time-to-accuracy dask-ml/dask_ps: {dm['tta'] / ps['tta']:.2f}x" if ps["tta"] and dm["tta"] else ""))
+              + (f"; time-to-target dask-ml/dask_ps: {dm['tta'] / ps['tta']:.2f}x" if ps["tta"] and dm["tta"] else ""))
+    if args.breakdown:
+        E, dt, _, _, model = res["dask_ps (2 workers)"][-1]
+        print(f"  dask_ps E={E}:")
+        print_breakdown(model, dt)
     print(f"  ({time.perf_counter() - t:.0f} s for this data set)")
     return out
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", nargs="+", choices=["dense", "sparse", "ctr"], default=["dense", "sparse"])
     ap.add_argument("--dense-n", type=int, default=200_000)
     ap.add_argument("--dense-d", type=int, default=100)
     ap.add_argument("--sparse-n", type=int, default=100_000)
     ap.add_argument("--sparse-d", type=int, default=2**20)
     ap.add_argument("--nnz", type=int, default=50)
+    ap.add_argument("--ctr-n", type=int, default=300_000)
+    ap.add_argument("--ctr-d", type=int, default=2**22)
     ap.add_argument("--epochs", type=int, nargs="+", default=[1, 2, 3, 5])
     ap.add_argument("--slack", type=float, default=0.005)
     ap.add_argument("--batch-size", type=int, default=2048)
-    ap.add_argument("--full", action="store_true", help="the issue's sizes: 1M x 100 dense, 1M x 2^20 sparse")
+    ap.add_argument("--full", action="store_true",
+                    help="the issue's sizes: 1M x 100 dense, 1M x 2^20 sparse, 1M x 2^22 ctr")
     ap.add_argument("--no-dask-ml", action="store_true")
-    ap.add_argument("--only", choices=["dense", "sparse"], help="run one of the two data sets")
+    ap.add_argument("--only", choices=["dense", "sparse", "ctr"], help="run one of the data sets (as --data X)")
     ap.add_argument("--cluster", choices=["processes", "threads"], default="processes",
                     help="2 worker processes, or 2 workers as threads of this process (processes=False)")
+    ap.add_argument("--breakdown", action="store_true", help="where the largest E's dask_ps fit spent its time")
     args = ap.parse_args()
     if args.full:
-        args.dense_n = args.sparse_n = 1_000_000
-    if args.only == "sparse":
-        args.dense_n = 0
-    elif args.only == "dense":
-        args.sparse_n = 0
+        args.dense_n = args.sparse_n = args.ctr_n = 1_000_000
+    data = [args.only] if args.only else args.data
     from distributed import Client, LocalCluster
 
     kw = dict(loss="log_loss", alpha=1e-4)
@@ -216,14 +316,20 @@ def main():
 
         Xw, yw = dense_data(200, 5)
         SGDClassifier(max_iter=2, client=client).fit(Xw, yw)
-        if args.dense_n:
+        print(f"cluster: 2 workers x 1 thread, {args.cluster}")
+        if "dense" in data and args.dense_n:
             X, y = dense_data(args.dense_n, args.dense_d)
             bench(f"dense {args.dense_n} x {args.dense_d}", X, y, client, args, kw, args.batch_size)
             del X, y
-        if args.sparse_n:
+        if "sparse" in data and args.sparse_n:
             X, y = hashed_data(args.sparse_n, args.sparse_d, args.nnz)
             bench(f"sparse hashed {args.sparse_n} x 2^{int(np.log2(args.sparse_d))}", X, y, client, args, kw,
                   args.batch_size)
+            del X, y
+        if "ctr" in data and args.ctr_n:
+            X, y = ctr_data(args.ctr_n, args.ctr_d)
+            bench(f"click-through {args.ctr_n} x 2^{int(np.log2(args.ctr_d))}", X, y, client, args,
+                  dict(kw, alpha=1e-6), args.batch_size, scorer=roc_auc, metric="AUC")
 
 
 if __name__ == "__main__":

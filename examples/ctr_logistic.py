@@ -38,9 +38,10 @@ N_NUMERIC, N_CATEGORICAL = 13, 26
 N_COLUMNS = 2**20
 
 
-def impressions(n, seed=0):
-    """``(X, y, p)``: the hashed CSR (n, 2**20), the clicks and their true
-    probabilities."""
+def impressions(n, seed=0, n_columns=N_COLUMNS):
+    """``(X, y, p)``: the hashed CSR (n, ``n_columns``), the clicks and their
+    true probabilities. (``benchmarks/bench_sgd.py --data ctr`` trains on
+    these too, hashed into 2**22 columns.)"""
     rng = np.random.default_rng(seed)
     # Numeric fields: heavy-tailed counts, log-transformed (as CTR pipelines do).
     counts = rng.negative_binomial(1, rng.uniform(0.02, 0.5, N_NUMERIC), size=(n, N_NUMERIC))
@@ -67,7 +68,7 @@ def impressions(n, seed=0):
     key ^= key >> np.uint64(29)
     key *= np.uint64(0xBF58476D1CE4E5B9)
     key ^= key >> np.uint64(32)
-    hashed = N_NUMERIC + (key % np.uint64(N_COLUMNS - N_NUMERIC)).astype(np.int64)
+    hashed = N_NUMERIC + (key % np.uint64(n_columns - N_NUMERIC)).astype(np.int64)
     cols = np.concatenate([np.broadcast_to(np.arange(N_NUMERIC), (n, N_NUMERIC)), hashed], axis=1)
     data = np.concatenate([numeric, np.ones((n, N_CATEGORICAL))], axis=1)
     order = np.argsort(cols, axis=1, kind="stable")  # CSR rows with sorted columns
@@ -75,7 +76,7 @@ def impressions(n, seed=0):
     data = np.take_along_axis(data, order, axis=1)
     width = N_NUMERIC + N_CATEGORICAL
     X = sp.csr_matrix((data.ravel(), cols.ravel().astype(np.int32), np.arange(0, n * width + 1, width)),
-                      shape=(n, N_COLUMNS))
+                      shape=(n, n_columns))
     X.sum_duplicates()  # two fields hashed to one column
     return X, y, p
 
