@@ -148,12 +148,14 @@ def test_progress_bar_without_tqdm_is_skipped(client, capsys, monkeypatch):
 # --- dask inputs with a client that is not the default ---------------------------------------
 
 
-def test_dask_inputs_fit_on_a_client_that_is_not_the_default(client):
+def test_dask_inputs_fit_on_a_client_that_is_not_the_default(client, monkeypatch):
     """The embedded cluster's client is never Dask's default: a dask input
     failed with ``No clients found`` (``distributed.wait``), and its labels
     were computed outside the cluster."""
     import distributed
 
+    # No default client, whatever other tests of the session left behind.
+    monkeypatch.setattr(distributed.client, "_get_global_client", lambda: None)
     da = pytest.importorskip("dask.array")
     dd = pytest.importorskip("dask.dataframe")
     pd = pytest.importorskip("pandas")
