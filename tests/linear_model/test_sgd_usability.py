@@ -148,28 +148,44 @@ def test_progress_bar_without_tqdm_is_skipped(client, capsys, monkeypatch):
 # --- dask inputs with a client that is not the default ---------------------------------------
 
 
-def test_dask_inputs_fit_on_a_client_that_is_not_the_default(client, monkeypatch):
+def test_dask_inputs_fit_on_a_client_that_is_not_the_default(tmp_path):
     """The embedded cluster's client is never Dask's default: a dask input
     failed with ``No clients found`` (``distributed.wait``), and its labels
-    were computed outside the cluster."""
-    import distributed
+    were computed outside the cluster. Run in a fresh process, where no
+    other test's client can be the default."""
+    import subprocess
+    import sys
+    import textwrap
 
-    # No default client, whatever other tests of the session left behind.
-    monkeypatch.setattr(distributed.client, "_get_global_client", lambda: None)
-    da = pytest.importorskip("dask.array")
-    dd = pytest.importorskip("dask.dataframe")
-    pd = pytest.importorskip("pandas")
-    with pytest.raises(ValueError):
-        distributed.get_client()  # the fixture's client is not the default
-    X, y = _data(4000, d=5)
-    Xd, yd = da.from_array(X, chunks=1000), da.from_array(y, chunks=1000)
-    kw = dict(loss="log_loss", max_iter=20, tol=None, random_state=0, client=client)
-    est = SGDClassifier(**kw).fit(Xd, yd)
-    assert est.score(X, y) > 0.8
-    df = dd.from_pandas(pd.DataFrame(X, columns=list("abcde")), npartitions=4)
-    ys = dd.from_pandas(pd.Series(y), npartitions=4)
-    est = SGDClassifier(class_weight="balanced", **kw).fit(df, ys)
-    assert list(est.classes_) == [0, 1] and est.score(X, y) > 0.8
+    pytest.importorskip("dask.dataframe")
+    script = tmp_path / "fit_dask_inputs.py"
+    script.write_text(textwrap.dedent("""
+        import dask.array as da
+        import dask.dataframe as dd
+        import distributed
+        import pandas as pd
+        from sklearn.datasets import make_classification
+        from dask_ps.linear_model import SGDClassifier
+
+        X, y = make_classification(4000, 5, n_informative=3, n_redundant=0, random_state=0)
+        kw = dict(loss="log_loss", max_iter=20, tol=None, random_state=0)
+        est = SGDClassifier(**kw).fit(da.from_array(X, chunks=1000), da.from_array(y, chunks=1000))
+        print("array", est.score(X, y))
+        df = dd.from_pandas(pd.DataFrame(X, columns=list("abcde")), npartitions=4)
+        est = SGDClassifier(class_weight="balanced", **kw).fit(df, dd.from_pandas(pd.Series(y), npartitions=4))
+        print("frame", est.score(X, y), list(est.classes_))
+        try:
+            distributed.get_client()
+            print("a default client")
+        except ValueError:
+            print("no default client")
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    assert float(lines["array"]) > 0.8
+    assert float(lines["frame"].split()[0]) > 0.8 and lines["frame"].endswith("[0, 1]")
+    assert lines["no"] == "default client"
 
 
 # --- errors: dask inputs get scikit-learn's messages -------------------------------------------
