@@ -165,15 +165,17 @@ def test_dask_inputs_fit_on_a_client_that_is_not_the_default(tmp_path):
         import distributed
         import pandas as pd
         from sklearn.datasets import make_classification
+        from sklearn.preprocessing import StandardScaler
         from dask_ps.linear_model import SGDClassifier
 
-        X, y = make_classification(4000, 5, n_informative=3, n_redundant=0, random_state=0)
+        X, y = make_classification(4000, 5, random_state=0)  # as _data(4000, d=5)
+        X = StandardScaler().fit_transform(X)
         kw = dict(loss="log_loss", max_iter=20, tol=None, random_state=0)
         est = SGDClassifier(**kw).fit(da.from_array(X, chunks=1000), da.from_array(y, chunks=1000))
         print("array", est.score(X, y))
         df = dd.from_pandas(pd.DataFrame(X, columns=list("abcde")), npartitions=4)
         est = SGDClassifier(class_weight="balanced", **kw).fit(df, dd.from_pandas(pd.Series(y), npartitions=4))
-        print("frame", est.score(X, y), list(est.classes_))
+        print("frame", est.score(X, y), [int(c) for c in est.classes_])
         try:
             distributed.get_client()
             print("a default client")
