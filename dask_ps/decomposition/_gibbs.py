@@ -64,6 +64,7 @@ class GibbsConfig:
     t_start: float
     delay: Callable | None
     start_name: str | None = None
+    overlap: bool = False  # pull/push word rows while sampling (_gibbs_overlap; not the array sampler)
 
 
 def _xp_for(device):
@@ -128,8 +129,11 @@ def _gibbs_participant(ctx, part, cfg: GibbsConfig):
             "from the last saved assignments instead."
         )
     s = _setup(ctx, part, cfg)
+    iteration = _iteration
+    if cfg.overlap and s.sampler != "array":
+        from dask_ps.decomposition._gibbs_overlap import overlapped_iteration as iteration
     for it in range(cfg.start, cfg.stop):
-        _iteration(ctx, s, cfg, it)
+        iteration(ctx, s, cfg, it)
     return _finish(ctx, s, cfg)
 
 

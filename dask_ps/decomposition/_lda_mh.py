@@ -107,12 +107,12 @@ def _word_factor(nwk, nk, w, k, beta, vbeta):
 
 
 @njit(nogil=True, cache=True)
-def gibbs_sweep_mh(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed, mh_steps=MH_STEPS):
-    """One sweep over every token by alias-table Metropolis-Hastings
-    (module docstring). Updates ``z``, ``ndk``, ``nwk`` and ``nk`` in place."""
-    np.random.seed(seed)
+def _proposal_tables(nwk, nk, beta, vbeta):
+    """The word proposal's tables, from the counts at the start of the sweep:
+    the snapshot ``nwk'``, ``1 / (nk' + vbeta)``, the shared alias table over
+    all topics and its mass, and per word (CSR ``w_ptr``) the alias table of
+    its nonzero topics and its mass."""
     Vp, K = nwk.shape
-    # --- the proposals' tables, from the counts at the start of the sweep
     nwk_old = nwk.copy()
     inv_old = np.empty(K)
     for k in range(K):
@@ -151,6 +151,17 @@ def gibbs_sweep_mh(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed, mh
         if c > 0:
             w_mass[w] = _alias_build(weights, c, w_topic[lo:lo + c], w_prob[lo:lo + c], w_alias[lo:lo + c],
                                      small, large)
+    return nwk_old, inv_old, all_topics, d_prob, d_alias, dense_mass, w_ptr, w_topic, w_prob, w_alias, w_mass
+
+
+@njit(nogil=True, cache=True)
+def gibbs_sweep_mh(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed, mh_steps=MH_STEPS):
+    """One sweep over every token by alias-table Metropolis-Hastings
+    (module docstring). Updates ``z``, ``ndk``, ``nwk`` and ``nk`` in place."""
+    np.random.seed(seed)
+    Vp, K = nwk.shape
+    nwk_old, inv_old, all_topics, d_prob, d_alias, dense_mass, w_ptr, w_topic, w_prob, w_alias, w_mass = \
+        _proposal_tables(nwk, nk, beta, vbeta)
     k_alpha = K * alpha
     # --- the sweep
     for d in range(doc_ptr.shape[0] - 1):

@@ -13,6 +13,7 @@ import functools
 import logging
 import time
 
+import dask.config
 import numpy as np
 from dask.utils import parse_timedelta
 
@@ -284,6 +285,8 @@ class GibbsRuns:
             start_name=None if _starts_together(plan) else f"lda-{tag}-started",
             start=start, stop=stop, z_in=sets.names[current[0]] if current else None,
             z_out=sets.names[out] if plan.tolerant else None, t_start=self.t_start,
+            # rows pulled/pushed while sampling (issue 12; _gibbs_overlap): opt-in, ps.lda.overlap: true
+            overlap=bool(dask.config.get("ps.lda.overlap", False)),
         )
         members = cluster_members(self.client)
         with temporary_tables(self.ps) as tables:

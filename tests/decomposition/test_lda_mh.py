@@ -129,3 +129,44 @@ def test_fit_with_mh_sampler(lda_client):
                                   consistency=dask_ps.BSP(), sampler="mh", client=lda_client,
                                   random_state=0).fit(X)
     assert matched_cosine(m.components_, topics) >= 0.9
+
+
+# --- the overlapped iteration (_gibbs_overlap, opt-in: ps.lda.overlap) --------------------------
+
+
+def test_row_deltas_equal_the_rows_change():
+    from dask_ps.decomposition._gibbs_overlap import row_deltas
+
+    rng = np.random.default_rng(0)
+    V, K, n = 30, 7, 500
+    words = rng.integers(0, V, n)
+    local = np.unique(words)
+    position = np.full(V, -1)
+    position[local] = np.arange(local.size)
+    z_before = rng.integers(0, K, n).astype(np.int32)
+    z_after = z_before.copy()
+    moved = rng.random(n) < 0.3
+    z_after[moved] = rng.integers(0, K, moved.sum())
+    changed, delta = row_deltas(words, z_before, z_after, position, K, np.int32(0))
+    full = np.zeros((V, K), np.int64)
+    np.add.at(full, (words, z_after), 1)
+    np.add.at(full, (words, z_before), -1)
+    expected = np.flatnonzero(np.isin(local, words[z_before != z_after]))
+    np.testing.assert_array_equal(changed, expected)
+    np.testing.assert_array_equal(delta, full[local][expected])
+    assert delta.dtype == np.int32
+
+
+@pytest.mark.parametrize("model", [dask_ps.BSP(), None])
+def test_fit_with_overlap(lda_client, model):
+    import dask
+
+    X, topics = lda_corpus(alpha=0.3)
+    with dask.config.set({"ps.lda.overlap": True}):
+        m = LatentDirichletAllocation(5, doc_topic_prior=0.3, topic_word_prior=0.05, max_iter=60, evaluate_every=20,
+                                      consistency=model, n_partitions=2, client=lda_client,
+                                      random_state=0).fit(X)
+    # the count tables equal the assignments: every token counted once
+    assert (m.components_ - 0.05).sum() == pytest.approx(X.sum())
+    assert [h[0] for h in m.loglik_history_][-1] == 60
+    assert matched_cosine(m.components_, topics) >= 0.9
