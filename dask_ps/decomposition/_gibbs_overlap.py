@@ -23,9 +23,10 @@ own pushes), though not the same chain as the one-piece iteration (the
 second half samples from rows read after the first half's pushes).
 
 Opt-in (``dask.config`` ``ps.lda.overlap: true``, read by the fit driver):
-on the loaded 2-core benchmark machine it was no faster (K=50) or slower
-(K=1000) than the one-piece iteration, the wait moving from the push to the
-prefetched reads (``docs/benchmarks.md``, "LDA vs one tomotopy thread").
+on the loaded 2-core benchmark machine it was not faster than the one-piece
+iteration, within the run-to-run spread (``docs/benchmarks.md``, "LDA vs
+one tomotopy thread"), and in one full test-suite run two small fits of 3-4
+participants ended in a merged-topics mode with it (not reproduced alone).
 
 Evaluations (``evaluate_every``) need every row at the iteration's start:
 that iteration waits for both reads before sweeping. The array sampler
