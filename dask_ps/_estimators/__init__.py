@@ -22,7 +22,9 @@ Runs and checkpoints (``_runs``)
     ``check_checkpoint``, ``find_checkpoint``, ``save_checkpoint``
     (``SAVE_RETRY_SECONDS``), ``chunk_end``, ``jsonable``;
     ``temporary_tables`` / ``TemporaryTables``; ``cluster_members``,
-    ``may_be_worker_loss``, ``lost_workers``, ``MAX_RESTARTS``.
+    ``may_be_worker_loss``, ``lost_workers``, ``MAX_RESTARTS``;
+    ``RolledBackError`` (``dask_ps``'s: a run's tables were restored from
+    their checkpoint, re-exported for the estimators' drivers).
 Progress and metrics (``_progress``)
     ``Progress`` (verbose lines: stdout and the logger; the optional tqdm
     bar, ``ps.progress-bar``), ``PollingMonitor`` (a client thread reading
@@ -69,6 +71,7 @@ from dask_ps._estimators._runs import (
     MAX_RESTARTS,
     SAVE_RETRY_SECONDS,
     CheckpointMismatchError,
+    RolledBackError,
     TemporaryTables,
     check_checkpoint,
     checkpoint_record,
@@ -88,7 +91,7 @@ __all__ = [
     "TrainingParts", "PartCopies", "load_part",
     "CheckpointMismatchError", "checkpoint_record", "check_checkpoint", "find_checkpoint", "save_checkpoint",
     "SAVE_RETRY_SECONDS", "chunk_end", "jsonable", "temporary_tables", "TemporaryTables",
-    "cluster_members", "may_be_worker_loss", "lost_workers", "MAX_RESTARTS",
+    "cluster_members", "may_be_worker_loss", "lost_workers", "MAX_RESTARTS", "RolledBackError",
     "Progress", "PollingMonitor", "rate", "participant_metrics",
     "njit", "kernel_cache_dir",
     "is_dask_collection", "is_dask_dataframe", "is_dask_array", "dask_meta", "dask_feature_names",

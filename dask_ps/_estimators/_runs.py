@@ -31,7 +31,7 @@ import warnings
 
 import numpy as np
 
-from dask_ps import PSError, UnknownTableError, checkpoint_metadata
+from dask_ps import PSError, RolledBackError, UnknownTableError, checkpoint_metadata  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
 

@@ -30,11 +30,13 @@ from dask_ps.linear_model._kernels import (
 from dask_ps.linear_model._rounds import (
     _CompiledData,
     _compiled_round,
+    _dense_round,
     _epoch_rounds,
     _kernel_for,
     _rng_state_from_json,
     _rng_state_to_json,
     _round_size,
+    _RoundPrep,
     _RunConfig,
     _stats_row,
     _StopRule,
@@ -167,10 +169,19 @@ class _TimedCtx:
     def __getattr__(self, name):
         return getattr(self._ctx, name)
 
-    def _call(self, name, *args):
+    @property
+    def overlaps(self) -> bool:
+        """Whether the session reads ahead and clocks in the background
+        (``prefetch_rows``, ``clock(wait=False)``: dask_ps's ``Session``)."""
+        return hasattr(self._ctx, "prefetch_rows")
+
+    def _call(self, name, *args, **kwargs):
+        return self._call_fn(name, getattr(self._ctx, name), *args, **kwargs)
+
+    def _call_fn(self, name, fn, *args, **kwargs):
         t = time.perf_counter()
         try:
-            return getattr(self._ctx, name)(*args)
+            return fn(*args, **kwargs)
         finally:
             dt = time.perf_counter() - t
             self.seconds += dt
@@ -182,14 +193,24 @@ class _TimedCtx:
     def pull_rows(self, *args):
         return self._call("pull_rows", *args)
 
-    def push(self, *args):
-        return self._call("push", *args)
+    def push(self, *args, **kwargs):
+        return self._call("push", *args, **kwargs)
 
-    def push_rows(self, *args):
-        return self._call("push_rows", *args)
+    def push_rows(self, *args, **kwargs):
+        return self._call("push_rows", *args, **kwargs)
 
-    def clock(self):
-        return self._call("clock")
+    def clock(self, *args, **kwargs):
+        return self._call("clock", *args, **kwargs)
+
+    def prefetch(self, *args, **kwargs):
+        return self._call("prefetch", *args, **kwargs)
+
+    def prefetch_rows(self, *args, **kwargs):
+        return self._call("prefetch_rows", *args, **kwargs)
+
+    def result_of(self, handle):
+        """``handle.result()`` of a prefetch, counted as ``prefetch_result``."""
+        return self._call_fn("prefetch_result", handle.result)
 
 
 def _participant_loop(ctx, part, cfg: _RunConfig):
@@ -208,17 +229,21 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
     ctx = _TimedCtx(ctx)
     cpu0 = time.thread_time()
     run = _Participant(ctx, part, cfg)
-    t_start = time.perf_counter()
-    first, resume_round = run.replay()
-    if run.solo:  # alone, a participant keeps the whole table local: one pull, one push
-        run.W_all = ctx.pull(cfg.table)
-        W_start = run.W_all.copy()
-    for epoch in range(first, cfg.max_iter):
-        if not run.stop.active.any():
-            break
-        run.epoch(epoch, resume_round if epoch == first else 0)
-    if run.solo:
-        ctx.push(cfg.table, run.W_all - W_start)
+    try:
+        t_start = time.perf_counter()
+        first, resume_round = run.replay()
+        if run.solo:  # alone, a participant keeps the whole table local: one pull, one push
+            run.W_all = ctx.pull(cfg.table)
+            W_start = run.W_all.copy()
+        for epoch in range(first, cfg.max_iter):
+            if not run.stop.active.any():
+                break
+            run.epoch(epoch, resume_round if epoch == first else 0)
+        if run.solo:
+            ctx.push(cfg.table, run.W_all - W_start)
+    finally:
+        if run.prep is not None:
+            run.prep.close()
     return run.result(t_start, t_start - t_enter, cpu0)
 
 
@@ -273,6 +298,15 @@ class _Participant:
         # or, for compacted sparse rounds, (round id, order of its samples).
         self.fixed = self.compiled is not None and self.compiled.sparse
         self.run_rounds = []  # the rounds fixed at the run's first epoch
+        # Sparse rounds are compacted ahead, in a background thread.
+        self.prep = _RoundPrep(cfg, self.compiled, self.run_rounds) if self.fixed else None
+        # The session's background reads and clocks (ps-lite's ZPull/Wait):
+        # the next round's weights are read while this one trains, and a
+        # round's push and clock go out while the next one starts. A plain
+        # session (pull/push/clock only) works too, one call after the other.
+        self.overlap = not self.solo and cfg.overlap and ctx.overlaps
+        self.ahead = None  # (epoch, round index, PullHandle) of the read started a round ahead
+        self.seconds = {"round_prep": 0.0, "kernel": 0.0}  # the participant thread's, per kind of work
         self.samples = 0
         self.W_all = None
         self.stale_seen = {}  # the staleness histogram at the last progress row
@@ -311,13 +345,14 @@ class _Participant:
         active = self.stop.active.copy()
         seen = sum(_round_size(g, self.run_rounds) for g in epoch_rounds[:r_first])
         self.samples += seen
+        if self.prep is not None and self.compiled.cache is not None:
+            for group in epoch_rounds[r_first:]:  # built in this order, each once per run
+                self.prep.request(group[0])
         for ri in range(r_first, len(epoch_rounds)):
             if not self.solo:
                 loss_sum = xp.zeros(K)  # pushed every round (see _participant_loop)
             if self.compiled is not None:
-                rows, W0, W, n_round = _compiled_round(
-                    ctx, cfg, self.compiled, epoch_rounds[ri], self.run_rounds, epoch, seen, self.W_all,
-                    self.stop, active, loss_sum, self.solo)
+                rows, W0, W, n_round = self.compiled_round(epoch_rounds, ri, epoch, seen, active, loss_sum)
             else:
                 rows, W0, W, n_round = self.minibatch_round(epoch_rounds[ri], epoch, seen, active, loss_sum)
             seen += n_round
@@ -334,7 +369,69 @@ class _Participant:
             else:
                 row = np.concatenate([arrays.to_numpy(loss_sum).astype(float), self.stats_pad])
                 ctx.push_rows(cfg.stats_table, np.array([_stats_row(cfg, ctx.rank, epoch)]), row[None, :])
-                ctx.clock()
+                self.clock()
+
+    def clock(self):
+        """End of a round: the session's clock, reported in the background
+        when it can (the next read waits as the table's bound requires)."""
+        if self.overlap:
+            self.ctx.clock(wait=False)
+        else:
+            self.ctx.clock()
+
+    def compiled_round(self, epoch_rounds, ri, epoch, seen, active, loss_sum):
+        """Round ``ri`` of the epoch with the compiled kernel: its samples
+        (a sparse round compacted ahead, ``_RoundPrep``), the weights it
+        starts from (read a round ahead when the session can), the next
+        round's read started, then the kernel; returns ``(rows, W0, W,
+        n_samples)`` (``rows`` None for dense data)."""
+        t = time.perf_counter()
+        if self.prep is not None:
+            if self.compiled.cache is None:  # one round ahead: the rounds are not kept
+                for group in epoch_rounds[ri:ri + 2]:
+                    self.prep.request(group[0])
+            rnd = self.prep.take(epoch_rounds[ri])
+        else:
+            rnd = _dense_round(self.compiled, epoch_rounds[ri])
+        self.seconds["round_prep"] += time.perf_counter() - t
+        W0 = self.read(epoch, ri, rnd.rows)
+        self.read_ahead(epoch, ri + 1, epoch_rounds)
+        t = time.perf_counter()
+        W = _compiled_round(self.cfg, self.compiled, rnd, W0, epoch, seen, self.stop, active, loss_sum)
+        self.seconds["kernel"] += time.perf_counter() - t
+        if self.ahead is None:  # the next round was still being built: now, if it is ready
+            self.read_ahead(epoch, ri + 1, epoch_rounds)
+        return rnd.rows, W0, W, rnd.n
+
+    def read(self, epoch, ri, rows):
+        """The weights round ``ri`` of ``epoch`` starts from: its touched
+        ``rows`` (None: the whole table), from the local table (alone), the
+        read started a round ahead, or read now."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead[:2] == (epoch, ri):
+            return self.ctx.result_of(ahead[2])
+        if self.solo:
+            return self.W_all if rows is None else self.W_all[rows]
+        return self.ctx.pull(self.cfg.table) if rows is None else self.ctx.pull_rows(self.cfg.table, rows)
+
+    def read_ahead(self, epoch, ri, epoch_rounds):
+        """Start the read of round ``ri``'s weights for the next clock (at
+        which it is used: ``PullHandle.result`` checks it against that
+        clock's bound and adds this participant's pushes made since),
+        unless it is in the next epoch (whose order is drawn then) or not
+        built yet (the read then waits for the round, at its start)."""
+        if not self.overlap or ri >= len(epoch_rounds):
+            return
+        group = epoch_rounds[ri]
+        if self.prep is not None and not self.prep.ready(group[0]):
+            return
+        rows = None if self.prep is None else self.prep.rows(group[0])
+        nxt = self.ctx.current_clock + 1
+        if rows is None:
+            handle = self.ctx.prefetch(self.cfg.table, for_clock=nxt)
+        else:
+            handle = self.ctx.prefetch_rows(self.cfg.table, rows, for_clock=nxt)
+        self.ahead = (epoch, ri, handle)
 
     def sync_round(self, rows, W0, W):
         """The round's change: into the local table (alone), or ``1/P`` of it
@@ -349,6 +446,10 @@ class _Participant:
         delta = W - W0
         if self.ctx.n_participants > 1:
             delta *= 1.0 / self.ctx.n_participants
+        # Copied by the session (not copy=False, though the delta is never
+        # written again): a read started a round ahead adds the session's own
+        # copy of this push where the servers had not applied it yet, and
+        # reads again what a handed-over array would have to come from.
         if self.sparse:
             self.ctx.push_rows(self.cfg.table, rows, delta)
         else:
@@ -445,7 +546,7 @@ class _Participant:
         if cfg.stats_table is not None:
             ctx.push_rows(cfg.stats_table, np.array([_stats_row(cfg, ctx.rank, epoch)]), row[None, :])
         if not self.solo:
-            ctx.clock()
+            self.clock()
         self.decide(epoch, seconds, row if cfg.stats_table is None else None)
         return val
 
@@ -545,6 +646,11 @@ class _Participant:
                 "ps_seconds_by_call": dict(ctx.by_call),
                 "cpu_seconds": time.thread_time() - cpu0,
                 "setup_seconds": setup_seconds,  # data preparation before the first epoch
+                # waiting for (or doing) a round's preparation: compaction, dense gathers
+                "round_prep_seconds": self.seconds["round_prep"],
+                "kernel_seconds": self.seconds["kernel"],  # the compiled rounds' training
+                # CPU seconds of the thread that builds the sparse rounds ahead
+                "round_prep_cpu_seconds": 0.0 if self.prep is None else self.prep.cpu_seconds,
                 "metrics": ctx.metrics() if hasattr(ctx._ctx, "metrics") else None,
             },
         }

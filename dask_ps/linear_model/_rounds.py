@@ -1,13 +1,15 @@
 """What a participant's run is made of: its configuration (``_RunConfig``),
 the stopping rule (``_StopRule``), the rounds of an epoch
 (``_epoch_rounds``), and a round trained by the compiled kernel
-(``_CompiledData``, ``_compiled_round``). Plain values and arrays; the
-participant (``_participant``) drives them.
+(``_CompiledData``, ``_Round``, built ahead in a background thread by
+``_RoundPrep`` for sparse data, trained by ``_compiled_round``). Plain
+values and arrays; the participant (``_participant``) drives them.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,6 +67,9 @@ class _RunConfig:
     # (``_monitor``), a ring of ``progress_epochs`` epochs.
     progress_table: str | None = None
     progress_epochs: int = 0
+    # Reads a round ahead and background clocks where the session has them
+    # (ps.sgd.overlap).
+    overlap: bool = True
 
 
 class _StopRule:
@@ -153,8 +158,10 @@ def _epoch_rounds(rng, shuffle, train_idx, S, m, fixed, run_rounds, epoch, seed)
     or resumed fit and every retry finds the same rounds (kept in
     ``run_rounds`` as index arrays) -- and each epoch after the first
     shuffles the order of the rounds and the order of the samples inside each
-    round (from ``rng``). A round's compacted CSR over its touched features
-    (``_compiled_round``) is then built once and re-read in a new order. A
+    round (from ``rng``): the round's blocks of ``ORDER_BLOCK`` consecutive
+    samples (of its first order, itself random) in a random order
+    (``_block_order``). A round's compacted CSR over its touched features
+    (``_RoundPrep``) is then built once and re-read in a new order. A
     round is ``(round id, order of its samples or None)``."""
     if fixed:
         if not run_rounds:
@@ -164,10 +171,27 @@ def _epoch_rounds(rng, shuffle, train_idx, S, m, fixed, run_rounds, epoch, seed)
                               for r0 in range(0, S, m))
         if not shuffle or epoch == 0:
             return [(i, None) for i in range(len(run_rounds))]
-        return [(int(i), rng.permutation(run_rounds[i].shape[0])) for i in rng.permutation(len(run_rounds))]
+        return [(int(i), _block_order(rng, run_rounds[i].shape[0])) for i in rng.permutation(len(run_rounds))]
     order = rng.permutation(train_idx) if shuffle else train_idx
     batches = np.array_split(order, S)
     return [batches[r0:r0 + m] for r0 in range(0, S, m)]
+
+
+# Later epochs read a compacted round (~12 bytes a non-zero: tens of MB, far
+# beyond the caches) in a new order. Sample by sample at random, the kernel
+# waited on memory: one 450k-sample participant's epoch of the hashed 2^20
+# benchmark, 0.30-0.35 s against 0.08-0.09 s in order; blocks of 64 samples in
+# a random order, each in order: 0.10 s (16: 0.15 s; 256 or 2048: 0.08-0.09 s).
+ORDER_BLOCK = 64
+
+
+def _block_order(rng, n, block=ORDER_BLOCK):
+    """A new order of a round's ``n`` samples: its blocks of ``block``
+    consecutive samples in a random order, each read in order."""
+    starts = rng.permutation(-(-n // block)) * block
+    lengths = np.minimum(block, n - starts)
+    offsets = np.cumsum(lengths) - lengths  # where each block goes in the new order
+    return np.arange(n, dtype=np.int64) + np.repeat(starts - offsets, lengths)
 
 
 def _round_size(group, run_rounds) -> int:
@@ -208,8 +232,8 @@ def _kernel_for(X) -> str:
 class _CompiledData:
     """A participant's data prepared once per fit for the compiled round
     kernel (``_sgd_numba.sgd_round``): targets per output as contiguous
-    vectors, the CSR's arrays, scratch arrays over the features, and for
-    sparse data with a penalty the lazy-regularization factors per feature.
+    vectors, the CSR's arrays and scratch arrays over the features (sparse
+    data: its rounds are built by ``_RoundPrep``, in a background thread).
 
     The round kernel reads the samples of a round by index from the local
     data (no copy of the round's rows), runs scikit-learn's per-sample rule
@@ -242,29 +266,32 @@ class _CompiledData:
         self.dummy_w = np.zeros(1, dtype=X.dtype)
         self.dummy_q = np.zeros(1)  # the L1 state of a penalty without L1
         d = cfg.n_features
-        self.inv_q = None
         if self.sparse:
             self.X = np.zeros((1, 1), dtype=X.dtype)
             self.data = X.data
             self.ind = X.indices.astype(np.int32, copy=False)
             self.ptr = X.indptr.astype(np.int32, copy=False)
-            self.bits = np.zeros(d // 64 + 1, dtype=np.uint64)  # compact_rows' scratch
+            # compact_rows' scratch (the prep thread's)
+            self.bits = np.zeros(d // 64 + 1, dtype=np.uint64)
             self.rank = np.zeros(self.bits.shape[0], dtype=np.int64)
+            self.slot = np.full(X.shape[0], -1, dtype=np.int32)
             n_train = train_idx.shape[0]
             # The rounds' compacted CSRs, kept across the epochs of a run
             # while they fit the budget (about the size of the training CSR).
             nnz_train = int(np.sum(np.diff(self.ptr)[train_idx])) if n_train else 0
             est = nnz_train * (X.data.dtype.itemsize + 4) + n_train * (8 * (Y.shape[1] + 2) + 4)
             self.cache = {} if est <= setting_bytes("sgd", "round-cache-bytes") else None
-            if hp.penalty > 0 and n_train:
-                # A round decays (L2) and shrinks (L1) the rows it touches
-                # only; a touched row also gets the regularization of the
-                # rounds that missed it, 1/q times, q = the probability that
-                # a round touches the feature ("lazy" regularization).
-                ind = X[train_idx].indices.astype(np.int32, copy=False) if n_train < X.shape[0] else self.ind
-                counts = mod.feature_counts(ind, d)
-                per_round = min(cfg.clock_every, cfg.steps_per_epoch) * n_train / cfg.steps_per_epoch
-                self.inv_q = _lazy_inv_q(counts, n_train, per_round)
+            # A round decays (L2) and shrinks (L1) the rows it touches only; a
+            # touched row also gets the regularization of the rounds that
+            # missed it, 1/q times, q = the probability that a round touches
+            # the feature ("lazy" regularization). q needs the feature counts
+            # of the training rows: counted by the prep thread (_RoundPrep)
+            # before its first round, 1/q computed per round for its rows.
+            self.lazy = hp.penalty > 0 and n_train > 0
+            self.counts_of = None
+            if self.lazy:
+                self.counts_of = X[train_idx] if n_train < X.shape[0] else None  # early stopping: a copy
+                self.per_round = min(cfg.clock_every, cfg.steps_per_epoch) * n_train / cfg.steps_per_epoch
         else:
             self.X = np.ascontiguousarray(X)
             self.chunk = max(256, (1 << 21) // max(8 * X.shape[1], 1))  # rows per ~2 MiB chunk
@@ -273,60 +300,120 @@ class _CompiledData:
         return self
 
 
-def _compiled_round(ctx, cfg: _RunConfig, c: _CompiledData, group, run_rounds, epoch, seen, W_all, stop, active,
-                    loss_sum, solo):
-    """One round with the compiled kernel: pull the weights the round needs
-    (the touched rows for sparse data), train every active output over the
-    round's samples in one call each, regularize the touched rows lazily;
-    returns ``(rows, W0, W, n_samples)`` (``rows`` None for dense data) and
-    adds the round's loss sums to ``loss_sum``.
+class _Round:
+    """A round ready to train: its touched rows (sparse data: the rows of
+    the weights it reads and writes, the intercept's last; None for dense
+    data), its samples as chunks for ``sgd_round`` (each ``(samples, X, Y
+    per output, sample weights, rows of X to train on)``), its number of
+    samples and, for sparse data with a penalty, ``1/q`` of its rows
+    (lazy regularization)."""
 
-    ``group``: the round's minibatches (dense data), or ``(round id, order)``
-    of a round of ``run_rounds`` (sparse data, ``_epoch_rounds``), whose
-    compacted CSR is built at its first use and kept in ``c.cache`` when the
-    budget allows."""
-    rows, W0, chunks, n_round = _round_block(ctx, cfg, c, group, run_rounds, W_all, solo)
-    W = np.array(W0, dtype=W0.dtype, order="F", copy=True)  # columns contiguous
-    n_train_step = cfg.n_total / max(c.n_train, 1)
-    t = cfg.t0 + epoch * cfg.n_total + seen * n_train_step
-    outs = np.flatnonzero(active)
-    sums = _train_chunks(cfg, c, W, chunks, outs, t, n_train_step, stop, loss_sum)
-    _finish_round(cfg, c, W, rows, outs, *sums)
-    check_finite(W, epoch)
-    return rows, W0, np.ascontiguousarray(W), n_round
+    __slots__ = ("rows", "chunks", "n", "inv_q")
+
+    def __init__(self, rows, chunks, n, inv_q=None):
+        self.rows, self.chunks, self.n, self.inv_q = rows, chunks, n, inv_q
 
 
-def _round_block(ctx, cfg: _RunConfig, c: _CompiledData, group, run_rounds, W_all, solo):
-    """The weights a round needs (pulled) and its samples as chunks for
-    ``sgd_round``: ``(rows, W0, chunks, n_samples)``; each chunk is
-    ``(samples, X, Y per output, sample weights, rows of X to train on)``."""
-    d = cfg.n_features
-    if c.sparse:
+class _RoundPrep:
+    """The compacted sparse rounds of a participant (``_sgd_numba.compact_rows``:
+    a round's touched features and its rows as a CSR over them), built by
+    one background thread ahead of the round that needs them, so that the
+    participant's thread trains and syncs meanwhile (numba releases the
+    GIL). The feature counts of the lazy regularization are its first job.
+
+    Entries are kept across the epochs of a run when ``c.cache`` allows
+    (``ps.sgd.round-cache-bytes``); otherwise each is dropped once taken
+    and a round is built again at its next epoch. Only this thread touches
+    the compaction's scratch arrays."""
+
+    def __init__(self, cfg: _RunConfig, c: _CompiledData, run_rounds):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.cfg, self.c, self.run_rounds = cfg, c, run_rounds
+        self.pending: dict = {}  # round id -> Future of its entry
+        self.counts = None
+        self.cpu_seconds = 0.0  # the thread's CPU time in its jobs
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="dask_ps-sgd-rounds")
+        self._counted = self._pool.submit(self._count) if c.lazy else None
+
+    def __repr__(self):
+        return f"<_RoundPrep pending={sorted(self.pending)} kept={0 if self.c.cache is None else len(self.c.cache)}>"
+
+    def _count(self):
+        cpu = time.thread_time()
+        c = self.c
+        X = c.counts_of
+        ind = c.ind if X is None else X.indices.astype(np.int32, copy=False)
+        self.counts = c.mod.feature_counts(ind, self.cfg.n_features)
+        c.counts_of = None
+        self.cpu_seconds += time.thread_time() - cpu
+
+    def _build(self, rid):
+        cpu = time.thread_time()
+        c, d = self.c, self.cfg.n_features
+        idx = self.run_rounds[rid]
+        cols, cdata, cind, cptr = c.mod.compact_rows(idx, c.data, c.ind, c.ptr, c.bits, c.rank, c.slot)
+        rows = np.append(cols, d)  # sorted and unique: pull_rows/push_rows do not sort them
+        iq = None
+        if c.lazy:  # the counts were this thread's first job
+            self._counted.result()  # (its error, if it failed)
+            iq = _lazy_inv_q(self.counts[cols], c.n_train, c.per_round)
+        entry = rows, (cdata, cind, cptr), [yk[idx] for yk in c.Y], c.sw[idx], iq
+        self.cpu_seconds += time.thread_time() - cpu
+        return entry
+
+    def _kept(self, rid):
+        return None if self.c.cache is None else self.c.cache.get(rid)
+
+    def request(self, rid) -> None:
+        """Build round ``rid`` in the background unless it is kept or on its way."""
+        if rid not in self.pending and self._kept(rid) is None:
+            self.pending[rid] = self._pool.submit(self._build, rid)
+
+    def ready(self, rid) -> bool:
+        f = self.pending.get(rid)
+        return self._kept(rid) is not None or (f is not None and f.done())
+
+    def rows(self, rid):
+        """The touched rows of round ``rid`` (waits for it to be built)."""
+        return self._entry(rid, take=False)[0]
+
+    def take(self, group) -> _Round:
+        """Round ``group = (round id, order)``, in the sample order ``order``
+        (None: its own, in which its CSR was built): the kernel reads its
+        rows through that list (no copy of the CSR)."""
         rid, order = group
-        entry = None if c.cache is None else c.cache.get(rid)
-        if entry is None:
-            idx = run_rounds[rid]
-            cols, cdata, cind, cptr = c.mod.compact_rows(idx, c.data, c.ind, c.ptr, c.bits, c.rank)
-            rows = np.append(cols, d)  # sorted and unique: pull_rows/push_rows do not sort them
-            entry = (rows, (cdata, cind, cptr), [yk[idx] for yk in c.Y], c.sw[idx])
-            if c.cache is not None:
-                c.cache[rid] = entry
-        rows = entry[0]
-        n_round = entry[3].shape[0]
-        W0 = W_all[rows] if solo else ctx.pull_rows(cfg.table, rows)
-        # The round's rows as a CSR over its touched features (the pulled
-        # block): one pass of lookups, then the kernel reads it in order.
-        # The sample order: the round's own (its first epoch) or ``order``,
-        # read through the kernel's list of rows (no copy of the CSR).
-        local = c.arange_n(n_round) if order is None else order
-        return rows, W0, [(local, entry[1], entry[2], entry[3], local)], n_round
-    idx = np.concatenate(group) if len(group) > 1 else group[0]
-    W0 = W_all if solo else ctx.pull(cfg.table)
+        rows, csr, Y, sw, iq = self._entry(rid, take=True)
+        n = sw.shape[0]
+        local = self.c.arange_n(n) if order is None else order
+        return _Round(rows, [(local, csr, Y, sw, local)], n, iq)
 
-    # Dense rows are copied in chunks to a contiguous buffer first (one
-    # buffer: each chunk is trained before the next is gathered): a
-    # gather then a sequential pass beats the per-sample kernel reading
-    # rows at random (docs/benchmarks.md).
+    def _entry(self, rid, take):
+        entry = self._kept(rid)
+        if entry is None:
+            self.request(rid)
+            f = self.pending[rid]
+            entry = f.result()
+            if self.c.cache is not None:
+                self.c.cache[rid] = entry
+                del self.pending[rid]
+            elif take:
+                del self.pending[rid]
+        return entry
+
+    def close(self) -> None:
+        """Stop building (the round being built finishes: numba cannot be interrupted)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.pending.clear()
+
+
+def _dense_round(c: _CompiledData, group) -> _Round:
+    """Dense round ``group`` (its minibatches): its samples as chunks,
+    copied to a contiguous buffer first (one buffer: each chunk is trained
+    before the next is gathered): a gather then a sequential pass beats the
+    per-sample kernel reading rows at random (docs/benchmarks.md)."""
+    idx = np.concatenate(group) if len(group) > 1 else group[0]
+
     def chunks():
         for a in range(0, idx.shape[0], c.chunk):
             part = idx[a:a + c.chunk]
@@ -334,7 +421,23 @@ def _round_block(ctx, cfg: _RunConfig, c: _CompiledData, group, run_rounds, W_al
             buf = c.mod.gather_rows(c.X, part, c.buf[:n])
             yield part, buf, [yk[part] for yk in c.Y], c.sw[part], c.arange_n(n)
 
-    return None, W0, chunks(), idx.shape[0]
+    return _Round(None, chunks(), idx.shape[0])
+
+
+def _compiled_round(cfg: _RunConfig, c: _CompiledData, rnd: _Round, W0, epoch, seen, stop, active, loss_sum):
+    """Train round ``rnd`` with the compiled kernel from the weights ``W0``
+    it read (sparse data: its touched rows): every active output over the
+    round's samples in one call each, then the touched rows' lazy
+    regularization; returns the new weights and adds the round's loss sums
+    to ``loss_sum``."""
+    W = np.array(W0, dtype=W0.dtype, order="F", copy=True)  # columns contiguous
+    n_train_step = cfg.n_total / max(c.n_train, 1)
+    t = cfg.t0 + epoch * cfg.n_total + seen * n_train_step
+    outs = np.flatnonzero(active)
+    sums = _train_chunks(cfg, c, W, rnd.chunks, outs, t, n_train_step, stop, loss_sum)
+    _finish_round(cfg, W, rnd.inv_q, outs, *sums)
+    check_finite(W, epoch)
+    return np.ascontiguousarray(W)
 
 
 def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train_step, stop, loss_sum):
@@ -374,13 +477,13 @@ def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train
     return icpt, aicpt, decay, eta_sum
 
 
-def _finish_round(cfg: _RunConfig, c: _CompiledData, W, rows, outs, icpt, aicpt, decay, eta_sum):
+def _finish_round(cfg: _RunConfig, W, iq, outs, icpt, aicpt, decay, eta_sum):
     """Write the intercepts into ``W`` and give the touched rows the
-    regularization of the rounds that missed them (sparse data)."""
+    regularization of the rounds that missed them (sparse data: ``iq`` =
+    ``1/q`` of the round's feature rows)."""
     hp = cfg.hp
     K = hp.n_outputs
     nw = W.shape[0] - 1
-    iq = None if c.inv_q is None else c.inv_q[rows[:-1]]
     extra = None if iq is None else iq - 1.0
     for k in outs:
         wk = W[:nw, k]

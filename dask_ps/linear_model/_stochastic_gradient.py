@@ -98,11 +98,12 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
     default where numba is installed), per *round*: which samples form each
     round of ``ps.sgd.clock-samples`` samples is drawn once per fit, and each
     later epoch shuffles the order of the rounds and the order of the
-    samples within each round (scikit-learn reshuffles all samples each
-    epoch; dask-ml's ``Incremental`` shuffles whole blocks). This lets a
-    participant compact each round to its touched features once per fit
-    instead of once per epoch; the compacted rounds take about as much
-    memory as the participant's own CSR (kept while within
+    samples within each round, in blocks of 64 (scikit-learn reshuffles all
+    samples each epoch; dask-ml's ``Incremental`` shuffles whole blocks).
+    This lets a participant compact each round to its touched features once
+    per fit instead of once per epoch (in a background thread, ahead of the
+    round) and read it back mostly in order; the compacted rounds take about
+    as much memory as the participant's own CSR (kept while within
     ``ps.sgd.round-cache-bytes``, default 2 GiB per participant; beyond it
     they are rebuilt each epoch, with the same result).
 
@@ -118,9 +119,14 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         seconds spent in its calls to the parameter server
         (``ps_seconds``, ``ps_seconds_by_call``), its thread's CPU seconds,
         the seconds it took to prepare its data (``setup_seconds``), its
-        samples, seconds and per-epoch ``history``, and the ``run_id`` of
-        its run. A ``partial_fit`` trained in this process (see Notes) has
-        one entry with ``in_process: True`` and no session counters.
+        thread's seconds waiting for (or doing) the preparation of rounds
+        (``round_prep_seconds``) and in the compiled kernel
+        (``kernel_seconds``), the session's split of its time between its
+        own work and the parameter server (``compute_seconds``,
+        ``ps_blocked_seconds``), its samples, seconds and per-epoch
+        ``history``, and the ``run_id`` of its run. A ``partial_fit``
+        trained in this process (see Notes) has one entry with
+        ``in_process: True`` and no session counters.
     run_ids_ : list of str
         The parameter-server runs of the last ``fit``/``partial_fit`` call
         (one, or one per ``checkpoint_every`` chunk), in order: the keys of
@@ -128,6 +134,15 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         ``dask_ps.get_parameter_server(est.client).metrics()[est.run_ids_[-1]]``
         (clocks, attempts, seconds, per-participant counters). Empty for a
         ``partial_fit`` trained in this process.
+    rollbacks_ : list of dict
+        The chunks of the last call trained again from the checkpoint: with
+        ``checkpoint`` and ``replication=1``, a worker lost during a run has
+        its blocks restored from the checkpoint (``dask_ps.RolledBackError``),
+        so the fit loads its tables from the checkpoint and trains again from
+        there (with a ``RuntimeWarning``; at most 3 times a fit). Each entry:
+        ``epochs`` (the run's ``[first, end)``), ``resumed_from_epoch``,
+        ``run_id``, ``tables`` and ``rollbacks`` (the error's records).
+        Empty when nothing was lost.
 
     Notes
     -----
@@ -373,7 +388,7 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
     does on sparse data: rounds fixed per fit, their order and the order of
     their samples reshuffled each epoch).
     ``predict`` returns a lazy dask array for dask input. Fitted attributes
-    as scikit-learn's, plus ``metrics_`` and ``run_ids_``; ``verbose``,
+    as scikit-learn's, plus ``metrics_``, ``run_ids_`` and ``rollbacks_``; ``verbose``,
     the progress bar and ``partial_fit`` of small blocks as in
     :class:`SGDClassifier`.
     """

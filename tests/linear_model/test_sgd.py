@@ -946,13 +946,14 @@ def test_compact_rows_is_the_rows_relabelled_over_their_features(n_features):
     X = sp.csr_matrix((data, indices, indptr), shape=(300, n_features))
     bits = np.zeros(n_features // 64 + 1, dtype=np.uint64)
     rank = np.zeros(bits.shape[0], dtype=np.int64)
+    slot = np.full(300, -1, dtype=np.int32)
     rng = np.random.default_rng(0)
     for rows in (rng.permutation(300)[:120], rng.permutation(300)[:77]):
         cols, cdata, cind, cptr = numba_sgd.compact_rows(
-            rows, X.data, X.indices.astype(np.int32), X.indptr.astype(np.int32), bits, rank)
+            rows, X.data, X.indices.astype(np.int32), X.indptr.astype(np.int32), bits, rank, slot)
         sub = X[rows]
         np.testing.assert_array_equal(cols, np.unique(sub.indices))
         np.testing.assert_array_equal(cptr, sub.indptr)
         np.testing.assert_array_equal(cdata, sub.data)
         np.testing.assert_array_equal(cols[cind], sub.indices)
-        assert not bits.any()
+        assert not bits.any() and (slot == -1).all()

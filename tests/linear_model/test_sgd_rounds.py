@@ -1,0 +1,373 @@
+"""The SGD rounds off the critical path (issue 12): sparse rounds compacted
+ahead in a background thread (``_rounds._RoundPrep``), later epochs read in
+blocks (``_block_order``), the next round's weights read while a round
+trains and clocks sent in the background (the session's ``prefetch_rows`` /
+``clock(wait=False)``), at least ``ps.sgd.min-rounds-per-epoch`` rounds an
+epoch, and a checkpointed fit that trains a chunk again when its tables were
+rolled back to the checkpoint (``dask_ps.RolledBackError``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import warnings
+
+import dask
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.datasets import make_classification
+from sklearn.linear_model import SGDClassifier as SkSGDClassifier
+
+import dask_ps
+from dask_ps import RolledBackError
+from dask_ps.linear_model import SGDClassifier
+from dask_ps.linear_model import _participant, _rounds, _training
+from dask_ps.linear_model._in_process import InProcessSession
+
+numba_sgd = pytest.importorskip("dask_ps.linear_model._sgd_numba")
+
+
+@pytest.fixture(scope="module")
+def client():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster, set_as_default=False) as c:
+        yield c
+
+
+def _sparse_problem(n=6000, d=5000, nnz=12, seed=0):
+    """Hashed-text-like CSR (Zipf columns) with labels from a sparse linear model."""
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, d + 1) ** 1.1
+    cols = rng.choice(d, size=(n, nnz), p=p / p.sum())
+    X = sp.csr_matrix((np.ones(n * nnz), (np.repeat(np.arange(n), nnz), cols.ravel())), shape=(n, d))
+    X.sum_duplicates()
+    w = rng.normal(size=d) * (rng.random(d) < 0.2)
+    y = (X @ w + 0.3 * rng.normal(size=n) > 0).astype(int)
+    X.indices = X.indices.astype(np.int32)
+    X.indptr = X.indptr.astype(np.int32)
+    return X, y
+
+
+# --- the order of later epochs ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 5, 63, 64, 65, 130, 4096, 5000])
+def test_block_order_permutes_whole_blocks(n):
+    """A later epoch's order of a round: every sample once, in blocks of
+    ``ORDER_BLOCK`` consecutive samples (the last one shorter), the blocks
+    in a random order that changes from epoch to epoch."""
+    rng = np.random.RandomState(0)
+    block = _rounds.ORDER_BLOCK
+    orders = [_rounds._block_order(rng, n) for _ in range(4)]
+    for order in orders:
+        assert order.dtype == np.int64
+        np.testing.assert_array_equal(np.sort(order), np.arange(n))
+        position = np.argsort(order)  # where each sample is read
+        for a in range(0, n, block):  # each block read whole and in order
+            where = position[a:a + block]
+            np.testing.assert_array_equal(where, where[0] + np.arange(where.shape[0]))
+    if n > 3 * block:
+        assert any(not np.array_equal(orders[0], o) for o in orders[1:])
+
+
+# --- rounds compacted ahead ------------------------------------------------------------------
+
+
+def _config(est, X, P=2, n_total=None, max_iter=3):
+    hp = est._hyper(1, sp.issparse(X))
+    est.t_ = 1.0
+    n = X.shape[0]
+    start = _training._Start(W0=np.zeros((X.shape[1] + 1, 1)), seeds=tuple(range(1, P + 1)), name="w")
+    return _training._run_config(est, hp, start, "s" if P > 1 else None, 2, X.shape[1], 1, n_total or n * P,
+                                 [n] * P, max_iter, np.array([0, 1]), None, None, sp.issparse(X))
+
+
+@pytest.mark.parametrize("cache", [True, False])
+@pytest.mark.parametrize("penalty", ["l2", "elasticnet", None])
+def test_round_prep_builds_what_compact_rows_builds(cache, penalty):
+    """``_RoundPrep`` builds each round in its thread as the inline
+    compaction did: the touched rows (+ the intercept row), the compact CSR,
+    the round's targets and weights, and ``1/q`` of its rows equal to the
+    whole-feature ``1/q`` taken at those rows; whether rounds are kept
+    across epochs (``ps.sgd.round-cache-bytes``) or built again, in any
+    order of requests and takes."""
+    X, y = _sparse_problem()
+    est = SGDClassifier(penalty=penalty, batch_size=128, max_iter=3)
+    with dask.config.set({"ps.sgd.clock-samples": 1024, "ps.sgd.round-cache-bytes": "1GiB" if cache else 1}):
+        cfg = _config(est, X)
+        train_idx = np.arange(X.shape[0])
+        Y = np.where(y == 1, 1.0, -1.0)[:, None]
+        c = _rounds._CompiledData.make(cfg, X, Y, np.ones(X.shape[0]), train_idx)
+    assert (c.cache is not None) == cache
+    run_rounds = []
+    _rounds._epoch_rounds(np.random.RandomState(0), True, train_idx, cfg.steps_per_epoch, cfg.clock_every, True,
+                          run_rounds, 0, 7)
+    assert len(run_rounds) >= 4
+    prep = _rounds._RoundPrep(cfg, c, run_rounds)
+    try:
+        bits = np.zeros(X.shape[1] // 64 + 1, dtype=np.uint64)
+        rank = np.zeros(bits.shape[0], dtype=np.int64)
+        slot = np.full(X.shape[0], -1, dtype=np.int32)
+        whole_q = None
+        if penalty is not None:
+            counts = np.bincount(X.indices, minlength=X.shape[1])
+            whole_q = _rounds._lazy_inv_q(counts, X.shape[0], c.per_round)
+        for rid in [2, 0]:
+            prep.request(rid)
+        for epoch_order in ([0, 1, 2, 3], [3, 1, 0, 2]):
+            for rid in epoch_order:
+                assert prep.rows(rid) is prep.rows(rid) or not cache
+                rnd = prep.take((rid, None))
+                cols, cdata, cind, cptr = numba_sgd.compact_rows(run_rounds[rid], X.data, X.indices, X.indptr,
+                                                                 bits, rank, slot)
+                np.testing.assert_array_equal(rnd.rows, np.append(cols, X.shape[1]))
+                (local, (d2, i2, p2), Yr, swr, rows_again) = rnd.chunks[0]
+                np.testing.assert_array_equal(d2, cdata)
+                np.testing.assert_array_equal(i2, cind)
+                np.testing.assert_array_equal(p2, cptr)
+                np.testing.assert_array_equal(Yr[0], Y[run_rounds[rid], 0])
+                np.testing.assert_array_equal(local, np.arange(run_rounds[rid].shape[0]))
+                assert rnd.n == run_rounds[rid].shape[0]
+                if penalty is None:
+                    assert rnd.inv_q is None
+                else:
+                    np.testing.assert_array_equal(rnd.inv_q, whole_q[cols])
+        assert len(c.cache or {}) == (4 if cache else 0) and not prep.pending
+    finally:
+        prep.close()
+
+
+class _TwoParticipantsInProcess(InProcessSession):
+    """One of two participants, over tables in this process (run one after
+    the other: the second reads the first's pushes)."""
+
+    n_participants = 2
+
+    def __init__(self, tables, rank):
+        super().__init__()
+        self.tables = tables
+        self.rank = rank
+
+    def clock(self):
+        self.current_clock += 1
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_participant_with_rounds_built_ahead_is_bitwise_the_same(cache):
+    """The participant's pushes do not depend on whether its rounds were
+    kept or built again each epoch, nor on the background thread: two
+    participants in turn over local tables end with the same table, bitwise,
+    as with rounds rebuilt in every epoch."""
+    X, y = _sparse_problem(n=4000)
+    est = SGDClassifier(loss="log_loss", batch_size=128, max_iter=4, tol=None, random_state=0)
+    results = []
+    for budget in ("1GiB", 1):
+        with dask.config.set({"ps.sgd.clock-samples": 512, "ps.sgd.round-cache-bytes": budget}):
+            cfg = _config(est, X[:2000], max_iter=4)
+            tables = {"w": np.zeros((X.shape[1] + 1, 1)), "s": np.zeros((4, 6))}
+            for rank in (0, 1):
+                part = _participant._PartData(X[rank * 2000:(rank + 1) * 2000], y[rank * 2000:(rank + 1) * 2000],
+                                              np.ones(2000))
+                res = _participant._participant_loop(_TwoParticipantsInProcess(tables, rank), part, cfg)
+                assert res["profile"]["round_prep_seconds"] >= 0 and res["profile"]["kernel_seconds"] > 0
+            results.append(tables["w"].copy())
+    np.testing.assert_array_equal(results[0], results[1])
+    assert np.abs(results[0]).max() > 0
+
+
+def test_min_rounds_per_epoch():
+    """With several participants an epoch has at least
+    ``ps.sgd.min-rounds-per-epoch`` rounds (where it has that many
+    minibatches); a lone participant keeps one round an epoch."""
+    X = sp.random(16000, 50, density=0.1, format="csr", random_state=0)
+    est = SGDClassifier(batch_size=256)
+    cfg = _config(est, X)  # 63 minibatches, clock-samples 65536 would make one round of them
+    rounds = -(-cfg.steps_per_epoch // cfg.clock_every)
+    assert cfg.steps_per_epoch == 63 and rounds >= 4
+    with dask.config.set({"ps.sgd.min-rounds-per-epoch": 1}):
+        assert _config(est, X).clock_every == 63
+    with dask.config.set({"ps.sgd.min-rounds-per-epoch": 100}):
+        assert _config(est, X).clock_every == 1
+    solo = _config(est, X, P=1)
+    assert solo.clock_every == solo.steps_per_epoch
+    big = _config(SGDClassifier(batch_size=2048), sp.random(450000, 5, density=0.2, format="csr", random_state=0))
+    assert big.clock_every == 65536 // 2048  # large inputs: rounds of ps.sgd.clock-samples as before
+
+
+# --- on a cluster: reads a round ahead, background clocks -----------------------------------
+
+
+@pytest.mark.parametrize("consistency", [dask_ps.BSP(), dask_ps.SSP(2)])
+@pytest.mark.parametrize("sparse", [True, False])
+def test_fit_reads_ahead_and_matches_the_fit_without(client, consistency, sparse):
+    """Two participants read each round's weights a round ahead (prefetch
+    hits in ``metrics_``) and clock in the background; the model's test
+    accuracy is within a point of the same fit without overlap
+    (``ps.sgd.overlap: false``) and two of scikit-learn's. (Not equal, even
+    under BSP: a read at clock c holds every update of the clocks below c
+    and may hold some of clock c already, from a participant ahead.)
+    ``metrics_`` splits each participant's time (compute, blocked, rounds'
+    preparation, kernel)."""
+    if sparse:
+        X, y = _sparse_problem(n=24000, d=20000)
+    else:
+        X, y = make_classification(24000, 20, n_informative=5, n_redundant=0, class_sep=2.0, random_state=0)
+    Xtr, ytr, Xte, yte = X[:20000], y[:20000], X[20000:], y[20000:]
+    kw = dict(loss="log_loss", max_iter=4, tol=None, random_state=0, batch_size=256, client=client,
+              consistency=consistency)
+    with dask.config.set({"ps.sgd.min-samples-per-participant": 1000, "ps.sgd.clock-samples": 2048}):
+        ahead = SGDClassifier(**kw).fit(Xtr, ytr)
+        with dask.config.set({"ps.sgd.overlap": False}):
+            plain = SGDClassifier(**kw).fit(Xtr, ytr)
+    assert len(ahead.metrics_) == 2
+    for m in ahead.metrics_:
+        hits = sum(t.get("prefetch_hits", 0) for t in m["tables"].values())
+        assert hits > 0, m["tables"]
+        assert "prefetch_rows" in m["ps_seconds_by_call"] or "prefetch" in m["ps_seconds_by_call"]
+        for key in ("compute_seconds", "ps_blocked_seconds", "round_prep_seconds", "kernel_seconds"):
+            assert m[key] >= 0, key
+    for m in plain.metrics_:
+        assert not any(t.get("prefetch_hits", 0) for t in m["tables"].values())
+    # (six seeds each, SSP(2): sparse 0.839-0.845 ahead, 0.834-0.848 not; dense 0.982-0.988, 0.985-0.988)
+    assert abs(ahead.score(Xte, yte) - plain.score(Xte, yte)) <= 0.015
+    sk = SkSGDClassifier(loss="log_loss", max_iter=4, tol=None, random_state=0).fit(Xtr, ytr)
+    assert ahead.score(Xte, yte) >= sk.score(Xte, yte) - 0.015
+    assert set(ahead._fit_profile) >= {"parts_seconds", "tables_seconds", "run_seconds", "pull_seconds"}
+
+
+# --- a chunk trained again after its tables were rolled back to the checkpoint -------------------
+
+
+def _rolled_back_once(monkeypatch, fail_run):
+    """Make ``ParameterServer.run``'s ``fail_run``-th call (1-based) end as
+    one does after a worker holding blocks of the weights table died with
+    ``replication=1``: the run finishes, the lost blocks hold the checkpoint's
+    values (here: the whole table is mixed with garbage, worse) and
+    ``RolledBackError`` is raised."""
+    real_run = dask_ps.ParameterServer.run
+    calls = []
+
+    def run(self, fn, parts, **kwargs):
+        results = real_run(self, fn, parts, **kwargs)
+        calls.append(kwargs["cfg"].epoch0)
+        if len(calls) != fail_run:
+            return results
+        table = kwargs["cfg"].table
+        self.push(table, np.full(self.spec(table).shape, 1e3))
+        path = fail_run_path[0]
+        record = {"table": table, "blocks": [0], "reason": "worker tcp://x left", "checkpoint": path,
+                  "checkpoint_time": time.time() - 1, "restored_at": time.time(), "clocks": [3, 3],
+                  "run_started": time.time() - 2}
+        raise RolledBackError.from_run("fake-run", [record], results)
+
+    fail_run_path = []
+    monkeypatch.setattr(dask_ps.ParameterServer, "run", run)
+    return calls, fail_run_path
+
+
+@pytest.mark.parametrize("participants", [1, 2])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_rolled_back_chunk_is_trained_again_from_the_checkpoint(client, tmp_path, monkeypatch, sparse,
+                                                                 participants):
+    """A checkpointed fit whose run ends in ``RolledBackError`` (its tables
+    were restored from the checkpoint during the run) loads the checkpoint
+    again, trains that chunk again, records it in ``rollbacks_`` and warns;
+    the model is the undisturbed fit's (one participant: bitwise; two: the
+    same training accuracy within two points, as two undisturbed fits). A rollback
+    from another checkpoint path is not this fit's to repair: the error is
+    raised."""
+    if sparse:
+        X, y = _sparse_problem(n=12000, d=3000)
+    else:
+        X, y = make_classification(12000, 20, n_informative=5, n_redundant=0, class_sep=2.0, random_state=0)
+    kw = dict(loss="log_loss", max_iter=6, tol=None, random_state=0, client=client, checkpoint_every=2,
+              consistency=dask_ps.BSP())
+    with dask.config.set({"ps.sgd.min-samples-per-participant": 1000 if participants == 2 else 100000}):
+        quiet = SGDClassifier(**kw, checkpoint=str(tmp_path / "quiet")).fit(X, y)
+        assert len(quiet.metrics_) == participants
+        assert quiet.rollbacks_ == [] and len(quiet.run_ids_) == 3
+        path = str(tmp_path / "disturbed")
+        calls, where = _rolled_back_once(monkeypatch, fail_run=2)  # epochs 2-3, after the first save
+        where.append(path)
+        with pytest.warns(RuntimeWarning, match="trained again|training again"):
+            disturbed = SGDClassifier(**kw, checkpoint=path).fit(X, y)
+        assert calls == [0, 2, 2, 4]  # the second chunk ran twice
+        [rb] = disturbed.rollbacks_
+        assert rb["epochs"] == [2, 4] and rb["resumed_from_epoch"] == 2 and rb["run_id"] == "fake-run"
+        assert rb["rollbacks"][0]["checkpoint"] == path and len(disturbed.run_ids_) == 3
+        if participants == 1:
+            np.testing.assert_array_equal(disturbed.coef_, quiet.coef_)
+            np.testing.assert_array_equal(disturbed.intercept_, quiet.intercept_)
+        else:
+            assert abs(disturbed.score(X, y) - quiet.score(X, y)) <= 0.02
+        assert disturbed.n_iter_ == quiet.n_iter_ == 6
+        # A rollback to a checkpoint this fit did not write: raised as it is.
+        monkeypatch.undo()
+        calls, where = _rolled_back_once(monkeypatch, fail_run=2)
+        where.append(str(tmp_path / "elsewhere"))
+        with pytest.raises(RolledBackError):
+            SGDClassifier(**kw, checkpoint=str(tmp_path / "third")).fit(X, y)
+
+
+@pytest.mark.slow  # 30-90 s on a loaded 2-core machine: a 3-worker cluster, a kill, a chunk trained twice
+def test_rolled_back_fit_survives_a_killed_block_holder(tmp_path):
+    """kill -9 of a worker that holds blocks of the weights table but no
+    data, in the second chunk of a fit with ``checkpoint`` and
+    ``replication=1``: the scheduler restores its blocks from the checkpoint
+    saved after the first chunk, ``ps.run`` raises ``RolledBackError``, and
+    the fit loads the checkpoint, trains the chunk again and completes,
+    within two points of test accuracy of the undisturbed fit."""
+    import dask.array as da
+    from distributed import Client, LocalCluster
+
+    X, y = make_classification(120000, 20, n_informative=10, random_state=0)
+    X = (X - X.mean(0)) / X.std(0)
+    Xtr, ytr, Xte, yte = X[:100000], y[:100000], X[100000:], y[100000:]
+    with dask.config.set({"ps.block-bytes": "64B"}), \
+            LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
+            Client(cluster, set_as_default=False) as c:
+        ps = dask_ps.get_parameter_server(c)
+        workers = sorted(c.scheduler_info()["workers"])
+        data_workers, victim = workers[:2], workers[2]
+        blocks_x, blocks_y = [], []
+        for i, w in enumerate(data_workers):  # the participants' data on two workers, none on the victim
+            a, b = i * 50000, (i + 1) * 50000
+            fx = c.scatter(Xtr[a:b], workers=[w], hash=False)
+            fy = c.scatter(ytr[a:b], workers=[w], hash=False)
+            blocks_x.append(da.from_delayed(fx, shape=(b - a, 20), dtype=X.dtype))
+            blocks_y.append(da.from_delayed(fy, shape=(b - a,), dtype=y.dtype))
+        dX, dy = da.concatenate(blocks_x), da.concatenate(blocks_y)
+        kw = dict(loss="log_loss", max_iter=20, tol=None, random_state=0, client=c, batch_size=64,
+                  checkpoint_every=2)
+        quiet = SGDClassifier(**kw, checkpoint=str(tmp_path / "quiet")).fit(dX, dy)
+        path = tmp_path / "disturbed"
+        killed = {}
+
+        def kill_the_victim_in_the_second_chunk():
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not (path / "manifest.json").exists():
+                time.sleep(0.01)
+            time.sleep(0.05)  # into the second chunk's run (a kill during the save is handled too)
+            names = [t for t in ps.tables() if t.startswith("dask_ps-sgd-") and not t.endswith("-stats")]
+            if names and any(p.worker == victim for p in ps.placement(names[0])):
+                os.kill(c.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+                killed["at"] = time.monotonic()
+
+        killer = threading.Thread(target=kill_the_victim_in_the_second_chunk, daemon=True)
+        killer.start()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            disturbed = SGDClassifier(**kw, checkpoint=str(path)).fit(dX, dy)
+        killer.join(timeout=5)
+        assert killed, "the victim held no block of the weights table, or was not killed"
+        assert disturbed.rollbacks_, "the fit was not rolled back (the kill came after the run?)"
+        assert any("training again" in str(w.message) for w in caught)
+        assert disturbed.rollbacks_[0]["resumed_from_epoch"] >= 2
+        assert disturbed.n_iter_ == quiet.n_iter_ == 20
+        acc_quiet, acc = quiet.score(Xte, yte), disturbed.score(Xte, yte)
+        assert abs(acc - acc_quiet) <= 0.02, (acc, acc_quiet)
