@@ -22,6 +22,18 @@ distinct random rows, sorted (what a sparse minibatch's touched features
 are). The ratio printed is dask_ps speed / bare speed (bare seconds /
 dask_ps seconds): the issue's target is >= 0.9 for pulls and pushes.
 
+``--steps`` instead times, inside a worker process (so with the allocator
+settings Dask's nanny gives workers: ``MALLOC_TRIM_THRESHOLD_`` makes every
+fresh array over 128 KiB a new ``mmap`` that page-faults on first use), the
+numpy steps a row operation of each case may make: the validation passes,
+the temporaries, the gather, the copies (docs/benchmarks.md, "Row path").
+
+``--cpu`` instead measures the CPU seconds per operation of the three
+threads involved: the participant's task thread and worker A's event loop
+(the caller's side) and worker B's event loop (the server's side), for
+dask_ps and the bare handler; CPU time is far less sensitive than wall
+time to the other work on a shared machine.
+
 ``--profile`` instead runs each dask_ps operation ``--profile-reps`` times
 under ``cProfile`` in the participant's thread and on both workers' event
 loops (worker A: the participant's comm; worker B: the server's handler) and
@@ -33,6 +45,8 @@ Usage::
     python benchmarks/bench_rows.py                        # about a minute
     python benchmarks/bench_rows.py --repeat 3 --budget 1
     python benchmarks/bench_rows.py --profile --cases 0 1  # where the time goes
+    python benchmarks/bench_rows.py --steps                # what each numpy step costs in a worker
+    python benchmarks/bench_rows.py --cpu                  # CPU per operation, caller and server side
 """
 
 from __future__ import annotations
@@ -155,6 +169,91 @@ def participant_profile(ctx, measure, *, pull_table, push_table, rows, width, re
     return (time.perf_counter() - t0) / reps, _profile_text(prof, top)
 
 
+def row_steps(n_rows, width, k, reps=30):
+    """Task: median milliseconds of each numpy step of a ``k``-row operation
+    on an ``(n_rows, width)`` float32 block, in this (worker) process."""
+    rng = np.random.default_rng(0)
+    rows = np.sort(rng.choice(n_rows, k, replace=False)).astype(np.int64)
+    data = rng.random((n_rows, width)).astype(np.float32)
+    values = np.full((k, width), 1e-3, np.float32)
+    gathered = data[rows]
+    chunk = 1 << 16
+
+    def chunked_sorted_check():
+        return all(bool((rows[lo + 1:min(lo + chunk, k - 1) + 1] > rows[lo:min(lo + chunk, k - 1)]).all())
+                   for lo in range(0, k - 1, chunk))
+
+    steps = {
+        "sorted check, one temporary (rows[1:] > rows[:-1])": lambda: bool(np.all(rows[1:] > rows[:-1])),
+        "sorted check, by chunks of 64k": chunked_sorted_check,
+        "min + max (range check)": lambda: (int(rows.min()), int(rows.max())),
+        "np.unique(return_inverse=True)": lambda: np.unique(rows, return_inverse=True),
+        "rows // block_rows (a row-sized temporary)": lambda: rows // n_rows,
+        "rows - start, int64": lambda: rows - 1,
+        "rows - start, int32": lambda: np.subtract(rows, 1, dtype=np.int32, casting="unsafe"),
+        "gather data[rows]": lambda: data[rows],
+        "gather np.take(data, rows, axis=0)": lambda: np.take(data, rows, axis=0),
+        "copy of the gathered rows": lambda: gathered.copy(),
+        "copy of rows + values (push buffer)": lambda: (rows.copy(), values.copy()),
+        "NaN/Inf check of the values (sum)": lambda: np.isfinite(values.sum()),
+        "scatter-add data[rows] += values": lambda: data.__setitem__(rows, data[rows] + values),
+        "np.add.at(data, rows, values)": lambda: np.add.at(data, rows, values),
+    }
+    out = {}
+    for name, f in steps.items():
+        f()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+        out[name] = statistics.median(ts) * 1e3
+    return out
+
+
+def _loop_cpu(dask_worker):
+    """CPU seconds of the worker's event loop thread (``client.run`` runs there)."""
+    return time.thread_time()
+
+
+def participant_cpu(ctx, measure, *, host, pull_table, push_table, rows, width, reps, which):
+    """CPU seconds per operation of this thread and of this worker's loop."""
+    if not measure:
+        return None
+    w = get_worker()
+    rpc = w.rpc(host)
+    values = np.full((len(rows), width), 1e-3, np.float32)
+    zero_copy = {"copy": False} if "copy" in inspect.signature(ctx.push_rows).parameters else {}
+    f = {
+        ("pull", "dask_ps"): lambda: ctx.pull_rows(pull_table, rows),
+        ("pull", "bare"): lambda: sync(w.loop, rpc.bench_rows_pull, rows=to_serialize(rows)),
+        ("push", "dask_ps"): lambda: (ctx.push_rows(push_table, rows, values, **zero_copy), ctx.flush()),
+        ("push", "bare"): lambda: sync(w.loop, rpc.bench_rows_push, rows=to_serialize(rows),
+                                       values=to_serialize(values)),
+    }[which]
+    for _ in range(3):
+        f()
+    loop_clock = time.pthread_getcpuclockid(w.loop.asyncio_loop._thread_id)
+    c0, l0 = time.thread_time(), time.clock_gettime(loop_clock)
+    for _ in range(reps):
+        f()
+    return (time.thread_time() - c0) / reps, (time.clock_gettime(loop_clock) - l0) / reps
+
+
+def cpu_case(client, ps, parts, host, pull_t, push_t, rows, width, args, reps=30, rounds=3):
+    """``{(op, mechanism): (thread, loop A, loop B)}``: median CPU ms per operation."""
+    out = {}
+    for _ in range(rounds):
+        for which in [("pull", "dask_ps"), ("pull", "bare"), ("push", "dask_ps"), ("push", "bare")]:
+            b0 = client.run(_loop_cpu, workers=[host])[host]
+            res = ps.run(participant_cpu, parts, host=host, pull_table=pull_t, push_table=push_t, rows=rows,
+                         width=width, reps=reps, which=which)
+            b1 = client.run(_loop_cpu, workers=[host])[host]
+            thread, loop_a = next(r for r in res if r is not None)
+            out.setdefault(which, []).append((thread * 1e3, loop_a * 1e3, (b1 - b0) / (reps + 3) * 1e3))
+    return {k: tuple(statistics.median(x[i] for x in v) for i in range(3)) for k, v in out.items()}
+
+
 def table_on(ps, base, host, **kwargs):
     """A one-block table whose block lives on ``host`` (placement hashes the name)."""
     for i in range(64):
@@ -178,6 +277,8 @@ def run_case(client, ps, n_rows, width, k, args):
     try:
         if args.profile:
             return profile_case(client, ps, parts, host, pull_t, push_t, rows, width, args)
+        if args.cpu:
+            return cpu_case(client, ps, parts, host, pull_t, push_t, rows, width, args)
         results = ps.run(participant, parts, host=host, pull_table=pull_t, push_table=push_t, rows=rows,
                          width=width, budget=args.budget, min_reps=args.min_reps, rounds=args.rounds)
     finally:
@@ -215,6 +316,8 @@ def main(argv=None):
     ap.add_argument("--cases", type=int, nargs="+", default=list(range(len(CASES))),
                     help=f"indices into {CASES} (default: all)")
     ap.add_argument("--profile", action="store_true", help="cProfile the dask_ps operations instead")
+    ap.add_argument("--steps", action="store_true", help="time the numpy steps of a row operation in a worker")
+    ap.add_argument("--cpu", action="store_true", help="CPU per operation of the caller's and the server's threads")
     ap.add_argument("--profile-reps", type=int, default=40)
     ap.add_argument("--profile-top", type=int, default=15, help="functions shown per side")
     args = ap.parse_args(argv)
@@ -224,6 +327,22 @@ def main(argv=None):
         client.register_plugin(BareRows())
         ps = dask_ps.ParameterServer(client)
         cases = [CASES[i] for i in args.cases]
+        if args.steps:
+            worker = sorted(ps.servers)[0]
+            results = [client.submit(row_steps, *case, workers=[worker], pure=False).result() for case in cases]
+            print(f"bench_rows --steps: median ms per step in a worker process ({args.cluster}); "
+                  f"columns: {', '.join(f'{n}x{w} {k} rows' for n, w, k in cases)}")
+            for name in results[0]:
+                print(f"{name:>52} | " + " | ".join(f"{r[name]:8.3f}" for r in results))
+            return
+        if args.cpu:
+            print(f"bench_rows --cpu: median CPU ms per operation ({args.cluster}; in-process workers share "
+                  "one event loop): participant thread | worker A's loop | worker B's loop (the server)")
+            for n_rows, width, k in cases:
+                for (op, mech), (thr, la, lb) in sorted(run_case(client, ps, n_rows, width, k, args).items()):
+                    print(f"{n_rows:>10}x{width:<3} {k:>7} {op:>5} {mech:>8} | {thr:7.3f} | {la:7.3f} | {lb:7.3f}",
+                          flush=True)
+            return
         if args.profile:
             for n_rows, width, k in cases:
                 for op, (seconds, text) in run_case(client, ps, n_rows, width, k, args).items():

@@ -54,7 +54,7 @@ from dask_ps._routing import TableHandle
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity (its messages hold arrays)
 class Flight:
     """One flush of one table, sent in the background."""
 
@@ -202,9 +202,10 @@ class Overlap:
         return self._sync(_result_of, future)
 
     # --- flushes ---------------------------------------------------------------------------
-    def _start_flush(self, name: str) -> Flight | None:
+    def _start_flush(self, name: str, submit: bool = True) -> Flight | None:
         """Send ``name``'s buffered pushes in the background (after the
-        table's flushes in flight); the buffer is this flight's from now on."""
+        table's flushes in flight); the buffer is this flight's from now on.
+        ``submit=False``: only prepare the flight; :meth:`_send_now` sends it."""
         buf = self._buffers.get(name)
         if not buf:
             return None
@@ -217,7 +218,10 @@ class Overlap:
         self._flushes_this_clock += 1
         flights = self._flights.setdefault(name, [])
         previous = flights[-1].future if flights else None
-        future = self._submit(self._send_in_order(previous, name, msgs, (self.run_id, self._clock), msg_seq))
+        if submit:
+            future = self._submit(self._send_in_order(previous, name, msgs, (self.run_id, self._clock), msg_seq))
+        else:
+            future = concurrent.futures.Future()  # set by _send_now
         flight = Flight(name, h, msgs, msg_seq, self._clock, buf, future)
         flights.append(flight)
         for handle in self._prefetches.get(name, ()):
@@ -227,6 +231,41 @@ class Overlap:
     async def _send_in_order(self, previous, name, msgs, run, msg_seq):
         await _after(previous)
         return await self._router.send(name, msgs, run=run, msg_seq=msg_seq)
+
+    def _send_now(self, flights: list[Flight], report: tuple[int, int | None] | None = None):
+        """Send prepared flights (``_start_flush(submit=False)``) and wait: one
+        hop to the event loop for all of them (and for the report of clock
+        ``report = (clock, wait_for)`` after them and after every flight in
+        the background). Returns the clock's ``(min clock, seconds)``, an
+        exception, or None when a flush failed (the clock is not reported)."""
+        calls = []
+        for f in flights:
+            mine = self._flights[f.name]
+            previous = mine[mine.index(f) - 1].future if mine.index(f) > 0 else None
+            calls.append(self._send_in_order(previous, f.name, f.msgs, (self.run_id, f.clock), f.msg_seq))
+        others = [f.future for fl in self._flights.values() for f in fl if f not in flights]
+        try:
+            results, clock_reply = self._sync(self._send_and_report, calls, others, report)
+        except BaseException as e:
+            for f in flights:
+                if not f.future.done():
+                    f.future.set_exception(e)
+            raise
+        for f, r in zip(flights, results):
+            if isinstance(r, BaseException):
+                f.future.set_exception(r)
+            else:
+                f.future.set_result(r)
+        return clock_reply
+
+    async def _send_and_report(self, calls, others, report):
+        results = await asyncio.gather(*calls, return_exceptions=True) if calls else []
+        if report is None or any(isinstance(r, BaseException) for r in results):
+            return results, None
+        try:
+            return results, await self._report_clock(others, *report)
+        except Exception as e:  # raised by the caller, after the flushes are booked
+            return results, e
 
     def _finish_flights(self, name: str, block: bool = True) -> None:
         """Book ``name``'s acknowledged flushes, oldest first (``block``: wait
@@ -253,6 +292,14 @@ class Overlap:
 
     def _flush_async(self) -> PushHandle:
         return PushHandle(self, [f for f in map(self._start_flush, list(self._buffers)) if f is not None])
+
+    def _flush_now(self, names) -> None:
+        """Send the buffered pushes of tables ``names`` and wait (one hop)."""
+        flights = [f for f in (self._start_flush(n, submit=False) for n in names) if f is not None]
+        if flights:
+            self._send_now(flights)
+        for name in {f.name for f in flights}:
+            self._finish_flights(name)
 
     # --- clock -------------------------------------------------------------------------
     def _start_clock(self, wait_for: int | None) -> None:

@@ -423,16 +423,16 @@ class Session(Overlap):
         later read of a table waits for its flushes, and ``clock()`` reports
         the clock only once they were acknowledged.
         """
-        handle = self._flush_async()
         if not wait:
-            return handle
+            return self._flush_async()
+        self._flush_now(list(self._buffers))
         for name in list(self._flights):
             self._finish_flights(name)
         return None
 
     def _flush_table(self, name: str) -> None:
         """Send ``name``'s buffered pushes and wait for them."""
-        self._start_flush(name)
+        self._flush_now([name])
         self._finish_flights(name)
 
     def _flushed(self, flight, seqs: dict[int, int]) -> None:
@@ -505,14 +505,29 @@ class Session(Overlap):
         never more than one clock past what the servers know).
         """
         self._finish_clock()  # the previous clock's report, if in the background
-        self._flush_async()
-        self._clock += 1
-        self._flushes_this_clock = 0
-        wait_for = None if self._staleness_used is None else self._clock - self._staleness_used
-        # One RPC: report the clock and, under SSP, wait for the slowest.
-        self._start_clock(wait_for)
-        if wait:
-            self._finish_clock()
+        clock = self._clock + 1
+        wait_for = None if self._staleness_used is None else clock - self._staleness_used
+        if not wait:
+            self._flush_async()
+            self._clock, self._flushes_this_clock = clock, 0
+            self._start_clock(wait_for)  # after every flight so far
+            return
+        # One hop to the event loop: the flushes, then one RPC that reports
+        # the clock and, under SSP, waits for the slowest.
+        flights = [f for f in (self._start_flush(n, submit=False) for n in list(self._buffers)) if f is not None]
+        t0 = time.perf_counter()
+        reply = self._send_now(flights, report=(clock, wait_for))
+        for name in list(self._flights):
+            self._finish_flights(name)  # a failed flush raises here (the clock was not reported)
+        if reply is None:
+            raise RuntimeError(f"{self!r}: clock {clock} was not reported: a flush before it failed")
+        self._clock, self._flushes_this_clock = clock, 0
+        if isinstance(reply, BaseException):
+            raise reply
+        m, _ = reply
+        if wait_for is not None:
+            self._clock_wait += time.perf_counter() - t0
+        self._known_min = float("inf") if m is None else max(self._known_min, m)
 
     # --- pull ------------------------------------------------------------------------------
     def _required_tag(self, h: TableHandle) -> float | None:
