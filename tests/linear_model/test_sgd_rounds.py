@@ -2,7 +2,8 @@
 ahead in a background thread (``_rounds._RoundPrep``), later epochs read in
 blocks (``_block_order``), the next round's weights read while a round
 trains and clocks sent in the background (the session's ``prefetch_rows`` /
-``clock(wait=False)``), at least ``ps.sgd.min-rounds-per-epoch`` rounds an
+``clock(wait=False)``), own rounds that a stale read holds at ``1/P`` only
+(``own_unconfirmed``), at least ``ps.sgd.min-rounds-per-epoch`` rounds an
 epoch, and a checkpointed fit that trains a chunk again when its tables were
 rolled back to the checkpoint (``dask_ps.RolledBackError``)."""
 
@@ -197,6 +198,54 @@ def test_min_rounds_per_epoch():
     assert solo.clock_every == solo.steps_per_epoch
     big = _config(SGDClassifier(batch_size=2048), sp.random(450000, 5, density=0.2, format="csr", random_state=0))
     assert big.clock_every == 65536 // 2048  # large inputs: rounds of ps.sgd.clock-samples as before
+
+
+# --- own rounds the table holds at 1/P only ---------------------------------------------------
+
+
+def test_add_common_rows_is_a_merge_of_sorted_rows():
+    rng = np.random.default_rng(0)
+    rows = np.sort(rng.choice(1000, 300, replace=False))
+    other = np.sort(rng.choice(1000, 200, replace=False))
+    values = rng.normal(size=(300, 2))
+    other_values = rng.normal(size=(200, 2))
+    expected = values.copy()
+    common, i, j = np.intersect1d(rows, other, return_indices=True)
+    expected[i] += 0.5 * other_values[j]
+    numba_sgd.add_common_rows(rows, values, other, other_values, 0.5)
+    np.testing.assert_array_equal(values, expected)
+
+
+class _Stub:
+    """What ``_Participant.own_unconfirmed`` reads of its participant."""
+
+    def __init__(self, own, P):
+        self.own = own
+        self.ctx = type("ctx", (), {"n_participants": P})()
+        self.compiled = type("compiled", (), {"mod": numba_sgd})()
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_own_rounds_at_clocks_the_read_may_lack_count_in_full(P):
+    """A read tagged ``t`` holds every update of the clocks below ``t``; the
+    participant's own rounds at clocks ``>= t`` are in it at ``1/P`` only
+    (each pushed ``delta / P``), so ``(P - 1)/P`` more of them is added
+    where the read and the round share rows; older rounds are left alone."""
+    rows = np.array([1, 3, 5, 7, 9, 20])  # the next round's rows
+    W0 = np.arange(6.0)[:, None]
+    own = [(4, np.array([1, 2, 3, 20]), np.full((4, 1), 10.0)),  # clock 4: in the read (tag 5)
+           (5, np.array([3, 4, 5, 20]), np.full((4, 1), 1.0)),
+           (6, np.array([9, 20]), np.full((2, 1), 0.5))]
+    out = _participant._Participant.own_unconfirmed(_Stub(own, P), W0, rows, tag=5)
+    extra = np.zeros(6)
+    extra[[1, 2, 5]] += 1.0 * (P - 1)  # rows 3, 5, 20 from clock 5
+    extra[[4, 5]] += 0.5 * (P - 1)  # rows 9, 20 from clock 6
+    np.testing.assert_array_equal(out[:, 0], np.arange(6.0) + extra)
+    np.testing.assert_array_equal(W0[:, 0], np.arange(6.0))  # the read itself is not written
+    dense = _participant._Participant.own_unconfirmed(_Stub([(7, None, np.ones((3, 1)))], P), np.zeros((3, 1)),
+                                                      None, tag=7)
+    np.testing.assert_array_equal(dense, np.full((3, 1), P - 1.0))
+    assert _participant._Participant.own_unconfirmed(_Stub(own, P), W0, rows, tag=7) is W0
 
 
 # --- on a cluster: reads a round ahead, background clocks -----------------------------------
