@@ -1,9 +1,8 @@
 from __future__ import annotations
 
-import logging
-
 import pytest
-from distributed import Client, LocalCluster
+from distributed import Client
+from ps_fixtures import fresh_ps, shared_cluster
 
 
 def pytest_collection_modifyitems(config, items):
@@ -25,11 +24,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def cluster():
-    """One small cluster shared by the tests that do not change membership."""
-    logging.getLogger("distributed").setLevel(logging.WARNING)
-    with LocalCluster(
-        n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None
-    ) as cluster:
+    with shared_cluster(processes=True) as cluster:
         yield cluster
 
 
@@ -41,9 +36,4 @@ def client(cluster):
 
 @pytest.fixture
 def ps(client):
-    import dask_ps
-
-    ps = dask_ps.ParameterServer(client)
-    yield ps
-    for name in ps.tables():  # every test starts with no tables
-        ps.drop_table(name)
+    yield from fresh_ps(client)

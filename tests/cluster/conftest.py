@@ -2,40 +2,31 @@
 as on a real cluster) and on an in-process cluster (``processes=False``:
 workers are threads of the test process, replies travel without a copy),
 the embedded cluster's default layout. The staleness audit, exact sums and
-torn-read tests hold on both."""
+torn-read tests hold on both.
+
+``client`` and ``ps`` are defined again here, not inherited: the root
+conftest's session-scoped ``client`` is cached against the root ``cluster``
+fixture; these follow the parametrized one."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
-from distributed import LocalCluster
+from distributed import Client
+from ps_fixtures import fresh_ps, shared_cluster
 
 
 @pytest.fixture(scope="session", params=["processes", "threads"])
 def cluster(request):
-    logging.getLogger("distributed").setLevel(logging.WARNING)
-    with LocalCluster(
-        n_workers=2, threads_per_worker=2, processes=request.param == "processes", dashboard_address=None
-    ) as cluster:
+    with shared_cluster(processes=request.param == "processes") as cluster:
         yield cluster
 
 
-# Own client and ps fixtures (the root conftest's are cached per session
-# against the root cluster fixture; these follow the parametrized one).
 @pytest.fixture(scope="session")
 def client(cluster):
-    from distributed import Client
-
     with Client(cluster) as client:
         yield client
 
 
 @pytest.fixture
 def ps(client):
-    import dask_ps
-
-    ps = dask_ps.ParameterServer(client)
-    yield ps
-    for name in ps.tables():  # every test starts with no tables
-        ps.drop_table(name)
+    yield from fresh_ps(client)
