@@ -30,7 +30,7 @@ from distributed.utils import sync
 
 from dask_ps import _backend, _config, _routing
 from dask_ps._oplog import PushBuffer
-from dask_ps._overlap import Overlap, PullHandle, PushHandle, ps_call
+from dask_ps._overlap import Overlap, PullHandle, PushHandle, add_into, ps_call
 from dask_ps._routing import TableHandle
 from dask_ps._spec import check_row_request, check_rows_sorted, check_values
 from dask_ps._transport import Router, Transport
@@ -661,20 +661,7 @@ class Session(Overlap):
             for prow, pvals in by_block.get(b, ()):
                 if out is vals:
                     out = vals.copy()  # never write into a reply's buffer
-                xp = _backend.namespace(out)
-                if rows is None:
-                    if prow is None:
-                        out += pvals
-                    else:
-                        out[xp.asarray(prow)] += pvals
-                elif prow is None:
-                    out += pvals[xp.asarray(rows)]
-                else:
-                    pos = np.searchsorted(prow, rows)
-                    pos_c = np.minimum(pos, max(prow.size - 1, 0))
-                    hit = np.flatnonzero((pos < prow.size) & (prow[pos_c] == rows)) if prow.size else pos[:0]
-                    if hit.size:
-                        out[xp.asarray(hit)] += pvals[xp.asarray(pos_c[hit])]
+                add_into(out, rows, prow, pvals)
         return out
 
     def _drop_summed(self, name: str, floor: float) -> None:
