@@ -27,25 +27,7 @@ import math
 
 import numpy as np
 
-try:
-    import numba
-    from numba import njit
-except ImportError:  # pragma: no cover - numba is a dependency of this module
-    numba = None
-
-    def njit(*args, **kwargs):
-        def wrap(fn):
-            def missing(*a, **k):
-                raise ImportError(
-                    "dask_ps.decomposition.LatentDirichletAllocation's CPU sampler needs numba "
-                    "(pip install numba), or use sampler='array'"
-                )
-
-            missing.py_func = fn
-            return missing
-
-        return wrap(args[0]) if args and callable(args[0]) else wrap
-
+from dask_ps._estimators import njit  # numba.njit, caching outside the package
 
 # --- CPU: sequential collapsed Gibbs (exact within a participant) -----------------
 
@@ -61,7 +43,7 @@ def _inverse_totals(nk, vbeta):
     return inv
 
 
-@njit(inline="always")
+@njit(cache=False, inline="always")
 def _doc_coefficients(ndk, d, alpha, inv, coef):
     """Fill ``coef`` with document ``d``'s ``(ndk + alpha) / (nk + vbeta)``
     per topic; returns their sum."""
@@ -72,7 +54,7 @@ def _doc_coefficients(ndk, d, alpha, inv, coef):
     return total
 
 
-@njit(inline="always")
+@njit(cache=False, inline="always")
 def _move_token(ndk, nwk, nk, inv, coef, d, w, k, step, alpha, vbeta):
     """Add (``step=1``) or remove (``step=-1``) a token of document ``d`` and
     word ``w`` in topic ``k``, keeping the topic's ``inv`` and ``coef``
