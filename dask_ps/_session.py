@@ -515,7 +515,6 @@ class Session(Overlap):
         # One hop to the event loop: the flushes, then one RPC that reports
         # the clock and, under SSP, waits for the slowest.
         flights = [f for f in (self._start_flush(n, submit=False) for n in list(self._buffers)) if f is not None]
-        t0 = time.perf_counter()
         reply = self._send_now(flights, report=(clock, wait_for))
         for name in list(self._flights):
             self._finish_flights(name)  # a failed flush raises here (the clock was not reported)
@@ -524,9 +523,9 @@ class Session(Overlap):
         self._clock, self._flushes_this_clock = clock, 0
         if isinstance(reply, BaseException):
             raise reply
-        m, _ = reply
+        m, seconds = reply  # the clock's RPC (with the wait for the slowest), not the flushes
         if wait_for is not None:
-            self._clock_wait += time.perf_counter() - t0
+            self._clock_wait += seconds
         self._known_min = float("inf") if m is None else max(self._known_min, m)
 
     # --- pull ------------------------------------------------------------------------------
