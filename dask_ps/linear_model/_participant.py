@@ -307,10 +307,12 @@ class _Participant:
         self.overlap = not self.solo and cfg.overlap and ctx.overlaps
         self.ahead = None  # (epoch, round index, PullHandle) of the read started a round ahead
         self.seconds = {"round_prep": 0.0, "kernel": 0.0}  # the participant thread's, per kind of work
-        # Own recent rounds, added to reads that may lack the others' (own_unconfirmed):
-        # needs the reads' tags (the session's handles) and a staleness bound.
+        # Own recent rounds, added to reads that may lack the others' (own_unconfirmed,
+        # ps.sgd.own-rounds-in-full): needs the reads' tags (the session's handles)
+        # and a staleness bound.
         s = cfg.staleness
-        self.keep_own = self.overlap and self.compiled is not None and s is not None and s > 0
+        self.keep_own = (cfg.own_rounds_in_full and self.overlap and self.compiled is not None
+                         and s is not None and s > 0)
         self.own: list = []  # (clock, rows, delta pushed), the last s + 1 rounds
         self.samples = 0
         self.W_all = None
@@ -422,7 +424,8 @@ class _Participant:
             handle = self.ctx.prefetch(table) if rows is None else self.ctx.prefetch_rows(table, rows)
         else:
             return self.ctx.pull(self.cfg.table) if rows is None else self.ctx.pull_rows(self.cfg.table, rows)
-        return self.own_unconfirmed(self.ctx.result_of(handle), rows, handle.tag)
+        W0 = self.ctx.result_of(handle)
+        return self.own_unconfirmed(W0, rows, handle.tag) if self.keep_own else W0
 
     def own_unconfirmed(self, W0, rows, tag):
         """``W0`` (read with every update of the clocks below ``tag``) plus
@@ -436,9 +439,13 @@ class _Participant:
         drifted from the mean of the models towards their sum (the
         over-correction of "sum of gradients"). Two participants, dense
         300k x 100, E=1, rounds of 32,768: test accuracy 0.47-0.61 under
-        SSP(2) (BSP 0.80-0.81); with this 0.72-0.81. A round of the others
-        that the read did hold makes the own round count more than ``1/P``
-        there, until a later read's tag passes it."""
+        SSP(2) (BSP 0.80-0.81); with this 0.72-0.81. But a round of the
+        others that the read did hold (its tag is the min clock known when
+        it was sent, often a clock behind) makes the own round count more
+        than ``1/P`` there, until a later read's tag passes it: on data
+        where every round touches every weight this costs accuracy (the
+        synthetic parity fits of test_sgd.py lost about a point), so it is
+        opt-in (``ps.sgd.own-rounds-in-full``); docs/benchmarks.md."""
         extra = [(r, d) for clock, r, d in self.own if clock >= tag]
         if not extra:
             return W0

@@ -70,6 +70,9 @@ class _RunConfig:
     # Reads a round ahead and background clocks where the session has them
     # (ps.sgd.overlap).
     overlap: bool = True
+    # Own rounds that a stale read may hold at 1/P only count in full
+    # (ps.sgd.own-rounds-in-full; _Participant.own_unconfirmed).
+    own_rounds_in_full: bool = False
 
 
 class _StopRule:

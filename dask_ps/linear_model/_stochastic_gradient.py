@@ -139,7 +139,9 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         ``checkpoint`` and ``replication=1``, a worker lost during a run has
         its blocks restored from the checkpoint (``dask_ps.RolledBackError``),
         so the fit loads its tables from the checkpoint and trains again from
-        there (with a ``RuntimeWarning``; at most 3 times a fit). Each entry:
+        there (with a ``RuntimeWarning``; at most 3 times a fit; also when the
+        run failed while the blocks were being restored, or they were
+        restored between two runs). Each entry:
         ``epochs`` (the run's ``[first, end)``), ``resumed_from_epoch``,
         ``run_id``, ``tables`` and ``rollbacks`` (the error's records).
         Empty when nothing was lost.

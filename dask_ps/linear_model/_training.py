@@ -29,6 +29,7 @@ from dask_ps._estimators import (
     checkpoint_record,
     chunk_end,
     find_checkpoint,
+    may_be_worker_loss,
     participant_metrics,
     raise_no_samples,
     save_checkpoint,
@@ -263,13 +264,13 @@ def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, si
     b_local = max(1, max(sizes) // steps)
     clock_every = max(1, int(setting("sgd", "clock-samples")) // b_local) if P > 1 else steps
     if P > 1:
-        # At least ps.sgd.min-rounds-per-epoch rounds: a participant may read the
-        # table without the others' last s rounds (SSP(s)), and its own rounds
-        # count 1/P in it; with rounds of a whole epoch, one that ran ahead (it
-        # started first) trained epochs from a model missing half of its own
-        # progress and all of the others' (two participants, 32k rows: test ROC
-        # AUC 0.62-0.76 under SSP(2) against 0.755-0.770 under BSP; 0.755-0.764
-        # with four rounds an epoch).
+        # At least ps.sgd.min-rounds-per-epoch rounds (default 1): under SSP(s)
+        # with rounds of a whole epoch, a participant that ran ahead trained
+        # epochs from a model missing half of its own progress and all of the
+        # others' (two participants, 32k rows: test ROC AUC 0.62-0.76 under
+        # SSP(2), 0.755-0.770 under BSP; with four rounds an epoch 0.755-0.764),
+        # but more rounds an epoch cost the synthetic parity fits of
+        # test_sgd.py about a point under SSP(2): docs/benchmarks.md.
         clock_every = min(clock_every, max(1, steps // max(1, int(setting("sgd", "min-rounds-per-epoch")))))
     clock_every = min(clock_every, steps)
     clocks_per_epoch = math.ceil(steps / clock_every)
@@ -286,6 +287,7 @@ def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, si
         cw_neg=tuple(np.ones(K) if cw_neg is None else cw_neg),
         eta_init=tuple(eta_init), col_freq_needed=sparse, stats_stride=int(max_iter),
         overlap=bool(setting("sgd", "overlap")),
+        own_rounds_in_full=bool(setting("sgd", "own-rounds-in-full")),
     )
 
 
@@ -304,7 +306,7 @@ def _run_chunks(est, ps, parts, cfg: _RunConfig, start: _Start, checkpoint, reco
     while epoch < max_iter and (states is None or any(any(s["stop"]["active"]) for s in states)):
         end = chunk_end(epoch, max_iter, every)
         if checkpoint is not None and (missed := _restored_between_runs(ps, saved, seen)) is not None:
-            epoch, states, n_iter = _redo_from_checkpoint(est, ps, checkpoint, saved, missed, epoch, epoch)
+            epoch, states, n_iter = _redo_or_raise(est, ps, checkpoint, saved, missed, missed, epoch, epoch)
             seen = dict.fromkeys(saved, 0)  # loaded again: new tables
             continue
         run_cfg = cfg
@@ -314,14 +316,27 @@ def _run_chunks(est, ps, parts, cfg: _RunConfig, start: _Start, checkpoint, reco
         try:
             results = ps.run(_sgd_participant, parts.futures, cfg=run_cfg)
         except RolledBackError as e:
-            epoch, states, n_iter = _redo_from_checkpoint(est, ps, checkpoint, saved, e, epoch, end)
+            epoch, states, n_iter = _redo_or_raise(est, ps, checkpoint, saved, e, e, epoch, end)
+            seen = dict.fromkeys(saved, 0)
+            continue
+        except Exception as e:
+            # The run failed while a lost worker's blocks were being restored
+            # from the checkpoint (a read that found them unreachable for
+            # ps.timeouts.failover): once the repair is done, the same redo.
+            if checkpoint is None or not may_be_worker_loss(e):
+                raise
+            ps.wait_for_placement()
+            missed = _restored_between_runs(ps, saved, seen, run_id="(a failed run)")
+            if missed is None:
+                raise
+            epoch, states, n_iter = _redo_or_raise(est, ps, checkpoint, saved, missed, e, epoch, end)
             seen = dict.fromkeys(saved, 0)
             continue
         finally:
             timing["run_seconds"] = timing.get("run_seconds", 0.0) + time.perf_counter() - t
         if checkpoint is not None and (missed := _restored_between_runs(ps, saved, seen)) is not None:
             # Restored as the run ended: not saved, trained again from the checkpoint.
-            epoch, states, n_iter = _redo_from_checkpoint(est, ps, checkpoint, saved, missed, epoch, end)
+            epoch, states, n_iter = _redo_or_raise(est, ps, checkpoint, saved, missed, missed, epoch, end)
             seen = dict.fromkeys(saved, 0)
             continue
         runs.append(results)
@@ -342,13 +357,22 @@ def _run_chunks(est, ps, parts, cfg: _RunConfig, start: _Start, checkpoint, reco
     return runs, states, n_iter
 
 
-def _restored_between_runs(ps, saved, seen) -> RolledBackError | None:
+def _restored_between_runs(ps, saved, seen, run_id="(between runs)") -> RolledBackError | None:
     """The restores of the tables ``saved`` from their checkpoint that no run
     reported (beyond the ``seen`` first records per table: a worker lost
-    between two runs, e.g. during a save), as a ``RolledBackError``; None
-    when there are none."""
+    between two runs, e.g. during a save, or during a run that failed), as
+    a ``RolledBackError``; None when there are none."""
     missed = [r for name in saved for r in ps.rollbacks(name)[seen[name]:]]
-    return RolledBackError.from_run("(between runs)", missed) if missed else None
+    return RolledBackError.from_run(run_id, missed) if missed else None
+
+
+def _redo_or_raise(est, ps, checkpoint, saved, rolled_back: RolledBackError, error: BaseException, epoch, end):
+    """``_redo_from_checkpoint``'s ``(epoch, states, n_iter)``, or ``error``
+    raised where this fit cannot train again from its checkpoint."""
+    redo = _redo_from_checkpoint(est, ps, checkpoint, saved, rolled_back, epoch, end)
+    if redo is None:
+        raise error
+    return redo
 
 
 def _redo_from_checkpoint(est, ps, checkpoint, saved, error: RolledBackError, epoch, end):
@@ -360,14 +384,14 @@ def _redo_from_checkpoint(est, ps, checkpoint, saved, error: RolledBackError, ep
     from and return where it stands, ``(epoch, states, n_iter)``, to train
     from there. Recorded in ``est.rollbacks_``, with a ``RuntimeWarning``.
 
-    Re-raises ``error`` without a checkpoint of this fit to go back to (a
-    table restored from another path, another fit's tables), or after
+    Returns None without a checkpoint of this fit to go back to (a table
+    restored from another path, another fit's tables), or after
     ``MAX_RESTARTS`` redone chunks."""
     records = error.rollbacks
     path = None if checkpoint is None else str(checkpoint)
     if (path is None or not records or len(est.rollbacks_) >= MAX_RESTARTS
             or any(r["table"] not in saved or str(r["checkpoint"]) != path for r in records)):
-        raise error
+        return None
     meta = ps.load(checkpoint, tables=saved, overwrite=True)
     back_to = int(meta["epoch"])
     tables = sorted({r["table"] for r in records})
