@@ -4,6 +4,7 @@ hashed click-through data, and their fit times (a smaller data set here)."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import subprocess
@@ -17,8 +18,12 @@ EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "ctr_logist
 def test_ctr_logistic_example(tmp_path):
     if not EXAMPLE.exists():
         pytest.skip("not a source checkout")
+    # On this small sample each participant has one round per epoch, and under
+    # SSP(2) the one-epoch AUC varies (0.62-0.77): more rounds per epoch
+    # (opt-in, docs/benchmarks.md) keep it at 0.755-0.764.
+    env = dict(os.environ, DASK_PS__SGD__MIN_ROUNDS_PER_EPOCH="4")
     out = subprocess.run([sys.executable, str(EXAMPLE), "--rows", "40000", "--epochs", "5"], capture_output=True,
-                         text=True, cwd=tmp_path, timeout=600)
+                         text=True, cwd=tmp_path, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = {name.strip(): [float(v) for v in values.split()]
             for name, values in re.findall(r"^(scikit-learn SGDClassifier|dask_ps SGDClassifier \(2 workers\))"
