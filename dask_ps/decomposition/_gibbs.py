@@ -84,6 +84,7 @@ class _Sampler:
     def __init__(self, part, z, ndk, cfg: GibbsConfig, rank, n_participants):
         self.rank, self.P = rank, n_participants
         self.vocab, self.words, self.doc_ptr = part["vocab"], part["words"], part["doc_ptr"]
+        self.rows = np.arange(self.vocab.size, dtype=np.int64)  # local word -> its row in the pulled rows
         self.doc_len = np.diff(self.doc_ptr)
         self.z, self.ndk = z, ndk
         self.vbeta = cfg.n_features * cfg.beta
@@ -210,17 +211,27 @@ def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
     if cfg.evaluate_every > 0 and it % cfg.evaluate_every == 0:
         _evaluate(ctx, s, cfg, it, nwk, nk)
         s.timing["eval_seconds"] += time.perf_counter() - t1
-    nwk_before = nwk.copy()
     nk_before = nk.copy()
-    nwk, nk = _sweep(s, cfg, it, nwk, nk)
-    t2 = time.perf_counter()
-    delta = nwk - nwk_before
-    # the changed words' indices to the host (push_rows takes host rows); the
-    # counts stay where the tables are (on the device with device="cuda")
-    changed = arrays.to_numpy(arrays.namespace(delta).flatnonzero(delta.any(axis=1)))
+    if s.sampler == "array":
+        nwk_before = nwk.copy()
+        nwk, nk = _sweep(s, cfg, it, nwk, nk)
+        t2 = time.perf_counter()
+        delta = nwk - nwk_before
+        # the changed words' indices to the host (push_rows takes host rows); the
+        # counts stay where the tables are (on the device with device="cuda")
+        changed = arrays.to_numpy(arrays.namespace(delta).flatnonzero(delta.any(axis=1)))
+        delta = delta[changed]
+    else:
+        # The rows' change from the assignments that moved: O(tokens + changed
+        # rows x K), where comparing the rows before and after is several
+        # passes over all of them (most of an iteration's push at K=1000).
+        z_before = s.z.copy()
+        nwk, nk = _sweep(s, cfg, it, nwk, nk)
+        t2 = time.perf_counter()
+        changed, delta = _k.row_deltas(s.words, z_before, s.z, s.rows, cfg.n_components, nwk.dtype.type(0))
     if changed.size:
-        ctx.push_rows(cfg.nwk_name, s.vocab[changed], delta[changed])
-    ctx.push(cfg.nk_name, (nk - nk_before).astype(np.int64))
+        ctx.push_rows(cfg.nwk_name, s.vocab[changed], delta, copy=False)
+    ctx.push(cfg.nk_name, (nk - nk_before).astype(np.int64), copy=False)
     ctx.flush()
     t3 = time.perf_counter()
     ctx.clock()

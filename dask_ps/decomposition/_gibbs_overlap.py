@@ -39,37 +39,8 @@ import time
 
 import numpy as np
 
-from dask_ps._estimators import njit
 from dask_ps.decomposition import _gibbs
-
-
-@njit(nogil=True, cache=True)
-def row_deltas(words, z_before, z_after, position, K, zero):
-    """The change a sweep made to its word rows, from the assignments alone:
-    ``(changed, delta)``, ``changed`` the positions (in the half's rows) of
-    the words with a token that moved and ``delta[i]`` their row's change
-    (``zero``'s dtype). O(tokens + changed x K), where comparing the rows
-    before and after costs several passes over all of them."""
-    n_rows = 0
-    slot = np.full(position.size, -1, dtype=np.int64)
-    for i in range(words.shape[0]):
-        if z_before[i] != z_after[i] and slot[words[i]] < 0:
-            slot[words[i]] = 0
-            n_rows += 1
-    changed = np.empty(n_rows, dtype=np.int64)
-    j = 0
-    for w in range(position.size):  # in the half's (sorted) row order
-        if slot[w] >= 0:
-            changed[j] = position[w]
-            slot[w] = j
-            j += 1
-    delta = np.zeros((n_rows, K), dtype=type(zero))
-    for i in range(words.shape[0]):
-        if z_before[i] != z_after[i]:
-            r = slot[words[i]]
-            delta[r, z_before[i]] -= 1
-            delta[r, z_after[i]] += 1
-    return changed, delta
+from dask_ps.decomposition._lda_kernels import row_deltas
 
 
 class _Half:

@@ -121,93 +121,194 @@ def gibbs_sweep_dense(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed)
 
 
 @njit(nogil=True, cache=True)
-def gibbs_sweep_sparse(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed):
-    """One sweep with SparseLDA's bucket decomposition (Yao et al. 2009).
-
-    Same conditional as :func:`gibbs_sweep_dense`, split as
-
-        (ndk + alpha)(nwk + beta)/(nk + vbeta)
-          = beta (ndk + alpha)/(nk + vbeta)        "smoothing + document" bucket, s
-          + nwk (ndk + alpha)/(nk + vbeta)         "topic-word" bucket, q
-
-    ``s`` is kept up to date incrementally (two topics change per token), and
-    ``q`` needs only the topics in which the word has tokens: per local word
-    the nonzero topics are kept in an unordered list with O(1) insert and
-    delete (``nz_list``/``nz_pos``). Most of the mass is in ``q`` for
-    ``beta`` << 1, so a draw rarely walks all K topics.
-    """
-    np.random.seed(seed)
-    K = nk.shape[0]
-    Vp = nwk.shape[0]
-    nz_list = np.empty((Vp, K), dtype=np.int32)
-    nz_pos = np.full((Vp, K), -1, dtype=np.int32)
-    nz_cnt = np.zeros(Vp, dtype=np.int32)
+def _word_topic_lists(words, nwk):
+    """Per local word, the topics in which its row is positive, in one flat
+    array: word ``w``'s are ``topics[start[w] : start[w] + count[w]]``,
+    with room for every topic its local tokens could add in the sweep (at
+    most ``min(K, nonzeros + tokens)``). O(rows x K) to scan, no per-topic
+    index table (a (rows, K) position table costs as much memory as ``nwk``
+    and a pass to fill)."""
+    Vp, K = nwk.shape
+    tokens = np.zeros(Vp, dtype=np.int64)
+    for i in range(words.shape[0]):
+        tokens[words[i]] += 1
+    count = np.zeros(Vp, dtype=np.int64)
     for w in range(Vp):
         c = 0
         for k in range(K):
             if nwk[w, k] > 0:
-                nz_list[w, c] = k
-                nz_pos[w, k] = c
                 c += 1
-        nz_cnt[w] = c
+        count[w] = c
+    start = np.empty(Vp + 1, dtype=np.int64)
+    start[0] = 0
+    for w in range(Vp):
+        start[w + 1] = start[w] + min(K, count[w] + tokens[w])
+    topics = np.empty(start[Vp], dtype=np.int32)
+    for w in range(Vp):
+        c = start[w]
+        for k in range(K):
+            if nwk[w, k] > 0:
+                topics[c] = k
+                c += 1
+    return topics, start, count
+
+
+@njit(cache=False, inline="always")
+def _drop_topic(topics, first, count, w, k):
+    """Remove topic ``k`` from word ``w``'s list (swap with the last)."""
+    last = first + count[w] - 1
+    for j in range(first, last + 1):
+        if topics[j] == k:
+            topics[j] = topics[last]
+            break
+    count[w] -= 1
+
+
+@njit(nogil=True, cache=True)
+def gibbs_sweep_sparse(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed):
+    """One sweep with SparseLDA's three buckets (Yao, Mimno & McCallum 2009).
+
+    Same conditional as :func:`gibbs_sweep_dense`, split as
+
+        (ndk + alpha)(nwk + beta)/(nk + vbeta)
+          = nwk (ndk + alpha)/(nk + vbeta)      "topic-word" bucket q: the word's nonzero topics
+          + beta ndk/(nk + vbeta)               "document" bucket r: the document's nonzero topics
+          + alpha beta/(nk + vbeta)             "smoothing" bucket s: every topic, rarely drawn
+
+    ``r`` and ``s`` are kept up to date as tokens move (two topics change
+    per token), ``q`` is summed over the word's nonzero topics (kept in a
+    list per word, :func:`_word_topic_lists`). Only a draw from ``s`` (mass
+    ``alpha beta sum 1/(nk + vbeta)``, small) walks all K topics; a draw
+    from ``r`` walks the document's topics, so the cost per token grows
+    with the word's and the document's topics, not with K.
+    """
+    np.random.seed(seed)
+    K = nk.shape[0]
+    topics, start, count = _word_topic_lists(words, nwk)
     inv = _inverse_totals(nk, vbeta)
-    coef = np.empty(K)
+    coef = np.empty(K)  # (ndk + alpha) / (nk + vbeta) of the current document
     qv = np.empty(K)
+    doc_topics = np.empty(K, dtype=np.int32)  # the current document's topics with ndk > 0
+    doc_pos = np.full(K, -1, dtype=np.int64)
+    ab = alpha * beta
     for d in range(doc_ptr.shape[0] - 1):
         if doc_ptr[d] == doc_ptr[d + 1]:
             continue
-        s = _doc_coefficients(ndk, d, alpha, inv, coef)
+        n_doc = 0
+        smooth = 0.0
+        r = 0.0
+        for k in range(K):
+            coef[k] = (ndk[d, k] + alpha) * inv[k]
+            smooth += inv[k]
+            if ndk[d, k] > 0:
+                doc_topics[n_doc] = k
+                doc_pos[k] = n_doc
+                n_doc += 1
+                r += ndk[d, k] * inv[k]
         for i in range(doc_ptr[d], doc_ptr[d + 1]):
             w = words[i]
-            old = z[i]
-            # remove the token
-            s -= coef[old]
-            _move_token(ndk, nwk, nk, inv, coef, d, w, old, -1, alpha, vbeta)
-            s += coef[old]
-            if nwk[w, old] <= 0 and nz_pos[w, old] >= 0:  # leaves the word's list
-                p = nz_pos[w, old]
-                last = nz_list[w, nz_cnt[w] - 1]
-                nz_list[w, p] = last
-                nz_pos[w, last] = p
-                nz_pos[w, old] = -1
-                nz_cnt[w] -= 1
-            # q bucket over the word's nonzero topics
-            q = 0.0
-            cnt = nz_cnt[w]
-            for j in range(cnt):
-                k = nz_list[w, j]
-                v = coef[k] * nwk[w, k]
-                qv[j] = v
-                q += v
-            u = np.random.random() * (q + beta * s)
-            new = -1
-            if u < q:
-                for j in range(cnt):
-                    u -= qv[j]
-                    if u < 0.0:
-                        new = nz_list[w, j]
-                        break
-                if new < 0:  # rounding: take the last nonzero topic
-                    new = nz_list[w, cnt - 1]
-            else:
-                u = (u - q) / beta
-                for k in range(K):
-                    u -= coef[k]
-                    if u < 0.0:
-                        new = k
-                        break
-                if new < 0:
-                    new = K - 1
-            # add the token
-            z[i] = new
-            s -= coef[new]
-            _move_token(ndk, nwk, nk, inv, coef, d, w, new, 1, alpha, vbeta)
-            s += coef[new]
-            if nwk[w, new] > 0 and nz_pos[w, new] < 0:
-                c = nz_cnt[w]
-                nz_list[w, c] = new
-                nz_pos[w, new] = c
-                nz_cnt[w] = c + 1
+            first = start[w]
+            for step in (-1, 1):
+                if step == -1:
+                    k = z[i]
+                else:  # draw the new topic from the three buckets
+                    q = 0.0
+                    cnt = count[w]
+                    for j in range(cnt):
+                        t = topics[first + j]
+                        v = coef[t] * nwk[w, t]
+                        qv[j] = v
+                        q += v
+                    u = np.random.random() * (q + beta * r + ab * smooth)
+                    k = -1
+                    if u < q:
+                        for j in range(cnt):
+                            u -= qv[j]
+                            if u < 0.0:
+                                k = topics[first + j]
+                                break
+                        if k < 0:  # rounding: the last nonzero topic
+                            k = topics[first + cnt - 1]
+                    elif u < q + beta * r and n_doc > 0:
+                        u = (u - q) / beta
+                        for j in range(n_doc):
+                            t = doc_topics[j]
+                            u -= ndk[d, t] * inv[t]
+                            if u < 0.0:
+                                k = t
+                                break
+                        if k < 0:
+                            k = doc_topics[n_doc - 1]
+                    else:
+                        u = max(u - q - beta * r, 0.0) / ab
+                        for t in range(K):
+                            u -= inv[t]
+                            if u < 0.0:
+                                k = t
+                                break
+                        if k < 0:
+                            k = K - 1
+                    z[i] = k
+                # move the token out of (step -1) or into (step 1) topic k,
+                # keeping the buckets' sums and the lists current
+                before_w, before_d = nwk[w, k], ndk[d, k]
+                smooth -= inv[k]
+                r -= before_d * inv[k]
+                ndk[d, k] = before_d + step
+                nwk[w, k] = before_w + step
+                nk[k] += step
+                n = nk[k]
+                inv[k] = 1.0 / ((n if n > 0 else 0) + vbeta)
+                coef[k] = (ndk[d, k] + alpha) * inv[k]
+                smooth += inv[k]
+                r += ndk[d, k] * inv[k]
+                if step == -1 and before_w == 1:
+                    _drop_topic(topics, first, count, w, k)
+                elif step == 1 and before_w == 0:
+                    topics[first + count[w]] = k
+                    count[w] += 1
+                if step == -1 and before_d == 1:  # leaves the document's list
+                    p = doc_pos[k]
+                    last = doc_topics[n_doc - 1]
+                    doc_topics[p] = last
+                    doc_pos[last] = p
+                    doc_pos[k] = -1
+                    n_doc -= 1
+                elif step == 1 and before_d == 0:
+                    doc_topics[n_doc] = k
+                    doc_pos[k] = n_doc
+                    n_doc += 1
+        for j in range(n_doc):
+            doc_pos[doc_topics[j]] = -1
+
+
+@njit(nogil=True, cache=True)
+def row_deltas(words, z_before, z_after, position, K, zero):
+    """The change a sweep made to its word rows, from the assignments alone:
+    ``(changed, delta)``, ``changed`` the positions (in ``position``'s order: the sweep's rows) of
+    the words with a token that moved and ``delta[i]`` their row's change
+    (``zero``'s dtype). O(tokens + changed x K), where comparing the rows
+    before and after costs several passes over all of them."""
+    n_rows = 0
+    slot = np.full(position.size, -1, dtype=np.int64)
+    for i in range(words.shape[0]):
+        if z_before[i] != z_after[i] and slot[words[i]] < 0:
+            slot[words[i]] = 0
+            n_rows += 1
+    changed = np.empty(n_rows, dtype=np.int64)
+    j = 0
+    for w in range(position.size):  # in the half's (sorted) row order
+        if slot[w] >= 0:
+            changed[j] = position[w]
+            slot[w] = j
+            j += 1
+    delta = np.zeros((n_rows, K), dtype=type(zero))
+    for i in range(words.shape[0]):
+        if z_before[i] != z_after[i]:
+            r = slot[words[i]]
+            delta[r, z_before[i]] -= 1
+            delta[r, z_after[i]] += 1
+    return changed, delta
 
 
 from dask_ps.decomposition._lda_mh import gibbs_sweep_mh  # noqa: E402  (alias-table MH, large K)

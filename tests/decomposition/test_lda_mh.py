@@ -135,7 +135,7 @@ def test_fit_with_mh_sampler(lda_client):
 
 
 def test_row_deltas_equal_the_rows_change():
-    from dask_ps.decomposition._gibbs_overlap import row_deltas
+    from dask_ps.decomposition._lda_kernels import row_deltas
 
     rng = np.random.default_rng(0)
     V, K, n = 30, 7, 500
