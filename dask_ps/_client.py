@@ -77,10 +77,15 @@ class ParameterServer:
         info = client.scheduler_info(n_workers=-1)
         n_workers = len(info["workers"])
         self._scheduler_id = info.get("id")  # a new scheduler has another: the tables are not there
+        # The scheduler plugin instance this object attached to (the one
+        # registered first: registering is idempotent). Every call to the
+        # scheduler carries it, and a new scheduler's plugin refuses it, even
+        # where the client's identity of its scheduler is not updated yet.
+        self._scheduler = _AttachedScheduler(client.scheduler, client.sync(client.scheduler.ps_cluster)["cluster_id"])
         # Worker plugins set up asynchronously; wait until every worker serves.
         self._servers(n=n_workers, timeout=30)
         self._latest_versions: dict[str, int] = {}
-        self._router = Router(Transport(client.rpc, client.scheduler), latest_versions=self._latest_versions)
+        self._router = Router(Transport(client.rpc, self._scheduler), latest_versions=self._latest_versions)
         self._router.lost_check = self._check_scheduler  # failover stops at once when the scheduler is gone
         client.subscribe_topic("ps-worker-left", self._on_worker_left)
         client.subscribe_topic("ps-worker-joined", self._on_worker_joined)
@@ -122,6 +127,8 @@ class ParameterServer:
         self._check_scheduler()
         try:
             return self.client.sync(fn, *args, **kwargs)
+        except SchedulerLostError as e:  # a new scheduler's plugin refused this object's cluster id
+            raise self._lost_error(str(e)) from e
         except Exception as e:
             self._check_scheduler(e)
             raise
@@ -145,16 +152,21 @@ class ParameterServer:
         why = self._scheduler_lost()
         if why is None:
             return
-        raise SchedulerLostError(
+        raise self._lost_error(why) from error
+
+    def _lost_error(self, why: str) -> SchedulerLostError:
+        router = getattr(self, "_router", None)  # None while __init__ attaches
+        tables = sorted(router.handles) if router is not None else []
+        return SchedulerLostError(
             f"dask_ps: {why}. The scheduler held the metadata of every table (and Dask workers close "
-            f"when their scheduler connection breaks, taking their blocks): tables {sorted(self._router.handles)} "
+            f"when their scheduler connection breaks, taking their blocks): tables {tables} "
             "and any run in progress are gone. Start a new scheduler and workers, then "
             "ParameterServer(Client(address)).load(checkpoint) to continue from the latest ps.save "
             "(docs/reliability.rst, 'Losing the scheduler')."
-        ) from error
+        )
 
     def _servers(self, n: int = 0, timeout: float = 0) -> list[str]:
-        return self._sync(self.client.scheduler.ps_servers, n=n, timeout=timeout)
+        return self._sync(self._scheduler.ps_servers, n=n, timeout=timeout)
 
     @property
     def servers(self) -> list[str]:
@@ -230,7 +242,7 @@ class ParameterServer:
             spec is a no-op, so re-running a script is safe).
         """
         if device == "auto":
-            device = self._sync(self.client.scheduler.ps_resolve_device)
+            device = self._sync(self._scheduler.ps_resolve_device)
         spec = _spec.TableSpec.create(
             name, shape, dtype, device=device, rule=rule, consistency=consistency,
             allow_nonfinite=allow_nonfinite, aggregate=aggregate, replication=replication,
@@ -244,7 +256,7 @@ class ParameterServer:
                 values = np.full(spec.shape, init, dtype=spec.dtype)
             else:
                 values = _spec.check_values(spec, init, spec.shape, what="init")
-        handle = self._sync(self.client.scheduler.ps_create_table, spec=spec.to_msg())
+        handle = self._sync(self._scheduler.ps_create_table, spec=spec.to_msg())
         self._router.forget(name)
         if values is not None:
             if handle["spec"]["table_id"] != spec.table_id:
@@ -254,12 +266,12 @@ class ParameterServer:
 
     def drop_table(self, name: str) -> None:
         """Delete a table and free its shards."""
-        self._sync(self.client.scheduler.ps_drop_table, name=name)
+        self._sync(self._scheduler.ps_drop_table, name=name)
         self._router.forget(name)
 
     def tables(self) -> list[str]:
         """Names of the existing tables."""
-        return self._sync(self.client.scheduler.ps_list_tables)
+        return self._sync(self._scheduler.ps_list_tables)
 
     def spec(self, name: str) -> _spec.TableSpec:
         """The :class:`TableSpec` of a table."""
@@ -350,7 +362,7 @@ class ParameterServer:
         run_id = uuid.uuid4().hex[:12]
         servers = self.servers or sorted(self.client.scheduler_info(n_workers=-1)["workers"])
         name = getattr(fn, "__name__", "fn")
-        self._sync(self.client.scheduler.ps_run_start, run_id=run_id, n=n, name=name)
+        self._sync(self._scheduler.ps_run_start, run_id=run_id, n=n, name=name)
         futures = []
         for rank, part in enumerate(parts):
             key = f"ps-run-{name}-{rank}-{run_id}"
@@ -371,7 +383,7 @@ class ParameterServer:
         except BaseException as e:
             self._check_scheduler(e)  # the participants' futures were cancelled: say why
             try:
-                self._sync(self.client.scheduler.ps_run_abort, run_id=run_id, reason=f"{type(e).__name__}: {e}")
+                self._sync(self._scheduler.ps_run_abort, run_id=run_id, reason=f"{type(e).__name__}: {e}")
             finally:
                 rolled_back = self._end_run(run_id)
                 if rolled_back:
@@ -385,7 +397,7 @@ class ParameterServer:
 
     def _end_run(self, run_id: str) -> list[dict]:
         """Forget the run on the scheduler, keep its metrics; returns its rollbacks."""
-        metrics = self._sync(self.client.scheduler.ps_run_end, run_id=run_id)
+        metrics = self._sync(self._scheduler.ps_run_end, run_id=run_id)
         if metrics is None:
             return []
         metrics["rolled_back"] = [_rollback_record(r) for r in metrics.get("rolled_back", ())]
@@ -398,7 +410,7 @@ class ParameterServer:
         names the table, the blocks, the reason, the checkpoint and when it
         was noted and restored (see :class:`RolledBackError`). Updates made
         since the checkpoint to those blocks are gone."""
-        return [_rollback_record(r) for r in self._sync(self.client.scheduler.ps_rollbacks, table=table)]
+        return [_rollback_record(r) for r in self._sync(self._scheduler.ps_rollbacks, table=table)]
 
     def metrics(self) -> dict:
         """Per run: clocks, attempts, seconds, and per participant and table
@@ -411,7 +423,7 @@ class ParameterServer:
     def wait_for_placement(self) -> None:
         """Block until background placement changes (rebalancing after a worker
         joined, repairs after one left) are done."""
-        self._sync(self.client.scheduler.ps_placement_settled)
+        self._sync(self._scheduler.ps_placement_settled)
 
     def save(self, path: str, tables=None, metadata: dict | None = None) -> None:
         """Checkpoint tables (default: all) to ``path`` (any fsspec URL the
@@ -430,7 +442,7 @@ class ParameterServer:
         from dask_ps import _checkpoint
 
         names = self.tables() if tables is None else [tables] if isinstance(tables, str) else list(tables)
-        active = self._sync(self.client.scheduler.ps_active_runs, tables=names)
+        active = self._sync(self._scheduler.ps_active_runs, tables=names)
         if active:
             raise RuntimeError(
                 f"ps.save: run(s) {active} using these tables are in progress; save between runs "
@@ -450,7 +462,7 @@ class ParameterServer:
                                    f"{h.spec.n_blocks}; the placement changed during the save, retry")
             entries[name] = {"spec": h.spec.to_msg(), "data": data}
         _checkpoint.commit(path, entries, metadata or {})
-        self._sync(self.client.scheduler.ps_note_checkpoint, path=path, data=data, tables=names)
+        self._sync(self._scheduler.ps_note_checkpoint, path=path, data=data, tables=names)
         logger.info("dask_ps: saved %d table(s) to %s", len(names), path)
 
     def load(self, path: str, tables=None, *, overwrite: bool = False) -> dict:
@@ -482,7 +494,7 @@ class ParameterServer:
         for name in names:
             spec = _spec.TableSpec.from_msg(manifest["tables"][name]["spec"])
             spec = dataclasses.replace(spec, table_id=uuid.uuid4().hex)
-            self._sync(self.client.scheduler.ps_create_table, spec=spec.to_msg())
+            self._sync(self._scheduler.ps_create_table, spec=spec.to_msg())
             self._router.forget(name)
             h = self._handle(name)
             directory = _checkpoint.table_dir(path, manifest["tables"][name]["data"], name)
@@ -495,7 +507,7 @@ class ParameterServer:
                 for w, bs in by_worker.items()
             }, "ps_load_blocks")
         for name in names:
-            self._sync(self.client.scheduler.ps_note_checkpoint, path=path,
+            self._sync(self._scheduler.ps_note_checkpoint, path=path,
                        data=manifest["tables"][name]["data"], tables=[name])
         return manifest.get("metadata", {})
 
@@ -504,6 +516,24 @@ class ParameterServer:
 
     async def _gather_rpc_each(self, msgs: dict, op):
         return await asyncio.gather(*(getattr(self.client.rpc(w), op)(**m) for w, m in msgs.items()))
+
+
+class _AttachedScheduler:
+    """The client's rpc to the scheduler whose ``ps_*`` calls carry the id
+    of the scheduler plugin a ParameterServer attached to (``cluster_id``):
+    the plugin refuses a call meant for another instance with
+    :class:`SchedulerLostError`. Other attributes are the rpc's."""
+
+    def __init__(self, rpc, cluster_id: str | None):
+        self._rpc, self.cluster_id = rpc, cluster_id
+
+    def __getattr__(self, op):
+        if op.startswith("_"):  # not set yet (copy, pickle): no recursion through self._rpc
+            raise AttributeError(op)
+        call = getattr(self._rpc, op)
+        if not op.startswith("ps_"):
+            return call
+        return lambda **msg: call(cluster_id=self.cluster_id, **msg)
 
 
 def _rollback_record(record: dict) -> dict:

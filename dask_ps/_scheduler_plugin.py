@@ -11,14 +11,17 @@ Placement changes (repair, evacuate, rebalance, resync) are
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
+import uuid
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from dask.utils import format_bytes
 from distributed import SchedulerPlugin
+from distributed.core import error_message
 from distributed.protocol.pickle import dumps
 
 from dask_ps import _config, _dashboard
@@ -27,6 +30,7 @@ from dask_ps._exceptions import (
     DataLostError,
     PSValueError,
     RunAbortedError,
+    SchedulerLostError,
     TableExistsError,
     UnknownTableError,
 )
@@ -62,6 +66,7 @@ HANDLERS = (
     "ps_resolve_device",
     "ps_rollbacks",
     "ps_fenced_out",
+    "ps_cluster",
 )
 
 
@@ -189,6 +194,10 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self.hung = HungWorkers(self)  # fences out members that stop answering
         self.creating: dict[str, list[list[str]]] = {}  # table -> owners, while its shards are created
         self.totals: Counter = Counter()  # metrics summed over finished participants
+        # This plugin instance, i.e. these tables: a new scheduler (even at the
+        # same address, with a client that reconnected to it) has another.
+        # A ParameterServer sends the id it attached to with every call.
+        self.cluster_id = uuid.uuid4().hex
 
     def __repr__(self):
         return f"<PSSchedulerPlugin servers={len(self.members)} tables={sorted(self.tables)} runs={len(self.runs)}>"
@@ -201,7 +210,8 @@ class PSSchedulerPlugin(SchedulerPlugin):
     async def start(self, scheduler):
         self.scheduler = scheduler
         self._servers_changed = asyncio.Condition()
-        scheduler.handlers.update({op: reply_errors(getattr(self, op[3:])) for op in HANDLERS})
+        scheduler.handlers.update({op: self._check_cluster(op, reply_errors(getattr(self, op[3:])))
+                                   for op in HANDLERS})
         scheduler.extensions[PLUGIN_NAME] = self
         from dask_ps import _prometheus
 
@@ -212,6 +222,29 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self.internal_token = internal_token(scheduler)  # of the plugin the workers got
         _dashboard.install(scheduler, self)  # the /ps page on the Dask dashboard
         self.hung.start()
+
+    def _check_cluster(self, op: str, handler):
+        """``handler`` for Dask: a message that carries ``cluster_id`` (a
+        ParameterServer's calls) is refused unless it names this plugin
+        instance, so an object attached to a lost scheduler never reads or
+        changes a new cluster's tables as its own."""
+
+        @functools.wraps(handler)
+        def checked(**msg):
+            expected = msg.pop("cluster_id", None)
+            if expected is not None and expected != self.cluster_id:
+                return error_message(SchedulerLostError(
+                    f"the scheduler at {self.scheduler.address} is not the one this ParameterServer "
+                    f"attached to: its dask_ps state is another cluster's (id {self.cluster_id}, "
+                    f"expected {expected}; refused {op})"
+                ), status="uncaught-error")
+            return handler(**msg)  # a coroutine for async handlers: Dask awaits it
+
+        return checked
+
+    def cluster(self) -> dict:
+        """Handler: ``{"cluster_id": ...}`` of this plugin instance (see ``_check_cluster``)."""
+        return {"cluster_id": self.cluster_id}
 
     async def close(self):
         from dask_ps import _prometheus
