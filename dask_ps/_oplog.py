@@ -81,11 +81,15 @@ class PushBuffer:
         ``borrowed``: one of them is the caller's (see the module docstring).
         Rows that need coalescing come out as fresh arrays anyway;
         ``increasing``: whether the rows are known to be sorted and unique."""
-        merged_rows, merged_values = _routing.coalesce_rows(rows, values, self.additive, increasing)
+        # Duplicate rows of one push are summed for every rule but assign
+        # (last wins), as ParameterServer.push_rows does: a step rule gets
+        # the summed gradient (np.add.at semantics), not the last sample's.
+        sums_duplicates = self.spec.rule.name != "assign"
+        merged_rows, merged_values = _routing.coalesce_rows(rows, values, sums_duplicates, increasing)
         if merged_rows is not rows:  # coalesced: fresh arrays, the buffer's own
             keep_rows = keep_values = True
             borrowed = False
-            self.summed |= self.additive and merged_rows.size < rows.size
+            self.summed |= sums_duplicates and merged_rows.size < rows.size
         self.borrowed |= borrowed
         part = (merged_rows if keep_rows else merged_rows.copy(),
                 merged_values if keep_values else merged_values.copy())

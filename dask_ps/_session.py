@@ -384,7 +384,13 @@ class Session(Overlap):
 
     @ps_call
     def push_rows(self, name: str, rows, values, copy: bool = True) -> None:
-        """Buffer an update of ``rows`` (duplicates are summed).
+        """Buffer an update of ``rows``.
+
+        Duplicate rows are summed before the table's rule is applied
+        (``np.add.at`` semantics: an optimizer rule takes one step with the
+        summed gradient), except for ``rule="assign"``, where the last
+        occurrence wins; as :meth:`ParameterServer.push_rows
+        <dask_ps.ParameterServer.push_rows>`.
 
         ``copy=False`` hands ``rows`` and ``values`` over instead of copying
         them (ps-lite's ``ZPush``): do not write to them until the push was
