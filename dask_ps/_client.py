@@ -299,7 +299,13 @@ class ParameterServer:
         self._sync(self._router.push_dense, name, values)
 
     def push_rows(self, name: str, rows, values) -> None:
-        """Update only ``rows``; duplicate rows are summed."""
+        """Update only ``rows``.
+
+        Duplicate rows are summed before the table's rule is applied
+        (``np.add.at`` semantics: an optimizer rule takes one step with the
+        summed gradient), except for ``rule="assign"``, where the last
+        occurrence wins; a participant's ``ctx.push_rows`` does the same.
+        """
         h = self._handle(name, refresh=False)
         rows = _spec.check_rows(h.spec, rows)
         values = _spec.check_values(h.spec, values, (len(rows), *h.spec.row_shape))
