@@ -84,7 +84,7 @@ class _Sampler:
     def __init__(self, part, z, ndk, cfg: GibbsConfig, rank, n_participants):
         self.rank, self.P = rank, n_participants
         self.vocab, self.words, self.doc_ptr = part["vocab"], part["words"], part["doc_ptr"]
-        self.rows = np.arange(self.vocab.size, dtype=np.int64)  # local word -> its row in the pulled rows
+        self.deltas = None  # the CPU samplers' (rows x K) buffer of an iteration's row changes, kept zeroed
         self.doc_len = np.diff(self.doc_ptr)
         self.z, self.ndk = z, ndk
         self.vbeta = cfg.n_features * cfg.beta
@@ -228,11 +228,17 @@ def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
         z_before = s.z.copy()
         nwk, nk = _sweep(s, cfg, it, nwk, nk)
         t2 = time.perf_counter()
-        changed, delta = _k.row_deltas(s.words, z_before, s.z, s.rows, cfg.n_components, nwk.dtype.type(0))
+        if s.deltas is None or s.deltas.dtype != nwk.dtype:
+            s.deltas = np.zeros(nwk.shape, dtype=nwk.dtype)
+        changed = _k.row_deltas_into(s.words, z_before, s.z, s.deltas, False)
+        delta = s.deltas[:changed.size]
     if changed.size:
+        # copy=False: the buffer is only zeroed again once the blocking flush returned
         ctx.push_rows(cfg.nwk_name, s.vocab[changed], delta, copy=False)
     ctx.push(cfg.nk_name, (nk - nk_before).astype(np.int64), copy=False)
     ctx.flush()
+    if s.sampler != "array":
+        _k.row_deltas_into(s.words, z_before, s.z, s.deltas, True)
     t3 = time.perf_counter()
     ctx.clock()
     s.timing["push_seconds"] += t3 - t2
