@@ -298,8 +298,9 @@ def main():
                     help="the issue's sizes: 1M x 100 dense, 1M x 2^20 sparse, 1M x 2^22 ctr")
     ap.add_argument("--no-dask-ml", action="store_true")
     ap.add_argument("--only", choices=["dense", "sparse", "ctr"], help="run one of the data sets (as --data X)")
-    ap.add_argument("--cluster", choices=["processes", "threads"], default="processes",
-                    help="2 worker processes, or 2 workers as threads of this process (processes=False)")
+    ap.add_argument("--cluster", choices=["processes", "threads"], default="threads",
+                    help="2 workers as threads of this process (LocalCluster(processes=False), the layout of "
+                         "the embedded default cluster, fastest here) or 2 worker processes")
     ap.add_argument("--breakdown", action="store_true", help="where the largest E's dask_ps fit spent its time")
     args = ap.parse_args()
     if args.full:
