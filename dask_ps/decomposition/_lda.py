@@ -99,8 +99,9 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         thread. A dask array input has one participant per row chunk.
     sampler : {"auto", "sparse", "dense", "mh", "array"}, default "auto"
         "dense": O(K) per token, compiled (numba) and SIMD-friendly;
-        "sparse": SparseLDA bucket decomposition (numba; cost per token ~ the
-        number of topics the word occurs in, better for large K); "mh":
+        "sparse": SparseLDA's three buckets (numba; cost per token ~ the
+        numbers of topics the word and the document occur in, not K; better
+        for large K); "mh":
         alias-table Metropolis-Hastings (LightLDA; numba; cost per token
         independent of K, but more cache misses per token and it mixes less
         per sweep: about 1.5x the sweeps for the same log-likelihood; on the
