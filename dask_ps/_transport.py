@@ -61,8 +61,9 @@ class Transport:
         self.rpc = rpc
         self.scheduler = scheduler
         self.local = local
-        # A session's pushes carry the cluster's internal token: the servers
-        # trust its NaN/Inf check (made at every push) and skip their own.
+        # A session's pushes and pulls carry the cluster's internal token: the
+        # servers trust its checks (NaN/Inf at every push; pulled rows sorted,
+        # unique and in range) and skip their own.
         self._trusted = {"token": local.internal_token} if local is not None else {}
         self.liveness = liveness if liveness is not None else Liveness()
         self.local_address = local.worker.address if local is not None and local.worker else None
@@ -105,7 +106,7 @@ class Transport:
             _config.get_seconds("timeouts.rpc"),
             self.rpc(addr).ps_pull(
                 table=h.spec.name, table_id=h.spec.table_id, version=h.version, blocks=blocks,
-                rows=[_wire(r) for _, r in reqs], **extra
+                rows=[_wire(r) for _, r in reqs], **self._trusted, **extra
             ),
         ))
 

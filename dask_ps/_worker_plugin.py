@@ -150,7 +150,7 @@ class PSWorkerPlugin(WorkerPlugin):
                     f"{op} may be called only by the cluster's scheduler and workers (they send the "
                     "cluster's internal token: the scheduler plugin's calls, InternalRPC)"
                 ), status="uncaught-error")
-            if op == "ps_push":
+            if op in ("ps_push", "ps_pull"):
                 msg["internal"] = internal
             return handler(**msg)  # a coroutine for async handlers: Dask awaits it
 
@@ -489,7 +489,7 @@ class PSWorkerPlugin(WorkerPlugin):
             self.store.install(t.spec, t.version, t.owners or None, exported)
 
     async def pull(self, table=None, version=None, blocks=(), rows=(), run=None, subscribe=None, table_id=None,
-                   sender=None):
+                   sender=None, internal=False):
         """Handler: values of whole blocks, of ranges ``[start, stop]`` or of
         rows within blocks.
 
@@ -503,11 +503,12 @@ class PSWorkerPlugin(WorkerPlugin):
         """
         rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
         seqs, values, summed, applied = await self._read(table, version, blocks, rows, run, subscribe, copy=False,
-                                                         table_id=table_id, sender=sender)
+                                                         table_id=table_id, sender=sender, trusted=internal)
         return {"seqs": seqs, "values": [to_serialize(a) for a in values], "summed_below": summed,
                 "applied": applied}
 
-    async def _read(self, table, version, blocks, rows, run, subscribe, copy, table_id=None, sender=None):
+    async def _read(self, table, version, blocks, rows, run, subscribe, copy, table_id=None, sender=None,
+                    trusted=False):
         """``(seqs, values, summed_below, applied)``; ``summed_below``
         (aggregate="clock", a participant's read, else None): per block, the
         clock below which every per-clock sum of the run is in the values
@@ -515,7 +516,7 @@ class PSWorkerPlugin(WorkerPlugin):
         sender's latest push number applied to it (None: none)."""
         if sender is not None and not isinstance(sender, str):
             raise PSValueError(f"pull sender must be a str, got {sender!r}")
-        t, reqs = self.store.validate_pull(table, version, blocks, rows, table_id)
+        t, reqs = self.store.validate_pull(table, version, blocks, rows, table_id, trusted=trusted)
         run_id = None
         if run is not None:
             run_id, min_clock = _check_run(run)
@@ -527,7 +528,7 @@ class PSWorkerPlugin(WorkerPlugin):
             try:
                 t = self.store.recheck_pull(t, table, version, [b for b, _ in reqs], table_id)
             except StaleVersionError:
-                t, reqs = self.store.validate_pull(table, version, blocks, rows, table_id)
+                t, reqs = self.store.validate_pull(table, version, blocks, rows, table_id, trusted=trusted)
             self.pause_guard.check()  # stopped for long: these copies may have missed pushes
             summed = None
             if run_id is not None and t.spec.aggregate == "clock":
@@ -676,7 +677,7 @@ class PSWorkerPlugin(WorkerPlugin):
 
     async def local_pull(self, table, version, blocks, rows, run=None, subscribe=None, table_id=None, sender=None):
         seqs, values, summed, applied = await self._read(table, version, blocks, rows, run, subscribe, copy=True,
-                                                         table_id=table_id, sender=sender)
+                                                         table_id=table_id, sender=sender, trusted=True)
         return {"seqs": seqs, "values": values, "summed_below": summed, "applied": applied}
 
 
