@@ -40,6 +40,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import math
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -50,6 +51,9 @@ from dask_ps import _backend, _config, _routing
 from dask_ps._exceptions import PSValueError
 from dask_ps._oplog import PushBuffer
 from dask_ps._routing import TableHandle
+
+# Rows up to this many bytes may be read as whole blocks (see Overlap._dense_read).
+_DENSE_READ_ROW_BYTES = 256
 
 logger = logging.getLogger(__name__)
 
@@ -503,8 +507,16 @@ class Overlap:
         """Whether a read of ``rows`` of block ``b`` fetches the whole block:
         when it needs at least ``ps.dense-read-fraction`` of its rows (no
         index array to send, no gather on the server, and the whole block
-        is cached)."""
+        is cached), and its rows are narrow. For rows of more than
+        ``_DENSE_READ_ROW_BYTES`` the index array is small beside the
+        values, while a whole block is handed out shared: the server copies
+        it at the next push, and the reader copies its rows out of it and
+        copies it again to write its own pushes through (LDA's word rows at
+        K=1000: three passes over every block per iteration, against one
+        gather)."""
         if rows is None:
+            return False
+        if h.spec.dtype.itemsize * math.prod(h.spec.row_shape) > _DENSE_READ_ROW_BYTES:
             return False
         start, stop = h.spec.block_bounds(b)
         return rows.size >= float(_config.get("dense-read-fraction")) * (stop - start)
