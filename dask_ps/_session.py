@@ -68,6 +68,9 @@ class CacheEntry:
     rows: np.ndarray | None  # local rows held (sorted), None = whole block
     values: object
     _index: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # No read at the owner's current clock or later may use it: own pushes
+    # are not written through into it any more (Session._retire_entries_unusable_at).
+    retired: bool = field(default=False, compare=False)
 
     def _dense(self) -> bool:
         return self.rows.size * _DENSE_ROWS >= (int(self.rows[-1]) + 1 if self.rows.size else 0)
@@ -475,7 +478,7 @@ class Session(Overlap):
         for items in msgs.values():
             for b, rows, vals in items:
                 e = cache.get(b)
-                if e is None:
+                if e is None or e.retired:
                     continue
                 # A reply can share the server's array (in-process): copy first.
                 e.values = _backend.writable(e.values)
@@ -513,6 +516,7 @@ class Session(Overlap):
         self._finish_clock()  # the previous clock's report, if in the background
         clock = self._clock + 1
         wait_for = None if self._staleness_used is None else clock - self._staleness_used
+        self._retire_entries_unusable_at(clock)  # before the flush: not written through for nothing
         if not wait:
             self._flush_async()
             self._clock, self._flushes_this_clock = clock, 0
@@ -533,6 +537,27 @@ class Session(Overlap):
         if wait_for is not None:
             self._clock_wait += seconds
         self._known_min = float("inf") if m is None else max(self._known_min, m)
+
+    def _retire_entries_unusable_at(self, clock: int) -> None:
+        """Mark the cached blocks no read at ``clock`` or later may use:
+        every entry of a table that re-reads once per clock (ASP,
+        ``refresh=True``) and those older than a bounded table's bound at
+        ``clock``. Marked before the clock's flush, which would otherwise
+        write own pushes through into them (LDA's word rows: a pass over
+        every row read, each iteration, for a copy read again anyway); they
+        stay until replaced, so that a re-read still counts as a refetch.
+        ESSP's entries (filled by the servers) are left alone."""
+        for name, cache in self._cache.items():
+            h = self._router.handles.get(name)
+            if h is None or not cache:
+                continue
+            c = h.spec.consistency
+            if c.name == "essp":
+                continue
+            need = None if isinstance(c, ASP) or c.staleness is None else clock - c.staleness
+            for e in cache.values():
+                if ((need is None or c.refreshes) and e.clock < clock) or (need is not None and e.tag < need):
+                    e.retired = True
 
     # --- pull ------------------------------------------------------------------------------
     def _required_tag(self, h: TableHandle) -> float | None:
