@@ -257,34 +257,62 @@ class PlacementChanger:
         """Phase 1b: copy each wanted block from its first candidate source;
         on failure the next source (or, if a target died, without it: the
         next repair replaces it). Returns ``block -> targets`` copied; a block
-        no source could give is marked lost."""
+        no source could give is marked lost.
+
+        One call per (source, target): a source's call fails as a whole when
+        any of its targets cannot be reached, and a target killed mid-copy
+        must not cost the sources of other blocks (that reported a block with
+        a good copy lost: the membership audit's kill variant). A failure
+        with neither end known dead, other than the source's own refusal (a
+        ``PSError``), is the target's or the source's: it is tried again
+        until the scheduler hears which one left (for up to ``2 *
+        ps.timeouts.hung``; then the source is given up, as before)."""
+        dead = self.plugin.liveness.dead
         copied: dict[int, list[str]] = {}
+        first_failed: dict[tuple[int, str, str], float] = {}  # (block, source, target) -> loop time
+        patience = max(2.0, 2 * _config.get_seconds("timeouts.hung"))
+        delay = 0.05
         while wanted:
-            by_source: dict[str, list[tuple[int, str]]] = {}
+            by_pair: dict[tuple[str, str], list[int]] = {}
             for b in list(wanted):
                 if not candidates[b]:
                     logger.error("dask_ps: table %r: no copy of block %d could be read", t.spec.name, b)
                     t.lost[b] = "no live copy could be read during a placement change"
                     del wanted[b]
                     continue
-                by_source.setdefault(candidates[b][0], []).extend((b, w) for w in wanted[b])
+                for w in wanted[b]:
+                    by_pair.setdefault((candidates[b][0], w), []).append(b)
             results = await asyncio.gather(
-                *(self.calls.call(src, "ps_copy_blocks", **msg, moves=mv) for src, mv in by_source.items()),
+                *(self.calls.call(src, "ps_copy_blocks", **msg, moves=[(b, dst) for b in bs])
+                  for (src, dst), bs in by_pair.items()),
                 return_exceptions=True,
             )
-            for (src, mv), r in zip(by_source.items(), results):
-                for b in {b for b, _ in mv}:
+            unclear = False
+            for ((src, dst), bs), r in zip(by_pair.items(), results):
+                for b in bs:
                     if not isinstance(r, Exception):
-                        copied[b] = wanted.pop(b, [])
+                        copied.setdefault(b, []).append(dst)
+                        wanted[b].remove(dst)
                         continue
-                    logger.warning("dask_ps: copying block %d of %r from %s failed: %r", b, t.spec.name, src, r)
-                    alive = [w for w in wanted[b] if w not in self.plugin.liveness.dead]
-                    if len(alive) < len(wanted[b]):  # a target died: the next repair replaces it
-                        wanted[b] = alive
-                        if not alive:
-                            del wanted[b]
-                    else:
+                    # Once per copy: a retried one (see below) would repeat it.
+                    now = asyncio.get_running_loop().time()
+                    log = logger.debug if (b, src, dst) in first_failed else logger.warning
+                    since = first_failed.setdefault((b, src, dst), now)
+                    log("dask_ps: copying block %d of %r from %s to %s failed: %r", b, t.spec.name, src, dst, r)
+                    if dst in dead:  # the next repair replaces this copy
+                        wanted[b].remove(dst)
+                    elif not isinstance(r, PSError) and src not in dead and now - since < patience:
+                        # Not the source's own refusal: which end failed? (A
+                        # target's error reaches here as a plain Exception when
+                        # it does not pickle.) Again once the scheduler may know.
+                        unclear = True
+                    elif candidates[b][:1] == [src]:
                         candidates[b].pop(0)
+            for b in [b for b, ws in wanted.items() if not ws]:
+                del wanted[b]
+            if unclear:
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 0.5)
         return copied
 
     async def _create_empty(self, t, new_owners, skip) -> None:
