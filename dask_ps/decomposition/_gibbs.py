@@ -84,7 +84,12 @@ class _Sampler:
     def __init__(self, part, z, ndk, cfg: GibbsConfig, rank, n_participants):
         self.rank, self.P = rank, n_participants
         self.vocab, self.words, self.doc_ptr = part["vocab"], part["words"], part["doc_ptr"]
-        self.deltas = None  # the CPU samplers' (rows x K) buffer of an iteration's row changes, kept zeroed
+        # Row deltas from the moved assignments (CPU samplers) where the rows
+        # are much larger than the tokens: two random-access passes over the
+        # tokens against sequential passes over rows x K (at K=50 on the
+        # benchmark corpus comparing the rows was cheaper; at K=1000, 5x not).
+        self.deltas_from_moves = cfg.sampler != "array" and self.vocab.size * cfg.n_components > 4 * self.words.size
+        self.deltas = None  # their (rows x K) buffer, kept zeroed
         self.doc_len = np.diff(self.doc_ptr)
         self.z, self.ndk = z, ndk
         self.vbeta = cfg.n_features * cfg.beta
@@ -212,7 +217,7 @@ def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
         _evaluate(ctx, s, cfg, it, nwk, nk)
         s.timing["eval_seconds"] += time.perf_counter() - t1
     nk_before = nk.copy()
-    if s.sampler == "array":
+    if not s.deltas_from_moves:
         nwk_before = nwk.copy()
         nwk, nk = _sweep(s, cfg, it, nwk, nk)
         t2 = time.perf_counter()
@@ -222,9 +227,9 @@ def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
         changed = arrays.to_numpy(arrays.namespace(delta).flatnonzero(delta.any(axis=1)))
         delta = delta[changed]
     else:
-        # The rows' change from the assignments that moved: O(tokens + changed
-        # rows x K), where comparing the rows before and after is several
-        # passes over all of them (most of an iteration's push at K=1000).
+        # The rows' change from the assignments that moved: O(tokens), where
+        # comparing the rows before and after is several passes over all of
+        # them (most of an iteration's push at K=1000).
         z_before = s.z.copy()
         nwk, nk = _sweep(s, cfg, it, nwk, nk)
         t2 = time.perf_counter()
@@ -240,7 +245,7 @@ def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
     # The flush and the clock's report in one hop; the cached rows, read
     # again next clock, are not written through first (Session.clock).
     ctx.clock()
-    if s.sampler != "array":
+    if s.deltas_from_moves:
         _k.row_deltas_into(s.words, z_before, s.z, s.deltas, True)
     s.timing["push_seconds"] += t3 - t2
     s.timing["clock_seconds"] += time.perf_counter() - t3
