@@ -60,9 +60,11 @@ class InProcessSession:
     def push_rows(self, name, rows, values) -> None:
         rows = np.asarray(rows)
         if name in self._assign:
-            self.tables[name][rows] = values
-        else:
+            self.tables[name][rows] = values  # duplicates: the last wins, as on the servers
+        elif rows.size < 2 or bool(np.all(rows[1:] > rows[:-1])):
             self.tables[name][rows] += values
+        else:
+            np.add.at(self.tables[name], rows, values)  # duplicates summed, as a session's push_rows
 
     def flush(self) -> None:
         if self.on_flush is not None:

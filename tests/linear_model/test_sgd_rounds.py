@@ -468,3 +468,17 @@ def test_rolled_back_fit_survives_a_killed_block_holder(tmp_path):
         assert disturbed.n_iter_ == quiet.n_iter_ == 20
         acc_quiet, acc = quiet.score(Xte, yte), disturbed.score(Xte, yte)
         assert abs(acc - acc_quiet) <= 0.02, (acc, acc_quiet)
+
+
+def test_in_process_session_sums_duplicate_rows_as_a_session_does():
+    """The in-process participant's push_rows sums duplicate rows (np.add.at),
+    as a session's push_rows does on a sum table; assign keeps the last."""
+    s = InProcessSession()
+    s.create_table("w", np.zeros((4, 2)))
+    s.create_table("a", np.zeros((4, 2)), assign=True)
+    rows = np.array([2, 0, 2])
+    vals = np.array([[1.0, 1.0], [5.0, 5.0], [2.0, 3.0]])
+    s.push_rows("w", rows, vals)
+    s.push_rows("a", rows, vals)
+    np.testing.assert_array_equal(s.pull("w"), [[5, 5], [0, 0], [3, 4], [0, 0]])
+    np.testing.assert_array_equal(s.pull("a"), [[5, 5], [0, 0], [2, 3], [0, 0]])
