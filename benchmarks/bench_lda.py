@@ -496,8 +496,9 @@ def main():
     ap.add_argument("--models-peers", nargs="+", choices=["SSP(2)", "BSP", "default"], default=["SSP(2)", "BSP"],
                     help="part 1: dask_ps consistency models (default: the estimator's consistency=None)")
     ap.add_argument("--sampler", default="auto", help="part 1: dask_ps's sampler")
-    ap.add_argument("--overlap", nargs="+", choices=["on", "off"], default=["on"],
-                    help="part 1: ps.lda.overlap for the dask_ps fits (on off: both, side by side)")
+    ap.add_argument("--overlap", nargs="+", choices=["on", "off"], default=["off"],
+                    help="part 1: ps.lda.overlap for the dask_ps fits (default off, as the estimator's "
+                         "default; on off: both, side by side)")
     ap.add_argument("--vb-passes", type=int, default=10, help="batch VB passes (online VB, gensim: half)")
     ap.add_argument("--skip-peers", action="store_true")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
