@@ -266,7 +266,7 @@ def part_peers(client, train, test, args):
             print(f"| {K} | {iters} | {name.removeprefix('dask_ps LDA, ')} | {tps:.3g} | {t_tps:.3g} | "
                   f"{tps / t_tps:.2f}x | {ll:.4f} | {t_ll:.4f} | {(ll - t_ll) / abs(t_ll):+.2%} |")
     print("\n### Where the dask_ps fits' time went (mean per participant, seconds)\n")
-    print("| K | model | fit wall | sweep | pull | push + flush | clock | evaluate | outside the loop "
+    print("| K | model | fit wall | sweep | pull | push | flush + clock | evaluate | outside the loop "
           "| session: compute | session: blocked on PS |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for (K, model), b in BREAKDOWNS.items():
