@@ -283,35 +283,6 @@ def gibbs_sweep_sparse(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed
 
 
 @njit(nogil=True, cache=True)
-def row_deltas(words, z_before, z_after, position, K, zero):
-    """The change a sweep made to its word rows, from the assignments alone:
-    ``(changed, delta)``, ``changed`` the positions (in ``position``'s order: the sweep's rows) of
-    the words with a token that moved and ``delta[i]`` their row's change
-    (``zero``'s dtype). O(tokens + changed x K), where comparing the rows
-    before and after costs several passes over all of them."""
-    n_rows = 0
-    slot = np.full(position.size, -1, dtype=np.int64)
-    for i in range(words.shape[0]):
-        if z_before[i] != z_after[i] and slot[words[i]] < 0:
-            slot[words[i]] = 0
-            n_rows += 1
-    changed = np.empty(n_rows, dtype=np.int64)
-    j = 0
-    for w in range(position.size):  # in the half's (sorted) row order
-        if slot[w] >= 0:
-            changed[j] = position[w]
-            slot[w] = j
-            j += 1
-    delta = np.zeros((n_rows, K), dtype=type(zero))
-    for i in range(words.shape[0]):
-        if z_before[i] != z_after[i]:
-            r = slot[words[i]]
-            delta[r, z_before[i]] -= 1
-            delta[r, z_after[i]] += 1
-    return changed, delta
-
-
-@njit(nogil=True, cache=True)
 def row_deltas_into(words, z_before, z_after, out, clear):
     """:func:`row_deltas` for a sweep over all of a participant's rows
     (``words`` its local row numbers), written into ``out`` (rows x K, all
@@ -343,6 +314,17 @@ def row_deltas_into(words, z_before, z_after, out, clear):
                 out[r, z_before[i]] -= 1
                 out[r, z_after[i]] += 1
     return changed
+
+
+def row_deltas(words, z_before, z_after, position, K, zero):
+    """The change a sweep made to its word rows, from the assignments alone,
+    as fresh arrays (for pushes that are not waited for): ``(changed,
+    delta)``, ``changed`` the positions (``position[word]``: the sweep's
+    rows) of the words with a token that moved and ``delta[i]`` their row's
+    change (``zero``'s dtype). See :func:`row_deltas_into`."""
+    out = np.zeros((int(position.max()) + 1 if position.size else 0, K), dtype=type(zero))
+    changed = row_deltas_into(position[words], z_before, z_after, out, False)
+    return changed, out[:changed.size]
 
 
 from dask_ps.decomposition._lda_mh import gibbs_sweep_mh  # noqa: E402  (alias-table MH, large K)
