@@ -843,7 +843,7 @@ def test_checkpointed_and_resumed_fits_equal_one_fit(client, tmp_path, cls, kw):
 @pytest.mark.slow  # 18-30 s on a loaded 2-core machine: a 3-worker cluster and two 20-epoch fits
 def test_sgd_fit_survives_a_worker_killed_mid_fit():
     """kill -9 of a worker that holds weight blocks (and a participant, and
-    data) about a second into a 3-participant fit with replication=2: Dask
+    data) 0.2 s into the training of a 3-participant fit with replication=2: Dask
     retries the participant, which gets its data back from the copy on
     another worker and resumes at its clock; the fit completes within 0.02
     test accuracy of an undisturbed fit with the same settings."""
@@ -869,14 +869,19 @@ def test_sgd_fit_survives_a_worker_killed_mid_fit():
         quiet, seconds = fit()
         killed = {}
 
+        before = set(ps.tables())  # the undisturbed fit's tables may not be dropped yet
+
         def kill_a_block_holder():
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                names = [t for t in ps.tables() if t.startswith("dask_ps-sgd-") and not t.endswith("-stats")]
+                names = [t for t in ps.tables()
+                         if t.startswith("dask_ps-sgd-") and not t.endswith("-stats") and t not in before]
                 if names:
                     break
-                time.sleep(0.05)
-            time.sleep(1.0)
+                time.sleep(0.01)
+            # 0.2 s into the training (it was a second: on a quiet machine the
+            # second fit's training took about one, and the kill missed it).
+            time.sleep(0.2)
             victim = ps.placement(names[0])[0].worker
             pid = c.run(os.getpid, workers=[victim])[victim]
             os.kill(pid, signal.SIGKILL)
