@@ -32,6 +32,7 @@ from dask_ps import _config, _routing
 from dask_ps._exceptions import PSError, StaleVersionError, UnknownTableError
 from dask_ps._liveness import Liveness, WorkerGone
 from dask_ps._routing import TableHandle
+from dask_ps._worker_plugin import in_process_peer
 
 
 def _wire(rows):
@@ -102,6 +103,17 @@ class Transport:
             return await self.local.local_pull(h.spec.name, h.version, blocks,
                                                [_routing.wire_rows(r) for _, r in reqs],
                                                table_id=h.spec.table_id, **extra)
+        peer = in_process_peer(addr) if self.local is not None else None
+        if peer is not None:  # another worker of this process: no comm
+            if addr in self.liveness.dead:
+                raise WorkerGone(f"worker {addr} has left the cluster")
+            # In this task: a worker of this process that closes answers or
+            # raises, there is no connection to wait on for Liveness to cancel.
+            return await _within(
+                _config.get_seconds("timeouts.rpc"),
+                peer.peer_pull(h.spec.name, h.version, blocks, [_routing.wire_rows(r) for _, r in reqs],
+                               table_id=h.spec.table_id, **extra),
+            )
         return await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),
             self.rpc(addr).ps_pull(

@@ -18,6 +18,7 @@ import functools
 import hmac
 import inspect
 import secrets
+import weakref
 
 import numpy as np
 from distributed import WorkerPlugin
@@ -108,6 +109,7 @@ class PSWorkerPlugin(WorkerPlugin):
 
     async def setup(self, worker):
         self.worker = worker
+        _IN_PROCESS[worker.address] = self
         _backend.setup_device_memory(_config.get("rmm-pool-size"))  # GPU workers: an rmm pool, if asked
         worker.handlers.update({op: self._guard(op, reply_errors(getattr(self, op[3:]))) for op in HANDLERS})
         worker.extensions[PLUGIN_NAME] = self
@@ -131,6 +133,8 @@ class PSWorkerPlugin(WorkerPlugin):
         # Handlers stay (a missing handler would answer None): with the store
         # empty they answer UnknownTableError, and callers re-route.
         self.store.tables.clear()
+        if _IN_PROCESS.get(worker.address) is self:
+            del _IN_PROCESS[worker.address]
 
     def _is_internal(self, token) -> bool:
         return isinstance(token, str) and hmac.compare_digest(token, self.internal_token)
@@ -675,10 +679,43 @@ class PSWorkerPlugin(WorkerPlugin):
         return await self._push(table, version, list(blocks), list(rows), list(values), raw, run,
                                 sender, msg_seq, False, table_id, trusted=True)
 
+    async def peer_pull(self, table, version, blocks, rows, run=None, subscribe=None, table_id=None, sender=None):
+        """``ps_pull`` for a session of another worker of this process, called
+        on this worker's event loop without Dask's comm (see
+        :func:`in_process_peer`): the same read, replies shared read-only as
+        the in-process comm hands them over, rows trusted (the session checked
+        them)."""
+        seqs, values, summed, applied = await self._read(table, version, blocks, rows, run, subscribe, copy=False,
+                                                         table_id=table_id, sender=sender, trusted=True)
+        return {"seqs": seqs, "values": values, "summed_below": summed, "applied": applied}
+
     async def local_pull(self, table, version, blocks, rows, run=None, subscribe=None, table_id=None, sender=None):
         seqs, values, summed, applied = await self._read(table, version, blocks, rows, run, subscribe, copy=True,
                                                          table_id=table_id, sender=sender, trusted=True)
         return {"seqs": seqs, "values": values, "summed_below": summed, "applied": applied}
+
+
+# The dask_ps worker plugins of this process by worker address: workers of
+# an in-process cluster (LocalCluster(processes=False), the embedded
+# default) read each other's shards by a direct call on their shared event
+# loop, as Bösen's threads share one process's tables, instead of a message
+# through Dask's in-process comm (issue 12).
+_IN_PROCESS: "weakref.WeakValueDictionary[str, PSWorkerPlugin]" = weakref.WeakValueDictionary()
+
+
+def in_process_peer(address: str):
+    """The plugin of the running worker ``address`` if it lives in this
+    process and runs on the calling event loop, else None (then the call
+    goes through Dask's comm, which also reports a closed worker)."""
+    peer = _IN_PROCESS.get(address)
+    if peer is None or peer.worker is None or getattr(peer.worker.status, "name", None) != "running":
+        return None
+    try:
+        if peer.worker.loop.asyncio_loop is not asyncio.get_running_loop():
+            return None
+    except (AttributeError, RuntimeError):
+        return None
+    return peer
 
 
 def reply_errors(handler):

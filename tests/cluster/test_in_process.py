@@ -36,3 +36,49 @@ def test_readers_cannot_change_the_servers_values(aggregate):
         w += 100  # the caller's copy
         np.testing.assert_array_equal(ps.pull("inproc-t"), np.full(4, 6.0))  # 2 participants x 3 clocks
         ps.drop_table("inproc-t")
+
+
+def _read_other_workers_rows(ctx, _, host):
+    from distributed import get_worker
+
+    if get_worker().address == host:
+        return None
+    rows = ctx.pull_rows("inproc-rows", [1, 5, 7])
+    try:  # a reply shared with the server (as the in-process comm hands them) is read-only
+        rows[0] = -1.0
+    except ValueError:
+        pass
+    return rows, ctx.pull_rows("inproc-rows", [5])
+
+
+def test_workers_of_one_process_read_each_others_shards_without_comm():
+    """In an in-process cluster a session reads another worker's shards by a
+    direct call on the shared event loop (issue 12): with that worker's
+    ps_pull comm handler broken, reads still get the right rows, and the
+    server's values cannot be changed through a reply."""
+    from dask_ps._worker_plugin import in_process_peer
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        ps = dask_ps.ParameterServer(client)
+        ps.create_table("inproc-rows", shape=(8, 2), consistency=dask_ps.VAP(1e30),
+                        init=np.arange(16.0).reshape(8, 2))
+        host = ps.placement("inproc-rows")[0].worker
+        server = next(w for w in cluster.workers.values() if w.address == host)
+
+        def broken(**msg):
+            raise AssertionError("the in-process peer was called through Dask's comm")
+
+        real = server.handlers["ps_pull"]
+        server.handlers["ps_pull"] = broken
+        try:
+            out = [r for r in ps.run(_read_other_workers_rows, [0, 1], host=host) if r is not None]
+        finally:
+            server.handlers["ps_pull"] = real
+        assert out, "no participant ran on the other worker"
+        for rows, again in out:
+            np.testing.assert_array_equal(rows[1:], [[10.0, 11.0], [14.0, 15.0]])
+            np.testing.assert_array_equal(again, [[10.0, 11.0]])
+        np.testing.assert_array_equal(ps.pull("inproc-rows"), np.arange(16.0).reshape(8, 2))
+        assert in_process_peer(host) is None  # not from outside the workers' event loop
+        ps.drop_table("inproc-rows")
