@@ -78,6 +78,15 @@ class Transport:
             items = [(b, _routing.wire_rows(r), v) for b, r, v in items]
             return await self.local.local_push(h.spec.name, h.version, items, raw=raw, run=run,
                                                sender=sender, msg_seq=msg_seq, table_id=h.spec.table_id)
+        peer = in_process_peer(addr) if self.local is not None else None
+        if peer is not None:  # another worker of this process: no comm (see pull)
+            if addr in self.liveness.dead:
+                raise WorkerGone(f"worker {addr} has left the cluster")
+            return await _within(
+                _config.get_seconds("timeouts.rpc"),
+                peer.local_push(h.spec.name, h.version, [(b, _routing.wire_rows(r), v) for b, r, v in items],
+                                raw=raw, run=run, sender=sender, msg_seq=msg_seq, table_id=h.spec.table_id),
+            )
         return await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),
             self.rpc(addr).ps_push(

@@ -43,6 +43,8 @@ def _read_other_workers_rows(ctx, _, host):
 
     if get_worker().address == host:
         return None
+    ctx.push_rows("inproc-rows", [1], [[100.0, 100.0]])
+    ctx.flush()
     rows = ctx.pull_rows("inproc-rows", [1, 5, 7])
     try:  # a reply shared with the server (as the in-process comm hands them) is read-only
         rows[0] = -1.0
@@ -52,10 +54,10 @@ def _read_other_workers_rows(ctx, _, host):
 
 
 def test_workers_of_one_process_read_each_others_shards_without_comm():
-    """In an in-process cluster a session reads another worker's shards by a
-    direct call on the shared event loop (issue 12): with that worker's
-    ps_pull comm handler broken, reads still get the right rows, and the
-    server's values cannot be changed through a reply."""
+    """In an in-process cluster a session reads and writes another worker's
+    shards by a direct call on the shared event loop (issue 12): with that
+    worker's ps_pull and ps_push comm handlers broken, pushes and reads still
+    work, and the server's values cannot be changed through a reply."""
     from dask_ps._worker_plugin import in_process_peer
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
@@ -69,16 +71,18 @@ def test_workers_of_one_process_read_each_others_shards_without_comm():
         def broken(**msg):
             raise AssertionError("the in-process peer was called through Dask's comm")
 
-        real = server.handlers["ps_pull"]
-        server.handlers["ps_pull"] = broken
+        real = {op: server.handlers[op] for op in ("ps_pull", "ps_push")}
+        server.handlers.update({op: broken for op in real})
         try:
             out = [r for r in ps.run(_read_other_workers_rows, [0, 1], host=host) if r is not None]
         finally:
-            server.handlers["ps_pull"] = real
+            server.handlers.update(real)
         assert out, "no participant ran on the other worker"
         for rows, again in out:
             np.testing.assert_array_equal(rows[1:], [[10.0, 11.0], [14.0, 15.0]])
             np.testing.assert_array_equal(again, [[10.0, 11.0]])
-        np.testing.assert_array_equal(ps.pull("inproc-rows"), np.arange(16.0).reshape(8, 2))
+        expected = np.arange(16.0).reshape(8, 2)
+        expected[1] += 100.0 * len(out)
+        np.testing.assert_array_equal(ps.pull("inproc-rows"), expected)
         assert in_process_peer(host) is None  # not from outside the workers' event loop
         ps.drop_table("inproc-rows")
