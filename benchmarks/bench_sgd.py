@@ -317,6 +317,12 @@ def main():
 
         Xw, yw = dense_data(200, 5)
         SGDClassifier(max_iter=2, client=client).fit(Xw, yw)
+        # ... and the sparse path's kernels (numba compiles or loads them at
+        # their first call: a few tenths of a second that landed in whichever
+        # sparse E=1 fit came first; bench_first_fit.py measures that cost).
+        for make in (lambda: hashed_data(4000, args.sparse_d, args.nnz), lambda: ctr_data(4000, args.ctr_d)):
+            Xw, yw = make()
+            SGDClassifier(max_iter=2, client=client, **kw).fit(Xw, yw)
         print(f"cluster: 2 workers x 1 thread, {args.cluster}")
         if "dense" in data and args.dense_n:
             X, y = dense_data(args.dense_n, args.dense_d)
