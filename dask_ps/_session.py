@@ -539,45 +539,44 @@ class Session(Overlap):
         self._known_min = float("inf") if m is None else max(self._known_min, m)
 
     def _retire_entries_unusable_at(self, clock: int) -> None:
-        """Mark the cached blocks no read at ``clock`` or later may use:
-        every entry of a table that re-reads once per clock (ASP,
-        ``refresh=True``) and those older than a bounded table's bound at
-        ``clock``. Marked before the clock's flush, which would otherwise
-        write own pushes through into them (LDA's word rows: a pass over
-        every row read, each iteration, for a copy read again anyway); they
-        stay until replaced, so that a re-read still counts as a refetch.
-        ESSP's entries (filled by the servers) are left alone."""
+        """Mark the cached blocks no read at ``clock`` may use (:meth:`_usable`
+        there; tags and fetch clocks never grow, so no later read either).
+        Marked before the clock's flush, which would otherwise write own
+        pushes through into them (LDA's word rows: a pass over every row
+        read, each iteration, for a copy read again anyway); they stay until
+        replaced, so that a re-read still counts as a refetch. ESSP's
+        entries (filled by the servers) are left alone."""
         for name, cache in self._cache.items():
             h = self._router.handles.get(name)
-            if h is None or not cache:
+            if h is None or h.spec.consistency.name == "essp":
                 continue
-            c = h.spec.consistency
-            if c.name == "essp":
-                continue
-            need = None if isinstance(c, ASP) or c.staleness is None else clock - c.staleness
+            need, refresh = self._required_tag(h, clock), h.spec.consistency.refreshes
             for e in cache.values():
-                if ((need is None or c.refreshes) and e.clock < clock) or (need is not None and e.tag < need):
+                if not self._usable(e, need, refresh, clock):
                     e.retired = True
 
     # --- pull ------------------------------------------------------------------------------
-    def _required_tag(self, h: TableHandle) -> float | None:
-        """Minimum cache tag a read of ``h`` needs now (None: never wait, ASP)."""
+    def _required_tag(self, h: TableHandle, clock: int | None = None) -> float | None:
+        """Minimum cache tag a read of ``h`` needs now, or at ``clock``
+        (None: never wait, ASP)."""
         c = h.spec.consistency
         if isinstance(c, ASP) or c.staleness is None:
             return None
-        return self._clock - c.staleness
+        return (self._clock if clock is None else clock) - c.staleness
 
-    def _usable(self, e: CacheEntry | None, need: float | None, refresh: bool) -> bool:
-        """Whether cached entry ``e`` may serve a read that needs tag ``need``.
+    def _usable(self, e: CacheEntry | None, need: float | None, refresh: bool, clock: int | None = None) -> bool:
+        """Whether cached entry ``e`` may serve a read that needs tag ``need``
+        (at the current clock, or at ``clock``).
 
         ASP (``need is None``) and ``refresh=True`` tables re-read once per
-        clock: the entry must have been fetched in the current clock. Bounded
+        clock: the entry must have been fetched in the reader's clock. Bounded
         models need ``tag >= need``."""
         if e is None:
             return False
+        clock = self._clock if clock is None else clock
         if need is None:
-            return e.clock == self._clock
-        return e.tag >= need and (not refresh or e.clock == self._clock)
+            return e.clock == clock
+        return e.tag >= need and (not refresh or e.clock == clock)
 
     def _cacheable(self, h: TableHandle) -> bool:
         # VAP reads see the servers directly: a cached copy would hide others'

@@ -72,16 +72,26 @@ class Transport:
     def __repr__(self):
         return f"<Transport local={self.local_address}>"
 
+    def _peer(self, addr: str):
+        """Another worker of this in-process cluster, called directly instead
+        of through Dask's comm (``_worker_plugin.in_process_peer``), or None.
+        The call runs in the caller's task: a worker of this process that
+        closes answers or raises, there is no connection for Liveness to cancel."""
+        if self.local is None:
+            return None
+        peer = in_process_peer(addr)
+        if peer is not None and addr in self.liveness.dead:
+            raise WorkerGone(f"worker {addr} has left the cluster")
+        return peer
+
     async def push(self, addr: str, h: TableHandle, items, raw=False, run=None, sender=None, msg_seq=None):
         """Apply ``items`` on ``addr``; returns each block's sequence number after it."""
         if addr == self.local_address:
             items = [(b, _routing.wire_rows(r), v) for b, r, v in items]
             return await self.local.local_push(h.spec.name, h.version, items, raw=raw, run=run,
                                                sender=sender, msg_seq=msg_seq, table_id=h.spec.table_id)
-        peer = in_process_peer(addr) if self.local is not None else None
-        if peer is not None:  # another worker of this process: no comm (see pull)
-            if addr in self.liveness.dead:
-                raise WorkerGone(f"worker {addr} has left the cluster")
+        peer = self._peer(addr)
+        if peer is not None:
             return await _within(
                 _config.get_seconds("timeouts.rpc"),
                 peer.local_push(h.spec.name, h.version, [(b, _routing.wire_rows(r), v) for b, r, v in items],
@@ -112,16 +122,12 @@ class Transport:
             return await self.local.local_pull(h.spec.name, h.version, blocks,
                                                [_routing.wire_rows(r) for _, r in reqs],
                                                table_id=h.spec.table_id, **extra)
-        peer = in_process_peer(addr) if self.local is not None else None
-        if peer is not None:  # another worker of this process: no comm
-            if addr in self.liveness.dead:
-                raise WorkerGone(f"worker {addr} has left the cluster")
-            # In this task: a worker of this process that closes answers or
-            # raises, there is no connection to wait on for Liveness to cancel.
+        peer = self._peer(addr)
+        if peer is not None:
             return await _within(
                 _config.get_seconds("timeouts.rpc"),
-                peer.peer_pull(h.spec.name, h.version, blocks, [_routing.wire_rows(r) for _, r in reqs],
-                               table_id=h.spec.table_id, **extra),
+                peer.local_pull(h.spec.name, h.version, blocks, [_routing.wire_rows(r) for _, r in reqs],
+                                table_id=h.spec.table_id, copy=False, **extra),
             )
         return await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),

@@ -22,7 +22,7 @@ import weakref
 
 import numpy as np
 from distributed import WorkerPlugin
-from distributed.core import error_message
+from distributed.core import Status, error_message
 from distributed.protocol.serialize import Serialized, to_serialize
 
 from dask_ps import _backend, _config
@@ -679,18 +679,14 @@ class PSWorkerPlugin(WorkerPlugin):
         return await self._push(table, version, list(blocks), list(rows), list(values), raw, run,
                                 sender, msg_seq, False, table_id, trusted=True)
 
-    async def peer_pull(self, table, version, blocks, rows, run=None, subscribe=None, table_id=None, sender=None):
-        """``ps_pull`` for a session of another worker of this process, called
-        on this worker's event loop without Dask's comm (see
-        :func:`in_process_peer`): the same read, replies shared read-only as
-        the in-process comm hands them over, rows trusted (the session checked
-        them)."""
-        seqs, values, summed, applied = await self._read(table, version, blocks, rows, run, subscribe, copy=False,
-                                                         table_id=table_id, sender=sender, trusted=True)
-        return {"seqs": seqs, "values": values, "summed_below": summed, "applied": applied}
-
-    async def local_pull(self, table, version, blocks, rows, run=None, subscribe=None, table_id=None, sender=None):
-        seqs, values, summed, applied = await self._read(table, version, blocks, rows, run, subscribe, copy=True,
+    async def local_pull(self, table, version, blocks, rows, run=None, subscribe=None, table_id=None, sender=None,
+                         copy=True):
+        """``ps_pull`` for a session in this process, without Dask's comm, its
+        rows trusted (the session checked them): this worker's own session
+        (copies), or one of another worker of an in-process cluster
+        (``copy=False``: replies shared read-only, as the in-process comm
+        hands them over; see :func:`in_process_peer`)."""
+        seqs, values, summed, applied = await self._read(table, version, blocks, rows, run, subscribe, copy=copy,
                                                          table_id=table_id, sender=sender, trusted=True)
         return {"seqs": seqs, "values": values, "summed_below": summed, "applied": applied}
 
@@ -708,7 +704,7 @@ def in_process_peer(address: str):
     process and runs on the calling event loop, else None (then the call
     goes through Dask's comm, which also reports a closed worker)."""
     peer = _IN_PROCESS.get(address)
-    if peer is None or peer.worker is None or getattr(peer.worker.status, "name", None) != "running":
+    if peer is None or peer.worker is None or peer.worker.status != Status.running:
         return None
     try:
         if peer.worker.loop.asyncio_loop is not asyncio.get_running_loop():
