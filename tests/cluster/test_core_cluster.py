@@ -54,6 +54,18 @@ def _integer_workload(rank, n_rows, width, n_batches):
     return ops
 
 
+def _workload_sum(n_participants, n_rows, width, n_batches):
+    """The exact table after every participant pushed its _integer_workload."""
+    expected = np.zeros((n_rows, width))
+    for rank in range(n_participants):
+        for kind, rows, values in _integer_workload(rank, n_rows, width, n_batches):
+            if kind == "dense":
+                expected += values
+            else:
+                np.add.at(expected, rows, values)
+    return expected
+
+
 def test_exact_sums_under_concurrency(ps):
     n_rows, width, n_batches = 500, 4, 1000
     ps.create_table("sum", shape=(n_rows, width), block_rows=64, consistency=dask_ps.ASP())
@@ -72,14 +84,7 @@ def test_exact_sums_under_concurrency(ps):
         return ctx.rank
 
     assert ps.run(train, range(4)) == [0, 1, 2, 3]
-    expected = np.zeros((n_rows, width))
-    for rank in range(4):
-        for kind, rows, values in _integer_workload(rank, n_rows, width, n_batches):
-            if kind == "dense":
-                expected += values
-            else:
-                np.add.at(expected, rows, values)
-    np.testing.assert_array_equal(ps.pull("sum"), expected)
+    np.testing.assert_array_equal(ps.pull("sum"), _workload_sum(4, n_rows, width, n_batches))
 
 
 def test_batching_sends_one_message_per_server(ps):

@@ -159,7 +159,7 @@ def test_exact_sums_with_background_flushes_and_zero_copy(ps):
     """The exact-sum workload of test_core_cluster with flush(wait=False),
     clock(wait=False) and copy=False pushes; copying pushes overwrite their
     arrays right after the push (the buffer's copy must be what is sent)."""
-    from tests.cluster.test_core_cluster import _integer_workload
+    from tests.cluster.test_core_cluster import _integer_workload, _workload_sum
 
     n_rows, width, n_batches = 500, 4, 600
     ps.create_table("sum", shape=(n_rows, width), block_rows=64, consistency=dask_ps.ASP())
@@ -185,14 +185,7 @@ def test_exact_sums_with_background_flushes_and_zero_copy(ps):
         return ctx.rank
 
     assert ps.run(train, range(4)) == [0, 1, 2, 3]
-    expected = np.zeros((n_rows, width))
-    for rank in range(4):
-        for kind, rows, values in _integer_workload(rank, n_rows, width, n_batches):
-            if kind == "dense":
-                expected += values
-            else:
-                np.add.at(expected, rows, values)
-    np.testing.assert_array_equal(ps.pull("sum"), expected)
+    np.testing.assert_array_equal(ps.pull("sum"), _workload_sum(4, n_rows, width, n_batches))
 
 
 def test_torn_reads_never_seen_by_prefetches(ps):
