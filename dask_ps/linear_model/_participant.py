@@ -406,6 +406,8 @@ class _Participant:
         t = time.perf_counter()
         W = _compiled_round(self.cfg, self.compiled, rnd, W0, epoch, seen, self.stop, active, loss_sum)
         self.seconds["kernel"] += time.perf_counter() - t
+        if self.prep is not None:
+            self.prep.recycle(rnd)
         if self.ahead is None:  # the next round was still being built: now, if it is ready
             self.read_ahead(epoch, ri + 1, epoch_rounds)
         return rnd.rows, W0, W, rnd.n

@@ -283,7 +283,12 @@ class _CompiledData:
             # while they fit the budget (about the size of the training CSR).
             nnz_train = int(np.sum(np.diff(self.ptr)[train_idx])) if n_train else 0
             est = nnz_train * (X.data.dtype.itemsize + 4) + n_train * (8 * (Y.shape[1] + 2) + 4)
-            self.cache = {} if est <= setting_bytes("sgd", "round-cache-bytes") else None
+            # A run of one epoch (partial_fit, max_iter=1, a chunked fit's
+            # last chunk of one) never reads a round twice: not kept, and its
+            # buffers recycled (_RoundPrep.recycle), so the rounds need two
+            # or three rounds' worth of fresh memory, not the whole CSR's.
+            reused = cfg.max_iter - cfg.epoch0 > 1
+            self.cache = {} if reused and est <= setting_bytes("sgd", "round-cache-bytes") else None
             # A round decays (L2) and shrinks (L1) the rows it touches only; a
             # touched row also gets the regularization of the rounds that
             # missed it, 1/q times, q = the probability that a round touches
@@ -326,8 +331,9 @@ class _RoundPrep:
 
     Entries are kept across the epochs of a run when ``c.cache`` allows
     (``ps.sgd.round-cache-bytes``); otherwise each is dropped once taken
-    and a round is built again at its next epoch. Only this thread touches
-    the compaction's scratch arrays."""
+    and a round is built again at its next epoch, into the arrays of a
+    round already trained (``recycle``): first writes to fresh memory cost
+    page faults. Only this thread touches the compaction's scratch arrays."""
 
     def __init__(self, cfg: _RunConfig, c: _CompiledData, run_rounds):
         from concurrent.futures import ThreadPoolExecutor
@@ -335,7 +341,9 @@ class _RoundPrep:
         self.cfg, self.c, self.run_rounds = cfg, c, run_rounds
         self.pending: dict = {}  # round id -> Future of its entry
         self.counts = None
+        self.inv_q_of_count = None
         self.cpu_seconds = 0.0  # the thread's CPU time in its jobs
+        self.spare: list = []  # (data, indices) arrays of trained rounds, to build into (recycle)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="dask_ps-sgd-rounds")
         self._counted = self._pool.submit(self._count) if c.lazy else None
 
@@ -349,18 +357,24 @@ class _RoundPrep:
         ind = c.ind if X is None else X.indices.astype(np.int32, copy=False)
         self.counts = c.mod.feature_counts(ind, self.cfg.n_features)
         c.counts_of = None
+        # 1/q depends on a feature's count only: computed once per count
+        # value, then looked up per round (the gammaln calls over a round's
+        # ~1M rows had cost as much CPU as compacting it).
+        top = int(self.counts.max()) if self.counts.shape[0] else 0
+        self.inv_q_of_count = _lazy_inv_q(np.arange(top + 1), c.n_train, c.per_round)
         self.cpu_seconds += time.thread_time() - cpu
 
     def _build(self, rid):
         cpu = time.thread_time()
         c, d = self.c, self.cfg.n_features
         idx = self.run_rounds[rid]
-        cols, cdata, cind, cptr = c.mod.compact_rows(idx, c.data, c.ind, c.ptr, c.bits, c.rank, c.slot)
+        out = self.spare.pop() if self.spare else None
+        cols, cdata, cind, cptr = c.mod.compact_rows(idx, c.data, c.ind, c.ptr, c.bits, c.rank, c.slot, out)
         rows = np.append(cols, d)  # sorted and unique: pull_rows/push_rows do not sort them
         iq = None
         if c.lazy:  # the counts were this thread's first job
             self._counted.result()  # (its error, if it failed)
-            iq = _lazy_inv_q(self.counts[cols], c.n_train, c.per_round)
+            iq = self.inv_q_of_count[self.counts[cols]]
         entry = rows, (cdata, cind, cptr), [yk[idx] for yk in c.Y], c.sw[idx], iq
         self.cpu_seconds += time.thread_time() - cpu
         return entry
@@ -390,6 +404,14 @@ class _RoundPrep:
         n = sw.shape[0]
         local = self.c.arange_n(n) if order is None else order
         return _Round(rows, [(local, csr, Y, sw, local)], n, iq)
+
+    def recycle(self, rnd: _Round) -> None:
+        """A trained round's CSR arrays, free to build a later round into
+        (rounds not kept only; the caller no longer reads them)."""
+        if self.c.cache is None:
+            cdata, cind, _ = rnd.chunks[0][1]
+            self.spare.append((cdata.base if cdata.base is not None else cdata,
+                               cind.base if cind.base is not None else cind))
 
     def _entry(self, rid, take):
         entry = self._kept(rid)

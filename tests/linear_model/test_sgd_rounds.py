@@ -120,6 +120,8 @@ def test_round_prep_builds_what_compact_rows_builds(cache, penalty):
             whole_q = _rounds._lazy_inv_q(counts, X.shape[0], c.per_round)
         for rid in [2, 0]:
             prep.request(rid)
+        recycled = {}  # buffer -> the round handed back in it (rounds not kept: later rounds are built into it)
+        reused = 0
         for epoch_order in ([0, 1, 2, 3], [3, 1, 0, 2]):
             for rid in epoch_order:
                 assert prep.rows(rid) is prep.rows(rid) or not cache
@@ -138,9 +140,26 @@ def test_round_prep_builds_what_compact_rows_builds(cache, penalty):
                     assert rnd.inv_q is None
                 else:
                     np.testing.assert_array_equal(rnd.inv_q, whole_q[cols])
+                base = d2.base if d2.base is not None else d2
+                reused += recycled.get(id(base), rid) != rid
+                prep.recycle(rnd)
+                recycled[id(base)] = rid
         assert len(c.cache or {}) == (4 if cache else 0) and not prep.pending
+        assert (reused > 0) == (not cache)
     finally:
         prep.close()
+
+
+def test_rounds_of_a_one_epoch_run_are_not_kept():
+    """A run of one epoch (``partial_fit``, ``max_iter=1``) reads each
+    round once: it keeps none (its buffers are recycled instead)."""
+    X, _ = _sparse_problem()
+    est = SGDClassifier(batch_size=128)
+    for max_iter, kept in ((1, False), (2, True)):
+        cfg = _config(est, X, max_iter=max_iter)
+        c = _rounds._CompiledData.make(cfg, X, np.ones((X.shape[0], 1)), np.ones(X.shape[0]),
+                                       np.arange(X.shape[0]))
+        assert (c.cache is not None) == kept
 
 
 class _TwoParticipantsInProcess(InProcessSession):
