@@ -260,7 +260,13 @@ class Overlap:
         return clock_reply
 
     async def _send_and_report(self, calls, others, report):
-        results = await asyncio.gather(*calls, return_exceptions=True) if calls else []
+        if len(calls) == 1:  # the common case: no task for a gather of one
+            try:
+                results = [await calls[0]]
+            except Exception as e:
+                results = [e]
+        else:
+            results = await asyncio.gather(*calls, return_exceptions=True) if calls else []
         if report is None or any(isinstance(r, BaseException) for r in results):
             return results, None
         try:

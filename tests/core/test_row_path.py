@@ -367,3 +367,26 @@ def test_server_skips_the_finite_check_only_for_trusted_senders():
         st.validate_push("t", 1, [0], [None], [bad])
     _, items = st.validate_push("t", 1, [0], [None], [bad], check_finite=False)  # a session checked it
     assert len(items) == 1
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "complex64"])
+def test_all_finite_finds_every_nonfinite_value(dtype):
+    """``_backend.all_finite`` (the push check: one reduction, then the
+    element-wise check only where the reduction is not finite) finds a
+    NaN or an Inf anywhere, in any layout, and is not fooled by finite
+    values whose squares or sum overflow."""
+    from dask_ps import _backend
+
+    rng = np.random.default_rng(0)
+    x = rng.random(30_000).astype(dtype)
+    assert _backend.all_finite(x) and _backend.all_finite(x.reshape(300, 100)) and _backend.all_finite(x[::3])
+    for bad in (np.nan, np.inf, -np.inf):
+        for where in (0, 12_345, 29_999):
+            y = x.copy()
+            y[where] = bad
+            assert not _backend.all_finite(y), (bad, where)
+            assert not _backend.all_finite(y.reshape(300, 100))
+            assert _backend.all_finite(y[::3]) == (where % 3 != 0)  # a strided view: only its elements
+    big = x.copy()
+    big[:100] = np.finfo(big.real.dtype).max  # finite, but the reduction overflows
+    assert _backend.all_finite(big)
