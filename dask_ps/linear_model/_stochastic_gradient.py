@@ -105,7 +105,9 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
     round) and read it back mostly in order; the compacted rounds take about
     as much memory as the participant's own CSR (kept while within
     ``ps.sgd.round-cache-bytes``, default 2 GiB per participant; beyond it
-    they are rebuilt each epoch, with the same result).
+    they are rebuilt each epoch, with the same result; a run of one epoch,
+    such as ``partial_fit``, keeps none and reuses two or three rounds'
+    memory).
 
     Attributes
     ----------
