@@ -341,7 +341,7 @@ class _RoundPrep:
         self.cfg, self.c, self.run_rounds = cfg, c, run_rounds
         self.pending: dict = {}  # round id -> Future of its entry
         self.counts = None
-        self.inv_q_of_count = None
+        self.inv_q_of_count = self.inv_q_of_feature = None  # 1/q (lazy regularization), see _count
         self.cpu_seconds = 0.0  # the thread's CPU time in its jobs
         self.spare: list = []  # (data, indices) arrays of trained rounds, to build into (recycle)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="dask_ps-sgd-rounds")
@@ -358,10 +358,14 @@ class _RoundPrep:
         self.counts = c.mod.feature_counts(ind, self.cfg.n_features)
         c.counts_of = None
         # 1/q depends on a feature's count only: computed once per count
-        # value, then looked up per round (the gammaln calls over a round's
-        # ~1M rows had cost as much CPU as compacting it).
+        # value (or once per feature, where there are fewer features than
+        # count values), then looked up per round; the two gammaln calls per
+        # touched row of every round had cost as much CPU as compacting it.
         top = int(self.counts.max()) if self.counts.shape[0] else 0
-        self.inv_q_of_count = _lazy_inv_q(np.arange(top + 1), c.n_train, c.per_round)
+        if top + 1 <= self.counts.shape[0]:
+            self.inv_q_of_count = _lazy_inv_q(np.arange(top + 1), c.n_train, c.per_round)
+        else:
+            self.inv_q_of_feature = _lazy_inv_q(self.counts, c.n_train, c.per_round)
         self.cpu_seconds += time.thread_time() - cpu
 
     def _build(self, rid):
@@ -374,7 +378,10 @@ class _RoundPrep:
         iq = None
         if c.lazy:  # the counts were this thread's first job
             self._counted.result()  # (its error, if it failed)
-            iq = self.inv_q_of_count[self.counts[cols]]
+            if self.inv_q_of_count is not None:
+                iq = self.inv_q_of_count[self.counts[cols]]
+            else:
+                iq = self.inv_q_of_feature[cols]
         entry = rows, (cdata, cind, cptr), [yk[idx] for yk in c.Y], c.sw[idx], iq
         self.cpu_seconds += time.thread_time() - cpu
         return entry

@@ -90,14 +90,15 @@ def _config(est, X, P=2, n_total=None, max_iter=3):
 
 @pytest.mark.parametrize("cache", [True, False])
 @pytest.mark.parametrize("penalty", ["l2", "elasticnet", None])
-def test_round_prep_builds_what_compact_rows_builds(cache, penalty):
+@pytest.mark.parametrize("d", [20000, 200])  # 1/q per count value, or per feature (more counts than features)
+def test_round_prep_builds_what_compact_rows_builds(cache, penalty, d):
     """``_RoundPrep`` builds each round in its thread as the inline
     compaction did: the touched rows (+ the intercept row), the compact CSR,
     the round's targets and weights, and ``1/q`` of its rows equal to the
     whole-feature ``1/q`` taken at those rows; whether rounds are kept
     across epochs (``ps.sgd.round-cache-bytes``) or built again, in any
     order of requests and takes."""
-    X, y = _sparse_problem()
+    X, y = _sparse_problem(d=d)
     est = SGDClassifier(penalty=penalty, batch_size=128, max_iter=3)
     with dask.config.set({"ps.sgd.clock-samples": 1024, "ps.sgd.round-cache-bytes": "1GiB" if cache else 1}):
         cfg = _config(est, X)
@@ -146,6 +147,8 @@ def test_round_prep_builds_what_compact_rows_builds(cache, penalty):
                 recycled[id(base)] = rid
         assert len(c.cache or {}) == (4 if cache else 0) and not prep.pending
         assert (reused > 0) == (not cache)
+        if penalty is not None:  # the lookup the test meant to cover
+            assert (prep.inv_q_of_count is not None) == (d == 20000)
     finally:
         prep.close()
 
