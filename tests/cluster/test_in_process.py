@@ -86,3 +86,37 @@ def test_workers_of_one_process_read_each_others_shards_without_comm():
         np.testing.assert_array_equal(ps.pull("inproc-rows"), expected)
         assert in_process_peer(host) is None  # not from outside the workers' event loop
         ps.drop_table("inproc-rows")
+
+
+def _uncached_reads(ctx, _):
+    rng = np.random.default_rng(ctx.rank)
+    out = []
+    for _ in range(5):
+        a, b, c = (np.sort(rng.choice(1000, size, replace=False)) for size in (400, 300, 500))
+        first = ctx.pull_rows("scratch-t", a)
+        ahead = ctx.prefetch_rows("scratch-t", b)  # read at result(): must not share the scratch rows
+        second = ctx.pull_rows("scratch-t", c)
+        later = ctx.pull_rows("scratch-t", np.array([0, 1, 2, 999]))
+        out.append((a, first, b, ahead.result(), c, second, later))
+    return out, int(ctx._row_scratch.shape[0])
+
+
+def test_uncached_row_reads_reuse_no_array_they_return():
+    """Uncached reads (VAP) send block 0's rows as int32 from a scratch
+    array the session reuses: every read, a read started ahead and read
+    later, and every earlier result keep their own rows' values, with
+    the servers on other workers of the process (arrays passed by
+    reference) and blocks of 300 rows (block 0 and others)."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        ps = dask_ps.ParameterServer(client)
+        values = np.stack([np.arange(1000.0), -np.arange(1000.0)], axis=1)
+        ps.create_table("scratch-t", shape=(1000, 2), block_rows=300, consistency=dask_ps.VAP(1e30), init=values)
+        for reads, scratch in ps.run(_uncached_reads, [0, 1]):
+            assert scratch > 0  # the scratch path ran
+            for a, first, b, ahead, c, second, later in reads:
+                np.testing.assert_array_equal(first, values[a])
+                np.testing.assert_array_equal(ahead, values[b])
+                np.testing.assert_array_equal(second, values[c])
+                np.testing.assert_array_equal(later, values[[0, 1, 2, 999]])
+        ps.drop_table("scratch-t")
