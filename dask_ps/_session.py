@@ -629,19 +629,22 @@ class Session(Overlap):
         """``(handle, reqs, uniq, inverse)`` of a read of ``rows``: validated
         and coalesced in one pass, ``reqs[block]`` the block's local rows.
 
-        Block 0's rows are global rows, int64; they go out as int32 (as other
-        blocks' do) where they would be copied anyway (the cache keeps them)
-        or where the read is made ``now`` and nothing keeps them (an uncached
-        read in the caller's thread): then into this session's scratch array,
-        not a fresh one. Half the index bytes: a 100k-row read of a narrow
-        table went from 0.86 to 0.98 of a bare RPC's speed (worker
-        processes, where every fresh array of a message page-faults)."""
+        Block 0's rows are global rows, int64. To a server in another
+        process they go out as int32 (as other blocks' do) where they would
+        be copied anyway (the cache keeps them) or where the read is made
+        ``now`` and nothing keeps them (an uncached read in the caller's
+        thread): then into this session's scratch array, not a fresh one.
+        Half the index bytes: a 100k-row read of a narrow table went from
+        0.86 to 0.98 of a bare RPC's speed (worker processes, where every
+        fresh array of a message page-faults). A server in this process
+        indexes with them directly, where int64 is faster."""
         h = self._handle(name)
         uniq, inverse = check_row_request(h.spec, rows)
         reqs = {b: _routing.local_rows(h.spec, b, uniq[lo:hi]) for b, lo, hi in _routing.block_slices(h.spec, uniq)}
         first = reqs.get(0)
         if first is not None and first.dtype == np.int64:
-            narrow = h.spec.block_rows <= np.iinfo(np.int32).max
+            narrow = (h.spec.block_rows <= np.iinfo(np.int32).max
+                      and self._router.transport.serialized(h.primary(0)))
             if self._cacheable(h):
                 if uniq is rows:  # the cache keeps it: never a view of the caller's array
                     reqs[0] = first.astype(np.int32) if narrow else first.copy()

@@ -72,6 +72,14 @@ class Transport:
     def __repr__(self):
         return f"<Transport local={self.local_address}>"
 
+    def serialized(self, addr: str) -> bool:
+        """Whether a message to ``addr`` goes through Dask's comm (another
+        process), not a direct call in this process."""
+        if self.local is None or self.local.worker is None:
+            return True
+        loop = self.local.worker.loop.asyncio_loop
+        return addr != self.local_address and in_process_peer(addr, loop) is None
+
     def _peer(self, addr: str):
         """Another worker of this in-process cluster, called directly instead
         of through Dask's comm (``_worker_plugin.in_process_peer``), or None.

@@ -699,15 +699,16 @@ class PSWorkerPlugin(WorkerPlugin):
 _IN_PROCESS: "weakref.WeakValueDictionary[str, PSWorkerPlugin]" = weakref.WeakValueDictionary()
 
 
-def in_process_peer(address: str):
+def in_process_peer(address: str, loop=None):
     """The plugin of the running worker ``address`` if it lives in this
-    process and runs on the calling event loop, else None (then the call
-    goes through Dask's comm, which also reports a closed worker)."""
+    process and runs on the calling event loop (or on ``loop``), else None
+    (then the call goes through Dask's comm, which also reports a closed
+    worker)."""
     peer = _IN_PROCESS.get(address)
     if peer is None or peer.worker is None or peer.worker.status != Status.running:
         return None
     try:
-        if peer.worker.loop.asyncio_loop is not asyncio.get_running_loop():
+        if peer.worker.loop.asyncio_loop is not (loop or asyncio.get_running_loop()):
             return None
     except (AttributeError, RuntimeError):
         return None
