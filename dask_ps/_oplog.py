@@ -25,8 +25,11 @@ from dask_ps._spec import TableSpec
 
 
 class PushBuffer:
-    def __init__(self, spec: TableSpec, spare=None):
+    def __init__(self, spec: TableSpec, spare=None, int32_rows: bool = False):
         self.spec = spec
+        # Copies of the callers' rows as int32 (where the table's rows fit):
+        # for servers in other processes, half the bytes to copy and send.
+        self.int32_rows = int32_rows and spec.shape[0] <= np.iinfo(np.int32).max
         # An array of the table's shape from an earlier, already sent buffer:
         # reusing it avoids allocating (and page-faulting) a fresh one per flush.
         self.spare = spare
@@ -97,10 +100,11 @@ class PushBuffer:
         self.nbytes += merged_values.nbytes + merged_rows.nbytes
 
     def _own_rows(self, rows: np.ndarray) -> np.ndarray:
-        """The buffer's copy of the caller's rows: int32 where the table's
-        rows fit (half the bytes to copy and to send; a 100k-row message's
-        fresh arrays page-fault in a Dask worker process)."""
-        if rows.dtype == np.int64 and self.spec.shape[0] <= np.iinfo(np.int32).max:
+        """The buffer's copy of the caller's rows: int32 for servers in other
+        processes (``int32_rows``; a 100k-row message's fresh arrays
+        page-fault in a Dask worker process); a server in this process
+        indexes with int64 faster."""
+        if self.int32_rows and rows.dtype == np.int64:
             return rows.astype(np.int32)
         return rows.copy()
 

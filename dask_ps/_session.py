@@ -414,7 +414,10 @@ class Session(Overlap):
     def _buffer(self, h: TableHandle) -> PushBuffer:
         buf = self._buffers.get(h.spec.name)
         if buf is None:
-            buf = self._buffers[h.spec.name] = PushBuffer(h.spec, spare=self._spares.pop(h.spec.name, None))
+            serialized = self._router.transport.serialized
+            remote = any(serialized(a) for a in {o[0] for o in h.owners})  # a few workers
+            buf = self._buffers[h.spec.name] = PushBuffer(h.spec, spare=self._spares.pop(h.spec.name, None),
+                                                          int32_rows=remote)
         return buf
 
     def _after_push(self, h: TableHandle) -> None:

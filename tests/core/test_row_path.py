@@ -258,6 +258,27 @@ def test_zero_copy_row_push_keeps_the_arrays_and_sends_the_same(rule):
     assert _messages(zero, h) == _messages(copying, h)
 
 
+@pytest.mark.parametrize("rule", ["sum", "assign"])
+def test_int32_row_copies_send_the_same_rows_and_values(rule):
+    """A buffer for servers in other processes keeps its copies of the
+    callers' rows as int32: the messages carry the same rows and values as
+    the int64 copies do, also merged with a handed-over (int64) push, and
+    the caller's array is untouched."""
+    s = spec((1000, 3), block_rows=100, rule=rule)
+    h = handle(s)
+    rng = np.random.default_rng(12)
+    pushes = [(np.sort(rng.choice(1000, 60, replace=False)), rng.normal(size=(60, 3))) for _ in range(3)]
+    narrow, wide = PushBuffer(s, int32_rows=True), PushBuffer(s)
+    for i, (rows, vals) in enumerate(pushes):
+        keep = i == 1  # the second one handed over (copy=False): kept as it is, int64
+        for buf in (narrow, wide):
+            buf.add_rows(rows, vals, keep_rows=keep, keep_values=keep, borrowed=keep)
+    parts = narrow.row_parts if s.rule.additive else narrow.ops
+    assert [p[0].dtype for p in parts] == [np.int32, np.int64, np.int32]
+    assert _messages(narrow, h) == _messages(wide, h)
+    assert pushes[0][0].dtype == np.int64
+
+
 def test_zero_copy_with_duplicates_coalesces_into_fresh_arrays():
     s = spec()
     buf = PushBuffer(s)
