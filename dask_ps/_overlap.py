@@ -51,6 +51,7 @@ from dask_ps import _backend, _config, _routing
 from dask_ps._exceptions import PSValueError
 from dask_ps._oplog import PushBuffer
 from dask_ps._routing import TableHandle
+from dask_ps._transport import gather_settled
 
 logger = logging.getLogger(__name__)
 
@@ -260,13 +261,7 @@ class Overlap:
         return clock_reply
 
     async def _send_and_report(self, calls, others, report):
-        if len(calls) == 1:  # the common case: no task for a gather of one
-            try:
-                results = [await calls[0]]
-            except Exception as e:
-                results = [e]
-        else:
-            results = await asyncio.gather(*calls, return_exceptions=True) if calls else []
+        results = await gather_settled(calls)
         if report is None or any(isinstance(r, BaseException) for r in results):
             return results, None
         try:

@@ -49,6 +49,17 @@ async def _within(seconds: float, coro):
         return await coro
 
 
+async def gather_settled(coros: list) -> list:
+    """``asyncio.gather(*coros, return_exceptions=True)``, without the task
+    a gather of one would start (the common case: one server, one flush)."""
+    if len(coros) == 1:
+        try:
+            return [await coros[0]]
+        except Exception as e:
+            return [e]
+    return list(await asyncio.gather(*coros, return_exceptions=True)) if coros else []
+
+
 def _retryable(e: BaseException) -> bool:
     # OSError covers CommClosedError and refused connections (a dead worker).
     return isinstance(e, (StaleVersionError, UnknownTableError, OSError))
@@ -80,31 +91,35 @@ class Transport:
         loop = self.local.worker.loop.asyncio_loop
         return addr != self.local_address and in_process_peer(addr, loop) is None
 
-    def _peer(self, addr: str):
-        """Another worker of this in-process cluster, called directly instead
-        of through Dask's comm (``_worker_plugin.in_process_peer``), or None.
-        The call runs in the caller's task: a worker of this process that
-        closes answers or raises, there is no connection for Liveness to cancel."""
+    def _direct(self, addr: str):
+        """The worker plugin to call directly for ``addr`` instead of through
+        Dask's comm, or None: this worker's own, or another worker of this
+        in-process cluster (``_worker_plugin.in_process_peer``). The call
+        runs in the caller's task: a worker of this process that closes
+        answers or raises, there is no connection for Liveness to cancel."""
         if self.local is None:
             return None
+        if addr == self.local_address:
+            return self.local
         peer = in_process_peer(addr)
         if peer is not None and addr in self.liveness.dead:
             raise WorkerGone(f"worker {addr} has left the cluster")
         return peer
 
+    async def _call_direct(self, target, call):
+        """Await a direct call; another worker's under ``ps.timeouts.rpc``."""
+        if target is self.local:
+            return await call
+        return await _within(_config.get_seconds("timeouts.rpc"), call)
+
     async def push(self, addr: str, h: TableHandle, items, raw=False, run=None, sender=None, msg_seq=None):
         """Apply ``items`` on ``addr``; returns each block's sequence number after it."""
-        if addr == self.local_address:
+        target = self._direct(addr)
+        if target is not None:
             items = [(b, _routing.wire_rows(r), v) for b, r, v in items]
-            return await self.local.local_push(h.spec.name, h.version, items, raw=raw, run=run,
-                                               sender=sender, msg_seq=msg_seq, table_id=h.spec.table_id)
-        peer = self._peer(addr)
-        if peer is not None:
-            return await _within(
-                _config.get_seconds("timeouts.rpc"),
-                peer.local_push(h.spec.name, h.version, [(b, _routing.wire_rows(r), v) for b, r, v in items],
-                                raw=raw, run=run, sender=sender, msg_seq=msg_seq, table_id=h.spec.table_id),
-            )
+            return await self._call_direct(target, target.local_push(
+                h.spec.name, h.version, items, raw=raw, run=run, sender=sender, msg_seq=msg_seq,
+                table_id=h.spec.table_id))
         return await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),
             self.rpc(addr).ps_push(
@@ -126,17 +141,13 @@ class Transport:
         """``{"seqs": [...], "values": [...]}`` for ``(block, rows)`` requests.
         ``extra``: ``run``/``subscribe`` of a participant (see ``ps_pull``)."""
         blocks = [b for b, _ in reqs]
-        if addr == self.local_address:
-            return await self.local.local_pull(h.spec.name, h.version, blocks,
-                                               [_routing.wire_rows(r) for _, r in reqs],
-                                               table_id=h.spec.table_id, **extra)
-        peer = self._peer(addr)
-        if peer is not None:
-            return await _within(
-                _config.get_seconds("timeouts.rpc"),
-                peer.local_pull(h.spec.name, h.version, blocks, [_routing.wire_rows(r) for _, r in reqs],
-                                table_id=h.spec.table_id, copy=False, **extra),
-            )
+        target = self._direct(addr)
+        if target is not None:
+            # Another worker's replies are shared read-only, as the in-process
+            # comm hands them over; this worker's own session gets copies.
+            return await self._call_direct(target, target.local_pull(
+                h.spec.name, h.version, blocks, [_routing.wire_rows(r) for _, r in reqs],
+                table_id=h.spec.table_id, copy=target is self.local, **extra))
         return await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),
             self.rpc(addr).ps_pull(
@@ -189,15 +200,7 @@ class Router:
         out = []
         while True:
             addrs = list(by_addr)
-            if len(addrs) == 1:  # the common case: no task for a gather of one
-                try:
-                    results = [await call(h, addrs[0], by_addr[addrs[0]])]
-                except Exception as e:
-                    results = [e]
-            else:
-                results = await asyncio.gather(
-                    *(call(h, a, by_addr[a]) for a in addrs), return_exceptions=True
-                )
+            results = await gather_settled([call(h, a, by_addr[a]) for a in addrs])
             failed, error = [], None
             for a, r in zip(addrs, results):
                 if isinstance(r, BaseException):
