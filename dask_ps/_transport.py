@@ -25,7 +25,7 @@ import time
 import uuid
 import zlib
 
-
+import numpy as np
 from distributed.protocol.serialize import to_serialize
 
 from dask_ps import _config, _routing
@@ -40,6 +40,11 @@ def _wire(rows):
     stop]`` for a range (no index array), else a zero-copy frame."""
     rows = _routing.wire_rows(rows)
     return rows if rows is None or isinstance(rows, list) else to_serialize(rows)
+
+
+# Pushed rows of at least this many travel as int32 (see Transport._push_rows).
+_INT32_ROWS_MIN = 1024
+_INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 async def _within(seconds: float, coro):
@@ -79,9 +84,39 @@ class Transport:
         self._trusted = {"token": local.internal_token} if local is not None else {}
         self.liveness = liveness if liveness is not None else Liveness()
         self.local_address = local.worker.address if local is not None and local.worker else None
+        # int32 arrays free to carry pushed rows (_push_rows); used and given
+        # back on the event loop only.
+        self._row_scratch: list[np.ndarray] = []
 
     def __repr__(self):
         return f"<Transport local={self.local_address}>"
+
+    def _push_rows(self, h: TableHandle, rows, taken: list):
+        """A pushed block's local rows as they go into the message: int64
+        arrays (a caller's own rows, handed over with ``copy=False``, or
+        coalesced ones) as int32 in a scratch array of this transport,
+        appended to ``taken``, when the block's rows fit: half the bytes
+        to send, and the server receives less fresh memory, which
+        page-faults in a worker process (a 100k-row push to another
+        process: 3.4-3.5 ms instead of 3.7-3.8). The scratch is given back
+        once the server answered; after a failure it is dropped (the comm
+        may still hold it)."""
+        wire = _routing.wire_rows(rows)
+        if (isinstance(wire, np.ndarray) and wire.dtype == np.int64 and wire.size >= _INT32_ROWS_MIN
+                and h.spec.block_rows <= _INT32_MAX):
+            n = wire.size
+            i = next((i for i, a in enumerate(self._row_scratch) if a.shape[0] >= n), None)
+            buf = self._row_scratch.pop(i) if i is not None else np.empty(n, dtype=np.int32)
+            taken.append(buf)
+            np.copyto(buf[:n], wire, casting="unsafe")  # local rows are < block_rows
+            wire = buf[:n]
+        return wire if wire is None or isinstance(wire, list) else to_serialize(wire)
+
+    def _give_back(self, taken: list) -> None:
+        self._row_scratch.extend(taken)
+        if len(self._row_scratch) > 4:  # as many as pushes in flight at once, usually
+            self._row_scratch.sort(key=len)
+            del self._row_scratch[:-4]
 
     def serialized(self, addr: str) -> bool:
         """Whether a message to ``addr`` goes through Dask's comm (another
@@ -120,14 +155,16 @@ class Transport:
             return await self._call_direct(target, target.local_push(
                 h.spec.name, h.version, items, raw=raw, run=run, sender=sender, msg_seq=msg_seq,
                 table_id=h.spec.table_id))
-        return await self.liveness.call(addr, lambda: _within(
+        taken: list = []
+        rows = [self._push_rows(h, r, taken) for _, r, _ in items]
+        reply = await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),
             self.rpc(addr).ps_push(
                 table=h.spec.name,
                 table_id=h.spec.table_id,
                 version=h.version,
                 blocks=[b for b, _, _ in items],
-                rows=[_wire(r) for _, r, _ in items],
+                rows=rows,
                 values=[to_serialize(v) for _, _, v in items],
                 raw=raw,
                 run=run,
@@ -136,6 +173,8 @@ class Transport:
                 **self._trusted,
             ),
         ))
+        self._give_back(taken)
+        return reply
 
     async def pull(self, addr: str, h: TableHandle, reqs, **extra) -> dict:
         """``{"seqs": [...], "values": [...]}`` for ``(block, rows)`` requests.

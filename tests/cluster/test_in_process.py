@@ -125,3 +125,58 @@ def test_uncached_row_reads_reuse_no_array_they_return(processes):
                 np.testing.assert_array_equal(second, values[c])
                 np.testing.assert_array_equal(later, values[[0, 1, 2, 999]])
         ps.drop_table("scratch-t")
+
+
+def _handed_over_pushes(ctx, _, names):
+    rng = np.random.default_rng(100 + ctx.rank)
+    sent = {name: [] for name in names}
+    handles = []
+    for i in range(12):
+        for name in sent:  # both tables' flushes go out at once
+            # int64, 4000 in each block: the same size each time, so a scratch fits every push
+            rows = np.concatenate([np.sort(rng.choice(10_000, 4_000, replace=False)) + b for b in (0, 10_000)])
+            vals = rng.integers(-50, 50, size=(rows.size, 2)).astype(np.float64)
+            ctx.push_rows(name, rows, vals, copy=False)
+            sent[name].append((rows.copy(), vals.copy()))
+        if i % 3 == 2:
+            ctx.flush()
+        else:
+            handles.append(ctx.flush(wait=False))  # several pushes in flight at once
+    ctx.flush()
+    for hd in handles:
+        hd.wait()
+    return sent, len(ctx._router.transport._row_scratch)
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_handed_over_int64_rows_travel_as_int32_and_sum_exactly(processes):
+    """Rows handed over with ``copy=False`` go to a server in another
+    process as int32 copies in the transport's scratch arrays, reused
+    once a push was answered: with pushes of two tables in flight at once,
+    every value lands on its own row (each table is exactly the sum of its
+    pushes) and the callers' arrays are not changed."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=processes, dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        ps = dask_ps.ParameterServer(client)
+        kw = dict(shape=(20_000, 2), block_rows=10_000, consistency=dask_ps.ASP())
+        ps.create_table("wire-a", **kw)
+        # Block 0 of both tables on one worker: the other participant's pushes
+        # to the two are in flight at once (placement hashes the name).
+        for i in range(64):
+            other = f"wire-b{i}"
+            ps.create_table(other, **kw)
+            if ps.placement(other)[0].worker == ps.placement("wire-a")[0].worker:
+                break
+            ps.drop_table(other)
+        names = ("wire-a", other)
+        results = ps.run(_handed_over_pushes, [0, 1], names=names)
+        for name in names:
+            expect = np.zeros((20_000, 2))
+            for sent, _ in results:
+                for rows, vals in sent[name]:
+                    np.add.at(expect, rows, vals)
+            np.testing.assert_array_equal(ps.pull(name), expect)
+            ps.drop_table(name)
+        # The scratch path ran in worker processes, for block 0 of a table
+        # whose server is the other worker (other blocks' rows are int32 already).
+        assert any(scratch > 0 for _, scratch in results) == processes
