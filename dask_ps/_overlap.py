@@ -141,7 +141,7 @@ def add_into(out, rows, prow, pvals) -> None:
         if prow is None:
             out += pvals
         else:
-            out[xp.asarray(prow)] += pvals
+            _backend.add_rows(out, xp.asarray(prow), pvals)
     elif prow is None:
         out += pvals[xp.asarray(rows)]
     else:
@@ -149,7 +149,7 @@ def add_into(out, rows, prow, pvals) -> None:
         pos_c = np.minimum(pos, max(prow.size - 1, 0))
         hit = np.flatnonzero((pos < prow.size) & (prow[pos_c] == rows)) if prow.size else pos[:0]
         if hit.size:
-            out[xp.asarray(hit)] += pvals[xp.asarray(pos_c[hit])]
+            _backend.add_rows(out, xp.asarray(hit), pvals[xp.asarray(pos_c[hit])])
 
 
 def _check_sums_finite(name: str, msgs) -> None:

@@ -491,7 +491,7 @@ class Session(Overlap):
                     if rows is None:
                         e.values += vals
                     else:
-                        e.values[xp.asarray(rows)] += vals
+                        _backend.add_rows(e.values, xp.asarray(rows), vals)
                 elif rows is None:
                     e.values += vals[xp.asarray(e.rows)]
                 elif _same_rows(e.rows, rows):
@@ -499,7 +499,7 @@ class Session(Overlap):
                 else:
                     ie, iv = e.common(rows)
                     if ie.size:
-                        e.values[xp.asarray(ie)] += vals[xp.asarray(iv)]
+                        _backend.add_rows(e.values, xp.asarray(ie), vals[xp.asarray(iv)])
 
     # --- clock --------------------------------------------------------------------------
     @ps_call

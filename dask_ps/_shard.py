@@ -379,7 +379,7 @@ class ShardStore:
             if rows is None:
                 a += vals
             else:
-                a[rows] += vals  # rows are unique within an item
+                _backend.add_rows(a, rows, vals)  # rows are unique within an item
 
     @staticmethod
     def due(t: TableShards, run_id: str, min_clock: float, blocks=None) -> list[list[PushItem]]:

@@ -29,7 +29,7 @@ from typing import Callable
 
 import dask.config
 
-from dask_ps._backend import namespace
+from dask_ps._backend import add_rows, namespace
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class Sum(UpdateRule):
         if rows is None:
             param += update
         else:
-            param[rows] += update  # rows are unique, so fancy-index += is exact
+            add_rows(param, rows, update)  # rows are unique
 
 
 @dataclass(frozen=True)

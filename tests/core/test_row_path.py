@@ -411,3 +411,56 @@ def test_all_finite_finds_every_nonfinite_value(dtype):
     big = x.copy()
     big[:100] = np.finfo(big.real.dtype).max  # finite, but the reduction overflows
     assert _backend.all_finite(big)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int8", "int64", "uint16", "bool", "complex64"])
+@pytest.mark.parametrize("row_shape", [(), (1,), (3,), (2, 5), (1, 1), (0,)])
+@pytest.mark.parametrize("idx_dtype", ["int32", "int64"])
+def test_add_rows_equals_fancy_add_bit_for_bit(dtype, row_shape, idx_dtype):
+    """``_backend.add_rows`` (flat ``add.at`` for one-element rows, gather and
+    write-back of whole rows otherwise) gives exactly what ``out[idx] +=
+    vals`` gives, NaN and Inf included, for any dtype and row shape; rows
+    not in ``idx`` are untouched."""
+    from dask_ps._backend import add_rows
+
+    rng = np.random.default_rng(5)
+    n = 300
+    shape = (n, *row_shape)
+
+    def draw(size):
+        if np.dtype(dtype).kind == "c":
+            return (rng.normal(size=size) + 1j * rng.normal(size=size)).astype(dtype)
+        if np.dtype(dtype).kind == "f":
+            x = rng.normal(size=size).astype(dtype)
+            x.reshape(-1)[::17] = np.nan
+            x.reshape(-1)[5::23] = np.inf
+            return x
+        return rng.integers(0, 100, size=size).astype(dtype)
+
+    out = draw(shape)
+    idx = np.sort(rng.choice(n, 120, replace=False)).astype(idx_dtype)
+    vals = draw((idx.size, *row_shape))
+    expect = out.copy()
+    expect[idx] += vals
+    add_rows(out, idx, vals)
+    np.testing.assert_array_equal(out.view(np.uint8), expect.view(np.uint8))
+
+
+def test_add_rows_falls_back_where_the_fast_paths_do_not_apply():
+    from dask_ps._backend import add_rows
+
+    base = np.arange(40.0).reshape(20, 2)
+    strided = base[::2]  # not contiguous
+    expect = strided.copy()
+    expect[[1, 3]] += 1.0
+    add_rows(strided, np.array([1, 3]), np.ones((2, 2)))
+    np.testing.assert_array_equal(strided, expect)
+    out = np.zeros(5, np.float32)
+    add_rows(out, np.array([0, 4]), np.array([1.5, 2.5]))  # float64 values: numpy's cast, as +=
+    assert out.tolist() == [1.5, 0, 0, 0, 2.5]
+    add_rows(out, np.array([], dtype=np.int64), np.zeros(0, np.float32))
+    assert out.tolist() == [1.5, 0, 0, 0, 2.5]
+    frozen = np.zeros(3)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError):
+        add_rows(frozen, np.array([1]), np.ones(1))
