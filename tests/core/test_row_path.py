@@ -464,3 +464,19 @@ def test_add_rows_falls_back_where_the_fast_paths_do_not_apply():
     frozen.flags.writeable = False
     with pytest.raises(ValueError):
         add_rows(frozen, np.array([1]), np.ones(1))
+
+
+@pytest.mark.parametrize("row_shape", [(), (1,), (4,), (2, 3), (0,)])
+@pytest.mark.parametrize("idx_dtype", ["int32", "int64"])
+def test_take_rows_equals_fancy_indexing(row_shape, idx_dtype):
+    from dask_ps._backend import take_rows
+
+    rng = np.random.default_rng(6)
+    data = rng.normal(size=(50, *row_shape)).astype(np.float32)
+    idx = np.sort(rng.choice(50, 20, replace=False)).astype(idx_dtype)
+    before = data.copy()
+    got = take_rows(data, idx)
+    np.testing.assert_array_equal(got, data[idx])
+    assert got.shape == data[idx].shape and got.flags.c_contiguous
+    got[...] = 7  # a copy: the block is unchanged
+    np.testing.assert_array_equal(data, before)
