@@ -32,7 +32,7 @@ from dask_ps import _config, _routing
 from dask_ps._exceptions import PSError, StaleVersionError, UnknownTableError
 from dask_ps._liveness import Liveness, WorkerGone
 from dask_ps._routing import TableHandle
-from dask_ps._worker_plugin import in_process_peer
+from dask_ps._worker_plugin import aligned, in_process_peer
 
 
 def _wire(rows):
@@ -159,7 +159,7 @@ class Transport:
         rows = [self._push_rows(h, r, taken) for _, r, _ in items]
         reply = await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),
-            self.rpc(addr).ps_push(
+            self.rpc(addr).ps_push(**aligned(dict(
                 table=h.spec.name,
                 table_id=h.spec.table_id,
                 version=h.version,
@@ -171,7 +171,7 @@ class Transport:
                 sender=sender,
                 msg_seq=msg_seq,
                 **self._trusted,
-            ),
+            ))),
         ))
         self._give_back(taken)
         return reply
@@ -189,10 +189,10 @@ class Transport:
                 table_id=h.spec.table_id, copy=target is self.local, **extra))
         return await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),
-            self.rpc(addr).ps_pull(
+            self.rpc(addr).ps_pull(**aligned(dict(
                 table=h.spec.name, table_id=h.spec.table_id, version=h.version, blocks=blocks,
                 rows=[_wire(r) for _, r in reqs], **self._trusted, **extra
-            ),
+            ))),
         ))
 
 

@@ -180,3 +180,57 @@ def test_handed_over_int64_rows_travel_as_int32_and_sum_exactly(processes):
         # The scratch path ran in worker processes, for block 0 of a table
         # whose server is the other worker (other blocks' rows are int32 already).
         assert any(scratch > 0 for _, scratch in results) == processes
+
+
+def _record_alignment(dask_worker):
+    """Wrap this worker's ShardStore.apply: record whether each pushed array arrived aligned."""
+    from dask_ps._shard import ShardStore
+
+    seen = dask_worker._align_seen = []
+    if not hasattr(ShardStore, "_unwrapped_apply"):
+        ShardStore._unwrapped_apply = ShardStore.apply
+
+        def apply(t, items, **kw):
+            for _, rows, vals in items:
+                for a in (rows, vals):
+                    if isinstance(a, np.ndarray):
+                        dask_worker._align_seen.append(bool(a.flags.aligned))
+            return ShardStore._unwrapped_apply(t, items, **kw)
+
+        ShardStore.apply = staticmethod(apply)
+    return len(seen)
+
+
+def _alignment_seen(dask_worker):
+    return dask_worker._align_seen
+
+
+def _pushes_and_pulls(ctx, _):
+    rng = np.random.default_rng(ctx.rank)
+    unaligned = 0
+    for i in range(300):  # sequence numbers past 127 and 255 lengthen a message's header
+        rows = np.sort(rng.choice(4096, 500, replace=False))
+        ctx.push_rows("align-t", rows, np.ones((rows.size, 3), np.float32))
+        ctx.push("align-d", np.ones(1001, np.float32))
+        ctx.flush()
+        got = [ctx.pull_rows("align-t", rows), ctx.pull("align-d")]
+        unaligned += sum(not a.flags.aligned for a in got)
+    return unaligned
+
+
+def test_arrays_of_every_message_arrive_aligned():
+    """Dask's comm reads a message's first array at an offset its header's
+    length gives; a pad array takes that place (``_worker_plugin.aligned``),
+    so pushed values and rows reach the servers aligned, and pulled values
+    reach the participants aligned, whatever the header's length."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        ps = dask_ps.ParameterServer(client)
+        ps.create_table("align-t", shape=(4096, 3), dtype="float32", consistency=dask_ps.VAP(1e30))
+        ps.create_table("align-d", shape=(1001,), dtype="float32", consistency=dask_ps.VAP(1e30))
+        client.run(_record_alignment)
+        assert ps.run(_pushes_and_pulls, [0, 1]) == [0, 0]
+        seen = [a for per_worker in client.run(_alignment_seen).values() for a in per_worker]
+        assert len(seen) > 600 and all(seen)
+        assert ps.pull("align-d").flags.aligned
+        np.testing.assert_array_equal(ps.pull("align-d"), np.full(1001, 600.0))
