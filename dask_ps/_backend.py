@@ -121,6 +121,21 @@ def read_only(x):
     return x
 
 
+def received(x):
+    """An array deserialized from a network comm (TCP, TLS, UCX: a buffer
+    nobody else holds), writable again. A server hands out a stored block
+    read-only (readers in its process share it) and Dask's serialization
+    carries the flag, so a reader in another process got a read-only array
+    and copied it (a 4 MiB pull: 0.8 ms of its 3 ms). Never for an
+    in-process comm's reply: that is the server's own block."""
+    if isinstance(x, np.ndarray) and not x.flags.writeable:
+        try:
+            x.flags.writeable = True
+        except ValueError:  # the buffer itself is read-only (bytes)
+            pass
+    return x
+
+
 def writable(x):
     """``x`` itself if it may be written in place, else a copy (cupy arrays
     always may: their ``flags`` have no ``writeable``)."""

@@ -28,7 +28,7 @@ import zlib
 import numpy as np
 from distributed.protocol.serialize import to_serialize
 
-from dask_ps import _config, _routing
+from dask_ps import _backend, _config, _routing
 from dask_ps._exceptions import PSError, StaleVersionError, UnknownTableError
 from dask_ps._liveness import Liveness, WorkerGone
 from dask_ps._routing import TableHandle
@@ -187,13 +187,16 @@ class Transport:
             return await self._call_direct(target, target.local_pull(
                 h.spec.name, h.version, blocks, [_routing.wire_rows(r) for _, r in reqs],
                 table_id=h.spec.table_id, copy=target is self.local, **extra))
-        return await self.liveness.call(addr, lambda: _within(
+        reply = await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),
             self.rpc(addr).ps_pull(**aligned(dict(
                 table=h.spec.name, table_id=h.spec.table_id, version=h.version, blocks=blocks,
                 rows=[_wire(r) for _, r in reqs], **self._trusted, **extra
             ))),
         ))
+        if isinstance(reply, dict) and isinstance(reply.get("values"), (list, tuple)) and not addr.startswith("inproc://"):
+            reply["values"] = [_backend.received(v) for v in reply["values"]]
+        return reply
 
 
 class Router:

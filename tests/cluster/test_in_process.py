@@ -234,3 +234,36 @@ def test_arrays_of_every_message_arrive_aligned():
         assert len(seen) > 600 and all(seen)
         assert ps.pull("align-d").flags.aligned
         np.testing.assert_array_equal(ps.pull("align-d"), np.full(1001, 600.0))
+
+
+def _remote_reads(ctx, _):
+    h = ctx._handle("recv-t")
+    transport = ctx._router.transport
+    where = ("another process" if transport.serialized(h.primary(0))
+             else "this worker" if h.primary(0) == transport.local_address else "a peer in this process")
+    part = ctx._read(h, {0: None})[0]
+    mine = ctx.pull("recv-t")
+    mine[:] = -1.0  # the caller's own array
+    return where, bool(part.flags.writeable), ctx.pull("recv-t").tolist()
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_replies_from_another_process_are_the_readers_own(processes):
+    """A whole block is handed out read-only by its server (readers in its
+    process share it) and Dask's serialization carries the flag; a reply
+    that came from another process is a buffer only the reader holds, so it
+    is made writable and given to the caller without a copy. Writing into
+    it changes nothing stored; in one process the shared block stays
+    read-only."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=processes, dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        ps = dask_ps.ParameterServer(client)
+        ps.create_table("recv-t", shape=(5,), consistency=dask_ps.VAP(1e30), init=np.arange(5.0))
+        results = ps.run(_remote_reads, [0, 1])
+        expect = {"another process": True, "this worker": True, "a peer in this process": False}
+        for where, writeable, again in results:
+            assert again == [0.0, 1.0, 2.0, 3.0, 4.0]
+            assert writeable == expect[where], where
+        assert ("another process" in {w for w, _, _ in results}) == processes
+        assert ps.pull("recv-t").tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+        ps.drop_table("recv-t")
