@@ -194,8 +194,9 @@ class Transport:
                 rows=[_wire(r) for _, r in reqs], **self._trusted, **extra
             ))),
         ))
-        if isinstance(reply, dict) and isinstance(reply.get("values"), (list, tuple)) and not addr.startswith("inproc://"):
-            reply["values"] = [_backend.received(v) for v in reply["values"]]
+        values = reply.get("values") if isinstance(reply, dict) else None
+        if isinstance(values, (list, tuple)) and not addr.startswith("inproc://"):
+            reply["values"] = [_backend.received(v) for v in values]  # buffers only this reader holds
         return reply
 
 
