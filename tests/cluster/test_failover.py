@@ -136,13 +136,13 @@ def expected_sum(n, clocks):
     return out
 
 
-def reading_pusher(ctx, _, clocks, delay):
+def reading_pusher(ctx, _, clocks, delay, table="t"):
     """Push, flush, read the whole table (every copy serves reads), clock."""
     for clock in range(ctx.current_clock, clocks):
         rows, vals = workload(ctx.rank, clock)
-        ctx.push_rows("t", rows, vals)
+        ctx.push_rows(table, rows, vals)
         ctx.flush()
-        ctx.pull("t")
+        ctx.pull(table)
         time.sleep(delay)
         ctx.clock()
     return ctx.current_clock
@@ -171,18 +171,26 @@ def test_a_hung_shard_host_is_fenced_out_and_the_run_goes_on():
     clocks, block_rows = 40, 5  # 12 blocks: every worker is a primary and a replica
     with cluster(3) as c, Client(c) as client:
         ps = dask_ps.ParameterServer(client)
-        ps.create_table("t", shape=(N_ROWS, WIDTH), block_rows=block_rows, replication=2,
-                        consistency=dask_ps.SSP(1))
         servers = ps.servers
         victim = servers[2]  # participants run on servers[0] and servers[1]
-        placement = ps._handle("t").owners
+        # A table of which the victim is a primary of some blocks and a replica
+        # of others (placement hashes the name and the workers' addresses, and
+        # an unlucky ring gave one worker no primary of the 12 blocks).
+        for i in range(64):
+            table = f"t{i}"
+            ps.create_table(table, shape=(N_ROWS, WIDTH), block_rows=block_rows, replication=2,
+                            consistency=dask_ps.SSP(1))
+            placement = ps._handle(table).owners
+            if any(o[0] == victim for o in placement) and any(victim in o[1:] for o in placement):
+                break
+            ps.drop_table(table)
         assert any(o[0] == victim for o in placement) and any(victim in o[1:] for o in placement)
         pid = client.run(os.getpid, workers=[victim])[victim]
         result = {}
 
         def run():
             try:
-                result["value"] = ps.run(reading_pusher, range(2), clocks=clocks, delay=0.05)
+                result["value"] = ps.run(reading_pusher, range(2), clocks=clocks, delay=0.05, table=table)
             except BaseException as e:  # noqa: BLE001 - checked below
                 result["error"] = e
 
@@ -199,14 +207,14 @@ def test_a_hung_shard_host_is_fenced_out_and_the_run_goes_on():
         assert finished_while_stopped, "the run waited for the stopped worker"
         assert result == {"value": [clocks, clocks]}, result
         want = expected_sum(2, clocks)
-        np.testing.assert_array_equal(ps.pull("t"), want)
+        np.testing.assert_array_equal(ps.pull(table), want)
         # Taken back after SIGCONT: it holds copies again, and every copy is exact.
         deadline = time.monotonic() + 120
-        while victim not in {p.worker for p in ps.placement("t")} and time.monotonic() < deadline:
+        while victim not in {p.worker for p in ps.placement(table)} and time.monotonic() < deadline:
             time.sleep(0.2)
         ps.wait_for_placement()
         assert victim in ps.servers
-        held = held_copies(client, "t")
+        held = held_copies(client, table)
         assert held[victim], "the worker did not get copies back"
         for addr, blocks in held.items():
             for b, data in blocks.items():
