@@ -227,7 +227,6 @@ class Session(Overlap):
         self._buffers: dict[str, PushBuffer] = {}
         self._spares: dict[str, object] = {}
         self._cache: dict[str, dict[int, CacheEntry]] = {}
-        self._row_scratch = np.empty(0, dtype=np.int32)  # block 0 rows of uncached reads (_scratch_rows)
         self._own_seq: dict[tuple[str, int], int] = {}  # (table, block) -> seq after our last push
         # aggregate="clock" sum tables: own pushes sent but perhaps not yet
         # summed into the servers' values, as (clock, {block: [(rows, values)]})
@@ -599,7 +598,7 @@ class Session(Overlap):
     def pull_rows(self, name: str, rows):
         """Values of ``rows`` (any order, duplicates allowed), as fresh as the
         table's model guarantees, including own pending updates."""
-        h, reqs, uniq, inverse = self._row_read(name, rows, now=True)
+        h, reqs, uniq, inverse = self._row_read(name, rows)
         return self._assemble_rows(h, uniq, inverse, reqs, self._read(h, reqs))
 
     @ps_call
@@ -628,43 +627,17 @@ class Session(Overlap):
         h, reqs, uniq, inverse = self._row_read(name, rows)
         return self._prefetch(h, reqs, uniq, inverse, for_clock)
 
-    def _row_read(self, name: str, rows, now: bool = False):
+    def _row_read(self, name: str, rows):
         """``(handle, reqs, uniq, inverse)`` of a read of ``rows``: validated
-        and coalesced in one pass, ``reqs[block]`` the block's local rows.
-
-        Block 0's rows are global rows, int64. To a server in another
-        process they go out as int32 (as other blocks' do) where they would
-        be copied anyway (the cache keeps them) or where the read is made
-        ``now`` and nothing keeps them (an uncached read in the caller's
-        thread): then into this session's scratch array, not a fresh one.
-        Half the index bytes: a 100k-row read of a narrow table went from
-        0.86 to 0.98 of a bare RPC's speed (worker processes, where every
-        fresh array of a message page-faults). A server in this process
-        indexes with them directly, where int64 is faster."""
+        and coalesced in one pass, ``reqs[block]`` the block's local rows
+        (block 0's are the rows themselves; to a server in another process
+        the transport sends them as int32, see ``Transport._wire_rows``)."""
         h = self._handle(name)
         uniq, inverse = check_row_request(h.spec, rows)
         reqs = {b: _routing.local_rows(h.spec, b, uniq[lo:hi]) for b, lo, hi in _routing.block_slices(h.spec, uniq)}
-        first = reqs.get(0)
-        if first is not None and first.dtype == np.int64:
-            narrow = (h.spec.block_rows <= np.iinfo(np.int32).max
-                      and self._router.transport.serialized(h.primary(0)))
-            if self._cacheable(h):
-                if uniq is rows:  # the cache keeps it: never a view of the caller's array
-                    reqs[0] = first.astype(np.int32) if narrow else first.copy()
-            elif now and narrow and h.spec.consistency.name != "essp":
-                reqs[0] = self._scratch_rows(first)
+        if uniq is rows and 0 in reqs and self._cacheable(h):
+            reqs[0] = reqs[0].copy()  # the cache keeps it: never a view of the caller's array
         return h, reqs, uniq, inverse
-
-    def _scratch_rows(self, rows: np.ndarray) -> np.ndarray:
-        """``rows`` as int32 in this session's scratch array (reused by the
-        next such read: only for a read that is sent and answered before
-        ``pull_rows`` returns)."""
-        n = rows.shape[0]
-        if self._row_scratch.shape[0] < n:
-            self._row_scratch = np.empty(max(n, 2 * self._row_scratch.shape[0]), dtype=np.int32)
-        out = self._row_scratch[:n]
-        np.copyto(out, rows, casting="unsafe")
-        return out
 
     def _owned(self, name: str, b: int, values) -> bool:
         """Whether ``values`` read from block ``b`` is this read's own (a fresh

@@ -35,15 +35,6 @@ from dask_ps._routing import TableHandle
 from dask_ps._worker_plugin import aligned, in_process_peer
 
 
-def _wire(rows):
-    """A block's local rows as a message: None (the whole block), ``[start,
-    stop]`` for a range (no index array), else a zero-copy frame."""
-    rows = _routing.wire_rows(rows)
-    return rows if rows is None or isinstance(rows, list) else to_serialize(rows)
-
-
-# Pushed rows of at least this many travel as int32 (see Transport._push_rows).
-_INT32_ROWS_MIN = 1024
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
 
@@ -84,26 +75,28 @@ class Transport:
         self._trusted = {"token": local.internal_token} if local is not None else {}
         self.liveness = liveness if liveness is not None else Liveness()
         self.local_address = local.worker.address if local is not None and local.worker else None
-        # int32 arrays free to carry pushed rows (_push_rows); used and given
-        # back on the event loop only.
+        # int32 arrays free to carry rows of messages (_wire_rows); used and
+        # given back on the event loop only.
         self._row_scratch: list[np.ndarray] = []
 
     def __repr__(self):
         return f"<Transport local={self.local_address}>"
 
-    def _push_rows(self, h: TableHandle, rows, taken: list):
-        """A pushed block's local rows as they go into the message: int64
-        arrays (a caller's own rows, handed over with ``copy=False``, or
-        coalesced ones) as int32 in a scratch array of this transport,
-        appended to ``taken``, when the block's rows fit: half the bytes
-        to send, and the server receives less fresh memory, which
-        page-faults in a worker process (a 100k-row push to another
-        process: 3.4-3.5 ms instead of 3.7-3.8). The scratch is given back
-        once the server answered; after a failure it is dropped (the comm
-        may still hold it)."""
+    def _wire_rows(self, h: TableHandle, rows, taken: list):
+        """A block's local rows as they go into a message to another process:
+        None (the whole block), ``[start, stop]`` for a range (no index
+        array), else a zero-copy frame. int64 rows (block 0's are the
+        caller's global rows; coalesced rows; a caller's rows handed over
+        with ``copy=False``) go as int32 in a scratch array of this
+        transport, appended to ``taken``, where the block's rows fit: half
+        the bytes to send, and the server receives less fresh memory, which
+        page-faults in a worker process (a 100k-row push: 3.4-3.5 ms instead
+        of 3.7-3.8; a 100k-row read went from 0.86 to 0.98 of a bare RPC).
+        The caller's arrays are kept as they are for the write-through,
+        prefetches and the cache. The scratch is given back once the server
+        answered; after a failure it is dropped (the comm may still hold it)."""
         wire = _routing.wire_rows(rows)
-        if (isinstance(wire, np.ndarray) and wire.dtype == np.int64 and wire.size >= _INT32_ROWS_MIN
-                and h.spec.block_rows <= _INT32_MAX):
+        if isinstance(wire, np.ndarray) and wire.dtype == np.int64 and h.spec.block_rows <= _INT32_MAX:
             n = wire.size
             i = next((i for i, a in enumerate(self._row_scratch) if a.shape[0] >= n), None)
             buf = self._row_scratch.pop(i) if i is not None else np.empty(n, dtype=np.int32)
@@ -114,7 +107,7 @@ class Transport:
 
     def _give_back(self, taken: list) -> None:
         self._row_scratch.extend(taken)
-        if len(self._row_scratch) > 4:  # as many as pushes in flight at once, usually
+        if len(self._row_scratch) > 4:  # as many as messages in flight at once, usually
             self._row_scratch.sort(key=len)
             del self._row_scratch[:-4]
 
@@ -156,7 +149,7 @@ class Transport:
                 h.spec.name, h.version, items, raw=raw, run=run, sender=sender, msg_seq=msg_seq,
                 table_id=h.spec.table_id))
         taken: list = []
-        rows = [self._push_rows(h, r, taken) for _, r, _ in items]
+        rows = [self._wire_rows(h, r, taken) for _, r, _ in items]
         reply = await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),
             self.rpc(addr).ps_push(**aligned(dict(
@@ -187,13 +180,16 @@ class Transport:
             return await self._call_direct(target, target.local_pull(
                 h.spec.name, h.version, blocks, [_routing.wire_rows(r) for _, r in reqs],
                 table_id=h.spec.table_id, copy=target is self.local, **extra))
+        taken: list = []
+        rows = [self._wire_rows(h, r, taken) for _, r in reqs]
         reply = await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),
             self.rpc(addr).ps_pull(**aligned(dict(
                 table=h.spec.name, table_id=h.spec.table_id, version=h.version, blocks=blocks,
-                rows=[_wire(r) for _, r in reqs], **self._trusted, **extra
+                rows=rows, **self._trusted, **extra
             ))),
         ))
+        self._give_back(taken)
         values = reply.get("values") if isinstance(reply, dict) else None
         if isinstance(values, (list, tuple)) and not addr.startswith("inproc://"):
             reply["values"] = [_backend.received(v) for v in values]  # buffers only this reader holds

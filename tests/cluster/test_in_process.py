@@ -98,13 +98,13 @@ def _uncached_reads(ctx, _):
         second = ctx.pull_rows("scratch-t", c)
         later = ctx.pull_rows("scratch-t", np.array([0, 1, 2, 999]))
         out.append((a, first, b, ahead.result(), c, second, later))
-    return out, int(ctx._row_scratch.shape[0])
+    return out, len(ctx._router.transport._row_scratch)
 
 
 @pytest.mark.parametrize("processes", [False, True])
 def test_uncached_row_reads_reuse_no_array_they_return(processes):
     """Uncached reads (VAP) send block 0's rows to a server in another
-    process as int32 from a scratch array the session reuses: every read, a
+    process as int32 from scratch arrays the transport reuses: every read, a
     read started ahead and read later, and every earlier result keep their
     own rows' values; the same with the servers on other workers of the
     process (arrays passed by reference, no scratch); blocks of 300 rows
