@@ -51,8 +51,10 @@ class TableShards:
     version: int
     blocks: dict[int, Block]
     # aggregate="clock": summed pushes waiting for their clock to complete,
-    # by (run_id, clock) then block.
-    pending: dict[tuple[str, int], dict[int, object]] = field(default_factory=dict)
+    # by (run_id, clock), block, then sender (each sender's own sum: they are
+    # added in the senders' order when due, so the result does not depend on
+    # the order the pushes arrived in).
+    pending: dict[tuple[str, int], dict[int, dict[str, object]]] = field(default_factory=dict)
     # run -> every per-clock sum of that run's clocks below it is applied to
     # every block here (``due`` pops all sums below a clock at once)
     summed_below: dict[str, float] = field(default_factory=dict)
@@ -170,7 +172,8 @@ class ShardStore:
                 "applied": {k: list(v) for k, v in blk.applied.items()},
                 # aggregate="clock": sums still waiting for their clock move
                 # too, and how far this copy has applied them
-                "pending": [[run, clock, acc[b].copy()] for (run, clock), acc in t.pending.items() if b in acc],
+                "pending": [[run, clock, _in_sender_order(acc[b]).copy()] for (run, clock), acc in t.pending.items()
+                            if b in acc],
                 "summed_below": {run: _wire_clock(ShardStore.summed_below_of(t, b, run))
                                  for run in {*t.summed_below, *blk.summed_below}},
             })
@@ -203,7 +206,8 @@ class ShardStore:
             t.blocks[b] = Block(data, state, seq=int(e.get("seq", 0)), applied=applied, summed_below=summed)
             t.missed.discard(b)  # a fresh copy: up to date again
             for run, clock, acc in e.get("pending") or ():
-                t.pending.setdefault((run, int(clock)), {})[b] = _backend.to_device(acc, spec.device)
+                # One sum of the clock's pushes so far (summed in the senders' order).
+                t.pending.setdefault((run, int(clock)), {})[b] = {"": _backend.to_device(acc, spec.device)}
         installed = [int(e["block"]) for e in exported]
         for run, m in (min_clocks or {}).items():
             # The blocks are this message's own fresh arrays: apply in place.
@@ -369,13 +373,14 @@ class ShardStore:
         return fresh
 
     @staticmethod
-    def accumulate(t: TableShards, run_id: str, clock: int, items: list[PushItem]) -> None:
-        """aggregate="clock": add validated items to the sum of their clock."""
+    def accumulate(t: TableShards, run_id: str, clock: int, items: list[PushItem], sender: str | None = None) -> None:
+        """aggregate="clock": add validated items to ``sender``'s sum of their clock."""
         acc = t.pending.setdefault((run_id, int(clock)), {})
         for b, rows, vals in items:
-            a = acc.get(b)
+            by_sender = acc.setdefault(b, {})
+            a = by_sender.get(sender or "")
             if a is None:
-                a = acc[b] = _backend.namespace(vals).zeros_like(t.blocks[b].data)
+                a = by_sender[sender or ""] = _backend.namespace(vals).zeros_like(t.blocks[b].data)
             if rows is None:
                 a += vals
             else:
@@ -396,7 +401,7 @@ class ShardStore:
                 if not t.pending[k]:
                     del t.pending[k]
             # Only blocks still hosted here (a block that moved took its sums along).
-            items = [(b, None, a) for b, a in sorted(acc.items()) if b in t.blocks]
+            items = [(b, None, _in_sender_order(a)) for b, a in sorted(acc.items()) if b in t.blocks]
             if items:
                 out.append(items)
         if blocks is None:
@@ -485,6 +490,25 @@ class ShardStore:
     @staticmethod
     def seqs(t: TableShards, items) -> list[int]:
         return [t.blocks[b].seq for b, *_ in items]
+
+
+def _sender_key(sender: str):
+    """Senders are ``f"{run_id}-{rank}"``: by rank (a sum carried over from
+    another worker, ``""``, first)."""
+    tail = sender.rsplit("-", 1)[-1]
+    return (0, int(tail), "") if tail.isdigit() else (-1, 0, sender)
+
+
+def _in_sender_order(by_sender: dict):
+    """One clock's sums of one block, added up in the senders' order: the
+    same bits whatever order the pushes arrived in (BSP fits reproducible)."""
+    keys = sorted(by_sender, key=_sender_key)
+    total = by_sender[keys[0]]
+    if len(keys) > 1:
+        total = total.copy()
+        for k in keys[1:]:
+            total += by_sender[k]
+    return total
 
 
 def _wire_clock(c: float):

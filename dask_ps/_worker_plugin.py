@@ -237,7 +237,7 @@ class PSWorkerPlugin(WorkerPlugin):
                 self.served["bytes_pushed"] += sum(getattr(v, "nbytes", 0) for _, _, v in items)
             if run is not None and t.spec.aggregate == "clock" and not raw:
                 run_id, clock = _check_run(run)
-                self.store.accumulate(t, run_id, clock, todo)
+                self.store.accumulate(t, run_id, clock, todo, sender)
             elif todo:
                 await self._apply(t, todo, raw=raw)
             if not replica:

@@ -118,6 +118,11 @@ class _Hyper:
     validation_fraction: float
     shuffle: bool
     classifier: bool
+    # The learning rate's factor: P with P participants (each trains its
+    # model at P times scikit-learn's rate and the table is the mean of the P
+    # models: to first order, every sample's full step; docs/architecture.rst,
+    # "Estimators: SGD"). The passive-aggressive steps are not scaled.
+    eta_scale: float = 1.0
 
     @property
     def log_encoded(self) -> bool:
@@ -135,13 +140,16 @@ class _Hyper:
 def _learning_rates(hp: _Hyper, ts, eta_k, xp):
     """Per-sample, per-output learning rates at global sample counts ``ts``: (n, K)."""
     n = ts.shape[0]
+    f = hp.eta_scale
     if hp.learning_rate == OPTIMAL:
-        eta = 1.0 / (hp.alpha * (hp.optimal_init() + ts - 1.0))
+        eta = f / (hp.alpha * (hp.optimal_init() + ts - 1.0))
     elif hp.learning_rate == INVSCALING:
-        eta = hp.eta0 / ts**hp.power_t
+        eta = f * hp.eta0 / ts**hp.power_t
     elif hp.learning_rate == ADAPTIVE:
-        return xp.broadcast_to(xp.asarray(eta_k)[None, :], (n, hp.n_outputs))
-    else:  # constant, pa1, pa2
+        return xp.broadcast_to(f * xp.asarray(eta_k)[None, :], (n, hp.n_outputs))
+    elif hp.learning_rate == CONSTANT:
+        eta = xp.full(n, f * hp.eta0)
+    else:  # pa1, pa2: eta0 is C, not a rate
         eta = xp.full(n, hp.eta0)
     return xp.broadcast_to(eta[:, None], (n, hp.n_outputs))
 

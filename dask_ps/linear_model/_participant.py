@@ -307,13 +307,9 @@ class _Participant:
         self.overlap = not self.solo and cfg.overlap and ctx.overlaps
         self.ahead = None  # (epoch, round index, PullHandle) of the read started a round ahead
         self.seconds = {"round_prep": 0.0, "kernel": 0.0}  # the participant thread's, per kind of work
-        # Own recent rounds, added to reads that may lack the others' (own_unconfirmed,
-        # ps.sgd.own-rounds-in-full): needs the reads' tags (the session's handles)
-        # and a staleness bound.
-        s = cfg.staleness
-        self.keep_own = (cfg.own_rounds_in_full and self.overlap and self.compiled is not None
-                         and s is not None and s > 0)
-        self.own: list = []  # (clock, rows, delta pushed), the last s + 1 rounds
+        # This participant's model as the table counts it (exact model
+        # averaging, see sync_round): the run's start until its first push.
+        self.mine = None
         self.samples = 0
         self.W_all = None
         self.stale_seen = {}  # the staleness histogram at the last progress row
@@ -420,45 +416,8 @@ class _Participant:
         if self.solo:
             return self.W_all if rows is None else self.W_all[rows]
         if ahead is not None and ahead[:2] == (epoch, ri):
-            handle = ahead[2]
-        elif self.keep_own:  # a read now, through a handle: what it holds is its tag
-            table = self.cfg.table
-            handle = self.ctx.prefetch(table) if rows is None else self.ctx.prefetch_rows(table, rows)
-        else:
-            return self.ctx.pull(self.cfg.table) if rows is None else self.ctx.pull_rows(self.cfg.table, rows)
-        W0 = self.ctx.result_of(handle)
-        return self.own_unconfirmed(W0, rows, handle.tag) if self.keep_own else W0
-
-    def own_unconfirmed(self, W0, rows, tag):
-        """``W0`` (read with every update of the clocks below ``tag``) plus
-        ``(P - 1)/P`` of this participant's own rounds at clocks ``>= tag``:
-        the table holds each of them at ``1/P`` only (model averaging), and
-        the others' rounds of those clocks may be missing from the read.
-
-        Under SSP(s) a participant reads the table without up to ``s`` of
-        the others' rounds; with its own last rounds at ``1/P`` it trained
-        again what it had just learnt, and pushed it again: the table
-        drifted from the mean of the models towards their sum (the
-        over-correction of "sum of gradients"). Two participants, dense
-        300k x 100, E=1, rounds of 32,768: test accuracy 0.47-0.61 under
-        SSP(2) (BSP 0.80-0.81); with this 0.72-0.81. But a round of the
-        others that the read did hold (its tag is the min clock known when
-        it was sent, often a clock behind) makes the own round count more
-        than ``1/P`` there, until a later read's tag passes it: on data
-        where every round touches every weight this costs accuracy (the
-        synthetic parity fits of test_sgd.py lost about a point), so it is
-        opt-in (``ps.sgd.own-rounds-in-full``); docs/benchmarks.md."""
-        extra = [(r, d) for clock, r, d in self.own if clock >= tag]
-        if not extra:
-            return W0
-        W0 = np.array(W0, copy=True)
-        f = float(self.ctx.n_participants - 1)
-        for r, d in extra:
-            if rows is None:
-                W0 += f * d
-            else:
-                self.compiled.mod.add_common_rows(rows, W0, r, d, f)
-        return W0
+            return self.ctx.result_of(ahead[2])
+        return self.ctx.pull(self.cfg.table) if rows is None else self.ctx.pull_rows(self.cfg.table, rows)
 
     def read_ahead(self, epoch, ri, epoch_rounds):
         """Start the read of round ``ri``'s weights for the next clock (at
@@ -480,21 +439,33 @@ class _Participant:
         self.ahead = (epoch, ri, handle)
 
     def sync_round(self, rows, W0, W):
-        """The round's change: into the local table (alone), or ``1/P`` of it
-        pushed (model averaging: once every participant pushed, the table
-        holds the mean of their models)."""
+        """The round's model ``W`` (trained from the read ``W0``): into the
+        local table (alone), or pushed so that the table stays the exact
+        mean of the participants' latest models.
+
+        The table starts at the run's start ``S`` and every push is
+        ``(W - M) / P``, ``M`` this participant's previous model (``S`` before
+        its first round; per row for sparse rounds): the pushes telescope,
+        so once they are in the table is ``mean_p(M_p)`` whatever the reads
+        held. A read that missed the others' last rounds makes this
+        participant's next model start from an older mean (slower progress),
+        never a table that drifts from the mean (docs/architecture.rst,
+        "Estimators: SGD")."""
         if self.solo:
             if self.sparse:
                 self.W_all[self.xp.asarray(rows)] = W
             else:
                 self.W_all = W
             return
-        delta = W - W0
-        if self.ctx.n_participants > 1:
-            delta *= 1.0 / self.ctx.n_participants
-        if self.keep_own:  # the last s + 1 rounds (see own_unconfirmed)
-            self.own.append((self.ctx.current_clock, rows, delta))
-            del self.own[:-(self.cfg.staleness + 1)]
+        mine = self.own_model()
+        if rows is None:
+            delta = W - mine
+            mine[...] = W
+        else:
+            r = self.xp.asarray(rows)
+            delta = W - mine[r]
+            mine[r] = W
+        delta *= 1.0 / self.ctx.n_participants
         # Copied by the session (not copy=False, though the delta is never
         # written again): a read started a round ahead adds the session's own
         # copy of this push where the servers had not applied it yet, and
@@ -503,6 +474,27 @@ class _Participant:
             self.ctx.push_rows(self.cfg.table, rows, delta)
         else:
             self.ctx.push(self.cfg.table, delta)
+
+    def own_model(self):
+        """This participant's model as the table counts it (``sync_round``),
+        created at the first push: the run's start, zeros or read from the
+        start table (``_RunConfig.start_table``), which nobody pushes to.
+
+        A retried participant (its worker died) cannot know the model its
+        first attempt pushed last: it takes the table as it reads it now,
+        so its earlier contribution stays in the mean as it was (the mean is
+        off by that participant's distance from it, once; later rounds are
+        exact again)."""
+        if self.mine is None:
+            cfg = self.cfg
+            if self.ctx.current_clock > 0:
+                self.mine = arrays.to_numpy(self.ctx.pull(cfg.table)).copy()
+            elif cfg.start_table is not None:
+                self.mine = arrays.to_numpy(self.ctx.pull(cfg.start_table)).copy()
+            else:
+                self.mine = np.zeros((cfg.n_features + 1, cfg.n_cols), dtype=np.dtype(self.X.dtype))
+            self.mine = self.xp.asarray(self.mine)
+        return self.mine
 
     def minibatch_round(self, group, epoch, seen, active, loss_sum):
         """One round with the array-API minibatch kernel (cupy data, or

@@ -18,6 +18,7 @@ import scipy.sparse as sp
 from dask_ps._estimators import arrays, setting, setting_bytes
 from dask_ps.linear_model._kernels import (
     ADAPTIVE,
+    CONSTANT,
     ELASTICNET,
     HINGE_THRESHOLDS,
     L1,
@@ -70,9 +71,10 @@ class _RunConfig:
     # Reads a round ahead and background clocks where the session has them
     # (ps.sgd.overlap).
     overlap: bool = True
-    # Own rounds that a stale read may hold at 1/P only count in full
-    # (ps.sgd.own-rounds-in-full; _Participant.own_unconfirmed).
-    own_rounds_in_full: bool = False
+    # The table holding the run's start (None: zeros), which nobody pushes
+    # to: the participants' models before their first round
+    # (_Participant.own_model).
+    start_table: str | None = None
 
 
 class _StopRule:
@@ -496,12 +498,15 @@ def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train
         Xd, (xdata, xind, xptr) = (c.X, Xc) if c.sparse else (Xc, c.csr_dummy)
         for k in outs:
             eta = float(stop.eta[k]) if hp.learning_rate == ADAPTIVE else hp.eta0
+            if hp.learning_rate in (ADAPTIVE, CONSTANT):
+                eta *= hp.eta_scale
             icpt[k], aicpt[k], sumloss, dec, es, l1_u[k] = c.mod.sgd_round(
                 not c.sparse, Xd, xdata, xind, xptr, local, Yc[k], swc, W[:nw, k],
                 W[:nw, K + k] if hp.average else c.dummy_w, icpt[k], aicpt[k],
                 c.loss_id, c.thr, hp.penalty, hp.alpha, hp.l1_ratio, hp.learning_rate, eta, hp.eta0, hp.power_t,
                 c.optimal_init, bool(hp.fit_intercept), intercept_decay, float(cfg.cw_pos[k]),
-                float(cfg.cw_neg[k]), int(hp.average), tk, n_train_step, c.wscale_min, l1_q[k], l1_u[k])
+                float(cfg.cw_neg[k]), int(hp.average), tk, n_train_step, c.wscale_min, l1_q[k], l1_u[k],
+                float(hp.eta_scale))
             decay[k] *= dec
             eta_sum[k] += es
             loss_sum[k] += sumloss

@@ -125,14 +125,16 @@ def _gradient(loss_id, thr, y, p):
 @njit(nogil=True, error_model="numpy")
 def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercept,
               loss_id, thr, penalty, alpha, l1_ratio, learning_rate, eta, eta0, power_t, optimal_init,
-              fit_intercept, intercept_decay, cw_pos, cw_neg, average, t, step, wscale_min, q, u):
+              fit_intercept, intercept_decay, cw_pos, cw_neg, average, t, step, wscale_min, q, u, eta_scale):
     """Train ``w`` (and ``aw`` if ``average > 0``) in place on the samples
     ``rows``, in that order; returns ``(intercept, aintercept, sumloss,
     decay, eta_sum, u)``.
 
     ``q``, ``u``: Tsuruoka's cumulative L1 penalty state (per weight, and
     the total so far), carried by the caller across calls over one round's
-    chunks (``q`` may be a dummy without an L1 penalty).
+    chunks (``q`` may be a dummy without an L1 penalty). ``eta_scale``
+    multiplies every learning rate but the passive-aggressive steps
+    (``_Hyper.eta_scale``).
 
     Dense: sample ``r`` is ``X[r]`` and ``w`` has one entry per column.
     Sparse: sample ``r`` is row ``r`` of the CSR (``data``, ``ind``, ``ptr``),
@@ -157,9 +159,9 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
                 acc += w[ind[jj]] * data[jj]
         p = acc * wscale + intercept
         if learning_rate == OPTIMAL:
-            eta = 1.0 / (alpha * (optimal_init + t - 1.0))
+            eta = eta_scale / (alpha * (optimal_init + t - 1.0))
         elif learning_rate == INVSCALING:
-            eta = eta0 / t**power_t
+            eta = eta_scale * eta0 / t**power_t
         yi = y[r]
         loss_value = _loss(loss_id, thr, yi, p)
         sumloss += loss_value

@@ -20,6 +20,7 @@ from dask.utils import parse_timedelta
 from sklearn.utils import check_random_state
 
 from dask_ps import ASP, SSP
+from dask_ps.consistency import as_consistency
 from dask_ps._estimators import (
     MAX_RESTARTS,
     CheckpointMismatchError,
@@ -110,8 +111,9 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
             cfg = _run_config(est, hp, start, stats, staleness, d, n_cols, n_total, sizes, max_iter,
                               classes, cw_pos, cw_neg, data.sparse)
             record = dict(fingerprint=fingerprint, n_outputs=K, n_seen=n_seen, sizes=sizes)
+            starts = _RunStarts(ps, tables, start, data.dtype) if P > 1 else None
             with _monitored(ps, tables, cfg, start, P, progress) as cfg:
-                runs, states, n_iter = _run_chunks(est, ps, parts, cfg, start, checkpoint, record, timing)
+                runs, states, n_iter = _run_chunks(est, ps, parts, cfg, start, checkpoint, record, timing, starts)
             t = time.perf_counter()
             W = arrays.to_numpy(ps.pull(start.name))
             timing["pull_seconds"] = time.perf_counter() - t
@@ -180,9 +182,15 @@ def _create_tables(est, ps, tables, start: _Start, data: _Input, K, P, max_iter)
     value bound: a flush must not depend on the values), else one row per
     participant and epoch. Returns ``(stats table or None, staleness)``."""
     W0 = start.W0
+    consistency = as_consistency(est.consistency)
+    staleness = consistency.staleness
+    # Under BSP the servers sum each clock's pushes in the participants'
+    # order and apply the sum once the clock is complete: a read at clock c
+    # holds exactly the clocks < c, so a fit is the same bit for bit from one
+    # run to the next (count_aggregate: LDA does the same).
+    aggregate = "clock" if staleness == 0 and P > 1 else "push"
     tables.create(start.name, shape=W0.shape, dtype=data.dtype, init=W0 if W0.any() else None,
-                  consistency=est.consistency, device=data.device, replication=est.replication)
-    staleness = ps.spec(start.name).consistency.staleness
+                  consistency=consistency, device=data.device, replication=est.replication, aggregate=aggregate)
     if P == 1:
         return None, staleness
     global_stop = staleness is not None
@@ -196,7 +204,8 @@ def _create_tables(est, ps, tables, start: _Start, data: _Input, K, P, max_iter)
         init[:k] = saved[:k]
         init = init if init.any() else None
     stats = tables.create(start.name + "-stats", shape=(n_rows, n_stats), dtype="float64", init=init,
-                          consistency=SSP(staleness) if global_stop else ASP(), replication=est.replication)
+                          consistency=SSP(staleness) if global_stop else ASP(), replication=est.replication,
+                          aggregate=aggregate if global_stop else "push")
     return stats, staleness
 
 
@@ -264,13 +273,10 @@ def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, si
     b_local = max(1, max(sizes) // steps)
     clock_every = max(1, int(setting("sgd", "clock-samples")) // b_local) if P > 1 else steps
     if P > 1:
-        # At least ps.sgd.min-rounds-per-epoch rounds (default 1): under SSP(s)
-        # with rounds of a whole epoch, a participant that ran ahead trained
-        # epochs from a model missing half of its own progress and all of the
-        # others' (two participants, 32k rows: test ROC AUC 0.62-0.76 under
-        # SSP(2), 0.755-0.770 under BSP; with four rounds an epoch 0.755-0.764),
-        # but more rounds an epoch cost the synthetic parity fits of
-        # test_sgd.py about a point under SSP(2): docs/benchmarks.md.
+        # At least ps.sgd.min-rounds-per-epoch rounds: a staleness bound of s
+        # clocks must stay a small part of an epoch whatever the data's size
+        # (with one round an epoch, SSP(2) let a participant train two epochs
+        # without the others' work).
         clock_every = min(clock_every, max(1, steps // max(1, int(setting("sgd", "min-rounds-per-epoch")))))
     clock_every = min(clock_every, steps)
     clocks_per_epoch = math.ceil(steps / clock_every)
@@ -278,6 +284,8 @@ def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, si
     eta_init = getattr(est, "_adaptive_eta", None)
     if eta_init is None or len(eta_init) != K:
         eta_init = [float(est.eta0)] * K
+    if P > 1:
+        hp = dataclasses.replace(hp, eta_scale=float(P))
     return _RunConfig(
         table=start.name, stats_table=stats, hp=hp, n_features=d, n_cols=n_cols,
         n_total=max(1, n_total), steps_per_epoch=steps, clock_every=clock_every,
@@ -287,11 +295,34 @@ def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, si
         cw_neg=tuple(np.ones(K) if cw_neg is None else cw_neg),
         eta_init=tuple(eta_init), col_freq_needed=sparse, stats_stride=int(max_iter),
         overlap=bool(setting("sgd", "overlap")),
-        own_rounds_in_full=bool(setting("sgd", "own-rounds-in-full")),
     )
 
 
-def _run_chunks(est, ps, parts, cfg: _RunConfig, start: _Start, checkpoint, record, timing=None):
+class _RunStarts:
+    """The table of a run's start (``_RunConfig.start_table``): what the
+    weights table holds when a run begins, which the participants need to
+    keep the table the exact mean of their models (``_Participant.own_model``).
+    None where that is zeros (a fit from scratch: no table); otherwise an
+    ``assign`` table, given the start of each run."""
+
+    def __init__(self, ps, tables, start: _Start, dtype):
+        self.ps, self.tables, self.dtype = ps, tables, dtype
+        self.name = start.name + "-start"
+        self.first = start.W0
+        self.created = False
+
+    def before_run(self, cfg: _RunConfig, first: bool) -> str | None:
+        W = self.first if first else arrays.to_numpy(self.ps.pull(cfg.table))
+        if not W.any():
+            return None
+        if not self.created:
+            self.tables.create(self.name, shape=W.shape, dtype=self.dtype, rule="assign", consistency=ASP())
+            self.created = True
+        self.ps.push(self.name, W)
+        return self.name
+
+
+def _run_chunks(est, ps, parts, cfg: _RunConfig, start: _Start, checkpoint, record, timing=None, starts=None):
     """The runs of ``checkpoint_every`` epochs (one run without a
     checkpoint), each followed by a save; returns ``(runs' results, the
     participants' last states, n_iter)``; adds the seconds of the runs and
@@ -312,6 +343,8 @@ def _run_chunks(est, ps, parts, cfg: _RunConfig, start: _Start, checkpoint, reco
         run_cfg = cfg
         if epoch or states is not None or end != max_iter:
             run_cfg = dataclasses.replace(cfg, epoch0=epoch, max_iter=end, states=states)
+        if starts is not None:
+            run_cfg = dataclasses.replace(run_cfg, start_table=starts.before_run(cfg, first=not runs and not est.rollbacks_))
         t = time.perf_counter()
         try:
             results = ps.run(_sgd_participant, parts.futures, cfg=run_cfg)
