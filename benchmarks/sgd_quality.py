@@ -97,7 +97,7 @@ def sklearn_scores(case: Case, seeds) -> list[float]:
 
 
 def dask_ps_scores(case: Case, seeds, client, **extra) -> list[float]:
-    import dask_ps
+    import dask_ps.linear_model
 
     X, y, Xt, yt = data(case.classifier, case.sparse, case.n_rows)
     cls = dask_ps.linear_model.SGDClassifier if case.classifier else dask_ps.linear_model.SGDRegressor

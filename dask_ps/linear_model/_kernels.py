@@ -118,10 +118,9 @@ class _Hyper:
     validation_fraction: float
     shuffle: bool
     classifier: bool
-    # The learning rate's factor: P with P participants (each trains its
-    # model at P times scikit-learn's rate and the table is the mean of the P
-    # models: to first order, every sample's full step; docs/architecture.rst,
-    # "Estimators: SGD"). The passive-aggressive steps are not scaled.
+    # The learning rate's factor (the passive-aggressive steps are not
+    # scaled): what a round trains with, ``round_eta_scale``; in a run's
+    # configuration, the most it may be (P with P participants).
     eta_scale: float = 1.0
 
     @property
@@ -152,6 +151,37 @@ def _learning_rates(hp: _Hyper, ts, eta_k, xp):
     else:  # pa1, pa2: eta0 is C, not a rate
         eta = xp.full(n, hp.eta0)
     return xp.broadcast_to(eta[:, None], (n, hp.n_outputs))
+
+
+def round_eta_scale(hp: _Hyper, t: float, eta_k, sq_norm: float) -> float:
+    """The learning rates' factor for a round starting at global sample
+    count ``t``, with ``P = hp.eta_scale`` participants whose table is the
+    mean of their models (docs/architecture.rst, "Estimators: SGD").
+
+    Where a sample's own step moves its margin little (``eta * |x|^2``
+    small: ``sq_norm`` is the mean squared norm of the participant's
+    samples), a model trained on 1/P of the samples and averaged with the
+    others makes 1/P of a sequential pass's progress: the rate is P times
+    scikit-learn's, so that the mean of the P models makes, to first order,
+    every sample's full step. Where a step is large (``eta * |x|^2 >= 1``:
+    each local model fits its own data within a round, and their mean is
+    the fit of all of it) a larger rate only adds noise and can diverge:
+    the rate is scikit-learn's. In between, ``1 / (eta * |x|^2)``."""
+    P = float(hp.eta_scale)
+    if P <= 1.0 or hp.learning_rate in (PA1, PA2):
+        return 1.0
+    if hp.learning_rate == OPTIMAL:
+        eta = 1.0 / (hp.alpha * (hp.optimal_init() + t - 1.0))
+    elif hp.learning_rate == INVSCALING:
+        eta = hp.eta0 / t**hp.power_t
+    elif hp.learning_rate == ADAPTIVE:
+        eta = float(np.max(eta_k))
+    else:
+        eta = hp.eta0
+    step = eta * sq_norm
+    if step <= 0.0:
+        return P
+    return float(min(P, max(1.0, 1.0 / step)))
 
 
 def _l2_decay(hp: _Hyper, etas, xp):

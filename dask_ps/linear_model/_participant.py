@@ -7,6 +7,7 @@ participant).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -26,6 +27,7 @@ from dask_ps.linear_model._kernels import (
     _unique_inverse,
     check_finite,
     compact_rows_xp,
+    round_eta_scale,
 )
 from dask_ps.linear_model._rounds import (
     _CompiledData,
@@ -293,6 +295,12 @@ class _Participant:
             counts = arrays.to_numpy(xp.bincount(Xt.indices, minlength=self.d)) if n_train else np.zeros(self.d)
             self.inv_q = _lazy_inv_q(counts, n_train, n_train / S)
         self.solo = ctx.n_participants == 1
+        # The mean squared norm of the training samples (round_eta_scale).
+        self.sq_norm = 0.0
+        if not self.solo and self.n_train:
+            Xt = X[self.train_idx] if self.n_train < X.shape[0] else X
+            sq = (Xt.data ** 2).sum() if self.sparse else (Xt ** 2).sum()
+            self.sq_norm = float(sq) / self.n_train
         self.stats_pad = None if self.solo else np.zeros(1 + self.K + 3)  # a round's row: its loss sums only
         # The rounds of an epoch (see ``_epoch_rounds``): lists of minibatches,
         # or, for compacted sparse rounds, (round id, order of its samples).
@@ -400,7 +408,8 @@ class _Participant:
         W0 = self.read(epoch, ri, rnd.rows)
         self.read_ahead(epoch, ri + 1, epoch_rounds)
         t = time.perf_counter()
-        W = _compiled_round(self.cfg, self.compiled, rnd, W0, epoch, seen, self.stop, active, loss_sum)
+        W = _compiled_round(self.cfg, self.compiled, rnd, W0, epoch, seen, self.stop, active, loss_sum,
+                            self.eta_scale(epoch, seen))
         self.seconds["kernel"] += time.perf_counter() - t
         if self.prep is not None:
             self.prep.recycle(rnd)
@@ -496,6 +505,13 @@ class _Participant:
             self.mine = self.xp.asarray(self.mine)
         return self.mine
 
+    def eta_scale(self, epoch, seen) -> float:
+        """The learning rates' factor for a round starting at sample ``seen``
+        of ``epoch`` (``round_eta_scale``)."""
+        cfg = self.cfg
+        t = cfg.t0 + epoch * cfg.n_total + seen * cfg.n_total / max(self.n_train, 1)
+        return round_eta_scale(self.hp, t, self.stop.eta, self.sq_norm)
+
     def minibatch_round(self, group, epoch, seen, active, loss_sum):
         """One round with the array-API minibatch kernel (cupy data, or
         ``ps.sgd.kernel: minibatch``): returns ``(rows, W0, W, n_samples)``
@@ -547,6 +563,7 @@ class _Participant:
         N = cfg.n_total
         step = N / max(self.n_train, 1)
         ts = cfg.t0 + epoch * N + (seen + xp.arange(nb, dtype=np.float64)) * step
+        hp = dataclasses.replace(hp, eta_scale=self.eta_scale(epoch, seen))
         Wk = Wb[:, :K]
         Ak = Wb[:, K:] if hp.average else None
         loss_sum += _batch_loss(hp, Wk, Xb, Yb, xp)

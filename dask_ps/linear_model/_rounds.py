@@ -458,23 +458,24 @@ def _dense_round(c: _CompiledData, group) -> _Round:
     return _Round(None, chunks(), idx.shape[0])
 
 
-def _compiled_round(cfg: _RunConfig, c: _CompiledData, rnd: _Round, W0, epoch, seen, stop, active, loss_sum):
+def _compiled_round(cfg: _RunConfig, c: _CompiledData, rnd: _Round, W0, epoch, seen, stop, active, loss_sum,
+                    eta_scale=1.0):
     """Train round ``rnd`` with the compiled kernel from the weights ``W0``
     it read (sparse data: its touched rows): every active output over the
     round's samples in one call each, then the touched rows' lazy
-    regularization; returns the new weights and adds the round's loss sums
-    to ``loss_sum``."""
+    regularization, at ``eta_scale`` times the learning rates; returns the
+    new weights and adds the round's loss sums to ``loss_sum``."""
     W = np.array(W0, dtype=W0.dtype, order="F", copy=True)  # columns contiguous
     n_train_step = cfg.n_total / max(c.n_train, 1)
     t = cfg.t0 + epoch * cfg.n_total + seen * n_train_step
     outs = np.flatnonzero(active)
-    sums = _train_chunks(cfg, c, W, rnd.chunks, outs, t, n_train_step, stop, loss_sum)
+    sums = _train_chunks(cfg, c, W, rnd.chunks, outs, t, n_train_step, stop, loss_sum, eta_scale)
     _finish_round(cfg, W, rnd.inv_q, outs, *sums)
     check_finite(W, epoch)
     return np.ascontiguousarray(W)
 
 
-def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train_step, stop, loss_sum):
+def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train_step, stop, loss_sum, eta_scale):
     """``sgd_round`` over the chunks, for each output in ``outs``, on ``W``
     (in place); returns per output the intercepts, the products of the L2
     decays and the sums of the learning rates (for the lazy regularization).
@@ -499,14 +500,14 @@ def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train
         for k in outs:
             eta = float(stop.eta[k]) if hp.learning_rate == ADAPTIVE else hp.eta0
             if hp.learning_rate in (ADAPTIVE, CONSTANT):
-                eta *= hp.eta_scale
+                eta *= eta_scale
             icpt[k], aicpt[k], sumloss, dec, es, l1_u[k] = c.mod.sgd_round(
                 not c.sparse, Xd, xdata, xind, xptr, local, Yc[k], swc, W[:nw, k],
                 W[:nw, K + k] if hp.average else c.dummy_w, icpt[k], aicpt[k],
                 c.loss_id, c.thr, hp.penalty, hp.alpha, hp.l1_ratio, hp.learning_rate, eta, hp.eta0, hp.power_t,
                 c.optimal_init, bool(hp.fit_intercept), intercept_decay, float(cfg.cw_pos[k]),
                 float(cfg.cw_neg[k]), int(hp.average), tk, n_train_step, c.wscale_min, l1_q[k], l1_u[k],
-                float(hp.eta_scale))
+                float(eta_scale))
             decay[k] *= dec
             eta_sum[k] += es
             loss_sum[k] += sumloss
