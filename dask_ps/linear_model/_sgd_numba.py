@@ -362,28 +362,6 @@ def _compact_fill(rows, data, ind, ptr, bits, rank, slot, cptr, first, last, cda
 
 
 @njit(nogil=True)
-def add_common_rows(rows, values, other_rows, other_values, factor):
-    """``values[i] += factor * other_values[j]`` wherever ``rows[i] ==
-    other_rows[j]`` (both sorted and distinct; values ``(n, k)``): one
-    merge pass, where a lookup of each row would search or scatter over
-    the features."""
-    i = 0
-    j = 0
-    while i < rows.shape[0] and j < other_rows.shape[0]:
-        a = rows[i]
-        b = other_rows[j]
-        if a < b:
-            i += 1
-        elif b < a:
-            j += 1
-        else:
-            for k in range(values.shape[1]):
-                values[i, k] += factor * other_values[j, k]
-            i += 1
-            j += 1
-
-
-@njit(nogil=True)
 def feature_counts(ind, n_features):
     """``np.bincount(ind, minlength=n_features)`` without converting the
     int32 indices to intp first (a copy of 8 bytes per non-zero)."""

@@ -108,8 +108,9 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
             t = time.perf_counter()
             stats, staleness = _create_tables(est, ps, tables, start, data, K, P, max_iter)
             timing["tables_seconds"] = time.perf_counter() - t
+            compiled = data.device == "cpu" and setting("sgd", "kernel") != "minibatch"
             cfg = _run_config(est, hp, start, stats, staleness, d, n_cols, n_total, sizes, max_iter,
-                              classes, cw_pos, cw_neg, data.sparse)
+                              classes, cw_pos, cw_neg, data.sparse, compiled)
             record = dict(fingerprint=fingerprint, n_outputs=K, n_seen=n_seen, sizes=sizes)
             starts = _RunStarts(ps, tables, start, data.dtype) if P > 1 else None
             with _monitored(ps, tables, cfg, start, P, progress) as cfg:
@@ -262,7 +263,7 @@ def progress_closed(progress: Progress):
 
 
 def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, sizes, max_iter, classes, cw_pos,
-                cw_neg, sparse) -> _RunConfig:
+                cw_neg, sparse, compiled=True) -> _RunConfig:
     """What every participant gets: the schedule (minibatches per epoch,
     rounds of ``ps.sgd.clock-samples`` samples, the stopping decision's lag)
     and the problem."""
@@ -270,6 +271,11 @@ def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, si
     P = len(sizes)
     global_stop = P > 1 and staleness is not None
     steps = max(1, math.ceil(max(sizes) / est.batch_size))
+    min_rounds = max(1, int(setting("sgd", "min-rounds-per-epoch")))
+    if P > 1 and compiled:
+        # The compiled kernel trains sample by sample (batch_size only cuts
+        # the rounds): small inputs get their rounds too.
+        steps = max(steps, min(min_rounds, min(sizes)))
     b_local = max(1, max(sizes) // steps)
     clock_every = max(1, int(setting("sgd", "clock-samples")) // b_local) if P > 1 else steps
     if P > 1:
@@ -277,7 +283,7 @@ def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, si
         # clocks must stay a small part of an epoch whatever the data's size
         # (with one round an epoch, SSP(2) let a participant train two epochs
         # without the others' work).
-        clock_every = min(clock_every, max(1, steps // max(1, int(setting("sgd", "min-rounds-per-epoch")))))
+        clock_every = min(clock_every, max(1, steps // min_rounds))
     clock_every = min(clock_every, steps)
     clocks_per_epoch = math.ceil(steps / clock_every)
     lag = math.ceil(staleness / clocks_per_epoch) if global_stop else 0

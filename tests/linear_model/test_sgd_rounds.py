@@ -2,9 +2,9 @@
 ahead in a background thread (``_rounds._RoundPrep``), later epochs read in
 blocks (``_block_order``), the next round's weights read while a round
 trains and clocks sent in the background (the session's ``prefetch_rows`` /
-``clock(wait=False)``), own rounds that a stale read holds at ``1/P`` only
-(``own_unconfirmed``, opt-in), at least ``ps.sgd.min-rounds-per-epoch`` rounds an
-epoch, and a checkpointed fit that trains a chunk again when its tables were
+``clock(wait=False)``), the table kept the exact mean of the participants'
+models whatever their reads held (``sync_round``), at least
+``ps.sgd.min-rounds-per-epoch`` rounds an epoch, and a checkpointed fit that trains a chunk again when its tables were
 rolled back to the checkpoint (``dask_ps.RolledBackError``)."""
 
 from __future__ import annotations
@@ -206,12 +206,14 @@ def test_participant_with_rounds_built_ahead_is_bitwise_the_same(cache):
 def test_min_rounds_per_epoch():
     """With several participants an epoch has at least
     ``ps.sgd.min-rounds-per-epoch`` rounds (where it has that many
-    minibatches; default 1: rounds of ``ps.sgd.clock-samples``); a lone
-    participant keeps one round an epoch."""
+    minibatches; default 8, so that SSP(2) never spans whole epochs of a
+    small input); a lone participant keeps one round an epoch."""
     X = sp.random(16000, 50, density=0.1, format="csr", random_state=0)
     est = SGDClassifier(batch_size=256)
-    cfg = _config(est, X)  # 63 minibatches: clock-samples 65536 makes one round of them
-    assert cfg.steps_per_epoch == 63 and cfg.clock_every == 63
+    cfg = _config(est, X)  # 63 minibatches: at least 8 rounds of them
+    assert cfg.steps_per_epoch == 63 and -(-cfg.steps_per_epoch // cfg.clock_every) >= 8
+    with dask.config.set({"ps.sgd.min-rounds-per-epoch": 1}):
+        assert _config(est, X).clock_every == 63  # clock-samples 65536 makes one round of them
     with dask.config.set({"ps.sgd.min-rounds-per-epoch": 4}):
         cfg = _config(est, X)
         assert -(-cfg.steps_per_epoch // cfg.clock_every) >= 4
@@ -224,52 +226,56 @@ def test_min_rounds_per_epoch():
         assert _config(est, X).clock_every == 1
 
 
-# --- own rounds the table holds at 1/P only ---------------------------------------------------
+# --- the table is the exact mean of the participants' models ------------------------------
 
 
-def test_add_common_rows_is_a_merge_of_sorted_rows():
+class _PushRecorder:
+    """A participant's ctx that records its pushes into one table (a sum)."""
+
+    def __init__(self, table, P):
+        self.table, self.n_participants, self.current_clock = table, P, 0
+
+    def push(self, name, delta):
+        self.table += delta
+
+    def push_rows(self, name, rows, delta):
+        self.table[rows] += delta
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("P", [2, 4])
+def test_table_is_the_mean_of_the_models_whatever_the_reads_held(sparse, P):
+    """Each participant trains its rounds from arbitrary reads (stale,
+    missing the others' pushes, as SSP allows) and pushes through
+    ``sync_round``: the table is always the start plus the mean of the
+    participants' latest models' distances from it, row by row (a row a
+    participant never trained stays the start there). With the old rule,
+    ``(W - read) / P``, the same rounds left the table far from that mean."""
     rng = np.random.default_rng(0)
-    rows = np.sort(rng.choice(1000, 300, replace=False))
-    other = np.sort(rng.choice(1000, 200, replace=False))
-    values = rng.normal(size=(300, 2))
-    other_values = rng.normal(size=(200, 2))
-    expected = values.copy()
-    common, i, j = np.intersect1d(rows, other, return_indices=True)
-    expected[i] += 0.5 * other_values[j]
-    numba_sgd.add_common_rows(rows, values, other, other_values, 0.5)
-    np.testing.assert_array_equal(values, expected)
-
-
-class _Stub:
-    """What ``_Participant.own_unconfirmed`` reads of its participant."""
-
-    def __init__(self, own, P):
-        self.own = own
-        self.ctx = type("ctx", (), {"n_participants": P})()
-        self.compiled = type("compiled", (), {"mod": numba_sgd})()
-
-
-@pytest.mark.parametrize("P", [2, 3])
-def test_own_rounds_at_clocks_the_read_may_lack_count_in_full(P):
-    """A read tagged ``t`` holds every update of the clocks below ``t``; the
-    participant's own rounds at clocks ``>= t`` are in it at ``1/P`` only
-    (each pushed ``delta / P``), so ``(P - 1)/P`` more of them is added
-    where the read and the round share rows; older rounds are left alone."""
-    rows = np.array([1, 3, 5, 7, 9, 20])  # the next round's rows
-    W0 = np.arange(6.0)[:, None]
-    own = [(4, np.array([1, 2, 3, 20]), np.full((4, 1), 10.0)),  # clock 4: in the read (tag 5)
-           (5, np.array([3, 4, 5, 20]), np.full((4, 1), 1.0)),
-           (6, np.array([9, 20]), np.full((2, 1), 0.5))]
-    out = _participant._Participant.own_unconfirmed(_Stub(own, P), W0, rows, tag=5)
-    extra = np.zeros(6)
-    extra[[1, 2, 5]] += 1.0 * (P - 1)  # rows 3, 5, 20 from clock 5
-    extra[[4, 5]] += 0.5 * (P - 1)  # rows 9, 20 from clock 6
-    np.testing.assert_array_equal(out[:, 0], np.arange(6.0) + extra)
-    np.testing.assert_array_equal(W0[:, 0], np.arange(6.0))  # the read itself is not written
-    dense = _participant._Participant.own_unconfirmed(_Stub([(7, None, np.ones((3, 1)))], P), np.zeros((3, 1)),
-                                                      None, tag=7)
-    np.testing.assert_array_equal(dense, np.full((3, 1), P - 1.0))
-    assert _participant._Participant.own_unconfirmed(_Stub(own, P), W0, rows, tag=7) is W0
+    d, K = 30, 2
+    start = np.zeros((d + 1, K))
+    table = start.copy()
+    parts = []
+    for rank in range(P):
+        p = _participant._Participant.__new__(_participant._Participant)
+        p.ctx, p.solo, p.sparse, p.xp, p.mine = _PushRecorder(table, P), False, sparse, np, None
+        p.cfg = type("cfg", (), {"table": "w", "start_table": None, "n_features": d, "n_cols": K})()
+        p.X = np.zeros((1, d))
+        parts.append(p)
+    latest = np.repeat(start[None], P, axis=0)
+    for _ in range(20):
+        rank = int(rng.integers(P))
+        p = parts[rank]
+        rows = np.sort(rng.choice(d + 1, size=8, replace=False)) if sparse else None
+        read = rng.normal(size=(d + 1, K))  # anything: stale, partial, another participant's
+        W0 = read if rows is None else read[rows]
+        W = W0 + rng.normal(size=W0.shape)
+        p.sync_round(rows, W0, W)
+        if rows is None:
+            latest[rank] = W
+        else:
+            latest[rank][rows] = W
+    np.testing.assert_allclose(table, latest.mean(axis=0), atol=1e-12)
 
 
 # --- on a cluster: reads a round ahead, background clocks -----------------------------------
@@ -311,40 +317,6 @@ def test_fit_reads_ahead_and_matches_the_fit_without(client, consistency, sparse
     sk = SkSGDClassifier(loss="log_loss", max_iter=4, tol=None, random_state=0).fit(Xtr, ytr)
     assert ahead.score(Xte, yte) >= sk.score(Xte, yte) - 0.015
     assert set(ahead._fit_profile) >= {"parts_seconds", "tables_seconds", "run_seconds", "pull_seconds"}
-
-
-def test_own_rounds_in_full_on_a_cluster(client, monkeypatch):
-    """``ps.sgd.own-rounds-in-full``: under SSP(2) every read of the weights
-    goes through a handle whose tag decides which own rounds are added
-    (``own_unconfirmed`` is called for every round of both participants),
-    and the fit trains (here 0.81-0.85 test accuracy against scikit-learn's
-    0.835, and 0.840-0.843 without: the correction can cost a few points,
-    which is why it is opt-in). Off (the default) and under BSP it is not called."""
-    X, y = _sparse_problem(n=24000, d=20000)
-    Xtr, ytr, Xte, yte = X[:20000], y[:20000], X[20000:], y[20000:]
-    calls = []
-    real = _participant._Participant.own_unconfirmed
-
-    def counted(self, W0, rows, tag):
-        calls.append(tag)
-        return real(self, W0, rows, tag)
-
-    monkeypatch.setattr(_participant._Participant, "own_unconfirmed", counted)  # in-process workers
-    kw = dict(loss="log_loss", max_iter=3, tol=None, random_state=0, batch_size=256, client=client)
-    with dask.config.set({"ps.sgd.min-samples-per-participant": 1000, "ps.sgd.clock-samples": 2048}):
-        SGDClassifier(**kw).fit(Xtr, ytr)
-        assert not calls
-        with dask.config.set({"ps.sgd.own-rounds-in-full": True}):
-            SGDClassifier(**kw, consistency=dask_ps.BSP()).fit(Xtr, ytr)
-            assert not calls
-            est = SGDClassifier(**kw).fit(Xtr, ytr)
-    rounds = est.metrics_[0]["clock"]  # one clock a round
-    assert len(calls) == 2 * rounds, (len(calls), rounds)
-    sk = SkSGDClassifier(loss="log_loss", max_iter=3, tol=None, random_state=0).fit(Xtr, ytr)
-    assert est.score(Xte, yte) >= sk.score(Xte, yte) - 0.05
-
-
-# --- a chunk trained again after its tables were rolled back to the checkpoint -------------------
 
 
 def _rolled_back_once(monkeypatch, fail_run, failed=False):
