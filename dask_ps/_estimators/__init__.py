@@ -83,6 +83,7 @@ from dask_ps._estimators._runs import (
     may_be_worker_loss,
     save_checkpoint,
     temporary_tables,
+    wait_for_participants,
 )
 
 __all__ = [
@@ -92,6 +93,7 @@ __all__ = [
     "CheckpointMismatchError", "checkpoint_record", "check_checkpoint", "find_checkpoint", "save_checkpoint",
     "SAVE_RETRY_SECONDS", "chunk_end", "jsonable", "temporary_tables", "TemporaryTables",
     "cluster_members", "may_be_worker_loss", "lost_workers", "MAX_RESTARTS", "RolledBackError",
+    "wait_for_participants",
     "Progress", "PollingMonitor", "rate", "participant_metrics",
     "njit", "kernel_cache_dir",
     "is_dask_collection", "is_dask_dataframe", "is_dask_array", "dask_meta", "dask_feature_names",

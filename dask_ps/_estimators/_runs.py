@@ -210,3 +210,31 @@ def lost_workers(client, members, wait: float = 5.0, poll_seconds: float = 0.2) 
         if lost or time.monotonic() > deadline:
             return lost
         time.sleep(poll_seconds)
+
+
+# --- participants ---------------------------------------------------------------------------
+
+
+def wait_for_participants(ctx, table, owner: str, what: str) -> None:
+    """Wait, in a participant, until every participant of the run has
+    reached this point with its pushes so far on the servers: each counts
+    itself in ``table`` (a one-element ``VAP`` table, whose reads always go
+    to the servers) once its pushes are acknowledged, and polls it until all
+    have. One wait per run, not a bound on every clock as a BSP table would
+    be. Raises ``TimeoutError`` after ``ps.timeouts.clock``, naming
+    ``owner`` and ``what`` it waited for."""
+    import dask.config
+    from dask.utils import parse_timedelta
+
+    ctx.push(table, np.ones(1))
+    ctx.flush()
+    deadline = time.monotonic() + parse_timedelta(dask.config.get("ps.timeouts.clock"))
+    pause = 0.0005
+    while ctx.pull(table)[0] < ctx.n_participants:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"{owner}: participant {ctx.rank} waited longer than ps.timeouts.clock for the other "
+                f"participants' {what} (table {table!r})"
+            )
+        time.sleep(pause)
+        pause = min(2 * pause, 0.02)

@@ -16,7 +16,7 @@ import dask.config
 import numpy as np
 from dask.utils import parse_timedelta
 
-from dask_ps._estimators import arrays
+from dask_ps._estimators import arrays, wait_for_participants
 from dask_ps.decomposition import _lda_kernels as _k
 from dask_ps.decomposition._scoring import participant_loglik
 
@@ -169,40 +169,19 @@ def _setup(ctx, part, cfg: GibbsConfig) -> _Sampler:
     ctx.push(cfg.nk_name, np.bincount(z, minlength=K).astype(np.int64))
     ctx.clock()
     if cfg.start_name is not None:
-        _wait_for_starting_counts(ctx, cfg.start_name)
+        # Under staleness s a read at clock c is only guaranteed the clocks
+        # < c - s: the first s sweeps (all of them under ASP) could read
+        # tables without the other participants' starting counts, sample
+        # their partition as if it were the whole corpus (topics that then do
+        # not line up across partitions) and evaluate the starting state on a
+        # fraction of the tokens (loglik_history_[0] came out better than
+        # iteration 10). The first read of the count tables after the wait
+        # goes to the servers (nothing is cached yet) and sees them all.
+        wait_for_participants(ctx, cfg.start_name, "LatentDirichletAllocation", "starting counts")
 
     s = _Sampler(part, z, ndk, cfg, rank, ctx.n_participants)
     s.to_device(cfg, doc_idx)
     return s
-
-
-def _wait_for_starting_counts(ctx, table):
-    """Wait until every participant's starting counts are on the servers.
-
-    Under staleness ``s`` a read at clock ``c`` is only guaranteed the
-    clocks ``< c - s``: the first ``s`` sweeps (all of them under ASP) could
-    read tables without the other participants' starting counts, sample
-    their partition as if it were the whole corpus (topics that then do
-    not line up across partitions) and evaluate the starting state on a
-    fraction of the tokens (``loglik_history_[0]`` came out better than
-    iteration 10). A participant counts itself in ``table`` once its clock
-    0 is done (its pushes acknowledged) and polls it (VAP reads always go to
-    the servers) until all have: one wait per run, not a bound on every
-    clock as a BSP table would be. The first read of the count tables that
-    follows goes to the servers (nothing is cached yet) and sees them all.
-    """
-    ctx.push(table, np.ones(1))
-    ctx.flush()
-    deadline = time.monotonic() + parse_timedelta(dask.config.get("ps.timeouts.clock"))
-    pause = 0.0005
-    while ctx.pull(table)[0] < ctx.n_participants:
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"LatentDirichletAllocation: participant {ctx.rank} waited longer than ps.timeouts.clock "
-                f"for the other participants' starting counts (table {table!r})"
-            )
-        time.sleep(pause)
-        pause = min(2 * pause, 0.02)
 
 
 def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
