@@ -41,12 +41,17 @@ from sgd_quality import Case  # noqa: E402
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2-workers", "4-workers"])
 def workers(request):
-    """A threads cluster of 2 or 4 workers (as the embedded default), one
-    participant per worker."""
+    """A threads cluster of 2 or 4 workers (as the embedded default)."""
     with LocalCluster(n_workers=request.param, threads_per_worker=1, processes=False,
-                      dashboard_address=None) as cluster, Client(cluster, set_as_default=False) as client, \
-            dask.config.set({"ps.sgd.min-samples-per-participant": 100}):
+                      dashboard_address=None) as cluster, Client(cluster, set_as_default=False) as client:
         yield client, request.param
+
+
+@pytest.fixture
+def forced():
+    """One participant per worker whatever the input's size."""
+    with dask.config.set({"ps.sgd.min-samples-per-participant": 100}):
+        yield
 
 
 def _assert_case(case, seeds, client, **extra):
@@ -56,25 +61,46 @@ def _assert_case(case, seeds, client, **extra):
     return r
 
 
+def _id(c):
+    return f"{c.loss}-{c.schedule}-{'sparse' if c.sparse else 'dense'}-{c.n_rows}-E{c.max_iter}"
+
+
 # Each (loss, schedule, sparse, rows, max_iter) failed on 8f17103 or is its neighbour.
 SMALL = [
     Case("hinge", "optimal", False, 20000, 5),
-    Case("hinge", "invscaling", False, 1000, 1),
     Case("log_loss", "optimal", True, 20000, 1),
     Case("modified_huber", "optimal", False, 20000, 6),
     Case("log_loss", "constant", True, 20000, 3),
     Case("squared_error", "invscaling", False, 20000, 3),
     Case("squared_error", "invscaling", True, 20000, 10),
+    Case("huber", "adaptive", True, 20000, 2),
+]
+
+
+@pytest.mark.parametrize("case", SMALL, ids=_id)
+def test_quality_small_sweep(workers, case):
+    """The default consistency (SSP(2)), the participants a user gets."""
+    client, n = workers
+    _assert_case(case, range(3), client)
+
+
+# Tiny parts: a participant's round is a few dozen samples, where a model
+# trained on 1/P of them and averaged makes 1/P of the progress unless its
+# steps are P times larger (round_eta_scale). Under BSP: under SSP(2) rounds
+# that short read the others' last round late and progress less
+# (docs/architecture.rst, "what a read may miss").
+TINY = [
+    Case("hinge", "invscaling", False, 1000, 1),
+    Case("log_loss", "invscaling", False, 1000, 3),
     Case("squared_error", "adaptive", True, 1000, 3),
     Case("huber", "invscaling", False, 1000, 1),
 ]
 
 
-@pytest.mark.parametrize("case", SMALL, ids=lambda c: f"{c.loss}-{c.schedule}-{'sparse' if c.sparse else 'dense'}"
-                                                      f"-{c.n_rows}-E{c.max_iter}")
-def test_quality_small_sweep(workers, case):
+@pytest.mark.parametrize("case", TINY, ids=_id)
+def test_quality_one_participant_per_worker_on_tiny_inputs(workers, forced, case):
     client, n = workers
-    _assert_case(case, range(3), client)
+    _assert_case(case, range(3), client, consistency=dask_ps.BSP())
 
 
 @pytest.mark.slow
@@ -106,7 +132,7 @@ def test_default_tol_fits_like_scikit_learn(workers):
     assert min(got) >= min(sk) - sgd_quality.SLACK, (got, sk)
 
 
-def test_regressor_length_matches_bsp(workers):
+def test_regressor_length_matches_bsp(workers, forced):
     """The model's length under the default consistency (SSP(2)) within 2% of
     BSP's on the same data: a table that drifted from the mean of the
     models towards their sum was 1.75x long on 8f17103 (R^2 0.43)."""
@@ -122,7 +148,7 @@ def test_regressor_length_matches_bsp(workers):
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
 @pytest.mark.parametrize("estimator", ["classifier", "regressor"])
-def test_bsp_fits_are_reproducible(workers, estimator, sparse):
+def test_bsp_fits_are_reproducible(workers, forced, estimator, sparse):
     """Five BSP fits with the same ``random_state`` on the same workers: the
     same ``coef_`` and ``intercept_`` bytes (the servers sum each clock's
     pushes in the participants' order, ``aggregate="clock"``). On 8f17103
