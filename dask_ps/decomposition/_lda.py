@@ -96,7 +96,10 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         because ``clock()`` waits for the tightest bound a participant uses.
     n_partitions : int, default None
         Number of participants for in-memory input; None: one per worker
-        thread. A dask array input has one participant per row chunk.
+        thread, but at most one per ``ps.lda.min-tokens-per-participant``
+        tokens (20,000: a small corpus is sampled by one participant, and
+        reproducible under any consistency model). A dask array input has
+        one participant per row chunk.
     sampler : {"auto", "sparse", "dense", "mh", "array"}, default "auto"
         "dense": O(K) per token, compiled (numba) and SIMD-friendly;
         "sparse": SparseLDA's three buckets (numba; cost per token ~ the
@@ -468,9 +471,10 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         X = count_matrix(X, "LatentDirichletAllocation.fit")
         # A resumed fit splits the documents as the saved one did, whatever
         # the cluster's size now.
-        n_parts = self.n_partitions or (meta or {}).get("n_parts") or max(
-            1, sum(w.get("nthreads", 1) for w in client.scheduler_info(n_workers=-1)["workers"].values())
-        )
+        n_parts = self.n_partitions or (meta or {}).get("n_parts") or max(1, min(
+            sum(w.get("nthreads", 1) for w in client.scheduler_info(n_workers=-1)["workers"].values()),
+            int(X.sum()) // max(1, int(setting("lda", "min-tokens-per-participant"))),
+        ))
         return make_parts(client, uid, self.n_features_in_, matrix=X, n_parts=n_parts), n_parts
 
     def _plan(self, ps, layout, checkpoint, n_parts, word_model, totals_model) -> RunPlan:
