@@ -12,9 +12,7 @@ import dataclasses
 import time
 from typing import Callable
 
-import dask.config
 import numpy as np
-from dask.utils import parse_timedelta
 
 from dask_ps._estimators import arrays, wait_for_participants
 from dask_ps.decomposition import _lda_kernels as _k

@@ -252,7 +252,10 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
     partition's random stream at each iteration comes from its own seed.
     Under staleness (``SSP``, ``ESSP``, ``VAP``, ``CVAP``, ``ASP``, and the
     default ``consistency=None``) what a read sees depends on timing: the
-    topics are as good, but not the same bit for bit.
+    topics are as good, but not the same bit for bit, except for a corpus
+    that gets one participant (``n_partitions=None`` and fewer than twice
+    ``ps.lda.min-tokens-per-participant`` tokens), whose reads see its own
+    counts only.
 
     *Fault tolerance.* The count tables always equal the sum of the
     participants' assignment counts: each run starts from empty tables that

@@ -7,7 +7,6 @@ participant).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import numpy as np
@@ -15,33 +14,16 @@ from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 
 from dask_ps._estimators import arrays
 from dask_ps.linear_model import _monitor
-from dask_ps.linear_model._kernels import (
-    MAX_INT,
-    SPARSE_INTERCEPT_DECAY,
-    _batch_loss,
-    _decision,
-    _lazy_inv_q,
-    _lazy_regularization,
-    _minibatch_kernel,
-    _penalty_value,
-    _unique_inverse,
-    check_finite,
-    compact_rows_xp,
-    round_eta_scale,
-)
+from dask_ps.linear_model._kernels import MAX_INT, _decision, _penalty_value, round_eta_scale
 from dask_ps.linear_model._rounds import (
-    _CompiledData,
-    _compiled_round,
-    _dense_round,
     _epoch_rounds,
-    _kernel_for,
     _rng_state_from_json,
     _rng_state_to_json,
     _round_size,
-    _RoundPrep,
     _RunConfig,
     _stats_row,
     _StopRule,
+    make_rounds,
 )
 
 
@@ -244,8 +226,7 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
         if run.solo:
             ctx.push(cfg.table, run.W_all - W_start)
     finally:
-        if run.prep is not None:
-            run.prep.close()
+        run.rounds.close()
     return run.result(t_start, t_start - t_enter, cpu0)
 
 
@@ -271,12 +252,11 @@ class _Participant:
         self.train_idx = np.flatnonzero(~val_mask)
         self.val_idx = np.flatnonzero(val_mask)
         self.n_train = self.train_idx.shape[0]
-        self.compiled = None
-        if _kernel_for(X) == "compiled":
-            self.compiled = _CompiledData.make(cfg, X, self.Y, self.sw, self.train_idx)
-        self.intercept_decay = SPARSE_INTERCEPT_DECAY if self.sparse else 1.0
-        self.cw_pos = np.asarray(cfg.cw_pos, dtype=float)
-        self.cw_neg = np.asarray(cfg.cw_neg, dtype=float)
+        # The rounds of an epoch (see ``_epoch_rounds``): lists of minibatches,
+        # or, for compacted sparse rounds, (round id, order of its samples);
+        # prepared and trained by ``self.rounds`` (``_rounds.make_rounds``).
+        self.run_rounds = []  # the rounds fixed at the run's first epoch
+        self.rounds = make_rounds(cfg, X, self.Y, self.sw, self.train_idx, self.run_rounds)
         self.stop = _StopRule(hp, cfg.eta_init)
         state = cfg.states[ctx.rank] if cfg.states is not None else None
         if state is not None:  # a later run of a chunked or resumed fit
@@ -284,16 +264,6 @@ class _Participant:
             if state.get("rng") is not None:
                 self.rng.set_state(_rng_state_from_json(state["rng"]))
         self.history = []
-        self.inv_q = None
-        if self.sparse and hp.penalty > 0 and self.compiled is None:
-            # A minibatch decays only the rows it touches: the other rows miss its
-            # L2 decay (and L1 shrinkage). A touched row gets them scaled by 1/q,
-            # q = the probability that a minibatch touches the feature -- "lazy"
-            # regularization, unbiased in log-scale.
-            n_train, S = self.n_train, cfg.steps_per_epoch
-            Xt = X[self.train_idx] if n_train < X.shape[0] else X
-            counts = arrays.to_numpy(xp.bincount(Xt.indices, minlength=self.d)) if n_train else np.zeros(self.d)
-            self.inv_q = _lazy_inv_q(counts, n_train, n_train / S)
         self.solo = ctx.n_participants == 1
         # The mean squared norm of the training samples (round_eta_scale).
         self.sq_norm = 0.0
@@ -302,19 +272,12 @@ class _Participant:
             sq = (Xt.data ** 2).sum() if self.sparse else (Xt ** 2).sum()
             self.sq_norm = float(sq) / self.n_train
         self.stats_pad = None if self.solo else np.zeros(1 + self.K + 3)  # a round's row: its loss sums only
-        # The rounds of an epoch (see ``_epoch_rounds``): lists of minibatches,
-        # or, for compacted sparse rounds, (round id, order of its samples).
-        self.fixed = self.compiled is not None and self.compiled.sparse
-        self.run_rounds = []  # the rounds fixed at the run's first epoch
-        # Sparse rounds are compacted ahead, in a background thread.
-        self.prep = _RoundPrep(cfg, self.compiled, self.run_rounds) if self.fixed else None
         # The session's background reads and clocks (ps-lite's ZPull/Wait):
         # the next round's weights are read while this one trains, and a
         # round's push and clock go out while the next one starts. A plain
         # session (pull/push/clock only) works too, one call after the other.
         self.overlap = not self.solo and cfg.overlap and ctx.overlaps
         self.ahead = None  # (epoch, round index, PullHandle) of the read started a round ahead
-        self.seconds = {"round_prep": 0.0, "kernel": 0.0}  # the participant thread's, per kind of work
         # This participant's model as the table counts it (exact model
         # averaging, see sync_round): the run's start until its first push.
         self.mine = None
@@ -325,7 +288,7 @@ class _Participant:
     def draw(self, epoch):
         cfg = self.cfg
         return _epoch_rounds(self.rng, self.hp.shuffle, self.train_idx, cfg.steps_per_epoch, cfg.clock_every,
-                             self.fixed, self.run_rounds, epoch, cfg.seeds[self.ctx.rank])
+                             self.rounds.fixed, self.run_rounds, epoch, cfg.seeds[self.ctx.rank])
 
     def replay(self):
         """Where a retried task resumes: a lone participant never clocks and
@@ -356,16 +319,11 @@ class _Participant:
         active = self.stop.active.copy()
         seen = sum(_round_size(g, self.run_rounds) for g in epoch_rounds[:r_first])
         self.samples += seen
-        if self.prep is not None and self.compiled.cache is not None:
-            for group in epoch_rounds[r_first:]:  # built in this order, each once per run
-                self.prep.request(group[0])
+        self.rounds.plan(epoch_rounds[r_first:])
         for ri in range(r_first, len(epoch_rounds)):
             if not self.solo:
                 loss_sum = xp.zeros(K)  # pushed every round (see _participant_loop)
-            if self.compiled is not None:
-                rows, W0, W, n_round = self.compiled_round(epoch_rounds, ri, epoch, seen, active, loss_sum)
-            else:
-                rows, W0, W, n_round = self.minibatch_round(epoch_rounds[ri], epoch, seen, active, loss_sum)
+            rows, W0, W, n_round = self.round(epoch_rounds, ri, epoch, seen, active, loss_sum)
             seen += n_round
             self.samples += n_round
             if epoch_loss is not None:
@@ -390,29 +348,16 @@ class _Participant:
         else:
             self.ctx.clock()
 
-    def compiled_round(self, epoch_rounds, ri, epoch, seen, active, loss_sum):
-        """Round ``ri`` of the epoch with the compiled kernel: its samples
-        (a sparse round compacted ahead, ``_RoundPrep``), the weights it
-        starts from (read a round ahead when the session can), the next
-        round's read started, then the kernel; returns ``(rows, W0, W,
-        n_samples)`` (``rows`` None for dense data)."""
-        t = time.perf_counter()
-        if self.prep is not None:
-            if self.compiled.cache is None:  # one round ahead: the rounds are not kept
-                for group in epoch_rounds[ri:ri + 2]:
-                    self.prep.request(group[0])
-            rnd = self.prep.take(epoch_rounds[ri])
-        else:
-            rnd = _dense_round(self.compiled, epoch_rounds[ri])
-        self.seconds["round_prep"] += time.perf_counter() - t
+    def round(self, epoch_rounds, ri, epoch, seen, active, loss_sum):
+        """Round ``ri`` of the epoch: prepared (a sparse round compacted
+        ahead), the weights it starts from read (a round ahead where the
+        session can), the next round's read started, then trained; returns
+        ``(rows, W0, W, n_samples)`` (``rows`` None for dense data)."""
+        rnd = self.rounds.prepare(epoch_rounds, ri)
         W0 = self.read(epoch, ri, rnd.rows)
         self.read_ahead(epoch, ri + 1, epoch_rounds)
-        t = time.perf_counter()
-        W = _compiled_round(self.cfg, self.compiled, rnd, W0, epoch, seen, self.stop, active, loss_sum,
-                            self.eta_scale(epoch, seen))
-        self.seconds["kernel"] += time.perf_counter() - t
-        if self.prep is not None:
-            self.prep.recycle(rnd)
+        W = self.rounds.train(rnd, W0, epoch, seen, self.stop, active, loss_sum, self.eta_scale(epoch, seen))
+        self.rounds.finish(rnd)
         if self.ahead is None:  # the next round was still being built: now, if it is ready
             self.read_ahead(epoch, ri + 1, epoch_rounds)
         return rnd.rows, W0, W, rnd.n
@@ -423,7 +368,7 @@ class _Participant:
         read started a round ahead, or read now."""
         ahead, self.ahead = self.ahead, None
         if self.solo:
-            return self.W_all if rows is None else self.W_all[rows]
+            return self.W_all if rows is None else self.W_all[self.xp.asarray(rows)]
         if ahead is not None and ahead[:2] == (epoch, ri):
             return self.ctx.result_of(ahead[2])
         return self.ctx.pull(self.cfg.table) if rows is None else self.ctx.pull_rows(self.cfg.table, rows)
@@ -437,9 +382,9 @@ class _Participant:
         if not self.overlap or ri >= len(epoch_rounds):
             return
         group = epoch_rounds[ri]
-        if self.prep is not None and not self.prep.ready(group[0]):
+        if not self.rounds.ready(group):
             return
-        rows = None if self.prep is None else self.prep.rows(group[0])
+        rows = self.rounds.rows(group)
         nxt = self.ctx.current_clock + 1
         if rows is None:
             handle = self.ctx.prefetch(self.cfg.table, for_clock=nxt)
@@ -511,71 +456,6 @@ class _Participant:
         cfg = self.cfg
         t = cfg.t0 + epoch * cfg.n_total + seen * cfg.n_total / max(self.n_train, 1)
         return round_eta_scale(self.hp, t, self.stop.eta, self.sq_norm)
-
-    def minibatch_round(self, group, epoch, seen, active, loss_sum):
-        """One round with the array-API minibatch kernel (cupy data, or
-        ``ps.sgd.kernel: minibatch``): returns ``(rows, W0, W, n_samples)``
-        (``rows`` None for dense data)."""
-        cfg, xp = self.cfg, self.xp
-        rows = Xg = None
-        if self.sparse:
-            # The features the round touches, and its samples with their
-            # columns renumbered to rows of the pulled block.
-            cols_np, Xg = compact_rows_xp(self.X[np.concatenate(group)], self.d, xp)
-            rows = np.append(cols_np, self.d)
-            W0 = self.W_all[xp.asarray(rows)] if self.solo else self.ctx.pull_rows(cfg.table, rows)
-        else:
-            W0 = self.W_all if self.solo else self.ctx.pull(cfg.table)
-        W = W0.copy()
-        scratch = None
-        if self.sparse:  # for the minibatches' unique()
-            scratch = (xp.empty(Xg.shape[1], dtype=np.int64), xp.empty(Xg.shape[1], dtype=np.int32),
-                       None if self.inv_q is None else self.inv_q[cols_np])
-        off = n_round = 0
-        for idx in group:
-            nb = idx.shape[0]
-            if nb == 0:
-                continue
-            Xb = Xg[off:off + nb] if self.sparse else self.X[idx]
-            off += nb
-            self.minibatch_step(W, Xb, idx, epoch, seen + n_round, active, loss_sum, scratch)
-            n_round += nb
-        return rows, W0, W, n_round
-
-    def minibatch_step(self, W, Xb, idx, epoch, seen, active, loss_sum, scratch):
-        """One minibatch (samples ``idx``, rows ``Xb``) trained on ``W`` in place."""
-        hp, cfg, xp, K = self.hp, self.cfg, self.xp, self.K
-        nb = idx.shape[0]
-        Yb, swb = self.Y[idx], self.sw[idx]
-        if self.sparse:
-            # The kernels touch every row they are given (decay, norms,
-            # checks): give them the minibatch's rows only.
-            stamp, lookup, iq = scratch
-            ub, inv = _unique_inverse(Xb.indices, stamp, lookup, xp)
-            sel = xp.append(ub, W.shape[0] - 1)  # + the intercept row
-            Xb = type(Xb)((Xb.data, inv, Xb.indptr), shape=(nb, ub.shape[0]))
-            Wb = W[sel]
-        else:
-            Wb = W
-        # Global sample counter of this minibatch's samples: all participants
-        # together advance t by N per epoch (with one participant, exactly
-        # scikit-learn's t).
-        N = cfg.n_total
-        step = N / max(self.n_train, 1)
-        ts = cfg.t0 + epoch * N + (seen + xp.arange(nb, dtype=np.float64)) * step
-        hp = dataclasses.replace(hp, eta_scale=self.eta_scale(epoch, seen))
-        Wk = Wb[:, :K]
-        Ak = Wb[:, K:] if hp.average else None
-        loss_sum += _batch_loss(hp, Wk, Xb, Yb, xp)
-        new, new_a = _minibatch_kernel(hp, Wk, Ak, Xb, Yb, swb, self.cw_pos, self.cw_neg, ts, self.stop.eta,
-                                       active, self.intercept_decay)
-        if self.sparse and iq is not None:
-            new = _lazy_regularization(hp, new, iq[arrays.to_numpy(ub)], ts, self.stop.eta, active, xp)
-        check_finite(new, epoch)
-        where = sel if self.sparse else slice(None)
-        W[where, :K] = new
-        if hp.average:
-            W[where, K:] = new_a
 
     def end_epoch(self, epoch, loss_sum, W, seconds):
         """Epoch end: objective (and validation) sums, the epoch's last clock,
@@ -705,10 +585,10 @@ class _Participant:
                 "cpu_seconds": time.thread_time() - cpu0,
                 "setup_seconds": setup_seconds,  # data preparation before the first epoch
                 # waiting for (or doing) a round's preparation: compaction, dense gathers
-                "round_prep_seconds": self.seconds["round_prep"],
-                "kernel_seconds": self.seconds["kernel"],  # the compiled rounds' training
+                "round_prep_seconds": self.rounds.seconds["round_prep"],
+                "kernel_seconds": self.rounds.seconds["kernel"],  # the rounds' training
                 # CPU seconds of the thread that builds the sparse rounds ahead
-                "round_prep_cpu_seconds": 0.0 if self.prep is None else self.prep.cpu_seconds,
+                "round_prep_cpu_seconds": self.rounds.cpu_seconds,
                 "metrics": ctx.metrics() if hasattr(ctx._ctx, "metrics") else None,
             },
         }

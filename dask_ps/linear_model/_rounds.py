@@ -1,13 +1,17 @@
 """What a participant's run is made of: its configuration (``_RunConfig``),
 the stopping rule (``_StopRule``), the rounds of an epoch
-(``_epoch_rounds``), and a round trained by the compiled kernel
-(``_CompiledData``, ``_Round``, built ahead in a background thread by
-``_RoundPrep`` for sparse data, trained by ``_compiled_round``). Plain
-values and arrays; the participant (``_participant``) drives them.
+(``_epoch_rounds``), and the rounds themselves behind one interface
+(``make_rounds``: ``prepare`` a round, ``train`` it from the weights read,
+``finish`` it): ``_CompiledRounds`` (numba: ``_CompiledData``, ``_Round``,
+sparse rounds built ahead in a background thread by ``_RoundPrep``,
+trained by ``_compiled_round``) and ``_MinibatchRounds`` (the array-API
+minibatch kernel: cupy data). Plain values and arrays; the participant
+(``_participant``) only reads, pushes and clocks around them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -25,9 +29,14 @@ from dask_ps.linear_model._kernels import (
     L2,
     OPTIMAL,
     SPARSE_INTERCEPT_DECAY,
+    _batch_loss,
     _Hyper,
     _lazy_inv_q,
+    _lazy_regularization,
+    _minibatch_kernel,
+    _unique_inverse,
     check_finite,
+    compact_rows_xp,
 )
 
 logger = logging.getLogger(__name__)
@@ -534,3 +543,192 @@ def _finish_round(cfg: _RunConfig, W, iq, outs, icpt, aicpt, decay, eta_sum):
         W[nw, k] = icpt[k]
         if hp.average:
             W[nw, K + k] = aicpt[k]
+
+
+# --- the round interface ----------------------------------------------------------------------
+
+
+def make_rounds(cfg: _RunConfig, X, Y, sw, train_idx, run_rounds):
+    """The rounds of a participant's data: ``_CompiledRounds`` for numpy
+    and scipy.sparse data (numba), else ``_MinibatchRounds``.
+
+    The interface: ``fixed`` (sparse rounds fixed per run: ``_epoch_rounds``),
+    ``plan(groups)`` (the rounds an epoch will train, in order),
+    ``ready(group)`` and ``rows(group)`` (its touched rows, for a read
+    started ahead), ``prepare(groups, i)``, ``train(rnd, W0, epoch, seen,
+    stop, active, loss_sum, eta_scale)`` (returns the new weights),
+    ``finish(rnd)``, ``close()``, and ``seconds`` / ``cpu_seconds`` (where
+    its time went)."""
+    if _kernel_for(X) == "compiled":
+        data = _CompiledData.make(cfg, X, Y, sw, train_idx)
+        if data is not None:
+            return _CompiledRounds(cfg, data, run_rounds)
+    return _MinibatchRounds(cfg, X, Y, sw, train_idx)
+
+
+class _CompiledRounds:
+    """Rounds trained by the compiled kernel: a sparse round compacted ahead
+    (``_RoundPrep``), a dense one gathered in chunks (``_dense_round``)."""
+
+    def __init__(self, cfg: _RunConfig, data: _CompiledData, run_rounds):
+        self.cfg, self.c = cfg, data
+        self.fixed = data.sparse
+        self.prep = _RoundPrep(cfg, data, run_rounds) if data.sparse else None
+        self.seconds = {"round_prep": 0.0, "kernel": 0.0}  # the participant thread's
+
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU seconds of the thread that builds the sparse rounds ahead."""
+        return 0.0 if self.prep is None else self.prep.cpu_seconds
+
+    def plan(self, groups) -> None:
+        if self.prep is not None and self.c.cache is not None:
+            for group in groups:  # built in this order, each once per run
+                self.prep.request(group[0])
+
+    def ready(self, group) -> bool:
+        return self.prep is None or self.prep.ready(group[0])
+
+    def rows(self, group):
+        return None if self.prep is None else self.prep.rows(group[0])
+
+    def prepare(self, groups, i) -> _Round:
+        t = time.perf_counter()
+        if self.prep is not None:
+            if self.c.cache is None:  # one round ahead: the rounds are not kept
+                for group in groups[i:i + 2]:
+                    self.prep.request(group[0])
+            rnd = self.prep.take(groups[i])
+        else:
+            rnd = _dense_round(self.c, groups[i])
+        self.seconds["round_prep"] += time.perf_counter() - t
+        return rnd
+
+    def train(self, rnd: _Round, W0, epoch, seen, stop, active, loss_sum, eta_scale):
+        t = time.perf_counter()
+        W = _compiled_round(self.cfg, self.c, rnd, W0, epoch, seen, stop, active, loss_sum, eta_scale)
+        self.seconds["kernel"] += time.perf_counter() - t
+        return W
+
+    def finish(self, rnd: _Round) -> None:
+        if self.prep is not None:
+            self.prep.recycle(rnd)
+
+    def close(self) -> None:
+        if self.prep is not None:
+            self.prep.close()
+
+
+class _MinibatchRounds:
+    """Rounds trained minibatch by minibatch with the array-API kernel
+    (``_minibatch_kernel``: cupy data, or ``ps.sgd.kernel: minibatch``):
+    each minibatch's update is the sum of scikit-learn's per-sample updates
+    at its starting weights. A sparse round's features are compacted when
+    it is prepared, so its weights are not read ahead."""
+
+    fixed = False
+
+    def __init__(self, cfg: _RunConfig, X, Y, sw, train_idx):
+        self.cfg, self.X, self.Y, self.sw = cfg, X, Y, sw
+        self.xp = xp = arrays.xp_of(X)
+        self.sparse = arrays.is_sparse(X)
+        self.d = cfg.n_features
+        self.n_train = train_idx.shape[0]
+        self.intercept_decay = SPARSE_INTERCEPT_DECAY if self.sparse else 1.0
+        self.cw_pos = np.asarray(cfg.cw_pos, dtype=float)
+        self.cw_neg = np.asarray(cfg.cw_neg, dtype=float)
+        self.seconds = {"round_prep": 0.0, "kernel": 0.0}
+        self.cpu_seconds = 0.0
+        self.inv_q = None
+        if self.sparse and cfg.hp.penalty > 0:
+            # A minibatch decays only the rows it touches: the other rows miss its
+            # L2 decay (and L1 shrinkage). A touched row gets them scaled by 1/q,
+            # q = the probability that a minibatch touches the feature -- "lazy"
+            # regularization, unbiased in log-scale.
+            n_train, S = self.n_train, cfg.steps_per_epoch
+            Xt = X[train_idx] if n_train < X.shape[0] else X
+            counts = arrays.to_numpy(xp.bincount(Xt.indices, minlength=self.d)) if n_train else np.zeros(self.d)
+            self.inv_q = _lazy_inv_q(counts, n_train, n_train / S)
+
+    def plan(self, groups) -> None:
+        pass
+
+    def ready(self, group) -> bool:
+        return False
+
+    def rows(self, group):  # pragma: no cover - never ready
+        raise NotImplementedError
+
+    def prepare(self, groups, i) -> _Round:
+        """The round's minibatches; sparse: the features it touches (its
+        rows, the intercept's last) and its samples with their columns
+        renumbered to rows of the weights read."""
+        t = time.perf_counter()
+        group = groups[i]
+        rows = Xg = scratch = None
+        if self.sparse:
+            xp = self.xp
+            cols_np, Xg = compact_rows_xp(self.X[np.concatenate(group)], self.d, xp)
+            rows = np.append(cols_np, self.d)
+            scratch = (xp.empty(Xg.shape[1], dtype=np.int64), xp.empty(Xg.shape[1], dtype=np.int32),
+                       None if self.inv_q is None else self.inv_q[cols_np])
+        self.seconds["round_prep"] += time.perf_counter() - t
+        return _Round(rows, (group, Xg, scratch), sum(b.shape[0] for b in group))
+
+    def train(self, rnd: _Round, W0, epoch, seen, stop, active, loss_sum, eta_scale):
+        t = time.perf_counter()
+        group, Xg, scratch = rnd.chunks
+        hp = dataclasses.replace(self.cfg.hp, eta_scale=eta_scale)
+        W = W0.copy()
+        off = n = 0
+        for idx in group:
+            nb = idx.shape[0]
+            if nb == 0:
+                continue
+            Xb = Xg[off:off + nb] if self.sparse else self.X[idx]
+            off += nb
+            self._step(hp, W, Xb, idx, epoch, seen + n, stop, active, loss_sum, scratch)
+            n += nb
+        self.seconds["kernel"] += time.perf_counter() - t
+        return W
+
+    def _step(self, hp, W, Xb, idx, epoch, seen, stop, active, loss_sum, scratch):
+        """One minibatch (samples ``idx``, rows ``Xb``) trained on ``W`` in place."""
+        cfg, xp, K = self.cfg, self.xp, hp.n_outputs
+        nb = idx.shape[0]
+        Yb, swb = self.Y[idx], self.sw[idx]
+        if self.sparse:
+            # The kernels touch every row they are given (decay, norms,
+            # checks): give them the minibatch's rows only.
+            stamp, lookup, iq = scratch
+            ub, inv = _unique_inverse(Xb.indices, stamp, lookup, xp)
+            sel = xp.append(ub, W.shape[0] - 1)  # + the intercept row
+            Xb = type(Xb)((Xb.data, inv, Xb.indptr), shape=(nb, ub.shape[0]))
+            Wb = W[sel]
+        else:
+            iq = None
+            Wb = W
+        # Global sample counter of this minibatch's samples: all participants
+        # together advance t by N per epoch (with one participant, exactly
+        # scikit-learn's t).
+        N = cfg.n_total
+        step = N / max(self.n_train, 1)
+        ts = cfg.t0 + epoch * N + (seen + xp.arange(nb, dtype=np.float64)) * step
+        Wk = Wb[:, :K]
+        Ak = Wb[:, K:] if hp.average else None
+        loss_sum += _batch_loss(hp, Wk, Xb, Yb, xp)
+        new, new_a = _minibatch_kernel(hp, Wk, Ak, Xb, Yb, swb, self.cw_pos, self.cw_neg, ts, stop.eta,
+                                       active, self.intercept_decay)
+        if self.sparse and iq is not None:
+            new = _lazy_regularization(hp, new, iq[arrays.to_numpy(ub)], ts, stop.eta, active, xp)
+        check_finite(new, epoch)
+        where = sel if self.sparse else slice(None)
+        W[where, :K] = new
+        if hp.average:
+            W[where, K:] = new_a
+
+    def finish(self, rnd: _Round) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
