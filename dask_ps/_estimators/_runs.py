@@ -137,6 +137,35 @@ def chunk_end(start: int, total: int, every: int | None) -> int:
     return min(int(total), int(start) + int(every)) if start < total else int(start)
 
 
+def run_in_chunks(position, *, done, run, recover, finish, max_restarts: int = MAX_RESTARTS):
+    """The runs of one fit, and what happens when one fails: the loop every
+    estimator shares (the estimator supplies its steps).
+
+    From ``position`` (where the fit stands: an epoch or iteration, with
+    whatever state the estimator carries), while not ``done(position)``:
+    ``run(position)`` trains the next chunk and returns its outcome;
+    ``finish(position, outcome)`` records it (a checkpoint save, the
+    history) and returns the new position. When ``run`` raises,
+    ``recover(error, position)`` returns the position to train again from
+    (a lost worker whose blocks or parts were restored, tables rolled back
+    to a checkpoint), or None when the error is the fit's own: then it, or
+    the error after ``max_restarts`` recoveries, is raised. Returns the
+    final position."""
+    restarts = 0
+    while not done(position):
+        try:
+            outcome = run(position)
+        except Exception as error:
+            back = recover(error, position) if restarts < max_restarts else None
+            if back is None:
+                raise
+            restarts += 1
+            position = back
+            continue
+        position = finish(position, outcome)
+    return position
+
+
 # --- temporary tables ---------------------------------------------------------------------
 
 

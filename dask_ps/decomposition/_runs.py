@@ -30,6 +30,7 @@ from dask_ps._estimators import (
     lost_workers,
     may_be_worker_loss,
     rate,
+    run_in_chunks,
     save_checkpoint,
     setting,
     temporary_tables,
@@ -264,16 +265,19 @@ class GibbsRuns:
                     for s in (0, 1):
                         if self.good is None or s != self.good[0]:
                             self.sets.fresh(s)
-                current, done = self.good, False
-                while not done:
-                    current, done = self._chunk(current)
+                # (the last complete assignment set or None, the iteration reached)
+                run_in_chunks((self.good, self.good[1] if self.good else 0),
+                              done=lambda position: position[1] >= self.plan.max_iter,
+                              run=self._chunk, recover=self._recover, finish=self._finish)
         finally:
             self.parts.release()
         self.seconds = time.perf_counter() - t0
         return self
 
-    def _chunk(self, current):
-        """One run from ``current``; returns where the next starts and whether the fit is done."""
+    def _chunk(self, position):
+        """One run from ``position`` (``run_in_chunks``); returns ``(stop,
+        the set written, the monitor's last iteration printed)``."""
+        current = position[0]
         plan, sets = self.plan, self.sets
         start = current[1] if current else 0
         stop = chunk_end(start, plan.max_iter, plan.every)
@@ -288,7 +292,7 @@ class GibbsRuns:
             # rows pulled/pushed while sampling (issue 12; _gibbs_overlap): opt-in, ps.lda.overlap: true
             overlap=bool(dask.config.get("ps.lda.overlap", False)),
         )
-        members = cluster_members(self.client)
+        self._members = cluster_members(self.client)  # whose loss _recover looks for
         with temporary_tables(self.ps) as tables:
             monitor = None
             try:
@@ -297,21 +301,34 @@ class GibbsRuns:
                 if stop >= plan.max_iter:
                     self.nwk = np.maximum(arrays.to_numpy(self.ps.pull(cfg.nwk_name)), 0)
                     self.nk = np.maximum(arrays.to_numpy(self.ps.pull(cfg.nk_name)), 0)
-            except Exception as e:
-                if not self._restart(e, members, start, stop):
-                    raise
-                return self.good, False
             finally:
                 if monitor is not None:
                     monitor.stop()
+        return stop, out, (monitor.reported if monitor is not None else start)
+
+    def _finish(self, position, outcome):
+        """After a run (``run_in_chunks``): its history, and with fault
+        tolerance the set it wrote becomes the last complete one once saved."""
+        stop, out, reported = outcome
+        current = position[0]
         self.history.extend(_chunk_history(self.results, self.P))
-        self.progress.advance(stop - (monitor.reported if monitor is not None else start))
+        self.progress.advance(stop - reported)
         self.stop = stop
-        if plan.tolerant:
+        if self.plan.tolerant:
             current = (out, stop)
-            if plan.checkpoint is None or self._save(out, stop):
+            if self.plan.checkpoint is None or self._save(out, stop):
                 self.good = current
-        return current, stop >= plan.max_iter
+        return current, stop
+
+    def _recover(self, error, position):
+        """After a failed run (``run_in_chunks``): the position to redo the
+        chunk from (the last complete set), or None."""
+        current = position[0]
+        start = current[1] if current else 0
+        stop = chunk_end(start, self.plan.max_iter, self.plan.every)
+        if not self._restart(error, self._members, start, stop):
+            return None
+        return self.good, self.good[1] if self.good else 0
 
     def _create_tables(self, cfg: GibbsConfig, tables):
         """The run's count tables (and, verbose, its progress table and
@@ -347,7 +364,7 @@ class GibbsRuns:
             # to notice (lost_workers waits for it); bad input cannot be one.
             wait = {} if may_be_worker_loss(error, also=(LostAssignmentsError,)) else {"wait": 0.0}
             lost = lost_workers(self.client, members, **wait)
-        if not lost or self.n_restarts >= MAX_RESTARTS:
+        if not lost:
             return False
         self.n_restarts += 1
         logger.warning(

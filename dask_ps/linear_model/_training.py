@@ -22,7 +22,6 @@ from sklearn.utils import check_random_state
 from dask_ps import ASP, SSP
 from dask_ps.consistency import as_consistency
 from dask_ps._estimators import (
-    MAX_RESTARTS,
     CheckpointMismatchError,
     RolledBackError,
     Progress,
@@ -32,6 +31,7 @@ from dask_ps._estimators import (
     find_checkpoint,
     may_be_worker_loss,
     participant_metrics,
+    run_in_chunks,
     raise_no_samples,
     save_checkpoint,
     setting,
@@ -45,6 +45,21 @@ from dask_ps.linear_model._participant import _PartData, _sgd_participant
 from dask_ps.linear_model._rounds import _RunConfig
 
 logger = logging.getLogger("dask_ps.linear_model")
+
+
+@dataclass
+class Trained:
+    """What a training call returns; the estimator sets its fitted
+    attributes from it (``_BaseSGDPS._partial_fit``)."""
+
+    W: np.ndarray  # the final weights table
+    n_iter: int
+    n_seen: int  # training samples an epoch
+    metrics: list  # metrics_
+    run_ids: list  # run_ids_
+    rollbacks: list  # rollbacks_
+    profile: dict = dataclasses.field(default_factory=dict)  # where the call's time went (benchmarks)
+    adaptive_eta: list | None = None  # the 'adaptive' rates reached (the next partial_fit starts there)
 
 
 @dataclass
@@ -64,7 +79,7 @@ class _Start:
 def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg_intercept,
           classes=None, cw_pos=None, cw_neg=None, checkpoint=None, in_process=False):
     """Fit ``est`` on the parameter server from the given start; returns
-    ``(W, n_iter, n_seen)`` and sets ``est.metrics_`` and ``est.run_ids_``.
+    a ``Trained`` (the estimator sets its attributes from it).
 
     Without ``checkpoint``: one run of ``max_iter`` epochs. With one
     (``fit`` only): a compatible checkpoint found there is resumed from, and
@@ -75,14 +90,14 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
     rs = check_random_state(est.random_state)
     hp = est._hyper(n_outputs, data.sparse)
     start = (coef, intercept, avg_coef, avg_intercept)
-    est.rollbacks_ = []  # chunks redone from the checkpoint (see _redo_from_checkpoint)
+    rollbacks = []  # chunks redone from the checkpoint (see _redo_from_checkpoint)
     if in_process and _one_participant_in_process(data):
         return _train_in_process(est, data, rs, hp, max_iter, n_outputs, start, classes, cw_pos, cw_neg)
     ps = est._parameter_server()
     d, K = data.n_features, n_outputs
     replication = int(getattr(est, "replication", 1))
-    # Where the call's time went in this process (est._fit_profile, for the benchmarks).
-    timing = est._fit_profile = {"parts_seconds": 0.0, "tables_seconds": 0.0, "run_seconds": 0.0,
+    # Where the call's time went in this process (for the benchmarks).
+    timing = {"parts_seconds": 0.0, "tables_seconds": 0.0, "run_seconds": 0.0,
                                  "checkpoint_seconds": 0.0, "pull_seconds": 0.0, "release_seconds": 0.0}
     t = time.perf_counter()
     if data.kind == "dask":
@@ -114,7 +129,8 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
             record = dict(fingerprint=fingerprint, n_outputs=K, n_seen=n_seen, sizes=sizes)
             starts = _RunStarts(ps, tables, start, data.dtype) if P > 1 else None
             with _monitored(ps, tables, cfg, start, P, progress) as cfg:
-                runs, states, n_iter = _run_chunks(est, ps, parts, cfg, start, checkpoint, record, timing, starts)
+                runs, states, n_iter = _run_chunks(est, ps, parts, cfg, start, checkpoint, record, timing, starts,
+                                                   rollbacks)
             t = time.perf_counter()
             W = arrays.to_numpy(ps.pull(start.name))
             timing["pull_seconds"] = time.perf_counter() - t
@@ -122,10 +138,10 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
     finally:
         parts.release()
     timing["release_seconds"] = time.perf_counter() - t  # the tables dropped, the parts released
+    eta = None
     if hp.learning_rate == ADAPTIVE and states is not None:
-        est._adaptive_eta = [float(v) for v in states[0]["stop"]["eta"]]
-    _report(est, runs)
-    return W, n_iter, n_seen
+        eta = [float(v) for v in states[0]["stop"]["eta"]]
+    return Trained(W, n_iter, n_seen, *_report(est, runs), rollbacks=rollbacks, profile=timing, adaptive_eta=eta)
 
 
 def _one_participant_in_process(data: _Input) -> bool:
@@ -156,10 +172,9 @@ def _train_in_process(est, data: _Input, rs, hp, max_iter, K, weights, classes, 
     progress = Progress(est.verbose, logger, total=max_iter, unit="epoch", desc=type(est).__name__)
     with progress_closed(progress), _monitored_in_process(session, cfg, start, progress) as cfg:
         result = _sgd_participant(session, _PartData(data.X, data.y, data.sw), cfg=cfg)
-    if hp.learning_rate == ADAPTIVE:
-        est._adaptive_eta = [float(v) for v in result["state"]["stop"]["eta"]]
-    _report(est, [[result]])
-    return session.tables[start.name], int(max(result["state"]["stop"]["n_iter"])), n_total
+    eta = [float(v) for v in result["state"]["stop"]["eta"]] if hp.learning_rate == ADAPTIVE else None
+    return Trained(session.tables[start.name], int(max(result["state"]["stop"]["n_iter"])), n_total,
+                   *_report(est, [[result]]), rollbacks=[], adaptive_eta=eta)
 
 
 def _initial_table(data: _Input, hp, K, n_cols, coef, intercept, avg_coef, avg_intercept):
@@ -333,75 +348,89 @@ class _RunStarts:
         return self.name
 
 
-def _run_chunks(est, ps, parts, cfg: _RunConfig, start: _Start, checkpoint, record, timing=None, starts=None):
+def _run_chunks(est, ps, parts, cfg: _RunConfig, start: _Start, checkpoint, record, timing=None, starts=None,
+                rollbacks=None):
     """The runs of ``checkpoint_every`` epochs (one run without a
-    checkpoint), each followed by a save; returns ``(runs' results, the
-    participants' last states, n_iter)``; adds the seconds of the runs and
-    saves to ``timing``."""
+    checkpoint), each followed by a save (``run_in_chunks``); returns
+    ``(runs' results, the participants' last states, n_iter)``; adds the
+    seconds of the runs and saves to ``timing`` and the chunks trained again
+    from the checkpoint to ``rollbacks`` (``_redo_from_checkpoint``)."""
     timing = {} if timing is None else timing
-    epoch, states, n_iter = start.epoch, start.states, start.n_iter
+    rollbacks = [] if rollbacks is None else rollbacks
     every = est.checkpoint_every if checkpoint is not None else None
     max_iter = cfg.max_iter
     saved = [cfg.table] + ([cfg.stats_table] if cfg.global_stop else [])
     seen = dict.fromkeys(saved, 0)  # restores from the checkpoint accounted for, per table
     runs = []
-    while epoch < max_iter and (states is None or any(any(s["stop"]["active"]) for s in states)):
+    owner = type(est).__name__
+
+    def done(position):
+        epoch, states, _ = position
+        return epoch >= max_iter or (states is not None and not any(any(s["stop"]["active"]) for s in states))
+
+    def run(position):
+        epoch, states, _ = position
         end = chunk_end(epoch, max_iter, every)
-        if checkpoint is not None and (missed := _restored_between_runs(ps, saved, seen)) is not None:
-            epoch, states, n_iter = _redo_or_raise(est, ps, checkpoint, saved, missed, missed, epoch, epoch)
-            seen = dict.fromkeys(saved, 0)  # loaded again: new tables
-            continue
+        if checkpoint is not None:  # a worker lost between two runs, e.g. during a save
+            _raise_restored(ps, saved, seen, "(between runs)")
         run_cfg = cfg
         if epoch or states is not None or end != max_iter:
             run_cfg = dataclasses.replace(cfg, epoch0=epoch, max_iter=end, states=states)
         if starts is not None:
-            run_cfg = dataclasses.replace(run_cfg, start_table=starts.before_run(cfg, first=not runs and not est.rollbacks_))
+            run_cfg = starts.before_run(run_cfg, first=not runs and not rollbacks)
         t = time.perf_counter()
         try:
             results = ps.run(_sgd_participant, parts.futures, cfg=run_cfg)
-        except RolledBackError as e:
-            epoch, states, n_iter = _redo_or_raise(est, ps, checkpoint, saved, e, e, epoch, end)
-            seen = dict.fromkeys(saved, 0)
-            continue
-        except Exception as e:
+        finally:
+            timing["run_seconds"] = timing.get("run_seconds", 0.0) + time.perf_counter() - t
+        if checkpoint is not None:  # restored as the run ended: not saved, trained again
+            _raise_restored(ps, saved, seen, results[0].get("run_id") or "(a run)")
+        return end, results
+
+    def recover(error, position):
+        epoch = position[0]
+        end = epoch if getattr(error, "run_id", None) == "(between runs)" else chunk_end(epoch, max_iter, every)
+        if isinstance(error, RolledBackError):
+            rolled = error
+        elif checkpoint is not None and may_be_worker_loss(error):
             # The run failed while a lost worker's blocks were being restored
             # from the checkpoint (a read that found them unreachable for
             # ps.timeouts.failover): once the repair is done, the same redo.
-            if checkpoint is None or not may_be_worker_loss(e):
-                raise
             ps.wait_for_placement()
-            missed = _restored_between_runs(ps, saved, seen, run_id="(a failed run)")
-            if missed is None:
-                raise
-            epoch, states, n_iter = _redo_or_raise(est, ps, checkpoint, saved, missed, e, epoch, end)
-            seen = dict.fromkeys(saved, 0)
-            continue
-        finally:
-            timing["run_seconds"] = timing.get("run_seconds", 0.0) + time.perf_counter() - t
-        if checkpoint is not None and (missed := _restored_between_runs(ps, saved, seen)) is not None:
-            # Restored as the run ended: not saved, trained again from the checkpoint.
-            epoch, states, n_iter = _redo_or_raise(est, ps, checkpoint, saved, missed, missed, epoch, end)
-            seen = dict.fromkeys(saved, 0)
-            continue
+            rolled = _restored(ps, saved, seen, "(a failed run)")
+            if rolled is None:
+                return None
+        else:
+            return None
+        back = _redo_from_checkpoint(ps, checkpoint, saved, rolled, epoch, end, rollbacks, owner)
+        if back is not None:
+            seen.update(dict.fromkeys(saved, 0))  # loaded again: new tables
+        return back
+
+    def finish(position, outcome):
+        end, results = outcome
         runs.append(results)
         states = tuple(r["state"] for r in results)
         n_iter = int(max(max(s["stop"]["n_iter"]) for s in states))
-        epoch = end
         if checkpoint is not None:
             metadata = checkpoint_record(
                 est._checkpoint_kind(), record["fingerprint"],
-                n_outputs=record["n_outputs"], epoch=epoch, n_iter=n_iter, t0=cfg.t0,
+                n_outputs=record["n_outputs"], epoch=end, n_iter=n_iter, t0=cfg.t0,
                 t_=cfg.t0 + n_iter * record["n_seen"],
                 tables={"weights": cfg.table, "stats": cfg.stats_table if cfg.global_stop else None},
                 n_parts=len(record["sizes"]), sizes=[int(s) for s in record["sizes"]], seeds=list(cfg.seeds),
                 states=list(states))
             t = time.perf_counter()
-            save_checkpoint(ps, checkpoint, saved, metadata, owner=type(est).__name__, after=f"epoch {epoch}")
+            save_checkpoint(ps, checkpoint, saved, metadata, owner=owner, after=f"epoch {end}")
             timing["checkpoint_seconds"] = timing.get("checkpoint_seconds", 0.0) + time.perf_counter() - t
+        return end, states, n_iter
+
+    _, states, n_iter = run_in_chunks((start.epoch, start.states, start.n_iter), done=done, run=run,
+                                      recover=recover, finish=finish)
     return runs, states, n_iter
 
 
-def _restored_between_runs(ps, saved, seen, run_id="(between runs)") -> RolledBackError | None:
+def _restored(ps, saved, seen, run_id) -> RolledBackError | None:
     """The restores of the tables ``saved`` from their checkpoint that no run
     reported (beyond the ``seen`` first records per table: a worker lost
     between two runs, e.g. during a save, or during a run that failed), as
@@ -410,36 +439,33 @@ def _restored_between_runs(ps, saved, seen, run_id="(between runs)") -> RolledBa
     return RolledBackError.from_run(run_id, missed) if missed else None
 
 
-def _redo_or_raise(est, ps, checkpoint, saved, rolled_back: RolledBackError, error: BaseException, epoch, end):
-    """``_redo_from_checkpoint``'s ``(epoch, states, n_iter)``, or ``error``
-    raised where this fit cannot train again from its checkpoint."""
-    redo = _redo_from_checkpoint(est, ps, checkpoint, saved, rolled_back, epoch, end)
-    if redo is None:
-        raise error
-    return redo
+def _raise_restored(ps, saved, seen, run_id) -> None:
+    missed = _restored(ps, saved, seen, run_id)
+    if missed is not None:
+        raise missed
 
 
-def _redo_from_checkpoint(est, ps, checkpoint, saved, error: RolledBackError, epoch, end):
+def _redo_from_checkpoint(ps, checkpoint, saved, error: RolledBackError, epoch, end, rollbacks, owner):
     """After a run of epochs ``[epoch, end)`` that ended with ``error``
     (blocks of the fit's tables were lost with a worker, ``replication=1``,
     and restored from the checkpoint while it ran, or between runs when
     ``end == epoch``: the tables mix checkpoint and current blocks): load
     the whole tables ``saved`` again from the checkpoint they were restored
     from and return where it stands, ``(epoch, states, n_iter)``, to train
-    from there. Recorded in ``est.rollbacks_``, with a ``RuntimeWarning``.
+    from there. Recorded in ``rollbacks`` (the estimator's ``rollbacks_``),
+    with a ``RuntimeWarning``.
 
     Returns None without a checkpoint of this fit to go back to (a table
-    restored from another path, another fit's tables), or after
-    ``MAX_RESTARTS`` redone chunks."""
+    restored from another path, another fit's tables)."""
     records = error.rollbacks
     path = None if checkpoint is None else str(checkpoint)
-    if (path is None or not records or len(est.rollbacks_) >= MAX_RESTARTS
+    if (path is None or not records
             or any(r["table"] not in saved or str(r["checkpoint"]) != path for r in records)):
         return None
     meta = ps.load(checkpoint, tables=saved, overwrite=True)
     back_to = int(meta["epoch"])
     tables = sorted({r["table"] for r in records})
-    est.rollbacks_.append({
+    rollbacks.append({
         "epochs": [int(epoch), int(end)],  # the run that lost its updates
         "resumed_from_epoch": back_to,
         "run_id": error.run_id,
@@ -448,10 +474,10 @@ def _redo_from_checkpoint(est, ps, checkpoint, saved, error: RolledBackError, ep
     })
     when = f"during epochs {epoch + 1}-{end}" if end > epoch else f"after epoch {epoch}"
     warnings.warn(
-        f"{type(est).__name__}: a worker was lost {when} and blocks of {tables} were restored from the "
+        f"{owner}: a worker was lost {when} and blocks of {tables} were restored from the "
         f"checkpoint at {path!r}: training again from that checkpoint (epoch {back_to})",
-        RuntimeWarning, stacklevel=4)
-    logger.warning("%s: run %s rolled back (%s); epochs from %d trained again", type(est).__name__, error.run_id,
+        RuntimeWarning, stacklevel=5)
+    logger.warning("%s: run %s rolled back (%s); epochs from %d trained again", owner, error.run_id,
                    tables, back_to)
     return back_to, tuple(meta["states"]), int(meta["n_iter"])
 
@@ -506,23 +532,25 @@ def _resume(est, ps, path, fingerprint, start: _Start, d, n_cols, n_parts, sizes
 # --- progress and metrics --------------------------------------------------------------------
 
 
-def _report(est, runs) -> None:
-    """``est.metrics_`` (the last run's participants), ``est.run_ids_`` (the
-    call's runs, keys of ``ParameterServer.metrics()``) and, with
-    ``verbose``, scikit-learn's last line when the stopping rule ended the
-    fit (the epochs themselves were printed as they ended, ``_monitor``)."""
+def _report(est, runs) -> tuple[list, list]:
+    """``(metrics_, run_ids_)``: the last run's participants' metrics and
+    the call's runs (keys of ``ParameterServer.metrics()``); with
+    ``verbose``, prints scikit-learn's last line when the stopping rule
+    ended the fit (the epochs themselves were printed as they ended,
+    ``_monitor``)."""
     last = runs[-1] if runs else []
-    est.metrics_ = participant_metrics(
+    metrics = participant_metrics(
         [dict(r["profile"], samples=r["samples"], seconds=r["seconds"], history=r["history"],
               run_id=r.get("run_id")) for r in last],
         fields=("run_id", "ps_seconds", "ps_seconds_by_call", "cpu_seconds", "setup_seconds", "round_prep_seconds",
                 "round_prep_cpu_seconds", "kernel_seconds", "samples", "seconds", "history"),
     )
-    est.run_ids_ = [results[0]["run_id"] for results in runs if results and results[0].get("run_id")]
+    run_ids = [results[0]["run_id"] for results in runs if results and results[0].get("run_id")]
     progress = Progress(est.verbose, logger)
     if not progress or not last:
-        return
+        return metrics, run_ids
     n_iter = max(max(r["n_iter"]) for r in last)
     seconds = sum(max(r["seconds"] for r in results) for results in runs)
     if not any(any(r["state"]["stop"]["active"]) for r in last):
         progress.line(f"Convergence after {n_iter} epochs took {seconds:.2f} seconds")
+    return metrics, run_ids
