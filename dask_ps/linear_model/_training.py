@@ -377,7 +377,8 @@ def _run_chunks(est, ps, parts, cfg: _RunConfig, start: _Start, checkpoint, reco
         if epoch or states is not None or end != max_iter:
             run_cfg = dataclasses.replace(cfg, epoch0=epoch, max_iter=end, states=states)
         if starts is not None:
-            run_cfg = dataclasses.replace(run_cfg, start_table=starts.before_run(run_cfg, first=not runs and not rollbacks))
+            first = not runs and not rollbacks
+            run_cfg = dataclasses.replace(run_cfg, start_table=starts.before_run(run_cfg, first=first))
         t = time.perf_counter()
         try:
             results = ps.run(_sgd_participant, parts.futures, cfg=run_cfg)
