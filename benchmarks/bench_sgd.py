@@ -5,7 +5,10 @@ For each data set and each method, fits with ``max_iter = E`` epochs
 
 - samples/s = training samples x epochs / fit seconds (of the largest E run),
 - time to a fixed test score: the fit seconds of the smallest E whose model
-  reaches it. The target is scikit-learn's best test score over the epochs
+  reaches it;
+- epochs to that score, dask_ps's against scikit-learn's (statistical
+  efficiency: scikit-learn's epochs / dask_ps's; above 1, an epoch on the
+  parameter server makes more progress than a sequential one). The target is scikit-learn's best test score over the epochs
   tried, minus ``--slack`` (0.005). The score is the test accuracy, or the
   test ROC AUC on the click-through set.
 
@@ -195,7 +198,7 @@ def summarize(name, results, n_train, target, metric):
     print(f"  {name:28s} {n_train * E / dt:11.3g} samples/s   time-to-{target:.4f}: {tta:20s} {metric} by E: "
           f"{scores}   s by E: {secs}   CPU s by E: {cpus}")
     return {"samples_s": n_train * E / dt, "tta": None if reach is None else reach[1], "score": score,
-            "tta_cpu": None if reach is None else reach[3]}
+            "tta_cpu": None if reach is None else reach[3], "epochs": None if reach is None else reach[0]}
 
 
 def print_breakdown(model, seconds):
@@ -269,6 +272,9 @@ def bench(label, X, y, client, args, kw, batch_size, scorer=accuracy, metric="ac
     print(f"  dask_ps / sklearn samples/s: {ps['samples_s'] / sk['samples_s']:.2f}x"
           + (f"; time-to-target ratio dask_ps/sklearn: {ps['tta'] / sk['tta']:.2f}"
              f" (CPU seconds to the target: {ps['tta_cpu'] / sk['tta_cpu']:.2f}x)" if ps["tta"] and sk["tta"] else ""))
+    if ps["epochs"] and sk["epochs"]:  # statistical efficiency, apart from the speed of an epoch
+        print(f"  epochs to the target: dask_ps {ps['epochs']}, sklearn {sk['epochs']} "
+              f"(statistical efficiency {sk['epochs'] / ps['epochs']:.2f})")
     if "dask-ml Incremental" in out:
         dm = out["dask-ml Incremental"]
         print(f"  dask_ps / dask-ml samples/s: {ps['samples_s'] / dm['samples_s']:.2f}x"
