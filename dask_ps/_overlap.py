@@ -317,7 +317,7 @@ class Overlap:
                 # A write that did not reach its server: the clock must not count.
                 raise RuntimeError(f"clock {clock} not reported: a flush before it failed")
         t0 = time.perf_counter()
-        m = await self.worker.scheduler.ps_clock(
+        m = await self._scheduler.ps_clock(
             run_id=self.run_id, rank=self.rank, clock=clock, wait_for=wait_for,
             timeout=_config.get_seconds("timeouts.clock"),
         )
@@ -388,7 +388,7 @@ class Overlap:
         the bound of the clock the read is for), then read."""
         await _after(previous)  # own flushes in flight are in what it reads
         if need_at is not None and max(p.tag, self._known_min) < need_at:
-            m = await self.worker.scheduler.ps_wait_clock(
+            m = await self._scheduler.ps_wait_clock(
                 run_id=self.run_id, clock=int(need_at), timeout=_config.get_seconds("timeouts.clock"))
             p.tag = float("inf") if m is None else max(p.tag, m)
         # What the reply is: a server read in the reader's clock of now, with

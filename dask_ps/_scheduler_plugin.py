@@ -11,7 +11,6 @@ Placement changes (repair, evacuate, rebalance, resync) are
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import time
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field
 from dask.utils import format_bytes
 from distributed import SchedulerPlugin
 from distributed.core import error_message
-from distributed.protocol.pickle import dumps
+from distributed.protocol.pickle import dumps, loads
 
 from dask_ps import _config, _dashboard
 from dask_ps._exceptions import (
@@ -34,41 +33,14 @@ from dask_ps._exceptions import (
     TableExistsError,
     UnknownTableError,
 )
+from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, handler
 from dask_ps._liveness import HungWorkers, Liveness, WorkerCalls
 from dask_ps._placement import place_blocks
 from dask_ps._rebalance import PlacementChanger
 from dask_ps._spec import TableSpec
-from dask_ps._worker_plugin import PLUGIN_NAME, InternalRPC, PSWorkerPlugin, internal_token, reply_errors
+from dask_ps._worker_plugin import PLUGIN_NAME, PSWorkerPlugin
 
 logger = logging.getLogger(__name__)
-
-HANDLERS = (
-    "ps_register_server",
-    "ps_evacuate",
-    "ps_note_checkpoint",
-    "ps_active_runs",
-    "ps_placement_settled",
-    "ps_servers",
-    "ps_create_table",
-    "ps_get_table",
-    "ps_list_tables",
-    "ps_drop_table",
-    "ps_run_start",
-    "ps_run_join",
-    "ps_clock",
-    "ps_wait_clock",
-    "ps_run_leave",
-    "ps_run_notify",
-    "ps_run_uses",
-    "ps_run_abort",
-    "ps_run_end",
-    "ps_replica_missed",
-    "ps_resolve_device",
-    "ps_rollbacks",
-    "ps_fenced_out",
-    "ps_cluster",
-)
-
 
 ROLLBACK_HISTORY = 32  # rollback records kept per table (ps.rollbacks)
 
@@ -210,38 +182,37 @@ class PSSchedulerPlugin(SchedulerPlugin):
     async def start(self, scheduler):
         self.scheduler = scheduler
         self._servers_changed = asyncio.Condition()
-        scheduler.handlers.update({op: self._check_cluster(op, reply_errors(getattr(self, op[3:])))
-                                   for op in HANDLERS})
+        # The workers' plugin, and with it the cluster's internal token: known
+        # before any worker sets up (its ps_register_server needs it).
+        registered = scheduler.worker_plugins.get(PLUGIN_NAME)
+        worker_plugin = PSWorkerPlugin() if registered is None else loads(registered)
+        self.internal_token = worker_plugin.internal_token
+        # Every ps_* handler, behind the check of its access level.
+        SCHEDULER_HANDLERS.install(self, scheduler.handlers, lambda: self.internal_token, before=self._check_cluster)
         scheduler.extensions[PLUGIN_NAME] = self
         from dask_ps import _prometheus
 
         _prometheus.register(self)
-        await scheduler.register_worker_plugin(
-            None, dumps(PSWorkerPlugin()), name=PLUGIN_NAME, idempotent=True
-        )
-        self.internal_token = internal_token(scheduler)  # of the plugin the workers got
+        if registered is None:
+            await scheduler.register_worker_plugin(None, dumps(worker_plugin), name=PLUGIN_NAME, idempotent=True)
         _dashboard.install(scheduler, self)  # the /ps page on the Dask dashboard
         self.hung.start()
 
-    def _check_cluster(self, op: str, handler):
-        """``handler`` for Dask: a message that carries ``cluster_id`` (a
-        ParameterServer's calls) is refused unless it names this plugin
-        instance, so an object attached to a lost scheduler never reads or
-        changes a new cluster's tables as its own."""
+    def _check_cluster(self, op: str, msg: dict):
+        """A message that carries ``cluster_id`` (a ParameterServer's calls)
+        is refused unless it names this plugin instance, so an object
+        attached to a lost scheduler never reads or changes a new cluster's
+        tables as its own (run before every handler: ``HandlerRegistry.install``)."""
+        expected = msg.pop("cluster_id", None)
+        if expected is not None and expected != self.cluster_id:
+            return error_message(SchedulerLostError(
+                f"the scheduler at {self.scheduler.address} is not the one this ParameterServer "
+                f"attached to: its dask_ps state is another cluster's (id {self.cluster_id}, "
+                f"expected {expected}; refused {op})"
+            ), status="uncaught-error")
+        return None
 
-        @functools.wraps(handler)
-        def checked(**msg):
-            expected = msg.pop("cluster_id", None)
-            if expected is not None and expected != self.cluster_id:
-                return error_message(SchedulerLostError(
-                    f"the scheduler at {self.scheduler.address} is not the one this ParameterServer "
-                    f"attached to: its dask_ps state is another cluster's (id {self.cluster_id}, "
-                    f"expected {expected}; refused {op})"
-                ), status="uncaught-error")
-            return handler(**msg)  # a coroutine for async handlers: Dask awaits it
-
-        return checked
-
+    @handler(READ_ONLY)
     def cluster(self) -> dict:
         """Handler: ``{"cluster_id": ...}`` of this plugin instance (see ``_check_cluster``)."""
         return {"cluster_id": self.cluster_id}
@@ -303,6 +274,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         task.add_done_callback(self._background.discard)
 
     # --- membership -------------------------------------------------------------
+    @handler(INTERNAL)
     async def register_server(self, address: str) -> None:
         """Handler (worker plugin setup): this worker can host shards. Tables
         rebalance onto it in the background (consistent hashing: about 1/N
@@ -319,6 +291,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
             for name in list(self.tables):
                 self._in_background(self.placement.rebalance(name))
 
+    @handler(INTERNAL)
     async def evacuate(self, address: str) -> None:
         """Handler (worker plugin teardown, e.g. ``retire_workers``): wait until
         the worker's blocks have moved away (it still serves them meanwhile)."""
@@ -339,23 +312,27 @@ class PSSchedulerPlugin(SchedulerPlugin):
             elif msg.get("status") == "running":
                 self._retiring.discard(topic)
 
+    @handler(READ_ONLY)
     async def placement_settled(self) -> None:
         """Handler: wait for background placement changes (tests, benchmarks)."""
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
+    @handler(READ_ONLY)
     def active_runs(self, tables=None) -> list[str]:
         """Handler: runs in progress (that used any of ``tables``, if given)."""
         if tables is None:
             return sorted(self.runs)
         return sorted(r for r, run in self.runs.items() if run.tables & set(tables))
 
+    @handler(INTERNAL)
     def run_uses(self, run_id: str, table: str) -> None:
         """Handler: a participant of ``run_id`` uses ``table``."""
         run = self.runs.get(run_id)
         if run is not None:
             run.tables.add(table)
 
+    @handler(CLIENT)
     def note_checkpoint(self, path: str, data: str, tables: list[str]) -> None:
         """Handler: ``tables`` were saved to ``path`` (used to restore lost blocks)."""
         for name in tables:
@@ -377,11 +354,13 @@ class PSSchedulerPlugin(SchedulerPlugin):
         for run in self.runs.values():
             run.rollbacks.append({**record, "clocks": list(run.clocks), "run_started": run.started})
 
+    @handler(INTERNAL)
     def fenced_out(self, address: str) -> bool:
         """Handler (a worker that was stopped for long, ``PauseGuard``): was
         it fenced out as hung (its copies must not serve until it dropped them)?"""
         return address in self.hung.fenced
 
+    @handler(READ_ONLY)
     def rollbacks(self, table: str | None = None) -> list[dict]:
         """Handler: the latest restores from a checkpoint (of ``table``, or of every table)."""
         names = [table] if table is not None else sorted(self.tables)
@@ -397,12 +376,14 @@ class PSSchedulerPlugin(SchedulerPlugin):
         """The lock that orders creation and placement changes of table ``name``."""
         return self._table_locks.setdefault(name, asyncio.Lock())
 
+    @handler(INTERNAL)
     async def replica_missed(self, table: str, table_id: str, replica: str, blocks) -> None:
         """Handler (a block's primary): ``replica`` failed to apply a forwarded
         push to ``blocks``; returns once the copy is fenced
         (:meth:`PlacementChanger.replica_missed`)."""
         await self.placement.replica_missed(table, table_id, replica, blocks)
 
+    @handler(READ_ONLY)
     async def servers(self, n: int = 0, timeout: float = 0) -> list[str]:
         """Handler: current shard servers; with ``n``, wait up to ``timeout``
         seconds until at least ``n`` have registered."""
@@ -417,6 +398,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         return list(sorted(self.members))
 
     # --- tables -------------------------------------------------------------------
+    @handler(CLIENT)
     async def create_table(self, spec: dict) -> dict:
         """Handler: create a table (idempotent for an identical spec)."""
         new = TableSpec.from_msg(spec)
@@ -488,6 +470,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         infos = await asyncio.gather(*(self.calls.call(w, "ps_gpu_info") for w in workers), return_exceptions=True)
         return {w: (None if isinstance(i, BaseException) else i) for w, i in zip(workers, infos)}
 
+    @handler(READ_ONLY)
     async def resolve_device(self) -> str:
         """Handler: ``device="auto"`` -- "cuda" when every worker has a GPU, else "cpu"."""
         gpus = await self._gpus(self.members)
@@ -532,13 +515,16 @@ class PSSchedulerPlugin(SchedulerPlugin):
             )
         return t
 
+    @handler(READ_ONLY)
     def get_table(self, name: str) -> dict:
         """Handler: spec, version and placement of a table."""
         return self._table(name).handle_msg()
 
+    @handler(READ_ONLY)
     def list_tables(self) -> list[str]:
         return sorted(self.tables)
 
+    @handler(CLIENT)
     async def drop_table(self, name: str) -> None:
         t = self.tables.get(name)
         if t is None:
@@ -551,6 +537,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         )
 
     # --- runs and clocks ------------------------------------------------------------
+    @handler(CLIENT)
     def run_start(self, run_id: str, n: int, name: str = "") -> None:
         if not (isinstance(run_id, str) and _is_int(n) and n >= 1):
             raise PSValueError(f"a run needs a str id and n >= 1 participants, got {run_id!r}, {n!r}")
@@ -574,6 +561,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         if not (_is_int(clock) and clock >= 0):
             raise PSValueError(f"run {run.run_id}: rank {rank} reported clock {clock!r}, not a count >= 0")
 
+    @handler(INTERNAL)
     async def run_join(self, run_id: str, rank: int, address: str, with_attempt: bool = False):
         """Handler: a participant starts (or restarts); returns its clock so a
         retried task resumes at the clock the run recorded for it
@@ -588,6 +576,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
             return [run.clocks[rank], run.attempts[rank]]
         return run.clocks[rank]
 
+    @handler(INTERNAL)
     def run_notify(self, run_id: str) -> None:
         """Handler: a participant uses a table whose servers must hear of clock
         advances (ESSP pushes, per-clock aggregation)."""
@@ -603,6 +592,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
+    @handler(INTERNAL)
     async def clock(self, run_id: str, rank: int, clock: int, wait_for=None, timeout=None):
         """Handler: ``rank`` completed ``clock`` clocks; returns the run's min
         clock, after waiting (as :meth:`wait_clock`) until it is at least
@@ -619,6 +609,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
             return await self.wait_clock(run_id, wait_for, timeout)
         return _num(run.min_clock)
 
+    @handler(INTERNAL)
     async def wait_clock(self, run_id: str, clock: int, timeout: float | None = None):
         """Handler: wait until every live participant completed ``clock``
         clocks; returns the min clock. Awaited, so the loop stays free."""
@@ -644,6 +635,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self._run(run_id)  # raises if aborted meanwhile
         return _num(run.min_clock)
 
+    @handler(INTERNAL)
     async def run_leave(self, run_id: str, rank: int, metrics: dict | None = None) -> None:
         """Handler: a participant returned or raised; it no longer holds others."""
         run = self.runs.get(run_id)
@@ -662,6 +654,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         async with run.cond:
             run.cond.notify_all()
 
+    @handler(CLIENT)
     async def run_abort(self, run_id: str, reason: str) -> None:
         run = self.runs.get(run_id)
         if run is None:
@@ -670,6 +663,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         async with run.cond:
             run.cond.notify_all()
 
+    @handler(CLIENT)
     async def run_end(self, run_id: str) -> dict | None:
         """Handler: forget a run; returns its per-participant metrics. Servers
         apply what the run left (per-clock sums) before this returns."""
@@ -699,3 +693,6 @@ class PSSchedulerPlugin(SchedulerPlugin):
             "participants": {int(k): v for k, v in run.metrics.items()},
             "rolled_back": [r for r in run.rollbacks if r["table"] in run.tables],
         }
+
+
+SCHEDULER_HANDLERS = HandlerRegistry("scheduler", PSSchedulerPlugin)

@@ -29,6 +29,7 @@ from distributed import get_worker, secede
 from distributed.utils import sync
 
 from dask_ps import _backend, _config, _routing
+from dask_ps._handlers import InternalRPC
 from dask_ps._oplog import PushBuffer
 from dask_ps._overlap import Overlap, PullHandle, PushHandle, add_into, ps_call
 from dask_ps._routing import TableHandle
@@ -212,11 +213,15 @@ class Session(Overlap):
         self.rank = rank
         self.n_participants = n_participants
         self._plugin = plugin = self.worker.extensions.get("ps")
+        # The scheduler's run handlers (join, clock, leave, ...) are internal:
+        # a participant's calls carry the cluster's internal token.
+        self._scheduler = (InternalRPC(self.worker.scheduler, plugin.internal_token) if plugin is not None
+                           else self.worker.scheduler)
         # The sender id is stable across retries of this participant's task, and
         # flushes are numbered by (clock, n-th flush in the clock): a retried
         # participant that repeats a clock's pushes has them applied once.
         self._router = Router(
-            Transport(self.worker.rpc, self.worker.scheduler, local=plugin,
+            Transport(self.worker.rpc, self._scheduler, local=plugin,
                       liveness=plugin.liveness if plugin is not None else None),
             sender=f"{run_id}-{rank}",
             latest_versions=plugin.latest_versions if plugin is not None else None,
@@ -255,7 +260,7 @@ class Session(Overlap):
     # --- lifecycle ---------------------------------------------------------------------
     def _join(self):
         self._clock, attempt = self._sync(
-            self.worker.scheduler.ps_run_join, run_id=self.run_id, rank=self.rank, address=self.worker.address,
+            self._scheduler.ps_run_join, run_id=self.run_id, rank=self.rank, address=self.worker.address,
             with_attempt=True,
         )
         # A retried task repeats the clock it was stopped in, whose pushes the
@@ -286,7 +291,7 @@ class Session(Overlap):
         finally:
             self._closed = True
             self._sync(
-                self.worker.scheduler.ps_run_leave, run_id=self.run_id, rank=self.rank, metrics=self.metrics()
+                self._scheduler.ps_run_leave, run_id=self.run_id, rank=self.rank, metrics=self.metrics()
             )
 
     @property
@@ -322,13 +327,13 @@ class Session(Overlap):
         if h is None:
             h = self._sync(self._router.handle, name)
             # Checkpoints of this table wait for this run to end.
-            self._sync(self.worker.scheduler.ps_run_uses, run_id=self.run_id, table=name)
+            self._sync(self._scheduler.ps_run_uses, run_id=self.run_id, table=name)
             self._metrics.setdefault(name, TableMetrics())
             s = h.spec.consistency.staleness
             if s is not None and not isinstance(h.spec.consistency, ASP):
                 self._staleness_used = s if self._staleness_used is None else min(self._staleness_used, s)
             if h.spec.needs_clock_events and not self._notifying:
-                self._sync(self.worker.scheduler.ps_run_notify, run_id=self.run_id)
+                self._sync(self._scheduler.ps_run_notify, run_id=self.run_id)
                 self._notifying = True
         return h
 
@@ -353,7 +358,7 @@ class Session(Overlap):
             return
         t0 = time.perf_counter()
         m = self._sync(
-            self.worker.scheduler.ps_wait_clock,
+            self._scheduler.ps_wait_clock,
             run_id=self.run_id,
             clock=int(need),
             timeout=_config.get_seconds("timeouts.clock"),

@@ -14,27 +14,24 @@ import logging
 import math
 from collections import OrderedDict, defaultdict, deque
 
-import functools
-import hmac
-import inspect
 import secrets
 import weakref
 
 import numpy as np
 from distributed import WorkerPlugin
-from distributed.core import Status, error_message
+from distributed.core import Status
 from distributed.protocol.serialize import Serialized, to_serialize
 
 from dask_ps import _backend, _config
 from dask_ps._exceptions import (
     ForwardRefusedError,
     InternalOnlyError,
-    PSError,
     PSValueError,
     RunAbortedError,
     StaleVersionError,
     UnknownTableError,
 )
+from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, handler, reply_errors
 from dask_ps._liveness import Liveness, PauseGuard, WorkerGone
 from dask_ps._shard import ShardStore, _wire_clock, check_owners
 from dask_ps._spec import TableSpec
@@ -42,21 +39,10 @@ from dask_ps._spec import TableSpec
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "ps"
-# Handlers only the cluster's scheduler and workers call: they need the
-# cluster's internal token (see PSWorkerPlugin.internal_token). ps_push is
-# open, but a forwarded push (replica=True) needs the token too.
-INTERNAL_HANDLERS = frozenset({
-    "ps_create_shards", "ps_drop_table", "ps_clock_advance", "ps_cache_fill", "ps_run_end",
-    "ps_freeze", "ps_copy_blocks", "ps_install_blocks", "ps_set_placement",
-    "ps_placement_changed", "ps_worker_left", "ps_worker_joined", "ps_fence", "ps_evicted",
-})
 ENDED_RUNS_KEPT = 1024  # ended run ids remembered per worker (see PSWorkerPlugin._ended_runs)
-HANDLERS = (
-    "ps_create_shards", "ps_drop_table", "ps_push", "ps_pull", "ps_info",
-    "ps_clock_advance", "ps_cache_fill", "ps_run_end",
-    "ps_freeze", "ps_copy_blocks", "ps_install_blocks", "ps_set_placement", "ps_save_blocks", "ps_load_blocks",
-    "ps_placement_changed", "ps_worker_left", "ps_worker_joined", "ps_fence", "ps_gpu_info", "ps_evicted",
-)
+# Handlers and their access levels: the methods marked with @handler
+# (WORKER_HANDLERS, built below the class; docs/security.rst).
+__all__ = ["PSWorkerPlugin", "WORKER_HANDLERS", "InternalRPC", "reply_errors", "aligned", "in_process_peer"]
 
 
 class PSWorkerPlugin(WorkerPlugin):
@@ -94,7 +80,7 @@ class PSWorkerPlugin(WorkerPlugin):
         self._evictions: set[str] = set()  # ps_evicted ids handled (a resent one is a no-op)
         # Refuses to serve after a long stop until the scheduler says whether
         # this worker was fenced out as hung (started in setup).
-        self.pause_guard = PauseGuard(lambda: self.worker.scheduler.ps_fenced_out(address=self.worker.address))
+        self.pause_guard = PauseGuard(lambda: self.scheduler.ps_fenced_out(address=self.worker.address))
         # Created once where the scheduler plugin builds this plugin, and
         # pickled with it to every worker: only the scheduler and the workers
         # know it. Dask's comm does not say who is calling (a peer address is
@@ -111,12 +97,13 @@ class PSWorkerPlugin(WorkerPlugin):
         self.worker = worker
         _IN_PROCESS[worker.address] = self
         _backend.setup_device_memory(_config.get("rmm-pool-size"))  # GPU workers: an rmm pool, if asked
-        worker.handlers.update({op: self._guard(op, reply_errors(getattr(self, op[3:]))) for op in HANDLERS})
+        # Every ps_* handler, behind the check of its access level.
+        WORKER_HANDLERS.install(self, worker.handlers, lambda: self.internal_token)
         worker.extensions[PLUGIN_NAME] = self
         self.pause_guard.start()
         # Announce ourselves (never called from the scheduler's add_worker:
         # an RPC to a joining worker there deadlocks, see DASK_NOTES pitfall 1).
-        await worker.scheduler.ps_register_server(address=worker.address)
+        await self.scheduler.ps_register_server(address=worker.address)
 
     async def teardown(self, worker):
         self.pause_guard.stop()
@@ -125,7 +112,7 @@ class PSWorkerPlugin(WorkerPlugin):
         if self.store.tables:
             try:
                 await asyncio.wait_for(
-                    worker.scheduler.ps_evacuate(address=worker.address),
+                    self.scheduler.ps_evacuate(address=worker.address),
                     _config.get_seconds("timeouts.failover"),
                 )
             except Exception as e:  # the scheduler may be gone already
@@ -136,30 +123,11 @@ class PSWorkerPlugin(WorkerPlugin):
         if _IN_PROCESS.get(worker.address) is self:
             del _IN_PROCESS[worker.address]
 
-    def _is_internal(self, token) -> bool:
-        return isinstance(token, str) and hmac.compare_digest(token, self.internal_token)
-
-    def _guard(self, op: str, handler):
-        """``handler`` for Dask: takes the ``token`` every message may carry;
-        refuses an internal handler without the cluster's token; tells
-        ``ps_push`` whether the caller is internal."""
-        internal_only = op in INTERNAL_HANDLERS
-
-        @functools.wraps(handler)
-        def guarded(**msg):
-            internal = self._is_internal(msg.pop("token", None))
-            msg.pop("internal", None)  # never from the message itself
-            msg.pop("pad", None)  # see aligned()
-            if internal_only and not internal:
-                return error_message(InternalOnlyError(
-                    f"{op} may be called only by the cluster's scheduler and workers (they send the "
-                    "cluster's internal token: the scheduler plugin's calls, InternalRPC)"
-                ), status="uncaught-error")
-            if op in ("ps_push", "ps_pull"):
-                msg["internal"] = internal
-            return handler(**msg)  # a coroutine for async handlers: Dask awaits it
-
-        return guarded
+    @property
+    def scheduler(self) -> InternalRPC:
+        """This worker's rpc to the scheduler, its calls carrying the cluster's
+        internal token (the scheduler's internal handlers require it)."""
+        return InternalRPC(self.worker.scheduler, self.internal_token)
 
     @contextlib.asynccontextmanager
     async def _all_locks(self, table: str):
@@ -168,16 +136,19 @@ class PSWorkerPlugin(WorkerPlugin):
             yield
 
     # --- handlers (called on the worker's event loop) -----------------------------
+    @handler(INTERNAL)
     def create_shards(self, spec: dict, version: int, blocks: list, owners=None) -> None:
         """Handler: allocate the given blocks of a table (zeros)."""
         self.store.create(TableSpec.from_msg(spec), version, list(blocks), owners)
 
+    @handler(INTERNAL)
     def drop_table(self, name: str, table_id: str | None = None) -> bool:
         """Handler: forget a table's shards."""
         self._locks.pop(name, None)
         self._replica_locks.pop(name, None)
         return self.store.drop(name, table_id)
 
+    @handler(CLIENT, tells_internal=True)
     async def push(self, table=None, version=None, blocks=(), rows=(), values=(), raw=False, run=None,
                    sender=None, msg_seq=None, replica=False, table_id=None, forwarder=None, internal=False):
         """Handler: apply one message of updates (all blocks or none).
@@ -292,7 +263,7 @@ class PSWorkerPlugin(WorkerPlugin):
             check = self._run_checks.get(run_id)
             if check is None:
                 check = self._run_checks[run_id] = asyncio.ensure_future(asyncio.wait_for(
-                    self.worker.scheduler.ps_active_runs(), _config.get_seconds("timeouts.rpc")))
+                    self.scheduler.ps_active_runs(), _config.get_seconds("timeouts.rpc")))
                 check.add_done_callback(lambda _: self._run_checks.pop(run_id, None))
             active = await asyncio.shield(check)
             # An end may have arrived while we asked.
@@ -350,7 +321,7 @@ class PSWorkerPlugin(WorkerPlugin):
         forwarded again)."""
         timeout = _config.get_seconds("timeouts.rpc")
         results = await asyncio.gather(*(
-            asyncio.wait_for(self.worker.scheduler.ps_replica_missed(
+            asyncio.wait_for(self.scheduler.ps_replica_missed(
                 table=t.spec.name, table_id=t.spec.table_id, replica=r, blocks=bs), timeout)
             for r, bs in missed.items()
         ), return_exceptions=True)
@@ -377,6 +348,7 @@ class PSWorkerPlugin(WorkerPlugin):
         self.store.commit(t, fresh)
 
     # --- placement changes, replication, checkpoints ---------------------------------------
+    @handler(INTERNAL)
     async def freeze(self, table: str, table_id: str) -> None:
         """Handler (scheduler), phase 1 of a placement change: wait for pushes
         in progress, then refuse client pushes and pulls (they retry) until
@@ -386,6 +358,7 @@ class PSWorkerPlugin(WorkerPlugin):
             if t is not None and t.spec.table_id == table_id:
                 t.frozen = True
 
+    @handler(INTERNAL)
     async def copy_blocks(self, table: str, table_id: str, moves) -> None:
         """Handler (scheduler), phase 1b: copy ``moves = [(block, target), ...]``
         to their new owners. Every holder is frozen by now, so no push lands
@@ -412,6 +385,7 @@ class PSWorkerPlugin(WorkerPlugin):
                 for target, bs in by_target.items()
             ))
 
+    @handler(INTERNAL)
     def install_blocks(self, spec: dict, blocks, version=None, owners=None) -> None:
         """Handler: receive exported blocks (migration, new replica).
 
@@ -424,16 +398,19 @@ class PSWorkerPlugin(WorkerPlugin):
         self.store.install(TableSpec.from_msg(spec), version, owners, [_unwire_block(e) for e in blocks],
                            min_clocks=self._min_clock)
 
+    @handler(INTERNAL)
     def fence(self, table: str, table_id: str, blocks) -> list[int]:
         """Handler (scheduler): this worker's replicas of ``blocks`` missed a
         forwarded push; refuse reads of them until they are copied again.
         No lock: one synchronous step, so no read that starts later sees them."""
         return self.store.fence(table, table_id, blocks)
 
+    @handler(INTERNAL)
     def worker_left(self, address: str) -> None:
         """Handler (scheduler): a worker was removed; stop waiting on it."""
         self.liveness.mark_dead(address)
 
+    @handler(INTERNAL)
     def evicted(self, eviction: str) -> None:
         """Handler (scheduler): this worker was fenced out as hung (it sent
         no heartbeat for ``ps.timeouts.hung``) and its copies left every
@@ -447,14 +424,17 @@ class PSWorkerPlugin(WorkerPlugin):
         self.pause_guard.clear()
         logger.warning("dask_ps: %s was fenced out as hung; dropped its copies", self.worker.address)
 
+    @handler(INTERNAL)
     def worker_joined(self, address: str) -> None:
         """Handler (scheduler): a worker is back at an address that had left."""
         self.liveness.dead.discard(address)
 
+    @handler(INTERNAL)
     def placement_changed(self, table: str, version: int) -> None:
         """Handler (scheduler): sessions on this worker refresh their handle."""
         self.latest_versions[table] = max(version, self.latest_versions.get(table, 0))
 
+    @handler(INTERNAL)
     async def set_placement(self, table: str, table_id: str, version: int, owners) -> None:
         """Handler (scheduler), phase 2 of a placement change: adopt it, drop
         blocks no longer ours, serve again."""
@@ -463,6 +443,7 @@ class PSWorkerPlugin(WorkerPlugin):
         async with self._all_locks(table):
             self.store.set_placement(table, table_id, version, owners, self.worker.address)
 
+    @handler(CLIENT)
     async def save_blocks(self, table: str, table_id: str, directory: str) -> list[int]:
         """Handler: write the blocks this worker is primary of to
         ``directory/block-<b>.npz`` (values and rule state), via fsspec."""
@@ -480,6 +461,7 @@ class PSWorkerPlugin(WorkerPlugin):
             await offload(write_block, directory, e)
         return mine
 
+    @handler(CLIENT)
     async def load_blocks(self, table: str, table_id: str, directory: str, blocks) -> None:
         """Handler: read blocks written by :meth:`save_blocks` into this worker's shards."""
         from distributed.utils import offload
@@ -493,6 +475,7 @@ class PSWorkerPlugin(WorkerPlugin):
                 raise UnknownTableError(f"table {table!r} is not hosted on {self.worker.address}", table)
             self.store.install(t.spec, t.version, t.owners or None, exported)
 
+    @handler(READ_ONLY, tells_internal=True)
     async def pull(self, table=None, version=None, blocks=(), rows=(), run=None, subscribe=None, table_id=None,
                    sender=None, internal=False):
         """Handler: values of whole blocks, of ranges ``[start, stop]`` or of
@@ -506,6 +489,11 @@ class PSWorkerPlugin(WorkerPlugin):
         the values contain (``applied``; a prefetch tells by it which of its
         reader's own pushes it holds).
         """
+        if (run is not None or subscribe is not None) and not internal:
+            # A participant's options: ``run`` applies per-clock sums below
+            # the clock it names, ``subscribe`` sends rows to an address.
+            raise InternalOnlyError("ps_pull with run= or subscribe= may come only from a participant's session "
+                                    "(it carries the cluster's internal token)")
         rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
         seqs, values, summed, applied = await self._read(table, version, blocks, rows, run, subscribe, copy=False,
                                                          table_id=table_id, sender=sender, trusted=internal)
@@ -594,6 +582,7 @@ class PSWorkerPlugin(WorkerPlugin):
         for items in self.store.due(t, run_id, m):
             await self._apply(t, items)
 
+    @handler(INTERNAL)
     async def clock_advance(self, run_id: str, min_clock=None) -> None:
         """Handler (scheduler, when a run's min clock grows): apply due
         per-clock sums, then push fresh rows to ESSP subscribers."""
@@ -634,6 +623,7 @@ class PSWorkerPlugin(WorkerPlugin):
             if isinstance(r, Exception):
                 logger.debug("dask_ps: ESSP push failed: %r", r)
 
+    @handler(INTERNAL)
     def cache_fill(self, session, table, version, tag, blocks, seqs, rows, values, summed_below=None) -> None:
         """Handler: fresh rows for a session on this worker (ESSP).
         ``summed_below``: as in a pull's reply (aggregate="clock")."""
@@ -642,6 +632,7 @@ class PSWorkerPlugin(WorkerPlugin):
             (table, version, tag, list(blocks), list(seqs), list(rows), list(values), summed)
         )
 
+    @handler(INTERNAL)
     async def run_end(self, run_id: str) -> None:
         """Handler (scheduler): a run ended; apply what it left, forget it
         (its exactly-once windows included) and refuse its pushes from now on."""
@@ -659,10 +650,12 @@ class PSWorkerPlugin(WorkerPlugin):
         self._min_clock.pop(run_id, None)
         self.store.forget_run(run_id)
 
+    @handler(READ_ONLY)
     def gpu_info(self) -> dict | None:
         """Handler: this worker's GPU and its free memory, None without one."""
         return _backend.gpu_info()
 
+    @handler(READ_ONLY)
     def info(self, served: bool = False) -> dict:
         """Handler: which blocks of which tables live here, and their bytes;
         ``served=True``: also the pushes and reads served (the dashboard)."""
@@ -730,32 +723,8 @@ _PAD = np.zeros(1, dtype=np.uint8)
 def aligned(msg: dict) -> dict:
     """``msg`` with a one-byte array first, which takes that place: the
     message's own arrays each arrive in a buffer of their own, aligned.
-    Handlers drop it (``_guard``), readers ignore it."""
+    Handlers drop it (``_handlers.HandlerRegistry``), readers ignore it."""
     return {"pad": to_serialize(_PAD), **msg}
-
-
-def reply_errors(handler):
-    """Return dask_ps errors to the caller (who re-raises them) without
-    Dask logging a traceback for what is only bad input; other exceptions
-    keep Dask's default handling."""
-    if inspect.iscoroutinefunction(handler):
-
-        @functools.wraps(handler)
-        async def wrapper(**msg):
-            try:
-                return await handler(**msg)
-            except PSError as e:
-                return error_message(e, status="uncaught-error")
-    else:
-
-        @functools.wraps(handler)
-        def wrapper(**msg):
-            try:
-                return handler(**msg)
-            except PSError as e:
-                return error_message(e, status="uncaught-error")
-
-    return wrapper
 
 
 def _check_run(run):
@@ -798,21 +767,4 @@ def _unwrap(x):
     return x
 
 
-class InternalRPC:
-    """A Dask rpc to a worker whose calls carry the cluster's internal token
-    (the scheduler plugin's calls to workers)."""
-
-    def __init__(self, rpc, token: str):
-        self._rpc, self._token = rpc, token
-
-    def __getattr__(self, op):
-        call = getattr(self._rpc, op)
-        return lambda **msg: call(token=self._token, **msg)
-
-
-def internal_token(scheduler) -> str:
-    """The internal token of the worker plugin registered on ``scheduler``
-    (read back from what the workers get, so both sides agree)."""
-    from distributed.protocol.pickle import loads
-
-    return loads(scheduler.worker_plugins[PLUGIN_NAME]).internal_token
+WORKER_HANDLERS = HandlerRegistry("worker", PSWorkerPlugin)

@@ -231,7 +231,12 @@ def test_scheduler_refuses_clock_reports_from_outside_the_run():
 
     with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as c, Client(c) as client:
         dask_ps.ParameterServer(client)
-        scheduler = client.scheduler
+        # Clock reports, joins and leaves are internal (a participant's
+        # session sends the cluster's token): sent here with it.
+        from dask_ps._handlers import InternalRPC
+
+        token = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.extensions["ps"].internal_token)
+        scheduler = InternalRPC(client.scheduler, token)
         client.sync(scheduler.ps_run_start, run_id="r", n=2)
         clocks = lambda: client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.extensions["ps"].runs["r"].clocks))  # noqa: E731
         for bad in (dict(rank=-1, clock=50), dict(rank=2, clock=1), dict(rank=True, clock=1),

@@ -168,7 +168,9 @@ def test_every_worker_handler_survives_hostile_messages(ps, client):
     import asyncio
     import inspect
 
-    from dask_ps._worker_plugin import HANDLERS, PSWorkerPlugin
+    from dask_ps._worker_plugin import WORKER_HANDLERS, PSWorkerPlugin
+
+    HANDLERS = list(WORKER_HANDLERS)
 
     ps.create_table("t", shape=(10, 2), block_rows=4, init=np.arange(20.0).reshape(10, 2))
     addr = ps.placement("t")[0].worker

@@ -25,7 +25,7 @@ class FakeScheduler:
     def __init__(self, active=("r",)):
         self.active = list(active)
 
-    async def ps_active_runs(self, tables=None):
+    async def ps_active_runs(self, tables=None, token=None):  # the worker plugin's calls carry the token
         return list(self.active)
 
 
