@@ -19,6 +19,7 @@ import base64
 import io
 import json
 import posixpath
+import re
 import time
 import uuid
 
@@ -133,8 +134,31 @@ def checkpoint_metadata(path) -> dict | None:
     return None if manifest is None else dict(manifest.get("metadata") or {})
 
 
-def table_dir(path: str, data: str, table: str) -> str:
+# new_data_dir's names: the only data directories a save writes or a load reads
+_DATA_DIR = re.compile(r"ckpt-[0-9]{8}T[0-9]{6}-[0-9a-f]{8}")
+
+
+def resolve(path: str) -> str:
+    """``path`` as the URL every process reads the same way: a local path
+    made absolute here (the client's working directory, not a worker's)."""
     _, root = _fs(path)
     proto = fsspec.core.split_protocol(path)[0]
-    joined = posixpath.join(root, data, table)
+    return f"{proto}://{root}" if proto else root
+
+
+def table_dir(path: str, data: str, table: str) -> str:
+    """Where table ``table``'s blocks of the data directory ``data`` of the
+    checkpoint at ``path`` are: always under ``path/data``. A data directory
+    not named as :func:`new_data_dir` names them, or a table name that would
+    leave it (``..``, an absolute name), raises ``ValueError``."""
+    if not isinstance(data, str) or not _DATA_DIR.fullmatch(data):
+        raise ValueError(f"{data!r} is not a checkpoint data directory (ckpt-<time>-<id>)")
+    if not isinstance(table, str) or not table:
+        raise ValueError(f"a table name must be a non-empty str, got {table!r}")
+    _, root = _fs(path)
+    proto = fsspec.core.split_protocol(path)[0]
+    base = posixpath.normpath(posixpath.join(root, data))
+    joined = posixpath.normpath(posixpath.join(base, table))
+    if not joined.startswith(base + "/") or table.startswith("/"):
+        raise ValueError(f"table name {table!r} would leave the checkpoint's directory {base}")
     return f"{proto}://{joined}" if proto else joined

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import dataclasses
 import logging
@@ -454,19 +453,13 @@ class ParameterServer:
                 f"ps.save: run(s) {active} using these tables are in progress; save between runs "
                 "so the checkpoint is a consistent state at a clock boundary"
             )
+        # The scheduler has the tables' holders write their blocks under
+        # path/data/<table> (it computes the directories: workers write
+        # nowhere else); the manifest written here makes the save visible.
+        path = _checkpoint.resolve(path)
         data = _checkpoint.new_data_dir(path)
-        entries = {}
-        for name in names:
-            h = self._handle(name)
-            directory = _checkpoint.table_dir(path, data, name)
-            holders = sorted({w for owners in h.owners for w in owners})
-            written = self._sync(self._gather_rpc, holders, "ps_save_blocks",
-                                 table=name, table_id=h.spec.table_id, directory=directory)
-            got = sorted(b for blocks in written for b in blocks)
-            if got != list(range(h.spec.n_blocks)):
-                raise RuntimeError(f"ps.save: table {name!r}: blocks written {got}, expected all "
-                                   f"{h.spec.n_blocks}; the placement changed during the save, retry")
-            entries[name] = {"spec": h.spec.to_msg(), "data": data}
+        specs = self._sync(self._scheduler.ps_save_tables, path=path, data=data, tables=names)
+        entries = {name: {"spec": specs[name], "data": data} for name in names}
         _checkpoint.commit(path, entries, metadata or {})
         self._sync(self._scheduler.ps_note_checkpoint, path=path, data=data, tables=names)
         logger.info("dask_ps: saved %d table(s) to %s", len(names), path)
@@ -497,31 +490,24 @@ class ParameterServer:
                 if not overwrite:
                     raise TableExistsError(f"table {name!r} exists; pass overwrite=True to replace it", name)
                 self.drop_table(name)
+        path = _checkpoint.resolve(path)
         for name in names:
             spec = _spec.TableSpec.from_msg(manifest["tables"][name]["spec"])
             spec = dataclasses.replace(spec, table_id=uuid.uuid4().hex)
             self._sync(self._scheduler.ps_create_table, spec=spec.to_msg())
             self._router.forget(name)
-            h = self._handle(name)
-            directory = _checkpoint.table_dir(path, manifest["tables"][name]["data"], name)
-            by_worker: dict[str, list[int]] = {}
-            for b, owners in enumerate(h.owners):
-                for w in owners:
-                    by_worker.setdefault(w, []).append(b)
-            self._sync(self._gather_rpc_each, {
-                w: dict(table=name, table_id=spec.table_id, directory=directory, blocks=bs)
-                for w, bs in by_worker.items()
-            }, "ps_load_blocks")
-        for name in names:
-            self._sync(self._scheduler.ps_note_checkpoint, path=path,
-                       data=manifest["tables"][name]["data"], tables=[name])
+            # Every copy of every block, or none: each is checked against the
+            # spec (shapes, dtypes, NaN/Inf where forbidden) before any is installed.
+            try:
+                self._sync(self._scheduler.ps_load_table, name=name, table_id=spec.table_id, path=path,
+                           data=manifest["tables"][name]["data"])
+            except BaseException:
+                try:
+                    self.drop_table(name)  # never a table with some blocks loaded and others zero
+                except Exception as e:  # noqa: BLE001 - the load's error is the one to raise
+                    logger.warning("dask_ps: could not drop %r after its load failed: %r", name, e)
+                raise
         return manifest.get("metadata", {})
-
-    async def _gather_rpc(self, workers, op, **msg):
-        return await asyncio.gather(*(getattr(self.client.rpc(w), op)(**msg) for w in workers))
-
-    async def _gather_rpc_each(self, msgs: dict, op):
-        return await asyncio.gather(*(getattr(self.client.rpc(w), op)(**m) for w, m in msgs.items()))
 
 
 class _AttachedScheduler:

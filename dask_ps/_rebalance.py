@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import uuid
 
 from dask_ps import _config
 from dask_ps._exceptions import PSError, PSValueError
@@ -358,27 +360,45 @@ class PlacementChanger:
             self.calls.broadcast("ps_placement_changed", table=t.spec.name, version=t.version)
         )
 
+    async def load_copies(self, t, directory: str, blocks) -> None:
+        """Read ``blocks`` of ``t`` from the checkpoint files in ``directory``
+        into every copy, or into none: each owner reads and checks its blocks
+        first (``ps_load_blocks`` keeps them aside), and only once every
+        owner has are they installed (``ps_install_loaded``). A block that
+        fails its checks (shape, dtype, NaN/Inf where the table forbids them)
+        raises its error and no copy takes anything."""
+        by_worker: dict[str, list[int]] = {}
+        for b in blocks:
+            for w in t.owners[b]:
+                by_worker.setdefault(w, []).append(b)
+        msg = dict(table=t.spec.name, table_id=t.spec.table_id, load_id=uuid.uuid4().hex)
+        read = await asyncio.gather(*(
+            self.calls.call(w, "ps_load_blocks", **msg, directory=directory, blocks=bs)
+            for w, bs in by_worker.items()
+        ), return_exceptions=True)
+        failed = [r for r in read if isinstance(r, BaseException)]
+        installed = await asyncio.gather(*(
+            self.calls.call(w, "ps_install_loaded", **msg, discard=bool(failed)) for w in by_worker
+        ), return_exceptions=True)
+        if failed:
+            raise _as_table_error(t.spec.name, failed[0])
+        failed = [(w, r) for w, r in zip(by_worker, installed) if isinstance(r, BaseException)]
+        if failed:  # a worker lost between the phases: its copy goes with it
+            raise PSError(f"table {t.spec.name!r}: checkpoint blocks were not installed on {failed[0][0]}: "
+                          f"{failed[0][1]!r}") from failed[0][1]
+
     async def restore_blocks(self, t, blocks: list[int], reason: str) -> None:
         """Fill lost blocks on their new (still frozen) owners from the latest checkpoint."""
         from dask_ps._checkpoint import table_dir
 
         path, data = t.checkpoint
-        directory = table_dir(path, data, t.spec.name)
-        by_worker: dict[str, list[int]] = {}
-        for b in blocks:
-            for w in t.owners[b]:
-                by_worker.setdefault(w, []).append(b)
-        results = await asyncio.gather(*(
-            self.calls.call(w, "ps_load_blocks", table=t.spec.name, table_id=t.spec.table_id,
-                            directory=directory, blocks=bs)
-            for w, bs in by_worker.items()
-        ), return_exceptions=True)
-        failed = [r for r in results if isinstance(r, Exception)]
-        if failed:  # never serve zeros in place of lost rows
+        try:
+            await self.load_copies(t, table_dir(path, data, t.spec.name), blocks)
+        except Exception as e:  # never serve zeros in place of lost rows
             for b in blocks:
-                t.lost[b] = f"{reason}; restoring from {path} failed: {failed[0]!r}"
+                t.lost[b] = f"{reason}; restoring from {path} failed: {e!r}"
             logger.error("dask_ps: table %r: restoring block(s) %s from %s failed: %r",
-                         t.spec.name, blocks, path, failed[0])
+                         t.spec.name, blocks, path, e)
             return
         t.restored += len(blocks)
         self.plugin.note_rollback(t, blocks, reason)
@@ -387,3 +407,15 @@ class PlacementChanger:
             "updates made since that checkpoint are lost",
             t.spec.name, blocks, reason, path,
         )
+
+
+def _as_table_error(name: str, e: BaseException) -> BaseException:
+    """A worker's error as the scheduler received it: a dask_ps error keeps
+    its type; one that reached the scheduler's rpc as a plain ``Exception``
+    (it does not deserialize replies) becomes a ``PSValueError`` with the
+    worker's message."""
+    if isinstance(e, PSError) or type(e) is not Exception:
+        return e
+    text = str(e)
+    m = re.fullmatch(r"\w+\((['\"])(.*)\1\)", text, re.S)
+    return PSValueError(m.group(2) if m else f"table {name!r}: {text}", name)

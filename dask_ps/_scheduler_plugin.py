@@ -15,7 +15,7 @@ import logging
 import math
 import time
 import uuid
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 from dask.utils import format_bytes
@@ -27,6 +27,7 @@ from dask_ps import _config, _dashboard
 from dask_ps._exceptions import (
     ClockTimeoutError,
     DataLostError,
+    PSError,
     PSValueError,
     RunAbortedError,
     SchedulerLostError,
@@ -43,6 +44,7 @@ from dask_ps._worker_plugin import PLUGIN_NAME, PSWorkerPlugin
 logger = logging.getLogger(__name__)
 
 ROLLBACK_HISTORY = 32  # rollback records kept per table (ps.rollbacks)
+SAVES_KEPT = 64  # saves driven here whose manifest the client may still note (ps_note_checkpoint)
 
 
 def _bytes_per_value(spec) -> int:
@@ -164,6 +166,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self.calls = WorkerCalls(self.worker_rpc, self.liveness, self._retiring, self.members)
         self.placement = PlacementChanger(self)  # repair, evacuate, rebalance, resync
         self.hung = HungWorkers(self)  # fences out members that stop answering
+        self._saves: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()  # (path, data) -> {table: id}
         self.creating: dict[str, list[list[str]]] = {}  # table -> owners, while its shards are created
         self.totals: Counter = Counter()  # metrics summed over finished participants
         # This plugin instance, i.e. these tables: a new scheduler (even at the
@@ -332,13 +335,95 @@ class PSSchedulerPlugin(SchedulerPlugin):
         if run is not None:
             run.tables.add(table)
 
+    # --- checkpoints: ps.save and ps.load drive them, workers read and write the blocks ---------
+    def _checkpoint_dir(self, path, data, name) -> str:
+        """Where table ``name``'s blocks of the checkpoint ``path``/``data`` are
+        (only ever under that directory: ``_checkpoint.table_dir``)."""
+        from dask_ps._checkpoint import table_dir
+
+        if not isinstance(path, str) or not path:
+            raise PSValueError(f"a checkpoint path must be a non-empty str, got {path!r}", name)
+        try:
+            return table_dir(path, data, name)
+        except ValueError as e:
+            raise PSValueError(f"table {name!r}: {e}", name) from None
+
+    @handler(CLIENT)
+    async def save_tables(self, path: str, data: str, tables) -> dict:
+        """Handler (``ps.save``): the holders of each of ``tables`` write the
+        blocks they are primary of under ``path/data/<table>`` (a directory
+        computed here, so nothing is written anywhere else); returns each
+        table's spec for the manifest. The save counts as the tables'
+        checkpoint once the client committed the manifest and said so
+        (:meth:`note_checkpoint`)."""
+        if not isinstance(tables, (list, tuple)) or not all(isinstance(n, str) for n in tables):
+            raise PSValueError(f"ps.save needs table names, got {tables!r}")
+        dirs = {name: self._checkpoint_dir(path, data, name) for name in tables}
+        specs, saved = {}, {}
+        for name in tables:
+            async with self.table_lock(name):  # no placement change meanwhile
+                t = self._table(name)
+                t.handle_msg()  # a table with lost blocks raises DataLostError
+                try:
+                    written = await asyncio.gather(*(
+                        self.calls.call(w, "ps_save_blocks", table=name, table_id=t.spec.table_id,
+                                        directory=dirs[name])
+                        for w in sorted(t.holders())
+                    ))
+                except Exception as e:
+                    if type(e) is not Exception:
+                        raise
+                    # A worker's error, as the scheduler's rpc gives it (not deserialized).
+                    raise PSError(f"ps.save: table {name!r}: writing its blocks to {dirs[name]} failed on a "
+                                  f"worker: {e}") from None
+                got = sorted(b for bs in written for b in bs)
+                if got != list(range(t.spec.n_blocks)):
+                    raise PSValueError(f"ps.save: table {name!r}: blocks written {got}, expected all "
+                                       f"{t.spec.n_blocks}; retry", name)
+                specs[name], saved[name] = t.spec_msg, t.spec.table_id
+        self._saves[(path, data)] = saved
+        while len(self._saves) > SAVES_KEPT:
+            self._saves.popitem(last=False)
+        return specs
+
     @handler(CLIENT)
     def note_checkpoint(self, path: str, data: str, tables: list[str]) -> None:
-        """Handler: ``tables`` were saved to ``path`` (used to restore lost blocks)."""
+        """Handler (``ps.save``, once its manifest is committed): ``tables``
+        were saved to ``path`` (their blocks are restored from it after a
+        loss). Only a save this scheduler drove (:meth:`save_tables`) of
+        those very tables is accepted: a made-up path is refused."""
+        saved = self._saves.get((path, data)) if isinstance(path, str) and isinstance(data, str) else None
+        if not isinstance(tables, (list, tuple)):
+            raise PSValueError(f"note_checkpoint needs table names, got {tables!r}")
+        for name in tables:
+            t = self.tables.get(name)
+            if t is not None and (saved is None or saved.get(name) != t.spec.table_id):
+                raise PSValueError(f"table {name!r}: no ps.save of it to {path!r} ({data}) went through this "
+                                   "scheduler: a checkpoint is noted only after the save wrote it", name)
         for name in tables:
             if name in self.tables:
-                self.tables[name].checkpoint = (path, data)
-                self.tables[name].checkpoint_time = time.time()
+                self._record_checkpoint(self.tables[name], path, data)
+                saved.pop(name, None)
+
+    def _record_checkpoint(self, t: SchedulerTableState, path: str, data: str) -> None:
+        t.checkpoint = (path, data)
+        t.checkpoint_time = time.time()
+
+    @handler(CLIENT)
+    async def load_table(self, name: str, table_id: str, path: str, data: str) -> None:
+        """Handler (``ps.load``, after it created the table): fill every copy
+        of every block of table ``name`` from the checkpoint ``path``/``data``,
+        or no copy at all: each block is checked against the table's spec
+        first (shapes, dtypes, rule state, NaN/Inf where forbidden;
+        :meth:`PlacementChanger.load_copies`). Then the checkpoint is the table's."""
+        directory = self._checkpoint_dir(path, data, name)
+        async with self.table_lock(name):
+            t = self._table(name)
+            if t.spec.table_id != table_id:
+                raise PSValueError(f"table {name!r} was created again while it was being loaded", name)
+            t.handle_msg()
+            await self.placement.load_copies(t, directory, list(range(t.spec.n_blocks)))
+            self._record_checkpoint(t, path, data)
 
     def note_rollback(self, t: SchedulerTableState, blocks: list[int], reason: str) -> None:
         """``blocks`` of ``t`` were lost and restored from its checkpoint:

@@ -214,6 +214,50 @@ class ShardStore:
             for items in self.due(t, run, m, blocks=installed):
                 self.commit(t, self.apply(t, items))
 
+    @staticmethod
+    def check_loaded(spec: TableSpec, e: dict) -> dict:
+        """A block read from a checkpoint file, checked against ``spec``
+        before any copy takes it (``ps_load_blocks``): its number, the exact
+        shape and dtype of its values and of the rule's state (the keys a
+        built-in rule keeps), a sequence number, and no NaN/Inf where the
+        table forbids them. Raises :class:`PSValueError` naming the table
+        and the block."""
+        name = spec.name
+        b = e.get("block")
+        if not isinstance(b, (int, np.integer)) or isinstance(b, bool) or not 0 <= b < spec.n_blocks:
+            raise PSValueError(f"table {name!r}: checkpoint block {b!r} is not one of its {spec.n_blocks} blocks",
+                               name)
+        where = f"table {name!r}: block {b} of the checkpoint"
+        data = e.get("data")
+        if not _backend.is_array(data):
+            raise PSValueError(f"{where} has no values array", name)
+        refuse_masked(name, data, "a checkpoint block")
+        if tuple(data.shape) != spec.block_shape(b) or data.dtype != spec.dtype:
+            raise PSValueError(f"{where} holds {tuple(data.shape)} {data.dtype}, the table needs "
+                               f"{spec.block_shape(b)} {spec.dtype}", name)
+        state = e.get("state") or {}
+        expected = spec.rule.init_state(data) if spec.rule.name not in ("custom", "registered") else None
+        if expected is not None and set(state) - set(expected):
+            raise PSValueError(f"{where} has rule state {sorted(state)}; rule {spec.rule.name!r} keeps "
+                               f"{sorted(expected)}", name)
+        for k, v in state.items():
+            if not _backend.is_array(v):
+                raise PSValueError(f"{where}: rule state {k!r} is not an array", name)
+            refuse_masked(name, v, "a checkpoint block's rule state")
+            want = expected.get(k) if expected is not None else None
+            if want is not None and (tuple(v.shape) != tuple(want.shape) or v.dtype != want.dtype):
+                raise PSValueError(f"{where}: rule state {k!r} is {tuple(v.shape)} {v.dtype}, the rule keeps "
+                                   f"{tuple(want.shape)} {want.dtype}", name)
+        seq = e.get("seq", 0)
+        if not isinstance(seq, (int, np.integer)) or isinstance(seq, bool) or seq < 0:
+            raise PSValueError(f"{where}: sequence number {seq!r} is not a count", name)
+        if not spec.allow_nonfinite:
+            bad = [k for k, v in (("values", data), *state.items()) if not _backend.all_finite(v)]
+            if bad:
+                raise PSValueError(f"{where} contains NaN or Inf ({', '.join(bad)}) and the table does not "
+                                   "allow non-finite values", name)
+        return e
+
     def forget_run(self, run_id: str) -> None:
         """A run ended: free what blocks keep for it (the exactly-once windows
         of its participants, ``f"{run_id}-{rank}"``, and its per-clock sum

@@ -78,6 +78,9 @@ class PSWorkerPlugin(WorkerPlugin):
         self.latest_versions: dict[str, int] = {}  # table -> newest placement version announced
         self.liveness = Liveness()  # workers the scheduler removed: do not wait on them
         self._evictions: set[str] = set()  # ps_evicted ids handled (a resent one is a no-op)
+        # Checkpoint blocks read and checked, not installed yet: load id ->
+        # (table, table_id, blocks) until the scheduler says install or discard.
+        self._loads: dict[str, tuple] = {}
         # Refuses to serve after a long stop until the scheduler says whether
         # this worker was fenced out as hung (started in setup).
         self.pause_guard = PauseGuard(lambda: self.scheduler.ps_fenced_out(address=self.worker.address))
@@ -146,6 +149,8 @@ class PSWorkerPlugin(WorkerPlugin):
         """Handler: forget a table's shards."""
         self._locks.pop(name, None)
         self._replica_locks.pop(name, None)
+        for load_id in [k for k, (n, tid, _) in self._loads.items() if n == name and tid in (table_id, None)]:
+            del self._loads[load_id]
         return self.store.drop(name, table_id)
 
     @handler(CLIENT, tells_internal=True)
@@ -443,10 +448,12 @@ class PSWorkerPlugin(WorkerPlugin):
         async with self._all_locks(table):
             self.store.set_placement(table, table_id, version, owners, self.worker.address)
 
-    @handler(CLIENT)
+    @handler(INTERNAL)
     async def save_blocks(self, table: str, table_id: str, directory: str) -> list[int]:
-        """Handler: write the blocks this worker is primary of to
-        ``directory/block-<b>.npz`` (values and rule state), via fsspec."""
+        """Handler (scheduler, for ``ps.save``): write the blocks this worker
+        is primary of to ``directory/block-<b>.npz`` (values and rule state),
+        via fsspec. Internal: the scheduler names the directory, under the
+        path the client's ``ps.save`` gave (``_checkpoint.table_dir``)."""
         async with self._all_locks(table):
             t = self.store.tables.get(table)
             if t is None or t.spec.table_id != table_id:
@@ -461,19 +468,40 @@ class PSWorkerPlugin(WorkerPlugin):
             await offload(write_block, directory, e)
         return mine
 
-    @handler(CLIENT)
-    async def load_blocks(self, table: str, table_id: str, directory: str, blocks) -> None:
-        """Handler: read blocks written by :meth:`save_blocks` into this worker's shards."""
+    @handler(INTERNAL)
+    async def load_blocks(self, table: str, table_id: str, directory: str, blocks, load_id: str) -> list[int]:
+        """Handler (scheduler, for ``ps.load`` and a restore from a
+        checkpoint), phase 1: read blocks written by :meth:`save_blocks` and
+        check them against the table's spec (shapes, dtypes, rule state,
+        NaN/Inf where forbidden: ``ShardStore.check_loaded``); keep them
+        aside as ``load_id``. Nothing is installed until every copy's
+        owner has read its blocks (:meth:`install_loaded`)."""
+        t = self.store.tables.get(table)
+        if t is None or t.spec.table_id != table_id:
+            raise UnknownTableError(f"table {table!r} is not hosted on {self.worker.address}", table)
+        if not (isinstance(load_id, str) and isinstance(blocks, (list, tuple))
+                and all(isinstance(b, int) and not isinstance(b, bool) for b in blocks)):
+            raise PSValueError(f"table {table!r}: load_blocks needs a load id and block numbers", table)
         from distributed.utils import offload
 
-        from dask_ps._checkpoint import read_block
+        exported = [await offload(_read_checked, t.spec, directory, b) for b in blocks]
+        self._loads[load_id] = (table, table_id, exported)
+        return [int(b) for b in blocks]
 
-        exported = [await offload(read_block, directory, int(b)) for b in blocks]
+    @handler(INTERNAL)
+    async def install_loaded(self, table: str, table_id: str, load_id: str, discard: bool = False) -> None:
+        """Handler (scheduler), phase 2 of a load: every owner read and
+        checked its blocks, install them (``discard``: one failed, drop them)."""
+        staged = self._loads.pop(load_id, None)
+        if discard or staged is None:
+            return
+        if staged[:2] != (table, table_id):
+            raise PSValueError(f"load {load_id} is of table {staged[0]!r}, not {table!r}", table)
         async with self._all_locks(table):
             t = self.store.tables.get(table)
             if t is None or t.spec.table_id != table_id:
                 raise UnknownTableError(f"table {table!r} is not hosted on {self.worker.address}", table)
-            self.store.install(t.spec, t.version, t.owners or None, exported)
+            self.store.install(t.spec, t.version, t.owners or None, staged[2])
 
     @handler(READ_ONLY, tells_internal=True)
     async def pull(self, table=None, version=None, blocks=(), rows=(), run=None, subscribe=None, table_id=None,
@@ -758,6 +786,18 @@ def _wire_local_rows(rows):
     if isinstance(rows, slice):
         return [rows.start, rows.stop]
     return to_serialize(rows)
+
+
+def _read_checked(spec, directory: str, block: int) -> dict:
+    """One block of a checkpoint, read and checked against ``spec`` (off the event loop)."""
+    from dask_ps._checkpoint import read_block
+
+    try:
+        e = read_block(directory, int(block))
+    except (OSError, ValueError, KeyError) as err:
+        raise PSValueError(f"table {spec.name!r}: block {block} of the checkpoint at {directory} could not "
+                           f"be read: {err!r}", spec.name) from None
+    return ShardStore.check_loaded(spec, e)
 
 
 def _unwrap(x):

@@ -28,10 +28,9 @@ from dask_ps._worker_plugin import WORKER_HANDLERS, PSWorkerPlugin
 CLIENT_OPS = {
     "scheduler": {
         "ps_create_table", "ps_drop_table", "ps_run_start", "ps_run_abort", "ps_run_end",  # a ParameterServer's own
-        "ps_note_checkpoint",  # ps.save / ps.load
+        "ps_save_tables", "ps_load_table", "ps_note_checkpoint",  # ps.save / ps.load: paths checked there
     },
-    "worker": {"ps_push",  # validated; NaN/Inf refused; replica=True needs the token
-               "ps_save_blocks", "ps_load_blocks"},  # ps.save / ps.load (issue 22 item 2 makes them internal)
+    "worker": {"ps_push"},  # validated; NaN/Inf and overflow refused; replica=True needs the token
 }
 FAKE = "tcp://127.0.0.1:9"  # no one listens there
 
@@ -58,7 +57,8 @@ def test_every_installed_handler_is_registered_with_an_access_level(ps, client):
     for op in ("ps_clock", "ps_register_server", "ps_evacuate", "ps_replica_missed", "ps_run_join",
                "ps_run_leave", "ps_wait_clock"):
         assert SCHEDULER_HANDLERS.access(op) == INTERNAL, op
-    for op in ("ps_set_placement", "ps_evicted", "ps_cache_fill"):
+    for op in ("ps_save_blocks", "ps_load_blocks", "ps_install_loaded", "ps_set_placement", "ps_evicted",
+               "ps_cache_fill"):
         assert WORKER_HANDLERS.access(op) == INTERNAL, op
 
 
@@ -138,7 +138,8 @@ def test_every_internal_handler_refuses_a_call_without_the_token(ps, client):
             "version": h.version + 1, "blocks": [0], "owners": [[FAKE]] * h.spec.n_blocks,
             "moves": [(0, FAKE)], "address": replica if primary != replica else FAKE, "eviction": "forged",
             "run_id": run_id, "min_clock": None, "session": "forged-session", "tag": 1, "seqs": [0],
-            "rows": [None], "values": [[1.0] * 4], "directory": "/tmp/forged-ckpt/t",
+            "rows": [None], "values": [[1.0] * 4], "directory": "/tmp/forged-ckpt/t", "load_id": "forged",
+            "discard": False,
         }
         for addr in (primary, replica):
             before = client.run(_worker_state, workers=[addr])[addr]
