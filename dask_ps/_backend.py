@@ -15,6 +15,7 @@ test run; in-process clusters share the replacement with their workers.
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 
@@ -172,6 +173,30 @@ def all_finite(x) -> bool:
     if bool(xp.isfinite(s)):
         return True
     return bool(xp.all(xp.isfinite(x)))
+
+
+def abs_bound(x) -> float:
+    """An upper bound of ``max(|x|)`` for a finite float array (0 for an
+    empty one), cheap where it can be: on the CPU the square root of the
+    sum of squares by BLAS (the pass ``all_finite`` makes), else, or when
+    that sum overflows, the exact maximum. The overflow checks of sums add
+    such bounds (``ShardStore``): a sum whose terms' bounds stay below half
+    the dtype's largest value cannot overflow."""
+    if x.size == 0:
+        return 0.0
+    xp = namespace(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if xp is np and x.dtype in (np.float32, np.float64) and x.flags.c_contiguous:
+            flat = x.reshape(-1)
+            s = float(np.dot(flat, flat))
+            if math.isfinite(s):
+                return math.sqrt(s) * (1 + 1e-6)  # the dot's rounding, generously
+        return float(xp.max(xp.abs(x)))
+
+
+def overflow_limit(dtype) -> float:
+    """Bounds of a sum's terms that add up to at most this cannot overflow ``dtype``."""
+    return float(np.finfo(dtype).max) / 2
 
 
 def take_rows(data, idx):

@@ -17,6 +17,7 @@ reply still being sent always shows one consistent state (copy-on-write).
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -40,6 +41,10 @@ class Block:
     # per-clock sum of that run's clocks below it is in ``data`` (its old
     # owner may have applied more clocks than this worker has yet)
     summed_below: dict[str, float] = field(default_factory=dict)
+    # rule "sum" in a table that forbids NaN/Inf: an upper bound of
+    # max|data| (None: not known), kept up to date by every sum applied, so
+    # a push's overflow check reads only the push (``_check_sums``)
+    bound: float | None = None
 
     def __repr__(self):
         return f"<Block {self.data.shape} {self.data.dtype} shared={self.shared}>"
@@ -55,6 +60,10 @@ class TableShards:
     # added in the senders' order when due, so the result does not depend on
     # the order the pushes arrived in).
     pending: dict[tuple[str, int], dict[int, dict[str, object]]] = field(default_factory=dict)
+    # aggregate="clock": per (run_id, clock) and block, an upper bound of
+    # max|sum| of its pending pushes (``_backend.abs_bound`` added up), so a
+    # push's overflow check need not read every pending sum (``accumulate``)
+    pending_bound: dict[tuple[str, int], dict[int, float]] = field(default_factory=dict)
     # run -> every per-clock sum of that run's clocks below it is applied to
     # every block here (``due`` pops all sums below a clock at once)
     summed_below: dict[str, float] = field(default_factory=dict)
@@ -208,11 +217,12 @@ class ShardStore:
             for run, clock, acc in e.get("pending") or ():
                 # One sum of the clock's pushes so far (summed in the senders' order).
                 t.pending.setdefault((run, int(clock)), {})[b] = {"": _backend.to_device(acc, spec.device)}
+                t.pending_bound.get((run, int(clock)), {}).pop(b, None)  # recomputed when needed
         installed = [int(e["block"]) for e in exported]
         for run, m in (min_clocks or {}).items():
             # The blocks are this message's own fresh arrays: apply in place.
             for items in self.due(t, run, m, blocks=installed):
-                self.commit(t, self.apply(t, items))
+                self.commit(t, self.apply(t, items, check=False))  # checked when pushed
 
     @staticmethod
     def check_loaded(spec: TableSpec, e: dict) -> dict:
@@ -268,6 +278,7 @@ class ShardStore:
             t.summed_below.pop(run_id, None)
             for k in [k for k in t.pending if k[0] == run_id]:
                 del t.pending[k]
+                t.pending_bound.pop(k, None)
             for blk in t.blocks.values():
                 blk.summed_below.pop(run_id, None)
                 for sender in [s for s in blk.applied if s.startswith(prefix)]:
@@ -394,15 +405,58 @@ class ShardStore:
         return [it for it in items if it[0] in fresh_blocks]
 
     @staticmethod
-    def apply(t: TableShards, items: list[PushItem], *, raw: bool = False, in_place: bool = True) -> dict:
+    def unmark(t: TableShards, items: list[PushItem], sender=None, msg_seq=None) -> None:
+        """Undo :meth:`unapplied` for ``items`` (a push refused after it was
+        marked: a re-sent one must not be skipped as applied)."""
+        if sender is None:
+            return
+        for b in {b for b, _, _ in items}:
+            window = t.blocks[b].applied.get(sender) if b in t.blocks else None
+            if window and window[-1] == msg_seq:
+                window.pop()
+
+    @staticmethod
+    def apply(t: TableShards, items: list[PushItem], *, raw: bool = False, in_place: bool = True,
+              check: bool = True) -> dict:
         """Apply validated items with the table's rule (``raw``: plain assignment,
         used for initial values). ``in_place=False`` (off the event loop) never
         writes a block that readers may see; the new arrays are returned and
-        :meth:`commit` swaps them in."""
+        :meth:`commit` swaps them in.
+
+        ``check``: in a float table that forbids NaN/Inf, a push whose
+        result would be non-finite (finite values whose sum overflows; an
+        optimizer step that does) raises :class:`PSValueError` and changes
+        nothing. A sum is checked before it is made (bounds of the stored
+        rows and of the push, ``_backend.abs_bound``; the exact sum only
+        when they come near the dtype's range); another rule's result is
+        checked on the rows it wrote, which are put back on failure."""
         rule = _ASSIGN if raw else t.spec.rule
+        undo = None
+        if _checks_results(t.spec, rule):
+            if not isinstance(rule, Sum):
+                undo = [] if check else None
+            elif check:
+                _check_sums(t, items)  # raises before anything changes; keeps the blocks' bounds
+            else:  # sums checked when they were pushed: the blocks' bounds still grow
+                for b, _, vals in items:
+                    blk = t.blocks[b]
+                    blk.bound = None if blk.bound is None else blk.bound + _backend.abs_bound(vals)
+        elif raw:
+            for b, _, _ in items:
+                t.blocks[b].bound = None  # values assigned: measured again when needed
         fresh: dict[int, object] = {}
+        with np.errstate(over="ignore", invalid="ignore") if undo is not None else contextlib.nullcontext():
+            ShardStore._apply_items(t, items, rule, in_place, fresh, undo)
+        if undo is not None:
+            _check_results(t, items, fresh, undo)
+        return fresh
+
+    @staticmethod
+    def _apply_items(t: TableShards, items, rule, in_place: bool, fresh: dict, undo) -> None:
         for b, rows, vals in items:
             blk = t.blocks[b]
+            if undo is not None:
+                undo.append(_snapshot(t, b, rows, in_place and b not in fresh and not blk.shared))
             blk.seq += 1
             if b in fresh:  # already private to this message
                 rule.apply(fresh[b], vals, blk.state, rows)
@@ -414,12 +468,23 @@ class ShardStore:
                 new = blk.data.copy()
                 rule.apply(new, vals, blk.state, rows)
                 fresh[b] = new
-        return fresh
 
     @staticmethod
     def accumulate(t: TableShards, run_id: str, clock: int, items: list[PushItem], sender: str | None = None) -> None:
-        """aggregate="clock": add validated items to ``sender``'s sum of their clock."""
-        acc = t.pending.setdefault((run_id, int(clock)), {})
+        """aggregate="clock": add validated items to ``sender``'s sum of their clock.
+
+        In a float table that forbids NaN/Inf, a push that would make a
+        pending sum, or (rule "sum") the stored rows plus every pending sum,
+        non-finite raises :class:`PSValueError` first and changes nothing:
+        the sums are applied when their clock completes, long after the push
+        was acknowledged (they are not checked again then)."""
+        key = (run_id, int(clock))
+        bounds = _check_pending_sums(t, key, items) if _checks_results(t.spec, t.spec.rule) else None
+        acc = t.pending.setdefault(key, {})
+        if bounds is not None:
+            have = t.pending_bound.setdefault(key, {})
+            for b, bound in bounds.items():
+                have[b] = have.get(b, 0.0) + bound
         for b, rows, vals in items:
             by_sender = acc.setdefault(b, {})
             a = by_sender.get(sender or "")
@@ -440,10 +505,14 @@ class ShardStore:
         for k in keys:
             if blocks is None:
                 acc = t.pending.pop(k)
+                t.pending_bound.pop(k, None)
             else:
                 acc = {b: t.pending[k].pop(b) for b in blocks if b in t.pending[k]}
+                for b in blocks:
+                    t.pending_bound.get(k, {}).pop(b, None)
                 if not t.pending[k]:
                     del t.pending[k]
+                    t.pending_bound.pop(k, None)
             # Only blocks still hosted here (a block that moved took its sums along).
             items = [(b, None, _in_sender_order(a)) for b, a in sorted(acc.items()) if b in t.blocks]
             if items:
@@ -534,6 +603,167 @@ class ShardStore:
     @staticmethod
     def seqs(t: TableShards, items) -> list[int]:
         return [t.blocks[b].seq for b, *_ in items]
+
+
+# --- sums and steps that would leave a finite table non-finite (issue 22) ------------------
+
+_BUILTIN_STATE_RULES = ("sgd", "momentum", "adagrad", "adam")  # state arrays shaped like the block
+
+
+def _checks_results(spec: TableSpec, rule) -> bool:
+    """Whether a push's result is checked for NaN/Inf: a float table that
+    forbids them, and a rule that computes (``assign`` stores the pushed
+    values, which are checked already)."""
+    return not spec.allow_nonfinite and spec.dtype.kind in "fc" and not isinstance(rule, Assign)
+
+
+def _overflow_error(t: TableShards, b: int, what: str = "the push") -> PSValueError:
+    name = t.spec.name
+    return PSValueError(
+        f"table {name!r}: {what} would make block {b}'s values NaN or Inf (the result overflows "
+        f"{t.spec.dtype}) and the table does not allow non-finite values; nothing was applied", name)
+
+
+def _rows_of(arr, rows):
+    """The rows of a block a push touches (a copy for an index array)."""
+    if rows is None:
+        return arr
+    if isinstance(rows, slice):
+        return arr[rows]
+    return _backend.take_rows(arr, rows)
+
+
+def _finite_sum(*terms) -> bool:
+    """Whether ``terms[0] + terms[1] + ...`` (finite arrays) is finite, added in that order."""
+    xp = _backend.namespace(*terms)
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = terms[0].copy()
+        for x in terms[1:]:
+            total += x
+        return bool(xp.isfinite(total).all())
+
+
+def _data_bound(blk: Block) -> float:
+    """``blk.bound``, measured (one pass over the block) when not known."""
+    if blk.bound is None:
+        blk.bound = _backend.abs_bound(blk.data)
+    return blk.bound
+
+
+def _check_sums(t: TableShards, items: list[PushItem]) -> None:
+    """Rule "sum": raise before anything changes if a stored row plus the
+    push overflows. The block's bound (``Block.bound``) and the push's
+    (``_backend.abs_bound``: one BLAS pass over the push) settle it unless
+    they come within half of the dtype's range; then the touched rows are
+    measured, and only if that does not settle it either is the sum made.
+    The block's bound grows by the push's."""
+    limit = _backend.overflow_limit(t.spec.dtype)
+    by_block: dict[int, list] = {}
+    for b, rows, vals in items:
+        by_block.setdefault(b, []).append((rows, vals, _backend.abs_bound(vals)))
+    for b, its in by_block.items():
+        blk = t.blocks[b]
+        pushed = sum(bv for _, _, bv in its)
+        if _data_bound(blk) + pushed <= limit:
+            blk.bound += pushed
+            continue
+        blk.bound = _backend.abs_bound(blk.data)  # measured again: it may have been loose
+        if blk.bound + pushed <= limit:
+            blk.bound += pushed
+            continue
+        if len(its) == 1:
+            rows, vals, _ = its[0]
+            ok = _finite_sum(_rows_of(blk.data, rows), vals)
+        else:  # one block twice in a message: its sum, made whole
+            whole = blk.data.copy()
+            with np.errstate(over="ignore", invalid="ignore"):
+                for rows, vals, _ in its:
+                    Sum().apply(whole, vals, {}, rows)
+            ok = _backend.all_finite(whole)
+        if not ok:
+            raise _overflow_error(t, b)
+        blk.bound = None  # near the range: measured again at the next push
+
+
+def _snapshot(t: TableShards, b: int, rows, in_place: bool) -> tuple:
+    """What a rule's step may change in block ``b`` (its rows, or the whole
+    block; the rule's state), to put back if the result is not finite.
+    ``in_place=False``: the step writes a fresh array, the block stays."""
+    blk = t.blocks[b]
+    take = (lambda a: a.copy()) if rows is None else (lambda a: a[rows])  # index rows: a copy
+    data = take(blk.data) if in_place else None
+    if t.spec.rule.name in _BUILTIN_STATE_RULES:
+        state = {k: take(v) for k, v in blk.state.items()}
+    else:  # a custom rule may change any of its state
+        state = {k: v.copy() if _backend.is_array(v) else v for k, v in blk.state.items()}
+    return data, state
+
+
+def _check_results(t: TableShards, items: list[PushItem], fresh: dict, undo: list) -> None:
+    """After a rule's steps: the rows they wrote (and a built-in rule's
+    state there) must be finite, else everything is put back and the push
+    raises."""
+    builtin = t.spec.rule.name in _BUILTIN_STATE_RULES
+    for b, rows, _ in items:
+        blk = t.blocks[b]
+        arrays = [fresh.get(b, blk.data)] + (list(blk.state.values()) if builtin else [])
+        bad = [a for a in arrays if a.dtype.kind in "fc" and not _backend.all_finite(a if rows is None else a[rows])]
+        if bad:
+            break
+    else:
+        return
+    for (b, rows, _), (data, state) in reversed(list(zip(items, undo))):
+        blk = t.blocks[b]
+        blk.seq -= 1
+        if data is not None:
+            blk.data[... if rows is None else rows] = data
+        if builtin:
+            for k, v in state.items():
+                blk.state[k][... if rows is None else rows] = v
+        else:
+            blk.state.clear()
+            blk.state.update(state)
+    fresh.clear()
+    raise _overflow_error(t, b)
+
+
+def _pending_bound(t: TableShards, key, b: int) -> float:
+    bound = t.pending_bound.get(key, {}).get(b)
+    if bound is None:  # installed from another worker: measured once
+        bound = sum(_backend.abs_bound(a) for a in t.pending[key][b].values())
+        t.pending_bound.setdefault(key, {})[b] = bound
+    return bound
+
+
+def _check_pending_sums(t: TableShards, key, items: list[PushItem]) -> dict[int, float]:
+    """aggregate="clock": raise if adding ``items`` to the pending sums could
+    make a value non-finite when they are applied (rule "sum": the stored
+    rows plus every pending sum of the block plus this push; another rule:
+    the sums themselves). Bounds settle it (``pending_bound``); near the
+    dtype's range the sums are made. Returns the push's bound per block."""
+    limit = _backend.overflow_limit(t.spec.dtype)
+    additive = isinstance(t.spec.rule, Sum)
+    added: dict[int, float] = {}
+    earlier: dict[int, list] = {}  # this push's earlier items, by block
+    for b, rows, vals in items:
+        pend = sorted(k for k in t.pending if b in t.pending[k])
+        bound = _backend.abs_bound(vals)
+        total = (bound + added.get(b, 0.0) + sum(_pending_bound(t, k, b) for k in pend)
+                 + (_data_bound(t.blocks[b]) if additive else 0.0))
+        added[b] = added.get(b, 0.0) + bound
+        earlier.setdefault(b, []).append((rows, vals))
+        if total <= limit:
+            continue
+        # Near the range: the sums as they would be applied, made whole.
+        base = t.blocks[b].data.copy() if additive else _backend.namespace(vals).zeros_like(t.blocks[b].data)
+        terms = [base] + [_in_sender_order(t.pending[k][b]) for k in pend]
+        for r, v in earlier[b]:
+            extra = _backend.namespace(v).zeros_like(base)
+            Sum().apply(extra, v, {}, r)
+            terms.append(extra)
+        if not _finite_sum(*terms):
+            raise _overflow_error(t, b, "the push, summed with its clock's other pushes,")
+    return added
 
 
 def _sender_key(sender: str):

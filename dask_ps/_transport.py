@@ -61,6 +61,16 @@ def _retryable(e: BaseException) -> bool:
     return isinstance(e, (StaleVersionError, UnknownTableError, OSError))
 
 
+def _note_done(error: BaseException, done: list, refused: list) -> None:
+    """A server refused its part of an operation that other servers did
+    (each server applies its part of a push whole or not at all, not the
+    whole push): say which blocks were done, so a caller knows what to redo."""
+    blocks = sorted({e[0] for entries, _ in done for e in entries})
+    if blocks and isinstance(error, PSError):
+        error.add_note(f"dask_ps: block(s) {blocks} of this operation were done by their servers; "
+                       f"block(s) {sorted({e[0] for e in refused})} were not")
+
+
 class Transport:
     """Send ``ps_*`` messages: ``rpc`` is a Dask ``ConnectionPool`` (the
     client's or a worker's); ``local`` the worker plugin of this process, if any."""
@@ -244,6 +254,8 @@ class Router:
             for a, r in zip(addrs, results):
                 if isinstance(r, BaseException):
                     if not _retryable(r):
+                        _note_done(r, out + [(by_addr[x], y) for x, y in zip(addrs, results)
+                                             if not isinstance(y, BaseException)], by_addr[a])
                         raise r
                     failed.extend(by_addr[a])
                     error = r

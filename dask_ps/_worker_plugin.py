@@ -211,11 +211,15 @@ class PSWorkerPlugin(WorkerPlugin):
             if not replica:
                 self.served["pushes"] += 1
                 self.served["bytes_pushed"] += sum(getattr(v, "nbytes", 0) for _, _, v in items)
-            if run is not None and t.spec.aggregate == "clock" and not raw:
-                run_id, clock = _check_run(run)
-                self.store.accumulate(t, run_id, clock, todo, sender)
-            elif todo:
-                await self._apply(t, todo, raw=raw)
+            try:  # a sum that would overflow is refused (PSValueError): nothing changed
+                if run is not None and t.spec.aggregate == "clock" and not raw:
+                    run_id, clock = _check_run(run)
+                    self.store.accumulate(t, run_id, clock, todo, sender)
+                elif todo:
+                    await self._apply(t, todo, raw=raw)
+            except PSValueError:
+                self.store.unmark(t, todo, sender, msg_seq)  # not applied: a re-send is not a duplicate
+                raise
             if not replica:
                 await self._forward(t, items, raw, run, sender, msg_seq)
             return self.store.seqs(t, items)
@@ -337,7 +341,7 @@ class PSWorkerPlugin(WorkerPlugin):
                     f"be fenced ({res!r}); retry"
                 ) from res
 
-    async def _apply(self, t, items, raw=False):
+    async def _apply(self, t, items, raw=False, check=True):
         """Apply validated items (caller holds a table lock). Large ones run on
         the offload thread so the event loop stays responsive; they write in
         place too (readers take the table's locks, so none reads meanwhile;
@@ -347,9 +351,9 @@ class PSWorkerPlugin(WorkerPlugin):
         if nbytes >= _config.get_bytes("offload-bytes"):
             from distributed.utils import offload
 
-            fresh = await offload(self.store.apply, t, items, raw=raw)
+            fresh = await offload(self.store.apply, t, items, raw=raw, check=check)
         else:
-            fresh = self.store.apply(t, items, raw=raw)
+            fresh = self.store.apply(t, items, raw=raw, check=check)
         self.store.commit(t, fresh)
 
     # --- placement changes, replication, checkpoints ---------------------------------------
@@ -608,7 +612,7 @@ class PSWorkerPlugin(WorkerPlugin):
         if run_id in self._ended_runs:
             return  # all applied at its end
         for items in self.store.due(t, run_id, m):
-            await self._apply(t, items)
+            await self._apply(t, items, check=False)  # checked when they were pushed (accumulate)
 
     @handler(INTERNAL)
     async def clock_advance(self, run_id: str, min_clock=None) -> None:
