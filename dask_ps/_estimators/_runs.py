@@ -166,6 +166,16 @@ def run_in_chunks(position, *, done, run, recover, finish, max_restarts: int = M
     return position
 
 
+def table_consistency(consistency):
+    """The model a table created with ``consistency`` gets (None: the
+    configured default, ``ps.consistency``): an estimator decides how its
+    tables sum pushes (``aggregate``) from its staleness before creating
+    them."""
+    from dask_ps.consistency import as_consistency
+
+    return as_consistency(consistency)
+
+
 # --- temporary tables ---------------------------------------------------------------------
 
 

@@ -411,14 +411,22 @@ class _Participant:
             else:
                 self.W_all = W
             return
-        mine = self.own_model()
-        if rows is None:
-            delta = W - mine
-            mine[...] = W
+        if self.cfg.staleness == 0:
+            # BSP: the read is the table at this clock, the mean of the models
+            # (aggregate="clock": every push of the clocks before, none after),
+            # so (W - read) / P keeps the mean without the participant's own
+            # model, and a retried participant or a chunked run pushes exactly
+            # what the first attempt or one run would have.
+            delta = W - W0
         else:
-            r = self.xp.asarray(rows)
-            delta = W - mine[r]
-            mine[r] = W
+            mine = self.own_model()
+            if rows is None:
+                delta = W - mine
+                mine[...] = W
+            else:
+                r = self.xp.asarray(rows)
+                delta = W - mine[r]
+                mine[r] = W
         delta *= 1.0 / self.ctx.n_participants
         # Copied by the session (not copy=False, though the delta is never
         # written again): a read started a round ahead adds the session's own
@@ -438,7 +446,9 @@ class _Participant:
         first attempt pushed last: it takes the table as it reads it now,
         so its earlier contribution stays in the mean as it was (the mean is
         off by that participant's distance from it, once; later rounds are
-        exact again)."""
+        exact again). Likewise every participant of a later run of a
+        chunked fit starts from the mean. (Under BSP no own model is kept:
+        ``sync_round``.)"""
         if self.mine is None:
             cfg = self.cfg
             if self.ctx.current_clock > 0:

@@ -20,7 +20,7 @@ from dask.utils import parse_timedelta
 from sklearn.utils import check_random_state
 
 from dask_ps import ASP, SSP
-from dask_ps.consistency import as_consistency
+from dask_ps._estimators._runs import table_consistency
 from dask_ps._estimators import (
     CheckpointMismatchError,
     RolledBackError,
@@ -127,7 +127,9 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
             cfg = _run_config(est, hp, start, stats, staleness, d, n_cols, n_total, sizes, max_iter,
                               classes, cw_pos, cw_neg, data.sparse, compiled)
             record = dict(fingerprint=fingerprint, n_outputs=K, n_seen=n_seen, sizes=sizes)
-            starts = _RunStarts(ps, tables, start, data.dtype) if P > 1 else None
+            # The run's start: what the participants' own models are before
+            # their first push (not kept under BSP: _Participant.sync_round).
+            starts = _RunStarts(ps, tables, start, data.dtype) if P > 1 and staleness != 0 else None
             with _monitored(ps, tables, cfg, start, P, progress) as cfg:
                 runs, states, n_iter = _run_chunks(est, ps, parts, cfg, start, checkpoint, record, timing, starts,
                                                    rollbacks)
@@ -198,7 +200,7 @@ def _create_tables(est, ps, tables, start: _Start, data: _Input, K, P, max_iter)
     value bound: a flush must not depend on the values), else one row per
     participant and epoch. Returns ``(stats table or None, staleness)``."""
     W0 = start.W0
-    consistency = as_consistency(est.consistency)
+    consistency = table_consistency(est.consistency)
     staleness = consistency.staleness
     # Under BSP the servers sum each clock's pushes in the participants'
     # order and apply the sum once the clock is complete: a read at clock c

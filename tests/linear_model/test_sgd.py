@@ -730,12 +730,14 @@ def _same_pushes(a, b):
 @pytest.mark.parametrize("global_stop", [True, False])
 @pytest.mark.parametrize("sparse", [False, True])
 def test_retried_participant_repeats_the_pushes_of_its_clock(global_stop, sparse):
-    """A participant restarted at ``ctx.current_clock`` C (Dask retried it
-    after its worker died), finding the tables as they were at clock C,
-    makes exactly the pushes the first attempt made from clock C on (same
-    clock, same rows, bitwise the same values), and ends with the same
+    """Under BSP, a participant restarted at ``ctx.current_clock`` C (Dask
+    retried it after its worker died), finding the tables as they were at
+    clock C, makes exactly the pushes the first attempt made from clock C on
+    (same clock, same rows, bitwise the same values), and ends with the same
     stopping state -- in mid-epoch and at an epoch boundary. A chunked run
-    (epochs 0-4, then 5-11 from the returned state) makes them too."""
+    (epochs 0-4, then 5-11 from the returned state) makes them too. (Under a
+    staleness bound a participant keeps its own model, which a retry does
+    not have: ``test_retried_participant_under_staleness_replays_its_schedule``.)"""
     X, y = make_classification(600, 6, random_state=0)
     X = StandardScaler().fit_transform(X)
     if sparse:
@@ -745,6 +747,7 @@ def test_retried_participant_repeats_the_pushes_of_its_clock(global_stop, sparse
     est = SGDClassifier(learning_rate="adaptive", eta0=0.5, tol=1e-1, n_iter_no_change=1, penalty="elasticnet")
     part = _participant._PartData(X, y, np.ones(600))
     cfg, tables = _fake_run_config(est, X, y, global_stop, max_iter=12)
+    cfg = dataclasses.replace(cfg, staleness=0)  # BSP
     full = _RecordingCtx({k: v.copy() for k, v in tables.items()})
     res = _participant._participant_loop(full, part, cfg)
     assert full.current_clock >= 22  # 3 clocks per epoch; went past the resume points below
@@ -763,6 +766,35 @@ def test_retried_participant_repeats_the_pushes_of_its_clock(global_stop, sparse
     chunked = first.pushes + [(c + first.current_clock, *rest) for c, *rest in second.pushes]
     _same_pushes(chunked, full.pushes)
     assert r2["state"] == res["state"]
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_retried_participant_under_staleness_replays_its_schedule(sparse):
+    """Under SSP a participant pushes ``(W - M) / P``, ``M`` its own last
+    model, which a retry at clock C does not have: it takes the table it
+    reads at C instead (documented in ``_Participant.own_model``). The retry
+    still replays the first attempt's schedule (the same clocks, tables and
+    rows from C on, the same draws), and the table it leaves differs from
+    the first attempt's by the one-time offset ``(M - read) / P`` plus what
+    the changed reads trained differently, not by a drift."""
+    X, y = make_classification(600, 6, random_state=0)
+    X = StandardScaler().fit_transform(X)
+    if sparse:
+        X = sp.csr_matrix(np.where(np.abs(X) > 0.7, X, 0.0))
+    est = SGDClassifier(learning_rate="constant", eta0=0.05, tol=None)
+    part = _participant._PartData(X, y, np.ones(600))
+    cfg, tables = _fake_run_config(est, X, y, True, max_iter=6)
+    full = _RecordingCtx({k: v.copy() for k, v in tables.items()})
+    res = _participant._participant_loop(full, part, cfg)
+    c = 7
+    retry = _RecordingCtx({k: v.copy() for k, v in full.snapshots[c].items()}, clock=c)
+    again = _participant._participant_loop(retry, part, cfg)
+    schedule = [(p[0], p[1], None if p[2] is None else p[2].tolist()) for p in full.pushes if p[0] >= c]
+    assert [(p[0], p[1], None if p[2] is None else p[2].tolist()) for p in retry.pushes] == schedule
+    assert again["state"]["rng"] == res["state"]["rng"] and again["n_iter"] == res["n_iter"]
+    w_full, w_retry = full.tables["w"], retry.tables["w"]
+    assert np.all(np.isfinite(w_retry))
+    assert np.linalg.norm(w_retry - w_full) <= np.linalg.norm(w_full)
 
 
 def _manifest_metadata(path):
