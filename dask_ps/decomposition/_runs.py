@@ -266,8 +266,10 @@ class GibbsRuns:
                         if self.good is None or s != self.good[0]:
                             self.sets.fresh(s)
                 # (the last complete assignment set or None, the iteration reached)
+                # At least one run: a finished checkpoint resumed trains nothing
+                # but reads its counts.
                 run_in_chunks((self.good, self.good[1] if self.good else 0),
-                              done=lambda position: position[1] >= self.plan.max_iter,
+                              done=lambda position: self.results is not None and position[1] >= self.plan.max_iter,
                               run=self._chunk, recover=self._recover, finish=self._finish)
         finally:
             self.parts.release()
