@@ -92,6 +92,15 @@ class ParameterServer:
         # Placement changes are announced as Dask events: refresh before the
         # next message instead of discovering a dead worker by a failed connect.
         client.subscribe_topic("ps-placement", self._on_placement)
+        # Restores from a checkpoint outside a run (replication=1): the next
+        # call on the table from this object raises RolledBackError once.
+        # Learnt from every handle fetched (they carry the table's count of
+        # restores) and from the "ps-rollback" event, whichever comes first.
+        self._restores_seen: dict[str, tuple[str, int]] = {}  # table -> (table_id, restores known)
+        self._rolled_back: dict[str, tuple[int, int]] = {}  # table -> (restores reported, known): to raise
+        self._router.on_handle = self._saw_handle
+        self._router.rollback_check = self._rollback_check
+        client.subscribe_topic("ps-rollback", self._on_rollback)
 
     def __repr__(self):
         return f"<ParameterServer {self.client.scheduler.address} tables={self.tables()}>"
@@ -121,6 +130,54 @@ class ParameterServer:
         _, msg = event
         name, version = msg["table"], msg["version"]
         self._latest_versions[name] = max(version, self._latest_versions.get(name, 0))
+
+    # --- restores from a checkpoint outside a run --------------------------------------
+    def _note_restores(self, name: str, table_id, count: int) -> None:
+        seen = self._restores_seen.get(name)
+        if seen is None or seen[0] != table_id:  # first sight of this table: nothing to report
+            self._restores_seen[name] = (table_id, count)
+            self._rolled_back.pop(name, None)
+        elif count > seen[1]:
+            reported = self._rolled_back.get(name, (seen[1], 0))[0]
+            self._rolled_back[name] = (reported, count)
+            self._restores_seen[name] = (table_id, count)
+
+    def _saw_handle(self, h) -> None:
+        self._note_restores(h.spec.name, h.spec.table_id, h.rollbacks)
+
+    def _on_rollback(self, event) -> None:
+        msg = event[1]
+        if isinstance(msg, dict) and isinstance(msg.get("count"), int) and isinstance(msg.get("table"), str):
+            self._note_restores(msg["table"], msg.get("table_id"), msg["count"])
+
+    async def _rolled_back_error(self, name: str) -> RolledBackError:
+        reported, known = self._rolled_back.pop(name)
+        try:
+            records = [_rollback_record(r) for r in await self._scheduler.ps_rollbacks(table=name)]
+        except Exception:  # noqa: BLE001 - the error says what it knows
+            records = []
+        return RolledBackError.from_client(name, records[len(records) - (known - reported):] if records else [])
+
+    async def _rollback_check(self, name: str, done: bool) -> None:
+        """(Router, after a refresh in a retry) A restore learnt now, before
+        any part of this call was done: this call is the one that raises."""
+        if not done and name in self._rolled_back:
+            raise await self._rolled_back_error(name)
+
+    def _raise_if_rolled_back(self, name: str) -> None:
+        """Before a call on ``name``: raise RolledBackError once if the table
+        was restored from a checkpoint since this object last used it."""
+        if name in self._rolled_back:
+            raise self._sync(self._rolled_back_error, name)
+
+    def _told_of(self, records: list[dict]) -> None:
+        """A run reported these restores: calls on those tables need not."""
+        for name in {r["table"] for r in records}:
+            try:
+                self._sync(self._router.handle, name, True)  # learn the table's count of restores now
+            except Exception:  # noqa: BLE001 - dropped or lost: nothing to report later either
+                pass
+            self._rolled_back.pop(name, None)
 
     def _sync(self, fn, *args, **kwargs):
         self._check_scheduler()
@@ -295,6 +352,7 @@ class ParameterServer:
         table's rule (a sum by default). Returns once every server applied it."""
         h = self._handle(name, refresh=False)
         values = _spec.check_values(h.spec, values, h.spec.shape)
+        self._raise_if_rolled_back(name)
         self._sync(self._router.push_dense, name, values)
 
     def push_rows(self, name: str, rows, values) -> None:
@@ -309,17 +367,20 @@ class ParameterServer:
         rows = _spec.check_rows(h.spec, rows)
         values = _spec.check_values(h.spec, values, (len(rows), *h.spec.row_shape))
         rows, values = coalesce_rows(rows, values, additive=h.spec.rule.name != "assign")
+        self._raise_if_rolled_back(name)
         self._sync(self._router.push_rows, name, rows, values)
 
     def pull(self, name: str):
         """The whole table as one array (numpy for cpu tables)."""
         self._handle(name, refresh=False)
+        self._raise_if_rolled_back(name)
         return self._sync(self._router.pull_dense, name)
 
     def pull_rows(self, name: str, rows):
         """Values of ``rows`` (any order, duplicates allowed), shape ``(len(rows), *row_shape)``."""
         h = self._handle(name, refresh=False)
         rows = _spec.check_rows(h.spec, rows)
+        self._raise_if_rolled_back(name)
         return self._sync(self._router.pull_rows, name, rows)
 
     # --- participants ---------------------------------------------------------------------
@@ -407,6 +468,7 @@ class ParameterServer:
             return []
         metrics["rolled_back"] = [_rollback_record(r) for r in metrics.get("rolled_back", ())]
         self._metrics[run_id] = metrics
+        self._told_of(metrics["rolled_back"])  # the run raises: later calls on those tables do not
         return metrics["rolled_back"]
 
     def rollbacks(self, table: str | None = None) -> list[dict]:

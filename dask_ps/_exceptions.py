@@ -8,7 +8,7 @@ Hierarchy::
     │   ├── TableExistsError     created twice with different specs (ValueError)
     │   ├── PSValueError         bad push/pull input: shape, dtype, rows, NaN (ValueError)
     │   ├── DataLostError        blocks lost with a worker, no replica or checkpoint
-    │   └── RolledBackError      blocks restored from a checkpoint during a run: updates lost
+    │   └── RolledBackError      blocks restored from a checkpoint: updates lost (a run, or a client's next call)
     ├── StaleVersionError        a message carried an old table version; refresh and retry
     │   └── ForwardRefusedError  a replica refused a push forwarded by a worker behind its placement
     ├── InternalOnlyError        a handler only the cluster's scheduler and workers may call (PermissionError)
@@ -60,11 +60,13 @@ class DataLostError(TableError):
 
 
 class RolledBackError(TableError):
-    """Blocks of a table a run used were lost with a worker (no replica) and
-    restored from the table's latest checkpoint while the run was active:
-    every update made to them since that checkpoint is gone, including the
-    run's own. Raised by :meth:`~dask_ps.ParameterServer.run` after the run
-    finished (see ``docs/reliability.rst``).
+    """Blocks of a table were lost with a worker (no replica) and restored
+    from the table's latest checkpoint: every update made to them since that
+    checkpoint is gone. Raised by :meth:`~dask_ps.ParameterServer.run` after
+    a run during which a table it used was restored (the run's own updates
+    are gone too), and once by a client's next call on a table restored
+    outside a run (``push``, ``push_rows``, ``pull``, ``pull_rows``; see
+    ``docs/reliability.rst``).
 
     Attributes
     ----------
@@ -108,6 +110,26 @@ class RolledBackError(TableError):
             + ". The table now mixes checkpoint and current blocks. Load the checkpoint again "
             "(ps.load(path, overwrite=True)) and redo the work since it, or use replication=2.",
             rollbacks[0]["table"] if rollbacks else None, rollbacks, results, run_id,
+        )
+
+
+    @classmethod
+    def from_client(cls, table: str, rollbacks: list[dict]) -> RolledBackError:
+        """The error a client's next call on ``table`` raises once (doing
+        nothing) after ``rollbacks`` restored blocks of it outside a run."""
+        parts = []
+        for r in rollbacks:
+            age = (f"saved or loaded {r['restored_at'] - r['checkpoint_time']:.1f} s before the restore"
+                   if r.get("checkpoint_time") is not None else "of unknown age")
+            parts.append(f"block(s) {r['blocks']} were lost ({r['reason']}) and restored from the checkpoint "
+                         f"at {r['checkpoint']!r} ({age})")
+        return cls(
+            f"table {table!r} was rolled back: " + ("; ".join(parts) or "blocks were restored from a checkpoint")
+            + ". Every update to those blocks since the checkpoint is gone, this client's acknowledged "
+            "pushes included; the table now mixes checkpoint and current blocks. "
+            + "This call did nothing; raised once: the next call on the table proceeds. Load the checkpoint again "
+            "(ps.load(path, overwrite=True)) and redo the work since it, or use replication=2.",
+            table, rollbacks,
         )
 
 

@@ -27,6 +27,7 @@ class TableHandle:
     owners: tuple[tuple[str, ...], ...]  # owners[b] = workers holding block b, primary first
     # block -> replicas known (when fetched) to have missed a push: never read
     stale: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    rollbacks: int = 0  # restores from a checkpoint the table had when fetched
 
     @classmethod
     def from_msg(cls, msg: dict) -> "TableHandle":
@@ -35,6 +36,7 @@ class TableHandle:
             msg["version"],
             tuple(tuple(o) for o in msg["owners"]),
             tuple((int(b), tuple(ws)) for b, ws in msg.get("stale") or ()),
+            int(msg.get("rollbacks") or 0),
         )
 
     def primary(self, block: int) -> str:

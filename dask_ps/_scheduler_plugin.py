@@ -65,6 +65,7 @@ class SchedulerTableState:
     restored: int = 0  # blocks restored from a checkpoint after a loss (updates since were lost)
     # the latest restores from a checkpoint (records as RolledBackError.rollbacks)
     rollbacks: deque = field(default_factory=lambda: deque(maxlen=ROLLBACK_HISTORY))
+    rollback_count: int = 0  # restores since the table was created (handles carry it: clients raise once)
     # block -> replicas that missed a forwarded push: fenced (no reads), never
     # a copy source or a promoted primary, copied again by ``PlacementChanger.resync``
     stale: dict[int, set[str]] = field(default_factory=dict)
@@ -81,7 +82,8 @@ class SchedulerTableState:
                 self.spec.name,
             )
         return {"spec": self.spec_msg, "version": self.version, "owners": self.owners,
-                "stale": [[b, sorted(ws)] for b, ws in sorted(self.stale.items())]}
+                "stale": [[b, sorted(ws)] for b, ws in sorted(self.stale.items())],
+                "rollbacks": self.rollback_count}
 
     def stale_owned(self, owners=None) -> dict[int, set[str]]:
         """Stale copies that ``owners`` (default: the current placement) keeps."""
@@ -435,7 +437,10 @@ class PSSchedulerPlugin(SchedulerPlugin):
             "checkpoint": t.checkpoint[0], "checkpoint_time": t.checkpoint_time, "restored_at": time.time(),
         }
         t.rollbacks.append(record)
-        self.scheduler.log_event("ps-rollback", record)
+        t.rollback_count += 1
+        # The event also says which table (its id) and how many restores it
+        # had: a client's next call on it raises RolledBackError once.
+        self.scheduler.log_event("ps-rollback", {**record, "table_id": t.spec.table_id, "count": t.rollback_count})
         for run in self.runs.values():
             run.rollbacks.append({**record, "clocks": list(run.clocks), "run_started": run.started})
 

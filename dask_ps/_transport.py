@@ -222,6 +222,12 @@ class Router:
         # Called after a failed attempt (the client's: raises if the scheduler
         # is gone, so a retry does not wait for connects to a dead address).
         self.lost_check = None
+        # The client's: ``on_handle(h)`` sees every handle fetched (it notes
+        # restores from a checkpoint); ``await rollback_check(name, done)``
+        # after a refresh in a retry may raise RolledBackError (``done``:
+        # part of the operation was done already).
+        self.on_handle = None
+        self.rollback_check = None
         # Spreads readers over the copies of a block, the same choice every time.
         self._read_key = zlib.crc32(self.sender.encode())
 
@@ -230,6 +236,8 @@ class Router:
         if h is None or refresh or h.version < self.latest_versions.get(name, 0):
             msg = await self.transport.scheduler.ps_get_table(name=name)
             h = self.handles[name] = TableHandle.from_msg(msg)
+            if self.on_handle is not None:
+                self.on_handle(h)
         return h
 
     def forget(self, name: str) -> None:
@@ -273,6 +281,8 @@ class Router:
             await asyncio.sleep(delay)
             delay = min(2 * delay, 0.5)
             h = await self.handle(name, refresh=True)  # raises if the table is gone or lost
+            if self.rollback_check is not None:
+                await self.rollback_check(name, bool(out))
             if h.spec.table_id != table_id:
                 raise StaleVersionError(
                     f"table {name!r} was dropped and created again while this operation was "

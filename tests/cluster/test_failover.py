@@ -120,6 +120,42 @@ def test_rollback_outside_a_run_is_listed_and_later_runs_do_not_raise(tmp_path):
         assert ps.run(ones_pusher, range(2), clocks=2, delay=0) == [2, 2]
 
 
+@pytest.mark.parametrize("op", ["push_rows", "pull"])
+def test_a_client_call_after_a_rollback_raises_once(tmp_path, op):
+    """Issue 22: a client's ``push_rows`` rolled back to the checkpoint
+    (``replication=1``, outside ``ps.run``) was silent to the caller. Now
+    its next call on the table raises ``RolledBackError`` once, naming the
+    restored blocks, and does nothing; the call after proceeds."""
+    with cluster(3) as c, Client(c) as client:
+        ps = dask_ps.ParameterServer(client)
+        ps.create_table("t", shape=(N_ROWS,), block_rows=BLOCK_ROWS, init=1.0)
+        ps.create_table("other", shape=(4,))
+        path = str(tmp_path / "ckpt")
+        ps.save(path)
+        ps.push_rows("t", np.arange(N_ROWS), np.ones(N_ROWS))  # acknowledged, then lost on the victim's blocks
+        victim = ps.placement("t")[0].worker
+        victim_blocks = sorted(p.block for p in ps.placement("t") if p.worker == victim)
+        os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+        deadline = time.monotonic() + 60  # a wait loop, not a timing assertion
+        while not ps.rollbacks("t") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ps.wait_for_placement()
+        ps.push("other", np.ones(4))  # another table: nothing to report
+        with pytest.raises(RolledBackError, match="'t'.*rolled back") as err:
+            if op == "push_rows":
+                ps.push_rows("t", [0], [100.0])
+            else:
+                ps.pull("t")
+        assert err.value.table == "t"
+        [record] = err.value.rollbacks
+        assert record["blocks"] == victim_blocks and record["checkpoint"] == path
+        values = ps.pull("t")  # raised once: this proceeds, and the raising call did nothing
+        for p in ps.placement("t"):
+            assert (values[p.start:p.stop] == (1.0 if p.block in victim_blocks else 2.0)).all(), values
+        ps.push_rows("t", [0], [1.0])
+        assert ps.pull_rows("t", [0])[0] == values[0] + 1.0
+
+
 def workload(rank, clock):
     """One participant's pushes at one clock: integer-valued, duplicate rows included."""
     rng = np.random.default_rng(1000 * rank + clock)
