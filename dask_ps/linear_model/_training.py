@@ -19,7 +19,7 @@ import numpy as np
 from dask.utils import parse_timedelta
 from sklearn.utils import check_random_state
 
-from dask_ps import ASP, SSP
+from dask_ps import ASP, BSP, SSP
 from dask_ps._estimators._runs import table_consistency
 from dask_ps._estimators import (
     CheckpointMismatchError,
@@ -200,7 +200,10 @@ def _create_tables(est, ps, tables, start: _Start, data: _Input, K, P, max_iter)
     value bound: a flush must not depend on the values), else one row per
     participant and epoch. Returns ``(stats table or None, staleness)``."""
     W0 = start.W0
-    consistency = table_consistency(est.consistency)
+    # consistency=None: BSP, the SGD estimators' own default (exact mean,
+    # a sequential epoch's progress, reproducible); under SSP(s) stale reads
+    # delay progress where steps are small (docs/user-guide.rst).
+    consistency = BSP() if est.consistency is None else table_consistency(est.consistency)
     staleness = consistency.staleness
     # Under BSP the servers sum each clock's pushes in the participants'
     # order and apply the sum once the clock is complete: a read at clock c
