@@ -43,8 +43,14 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         Samples per minibatch and participant: the unit of a pull and a push.
         Each participant clocks every ``ps.sgd.clock-samples`` samples.
     consistency : dask_ps.Consistency, optional
-        Consistency model of the weights table (``dask_ps.SSP(2)``, ``BSP()``,
-        ...); default from ``dask.config`` ``ps.consistency``.
+        Consistency model of the weights table. None (the default):
+        ``BSP()``, under which the model is the exact mean of the
+        participants' models at every round, an epoch makes a sequential
+        epoch's progress, and the same ``random_state`` on the same workers
+        gives the same model bit for bit. ``dask_ps.SSP(s)`` lets a
+        participant run ``s`` rounds ahead of the slowest (stragglers): the
+        model stays the mean of the models, but reads that miss the others'
+        last rounds delay progress where steps are small (docs/user-guide.rst).
     client : distributed.Client, optional
         The cluster to train on. ``None``: the current client, or a
         ``LocalCluster`` started once per process.
