@@ -11,6 +11,8 @@ Parameters (``_params``)
     ``__sklearn_clone__`` sharing it, ``_parameter_server()``,
     ``_checkpoint_path()``); ``SHARED_CONSTRAINTS`` (client, consistency,
     replication, checkpoint, checkpoint_every, verbose);
+    ``max_participants(n_jobs, available)`` (scikit-learn's ``n_jobs`` as the
+    number of participants);
     ``setting(estimator, key)``, ``setting_bytes(estimator, key)``
     (``dask.config`` ``ps.<estimator>.<key>``, defaults in ``ps.yaml``).
 Training data (``_data``)
@@ -53,7 +55,7 @@ The Dask adapter (``_dask_adapter``)
 from dask_ps._estimators import _arrays as arrays
 from dask_ps._estimators._compiled import kernel_cache_dir, njit
 from dask_ps._estimators._data import PartCopies, TrainingParts, load_part
-from dask_ps._estimators._params import SHARED_CONSTRAINTS, PSEstimatorMixin, setting, setting_bytes
+from dask_ps._estimators._params import SHARED_CONSTRAINTS, PSEstimatorMixin, max_participants, setting, setting_bytes
 from dask_ps._estimators._predict import (
     check_dask_fit_input,
     check_dask_X,
@@ -89,7 +91,7 @@ from dask_ps._estimators._runs import (
 
 __all__ = [
     "arrays",
-    "PSEstimatorMixin", "SHARED_CONSTRAINTS", "setting", "setting_bytes",
+    "PSEstimatorMixin", "SHARED_CONSTRAINTS", "max_participants", "setting", "setting_bytes",
     "TrainingParts", "PartCopies", "load_part",
     "CheckpointMismatchError", "checkpoint_record", "check_checkpoint", "find_checkpoint", "save_checkpoint",
     "SAVE_RETRY_SECONDS", "chunk_end", "jsonable", "temporary_tables", "TemporaryTables",

@@ -154,14 +154,18 @@ class TrainingParts:
         return self
 
     @classmethod
-    def per_worker(cls, client, collections, *, prepare, what="the collections"):
+    def per_worker(cls, client, collections, *, prepare, what="the collections", max_parts=None):
         """One part per worker holding blocks of aligned dask collections.
 
         The collections are persisted (held by the parts); once their
         blocks are computed, the blocks of each worker go to
         ``prepare(blocks)`` on that worker, ``blocks`` a list of tuples (the
         futures of block ``i`` of each collection). Nothing is gathered to
-        the client.
+        the client. With ``max_parts`` (an estimator's ``n_jobs``) and more
+        workers holding blocks, the workers' blocks are dealt to that many
+        parts (the workers with most blocks first, each to the part with
+        fewest so far): Dask moves the others' blocks to the worker that
+        prepares the part.
         """
         from distributed import wait
 
@@ -184,6 +188,14 @@ class TrainingParts:
         for b in blocks:
             held_by = where.get(b[0].key) or ()
             by_worker.setdefault(held_by[0] if held_by else None, []).append(b)
+        if max_parts is not None and len(by_worker) > max_parts:
+            merged: list = [[] for _ in range(max(1, max_parts))]
+            for w, bl in sorted(by_worker.items(), key=lambda kv: -len(kv[1])):
+                min(merged, key=len).extend(bl)
+            by_worker = {}
+            for bl in merged:  # each part runs where its first blocks are
+                held_by = where.get(bl[0][0].key) or ()
+                by_worker.setdefault(held_by[0] if held_by else None, []).extend(bl)
         self = cls(client, [], held=persisted)
 
         def submit(w, bl):

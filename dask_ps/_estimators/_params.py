@@ -5,7 +5,8 @@
 (``client``, ``consistency``, ``replication``, ``checkpoint``,
 ``checkpoint_every``, ``verbose``), pickling without the live ``Client``,
 cloning that shares the ``Client``, and the ``ParameterServer`` of
-``client``. :func:`setting` reads an estimator's tunables from
+``client``. :func:`max_participants` reads scikit-learn's ``n_jobs`` as the
+number of participants. :func:`setting` reads an estimator's tunables from
 ``dask.config`` (``ps.<estimator>.<key>``, defaults in ``dask_ps/ps.yaml``).
 """
 
@@ -31,6 +32,23 @@ SHARED_CONSTRAINTS: dict = {
     "checkpoint_every": [Interval(Integral, 1, None, closed="left"), None],
     "verbose": ["verbose"],
 }
+
+
+def max_participants(n_jobs, available: int) -> int:
+    """The participants a fit with ``n_jobs`` may have when one per
+    ``available`` (workers or worker threads) is the default: ``n_jobs``
+    read as joblib reads it (None or ``-1``: ``available``; ``-2``: all but
+    one; ``k > 0``: ``k``, also more than ``available``: several
+    participants per worker), at least 1. ``n_jobs`` is scikit-learn's
+    parameter, here the number of participants; small inputs may get fewer
+    (the estimators' minimum share of a participant)."""
+    available = max(1, int(available))
+    if n_jobs is None:
+        return available
+    n_jobs = int(n_jobs)
+    if n_jobs == 0:
+        raise ValueError("n_jobs == 0 has no meaning: pass None, a positive number of participants, or -1")
+    return max(1, n_jobs if n_jobs > 0 else available + 1 + n_jobs)
 
 
 def setting(estimator: str, key: str):

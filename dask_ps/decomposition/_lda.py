@@ -11,6 +11,7 @@ public ``dask_ps`` API and the shared estimator machinery
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -21,7 +22,9 @@ import dask
 import numpy as np
 import scipy.sparse as sp
 from dask.utils import parse_bytes
+from scipy.special import digamma
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin, _fit_context
+from sklearn.decomposition import LatentDirichletAllocation as _SkLDA
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
@@ -36,6 +39,7 @@ from dask_ps._estimators import (
     check_dask_X,
     is_dask_array,
     map_row_blocks,
+    max_participants,
     participant_metrics,
     rate,
     setting,
@@ -43,7 +47,15 @@ from dask_ps._estimators import (
 from dask_ps.consistency import as_consistency
 from dask_ps.decomposition._corpus import _check_counts, count_matrix, warn_rounded
 from dask_ps.decomposition._runs import CHECKPOINT_KIND, OWNER, GibbsRuns, RunPlan, corpus_layout, make_parts
-from dask_ps.decomposition._scoring import _fold_in, _topic_word, doc_logliks, final_loglik
+from dask_ps.decomposition._scoring import (
+    _fold_in,
+    _topic_word,
+    components_dtype,
+    doc_logliks,
+    final_loglik,
+    precomputed_perplexity,
+    training_loglik,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +87,36 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         None means ``1 / n_components`` (as scikit-learn).
     max_iter : int, default 100
         Gibbs sweeps over the corpus (clocks).
+    learning_method : {"batch", "online"}, default "batch"
+        Accepted for scikit-learn compatibility; the sampler is collapsed
+        Gibbs either way. scikit-learn chooses between batch and online
+        variational Bayes; here every iteration sweeps all the documents
+        and each participant sends its count deltas at every clock, and
+        :meth:`partial_fit` adds documents to a fitted model whichever is
+        set.
+    learning_decay, learning_offset : float, default 0.7 and 10.0
+        Accepted and validated as scikit-learn does, not used: online
+        variational Bayes' step size ``(learning_offset + t) **
+        -learning_decay``, which a Gibbs sampler does not have (its counts
+        are exact sums of the assignments).
+    max_iter : int, default 100
+        Gibbs sweeps over the corpus (clocks); in :meth:`partial_fit`,
+        sweeps over the new documents.
+    batch_size : int, default 128
+        Accepted and validated, not used: the documents of one online
+        variational Bayes update in scikit-learn. The unit of work here is
+        a participant's partition (``n_partitions``, ``n_jobs``).
     evaluate_every : int, default 10
         Record the training log-likelihood every this many iterations (and
         at the end) in ``loglik_history_``; <= 0 records only the end.
+    total_samples : float, default 1e6
+        Accepted and validated, not used: scikit-learn's corpus size for
+        scaling online updates and ``perplexity(sub_sampling=True)``; the
+        sampler and the scores here use the documents they are given.
+    perp_tol : float, default 0.1
+        Accepted and validated, not used: the fit runs ``max_iter`` sweeps
+        (scikit-learn stops a batch fit early when the perplexity changes by
+        less than this between evaluations).
     consistency : dask_ps.Consistency or str, default None
         Consistency model of the word-topic table (``dask_ps.BSP()``,
         ``SSP(s)``, ``ESSP(s)``, ``VAP(v)``, ``CVAP(s, v)``, ``ASP()`` or a
@@ -96,10 +135,16 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         because ``clock()`` waits for the tightest bound a participant uses.
     n_partitions : int, default None
         Number of participants for in-memory input; None: one per worker
-        thread, but at most one per ``ps.lda.min-tokens-per-participant``
-        tokens (20,000: a small corpus is sampled by one participant, and
-        reproducible under any consistency model). A dask array input has
-        one participant per row chunk.
+        thread (or ``n_jobs``), but at most one per
+        ``ps.lda.min-tokens-per-participant`` tokens (20,000: a small corpus
+        is sampled by one participant, and reproducible under any
+        consistency model). A dask array input has one participant per row
+        chunk.
+    n_jobs : int, default None
+        The number of participants an in-memory input is split into when
+        ``n_partitions`` is None (scikit-learn's number of parallel jobs):
+        None or -1, one per worker thread; ``-2``, all but one; ``k > 0``,
+        ``k``. Small corpora get fewer (see ``n_partitions``).
     sampler : {"auto", "sparse", "dense", "mh", "array"}, default "auto"
         "dense": O(K) per token, compiled (numba) and SIMD-friendly;
         "sparse": SparseLDA's three buckets (numba; cost per token ~ the
@@ -119,7 +164,8 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         Where participants sample. "auto": "cuda" for cupy input, else "cpu".
         The tables stay on the servers' host memory either way.
     max_doc_update_iter : int, default 100
-        Fold-in iterations per document in ``transform`` and ``score``.
+        Fold-in iterations per document in ``transform``, ``score``,
+        ``perplexity`` and ``bound_``.
     mean_change_tol : float, default 1e-3
         Fold-in stops when the mean absolute change of a document's topic
         proportions falls below this.
@@ -166,7 +212,19 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
     components_ : ndarray of shape (n_components, n_features)
         Topic-word pseudo-counts: word-topic counts + ``topic_word_prior``
         (normalize rows to get the topic-word distributions), as in
-        scikit-learn.
+        scikit-learn; float32 when ``X`` was float32, else float64.
+    exp_dirichlet_component_ : ndarray of shape (n_components, n_features)
+        ``exp(E[log beta])`` of the topic-word Dirichlet whose parameters
+        are ``components_``: ``exp(digamma(components_) -
+        digamma(components_.sum(axis=1)))[:, None]``, as scikit-learn
+        defines it (same dtype as ``components_``).
+    bound_ : float
+        The perplexity of the training documents under the fitted topics,
+        ``perplexity(X)`` of the counts the sampler took (each document's
+        theta folded in with the topics fixed), as scikit-learn's final
+        ``bound_``; computed where the documents are, after the last sweep.
+        NaN for a corpus without tokens. After :meth:`partial_fit`: of that
+        call's documents.
     loglik_history_ : list of (iteration, seconds, loglik)
         Training log-likelihood ``log p(w, z)`` (the collapsed joint, as the
         ``lda`` package reports it) after ``iteration`` sweeps, ``seconds``
@@ -182,11 +240,12 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         tables and is exact.
     n_iter_ : int
         Gibbs sweeps the final assignments have had: ``max_iter``, or more
-        when a checkpoint that was already further along was resumed.
+        when a checkpoint that was already further along was resumed (in
+        :meth:`partial_fit`, the sweeps of that call's documents).
     n_restarts_ : int
         Chunks redone because a worker was lost (fault tolerance on).
     n_tokens_ : int
-        Training tokens.
+        Training tokens (after :meth:`partial_fit`, of every call).
     fit_seconds_ : float
         Wall-clock seconds of the distributed sampling (the runs, and the
         checkpoints and restarts between them).
@@ -223,9 +282,24 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
     value: a tf-idf matrix, whose values are mostly below 0.5, is not a
     corpus. Empty documents are allowed: they are skipped by the sampler and
     ``transform`` returns the uniform distribution for them; a corpus with
-    no tokens at all is an error. ``transform``, ``score`` and
+    no tokens after rounding is an error. ``transform``, ``score`` and
     ``perplexity`` take non-negative real weights as they are, as
-    scikit-learn's LDA does.
+    scikit-learn's LDA does. A corpus of empty documents only (all-zero
+    rows) fits without sampling: ``components_`` is then
+    ``topic_word_prior`` everywhere, as scikit-learn's.
+
+    *Adding documents* (:meth:`partial_fit`, online Gibbs). The first call
+    is :meth:`fit`. A later call samples only the new documents, for
+    ``max_iter`` sweeps, against the fitted word-topic counts plus their
+    own (the count tables start from ``components_ - topic_word_prior``,
+    and the new documents' starting counts are pushed on top); their
+    counts are then added to ``components_``. The earlier documents'
+    assignments are not kept by a fitted model, so they are not resampled:
+    their counts stay as fitted (Canini, Shi and Griffiths, "Online
+    inference of topics with latent Dirichlet allocation", AISTATS 2009,
+    the incremental Gibbs sampler without rejuvenation). Calling it
+    repeatedly with the same documents adds them again, as scikit-learn's
+    ``partial_fit`` does for the statistics of its online updates.
 
     *Scores.* ``score(X)`` is the log-likelihood of ``X`` with each
     document's theta folded in on itself and the topics fixed (total, nats)
@@ -295,6 +369,11 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         "max_doc_update_iter": [Interval(Integral, 0, None, closed="left")],
         "mean_change_tol": [Interval(Real, 0, None, closed="left")],
         "random_state": ["random_state"],
+        # scikit-learn's parameters of online variational Bayes, validated as
+        # there (accepted; documented as not used by the Gibbs sampler)
+        **{k: _SkLDA._parameter_constraints[k] for k in (
+            "learning_method", "learning_decay", "learning_offset", "batch_size", "total_samples", "perp_tol")},
+        "n_jobs": [None, Integral],
     }
 
     def __init__(
@@ -303,11 +382,18 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         *,
         doc_topic_prior=None,
         topic_word_prior=None,
+        learning_method="batch",
+        learning_decay=0.7,
+        learning_offset=10.0,
         max_iter=100,
+        batch_size=128,
         evaluate_every=10,
+        total_samples=1e6,
+        perp_tol=1e-1,
         consistency=None,
         totals_consistency=None,
         n_partitions=None,
+        n_jobs=None,
         sampler="auto",
         device="auto",
         max_doc_update_iter=100,
@@ -322,11 +408,18 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         self.n_components = n_components
         self.doc_topic_prior = doc_topic_prior
         self.topic_word_prior = topic_word_prior
+        self.learning_method = learning_method
+        self.learning_decay = learning_decay
+        self.learning_offset = learning_offset
         self.max_iter = max_iter
+        self.batch_size = batch_size
         self.evaluate_every = evaluate_every
+        self.total_samples = total_samples
+        self.perp_tol = perp_tol
         self.consistency = consistency
         self.totals_consistency = totals_consistency
         self.n_partitions = n_partitions
+        self.n_jobs = n_jobs
         self.sampler = sampler
         self.device = device
         self.max_doc_update_iter = max_doc_update_iter
@@ -343,7 +436,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = True
         tags.input_tags.positive_only = True
-        tags.transformer_tags.preserves_dtype = ["float64"]
+        tags.transformer_tags.preserves_dtype = ["float64", "float32"]
         # Reproducible under staleness 0 (see Notes): then the checks that
         # compare two fits apply.
         word, totals = self._consistencies()
@@ -412,26 +505,70 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         -------
         self
         """
+        return self._fit(X, base=None, partial=False)
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y=None):
+        """Add the documents ``X`` to the model and sample them (online Gibbs).
+
+        The first call is :meth:`fit`. A later one samples the new
+        documents' topic assignments for ``max_iter`` sweeps against the
+        fitted word-topic counts plus the new documents' own, on the
+        parameter server (the count tables start from the fitted counts),
+        and adds their counts to ``components_``; see "Adding documents" in
+        the class Notes. ``checkpoint`` is not used by this method.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix, dask array} of shape (n_samples, n_features)
+            Document-term counts, with the features the model was fitted on.
+        y : ignored
+
+        Returns
+        -------
+        self
+        """
+        if not hasattr(self, "components_"):
+            return self._fit(X, base=None, partial=True)
+        nwk = np.rint(np.asarray(self.components_, dtype=np.float64) - self.topic_word_prior_)
+        return self._fit(X, base=np.ascontiguousarray(np.maximum(nwk, 0).astype(np.int64).T), partial=True)
+
+    def _fit(self, X, base, partial):
+        """``fit`` (``base`` None) or ``partial_fit`` (``partial``; of a
+        fitted model: ``base`` the fitted word-topic counts (V x K) the count
+        tables start from, and only ``X``'s documents are sampled)."""
         device, sampler = self._resolved(X)
         self._more_validate_params(device)
-        self.random_state_ = check_random_state(self.random_state)
-        K = self.n_components
-        self.doc_topic_prior_ = 1.0 / K if self.doc_topic_prior is None else float(self.doc_topic_prior)
-        self.topic_word_prior_ = 1.0 / K if self.topic_word_prior is None else float(self.topic_word_prior)
+        adding = base is not None
+        if not adding:
+            self.random_state_ = check_random_state(self.random_state)
+            K = self.n_components
+            self.doc_topic_prior_ = 1.0 / K if self.doc_topic_prior is None else float(self.doc_topic_prior)
+            self.topic_word_prior_ = 1.0 / K if self.topic_word_prior is None else float(self.topic_word_prior)
+        K = self.components_.shape[0] if adding else self.n_components
         word_model, totals_model = self._consistencies()
 
         ps = self._parameter_server()
         uid = uuid.uuid4().hex[:10]
-        checkpoint = self._checkpoint_path()
+        checkpoint = None if partial else self._checkpoint_path()
         # Read before the data is split (a resumed fit splits as the saved one
         # did), checked once the fingerprint is known.
         meta = dask_ps.checkpoint_metadata(checkpoint) if checkpoint is not None else None
-        parts, n_parts = self._partitions(X, ps.client, uid, meta)
+        parts, n_parts, dtype = self._partitions(X, ps.client, uid, meta, reset=not adding)
+        whom = "LatentDirichletAllocation." + ("partial_fit" if partial else "fit")
         layout = corpus_layout(parts, uid, self.n_features_in_)
         if layout.rounded:  # a dask array's chunks, rounded on the workers
-            warn_rounded("LatentDirichletAllocation.fit")
+            warn_rounded(whom)
+        if layout.n_tokens == 0:  # empty documents only: nothing to sample (scikit-learn accepts them)
+            parts.release()
+            if layout.rounded:  # values that all rounded to 0 (tf-idf): not a corpus
+                raise ValueError(f"{whom}: X has no tokens (every document is empty, its counts rounded "
+                                 "to integers)")
+            self._set_without_tokens(base, dtype)
+            return self
+        tokens_before = int(self.n_tokens_) if adding else 0
         self.n_tokens_ = layout.n_tokens
-        plan = self._plan(ps, layout, checkpoint, n_parts, word_model, totals_model)
+        plan = self._plan(ps, layout, checkpoint, n_parts, word_model, totals_model, base)
         resume = (uid, None, [])
         if meta is not None:  # a checkpoint is there ({} if saved without metadata: not ours)
             check_checkpoint(meta, CHECKPOINT_KIND, plan.fingerprint, checkpoint, OWNER)
@@ -450,40 +587,59 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         progress = Progress(self.verbose, logger, total=max(0, self.max_iter - first), unit="it",
                             desc=type(self).__name__)
         try:
-            runs = GibbsRuns(ps, parts, uid, plan, fixed, resume, progress).run()
-            self._set_fitted(runs, P, progress)
+            runs = GibbsRuns(ps, parts, uid, plan, fixed, resume, progress).run(
+                score=functools.partial(training_loglik, client=ps.client, beta=self.topic_word_prior_,
+                                        alpha=self.doc_topic_prior_, max_iter=self.max_doc_update_iter,
+                                        tol=self.mean_change_tol))
+            self._set_fitted(runs, P, progress, dtype)
         finally:
             progress.close()
+        self.n_tokens_ += tokens_before
         return self
 
-    def _partitions(self, X, client, uid, meta):
-        """The corpus prepared on the workers, and the number of partitions
-        an in-memory input was split into (None for a dask array)."""
+    def _partitions(self, X, client, uid, meta, reset=True):
+        """The corpus prepared on the workers, the number of partitions an
+        in-memory input was split into (None for a dask array), and the
+        dtype of ``components_`` (float32 for float32 input, else float64);
+        ``reset``: a fit (sets ``n_features_in_``), else X is checked
+        against it."""
         if is_dask_array(X):
             if math.isnan(X.shape[1]):
                 raise ValueError("LatentDirichletAllocation.fit: the number of columns of X must be known")
-            self.n_features_in_ = int(X.shape[1])
+            if reset:
+                self.n_features_in_ = int(X.shape[1])
+            elif int(X.shape[1]) != self.n_features_in_:
+                raise ValueError(f"X has {int(X.shape[1])} features, but {type(self).__name__} is expecting "
+                                 f"{self.n_features_in_} features as input.")
             if len(X.chunks[1]) > 1:
                 X = X.rechunk({1: -1})
-            return make_parts(client, uid, self.n_features_in_, chunks=list(X.to_delayed()[:, 0])), None
+            parts = make_parts(client, uid, self.n_features_in_, chunks=list(X.to_delayed()[:, 0]))
+            return parts, None, components_dtype(X.dtype)
         X = arrays.to_host(X)
         X = validate_data(
-            self, X, reset=True, accept_sparse="csr",
+            self, X, reset=reset, accept_sparse="csr",
             dtype=[np.float64, np.float32, np.int64, np.int32, np.int16, np.int8, np.uint32, np.uint16, np.uint8],
         )
-        X = count_matrix(X, "LatentDirichletAllocation.fit")
+        dtype = components_dtype(X.dtype)
+        whom = "LatentDirichletAllocation." + ("fit" if reset else "partial_fit")
+        had_values = (X.count_nonzero() if sp.issparse(X) else np.count_nonzero(X)) > 0
+        X = count_matrix(X, whom)
+        if had_values and X.nnz == 0:  # values that all rounded to 0 (tf-idf): not a corpus
+            raise ValueError(f"{whom}: X has no tokens (every document is empty, its counts rounded to integers)")
         # A resumed fit splits the documents as the saved one did, whatever
         # the cluster's size now.
+        threads = sum(w.get("nthreads", 1) for w in client.scheduler_info(n_workers=-1)["workers"].values())
         n_parts = self.n_partitions or (meta or {}).get("n_parts") or max(1, min(
-            sum(w.get("nthreads", 1) for w in client.scheduler_info(n_workers=-1)["workers"].values()),
+            max_participants(self.n_jobs, threads),
             int(X.sum()) // max(1, int(setting("lda", "min-tokens-per-participant"))),
         ))
-        return make_parts(client, uid, self.n_features_in_, matrix=X, n_parts=n_parts), n_parts
+        return make_parts(client, uid, self.n_features_in_, matrix=X, n_parts=n_parts), n_parts, dtype
 
-    def _plan(self, ps, layout, checkpoint, n_parts, word_model, totals_model) -> RunPlan:
+    def _plan(self, ps, layout, checkpoint, n_parts, word_model, totals_model, base=None) -> RunPlan:
         """How the fit runs: chunks, tables, what a checkpoint must match."""
-        K, V = self.n_components, self.n_features_in_
-        count_dtype = np.int32 if layout.n_tokens < 2**31 - 1 else np.int64
+        K, V = self.n_components if base is None else base.shape[1], self.n_features_in_
+        total = layout.n_tokens + (0 if base is None else int(base.sum()))
+        count_dtype = np.int32 if total < 2**31 - 1 else np.int64
         n_servers = max(1, len(ps.servers))
         row_bytes = K * np.dtype(count_dtype).itemsize
         # Blocks of ps.block-bytes, but at least 4 per server, so that the
@@ -504,12 +660,20 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
             },
             n_parts=n_parts, replication=min(self.replication, n_servers), word_model=word_model,
             totals_model=totals_model, count_dtype=count_dtype, block_rows=block_rows,
-            n_evals=n_evals, n_tokens=layout.n_tokens,
+            n_evals=n_evals, n_tokens=layout.n_tokens, base=base,
         )
 
-    def _set_fitted(self, runs: GibbsRuns, P, progress: Progress):
+    def _set_components(self, nwk, dtype):
+        """``components_`` (word-topic counts ``nwk``, V x K, + beta) and
+        ``exp_dirichlet_component_``."""
+        comp = nwk.T.astype(np.float64) + self.topic_word_prior_
+        self.components_ = comp.astype(dtype, copy=False)
+        self.exp_dirichlet_component_ = np.exp(digamma(comp) - digamma(comp.sum(axis=1))[:, np.newaxis]).astype(
+            dtype, copy=False)
+
+    def _set_fitted(self, runs: GibbsRuns, P, progress: Progress, dtype=np.float64):
         beta = self.topic_word_prior_
-        self.components_ = runs.nwk.T.astype(np.float64) + beta
+        self._set_components(runs.nwk, dtype)
         # A resumed checkpoint may already be past max_iter: report what the
         # assignments have had.
         self.n_iter_ = runs.stop
@@ -522,10 +686,27 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         final = final_loglik([r["doc_loglik"] for r in runs.results], runs.nwk, runs.nk, beta)
         runs.history.append((runs.stop, time.time() - runs.t_start, float(final)))
         self.loglik_history_ = runs.history
+        # scikit-learn's final bound_: the training documents' perplexity
+        self.bound_ = float(np.exp(-runs.score / self.n_tokens_))
         progress.line(
             f"LatentDirichletAllocation: {self.max_iter} iterations, {self.n_tokens_} tokens, {P} participants, "
-            f"{runs.seconds:.1f} s, {self.tokens_per_second_:.3g} tokens/s, log-likelihood {final:.6g}"
+            f"{runs.seconds:.1f} s, {self.tokens_per_second_:.3g} tokens/s, log-likelihood {final:.6g}, "
+            f"perplexity {self.bound_:.6g}"
         )
+
+    def _set_without_tokens(self, base, dtype):
+        """The fitted state after a call whose documents hold no token: the
+        counts as they were (``base``, or none), nothing sampled."""
+        K, V = (self.n_components, self.n_features_in_) if base is None else (base.shape[1], base.shape[0])
+        nwk = np.zeros((V, K), dtype=np.int64) if base is None else base
+        if base is None:
+            self.n_tokens_ = 0
+        self._set_components(nwk, dtype if base is None else self.components_.dtype)
+        self.n_iter_ = self.n_restarts_ = 0
+        self.fit_seconds_ = self.tokens_per_second_ = 0.0
+        self.metrics_ = []
+        self.loglik_history_ = [(0, 0.0, float(final_loglik([], nwk, nwk.sum(axis=0), self.topic_word_prior_)))]
+        self.bound_ = float("nan")
 
     # --- inference -----------------------------------------------------------------------
     def _check_X(self, X, whom):
@@ -534,7 +715,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         _check_counts(X, whom)
         return X
 
-    def transform(self, X):
+    def transform(self, X, *, normalize=True):
         """Doc-topic distributions of ``X`` with the topics fixed (fold-in).
 
         The EM fixed point ``theta_k <- (sum_w x_w r_wk + alpha) / (n_d + K alpha)``
@@ -547,23 +728,37 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         ----------
         X : {array-like, sparse matrix, dask array} of shape (n_samples, n_features)
             Non-negative counts (or weights).
+        normalize : bool, default=True
+            As scikit-learn's: False returns the unnormalized posterior
+            Dirichlet parameters ``sum_w x_w r_wk + alpha`` (the expected
+            topic counts of the document plus the prior), whose rows
+            normalized are the distributions.
 
         Returns
         -------
         ndarray of shape (n_samples, n_components)
-            Rows sum to 1; empty documents get the uniform distribution.
+            Rows sum to 1 (``normalize``); empty documents get the uniform
+            distribution (unnormalized: ``alpha`` for every topic). float32
+            for float32 ``X``, else float64.
         """
         check_is_fitted(self)
         if is_dask_array(X):
-            return map_row_blocks(check_dask_X(self, X), _transform_block, self,
-                                  n_columns=self.components_.shape[0], dtype=np.float64, meta=np.empty((0, 0)))
+            dtype = components_dtype(X.dtype)
+            return map_row_blocks(check_dask_X(self, X), _transform_block, self, normalize,
+                                  n_columns=self.components_.shape[0], dtype=dtype,
+                                  meta=np.empty((0, 0), dtype=dtype))
         X = self._check_X(X, "LatentDirichletAllocation.transform")
+        dtype = components_dtype(X.dtype)
         X = sp.csr_matrix(X, dtype=np.float64)
         X.sum_duplicates()
-        return _fold_in(
+        theta = _fold_in(
             _topic_word(self.components_), X, self.doc_topic_prior_, self.max_doc_update_iter,
             self.mean_change_tol,
         )
+        if not normalize:
+            # theta_k = (expected count_k + alpha) / (n_d + K alpha)
+            theta *= np.asarray(X.sum(axis=1)).reshape(-1, 1) + theta.shape[1] * self.doc_topic_prior_
+        return theta.astype(dtype, copy=False)
 
     def top_words(self, feature_names=None, n=10):
         """The ``n`` most probable words of every topic, with their
@@ -658,13 +853,37 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         """
         return self._loglik_and_words(X)[0]
 
-    def perplexity(self, X):
+    def perplexity(self, X, sub_sampling=False):
         """``exp(-score(X) / number of words in X)``, as scikit-learn's
-        ``perplexity``: lower is better (see :meth:`score`)."""
+        ``perplexity``: lower is better (see :meth:`score`).
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix, dask array} of shape (n_samples, n_features)
+        sub_sampling : bool, default=False
+            Accepted for scikit-learn compatibility; the value is the same
+            either way. scikit-learn scales the document part of its
+            variational bound by ``total_samples / n_samples`` when set;
+            this score has no such part to scale.
+
+        Returns
+        -------
+        float
+        """
         ll, n_words = self._loglik_and_words(X)
         if n_words <= 0:
             raise ValueError("LatentDirichletAllocation.perplexity: X has no words")
         return float(np.exp(-ll / n_words))
+
+    def _perplexity_precomp_distr(self, X, doc_topic_distr=None, sub_sampling=False):
+        """The perplexity of ``X`` with the given doc-topic distributions
+        (rows normalized; None: folded in, as :meth:`perplexity`).
+        scikit-learn's private helper of the same name and checks."""
+        if doc_topic_distr is None:
+            return self.perplexity(X, sub_sampling)
+        check_is_fitted(self)
+        X = sp.csr_matrix(self._check_X(X, "LatentDirichletAllocation.perplexity"), dtype=np.float64)
+        return precomputed_perplexity(self.components_, X, doc_topic_distr)
 
 
 def _doc_logliks_block(block, est):
@@ -672,6 +891,6 @@ def _doc_logliks_block(block, est):
     return est._doc_logliks(block)
 
 
-def _transform_block(block, est):
+def _transform_block(block, est, normalize=True):
     """``est.transform`` of one row block of a dask array (a task)."""
-    return est.transform(block)
+    return est.transform(block, normalize=normalize)

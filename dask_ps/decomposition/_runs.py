@@ -91,13 +91,11 @@ class CorpusLayout:
 
 def corpus_layout(parts: TrainingParts, uid, n_features) -> CorpusLayout:
     """Token counts and vocabularies of the partitions; the empty ones are
-    dropped from ``parts``."""
+    dropped from ``parts`` (all of them for a corpus without tokens, which
+    the estimator fits without a run)."""
     stats = parts.gather(_part_stats, key_prefix=f"lda-stats-{uid}")
     n_tokens = sum(s[1] for s in stats)
     rounded = any(s[3] for s in stats)
-    if n_tokens == 0:
-        raise ValueError("LatentDirichletAllocation.fit: X has no tokens (every document is empty"
-                         + (", its counts rounded to integers)" if rounded else ")"))
     parts.keep([i for i, s in enumerate(stats) if s[1] > 0])
     holders = np.zeros(n_features, dtype=np.float64)
     part_tokens = [int(s[1]) for s in stats if s[1] > 0]
@@ -228,6 +226,9 @@ class RunPlan:
     block_rows: int
     n_evals: int  # evaluations a progress table has room for (0: none; used when progress is shown)
     n_tokens: int
+    # partial_fit of a fitted model: its word-topic counts (V x K), where the
+    # count tables start (the new documents' starting counts go on top)
+    base: np.ndarray | None = dataclasses.field(default=None, repr=False)
 
 
 class GibbsRuns:
@@ -238,7 +239,7 @@ class GibbsRuns:
     After :meth:`run`: ``results`` (the participants' reports of the last
     run), ``nwk``/``nk`` (the final counts), ``stop`` (iterations the final
     assignments have had), ``history``, ``n_restarts``, ``first_iteration``,
-    ``t_start`` and ``seconds``.
+    ``t_start``, ``seconds`` and ``score`` (what ``run``'s ``score`` returned).
     """
 
     def __init__(self, ps, parts: TrainingParts, uid, plan: RunPlan, fixed: dict, resume, progress: Progress):
@@ -250,8 +251,12 @@ class GibbsRuns:
         self.sets = (_AssignmentSets(ps, self.z_id, plan.fingerprint["part_tokens"], plan.replication)
                      if plan.tolerant else None)
 
-    def run(self):
+    def run(self, score=None):
+        """Every chunk up to ``max_iter``; then ``score(parts, nwk)``, while
+        the prepared partitions are still on the workers (``bound_``), is
+        kept as ``self.score`` (None without it)."""
         self.results = None
+        self.score = None
         self.n_restarts = 0
         self.t_start = time.time()
         t0 = time.perf_counter()
@@ -271,6 +276,8 @@ class GibbsRuns:
                 run_in_chunks((self.good, self.good[1] if self.good else 0),
                               done=lambda position: self.results is not None and position[1] >= self.plan.max_iter,
                               run=self._chunk, recover=self._recover, finish=self._finish)
+            if score is not None:
+                self.score = score(self.parts, self.nwk)
         finally:
             self.parts.release()
         self.seconds = time.perf_counter() - t0
@@ -339,10 +346,14 @@ class GibbsRuns:
         K, V = cfg.n_components, cfg.n_features
         # The count tables live where the sampler runs (device="cuda": on the
         # GPU, the array sampler's rows are read and pushed without a host copy).
+        # partial_fit: the tables start from the fitted counts (plan.base)
+        base = {} if plan.base is None else {"init": plan.base.astype(plan.count_dtype)}
+        totals = {} if plan.base is None else {"init": plan.base.sum(axis=0).astype(np.int64)}
         tables.create(cfg.nwk_name, shape=(V, K), dtype=plan.count_dtype, consistency=plan.word_model,
-                      block_rows=plan.block_rows, aggregate=count_aggregate(plan.word_model), device=cfg.device)
+                      block_rows=plan.block_rows, aggregate=count_aggregate(plan.word_model), device=cfg.device,
+                      **base)
         tables.create(cfg.nk_name, shape=(K,), dtype="int64", consistency=plan.totals_model,
-                      aggregate=count_aggregate(plan.totals_model), device=cfg.device)
+                      aggregate=count_aggregate(plan.totals_model), device=cfg.device, **totals)
         if cfg.start_name is not None:
             # VAP: its reads always go to the servers (the participants poll it)
             tables.create(cfg.start_name, shape=(1,), dtype="float64", consistency=dask_ps.VAP(1.0))

@@ -70,17 +70,77 @@ def _fold_in(phi_t, X: sp.csr_matrix, alpha, max_iter, tol) -> np.ndarray:
     return theta
 
 
-def doc_logliks(components, X: sp.csr_matrix, doc_topic_prior, max_iter, tol) -> np.ndarray:
+def doc_logliks(components, X: sp.csr_matrix, doc_topic_prior, max_iter, tol, phi_t=None) -> np.ndarray:
     """Per document of ``X`` (checked, float CSR), ``log p(x_d | theta_d, phi)``
     with ``theta_d`` folded in on the document itself and the topics fixed:
     ``sum_w x_dw log sum_k theta_dk phi_kw`` (nats; empty documents: 0).
-    ``LatentDirichletAllocation.score`` is their sum."""
-    phi_t = _topic_word(components)
+    ``LatentDirichletAllocation.score`` is their sum. ``phi_t``: the
+    normalized topics, V x K, instead of ``components``."""
+    if phi_t is None:
+        phi_t = _topic_word(components)
     theta = _fold_in(phi_t, X, doc_topic_prior, max_iter, tol)
     out = np.empty(X.shape[0])
     _k.doc_logliks(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.astype(np.float64),
                    phi_t, theta, out)
     return out
+
+
+def part_doc_loglik(part, phi_t, alpha, max_iter, tol) -> float:
+    """Task: the summed ``log p(x_d | theta_d, phi)`` of one prepared
+    partition's documents (``_corpus._prepare_part``: its token arrays), as
+    :func:`doc_logliks` of its count matrix sums them. ``phi_t`` is V x K
+    (all the words); the partition's words are its ``vocab`` rows, in the
+    same order as the columns of a global count matrix, so each document's
+    value is the one ``LatentDirichletAllocation.score`` gives it."""
+    vocab, words, doc_ptr = part["vocab"], part["words"], part["doc_ptr"]
+    n_docs = doc_ptr.size - 1
+    rows = np.repeat(np.arange(n_docs), np.diff(doc_ptr))
+    X = sp.csr_matrix((np.ones(words.size), (rows, words)), shape=(n_docs, vocab.size))
+    X.sum_duplicates()
+    return float(doc_logliks(None, X, alpha, max_iter, tol, phi_t=np.ascontiguousarray(phi_t[vocab])).sum())
+
+
+def components_dtype(dtype):
+    """``components_``'s dtype for input of ``dtype``: float32 stays float32
+    (as scikit-learn's), anything else gives float64."""
+    return np.dtype(np.float32) if np.dtype(dtype) == np.float32 else np.dtype(np.float64)
+
+
+def training_loglik(parts, nwk, *, client, beta, alpha, max_iter, tol) -> float:
+    """``GibbsRuns.run``'s ``score`` (``LatentDirichletAllocation.bound_``): the summed ``log p(x_d | theta_d,
+    topics)`` of the prepared partitions' documents under the final counts
+    ``nwk`` (theta folded in on each document), computed where the
+    partitions are: ``bound_`` without the documents coming back. The
+    topics travel once per worker (one scattered array)."""
+    phi_t = _topic_word(nwk.T.astype(np.float64) + beta)
+    [phi] = client.scatter([phi_t], hash=False)
+    try:
+        return float(sum(parts.gather(part_doc_loglik, phi, alpha, max_iter, tol)))
+    finally:
+        phi.release()
+
+
+def precomputed_perplexity(components, X: sp.csr_matrix, theta) -> float:
+    """The perplexity of ``X`` (checked, float CSR) with the given
+    doc-topic distributions ``theta`` (rows normalized here): ``exp(-sum_dw
+    x_dw log sum_k theta_dk phi_kw / sum_dw x_dw)``, with scikit-learn's
+    checks of ``theta``'s shape (its ``_perplexity_precomp_distr``)."""
+    X.sum_duplicates()
+    n_samples, n_components = np.shape(theta)
+    if n_samples != X.shape[0]:
+        raise ValueError("Number of samples in X and doc_topic_distr do not match.")
+    if n_components != np.shape(components)[0]:
+        raise ValueError("Number of topics does not match.")
+    n_words = float(X.sum())
+    if n_words <= 0:
+        raise ValueError("LatentDirichletAllocation.perplexity: X has no words")
+    phi_t = _topic_word(components)
+    theta = np.asarray(theta, dtype=np.float64)
+    theta = theta / theta.sum(axis=1, keepdims=True)
+    out = np.empty(X.shape[0])
+    _k.doc_logliks(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.astype(np.float64),
+                   phi_t, np.ascontiguousarray(theta), out)
+    return float(np.exp(-out.sum() / n_words))
 
 
 def document_completion(components, X, doc_topic_prior, *, max_iter=100, tol=0.0, random_state=0):

@@ -38,17 +38,19 @@ from dask_ps.linear_model._data import _Input, int32_indices
 from dask_ps.linear_model._kernels import EPSILON_LOSSES, L1, L2, LEARNING_RATE_TYPES, PENALTY_TYPES, _Hyper
 
 # The parameters both estimators take beyond scikit-learn's own, with their
-# defaults (scikit-learn's are in each estimator's ``_DEFAULTS``).
+# defaults (scikit-learn's are in each estimator's ``_DEFAULTS``). ``n_jobs``
+# is scikit-learn's SGDClassifier's (the number of participants here), and
+# the regressor's too.
 PS_DEFAULTS = {
-    "batch_size": 256, "consistency": None, "client": None, "checkpoint": None, "checkpoint_every": None,
-    "replication": 1,
+    "n_jobs": None, "batch_size": 256, "consistency": None, "client": None, "checkpoint": None,
+    "checkpoint_every": None, "replication": 1,
 }
 
 
 def _constraints(sk_cls) -> dict:
-    """scikit-learn's constraints of ``sk_cls`` (without ``n_jobs``) and ours."""
-    c = {k: v for k, v in sk_cls._parameter_constraints.items() if k != "n_jobs"}
-    c.update(batch_size=[Interval(Integral, 1, None, closed="left")], **SHARED_CONSTRAINTS)
+    """scikit-learn's constraints of ``sk_cls`` and ours."""
+    c = dict(sk_cls._parameter_constraints)
+    c.update(batch_size=[Interval(Integral, 1, None, closed="left")], n_jobs=[Integral, None], **SHARED_CONSTRAINTS)
     return c
 
 
@@ -228,7 +230,7 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
         else:
             y = y.astype(X.dtype, copy=False)
         sw = _check_sample_weight(sample_weight, X, dtype=X.dtype, allow_all_zero_weights=self.early_stopping)
-        return _Input("memory", X, y, sw, X.shape[1], X.dtype, sp.issparse(X), "cpu")
+        return _Input("memory", X, y, sw, X.shape[1], X.dtype, sp.issparse(X), "cpu", self.n_jobs)
 
     def _validate_device_input(self, X, y, sample_weight, reset) -> _Input:
         """A dense device (cupy) X in memory, checked on the device as
@@ -248,7 +250,7 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
         sw = None if sample_weight is None else arrays.to_numpy(sample_weight)
         sw = _check_sample_weight(sw, np.empty((X.shape[0], 0), dtype=X.dtype), dtype=X.dtype,
                                   allow_all_zero_weights=self.early_stopping)
-        return _Input("memory", X, y, sw, X.shape[1], X.dtype, False, "cuda")
+        return _Input("memory", X, y, sw, X.shape[1], X.dtype, False, "cuda", self.n_jobs)
 
     def _device_X(self, X, reset=False):
         """A device X checked (``arrays.check_device_X``) and its number of
@@ -281,7 +283,7 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
         if y is None:
             raise ValueError("requires y to be passed, but the target y is None")
         check_dask_fit_input(self, X, y, sample_weight, n_features)
-        return _Input("dask", X, y, sample_weight, n_features, dtype, sparse, device)
+        return _Input("dask", X, y, sample_weight, n_features, dtype, sparse, device, self.n_jobs)
 
     def _check_dask_X(self, X):
         return check_dask_X(self, X)

@@ -10,7 +10,15 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.utils.validation import check_array
 
-from dask_ps._estimators import TrainingParts, arrays, is_dask_collection, is_dask_dataframe, setting, setting_bytes
+from dask_ps._estimators import (
+    TrainingParts,
+    arrays,
+    is_dask_collection,
+    is_dask_dataframe,
+    max_participants,
+    setting,
+    setting_bytes,
+)
 from dask_ps.linear_model._participant import _PartData
 
 
@@ -31,11 +39,14 @@ def int32_indices(X, what="X"):
 
 
 class _Input:
-    """Validated training data: in memory (X, y, sw arrays) or dask collections."""
+    """Validated training data: in memory (X, y, sw arrays) or dask
+    collections; ``n_jobs``: the estimator's, the most participants
+    (``max_participants``)."""
 
-    def __init__(self, kind, X, y, sw, n_features, dtype, sparse, device):
+    def __init__(self, kind, X, y, sw, n_features, dtype, sparse, device, n_jobs=None):
         self.kind, self.X, self.y, self.sw = kind, X, y, sw
         self.n_features, self.dtype, self.sparse, self.device = n_features, np.dtype(dtype), sparse, device
+        self.n_jobs = n_jobs
 
 
 def _assemble_part(blocks, spec):
@@ -121,9 +132,12 @@ def _dask_parts(client, data: _Input, classifier: bool):
         else:
             raise TypeError("sample_weight must be a dask collection aligned with X")
     spec = {"n_features": data.n_features, "classifier": classifier}
+    max_parts = None  # n_jobs: fewer participants than the workers holding blocks
+    if data.n_jobs is not None:
+        max_parts = max_participants(data.n_jobs, len(client.scheduler_info(n_workers=-1)["workers"]))
     parts = TrainingParts.per_worker(client, [X, y] + ([sw] if sw is not None else []),
                                      prepare=functools.partial(_assemble_part, spec=spec),
-                                     what="X, y (and sample_weight)")
+                                     what="X, y (and sample_weight)", max_parts=max_parts)
     infos = parts.gather(_part_info, classifier)
     sizes = [i[0] for i in infos]
     labels = None
@@ -140,8 +154,9 @@ def _dask_parts(client, data: _Input, classifier: bool):
 
 def _memory_parts(client, servers, data: _Input, random_state, shuffle: bool, replication: int = 1):
     """Split an in-memory input into one part per worker (fewer for small
-    inputs: one per ``ps.sgd.min-samples-per-participant`` samples) and
-    scatter each part once; returns ``(parts, sizes)``.
+    inputs: one per ``ps.sgd.min-samples-per-participant`` samples; at most
+    the estimator's ``n_jobs``) and scatter each part once; returns
+    ``(parts, sizes)``.
 
     Data scattered to a worker that dies is gone: Dask cannot recompute it,
     and the participant that Dask retries would fail. So with
@@ -152,7 +167,8 @@ def _memory_parts(client, servers, data: _Input, random_state, shuffle: bool, re
     are recomputable as they are."""
     X, y, sw = data.X, data.y, data.sw
     n = X.shape[0]
-    n_parts = max(1, min(len(servers), n // max(1, int(setting("sgd", "min-samples-per-participant")))))
+    n_parts = max(1, min(max_participants(data.n_jobs, len(servers)),
+                         n // max(1, int(setting("sgd", "min-samples-per-participant")))))
     if n_parts == 1:
         chunks = None
     else:

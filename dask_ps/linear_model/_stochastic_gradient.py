@@ -35,10 +35,23 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
     parameter server.
 
     The parameters and fitted attributes are scikit-learn's
-    :class:`sklearn.linear_model.SGDClassifier` (without ``n_jobs``), plus:
+    :class:`sklearn.linear_model.SGDClassifier` (``n_jobs`` with the meaning
+    below), plus ``batch_size``, ``consistency``, ``client``,
+    ``checkpoint``, ``checkpoint_every`` and ``replication``:
 
     Parameters
     ----------
+    n_jobs : int, default=None
+        The number of participants of a fit (scikit-learn: the CPUs of its
+        one-vs-all loop): None or -1, one per worker; ``-2``, one per
+        worker but one; ``k > 0``, ``k`` (more than the workers: several
+        on a worker, in its threads). Small inputs get fewer: at most one
+        per ``ps.sgd.min-samples-per-participant`` samples. Each
+        participant trains every one-vs-all problem on its part of the
+        samples. A dask input trains where its blocks are, one participant
+        per worker holding blocks: ``n_jobs`` only lowers that number (the
+        blocks of some workers are then moved by Dask to the others). 0 is
+        refused.
     batch_size : int, default=256
         Samples per minibatch and participant: the unit of a pull and a push.
         Each participant clocks every ``ps.sgd.clock-samples`` samples.
@@ -392,9 +405,10 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
     """Linear regression trained by SGD on the parameter server.
 
     The parameters and fitted attributes are scikit-learn's
-    :class:`sklearn.linear_model.SGDRegressor`, plus ``batch_size``,
-    ``consistency``, ``client``, ``checkpoint``, ``checkpoint_every`` and
-    ``replication`` (see :class:`SGDClassifier`, also for what ``shuffle``
+    :class:`sklearn.linear_model.SGDRegressor`, plus ``n_jobs`` (the most
+    participants of a fit), ``batch_size``, ``consistency``, ``client``,
+    ``checkpoint``, ``checkpoint_every`` and ``replication`` (see
+    :class:`SGDClassifier`, also for what ``shuffle``
     does on sparse data: rounds fixed per fit, their order and the order of
     their samples reshuffled each epoch).
     ``predict`` returns a lazy dask array for dask input. Fitted attributes
