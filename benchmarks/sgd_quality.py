@@ -3,7 +3,7 @@
 For every case (estimator, loss, learning-rate schedule, dense or sparse
 data, number of rows, number of workers, ``max_iter``) both fit with
 ``tol=None`` over the seeds, and the case passes when every dask_ps fit
-scores at least scikit-learn's worst seed minus ``SLACK`` (test accuracy for
+scores at least scikit-learn's worst of 30 seeds minus ``SLACK`` (test accuracy for
 classifiers, test R^2 for regressors), under the default consistency unless
 ``--consistency`` says otherwise. The participants are what a user gets
 (one per worker holding at least ``ps.sgd.min-samples-per-participant``
@@ -118,12 +118,20 @@ def cases(losses, schedules, sparse, rows, max_iters):
         yield Case(loss, schedule, sp_, n, E)
 
 
+# scikit-learn's seeds the reference is the worst of. The verdict compares
+# extremes of two samples: where seeds spread a fit over 0.1 or more (hinge
+# with the 'optimal' steps on 1k rows: 0.53-0.78), three of scikit-learn's
+# own other seeds (100-102) fell below its worst of seeds 0-9 minus 0.02 in 4
+# of 142 cases of the sweep, and below its worst of seeds 0-29 in 2.
+REFERENCE_SEEDS = 30
+
+
 def run_case(case: Case, seeds, client, **extra) -> dict:
     """Both sides' scores and the verdict: every dask_ps seed at least
-    scikit-learn's worst over seeds 0-9 minus ``SLACK`` (a case where
-    scikit-learn itself diverges, worst R^2 below 0, is reported but not
-    judged)."""
-    ref = sklearn_scores(case, range(10))
+    scikit-learn's worst over seeds ``0..REFERENCE_SEEDS-1`` minus ``SLACK``
+    (a case where scikit-learn itself diverges, worst R^2 below 0, is
+    reported but not judged)."""
+    ref = sklearn_scores(case, range(REFERENCE_SEEDS))
     got = dask_ps_scores(case, seeds, client, **extra)
     worst = min(ref)
     judged = np.isfinite(worst) and worst > 0

@@ -1,7 +1,7 @@
 """SGD under bounded staleness gives scikit-learn's answers (issue 21).
 
 The quality sweep (``benchmarks/sgd_quality.py``): every dask_ps fit scores
-at least scikit-learn's worst of seeds 0-9 minus 0.02 (test accuracy, or
+at least scikit-learn's worst of seeds 0-29 minus 0.02 (sgd_quality.REFERENCE_SEEDS: why) (test accuracy, or
 test R^2), with the participants a user gets, under the default consistency
 (BSP for the SGD estimators) and, for the cases that failed on 8f17103,
 under SSP(2) too. The default run has a small sweep; ``-m slow`` the wide
