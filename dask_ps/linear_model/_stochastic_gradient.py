@@ -405,16 +405,21 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
     """Linear regression trained by SGD on the parameter server.
 
     The parameters and fitted attributes are scikit-learn's
-    :class:`sklearn.linear_model.SGDRegressor`, plus ``n_jobs`` (the most
-    participants of a fit), ``batch_size``, ``consistency``, ``client``,
-    ``checkpoint``, ``checkpoint_every`` and ``replication`` (see
-    :class:`SGDClassifier`, also for what ``shuffle``
-    does on sparse data: rounds fixed per fit, their order and the order of
-    their samples reshuffled each epoch).
+    :class:`sklearn.linear_model.SGDRegressor`, plus ``n_jobs``,
+    ``batch_size``, ``consistency``, ``client``, ``checkpoint``,
+    ``checkpoint_every`` and ``replication`` (see :class:`SGDClassifier`,
+    also for what ``shuffle`` does on sparse data: rounds fixed per fit,
+    their order and the order of their samples reshuffled each epoch).
     ``predict`` returns a lazy dask array for dask input. Fitted attributes
     as scikit-learn's, plus ``metrics_``, ``run_ids_`` and ``rollbacks_``; ``verbose``,
     the progress bar and ``partial_fit`` of small blocks as in
     :class:`SGDClassifier`.
+
+    Parameters
+    ----------
+    n_jobs : int, default=None
+        The number of participants of a fit, as in :class:`SGDClassifier`
+        (scikit-learn's regressor has no such parameter).
     """
 
     _is_classifier = False
