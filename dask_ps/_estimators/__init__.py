@@ -37,7 +37,9 @@ Prediction on dask collections (``_predict``)
     ``dask_meta``, ``dask_feature_names``, ``check_dask_X``,
     ``map_row_blocks``; checks of dask inputs to ``fit`` with
     scikit-learn's messages: ``check_dask_fit_input``,
-    ``known_n_samples``, ``raise_no_samples``.
+    ``known_n_samples``, ``raise_no_samples``; ``InvalidPart`` (a part's
+    failed check, returned by the task as a value) and
+    ``raise_invalid_parts`` (raised in the caller, lengths as totals).
 Arrays (``arrays``, the module)
     ``is_sparse``, ``is_cupy_sparse``, ``xp_of``, ``nbytes``, ``to_host``
     and ``dask_ps._backend``'s ``namespace``, ``to_numpy``, ``all_finite``,
@@ -57,6 +59,7 @@ from dask_ps._estimators._compiled import kernel_cache_dir, njit
 from dask_ps._estimators._data import PartCopies, TrainingParts, load_part
 from dask_ps._estimators._params import SHARED_CONSTRAINTS, PSEstimatorMixin, max_participants, setting, setting_bytes
 from dask_ps._estimators._predict import (
+    InvalidPart,
     check_dask_fit_input,
     check_dask_X,
     dask_feature_names,
@@ -66,6 +69,7 @@ from dask_ps._estimators._predict import (
     is_dask_dataframe,
     known_n_samples,
     map_row_blocks,
+    raise_invalid_parts,
     raise_no_samples,
 )
 from dask_ps._estimators._progress import PollingMonitor, Progress, participant_metrics, rate
@@ -101,4 +105,5 @@ __all__ = [
     "njit", "kernel_cache_dir",
     "is_dask_collection", "is_dask_dataframe", "is_dask_array", "dask_meta", "dask_feature_names",
     "check_dask_X", "map_row_blocks", "check_dask_fit_input", "known_n_samples", "raise_no_samples",
+    "InvalidPart", "raise_invalid_parts",
 ]

@@ -7,11 +7,15 @@ blocks, lazily (:func:`map_row_blocks`), after :func:`check_dask_X` checked
 the collection as scikit-learn checks an array.
 
 A dask input to ``fit`` gets scikit-learn's own messages for what its
-shapes tell without computing anything (:func:`check_dask_fit_input`:
-inconsistent lengths, no samples or features, a 2-D ``y``), and the same
-message for an input found empty once computed
-(:func:`raise_no_samples`). The messages are made by scikit-learn's checks
-run on empty stand-in arrays of the same shape, so they stay scikit-learn's.
+shapes and metadata tell without computing anything
+(:func:`check_dask_fit_input`: inconsistent lengths, no samples or
+features, a 2-D ``y``, a complex or string dtype), and the same message for
+an input found empty once computed (:func:`raise_no_samples`). The
+messages are made by scikit-learn's checks run on empty stand-in arrays of
+the same shape, so they stay scikit-learn's. What only the values tell
+(NaN, lengths of unknown chunks) is checked by the tasks that assemble the
+parts, which return an :class:`InvalidPart` instead of failing; the caller
+raises its error (:func:`raise_invalid_parts`), with totals for lengths.
 """
 
 from __future__ import annotations
@@ -112,6 +116,62 @@ def known_n_samples(X) -> int | None:
     return int(shape[0]) if shape is not None and len(shape) else len(X)
 
 
+class InvalidPart:
+    """What a task that checks a part of the user's data returns when the
+    data fails scikit-learn's checks: the error as a value (``stage``: the
+    input it is about, in scikit-learn's order: 0 X, 1 y, 2
+    sample_weight) and the part's lengths ``(X, y, sample_weight or
+    None)``. The caller raises it (:func:`raise_invalid_parts`): a user's
+    error is not a failed task, so no worker traceback and no Dask
+    "Compute Failed" log come with it, and lengths are reported as totals
+    over all the parts, not one part's (issue 24)."""
+
+    def __init__(self, error: BaseException | None, lengths, stage: int = 0):
+        self.error, self.lengths, self.stage = error, tuple(lengths), stage
+
+    def __repr__(self):
+        return f"<InvalidPart lengths={self.lengths} error={self.error!r}>"
+
+
+def raise_invalid_parts(est, verdicts) -> None:
+    """Raise scikit-learn's error for the parts' ``verdicts`` (an
+    :class:`InvalidPart`, or a valid part's lengths ``(X, y, sample_weight
+    or None)``), in scikit-learn's order: the first error about X, then y;
+    then X and y of different total lengths; then sample_weight. Returns
+    when every part is valid."""
+    invalid = [v for v in verdicts if isinstance(v, InvalidPart)]
+    if not invalid:
+        return
+    errors = sorted((v.stage, i, v.error) for i, v in enumerate(invalid) if v.error is not None)
+    if errors and errors[0][0] < 2:
+        raise errors[0][2]
+    lengths = [v.lengths if isinstance(v, InvalidPart) else tuple(v) for v in verdicts]
+    n_x, n_y = sum(n[0] for n in lengths), sum(n[1] for n in lengths)
+    if n_x != n_y:
+        check_consistent_length(np.empty((n_x, 0)), np.empty((n_y, 0)))
+    if errors:
+        raise errors[0][2]
+    n_sw = sum(n[2] or 0 for n in lengths)
+    if any(n[2] is not None for n in lengths) and n_sw != n_x:
+        _check_sample_weight(np.ones(n_sw), np.empty((n_x, 0)))
+    raise AssertionError(f"invalid parts without an error: {invalid}")  # pragma: no cover
+
+
+def check_meta(est, X, input_name="X") -> None:
+    """scikit-learn's check of the dtype of a dask collection's blocks, run
+    on its metadata (an empty block of the same kind and dtype) in the
+    caller's process: complex values, strings. Skipped for blocks other
+    than numpy, scipy.sparse or pandas (cupy)."""
+    meta = dask_meta(X)
+    if meta is None or getattr(meta, "ndim", 2) != 2:
+        return
+    module = type(meta).__module__.split(".")[0]
+    if module not in ("numpy", "scipy", "pandas"):
+        return
+    check_array(meta, accept_sparse=True, dtype=[np.float64, np.float32], ensure_min_samples=0,
+                ensure_min_features=0, estimator=est, input_name=input_name, ensure_all_finite=False)
+
+
 def raise_no_samples(est, n_features: int):
     """scikit-learn's error for an input without samples (``X`` found empty)."""
     check_array(np.empty((0, max(int(n_features), 1))), estimator=est, ensure_all_finite=False)
@@ -124,9 +184,13 @@ def check_dask_fit_input(est, X, y, sample_weight=None, n_features=None) -> None
     scikit-learn's messages: no samples or no features in ``X``, ``y`` not
     1-D, ``X``, ``y`` and ``sample_weight`` of different lengths.
 
-    Unknown lengths (dask DataFrames) are checked where the data is
-    assembled, and an input found empty raises :func:`raise_no_samples`.
+    The blocks' dtype is checked on the collection's metadata
+    (:func:`check_meta`). Unknown lengths (dask DataFrames) and values (NaN)
+    are checked where the data is assembled, and come back as
+    :class:`InvalidPart` values that :func:`raise_invalid_parts` raises in
+    the caller; an input found empty raises :func:`raise_no_samples`.
     """
+    check_meta(est, X)
     n = known_n_samples(X)
     if n == 0:
         raise_no_samples(est, n_features or 1)

@@ -8,9 +8,9 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 from sklearn.exceptions import DataConversionWarning
-from sklearn.utils.validation import check_non_negative
+from sklearn.utils.validation import check_array, check_non_negative
 
-from dask_ps._estimators import arrays
+from dask_ps._estimators import InvalidPart, arrays
 
 
 # The rule for counts given as floats, in one place: what the docstrings,
@@ -68,21 +68,16 @@ def _prepare_part(block, n_features: int, check: bool):
     Returns ``vocab`` (global ids of the words it holds, sorted), ``words``
     (local word id per token, grouped by document) and ``doc_ptr``
     (token offsets of each document; empty documents have empty ranges).
+    A chunk of a dask array that fails scikit-learn's checks (``check``)
+    gives an ``InvalidPart`` instead: the client raises its error (no
+    failed task, no worker traceback; issue 24).
     """
     block = arrays.to_host(block)
-    if not sp.issparse(block):
-        block = np.asarray(block)
-        if block.ndim != 2:
-            raise ValueError(f"LatentDirichletAllocation.fit: chunks must be 2-D, got shape {block.shape}")
-    if block.shape[1] != n_features:
-        raise ValueError(
-            f"LatentDirichletAllocation.fit: a chunk has {block.shape[1]} columns, expected {n_features}"
-        )
     if check:
-        data = block.data if sp.issparse(block) else block
-        if data.dtype.kind == "f" and not np.all(np.isfinite(data)):
-            raise ValueError("LatentDirichletAllocation.fit: Input X contains NaN or infinity.")
-        _check_counts(block, "LatentDirichletAllocation.fit")
+        try:
+            _check_chunk(block, n_features)
+        except (ValueError, TypeError) as e:
+            return InvalidPart(e, (block.shape[0],) * 2 + (None,))
     X, rounded = _as_count_csr(block)
     vocab, local = np.unique(X.indices, return_inverse=True)
     words = np.repeat(local.astype(np.int32), X.data)
@@ -93,7 +88,25 @@ def _prepare_part(block, n_features: int, check: bool):
     return {"vocab": vocab.astype(np.int64), "words": words, "doc_ptr": doc_ptr, "rounded": rounded}
 
 
+def _check_chunk(block, n_features: int) -> None:
+    """A chunk of a dask array checked as scikit-learn's LDA checks ``X``
+    (its messages: ``check_array``, ``check_non_negative``)."""
+    if not sp.issparse(block):
+        block = np.asarray(block)
+        if block.ndim != 2:
+            raise ValueError(f"LatentDirichletAllocation.fit: chunks must be 2-D, got shape {block.shape}")
+    if block.shape[1] != n_features:
+        raise ValueError(
+            f"LatentDirichletAllocation.fit: a chunk has {block.shape[1]} columns, expected {n_features}"
+        )
+    check_array(block, accept_sparse=True, dtype=None, ensure_min_samples=0, input_name="X",
+                estimator="LatentDirichletAllocation")
+    _check_counts(block, "LatentDirichletAllocation.fit")
+
+
 def _part_stats(part):
+    if isinstance(part, InvalidPart):
+        return part
     return part["doc_ptr"].size - 1, int(part["words"].size), part["vocab"], part.get("rounded", False)
 
 

@@ -20,6 +20,7 @@ from dask.utils import parse_timedelta
 import dask_ps
 from dask_ps._estimators import (
     MAX_RESTARTS,
+    InvalidPart,
     PollingMonitor,
     Progress,
     TrainingParts,
@@ -29,6 +30,7 @@ from dask_ps._estimators import (
     cluster_members,
     lost_workers,
     may_be_worker_loss,
+    raise_invalid_parts,
     rate,
     run_in_chunks,
     save_checkpoint,
@@ -94,6 +96,12 @@ def corpus_layout(parts: TrainingParts, uid, n_features) -> CorpusLayout:
     dropped from ``parts`` (all of them for a corpus without tokens, which
     the estimator fits without a run)."""
     stats = parts.gather(_part_stats, key_prefix=f"lda-stats-{uid}")
+    try:  # chunks that failed the checks: their error, raised here (issue 24)
+        raise_invalid_parts("LatentDirichletAllocation", [s if isinstance(s, InvalidPart) else (s[0],) * 3
+                                                          for s in stats])
+    except BaseException:
+        parts.release()
+        raise
     n_tokens = sum(s[1] for s in stats)
     rounded = any(s[3] for s in stats)
     parts.keep([i for i, s in enumerate(stats) if s[1] > 0])

@@ -283,7 +283,8 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
         if y is None:
             raise ValueError("requires y to be passed, but the target y is None")
         check_dask_fit_input(self, X, y, sample_weight, n_features)
-        return _Input("dask", X, y, sample_weight, n_features, dtype, sparse, device, self.n_jobs)
+        return _Input("dask", X, y, sample_weight, n_features, dtype, sparse, device, self.n_jobs,
+                      type(self).__name__)
 
     def _check_dask_X(self, X):
         return check_dask_X(self, X)

@@ -8,14 +8,16 @@ import functools
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.utils.validation import check_array
+from sklearn.utils.validation import _check_y, check_array
 
 from dask_ps._estimators import (
+    InvalidPart,
     TrainingParts,
     arrays,
     is_dask_collection,
     is_dask_dataframe,
     max_participants,
+    raise_invalid_parts,
     setting,
     setting_bytes,
 )
@@ -41,17 +43,20 @@ def int32_indices(X, what="X"):
 class _Input:
     """Validated training data: in memory (X, y, sw arrays) or dask
     collections; ``n_jobs``: the estimator's, the most participants
-    (``max_participants``)."""
+    (``max_participants``); ``estimator``: its name, in scikit-learn's
+    messages about the data."""
 
-    def __init__(self, kind, X, y, sw, n_features, dtype, sparse, device, n_jobs=None):
+    def __init__(self, kind, X, y, sw, n_features, dtype, sparse, device, n_jobs=None, estimator="SGDClassifier"):
         self.kind, self.X, self.y, self.sw = kind, X, y, sw
         self.n_features, self.dtype, self.sparse, self.device = n_features, np.dtype(dtype), sparse, device
-        self.n_jobs = n_jobs
+        self.n_jobs, self.estimator = n_jobs, estimator
 
 
 def _assemble_part(blocks, spec):
     """Task (on the worker holding the blocks): concatenate one worker's
-    blocks of a dask input and validate them the scikit-learn way."""
+    blocks of a dask input and validate them the scikit-learn way. Data
+    that fails the checks gives an ``InvalidPart`` (a value: the caller
+    raises its error, with lengths as totals over the parts)."""
     Xs, ys, sws = [], [], []
     for xb, yb, *rest in blocks:
         swb = rest[0] if rest else None
@@ -76,34 +81,53 @@ def _assemble_part(blocks, spec):
         X = xp.concatenate(Xs, axis=0) if len(Xs) > 1 else Xs[0]
     xp_y = arrays.namespace(*[v for v in ys if v is not None])
     y = xp_y.concatenate(ys) if len(ys) > 1 else ys[0]
-    if X.shape[0] != y.shape[0]:
-        raise ValueError(
-            f"Found input variables with inconsistent numbers of samples: [{X.shape[0]}, {y.shape[0]}]"
-        )
-    if arrays.namespace(X) is np and not arrays.is_cupy_sparse(X):
-        X = int32_indices(check_array(X, accept_sparse="csr", dtype=[np.float64, np.float32], order="C",
-                                      ensure_min_samples=0))
-        if spec["classifier"]:
-            y = np.asarray(y)
-        else:
-            y = check_array(y, ensure_2d=False, dtype=X.dtype, ensure_min_samples=0)
-    else:
-        if not arrays.is_cupy_sparse(X) and not arrays.all_finite(X):
-            raise ValueError("Input X contains NaN or infinity.")
-    if X.shape[1] != spec["n_features"]:
-        raise ValueError(f"X has {X.shape[1]} features, expected {spec['n_features']}")
+    sw = None
     if any(s is not None for s in sws):
         sw = np.concatenate([arrays.to_numpy(s) for s in sws]) if len(sws) > 1 else arrays.to_numpy(sws[0])
-        sw = check_array(sw, ensure_2d=False, dtype=X.dtype, ensure_min_samples=0)
-        if sw.shape != (X.shape[0],):
-            raise ValueError(f"sample_weight.shape == {sw.shape}, expected {(X.shape[0],)}!")
-    else:
-        sw = np.ones(X.shape[0], dtype=X.dtype)
-    return _PartData(X, y, sw)
+    lengths = (X.shape[0], y.shape[0], None if sw is None else sw.shape[0])
+    stage = 0
+    try:
+        X, stage = _checked_X(X, spec), 1
+        y, stage = _checked_y(y, X.dtype, spec), 2
+        if lengths[0] != lengths[1]:
+            return InvalidPart(None, lengths, stage)
+        if sw is not None:
+            sw = check_array(sw, ensure_2d=False, dtype=X.dtype, ensure_min_samples=0, input_name="sample_weight")
+            if sw.shape != (X.shape[0],):
+                return InvalidPart(None, lengths, stage)
+    except (ValueError, TypeError) as e:  # the user's data, said in the caller (issue 24)
+        return InvalidPart(e, lengths, stage)
+    return _PartData(X, y, np.ones(X.shape[0], dtype=X.dtype) if sw is None else sw)
+
+
+def _checked_X(X, spec):
+    """One part's X checked as scikit-learn's ``validate_data`` checks it
+    (numpy/scipy: ``check_array``, with its messages; device arrays: finite
+    values), with its number of features."""
+    if arrays.namespace(X) is np and not arrays.is_cupy_sparse(X):
+        X = int32_indices(check_array(X, accept_sparse="csr", dtype=[np.float64, np.float32], order="C",
+                                      ensure_min_samples=0, input_name="X", estimator=spec["estimator"]))
+    elif not arrays.is_cupy_sparse(X) and not arrays.all_finite(X):
+        raise ValueError("Input X contains NaN or infinity.")
+    if X.shape[1] != spec["n_features"]:
+        raise ValueError(f"X has {X.shape[1]} features, expected {spec['n_features']}")
+    return X
+
+
+def _checked_y(y, dtype, spec):
+    """One part's y checked as scikit-learn checks it (host labels: its
+    ``_check_y``; a regressor's targets in X's dtype)."""
+    if arrays.namespace(y) is not np:
+        return y if spec["classifier"] else y.astype(dtype, copy=False)
+    y = _check_y(y, y_numeric=not spec["classifier"], estimator=spec["estimator"])
+    return y if spec["classifier"] else y.astype(dtype, copy=False)
 
 
 def _part_info(part, classifier):
-    """Task: sizes and label counts of an assembled part."""
+    """Task: sizes and label counts of an assembled part, or the part's
+    ``InvalidPart``."""
+    if isinstance(part, InvalidPart):
+        return part
     if classifier:
         labels, counts = np.unique(arrays.to_numpy(part.y), return_counts=True)
     else:
@@ -113,8 +137,8 @@ def _part_info(part, classifier):
 
 def _dask_parts(client, data: _Input, classifier: bool):
     """The parts of a dask input: one per worker that holds blocks of it once
-    persisted, concatenated and validated there (``_assemble_part``);
-    returns ``(parts, sizes, labels)`` -- ``labels``: ``(labels, counts)``
+    persisted, concatenated and validated there (``_assemble_part``; data
+    that fails the checks raises here, in the caller); returns ``(parts, sizes, labels)`` -- ``labels``: ``(labels, counts)``
     over all parts for a classifier. Nothing is gathered to the client."""
     X, y, sw = data.X, data.y, data.sw
     if not is_dask_dataframe(X):
@@ -131,7 +155,7 @@ def _dask_parts(client, data: _Input, classifier: bool):
             sw = da.from_array(np.asarray(sw), chunks=(X.chunks[0],))
         else:
             raise TypeError("sample_weight must be a dask collection aligned with X")
-    spec = {"n_features": data.n_features, "classifier": classifier}
+    spec = {"n_features": data.n_features, "classifier": classifier, "estimator": data.estimator}
     max_parts = None  # n_jobs: fewer participants than the workers holding blocks
     if data.n_jobs is not None:
         max_parts = max_participants(data.n_jobs, len(client.scheduler_info(n_workers=-1)["workers"]))
@@ -139,6 +163,11 @@ def _dask_parts(client, data: _Input, classifier: bool):
                                      prepare=functools.partial(_assemble_part, spec=spec),
                                      what="X, y (and sample_weight)", max_parts=max_parts)
     infos = parts.gather(_part_info, classifier)
+    try:
+        raise_invalid_parts(data.estimator, [i if isinstance(i, InvalidPart) else (i[0],) * 3 for i in infos])
+    except BaseException:
+        parts.release()
+        raise
     sizes = [i[0] for i in infos]
     labels = None
     if classifier:
