@@ -8,7 +8,7 @@ Hierarchy::
     │   ├── TableExistsError     created twice with different specs (ValueError)
     │   ├── PSValueError         bad push/pull input: shape, dtype, rows, NaN (ValueError)
     │   ├── DataLostError        blocks lost with a worker, no replica or checkpoint
-    │   └── RolledBackError      blocks restored from a checkpoint: updates lost (a run, or a client's next call)
+    │   └── RolledBackError      blocks restored from a checkpoint: updates lost (runs; a client's next call)
     ├── StaleVersionError        a message carried an old table version; refresh and retry
     │   └── ForwardRefusedError  a replica refused a push forwarded by a worker behind its placement
     ├── InternalOnlyError        a handler only the cluster's scheduler and workers may call (PermissionError)

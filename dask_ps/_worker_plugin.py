@@ -642,8 +642,8 @@ class PSWorkerPlugin(WorkerPlugin):
                     if t.spec.aggregate == "clock":
                         summed = [_wire_clock(self.store.summed_below_of(t, b, run_id)) for b, _ in reqs]
                 fill = dict(
-                    session=session, table=name, version=t.version, tag=min_clock, summed_below=summed,
-                    blocks=[b for b, _ in reqs], seqs=seqs,
+                    run_id=run_id, session=session, table=name, version=t.version, tag=min_clock,
+                    summed_below=summed, blocks=[b for b, _ in reqs], seqs=seqs,
                     rows=[None if r is None else to_serialize(r) for _, r in reqs],
                     values=[to_serialize(v) for v in values],
                 )
@@ -656,9 +656,19 @@ class PSWorkerPlugin(WorkerPlugin):
                 logger.debug("dask_ps: ESSP push failed: %r", r)
 
     @handler(INTERNAL)
-    def cache_fill(self, session, table, version, tag, blocks, seqs, rows, values, summed_below=None) -> None:
+    def cache_fill(self, session, table, version, tag, blocks, seqs, rows, values, summed_below=None,
+                   run_id=None) -> None:
         """Handler: fresh rows for a session on this worker (ESSP).
-        ``summed_below``: as in a pull's reply (aggregate="clock")."""
+        ``summed_below``: as in a pull's reply (aggregate="clock").
+
+        A fill of a run that ended here is dropped: the server computed it
+        from a clock advance before the run's end reached it, and it can
+        arrive after ``ps_run_end`` freed the run's mailboxes (a mailbox
+        made then was never freed: issue 22)."""
+        if not (isinstance(run_id, str) and isinstance(session, str) and session.startswith(f"{run_id}-")):
+            raise PSValueError(f"a cache fill needs the run id its session {session!r} belongs to")
+        if run_id in self._ended_runs:
+            return
         summed = list(summed_below) if summed_below is not None else [None] * len(blocks)
         self.mailboxes[session].append(
             (table, version, tag, list(blocks), list(seqs), list(rows), list(values), summed)
