@@ -181,7 +181,7 @@ class ShardStore:
                 "applied": {k: list(v) for k, v in blk.applied.items()},
                 # aggregate="clock": sums still waiting for their clock move
                 # too, and how far this copy has applied them
-                "pending": [[run, clock, _in_sender_order(acc[b]).copy()] for (run, clock), acc in t.pending.items()
+                "pending": [[run, clock, _in_sender_order(acc[b], blk.data)] for (run, clock), acc in t.pending.items()
                             if b in acc],
                 "summed_below": {run: _wire_clock(ShardStore.summed_below_of(t, b, run))
                                  for run in {*t.summed_below, *blk.summed_below}},
@@ -216,7 +216,7 @@ class ShardStore:
             t.missed.discard(b)  # a fresh copy: up to date again
             for run, clock, acc in e.get("pending") or ():
                 # One sum of the clock's pushes so far (summed in the senders' order).
-                t.pending.setdefault((run, int(clock)), {})[b] = {"": _backend.to_device(acc, spec.device)}
+                t.pending.setdefault((run, int(clock)), {})[b] = {"": [(None, _backend.to_device(acc, spec.device))]}
                 t.pending_bound.get((run, int(clock)), {}).pop(b, None)  # recomputed when needed
         installed = [int(e["block"]) for e in exported]
         for run, m in (min_clocks or {}).items():
@@ -486,14 +486,10 @@ class ShardStore:
             for b, bound in bounds.items():
                 have[b] = have.get(b, 0.0) + bound
         for b, rows, vals in items:
-            by_sender = acc.setdefault(b, {})
-            a = by_sender.get(sender or "")
-            if a is None:
-                a = by_sender[sender or ""] = _backend.namespace(vals).zeros_like(t.blocks[b].data)
-            if rows is None:
-                a += vals
-            else:
-                _backend.add_rows(a, rows, vals)  # rows are unique within an item
+            # Kept as pushed (a copy: the sender's array may be shared in one
+            # process), per sender: applied in the senders' order when due.
+            # Only the rows pushed are kept, not a block-sized sum per sender.
+            acc.setdefault(b, {}).setdefault(sender or "", []).append((rows, vals.copy()))
 
     @staticmethod
     def due(t: TableShards, run_id: str, min_clock: float, blocks=None) -> list[list[PushItem]]:
@@ -514,7 +510,12 @@ class ShardStore:
                     del t.pending[k]
                     t.pending_bound.pop(k, None)
             # Only blocks still hosted here (a block that moved took its sums along).
-            items = [(b, None, _in_sender_order(a)) for b, a in sorted(acc.items()) if b in t.blocks]
+            if t.spec.rule.additive:  # the pushes themselves, in the senders' order
+                items = [(b, rows, vals) for b, a in sorted(acc.items()) if b in t.blocks
+                         for rows, vals in _pushes_in_sender_order(a)]
+            else:  # one step of the rule on the clock's sum
+                items = [(b, None, _in_sender_order(a, t.blocks[b].data)) for b, a in sorted(acc.items())
+                         if b in t.blocks]
             if items:
                 out.append(items)
         if blocks is None:
@@ -730,7 +731,7 @@ def _check_results(t: TableShards, items: list[PushItem], fresh: dict, undo: lis
 def _pending_bound(t: TableShards, key, b: int) -> float:
     bound = t.pending_bound.get(key, {}).get(b)
     if bound is None:  # installed from another worker: measured once
-        bound = sum(_backend.abs_bound(a) for a in t.pending[key][b].values())
+        bound = sum(_backend.abs_bound(v) for _, v in _pushes_in_sender_order(t.pending[key][b]))
         t.pending_bound.setdefault(key, {})[b] = bound
     return bound
 
@@ -756,7 +757,7 @@ def _check_pending_sums(t: TableShards, key, items: list[PushItem]) -> dict[int,
             continue
         # Near the range: the sums as they would be applied, made whole.
         base = t.blocks[b].data.copy() if additive else _backend.namespace(vals).zeros_like(t.blocks[b].data)
-        terms = [base] + [_in_sender_order(t.pending[k][b]) for k in pend]
+        terms = [base] + [_in_sender_order(t.pending[k][b], base) for k in pend]
         for r, v in earlier[b]:
             extra = _backend.namespace(v).zeros_like(base)
             Sum().apply(extra, v, {}, r)
@@ -773,15 +774,23 @@ def _sender_key(sender: str):
     return (0, int(tail), "") if tail.isdigit() else (-1, 0, sender)
 
 
-def _in_sender_order(by_sender: dict):
-    """One clock's sums of one block, added up in the senders' order: the
-    same bits whatever order the pushes arrived in (BSP fits reproducible)."""
-    keys = sorted(by_sender, key=_sender_key)
-    total = by_sender[keys[0]]
-    if len(keys) > 1:
-        total = total.copy()
-        for k in keys[1:]:
-            total += by_sender[k]
+def _pushes_in_sender_order(by_sender: dict) -> list:
+    """One clock's pushes ``(rows, values)`` to one block, in the senders'
+    order (each sender's in the order they came): applied so, the result has
+    the same bits whatever order the pushes arrived in (BSP fits
+    reproducible)."""
+    return [p for k in sorted(by_sender, key=_sender_key) for p in by_sender[k]]
+
+
+def _in_sender_order(by_sender: dict, like):
+    """One clock's pushes to one block summed into a new array shaped as
+    ``like`` (the block), in the senders' order."""
+    total = _backend.namespace(like).zeros_like(like)
+    for rows, vals in _pushes_in_sender_order(by_sender):
+        if rows is None:
+            total += vals
+        else:
+            _backend.add_rows(total, rows, vals)  # rows are unique within a push
     return total
 
 
