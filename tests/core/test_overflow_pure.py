@@ -121,7 +121,9 @@ def test_a_per_clock_sum_that_would_overflow_is_refused_when_pushed(rule):
     st, t = store_with(aggregate="clock", rule=rule, **({"lr": 1.0} if rule == "sgd" else {}))
     _, items = st.validate_push("t", 1, [0], [None], [np.full(4, BIG)])
     st.accumulate(t, "r", 0, items, "r-0")
-    pending = {k: {b: {s: a.copy() for s, a in acc.items()} for b, acc in v.items()} for k, v in t.pending.items()}
+    # each sender's pushes as pushed: [(rows, values), ...]
+    pending = {k: {b: {s: [(r, a.copy()) for r, a in pushes] for s, pushes in acc.items()} for b, acc in v.items()}
+               for k, v in t.pending.items()}
     for clock, sender in ((0, "r-1"), (0, "r-0"), (1, "r-1")):  # another's, its own, a later clock's
         with pytest.raises(PSValueError, match="'t'.*clock"):
             st.accumulate(t, "r", clock, items, sender)
@@ -129,8 +131,11 @@ def test_a_per_clock_sum_that_would_overflow_is_refused_when_pushed(rule):
         for k, v in pending.items():
             for b, acc in v.items():
                 assert set(t.pending[k][b]) == set(acc)
-                for s, a in acc.items():
-                    np.testing.assert_array_equal(t.pending[k][b][s], a)
+                for s, pushes in acc.items():
+                    assert len(t.pending[k][b][s]) == len(pushes)
+                    for (r, a), (r0, a0) in zip(t.pending[k][b][s], pushes):
+                        assert r is r0
+                        np.testing.assert_array_equal(a, a0)
     _, small = st.validate_push("t", 1, [0], [None], [np.full(4, 1.0)])
     st.accumulate(t, "r", 1, small, "r-1")
     for items_due in st.due(t, "r", 2):
