@@ -12,7 +12,7 @@ from collections import namedtuple
 
 import dask
 import numpy as np
-from distributed import Client, Future, LocalCluster, futures_of, get_client
+from distributed import Client, Future, LocalCluster, Nanny, futures_of, get_client
 
 from dask_ps import _spec
 from dask_ps._exceptions import RolledBackError, SchedulerLostError, TableExistsError, UnknownTableError
@@ -622,20 +622,56 @@ def embedded_cluster_kwargs(overrides: dict | None = None) -> dict:
     a second, and it needs no ``if __name__ == "__main__":`` guard, so it works
     from a plain script, a notebook, and inside joblib/loky workers (daemonic
     processes, which may not start worker processes). ``processes: true``
-    gives worker processes, LocalCluster's own default.
+    gives worker processes, LocalCluster's own default, with
+    :class:`_EmbeddedNanny`.
+
+    The dashboard (``dashboard-address``) is served on a free port by
+    default (``":0"``): the embedded cluster is one more cluster on the
+    machine, and LocalCluster's ``:8787`` warned "Port 8787 is already in
+    use" (and leaked the socket it tried, a ``ResourceWarning``) whenever
+    another Dask dashboard ran. ``null``: no dashboard pages (Dask's HTTP
+    server, which always runs, also on a free port); ``"default"``:
+    LocalCluster's ``:8787``. A verbose fit that starts the cluster says
+    where the dashboard is.
     """
     import os
 
     cfg = dask.config.get("ps.embedded-cluster")
+    processes = bool(cfg.get("processes", False))
     kwargs = {
-        "processes": bool(cfg.get("processes", False)),
+        "processes": processes,
         "n_workers": cfg.get("n-workers") or max(1, min(os.cpu_count() or 1, 8)),
         "threads_per_worker": cfg.get("threads-per-worker") or 1,
     }
-    if cfg.get("dashboard-address", "default") != "default":
-        kwargs["dashboard_address"] = cfg["dashboard-address"]
+    if processes:
+        kwargs["worker_class"] = _EmbeddedNanny
+    address = cfg.get("dashboard-address", ":0")
+    if address is None:  # no dashboard; the HTTP server Dask always starts goes to a free port
+        kwargs["dashboard_address"] = None
+        kwargs["scheduler_kwargs"] = {"dashboard": False, "dashboard_address": ":0"}
+    elif address != "default":
+        kwargs["dashboard_address"] = address
     kwargs.update(overrides or {})
     return kwargs
+
+
+class _EmbeddedNanny(Nanny):
+    """The nanny of the embedded cluster's worker processes: at close, it
+    lets its worker process exit by itself for up to
+    ``EXIT_WAIT_SECONDS``, where Dask's nanny kills it after 4 s with a
+    "Worker process still alive after 4.0 seconds, killing" warning.
+
+    A worker process that trained exits more slowly than one that only ran
+    Dask tasks: the interpreter's finalization of scikit-learn, SciPy and
+    numba's compiled kernels took 1-1.5 s on an idle 2-core machine, and
+    more than 4 s on a busy one, so a script with ``processes: true`` printed
+    that warning twice at exit after a fit (issue 24). The process is not
+    stuck, only finalizing: waiting is the quiet way to the same end."""
+
+    EXIT_WAIT_SECONDS = 30
+
+    async def close(self, timeout: float = 5, reason: str = "nanny-close"):  # type: ignore[override]
+        return await super().close(timeout=max(timeout, self.EXIT_WAIT_SECONDS), reason=reason)
 
 
 _clients_by_address: dict[str, Client] = {}
@@ -657,7 +693,7 @@ _auto_ps: ParameterServer | None = None
 _ps_by_client: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def get_parameter_server(client: Client | str | None = None) -> ParameterServer:
+def get_parameter_server(client: Client | str | None = None, on_start=None) -> ParameterServer:
     """The :class:`ParameterServer` of ``client`` (a ``Client`` or a scheduler
     address); with ``None``, the current client's, or one on the embedded
     cluster (:func:`embedded_cluster_kwargs`), started once per process,
@@ -665,7 +701,9 @@ def get_parameter_server(client: Client | str | None = None) -> ParameterServer:
     cluster never becomes Dask's default scheduler.
 
     Estimators call this for ``client=None``, so fitting several (of any
-    kind) in one process starts at most one cluster.
+    kind) in one process starts at most one cluster. ``on_start(ps)`` is
+    called when this call started the embedded cluster (a verbose
+    estimator says where its dashboard is: :func:`describe_embedded_cluster`).
     """
     global _auto_ps
     client = _client_for(client)
@@ -679,11 +717,30 @@ def get_parameter_server(client: Client | str | None = None) -> ParameterServer:
             if _auto_ps is None or _auto_ps.client.status != "running":
                 logger.info("dask_ps: no Dask client; starting a LocalCluster (closed at exit)")
                 _auto_ps = ParameterServer()
+                logger.info("%s", describe_embedded_cluster(_auto_ps))
+                if on_start is not None:
+                    on_start(_auto_ps)
             return _auto_ps
         ps = _ps_by_client.get(client)
         if ps is None:
             ps = _ps_by_client[client] = ParameterServer(client)
         return ps
+
+
+def describe_embedded_cluster(ps: ParameterServer) -> str:
+    """One line on the embedded cluster ``ps`` started: its workers and
+    where its dashboard is."""
+    cluster = ps._own_cluster
+    if cluster is None:
+        return f"dask_ps: using the Dask cluster at {ps.client.scheduler.address}"
+    workers = list(cluster.workers.values())
+    kind = "worker processes" if workers and isinstance(workers[0], Nanny) else "workers in this process"
+    nthreads = max([w.get("nthreads", 1) for w in ps.client.scheduler_info(n_workers=-1)["workers"].values()] or [1])
+    where = "no dashboard (ps.embedded-cluster.dashboard-address: null)"
+    if dask.config.get("ps.embedded-cluster.dashboard-address", ":0") is not None:
+        where = f"dashboard at {cluster.dashboard_link}"
+    return (f"dask_ps: started a local Dask cluster ({len(workers)} {kind}, {nthreads} thread(s) each, "
+            f"closed at exit), {where}")
 
 
 @atexit.register

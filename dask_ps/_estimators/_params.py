@@ -12,6 +12,7 @@ number of participants. :func:`setting` reads an estimator's tunables from
 
 from __future__ import annotations
 
+import logging
 import os
 from numbers import Integral
 
@@ -67,8 +68,17 @@ class PSEstimatorMixin:
 
     def _parameter_server(self) -> ParameterServer:
         """The ``ParameterServer`` of ``client`` (None: the current client,
-        else a ``LocalCluster`` started once per process)."""
-        return get_parameter_server(self.client)
+        else a ``LocalCluster`` started once per process: with ``verbose``,
+        a line says where its dashboard is)."""
+        return get_parameter_server(self.client, on_start=self._announce_cluster)
+
+    def _announce_cluster(self, ps: ParameterServer) -> None:
+        """Verbose: the embedded cluster this fit started, and its dashboard."""
+        from dask_ps._client import describe_embedded_cluster
+        from dask_ps._estimators._progress import Progress
+
+        Progress(getattr(self, "verbose", 0), logging.getLogger(type(self).__module__)).line(
+            describe_embedded_cluster(ps))
 
     def _checkpoint_path(self) -> str | None:
         return None if self.checkpoint is None else os.fspath(self.checkpoint)

@@ -25,11 +25,12 @@ import math
 import dask
 import numpy as np
 from sklearn.utils.validation import (
+    _check_feature_names,
+    _check_n_features,
     _check_sample_weight,
     check_array,
     check_consistent_length,
     check_is_fitted,
-    validate_data,
 )
 
 
@@ -52,25 +53,23 @@ def dask_meta(X):
 
 
 def dask_feature_names(est, X, reset: bool) -> None:
-    """``feature_names_in_`` for a dask DataFrame (scikit-learn's check reads
-    pandas/narwhals frames only): set at fit (``reset``), checked after."""
-    names = None
-    if is_dask_dataframe(X):
-        cols = np.asarray(list(X.columns), dtype=object)
-        if len(cols) and all(isinstance(c, str) for c in cols):
-            names = cols
-    if reset:
-        if names is not None:
-            est.feature_names_in_ = names
-        elif hasattr(est, "feature_names_in_"):
-            del est.feature_names_in_
-        return
-    fitted = getattr(est, "feature_names_in_", None)
-    if fitted is not None and names is not None and not np.array_equal(fitted, names):
-        raise ValueError(
-            "The feature names should match those that were passed during fit.\n"
-            f"Feature names seen at fit time: {list(fitted)}; now: {list(names)}"
-        )
+    """scikit-learn's ``feature_names_in_`` check of a dask collection, run
+    on its metadata: a dask DataFrame's is an empty pandas DataFrame with
+    its columns, so the names are set at fit (``reset``) and checked after
+    exactly as scikit-learn does for pandas (its messages and warnings; no
+    warning when predicting on the frame the model was fitted on); a dask
+    array has no names."""
+    meta = dask_meta(X) if is_dask_dataframe(X) else None
+    _check_feature_names(est, meta if meta is not None else np.empty((0, 0)), reset=reset)
+
+
+def _check_features(est, X, reset: bool) -> None:
+    """scikit-learn's checks of a dask collection's number of features and
+    feature names (``validate_data(..., skip_check_array=True)`` reads
+    neither from a dask DataFrame: it warned that the frame a model was
+    fitted on had no valid feature names)."""
+    dask_feature_names(est, X, reset)
+    _check_n_features(est, X, reset=reset)
 
 
 def check_dask_X(est, X):
@@ -78,8 +77,7 @@ def check_dask_X(est, X):
     (fitted, number of features and their names, 2-D); returns a dask array
     with one block per row chunk."""
     check_is_fitted(est)
-    validate_data(est, X=X, skip_check_array=True, reset=False)
-    dask_feature_names(est, X, reset=False)
+    _check_features(est, X, reset=False)
     if is_dask_dataframe(X):
         X = X.to_dask_array()
     if X.ndim != 2:

@@ -19,7 +19,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model._base import SparseCoefMixin
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import _check_sample_weight, check_array, column_or_1d, validate_data
+from sklearn.utils.validation import _check_n_features, _check_sample_weight, check_array, column_or_1d, validate_data
 
 from dask_ps._estimators import (
     SHARED_CONSTRAINTS,
@@ -263,8 +263,8 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
         meta = dask_meta(X)
         if getattr(X, "ndim", 2) != 2:
             raise ValueError(f"Expected 2D array, got {getattr(X, 'ndim', '?')}D array instead")
-        validate_data(self, X=X, skip_check_array=True, reset=reset)
-        dask_feature_names(self, X, reset)
+        dask_feature_names(self, X, reset)  # scikit-learn's checks, on a dask DataFrame's columns
+        _check_n_features(self, X, reset=reset)
         if is_dask_dataframe(X):
             dtype = np.result_type(*[np.dtype(t) for t in X.dtypes]) if len(X.dtypes) else np.float64
             sparse = False

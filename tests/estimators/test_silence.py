@@ -1,0 +1,135 @@
+"""A fit prints nothing it should not (issue 24, item 3): the embedded
+cluster serves its dashboard on a free port and a verbose fit says where,
+no ``Port 8787 is already in use`` warning and no unclosed-socket
+``ResourceWarning`` when another dashboard holds 8787, nothing at exit after
+a fit with worker processes, and no feature-name warning when predicting on
+the dask DataFrame a model was fitted on.
+
+On 3860c22 each of these printed: the embedded cluster asked for :8787, a
+worker process still finalizing 4 s after the nanny asked it to stop was
+killed with a warning, and ``validate_data`` did not see a dask
+DataFrame's columns.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def port_8787_taken():
+    """Another 'dashboard' on 8787 (when this machine has none already)."""
+    s = socket.socket()
+    try:
+        s.bind(("", 8787))
+        s.listen(1)
+    except OSError:
+        pass  # already in use: the condition under test holds anyway
+    yield
+    s.close()
+
+
+def _run(*parts: str, timeout=240) -> subprocess.CompletedProcess:
+    script = "".join(textwrap.dedent(p) for p in parts)
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", script],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+
+
+FIT = """
+    import numpy as np
+    from dask_ps.linear_model import SGDClassifier
+    rng = np.random.RandomState(0)
+    X = rng.randn(600, 5)
+    y = (X[:, 0] > 0).astype(int)
+    SGDClassifier(max_iter=3, tol=None, verbose={verbose}).fit(X, y)
+"""
+
+
+def test_embedded_cluster_dashboard_on_a_free_port_said_in_verbose_output(port_8787_taken):
+    out = _run(FIT.format(verbose=1))
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""  # no port warning, no ResourceWarning, nothing at exit
+    first = out.stdout.splitlines()[0]
+    assert first.startswith("dask_ps: started a local Dask cluster (") and "dashboard at http://" in first
+    assert ":8787/" not in first
+
+
+def test_embedded_cluster_without_dashboard(port_8787_taken):
+    out = _run("""
+        import dask
+        dask.config.set({"ps.embedded-cluster.dashboard-address": None})
+    """, FIT.format(verbose=1))
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""
+    assert "no dashboard" in out.stdout.splitlines()[0]
+
+
+def test_not_verbose_says_nothing(port_8787_taken):
+    out = _run(FIT.format(verbose=0))
+    assert out.returncode == 0, out.stderr
+    assert (out.stdout, out.stderr) == ("", "")
+
+
+def test_nothing_at_exit_after_a_fit_with_worker_processes(port_8787_taken):
+    """Worker processes that take 6 s to exit (an atexit handler sleeps, as
+    a busy machine's finalization of the loaded libraries did): the
+    embedded cluster's nanny waits for them instead of killing them with a
+    warning."""
+    out = _run("""
+        import dask
+        dask.config.set({"ps.embedded-cluster.processes": True, "ps.embedded-cluster.n-workers": 2})
+    """, FIT.format(verbose=0), """
+    import dask_ps._client as c
+
+    def slow_exit():
+        import atexit, time
+        atexit.register(time.sleep, 6)
+
+    c._auto_ps.client.run(slow_exit)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert "still alive" not in out.stderr
+    # The plugin's pause guard may warn when a worker's event loop stalled
+    # (imports of the kernels' libraries hold the GIL in a fresh worker
+    # process): not an exit message, reported apart (issue 24 notes).
+    others = [line for line in out.stderr.splitlines() if "this worker did not run for" not in line]
+    assert others == []
+
+
+def test_no_feature_name_warning_on_the_frame_the_model_was_fitted_on(client):
+    dd = pytest.importorskip("dask.dataframe")
+    pd = pytest.importorskip("pandas")
+    from dask_ps.linear_model import SGDClassifier, SGDRegressor
+
+    rng = np.random.RandomState(0)
+    X = pd.DataFrame(rng.randn(200, 3), columns=["a", "b", "c"])
+    dX = dd.from_pandas(X, npartitions=2)
+    dy = dd.from_pandas(pd.Series((X.a > 0).astype(int)), npartitions=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        clf = SGDClassifier(max_iter=20, tol=None, client=client).fit(dX, dy)
+        clf.predict(dX).compute()
+        clf.decision_function(dX).compute()
+        clf.partial_fit(dX, dy)
+        reg = SGDRegressor(max_iter=20, tol=None, client=client).fit(dX, dy.astype(float))
+        reg.predict(dX).compute()
+        reg.predict(X)  # pandas too
+    assert list(clf.feature_names_in_) == ["a", "b", "c"]
+    # scikit-learn's other messages about names stay
+    with pytest.raises(ValueError, match="The feature names should match"):
+        clf.predict(dX.rename(columns={"a": "z"}))
+    with pytest.warns(UserWarning, match="X does not have valid feature names"):
+        clf.predict(dX.to_dask_array(lengths=True))
