@@ -10,6 +10,7 @@ from dask_ps._client import BlockPlacement, ParameterServer, get_parameter_serve
 from dask_ps._exceptions import (
     ClockTimeoutError,
     DataLostError,
+    NoWorkersError,
     PSError,
     PSValueError,
     RolledBackError,
@@ -35,5 +36,5 @@ __all__ = [
     "UpdateRule", "Sum", "Assign", "SGD", "Momentum", "Adagrad", "Adam", "Custom",
     "PSError", "TableError", "UnknownTableError", "TableExistsError", "PSValueError",
     "StaleVersionError", "RunAbortedError", "ClockTimeoutError", "DataLostError", "RolledBackError",
-    "SchedulerLostError",
+    "SchedulerLostError", "NoWorkersError",
 ]

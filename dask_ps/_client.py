@@ -12,10 +12,17 @@ from collections import namedtuple
 
 import dask
 import numpy as np
+from dask.utils import parse_timedelta
 from distributed import Client, Future, LocalCluster, Nanny, futures_of, get_client
 
 from dask_ps import _spec
-from dask_ps._exceptions import RolledBackError, SchedulerLostError, TableExistsError, UnknownTableError
+from dask_ps._exceptions import (
+    NoWorkersError,
+    RolledBackError,
+    SchedulerLostError,
+    TableExistsError,
+    UnknownTableError,
+)
 from dask_ps._routing import coalesce_rows
 from dask_ps._scheduler_plugin import PSSchedulerPlugin
 from dask_ps._transport import Router, Transport
@@ -229,6 +236,37 @@ class ParameterServer:
         """Addresses of the workers that host shards."""
         return self._servers()
 
+    def wait_for_servers(self, n: int = 1, timeout: float | str | None = None) -> list[str]:
+        """The shard servers, once at least ``n`` workers serve the
+        parameter server; waits up to ``timeout`` (default
+        ``ps.timeouts.no-workers``, 30 s) while there are fewer.
+
+        Raises
+        ------
+        NoWorkersError
+            Fewer than ``n`` after the wait (none at all: a scheduler
+            without workers, where a fit used to wait forever). The message
+            names the scheduler's address and the ``dask worker <address>``
+            command that starts one.
+        """
+        servers = self._servers()
+        if len(servers) >= n:
+            return servers
+        seconds = parse_timedelta(dask.config.get("ps.timeouts.no-workers") if timeout is None else timeout)
+        logger.info("dask_ps: waiting up to %.0f s for %d worker(s) to join %s", seconds, n,
+                    self.client.scheduler.address)
+        servers = self._servers(n=n, timeout=seconds)
+        if len(servers) >= n:
+            return servers
+        address = self.client.scheduler.address
+        have = f"{len(servers)} worker(s) serve it" if servers else "no Dask worker is connected to it"
+        raise NoWorkersError(
+            f"dask_ps: the Dask scheduler at {address} has waited {seconds:g} s for {n} worker(s) and "
+            f"{have}, so nothing can run. Start workers for it, e.g. `dask worker {address}` on each "
+            "machine (or scale the cluster up), then try again; ps.timeouts.no-workers sets the wait.",
+            address,
+        )
+
     # --- tables ------------------------------------------------------------------------
     def create_table(
         self,
@@ -426,7 +464,7 @@ class ParameterServer:
         if n == 0:
             return []
         run_id = uuid.uuid4().hex[:12]
-        servers = self.servers or sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        servers = self.wait_for_servers()  # NoWorkersError after ps.timeouts.no-workers without any
         name = getattr(fn, "__name__", "fn")
         self._sync(self._scheduler.ps_run_start, run_id=run_id, n=n, name=name)
         futures = []

@@ -14,6 +14,7 @@ Hierarchy::
     ├── InternalOnlyError        a handler only the cluster's scheduler and workers may call (PermissionError)
     ├── RunAbortedError          a run was aborted because another participant failed
     ├── SchedulerLostError       the Dask scheduler (and with it every table) is gone
+    ├── NoWorkersError           no worker joined the scheduler in time (TimeoutError)
     └── ClockTimeoutError        waiting for the consistency bound took too long (TimeoutError)
 
 Errors raised inside worker or scheduler handlers travel back to the caller as
@@ -166,3 +167,16 @@ class SchedulerLostError(PSError):
 
 class ClockTimeoutError(PSError, TimeoutError):
     """A consistency wait exceeded ``ps.timeouts.clock``; names who is behind."""
+
+
+class NoWorkersError(PSError, TimeoutError):
+    """No Dask worker served the parameter server within
+    ``ps.timeouts.no-workers``: nothing could run (issue 24). ``address``
+    is the scheduler's; the message says what to start."""
+
+    def __init__(self, message: str, address: str | None = None):
+        super().__init__(message)
+        self.address = address
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.address))

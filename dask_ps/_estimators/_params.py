@@ -69,8 +69,12 @@ class PSEstimatorMixin:
     def _parameter_server(self) -> ParameterServer:
         """The ``ParameterServer`` of ``client`` (None: the current client,
         else a ``LocalCluster`` started once per process: with ``verbose``,
-        a line says where its dashboard is)."""
-        return get_parameter_server(self.client, on_start=self._announce_cluster)
+        a line says where its dashboard is), once a worker serves it: a
+        scheduler without workers raises ``NoWorkersError`` after
+        ``ps.timeouts.no-workers`` (it waited forever)."""
+        ps = get_parameter_server(self.client, on_start=self._announce_cluster)
+        ps.wait_for_servers()
+        return ps
 
     def _announce_cluster(self, ps: ParameterServer) -> None:
         """Verbose: the embedded cluster this fit started, and its dashboard."""
