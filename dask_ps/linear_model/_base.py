@@ -230,7 +230,17 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
         else:
             y = y.astype(X.dtype, copy=False)
         sw = _check_sample_weight(sample_weight, X, dtype=X.dtype, allow_all_zero_weights=self.early_stopping)
+        self._check_validation_weights(sample_weight, sw)
         return _Input("memory", X, y, sw, X.shape[1], X.dtype, sp.issparse(X), "cpu", self.n_jobs)
+
+    def _check_validation_weights(self, sample_weight, sw):
+        """scikit-learn's error for a validation set whose weights are all
+        zero, where the data tells without the split: every weight is zero.
+        (The split itself is drawn by each participant.)"""
+        if self.early_stopping and sample_weight is not None and not np.any(sw):
+            raise ValueError(
+                "The sample weights for validation set are all zero, consider using a different random state."
+            )
 
     def _validate_device_input(self, X, y, sample_weight, reset) -> _Input:
         """A dense device (cupy) X in memory, checked on the device as
@@ -250,6 +260,7 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
         sw = None if sample_weight is None else arrays.to_numpy(sample_weight)
         sw = _check_sample_weight(sw, np.empty((X.shape[0], 0), dtype=X.dtype), dtype=X.dtype,
                                   allow_all_zero_weights=self.early_stopping)
+        self._check_validation_weights(sample_weight, sw)
         return _Input("memory", X, y, sw, X.shape[1], X.dtype, False, "cuda", self.n_jobs)
 
     def _device_X(self, X, reset=False):

@@ -200,6 +200,9 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
     """
 
     _is_classifier = True
+    # scikit-learn's table of the losses ``loss`` names (its loss classes and
+    # their default parameter); the kernels here implement the same losses.
+    loss_functions = _SkSGDClassifier.loss_functions
     _parameter_constraints: dict = _constraints(_SkSGDClassifier)
     __init__ = _storing_init({"loss": "hinge", **_SHARED_DEFAULTS, "learning_rate": "optimal", "power_t": 0.5,
                               "class_weight": None, **PS_DEFAULTS})
@@ -423,6 +426,7 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
     """
 
     _is_classifier = False
+    loss_functions = _SkSGDRegressor.loss_functions  # as SGDClassifier's
     _parameter_constraints: dict = _constraints(_SkSGDRegressor)
     __init__ = _storing_init({"loss": "squared_error", **_SHARED_DEFAULTS, "learning_rate": "invscaling",
                               "power_t": 0.25, **PS_DEFAULTS})

@@ -215,3 +215,16 @@ def test_lda_partial_fit_same_documents_as_scikit_learns_test(client):
     assert lda.n_tokens_ == 3 * X.sum()
     for topic in lda.components_:
         assert tuple(sorted(np.argsort(topic)[-3:])) in [(0, 1, 2), (3, 4, 5), (6, 7, 8)]
+
+
+def test_sgd_loss_functions_table_and_zero_validation_weights():
+    """scikit-learn's ``loss_functions`` table (its tests list the losses
+    from it), and its error when the validation set's weights are all zero
+    (here: every weight is zero, which any split gives)."""
+    assert set(SGDClassifier.loss_functions) == set(sk_linear_model.SGDClassifier.loss_functions)
+    assert SGDRegressor(epsilon=0.9).loss_functions["huber"][1] == 0.1
+    X, y = np.random.RandomState(0).randn(40, 3), np.arange(40) % 2
+    with pytest.raises(ValueError, match="The sample weights for validation set are all zero"):
+        SGDClassifier(early_stopping=True, random_state=0).fit(X, y, sample_weight=np.zeros(40))
+    with pytest.raises(ValueError, match="at least one non-zero"):
+        SGDClassifier(random_state=0).fit(X, y, sample_weight=np.zeros(40))
