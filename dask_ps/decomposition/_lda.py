@@ -554,7 +554,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         # Read before the data is split (a resumed fit splits as the saved one
         # did), checked once the fingerprint is known.
         meta = dask_ps.checkpoint_metadata(checkpoint) if checkpoint is not None else None
-        parts, n_parts, dtype = self._partitions(X, ps.client, uid, meta, reset=not adding)
+        parts, n_parts, dtype, matrix = self._partitions(X, ps.client, uid, meta, reset=not adding)
         whom = "LatentDirichletAllocation." + ("partial_fit" if partial else "fit")
         layout = corpus_layout(parts, uid, self.n_features_in_)
         if layout.rounded:  # a dask array's chunks, rounded on the workers
@@ -590,7 +590,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
             runs = GibbsRuns(ps, parts, uid, plan, fixed, resume, progress).run(
                 score=functools.partial(training_loglik, client=ps.client, beta=self.topic_word_prior_,
                                         alpha=self.doc_topic_prior_, max_iter=self.max_doc_update_iter,
-                                        tol=self.mean_change_tol))
+                                        tol=self.mean_change_tol, matrix=matrix))
             self._set_fitted(runs, P, progress, dtype)
         finally:
             progress.close()
@@ -599,10 +599,10 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
 
     def _partitions(self, X, client, uid, meta, reset=True):
         """The corpus prepared on the workers, the number of partitions an
-        in-memory input was split into (None for a dask array), and the
-        dtype of ``components_`` (float32 for float32 input, else float64);
-        ``reset``: a fit (sets ``n_features_in_``), else X is checked
-        against it."""
+        in-memory input was split into (None for a dask array), the dtype
+        of ``components_`` (float32 for float32 input, else float64) and an
+        in-memory input's count matrix (None for a dask array); ``reset``: a
+        fit (sets ``n_features_in_``), else X is checked against it."""
         if is_dask_array(X):
             if math.isnan(X.shape[1]):
                 raise ValueError("LatentDirichletAllocation.fit: the number of columns of X must be known")
@@ -614,7 +614,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
             if len(X.chunks[1]) > 1:
                 X = X.rechunk({1: -1})
             parts = make_parts(client, uid, self.n_features_in_, chunks=list(X.to_delayed()[:, 0]))
-            return parts, None, components_dtype(X.dtype)
+            return parts, None, components_dtype(X.dtype), None
         X = arrays.to_host(X)
         X = validate_data(
             self, X, reset=reset, accept_sparse="csr",
@@ -633,7 +633,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
             max_participants(self.n_jobs, threads),
             int(X.sum()) // max(1, int(setting("lda", "min-tokens-per-participant"))),
         ))
-        return make_parts(client, uid, self.n_features_in_, matrix=X, n_parts=n_parts), n_parts, dtype
+        return make_parts(client, uid, self.n_features_in_, matrix=X, n_parts=n_parts), n_parts, dtype, X
 
     def _plan(self, ps, layout, checkpoint, n_parts, word_model, totals_model, base=None) -> RunPlan:
         """How the fit runs: chunks, tables, what a checkpoint must match."""
