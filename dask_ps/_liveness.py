@@ -6,22 +6,27 @@ dead worker from the scheduler at once (a handler on workers, an event on
 clients); ``Liveness`` then cancels the calls in flight to it and refuses new
 ones with ``OSError``, which the failover logic retries elsewhere.
 
-Also here: the scheduler's calls to workers (``WorkerCalls``), its watch for
-workers that hang instead of dying (``HungWorkers``: fenced out like dead
-ones), and a worker's own check that it was not stopped long enough to have
-been fenced out (``PauseGuard``).
+Also here: the scheduler's calls to workers (``WorkerCalls``), a worker's
+liveness beacon (``Beacon``: a thread of its own, so that a task or a
+handler that keeps the event loop busy does not make the worker look dead),
+the scheduler's watch for workers that stop instead of dying
+(``HungWorkers``: fenced out like dead ones), and a worker's own check that
+it was not stopped long enough to have been fenced out (``PauseGuard``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import defaultdict
 
 from distributed.comm import CommClosedError
 
 logger = logging.getLogger(__name__)
+
+BEACON_PERIOD = 0.5  # seconds between two beats of a worker's Beacon
 
 
 class WorkerGone(OSError):
@@ -113,26 +118,140 @@ def _retrieve(task: asyncio.Task) -> None:
         task.exception()
 
 
+class Beacon:
+    """A worker's liveness signal, sent from a thread of its own.
+
+    Dask's heartbeats (and every handler) run on the worker's event loop, so
+    anything that keeps that loop from running -- an import or a numba
+    compile on it, a sync handler, a long garbage collection, a task thread
+    holding the GIL in long stretches -- stops them, although the process
+    is alive and will answer. Fencing such a worker out made healthy workers
+    of a cold cluster drop their copies (issue 22). This thread only needs
+    the GIL for a moment every ``period`` seconds (CPython hands it over
+    every ``sys.getswitchinterval()``, 5 ms, to a waiting thread), and
+    sends ``ps_alive`` (one-way, with the internal token) on a connection
+    of its own to the scheduler, on an event loop of its own. What it
+    proves is the process runs Python code; not that its event loop serves.
+
+    ``last_tick`` (``time.monotonic``) is when the thread last ran; the
+    longest gap between two of its runs since :meth:`take_gap` is what the
+    worker's :class:`PauseGuard` reads: a gap long enough that the
+    scheduler may have fenced this worker out.
+    """
+
+    def __init__(self, period: float = BEACON_PERIOD):
+        self.period = period
+        self.last_tick = time.monotonic()
+        self.sent = 0
+        self._gap = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self):
+        return f"<Beacon sent={self.sent} running={self.running}>"
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, scheduler_address: str, me: str, token: str, connection_args: dict | None = None) -> None:
+        if self.running:
+            return
+        self._stop.clear()
+        self.last_tick = time.monotonic()
+        self._thread = threading.Thread(
+            target=self._run, args=(scheduler_address, me, token, dict(connection_args or {})),
+            name=f"dask-ps-beacon {me}", daemon=True,
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread = None
+
+    def take_gap(self) -> float:
+        """The longest time this thread did not run since the last call (the
+        time since it last ran included)."""
+        gap = max(self._gap, time.monotonic() - self.last_tick)
+        self._gap = 0.0
+        return gap
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        self._gap = max(self._gap, now - self.last_tick)
+        self.last_tick = now
+
+    def _run(self, address, me, token, connection_args) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self._beat(address, me, token, connection_args))
+        except Exception as e:  # never let the thread die loudly; the worker then looks stopped
+            logger.warning("dask_ps: the liveness beacon stopped: %r", e)
+        finally:
+            loop.close()
+
+    async def _beat(self, address, me, token, connection_args) -> None:
+        from distributed.comm import connect
+
+        comm = None
+        stop = self._stop
+        try:
+            while not stop.is_set():
+                self._tick()
+                try:
+                    if comm is None or comm.closed():
+                        comm = await asyncio.wait_for(
+                            connect(address, **connection_args), 10)
+                    await asyncio.wait_for(comm.write(
+                        {"op": "ps_alive", "address": me, "token": token, "reply": False}), 10)
+                    self.sent += 1
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # the scheduler is busy, away or closing: again
+                    logger.debug("dask_ps: beacon to %s: %r", address, e)
+                    if comm is not None:
+                        comm.abort()
+                    comm = None
+                # Short sleeps: the tick also measures this thread's own gaps.
+                deadline = time.monotonic() + self.period
+                while not stop.is_set() and time.monotonic() < deadline:
+                    await asyncio.sleep(min(0.1, self.period))
+                    self._tick()
+        finally:
+            if comm is not None:
+                comm.abort()
+
+
 class HungWorkers:
-    """The scheduler's watch for shard servers that hang (SIGSTOP, a frozen
-    VM, a stuck event loop) instead of dying.
+    """The scheduler's watch for shard servers that stop (SIGSTOP, a frozen
+    VM) instead of dying.
 
     Dask removes such a worker only after ``distributed.scheduler.worker-ttl``
     (minutes); until then every push forwarded to it, and every read or push
-    of a block it is primary of, waits up to ``ps.timeouts.rpc``. Its
-    heartbeats stop at once, though: a member whose last heartbeat is older
-    than ``ps.timeouts.hung`` (and three heartbeat intervals) is *fenced out*
-    as a dead worker is: the other workers and the clients cancel their calls
+    of a block it is primary of, waits up to ``ps.timeouts.rpc``.
+
+    **Slow is not dead.** A member is judged by the later of its Dask
+    heartbeat and its :class:`Beacon` (``ps_alive``, from a thread of its
+    own, every 0.5 s): a worker whose event loop is busy (compiling,
+    importing, a sync handler) still beats, and only one whose process
+    does not run Python for ``ps.timeouts.hung`` (6 s) is *fenced out* as
+    a dead worker is: the other workers and the clients cancel their calls
     to it (``ps_worker_left``, event ``"ps-worker-left"``) and refuse its
     forwards, and every table it holds is repaired without it (a replica is
-    promoted, a new copy made). Calls fail over within seconds.
+    promoted, a new copy made). A member that never beat (no beacon) is
+    judged by Dask's heartbeats, with at least three heartbeat intervals.
+    Nothing is decided while this scheduler's own loop was late, nor for a
+    second after (beacons may be waiting to be read), nor when every member
+    is silent at once.
 
-    It is done only where nothing is lost by it: every block the worker holds
-    must have another up-to-date copy on a responsive member (otherwise the
+    It is done only where nothing is lost by it: every block the worker
+    holds must have another up-to-date copy on a responsive member, a copy
+    still being made by a placement change not counted (otherwise the
     callers wait for it, as before, and a WARNING says why). When the worker
-    answers again, it drops every copy it still has (``ps_evicted``: they
-    missed pushes) and is taken back as a new member, so tables rebalance
-    onto it with fresh copies.
+    answers again, once no placement lists it any more (the repairs are
+    done, so its copies are needed nowhere) it drops every copy it still has
+    (``ps_evicted``: they missed pushes) and is taken back as a new member,
+    so tables rebalance onto it with fresh copies.
     """
 
     def __init__(self, plugin):
@@ -142,6 +261,8 @@ class HungWorkers:
         self._last_check: float | None = None
         self._callback = None
         self._waiting: set[asyncio.Task] = set()  # ps_evicted calls waiting for a hung worker
+        self.beats: dict[str, float] = {}  # worker -> when its Beacon was last heard (distributed.metrics.time)
+        self._quiet_until = 0.0  # no decision before (this loop was late: beacons may be unread)
 
     def __repr__(self):
         return f"<HungWorkers fenced={sorted(self.fenced)}>"
@@ -162,9 +283,24 @@ class HungWorkers:
         """``worker`` left the cluster (Dask removed it)."""
         self.fenced.pop(worker, None)
         self._warned.discard(worker)
+        self.beats.pop(worker, None)
 
-    def limit(self) -> float:
-        """Seconds without a heartbeat after which a member counts as hung (0: never)."""
+    def alive(self, worker: str) -> None:
+        """``worker``'s :class:`Beacon` was heard (handler ``ps_alive``)."""
+        from distributed.metrics import time
+
+        self.beats[worker] = time()
+
+    def last_heard(self, worker: str) -> float:
+        """When ``worker`` was last heard: its beacon or its Dask heartbeat."""
+        ws = self.plugin.scheduler.workers.get(worker)
+        seen = ws.last_seen if ws is not None else 0.0
+        return max(seen, self.beats.get(worker, 0.0))
+
+    def limit(self, worker: str | None = None) -> float:
+        """Seconds without being heard after which a member counts as hung
+        (0: never): ``ps.timeouts.hung`` for a member with a beacon, at least
+        three Dask heartbeat intervals for one without (or ``worker=None``)."""
         from distributed.scheduler import heartbeat_interval
 
         from dask_ps import _config
@@ -172,6 +308,8 @@ class HungWorkers:
         hung = _config.get_seconds("timeouts.hung")
         if not hung:
             return 0.0
+        if worker is not None and worker in self.beats:
+            return max(hung, 4 * BEACON_PERIOD)
         return max(hung, 3 * heartbeat_interval(len(self.plugin.scheduler.workers)))
 
     def check(self) -> None:
@@ -181,14 +319,16 @@ class HungWorkers:
         plugin = self.plugin
         now = time()
         last, self._last_check = self._last_check, now
-        limit = self.limit()
-        if not limit or plugin.scheduler is None or plugin.scheduler.status.name != "running":
+        if not self.limit() or plugin.scheduler is None or plugin.scheduler.status.name != "running":
             return
-        if last is not None and now - last > limit / 2:
-            return  # this loop stalled itself: heartbeats may be waiting to be read
+        if last is not None and now - last > 1.0:
+            # This loop stalled itself: beacons and heartbeats may be waiting to be read.
+            self._quiet_until = now + 1.0
+        if now < self._quiet_until:
+            return
         workers = plugin.scheduler.workers
         silent = {w for w in plugin.members
-                  if w in workers and w not in plugin._retiring and now - workers[w].last_seen > limit}
+                  if w in workers and w not in plugin._retiring and now - self.last_heard(w) > self.limit(w)}
         for w in list(self._warned):
             if w not in silent:
                 self._warned.discard(w)
@@ -199,26 +339,28 @@ class HungWorkers:
             if why_not:
                 if w not in self._warned:
                     self._warned.add(w)
-                    logger.warning("dask_ps: worker %s has sent no heartbeat for %.1f s but is not fenced: %s; "
+                    logger.warning("dask_ps: worker %s has not been heard for %.1f s but is not fenced: %s; "
                                    "calls to it wait until it answers or Dask removes it",
-                                   w, now - workers[w].last_seen, why_not)
+                                   w, now - self.last_heard(w), why_not)
                 continue
-            self._fence_out(w, f"{w} hung (no heartbeat for {now - workers[w].last_seen:.1f} s)")
+            self._fence_out(w, f"{w} hung (not heard for {now - self.last_heard(w):.1f} s: no beacon, "
+                               "no heartbeat)")
 
     def _sole_copies(self, worker: str, silent: set[str]) -> str | None:
         """Why fencing ``worker`` out would lose data (a block whose only
-        up-to-date copy it holds), or None."""
+        up-to-date copy it holds), or None. A copy a placement change is
+        still making does not count (its target has nothing yet)."""
         plugin = self.plugin
         for name, owners in list(getattr(plugin, "creating", {}).items()):
             if any(worker in ws and len(ws) == 1 for ws in owners):
                 return f"it holds the only copy of a block of table {name!r}, being created"
         for t in plugin.tables.values():
-            if t.lost or worker not in t.holders():
+            if t.lost or worker not in t.listed():
                 continue
-            for b, owners in enumerate(t.owners):
-                if worker in owners and not any(
-                    w != worker and w in plugin.members and w not in silent and w not in t.stale.get(b, ())
-                    for w in owners
+            for b in range(len(t.owners)):
+                have = t.up_to_date(b)
+                if worker in have and not any(
+                    w != worker and w in plugin.members and w not in silent for w in have
                 ):
                     return f"it holds the only up-to-date copy of block {b} of table {t.spec.name!r}"
         return None
@@ -249,13 +391,43 @@ class HungWorkers:
             for w in sorted(plugin.members)
         ), return_exceptions=True)
         for t in list(plugin.tables.values()):
-            if worker in t.holders():
+            if worker in t.listed():
                 plugin._in_background(plugin.placement.repair(t.spec.name, gone={worker}, reason=reason))
 
     async def _take_back(self, worker: str, eviction: str) -> None:
-        """Wait until ``worker`` answers again; it drops its copies
-        (``ps_evicted``); then it joins as a new member."""
+        """Once it answers, it stops serving (``ps_evicted`` with
+        ``drop=False``); once no placement lists ``worker`` any more (the
+        repairs without it are done: another up-to-date copy of each of its
+        blocks is confirmed), it drops its copies (``ps_evicted``); then it
+        joins as a new member. Its copies are kept until then: a repair
+        that is still copying (or waiting for a source that is itself
+        stopped) must not find the placement naming a worker that has
+        nothing."""
         plugin = self.plugin
+        # First it stops serving (a worker that is only slow runs on, and its
+        # copies miss every push from now on); it keeps them for now.
+        while self.fenced.get(worker) == eviction and worker in plugin.scheduler.workers:
+            try:
+                await asyncio.wait_for(plugin.worker_rpc(worker).ps_evicted(eviction=eviction, drop=False), 60)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a connect that timed out while it hangs: again
+                logger.debug("dask_ps: ps_evicted(drop=False) to %s: %r", worker, e)
+                await asyncio.sleep(0.5)
+        waited = 0.0
+        while self.fenced.get(worker) == eviction and worker in plugin.scheduler.workers:
+            listing = [t.spec.name for t in list(plugin.tables.values()) if worker in t.listed()]
+            creating = any(worker in ws for owners in getattr(plugin, "creating", {}).values() for ws in owners)
+            if not listing and not creating:
+                break
+            waited += 0.2
+            if waited >= 5.0:  # a repair that gave up: ask again
+                waited = 0.0
+                for name in listing:
+                    plugin._in_background(plugin.placement.repair(
+                        name, gone={worker}, reason=f"{worker} fenced out as hung"))
+            await asyncio.sleep(0.2)
         while self.fenced.get(worker) == eviction and worker in plugin.scheduler.workers:
             try:
                 # Not through Liveness: the worker is marked dead there.
@@ -280,21 +452,31 @@ class PauseGuard:
     When the process runs again, its event loop may serve a read or a push
     before it reads the scheduler's ``ps_evicted`` that drops its old
     copies; they missed every push made meanwhile. So a gap of more than
-    half ``ps.timeouts.hung`` between two of this loop's ticks (or checks)
-    makes :meth:`check` refuse (``StaleVersionError``: callers retry) until
-    ``fenced_out()`` (an RPC to the scheduler) says this worker was not
-    fenced out, or :meth:`clear` is called after the copies were dropped.
+    half ``ps.timeouts.hung`` in the worker's :class:`Beacon` (the thread
+    that tells the scheduler this process runs; without one, between two of
+    this loop's ticks) makes :meth:`check` refuse (``StaleVersionError``:
+    callers retry) until ``fenced_out()`` (an RPC to the scheduler) says
+    this worker was not fenced out, or :meth:`clear` is called after the
+    copies were dropped. An event loop that was only busy (the beacon went
+    on) is no reason: the scheduler heard the worker all along.
     """
 
-    def __init__(self, fenced_out):
+    def __init__(self, fenced_out, beacon: Beacon | None = None):
         self._fenced_out = fenced_out  # async () -> bool
+        self._beacon = beacon
         self._last = time.monotonic()
         self._confirming: asyncio.Task | None = None
         self._gap = 0.0
         self._callback = None
+        self._suspended: str | None = None  # fenced out (ps_evicted drop=False): serve nothing
 
     def __repr__(self):
-        return f"<PauseGuard suspect={self._confirming is not None}>"
+        return f"<PauseGuard suspect={self._confirming is not None} suspended={self._suspended is not None}>"
+
+    def suspend(self, why: str) -> None:
+        """The scheduler fenced this worker out: its copies serve nothing
+        (they stay until :meth:`clear`, after the repairs without it)."""
+        self._suspended = why
 
     def start(self, period: float = 0.1) -> None:
         """Tick on the running event loop (until then nothing is refused)."""
@@ -319,6 +501,8 @@ class PauseGuard:
             return  # not started (a plugin used without a worker) or stopped
         now = time.monotonic()
         gap, self._last = now - self._last, now
+        if self._beacon is not None and self._beacon.running:
+            gap = self._beacon.take_gap()  # the process's own gaps, not this loop's
         limit = _config.get_seconds("timeouts.hung") / 2
         if limit and gap > limit and self._confirming is None:
             self._gap = gap
@@ -344,10 +528,15 @@ class PauseGuard:
         if self._confirming is not None:
             self._confirming.cancel()
         self._confirming = None
+        self._suspended = None
         self._last = time.monotonic()
 
     def check(self) -> None:
         """Raise ``StaleVersionError`` while this worker may have been fenced out."""
+        if self._suspended is not None:
+            from dask_ps._exceptions import StaleVersionError
+
+            raise StaleVersionError(f"this worker was {self._suspended}; its copies serve nothing: retry")
         self._observe()
         if self._confirming is not None:
             from dask_ps._exceptions import StaleVersionError

@@ -74,7 +74,7 @@ class PlacementChanger:
         self.members.discard(address)
         if not self.plugin._running_members():
             return  # the whole cluster is shutting down (scale(0) retires everyone)
-        names = [n for n, t in self.tables.items() if address in t.holders()]
+        names = [n for n, t in self.tables.items() if address in t.listed()]
         # All tables at once: the worker may not wait long once it closes.
         await asyncio.gather(*(
             self.repair(n, gone=set(), leaving={address}, reason=f"{address} retired") for n in names
@@ -90,6 +90,10 @@ class PlacementChanger:
             if t is None:
                 return
             members = self.plugin._running_members() - gone - leaving
+            # Holders that take no new blocks but still serve theirs (another
+            # worker retiring, one Dask paused): sources, never "lost" (a kill
+            # during a retire reported the retiring worker's blocks lost).
+            leaving = set(leaving) | {w for w in t.listed() - members - set(gone) if self._alive(w)}
             if not members:
                 for b in range(len(t.owners)):
                     t.lost.setdefault(b, reason)
@@ -211,17 +215,26 @@ class PlacementChanger:
         staying = set(self.members)
         holders = {w for w in t.holders() | {w for ws in new_owners for w in ws} if w in self.members | set(sources)}
         old_owners = t.owners
+        # Until every holder adopts, the up-to-date copies are the old
+        # placement's (HungWorkers never fences out the last of them).
+        t.changing_from = old_owners
         t.owners, t.version = new_owners, version  # handles now give the new placement
-        self.announce(t)
-        msg = dict(table=t.spec.name, table_id=t.spec.table_id)
-        frozen = await self._freeze(holders, msg)
-        wanted, candidates = self._plan_copies(t, old_owners, new_owners, frozen, staying, skip)
-        copied = await self._copy(t, wanted, candidates, msg)
-        await self._create_empty(t, new_owners, skip)
-        self._forget_stale(t, new_owners, copied, skip)
-        if before_adopt is not None:
-            await before_adopt()  # e.g. fill those blocks from a checkpoint while nobody serves them
-        await self._adopt(holders, msg, version, new_owners)
+        try:
+            self.announce(t)
+            msg = dict(table=t.spec.name, table_id=t.spec.table_id)
+            frozen = await self._freeze(holders, msg)
+            wanted, candidates = self._plan_copies(t, old_owners, new_owners, frozen, staying, skip)
+            given_up: dict[int, set[str]] = {}
+            copied = await self._copy(t, wanted, candidates, msg, old_owners, given_up)
+            if given_up:
+                self._keep_where_it_is(t, old_owners, new_owners, given_up)
+            await self._create_empty(t, new_owners, skip)
+            self._forget_stale(t, new_owners, copied, skip)
+            if before_adopt is not None:
+                await before_adopt()  # e.g. fill those blocks from a checkpoint while nobody serves them
+            await self._adopt(holders, msg, version, new_owners)
+        finally:
+            t.changing_from = None
         logger.info("dask_ps: table %r placement v%d (%d block copies)", t.spec.name, version,
                     sum(len(ws) for ws in copied.values()))
 
@@ -255,11 +268,10 @@ class PlacementChanger:
                                        key=lambda w: w not in staying)
         return wanted, candidates
 
-    async def _copy(self, t, wanted, candidates, msg) -> dict[int, list[str]]:
+    async def _copy(self, t, wanted, candidates, msg, old_owners=None, given_up=None) -> dict[int, list[str]]:
         """Phase 1b: copy each wanted block from its first candidate source;
         on failure the next source (or, if a target died, without it: the
-        next repair replaces it). Returns ``block -> targets`` copied; a block
-        no source could give is marked lost.
+        next repair replaces it). Returns ``block -> targets`` copied.
 
         One call per (source, target): a source's call fails as a whole when
         any of its targets cannot be reached, and a target killed mid-copy
@@ -267,21 +279,53 @@ class PlacementChanger:
         a good copy lost: the membership audit's kill variant). A failure
         with neither end known dead, other than the source's own refusal (a
         ``PSError``), is the target's or the source's: it is tried again
-        until the scheduler hears which one left (for up to ``2 *
-        ps.timeouts.hung``; then the source is given up, as before)."""
+        until the scheduler hears which one left; after ``2 *
+        ps.timeouts.hung`` another up-to-date source is tried first, if
+        there is one, and when every source has failed that long the copy
+        is given up (recorded in ``given_up``: ``change`` leaves the target
+        out of the block's owners and keeps the block on its old holders),
+        never the source.
+
+        **A block is never declared lost while a holder of an up-to-date
+        copy is alive** (in the cluster, not removed, not fenced out): a
+        source that is alive but does not answer (stopped, starved) is
+        reported "unreachable" (a WARNING) and tried again, and the change
+        waits (the table stays frozen: callers retry) until it answers or
+        Dask removes it. Only a block whose every up-to-date holder left
+        is marked lost (issue 22: two workers stopped together lost blocks
+        that a resumed worker still had)."""
         dead = self.plugin.liveness.dead
         copied: dict[int, list[str]] = {}
         first_failed: dict[tuple[int, str, str], float] = {}  # (block, source, target) -> loop time
+        unreachable: set[tuple[int, str]] = set()  # (block, source) reported
+        refused: dict[int, set[str]] = {}  # block -> sources that refused (no such copy)
         patience = max(2.0, 2 * _config.get_seconds("timeouts.hung"))
         delay = 0.05
         while wanted:
             by_pair: dict[tuple[str, str], list[int]] = {}
+            waiting = False
             for b in list(wanted):
                 if not candidates[b]:
-                    logger.error("dask_ps: table %r: no copy of block %d could be read", t.spec.name, b)
-                    t.lost[b] = "no live copy could be read during a placement change"
-                    del wanted[b]
-                    continue
+                    # A holder that refused (a PSError: it has no such copy) is no source.
+                    alive = [w for w in self._alive_holders(t, b, old_owners) if w not in refused.get(b, ())]
+                    if alive:
+                        # Sources given up (a refusal, a failed freeze) but a
+                        # holder is still here: freeze it again and wait.
+                        refrozen = await self._freeze(set(alive), msg)
+                        candidates[b] = [w for w in alive if w in refrozen]
+                        if not candidates[b]:
+                            if (b, "*") not in unreachable:
+                                unreachable.add((b, "*"))
+                                logger.warning("dask_ps: table %r: block %d: its holders %s are unreachable "
+                                               "but alive; waiting for them (it is not lost)",
+                                               t.spec.name, b, alive)
+                            waiting = True
+                            continue
+                    else:
+                        logger.error("dask_ps: table %r: no copy of block %d could be read", t.spec.name, b)
+                        t.lost[b] = "no live copy could be read during a placement change"
+                        del wanted[b]
+                        continue
                 for w in wanted[b]:
                     by_pair.setdefault((candidates[b][0], w), []).append(b)
             results = await asyncio.gather(
@@ -289,9 +333,11 @@ class PlacementChanger:
                   for (src, dst), bs in by_pair.items()),
                 return_exceptions=True,
             )
-            unclear = False
+            unclear = waiting
             for ((src, dst), bs), r in zip(by_pair.items(), results):
                 for b in bs:
+                    if b not in wanted or dst not in wanted[b]:
+                        continue
                     if not isinstance(r, Exception):
                         copied.setdefault(b, []).append(dst)
                         wanted[b].remove(dst)
@@ -303,19 +349,77 @@ class PlacementChanger:
                     log("dask_ps: copying block %d of %r from %s to %s failed: %r", b, t.spec.name, src, dst, r)
                     if dst in dead:  # the next repair replaces this copy
                         wanted[b].remove(dst)
-                    elif not isinstance(r, PSError) and src not in dead and now - since < patience:
-                        # Not the source's own refusal: which end failed? (A
-                        # target's error reaches here as a plain Exception when
-                        # it does not pickle.) Again once the scheduler may know.
+                    elif isinstance(r, PSError) or not self._alive(src):
+                        if isinstance(r, PSError):
+                            refused.setdefault(b, set()).add(src)
+                        if candidates[b][:1] == [src]:
+                            candidates[b].pop(0)
+                    else:
+                        # Neither end known dead: again once the scheduler
+                        # may know. (A target's error reaches here as a plain
+                        # Exception when it does not pickle.)
                         unclear = True
-                    elif candidates[b][:1] == [src]:
-                        candidates[b].pop(0)
+                        if now - since >= patience:
+                            others = [w for w in candidates[b] if w != src
+                                      and now - first_failed.get((b, w, dst), now) < patience]
+                            if others:  # another up-to-date copy first
+                                candidates[b].remove(src)
+                                candidates[b].append(src)
+                            else:
+                                # Every source tried for long: give up this
+                                # copy, never a source (that would lose the
+                                # block): the placement keeps the block where
+                                # it is (``change``), a later change adds it.
+                                logger.warning(
+                                    "dask_ps: table %r: block %d: no copy to %s for %.0f s (source %s, "
+                                    "still in the cluster: unreachable, not lost); the block stays on "
+                                    "its old holders", t.spec.name, b, dst, now - since, src)
+                                wanted[b].remove(dst)
+                                if given_up is not None:
+                                    given_up.setdefault(b, set()).add(dst)
             for b in [b for b, ws in wanted.items() if not ws]:
                 del wanted[b]
-            if unclear:
+            if unclear and wanted:
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 0.5)
         return copied
+
+    def _keep_where_it_is(self, t, old_owners, new_owners, given_up) -> None:
+        """Copies that could not be made: their targets leave the block's new
+        owners, and its old up-to-date holders that are alive stay (their
+        copies are kept at adoption), up to the table's replication. The
+        table is rebalanced again afterwards (in the background)."""
+        k = t.spec.replication
+        for b, targets in given_up.items():
+            owners = [w for w in new_owners[b] if w not in targets]
+            for w in self._alive_holders(t, b, old_owners):
+                if w not in owners and (len(owners) < k or not owners):
+                    owners.append(w)
+            new_owners[b][:] = owners
+        logger.warning("dask_ps: table %r: copies to %s not made; blocks stay on their old holders",
+                       t.spec.name, {b: sorted(ws) for b, ws in given_up.items()})
+        self.plugin._in_background(self._later_rebalance(t.spec.name))
+
+    async def _later_rebalance(self, name: str) -> None:
+        await asyncio.sleep(1.0)
+        await self.rebalance(name)
+
+    def _alive_holders(self, t, b, old_owners) -> list[str]:
+        """The old owners of block ``b`` with an up-to-date copy that are
+        still in the cluster and not fenced out or removed."""
+        if old_owners is None or b >= len(old_owners):
+            return []
+        bad = t.stale.get(b, set())
+        return [w for w in old_owners[b] if w not in bad and self._alive(w)]
+
+    def _alive(self, worker: str) -> bool:
+        """Not removed, not fenced out: in the cluster, or retiring (Dask
+        removes a retiring worker while it still serves its evacuation)."""
+        plugin = self.plugin
+        if worker in plugin.liveness.dead:
+            return False
+        scheduler = getattr(plugin, "scheduler", None)
+        return scheduler is None or worker in scheduler.workers or worker in getattr(plugin, "_retiring", ())
 
     async def _create_empty(self, t, new_owners, skip) -> None:
         """Blocks with no copy left: empty shards on their new owners (a

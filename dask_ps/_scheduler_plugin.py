@@ -69,6 +69,10 @@ class SchedulerTableState:
     # block -> replicas that missed a forwarded push: fenced (no reads), never
     # a copy source or a promoted primary, copied again by ``PlacementChanger.resync``
     stale: dict[int, set[str]] = field(default_factory=dict)
+    # While a placement change copies blocks (``PlacementChanger.change``,
+    # until every holder adopted): the placement before it. Its holders have
+    # the up-to-date copies; the new owners' copies are not all made yet.
+    changing_from: list[list[str]] | None = None
 
     def __repr__(self):
         return f"<SchedulerTableState {self.spec.name!r} v{self.version} {len(self.owners)} blocks>"
@@ -93,6 +97,17 @@ class SchedulerTableState:
 
     def holders(self) -> set[str]:
         return {w for ws in self.owners for w in ws}
+
+    def up_to_date(self, b: int) -> set[str]:
+        """The workers that hold an up-to-date copy of block ``b`` (during a
+        placement change: the old placement's, whose copies are complete)."""
+        owners = self.changing_from if self.changing_from is not None else self.owners
+        have = set(owners[b]) if b < len(owners) else set()
+        return have - self.stale.get(b, set())
+
+    def listed(self) -> set[str]:
+        """Every worker a placement names (during a change, old and new)."""
+        return self.holders() | {w for ws in (self.changing_from or ()) for w in ws}
 
 
 @dataclass
@@ -270,7 +285,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self.scheduler.log_event("ps-worker-left", {"address": worker})
         self._in_background(self.calls.broadcast("ps_worker_left", address=worker))
         for t in list(self.tables.values()):
-            if worker in t.holders():
+            if worker in t.listed():
                 self._in_background(self.placement.repair(t.spec.name, gone={worker}, reason=f"{worker} left ({stimulus_id})"))
 
     def _in_background(self, coro) -> None:
@@ -445,6 +460,13 @@ class PSSchedulerPlugin(SchedulerPlugin):
             run.rollbacks.append({**record, "clocks": list(run.clocks), "run_started": run.started})
 
     @handler(INTERNAL)
+    def alive(self, address: str) -> None:
+        """Handler (a worker's ``_liveness.Beacon``, one-way, from its own
+        thread): that worker's process runs, whatever its event loop does."""
+        if isinstance(address, str) and address in self.scheduler.workers:
+            self.hung.alive(address)
+
+    @handler(INTERNAL)
     def fenced_out(self, address: str) -> bool:
         """Handler (a worker that was stopped for long, ``PauseGuard``): was
         it fenced out as hung (its copies must not serve until it dropped them)?"""
@@ -533,6 +555,14 @@ class PSSchedulerPlugin(SchedulerPlugin):
                 self.creating.pop(new.name, None)
             state = SchedulerTableState(new, spec, version, owners)
             self.tables[new.name] = state
+            # A worker fenced out or removed while the shards were created
+            # was not repaired out of this table (it was not registered yet):
+            # repair now, before its eviction could leave a listed owner with
+            # no copy (HungWorkers._take_back waits for this).
+            for w in sorted(state.holders()):
+                if w in self.hung.fenced or w in self.liveness.dead:
+                    self._in_background(self.placement.repair(
+                        new.name, gone={w}, reason=f"{w} left while the table was created"))
             logger.info("dask_ps: created table %r (%s) on %d workers", new.name, new.describe(), len(by_worker))
             return state.handle_msg()
 

@@ -32,7 +32,7 @@ from dask_ps._exceptions import (
     UnknownTableError,
 )
 from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, handler, reply_errors
-from dask_ps._liveness import Liveness, PauseGuard, WorkerGone
+from dask_ps._liveness import Beacon, Liveness, PauseGuard, WorkerGone
 from dask_ps._shard import ShardStore, _wire_clock, check_owners
 from dask_ps._spec import TableSpec
 
@@ -103,6 +103,12 @@ class PSWorkerPlugin(WorkerPlugin):
         # Every ps_* handler, behind the check of its access level.
         WORKER_HANDLERS.install(self, worker.handlers, lambda: self.internal_token)
         worker.extensions[PLUGIN_NAME] = self
+        # This process's liveness, from a thread of its own (a busy event loop
+        # is not a dead worker: _liveness.Beacon); made here, not pickled.
+        self.beacon = Beacon()
+        self.pause_guard._beacon = self.beacon
+        self.beacon.start(worker.scheduler.address, worker.address, self.internal_token,
+                          getattr(worker, "connection_args", None))
         self.pause_guard.start()
         # Announce ourselves (never called from the scheduler's add_worker:
         # an RPC to a joining worker there deadlocks, see DASK_NOTES pitfall 1).
@@ -110,6 +116,9 @@ class PSWorkerPlugin(WorkerPlugin):
 
     async def teardown(self, worker):
         self.pause_guard.stop()
+        beacon = getattr(self, "beacon", None)
+        if beacon is not None:
+            beacon.stop()
         # A graceful close (retire_workers, scale down): hand our blocks to
         # other workers first. The scheduler ignores this while shutting down.
         if self.store.tables:
@@ -420,12 +429,22 @@ class PSWorkerPlugin(WorkerPlugin):
         self.liveness.mark_dead(address)
 
     @handler(INTERNAL)
-    def evicted(self, eviction: str) -> None:
-        """Handler (scheduler): this worker was fenced out as hung (it sent
-        no heartbeat for ``ps.timeouts.hung``) and its copies left every
-        placement. They missed pushes: drop them all. The scheduler then
-        takes this worker back as a new member (``_liveness.HungWorkers``)."""
+    def evicted(self, eviction: str, drop: bool = True) -> None:
+        """Handler (scheduler): this worker was fenced out as hung (not heard
+        for ``ps.timeouts.hung``) and its copies leave every placement.
+        ``drop=False`` (at once): they serve nothing from now on, but stay
+        while the repairs without it run. Then (``drop=True``, once no
+        placement lists this worker) they missed pushes: drop them all. The
+        scheduler then takes this worker back as a new member
+        (``_liveness.HungWorkers``)."""
+        if not isinstance(eviction, str):
+            raise PSValueError(f"evicted needs an eviction id, got {eviction!r}")
         if eviction in self._evictions:
+            return
+        if not drop:
+            self.pause_guard.suspend("fenced out as hung")
+            logger.warning("dask_ps: %s was fenced out as hung; its copies serve nothing until they are "
+                           "replaced", self.worker.address)
             return
         self._evictions.add(eviction)
         for name in list(self.store.tables):

@@ -128,13 +128,52 @@ def test_a_source_that_refuses_the_copy_is_given_up_at_once():
     assert lost == {} and copied[0] == ["D"]
 
 
-def test_an_unreachable_target_the_scheduler_never_removes_is_given_up_after_a_while():
+def test_an_unreachable_target_the_scheduler_never_removes_is_given_up_never_its_source():
     """The bound on waiting: a target that stays unreachable while the
-    scheduler keeps it (hung and not fenced) costs the source after
-    ``2 * ps.timeouts.hung`` (the previous behaviour), never an endless freeze."""
+    scheduler keeps it (hung and not fenced) is given up after ``2 *
+    ps.timeouts.hung``, never an endless freeze; and what is given up is
+    the copy, not the source. Before (issue 22), the source was given up
+    and the block, whose copy on X was fine, reported lost."""
     import dask
 
     cluster = FakeCluster({"X": {0}, "V": set()}, killed={"V"})
+    given_up = {}
+    t = SimpleNamespace(spec=SimpleNamespace(name="t"), lost={})
     with dask.config.set({"ps.timeouts.hung": "0.1s"}):
-        lost, _ = copy(cluster, wanted={0: ["V"]}, candidates={0: ["X"]})
-    assert lost == {0: "no live copy could be read during a placement change"}
+        copied = asyncio.run(changer(cluster)._copy(t, {0: ["V"]}, {0: ["X"]}, dict(table="t", table_id="1"),
+                                                    given_up=given_up))
+    assert t.lost == {} and not copied.get(0)
+    assert given_up == {0: {"V"}}
+
+
+def test_an_unreachable_source_with_another_copy_is_passed_over():
+    """A source that stays unreachable (stopped, not removed) is tried
+    after the other up-to-date copy, not declared lost."""
+    import dask
+
+    cluster = FakeCluster({"X": {0}, "Y": {0}, "D": set()}, killed={"X"})
+    with dask.config.set({"ps.timeouts.hung": "0.1s"}):
+        lost, copied = copy(cluster, wanted={0: ["D"]}, candidates={0: ["X", "Y"]})
+    assert lost == {} and copied[0] == ["D"]
+
+
+def test_a_change_never_loses_a_block_whose_holder_is_alive():
+    """The sole up-to-date holder of a block stops (SIGSTOP: in the
+    cluster, not removed) during a repair: the copy waits, then gives up
+    the target, and the block stays on its holder, the target left out of
+    its owners. Before (issue 22) the source was given up after ``2 *
+    ps.timeouts.hung`` and the block reported lost."""
+    import dask
+
+    cluster = FakeCluster({"B": {0}, "C": set()}, killed={"B"})
+    cluster.dead.add("A")  # fenced out (its copy may be stale)
+    plugin = SimpleNamespace(calls=cluster, liveness=SimpleNamespace(dead=cluster.dead),
+                             tables={}, members={"B", "C"}, _in_background=lambda coro: coro.close())
+    ch = PlacementChanger(plugin)
+    t = SimpleNamespace(spec=SimpleNamespace(name="t", replication=2), lost={}, stale={})
+    old, new = [["A", "B"]], [["B", "C"]]
+    given_up = {}
+    with dask.config.set({"ps.timeouts.hung": "0.1s"}):
+        asyncio.run(ch._copy(t, {0: ["C"]}, {0: ["B"]}, dict(table="t", table_id="1"), old, given_up))
+    ch._keep_where_it_is(t, old, new, given_up)
+    assert t.lost == {} and new == [["B"]]

@@ -1,0 +1,106 @@
+"""The scheduler's detector of stopped workers (``_liveness.HungWorkers``)
+and a worker's beacon (``_liveness.Beacon``), without a cluster: slow is
+not dead (issue 22)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import dask
+from distributed.metrics import time as dask_time
+
+from dask_ps._liveness import Beacon, HungWorkers
+from dask_ps._scheduler_plugin import SchedulerTableState
+
+
+def fake_plugin(members, last_seen):
+    workers = {w: SimpleNamespace(last_seen=last_seen[w]) for w in members}
+    scheduler = SimpleNamespace(workers=workers, status=SimpleNamespace(name="running"))
+    return SimpleNamespace(scheduler=scheduler, members=set(members), _retiring=set(), tables={}, creating={})
+
+
+def checked(plugin, beats=None):
+    hung = HungWorkers(plugin)
+    fenced = []
+    hung._fence_out = lambda w, reason: fenced.append(w)
+    hung.beats.update(beats or {})
+    hung.check()
+    return fenced
+
+
+def test_a_worker_whose_event_loop_is_busy_but_whose_beacon_beats_is_not_fenced():
+    """Dask's heartbeat of ``a`` is 20 s old (its event loop is busy: a
+    compile, an import, a sync handler) but its beacon thread beat just
+    now: alive. Before (issue 22) the heartbeat alone decided, and a cold
+    first fit fenced healthy workers out after 3 s."""
+    now = dask_time()
+    plugin = fake_plugin(["a", "b", "c"], {"a": now - 20, "b": now, "c": now})
+    assert checked(plugin, beats={"a": now, "b": now, "c": now}) == []
+
+
+def test_a_stopped_worker_is_fenced_after_the_limit():
+    """Neither beacon nor heartbeat for longer than ``ps.timeouts.hung``
+    (6 s by default): fenced, where its blocks have other copies."""
+    now = dask_time()
+    plugin = fake_plugin(["a", "b", "c"], {"a": now - 7, "b": now, "c": now})
+    assert checked(plugin, beats={"a": now - 7, "b": now, "c": now}) == ["a"]
+    plugin = fake_plugin(["a", "b", "c"], {"a": now - 4, "b": now, "c": now})
+    assert checked(plugin, beats={"a": now - 4, "b": now, "c": now}) == []  # 3 s fenced it before
+    with dask.config.set({"ps.timeouts.hung": 0}):
+        plugin = fake_plugin(["a", "b", "c"], {"a": now - 70, "b": now, "c": now})
+        assert checked(plugin, beats={"a": now - 70}) == []
+
+
+def test_a_copy_being_made_does_not_count_as_another_copy():
+    """During a placement change the new owners' copies are not made yet:
+    the old holder ``b`` of a block whose other old holder ``a`` was fenced
+    out is its last up-to-date copy, and is not fenced out even though the
+    new placement lists ``c`` (issue 22: two workers stopped together lost
+    blocks)."""
+    now = dask_time()
+    plugin = fake_plugin(["b", "c", "d"], {"b": now - 10, "c": now, "d": now})
+    t = SchedulerTableState(spec=SimpleNamespace(name="w"), spec_msg={}, version=2, owners=[["b", "c"]])
+    t.changing_from = [["a", "b"]]
+    plugin.tables = {"w": t}
+    hung = HungWorkers(plugin)
+    assert "only up-to-date copy of block 0" in hung._sole_copies("b", silent={"b"})
+    assert checked(plugin, beats={"b": now - 10, "c": now, "d": now}) == []
+    t.changing_from = None  # adopted: c holds it now
+    assert hung._sole_copies("b", silent={"b"}) is None
+
+
+def test_the_beacon_keeps_beating_while_another_thread_holds_the_event_loop():
+    """The beacon's thread runs while another thread is busy in Python
+    (the GIL is handed over every few ms): its gaps stay short."""
+    beacon = Beacon(period=0.05)
+    beacon._stop.clear()
+    import threading
+
+    sent = []
+
+    async def fake_beat():  # the thread's tick loop without a scheduler to send to
+        import asyncio
+
+        while not beacon._stop.is_set():
+            beacon._tick()
+            sent.append(1)
+            await asyncio.sleep(0.01)
+
+    def run():
+        import asyncio
+
+        asyncio.run(fake_beat())
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    beacon._thread = th
+    beacon.take_gap()
+    t0 = time.monotonic()
+    x = 0
+    while time.monotonic() - t0 < 1.0:  # a pure-Python busy loop in this thread
+        x += 1
+    gap = beacon.take_gap()
+    beacon.stop()
+    th.join(2)
+    assert len(sent) > 10 and gap < 0.5, (len(sent), gap)
