@@ -20,6 +20,10 @@ PRIVATE_SKLEARN = {
     "sklearn.utils._param_validation": ["Interval", "StrOptions"],
     "sklearn.linear_model._base": ["LinearClassifierMixin", "SparseCoefMixin"],
     "sklearn.utils.multiclass": ["_check_partial_fit_first_call"],
+    # scikit-learn's own input checks, so that errors on dask inputs read as
+    # scikit-learn's (issue 24): the y checks and the feature-name and count
+    # checks against a fitted estimator.
+    "sklearn.utils.validation": ["_check_y", "_check_n_features", "_check_feature_names"],
 }
 
 

@@ -86,7 +86,11 @@ def test_n_jobs_caps_a_dask_input_held_by_more_workers(client):
     dX, dy = client.persist([da.from_array(X, chunks=50), da.from_array(y, chunks=50)])
     wait([dX, dy])
     held = {w for ws in client.who_has(dX).values() for w in ws}
-    assert len(held) == 2  # the blocks are on both workers
+    if len(held) < 2:  # Dask put every block on one worker (a loaded machine): spread them
+        client.rebalance([dX, dy])
+        held = {w for ws in client.who_has(dX).values() for w in ws}
+    if len(held) < 2:
+        pytest.skip("Dask kept every block on one worker: the precondition of this test")
     one = SGDRegressor(n_jobs=1, max_iter=3, tol=None, random_state=0, client=client).fit(dX, dy)
     assert len(one.metrics_) == 1
     both = SGDRegressor(max_iter=3, tol=None, random_state=0, client=client).fit(dX, dy)
