@@ -328,7 +328,7 @@ class HungWorkers:
             return
         workers = plugin.scheduler.workers
         silent = {w for w in plugin.members
-                  if w in workers and w not in plugin._retiring and now - self.last_heard(w) > self.limit(w)}
+                  if w in workers and w not in plugin.retiring and now - self.last_heard(w) > self.limit(w)}
         for w in list(self._warned):
             if w not in silent:
                 self._warned.discard(w)
@@ -374,7 +374,7 @@ class HungWorkers:
         plugin.members.discard(worker)
         plugin.liveness.mark_dead(worker)  # the scheduler's own calls to it fail over
         plugin.scheduler.log_event("ps-worker-left", {"address": worker, "reason": reason})
-        plugin._in_background(self._repair_without(worker, reason))
+        plugin.in_background(self._repair_without(worker, reason))
         task = asyncio.ensure_future(self._take_back(worker, self.fenced[worker]))
         self._waiting.add(task)
         task.add_done_callback(self._waiting.discard)
@@ -392,7 +392,7 @@ class HungWorkers:
         ), return_exceptions=True)
         for t in list(plugin.tables.values()):
             if worker in t.listed():
-                plugin._in_background(plugin.placement.repair(t.spec.name, gone={worker}, reason=reason))
+                plugin.in_background(plugin.placement.repair(t.spec.name, gone={worker}, reason=reason))
 
     async def _take_back(self, worker: str, eviction: str) -> None:
         """Once it answers, it stops serving (``ps_evicted`` with
@@ -425,7 +425,7 @@ class HungWorkers:
             if waited >= 5.0:  # a repair that gave up: ask again
                 waited = 0.0
                 for name in listing:
-                    plugin._in_background(plugin.placement.repair(
+                    plugin.in_background(plugin.placement.repair(
                         name, gone={worker}, reason=f"{worker} fenced out as hung"))
             await asyncio.sleep(0.2)
         while self.fenced.get(worker) == eviction and worker in plugin.scheduler.workers:

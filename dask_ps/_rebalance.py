@@ -27,7 +27,7 @@ class PlacementChanger:
     """Moves the blocks of the plugin's tables between its members.
 
     Holds a reference to the scheduler plugin for its table registry
-    (``tables``), its membership (``members``, ``_running_members``), its
+    (``tables``), its membership (``members``, ``running_members``, ``retiring``), its
     per-table locks and its background tasks; calls workers through the
     plugin's :class:`~dask_ps._liveness.WorkerCalls`.
     """
@@ -72,7 +72,7 @@ class PlacementChanger:
     async def evacuate(self, address: str) -> None:
         """Move every block off ``address`` (retiring, still serving)."""
         self.members.discard(address)
-        if not self.plugin._running_members():
+        if not self.plugin.running_members():
             return  # the whole cluster is shutting down (scale(0) retires everyone)
         names = [n for n, t in self.tables.items() if address in t.listed()]
         # All tables at once: the worker may not wait long once it closes.
@@ -89,7 +89,7 @@ class PlacementChanger:
             t = self.tables.get(name)
             if t is None:
                 return
-            members = self.plugin._running_members() - gone - leaving
+            members = self.plugin.running_members() - gone - leaving
             # Holders that take no new blocks but still serve theirs (another
             # worker retiring, one Dask paused): sources, never "lost" (a kill
             # during a retire reported the retiring worker's blocks lost).
@@ -162,7 +162,7 @@ class PlacementChanger:
         # the copy differs from it whether or not the push is acknowledged.
         if table not in self.resync_pending:
             self.resync_pending.add(table)
-            self.plugin._in_background(self.resync(table))
+            self.plugin.in_background(self.resync(table))
         try:
             await asyncio.wait_for(
                 self.calls.call(replica, "ps_fence", table=table, table_id=table_id, blocks=blocks),
@@ -398,7 +398,7 @@ class PlacementChanger:
             new_owners[b][:] = owners
         logger.warning("dask_ps: table %r: copies to %s not made; blocks stay on their old holders",
                        t.spec.name, {b: sorted(ws) for b, ws in given_up.items()})
-        self.plugin._in_background(self._later_rebalance(t.spec.name))
+        self.plugin.in_background(self._later_rebalance(t.spec.name))
 
     async def _later_rebalance(self, name: str) -> None:
         await asyncio.sleep(1.0)
@@ -419,7 +419,7 @@ class PlacementChanger:
         if worker in plugin.liveness.dead:
             return False
         scheduler = getattr(plugin, "scheduler", None)
-        return scheduler is None or worker in scheduler.workers or worker in getattr(plugin, "_retiring", ())
+        return scheduler is None or worker in scheduler.workers or worker in getattr(plugin, "retiring", ())
 
     async def _create_empty(self, t, new_owners, skip) -> None:
         """Blocks with no copy left: empty shards on their new owners (a
@@ -460,7 +460,7 @@ class PlacementChanger:
         a failed one (a connect to a dead worker can take ``timeouts.connect``).
         Clients hear it as a Dask event; workers through a handler."""
         self.plugin.scheduler.log_event("ps-placement", {"table": t.spec.name, "version": t.version})
-        self.plugin._in_background(
+        self.plugin.in_background(
             self.calls.broadcast("ps_placement_changed", table=t.spec.name, version=t.version)
         )
 

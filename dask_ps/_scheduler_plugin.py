@@ -288,10 +288,21 @@ class PSSchedulerPlugin(SchedulerPlugin):
             if worker in t.listed():
                 self._in_background(self.placement.repair(t.spec.name, gone={worker}, reason=f"{worker} left ({stimulus_id})"))
 
-    def _in_background(self, coro) -> None:
+    # --- what PlacementChanger and HungWorkers use of this plugin (besides
+    # tables, members, creating, scheduler, liveness, calls, placement, hung,
+    # table_lock, worker_rpc, register_server, note_rollback) ---------------------------
+    def in_background(self, coro) -> None:
+        """Run ``coro`` as a background task (``ps_placement_settled`` waits for it)."""
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    _in_background = in_background
+
+    @property
+    def retiring(self) -> set[str]:
+        """Workers being retired (still serving while their blocks move)."""
+        return self._retiring
 
     # --- membership -------------------------------------------------------------
     @handler(INTERNAL)
@@ -479,10 +490,12 @@ class PSSchedulerPlugin(SchedulerPlugin):
         return [r for name in names for r in self._table(name).rollbacks]
 
     # --- placement (the freeze/copy/adopt protocol is _rebalance.PlacementChanger) ----
-    def _running_members(self) -> set[str]:
+    def running_members(self) -> set[str]:
         """Members that can take blocks: not closing or being retired."""
         ws = self.scheduler.workers
         return {w for w in self.members if w in ws and ws[w].status.name == "running"}
+
+    _running_members = running_members
 
     def table_lock(self, name: str) -> asyncio.Lock:
         """The lock that orders creation and placement changes of table ``name``."""

@@ -17,7 +17,7 @@ from dask_ps._scheduler_plugin import SchedulerTableState
 def fake_plugin(members, last_seen):
     workers = {w: SimpleNamespace(last_seen=last_seen[w]) for w in members}
     scheduler = SimpleNamespace(workers=workers, status=SimpleNamespace(name="running"))
-    return SimpleNamespace(scheduler=scheduler, members=set(members), _retiring=set(), tables={}, creating={})
+    return SimpleNamespace(scheduler=scheduler, members=set(members), retiring=set(), tables={}, creating={})
 
 
 def checked(plugin, beats=None):

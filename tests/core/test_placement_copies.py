@@ -168,7 +168,7 @@ def test_a_change_never_loses_a_block_whose_holder_is_alive():
     cluster = FakeCluster({"B": {0}, "C": set()}, killed={"B"})
     cluster.dead.add("A")  # fenced out (its copy may be stale)
     plugin = SimpleNamespace(calls=cluster, liveness=SimpleNamespace(dead=cluster.dead),
-                             tables={}, members={"B", "C"}, _in_background=lambda coro: coro.close())
+                             tables={}, members={"B", "C"}, in_background=lambda coro: coro.close())
     ch = PlacementChanger(plugin)
     t = SimpleNamespace(spec=SimpleNamespace(name="t", replication=2), lost={}, stale={})
     old, new = [["A", "B"]], [["B", "C"]]
