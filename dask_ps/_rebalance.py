@@ -306,25 +306,13 @@ class PlacementChanger:
             waiting = False
             for b in list(wanted):
                 if not candidates[b]:
-                    # A holder that refused (a PSError: it has no such copy) is no source.
-                    alive = [w for w in self._alive_holders(t, b, old_owners) if w not in refused.get(b, ())]
-                    if alive:
-                        # Sources given up (a refusal, a failed freeze) but a
-                        # holder is still here: freeze it again and wait.
-                        refrozen = await self._freeze(set(alive), msg)
-                        candidates[b] = [w for w in alive if w in refrozen]
-                        if not candidates[b]:
-                            if (b, "*") not in unreachable:
-                                unreachable.add((b, "*"))
-                                logger.warning("dask_ps: table %r: block %d: its holders %s are unreachable "
-                                               "but alive; waiting for them (it is not lost)",
-                                               t.spec.name, b, alive)
-                            waiting = True
-                            continue
-                    else:
-                        logger.error("dask_ps: table %r: no copy of block %d could be read", t.spec.name, b)
-                        t.lost[b] = "no live copy could be read during a placement change"
+                    found = await self._sources_again(t, b, old_owners, refused.get(b, ()), msg, unreachable)
+                    if found is None:  # none alive: lost
                         del wanted[b]
+                        continue
+                    candidates[b] = found
+                    if not found:  # alive, not answering: wait
+                        waiting = True
                         continue
                 for w in wanted[b]:
                     by_pair.setdefault((candidates[b][0], w), []).append(b)
@@ -360,29 +348,51 @@ class PlacementChanger:
                         # Exception when it does not pickle.)
                         unclear = True
                         if now - since >= patience:
-                            others = [w for w in candidates[b] if w != src
-                                      and now - first_failed.get((b, w, dst), now) < patience]
-                            if others:  # another up-to-date copy first
-                                candidates[b].remove(src)
-                                candidates[b].append(src)
-                            else:
-                                # Every source tried for long: give up this
-                                # copy, never a source (that would lose the
-                                # block): the placement keeps the block where
-                                # it is (``change``), a later change adds it.
-                                logger.warning(
-                                    "dask_ps: table %r: block %d: no copy to %s for %.0f s (source %s, "
-                                    "still in the cluster: unreachable, not lost); the block stays on "
-                                    "its old holders", t.spec.name, b, dst, now - since, src)
-                                wanted[b].remove(dst)
-                                if given_up is not None:
-                                    given_up.setdefault(b, set()).add(dst)
+                            self._past_patience(t, b, src, dst, now, patience, first_failed, wanted, candidates,
+                                                given_up)
             for b in [b for b, ws in wanted.items() if not ws]:
                 del wanted[b]
             if unclear and wanted:
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 0.5)
         return copied
+
+    async def _sources_again(self, t, b, old_owners, refused, msg, unreachable) -> list[str] | None:
+        """Block ``b`` has no source left: its old up-to-date holders that
+        are alive and did not refuse (a ``PSError``: no such copy), frozen
+        again; ``[]`` when they are alive but do not answer (wait for them:
+        the block is not lost); None when none is alive (it is marked lost)."""
+        alive = [w for w in self._alive_holders(t, b, old_owners) if w not in refused]
+        if not alive:
+            logger.error("dask_ps: table %r: no copy of block %d could be read", t.spec.name, b)
+            t.lost[b] = "no live copy could be read during a placement change"
+            return None
+        refrozen = await self._freeze(set(alive), msg)
+        found = [w for w in alive if w in refrozen]
+        if not found and (b, "*") not in unreachable:
+            unreachable.add((b, "*"))
+            logger.warning("dask_ps: table %r: block %d: its holders %s are unreachable but alive; waiting "
+                           "for them (it is not lost)", t.spec.name, b, alive)
+        return found
+
+    @staticmethod
+    def _past_patience(t, b, src, dst, now, patience, first_failed, wanted, candidates, given_up) -> None:
+        """The copy of ``b`` from ``src`` to ``dst`` failed for ``patience``
+        with neither end known dead: another up-to-date source first if one
+        has not failed that long; else give up this copy, never a source
+        (that would lose the block): the placement keeps the block where it
+        is (``change``), a later change adds it."""
+        others = [w for w in candidates[b] if w != src and now - first_failed.get((b, w, dst), now) < patience]
+        if others:
+            candidates[b].remove(src)
+            candidates[b].append(src)
+            return
+        logger.warning("dask_ps: table %r: block %d: no copy to %s for %.0f s (source %s, still in the "
+                       "cluster: unreachable, not lost); the block stays on its old holders",
+                       t.spec.name, b, dst, now - first_failed[(b, src, dst)], src)
+        wanted[b].remove(dst)
+        if given_up is not None:
+            given_up.setdefault(b, set()).add(dst)
 
     def _keep_where_it_is(self, t, old_owners, new_owners, given_up) -> None:
         """Copies that could not be made: their targets leave the block's new
