@@ -456,6 +456,12 @@ class ParameterServer:
             clocks, and carries the participants' return values
             (``results``). A run that fails for another reason re-raises
             that error with a note saying the same.
+        CopiesDisagreeError
+            (``dask_ps._exceptions``, a ``PSError``) The run finished, but
+            at its end a copy of a block of a table it used held fewer
+            updates than the others (it missed some, and may have been
+            read): the copy is made again; redo the run
+            (docs/reliability.rst, "Known limits").
         """
         from dask_ps._session import participant
 
@@ -497,6 +503,17 @@ class ParameterServer:
         if rolled_back:
             # Never only a log line: acknowledged updates are gone.
             raise RolledBackError.from_run(run_id, rolled_back, results)
+        disagree = self._metrics.get(run_id, {}).get("copies_disagree")
+        if disagree:
+            # A copy that missed updates may have been read: never a silent wrong answer (issue 22).
+            from dask_ps._exceptions import CopiesDisagreeError
+
+            raise CopiesDisagreeError(
+                f"run {run_id} finished, but copies of a table it used held different updates at its end "
+                + "; ".join(f"(table {d['table']!r}: block, worker, updates, highest: {d['copies']})"
+                            for d in disagree)
+                + ": a participant may have read a copy that missed updates. The copies are being made "
+                "again; redo the run.", {d["table"]: d["copies"] for d in disagree}, results)
         return results
 
     def _end_run(self, run_id: str) -> list[dict]:

@@ -180,3 +180,16 @@ class NoWorkersError(PSError, TimeoutError):
 
     def __reduce__(self):
         return (type(self), (self.args[0], self.address))
+
+
+class CopiesDisagreeError(PSError):
+    """A run finished, but copies of blocks of a table it used held
+    different updates at its end (a copy missed some): its participants may
+    have read the wrong copy, so its result is not trusted. The copies are
+    copied again (the table is right again afterwards); redo the run.
+    ``copies``: ``{table: [[block, worker, updates, highest], ...]}``."""
+
+    def __init__(self, message, copies=None, results=None):
+        super().__init__(message)
+        self.copies = copies or {}
+        self.results = results

@@ -717,6 +717,16 @@ class PSWorkerPlugin(WorkerPlugin):
         return _backend.gpu_info()
 
     @handler(READ_ONLY)
+    def block_seqs(self, table: str, table_id: str) -> dict:
+        """Handler (scheduler, at a run's end): the update count of every
+        block of ``table`` held here (``Block.seq``; copies of a block that
+        hold the same updates have the same count)."""
+        t = self.store.tables.get(table) if isinstance(table, str) else None
+        if t is None or t.spec.table_id != table_id:
+            return {}
+        return {int(b): int(blk.seq) for b, blk in t.blocks.items()}
+
+    @handler(READ_ONLY)
     def info(self, served: bool = False) -> dict:
         """Handler: which blocks of which tables live here, and their bytes;
         ``served=True``: also the pushes and reads served (the dashboard)."""

@@ -325,3 +325,47 @@ def test_a_worker_fenced_while_a_table_is_created_never_serves_a_copy_that_misse
             for w in ws:
                 assert b in held[w], (b, w)
                 np.testing.assert_array_equal(held[w][b], np.full(BLOCK_ROWS, 15.0), err_msg=f"{w} block {b}")
+
+
+def _push_then_spoil(ctx, _, replica, clocks):
+    for _clock in range(ctx.current_clock, clocks):
+        ctx.push("w", np.ones(N_ROWS))
+        ctx.clock()
+    if ctx.rank == 0 and replica is not None:
+        # A copy that missed updates (what a fenced worker's late copy was):
+        # one update fewer, and its values those of an empty table.
+        from dask_ps._worker_plugin import _IN_PROCESS
+
+        blk = _IN_PROCESS[replica].store.tables["w"].blocks[0]
+        blk.seq -= 1
+        blk.data[:] = 0
+    return ctx.current_clock
+
+
+def test_a_run_whose_table_has_a_copy_that_missed_updates_raises():
+    """Issue 22, item 3: "a fit that trained on lost, reset or partial
+    tables raises". At a run's end the scheduler compares the update counts
+    of every listed copy of the blocks of the tables it used; a copy behind
+    the others (here: spoiled on purpose at the end of the run) makes
+    ``ps.run`` raise ``CopiesDisagreeError`` instead of returning, and the
+    copy is fenced and made again. Before, the run returned and the copy
+    kept serving reads (a pull from it gave zeros)."""
+    from dask_ps._exceptions import CopiesDisagreeError
+
+    with LocalCluster(n_workers=3, processes=False, threads_per_worker=1, dashboard_address=None) as c, \
+            Client(c) as client:
+        ps = dask_ps.ParameterServer(client)
+        ps.create_table("w", shape=(N_ROWS,), block_rows=BLOCK_ROWS, replication=2)
+        assert ps.run(_push_then_spoil, range(2), replica=None, clocks=3) == [3, 3]  # no false alarm
+        replica = ps._handle("w").owners[0][1]
+        with pytest.raises(CopiesDisagreeError, match="block, worker, updates") as info:
+            ps.run(_push_then_spoil, range(2), replica=replica, clocks=3)
+        assert [row[:2] for row in info.value.copies["w"]] == [[0, replica]]
+        ps.wait_for_placement()
+        want = np.full(N_ROWS, 12.0)
+        np.testing.assert_array_equal(ps.pull("w"), want)
+        held = _held(client, "w")
+        for b, ws in enumerate(ps._handle("w").owners):
+            for w in ws:
+                np.testing.assert_array_equal(held[w][b], want[b * BLOCK_ROWS:(b + 1) * BLOCK_ROWS],
+                                              err_msg=f"{w} block {b}")
