@@ -9,6 +9,7 @@ from dask_ps._checkpoint import checkpoint_metadata
 from dask_ps._client import BlockPlacement, ParameterServer, get_parameter_server
 from dask_ps._exceptions import (
     ClockTimeoutError,
+    CopiesDisagreeError,
     DataLostError,
     NoWorkersError,
     PSError,
@@ -36,5 +37,5 @@ __all__ = [
     "UpdateRule", "Sum", "Assign", "SGD", "Momentum", "Adagrad", "Adam", "Custom",
     "PSError", "TableError", "UnknownTableError", "TableExistsError", "PSValueError",
     "StaleVersionError", "RunAbortedError", "ClockTimeoutError", "DataLostError", "RolledBackError",
-    "SchedulerLostError", "NoWorkersError",
+    "SchedulerLostError", "NoWorkersError", "CopiesDisagreeError",
 ]
