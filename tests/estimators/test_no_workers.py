@@ -6,7 +6,6 @@ item 4). On 3860c22 it waited silently until killed (9.5 min in the report).
 from __future__ import annotations
 
 import threading
-import time
 
 import dask
 import numpy as np
@@ -41,12 +40,11 @@ def _data():
 def test_no_workers_fails_after_the_configured_wait(no_workers, fit):
     cluster, client = no_workers
     address = cluster.scheduler_address
-    t0 = time.perf_counter()
     with dask.config.set({"ps.timeouts.no-workers": "1s"}):
         with pytest.raises(dask_ps.NoWorkersError) as info:
             fit(client)
-    assert time.perf_counter() - t0 < 20
     message = str(info.value)
+    assert "has waited 1 s" in message  # the configured wait, not the default's
     assert address in message and f"dask worker {address}" in message
     assert info.value.address == address
     assert isinstance(info.value, TimeoutError)
