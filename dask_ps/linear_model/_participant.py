@@ -233,7 +233,7 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
 class _Participant:
     """The state of one participant's run and its steps: setup
     (``__init__``), ``replay`` (the epochs a retried participant had done),
-    ``epoch`` (its rounds: ``compiled_round`` or ``minibatch_round``, then
+    ``epoch`` (its rounds: ``round``, prepared and trained by ``self.rounds``, then
     ``sync_round``), ``end_epoch`` and ``decide``."""
 
     def __init__(self, ctx, part, cfg: _RunConfig):
