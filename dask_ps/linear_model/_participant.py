@@ -269,7 +269,8 @@ class _Participant:
         self.sq_norm = 0.0
         if not self.solo and self.n_train:
             Xt = X[self.train_idx] if self.n_train < X.shape[0] else X
-            sq = (Xt.data ** 2).sum() if self.sparse else (Xt ** 2).sum()
+            v = Xt.data if self.sparse else Xt.reshape(-1)  # no squared copy (setup of a one-epoch fit)
+            sq = self.xp.dot(v, v)
             self.sq_norm = float(sq) / self.n_train
         self.stats_pad = None if self.solo else np.zeros(1 + self.K + 3)  # a round's row: its loss sums only
         # The session's background reads and clocks (ps-lite's ZPull/Wait):

@@ -76,6 +76,35 @@ def test_block_order_permutes_whole_blocks(n):
         assert any(not np.array_equal(orders[0], o) for o in orders[1:])
 
 
+@pytest.mark.parametrize("n, S, m", [(300, 30, 4), (100_000, 400, 50), (70_000, 64, 8)])
+def test_fixed_rounds_are_blocks_of_consecutive_samples(n, S, m):
+    """The fixed sparse rounds hold every training sample once; on large
+    inputs in runs of ``_composition_block`` consecutive samples (cheap to
+    compact), and on small ones (fewer than ``ORDER_BLOCK`` blocks a round)
+    shuffled sample by sample exactly as ``Generator.permutation`` did."""
+    train_idx = np.arange(0, 2 * n, 2)  # a validation split leaves gaps
+    run_rounds = []
+    epoch0 = _rounds._epoch_rounds(np.random.RandomState(0), True, train_idx, S, m, True, run_rounds, 0, 7)
+    assert [g for g, _ in epoch0] == list(range(len(run_rounds))) == list(range(-(-S // m)))
+    order = np.concatenate(run_rounds)
+    np.testing.assert_array_equal(np.sort(order), train_idx)
+    block = _rounds._composition_block(n, len(run_rounds))
+    if n < len(run_rounds) * _rounds.ORDER_BLOCK ** 2:
+        assert block < _rounds.ORDER_BLOCK
+    if block == 1:
+        np.testing.assert_array_equal(order, np.random.default_rng([7, 1]).permutation(train_idx))
+        return
+    pos = np.searchsorted(train_idx, order)  # positions among the training samples
+    starts = np.flatnonzero(pos % block == 0)  # each block whole and in order, from a multiple of block
+    for a in starts:
+        run = pos[a:a + min(block, n - pos[a])]
+        np.testing.assert_array_equal(run, pos[a] + np.arange(run.shape[0]))
+    assert not np.array_equal(pos, np.arange(n))  # shuffled
+    # each round mixes samples from all over the data
+    for r in run_rounds:
+        assert r.min() < n // 2 < r.max()
+
+
 # --- rounds compacted ahead ------------------------------------------------------------------
 
 
