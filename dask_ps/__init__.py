@@ -22,7 +22,7 @@ from dask_ps._exceptions import (
     TableExistsError,
     UnknownTableError,
 )
-from dask_ps._overlap import PullHandle, PushHandle
+from dask_ps._flights import PullHandle, PushHandle
 from dask_ps._session import Session
 from dask_ps._spec import TableSpec
 from dask_ps.consistency import ASP, BSP, CVAP, ESSP, SSP, VAP, Consistency

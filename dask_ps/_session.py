@@ -1,9 +1,24 @@
 """The worker-side session (``ctx``): what a participant of ``ParameterServer.run`` holds.
 
-It keeps the participant's clock, a cache of pulled blocks tagged with the
-clock they reflect, and a buffer of pushes (oplog) that is sent at
-``flush()``/``clock()``. Its methods run in the participant's task thread and
-hand network work to the worker's event loop with ``distributed.utils.sync``.
+:class:`Session` is the participant's connection to the run and its
+consistency rules: it joins and leaves the run, keeps the participant's
+clock, buffers pushes (oplog) until ``flush()``/``clock()``, and decides
+when a read may use the cache and when it waits. It is made of three parts,
+one job each:
+
+* this module: the connection (the worker's event loop, the router, the
+  scheduler's run handlers, time accounting), the lifecycle, the clock,
+  pushes into the buffers and the read path (when a read waits, what it
+  fetches, how the result is assembled with own pending writes);
+* :mod:`dask_ps._cache`: the blocks read (``ReadCache``), their
+  invalidation and the own writes that must show in them;
+* :mod:`dask_ps._flights`: what is in flight (flushes, the clock's
+  report, reads started ahead) and the order it keeps (``InFlight``, a
+  base class of ``Session``).
+
+Its methods run in the participant's task thread and hand network work to
+the worker's event loop with ``distributed.utils.sync`` (blocking) or
+``asyncio.run_coroutine_threadsafe`` (in flight).
 
 Consistency (see :mod:`dask_ps.consistency`): a read at clock ``c`` of a
 table with staleness ``s`` needs every participant to have completed
@@ -18,7 +33,11 @@ servers, and waits only if the bound is not met.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import functools
 import logging
+import math
 import time
 import uuid
 from collections import Counter
@@ -29,130 +48,16 @@ from distributed import get_worker, secede
 from distributed.utils import sync
 
 from dask_ps import _backend, _config, _routing
+from dask_ps._cache import CacheEntry, ReadCache
+from dask_ps._flights import InFlight, PullHandle, PushHandle, _result_of
 from dask_ps._handlers import InternalRPC
 from dask_ps._oplog import PushBuffer
-from dask_ps._overlap import Overlap, PullHandle, PushHandle, add_into, ps_call
 from dask_ps._routing import TableHandle
 from dask_ps._spec import check_row_request, check_rows_sorted, check_values
 from dask_ps._transport import Router, Transport
 from dask_ps.consistency import ASP
 
 logger = logging.getLogger(__name__)
-
-
-def _same_rows(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two sorted row lists are the same (a loop that reads and
-    pushes the rows it read: no binary search needed)."""
-    return a is b or (a.size == b.size and bool(np.array_equal(a, b)))
-
-
-# A cached entry of some rows uses a lookup table over its row numbers when
-# it holds at least 1 in this many of them; sparser ones binary-search.
-_DENSE_ROWS = 32
-
-
-@dataclass
-class CacheEntry:
-    """A cached block (or some of its rows).
-
-    ``positions`` finds rows of an entry that holds many of its block's rows
-    through a lookup table over the row numbers (4 bytes per row number up
-    to the largest held, built at first use): a table of a million rows read
-    in rounds of ~170k touched rows (sparse SGD) spent most of its pull time
-    in binary searches of sorted row lists, each step a cache miss. An entry
-    of a few rows of a large block binary-searches: a table there would cost
-    more to build (per row number) than the searches it saves."""
-
-    tag: float  # the values contain every update made at clocks < tag
-    seq: int  # server sequence number of the block when read
-    clock: int  # the reader's own clock when it was fetched from the servers (-1: pushed by them)
-    rows: np.ndarray | None  # local rows held (sorted), None = whole block
-    values: object
-    _index: np.ndarray | None = field(default=None, repr=False, compare=False)
-    # No read at the owner's current clock or later may use it: own pushes
-    # are not written through into it any more (Session._retire_entries_unusable_at).
-    retired: bool = field(default=False, compare=False)
-
-    def _dense(self) -> bool:
-        return self.rows.size * _DENSE_ROWS >= (int(self.rows[-1]) + 1 if self.rows.size else 0)
-
-    def positions(self, local_rows: np.ndarray) -> np.ndarray:
-        """Where each of ``local_rows`` is in ``rows`` (-1: not held)."""
-        if self._index is None and not self._dense():
-            if self.rows.size == 0:
-                return np.full(local_rows.shape, -1, dtype=np.intp)
-            pos = np.minimum(np.searchsorted(self.rows, local_rows), self.rows.size - 1)
-            return np.where(self.rows[pos] == local_rows, pos, -1)
-        if self._index is None:
-            size = int(self.rows[-1]) + 1 if self.rows.size else 0
-            index = np.full(size, -1, dtype=np.int64 if self.rows.size >= 2**31 else np.int32)
-            index[self.rows] = np.arange(self.rows.size, dtype=index.dtype)
-            self._index = index
-        if local_rows.size and int(local_rows.max()) < self._index.size:
-            return self._index[local_rows]
-        out = np.full(local_rows.shape, -1, dtype=self._index.dtype)
-        inside = local_rows < self._index.size
-        out[inside] = self._index[local_rows[inside]]
-        return out
-
-    def covers(self, local_rows: np.ndarray | None) -> bool:
-        if self.rows is None:
-            return True
-        if local_rows is None:
-            return False
-        if _same_rows(self.rows, local_rows):
-            return True
-        return bool(np.all(self.positions(local_rows) >= 0))
-
-    def missing(self, local_rows: np.ndarray) -> np.ndarray:
-        """Those of ``local_rows`` not held."""
-        return local_rows[self.positions(local_rows) < 0]
-
-    def merged(self, rows: np.ndarray, seq: int, values) -> "CacheEntry":
-        """This entry plus freshly read ``rows`` (sorted, none held yet). The
-        older tag and sequence number stay: the merged entry satisfies both."""
-        xp = _backend.namespace(self.values)
-        # A row's place in the merged list is the number of rows held or read
-        # below it: for many rows of the block, a mark per row number and a
-        # running count (which is also the merged entry's lookup table); for
-        # few, each list binary-searched in the other. No sort either way.
-        n = self.rows.size + rows.size
-        size = max(int(self.rows[-1]) + 1 if self.rows.size else 0, int(rows[-1]) + 1 if rows.size else 0)
-        rank = None
-        if n * _DENSE_ROWS >= size:
-            held = np.zeros(size, dtype=bool)
-            held[self.rows] = True
-            held[rows] = True
-            rank = np.cumsum(held, dtype=np.int64 if size >= 2**31 else np.int32) - 1
-            pos_old, pos_new = rank[self.rows], rank[rows]
-            rank[~held] = -1
-        else:
-            pos_old = np.searchsorted(rows, self.rows) + np.arange(self.rows.size)
-            pos_new = np.searchsorted(self.rows, rows) + np.arange(rows.size)
-        all_rows = np.empty(n, dtype=np.result_type(self.rows, rows))
-        all_rows[pos_old] = self.rows
-        all_rows[pos_new] = rows
-        vals = xp.empty((n, *self.values.shape[1:]), dtype=self.values.dtype)
-        vals[xp.asarray(pos_old)] = self.values
-        vals[xp.asarray(pos_new)] = values
-        return CacheEntry(self.tag, min(self.seq, seq), self.clock, all_rows, vals, _index=rank)
-
-    def common(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Positions in this entry and in ``rows`` of the rows both hold."""
-        pos = self.positions(rows)
-        hit = np.flatnonzero(pos >= 0)
-        return pos[hit], hit
-
-    def take(self, local_rows: np.ndarray | None):
-        if self.rows is None:
-            if local_rows is None:
-                return self.values
-            xp = _backend.namespace(self.values)
-            return self.values[xp.asarray(local_rows)]
-        if _same_rows(self.rows, local_rows):
-            return self.values  # as for a whole block: the callers copy
-        xp = _backend.namespace(self.values)
-        return self.values[xp.asarray(self.positions(local_rows))]
 
 
 @dataclass
@@ -186,7 +91,40 @@ class TableMetrics:
         }
 
 
-class Session(Overlap):
+def ps_call(method):
+    """A public session call: books what finished in the background first,
+    and its time counts as ``ps_seconds``."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self._api():
+            self._reap()
+            return method(self, *args, **kwargs)
+
+    return call
+
+
+class _ApiTimer:
+    """Counts the time in the outermost public call of a session."""
+
+    __slots__ = ("s",)
+
+    def __init__(self, session):
+        self.s = session
+
+    def __enter__(self):
+        if self.s._api_depth == 0:
+            self.s._api_entered = time.perf_counter()
+        self.s._api_depth += 1
+
+    def __exit__(self, *exc):
+        self.s._api_depth -= 1
+        if self.s._api_depth == 0:
+            self.s._ps_seconds += time.perf_counter() - self.s._api_entered
+        return False
+
+
+class Session(InFlight):
     """One participant's handle: ``pull → compute → push → clock()``.
 
     Created by :meth:`ParameterServer.run` on a worker; user code receives it
@@ -197,7 +135,7 @@ class Session(Overlap):
     a read and return a handle whose ``result()`` is the read;
     ``flush(wait=False)`` and ``clock(wait=False)`` send in the background.
     Every guarantee of the tables' consistency models holds on these paths
-    (see :mod:`dask_ps._overlap`).
+    (see :mod:`dask_ps._flights`).
 
     Attributes
     ----------
@@ -231,13 +169,7 @@ class Session(Overlap):
         self._notifying = False
         self._buffers: dict[str, PushBuffer] = {}
         self._spares: dict[str, object] = {}
-        self._cache: dict[str, dict[int, CacheEntry]] = {}
-        self._own_seq: dict[tuple[str, int], int] = {}  # (table, block) -> seq after our last push
-        # aggregate="clock" sum tables: own pushes sent but perhaps not yet
-        # summed into the servers' values, as (clock, {block: [(rows, values)]})
-        # per table; dropped once the run's min clock passes their clock.
-        self._sent: dict[str, list[tuple[int, dict[int, list]]]] = {}
-        self._sent_floor: dict[str, float] = {}  # clocks below this were dropped from _sent
+        self._cache = ReadCache()
         self._metrics: dict[str, TableMetrics] = {}
         self._clock_wait = 0.0
         self._staleness_used: int | None = None  # the tightest bound among tables used
@@ -245,7 +177,12 @@ class Session(Overlap):
         self._resumed_clock: int | None = None  # a retried attempt's first clock (see _join)
         self._known_min = 0.0
         self._closed = False
-        self._init_overlap()
+        self._api_depth = 0
+        self._api_entered = 0.0
+        self._ps_seconds = 0.0  # time in ctx calls
+        self._blocked_seconds = 0.0  # of which waiting on the event loop (network, servers, others)
+        self._started = time.perf_counter()
+        self._init_flights()
 
     def __repr__(self):
         return f"<Session run={self.run_id} rank={self.rank}/{self.n_participants} clock={self._clock}>"
@@ -256,6 +193,20 @@ class Session(Overlap):
             return sync(self.worker.loop, fn, *args, **kwargs)
         finally:
             self._blocked_seconds += time.perf_counter() - t0
+
+    def _submit(self, coro) -> concurrent.futures.Future:
+        """Start ``coro`` on the worker's event loop; do not wait."""
+        return asyncio.run_coroutine_threadsafe(coro, self.worker.loop.asyncio_loop)
+
+    def _await(self, future: concurrent.futures.Future):
+        """The result of a started operation, waiting for it if need be."""
+        if future.done():
+            return future.result()
+        return self._sync(_result_of, future)
+
+    def _api(self):
+        """Context of a public call: its time counts as ``ps_seconds``."""
+        return _ApiTimer(self)
 
     # --- lifecycle ---------------------------------------------------------------------
     def _join(self):
@@ -323,7 +274,7 @@ class Session(Overlap):
             old_id = h.spec.table_id
             h = self._router.handles[name] = self._sync(self._router.handle, name)
             if h.spec.table_id != old_id:  # dropped and created again: nothing cached holds
-                self._cache.pop(name, None)
+                self._cache.forget(name)
         if h is None:
             h = self._sync(self._router.handle, name)
             # Checkpoints of this table wait for this run to end.
@@ -447,64 +398,6 @@ class Session(Overlap):
             self._finish_flights(name)
         return None
 
-    def _flush_table(self, name: str) -> None:
-        """Send ``name``'s buffered pushes and wait for them."""
-        self._flush_now([name])
-        self._finish_flights(name)
-
-    def _flushed(self, flight, seqs: dict[int, int]) -> None:
-        """Book an acknowledged flush (the participant's thread, in order)."""
-        name, h, msgs = flight.name, flight.h, flight.msgs
-        m = self._metrics[name]
-        m.flushes += 1
-        m.bytes_pushed += sum(v.nbytes for items in msgs.values() for _, _, v in items)
-        self._write_through(h, msgs, seqs, flight.clock)
-        if self._summed_per_clock(h):
-            by_block: dict[int, list] = {}
-            for items in msgs.values():
-                for b, rows, vals in items:
-                    # Kept until summed everywhere: never the caller's array (copy=False).
-                    by_block.setdefault(b, []).append((rows, vals.copy() if flight.buf.borrowed else vals))
-            self._sent.setdefault(name, []).append((flight.clock, by_block))
-        spare = flight.buf.spare_after_send
-        if spare is not None:
-            self._spares[name] = spare  # sent and applied: reuse its memory next time
-
-    def _write_through(self, h: TableHandle, msgs, seqs: dict[int, int], clock: int | None = None) -> None:
-        """Keep own writes visible in the cache after they were sent
-        (read-my-writes); ``clock``: the writer's clock when they were sent."""
-        name = h.spec.name
-        cache = self._cache.get(name, {})
-        for b, s in seqs.items():
-            self._own_seq[(name, b)] = s
-        if not cache:
-            return
-        if not self._own_writes_visible(h, clock):
-            for b in seqs:  # the server's result is not ours to compute: re-read
-                cache.pop(b, None)
-            return
-        for items in msgs.values():
-            for b, rows, vals in items:
-                e = cache.get(b)
-                if e is None or e.retired:
-                    continue
-                # A reply can share the server's array (in-process): copy first.
-                e.values = _backend.writable(e.values)
-                xp = _backend.namespace(e.values)
-                if e.rows is None:
-                    if rows is None:
-                        e.values += vals
-                    else:
-                        _backend.add_rows(e.values, xp.asarray(rows), vals)
-                elif rows is None:
-                    e.values += vals[xp.asarray(e.rows)]
-                elif _same_rows(e.rows, rows):
-                    e.values += vals  # pushed the rows it read (the usual loop)
-                else:
-                    ie, iv = e.common(rows)
-                    if ie.size:
-                        _backend.add_rows(e.values, xp.asarray(ie), vals[xp.asarray(iv)])
-
     # --- clock --------------------------------------------------------------------------
     @ps_call
     def clock(self, wait: bool = True) -> None:
@@ -547,21 +440,19 @@ class Session(Overlap):
         self._known_min = float("inf") if m is None else max(self._known_min, m)
 
     def _retire_entries_unusable_at(self, clock: int) -> None:
-        """Mark the cached blocks no read at ``clock`` may use (:meth:`_usable`
-        there; tags and fetch clocks never grow, so no later read either).
+        """Mark the cached blocks no read at ``clock`` may use
+        (:meth:`ReadCache.usable <dask_ps._cache.ReadCache.usable>` there;
+        tags and fetch clocks never grow, so no later read either).
         Marked before the clock's flush, which would otherwise write own
         pushes through into them (LDA's word rows: a pass over every row
         read, each iteration, for a copy read again anyway); they stay until
         replaced, so that a re-read still counts as a refetch. ESSP's
         entries (filled by the servers) are left alone."""
-        for name, cache in self._cache.items():
+        for name in list(self._cache.blocks):
             h = self._router.handles.get(name)
             if h is None or h.spec.consistency.name == "essp":
                 continue
-            need, refresh = self._required_tag(h, clock), h.spec.consistency.refreshes
-            for e in cache.values():
-                if not self._usable(e, need, refresh, clock):
-                    e.retired = True
+            self._cache.retire_unusable(name, self._required_tag(h, clock), h.spec.consistency.refreshes, clock)
 
     # --- pull ------------------------------------------------------------------------------
     def _required_tag(self, h: TableHandle, clock: int | None = None) -> float | None:
@@ -572,24 +463,31 @@ class Session(Overlap):
             return None
         return (self._clock if clock is None else clock) - c.staleness
 
-    def _usable(self, e: CacheEntry | None, need: float | None, refresh: bool, clock: int | None = None) -> bool:
-        """Whether cached entry ``e`` may serve a read that needs tag ``need``
-        (at the current clock, or at ``clock``).
-
-        ASP (``need is None``) and ``refresh=True`` tables re-read once per
-        clock: the entry must have been fetched in the reader's clock. Bounded
-        models need ``tag >= need``."""
-        if e is None:
-            return False
-        clock = self._clock if clock is None else clock
-        if need is None:
-            return e.clock == clock
-        return e.tag >= need and (not refresh or e.clock == clock)
-
     def _cacheable(self, h: TableHandle) -> bool:
         # VAP reads see the servers directly: a cached copy would hide others'
         # visible updates beyond the value bound.
         return h.spec.consistency.value_bound is None
+
+    def _dense_read(self, h: TableHandle, b: int, rows) -> bool:
+        """Whether a read of ``rows`` of block ``b`` fetches the whole block
+        (no index array to send, no gather on the server, and the whole
+        block cached) instead of the rows: when it needs at least
+        ``ps.dense-read-fraction`` of the block's rows and the index array
+        it saves is at least as large as the rows it would fetch for
+        nothing. Narrow rows (a 1M x 1 table: 8 bytes of index per 4-byte
+        row) qualify from a third of a block; rows of 200 bytes only from
+        96%, where a whole-block read had sent a fifth more bytes and cost
+        the reader a gather (15k x 50 at 80%: 0.72-0.75x a bare RPC). A
+        whole block is also handed out shared: the server copies it at the
+        next push, and the reader copies rows out of it."""
+        if rows is None:
+            return False
+        start, stop = h.spec.block_bounds(b)
+        n = stop - start
+        if rows.size < float(_config.get("dense-read-fraction")) * n:
+            return False
+        row_bytes = h.spec.dtype.itemsize * math.prod(h.spec.row_shape)
+        return rows.size * rows.dtype.itemsize >= (n - rows.size) * row_bytes
 
     @ps_call
     def pull(self, name: str):
@@ -647,8 +545,7 @@ class Session(Overlap):
     def _owned(self, name: str, b: int, values) -> bool:
         """Whether ``values`` read from block ``b`` is this read's own (a fresh
         reply or gather), not the cache's entry nor a read-only reply."""
-        e = self._cache.get(name, {}).get(b)
-        if e is not None and values is e.values:
+        if self._cache.holds(name, b, values):
             return False
         flags = getattr(values, "flags", None)
         return flags is None or getattr(flags, "writeable", True)
@@ -687,31 +584,6 @@ class Session(Overlap):
             out = out[_backend.namespace(out).asarray(inverse)]
         return out
 
-    def _own_unsummed(self, h: TableHandle, b: int, rows, vals, summed_below):
-        """``vals`` (block ``b``'s ``rows`` as a server returned them, with
-        every per-clock sum of clocks ``< summed_below``) plus this session's
-        own sent pushes of later clocks, which the server holds back until
-        their clock is complete (aggregate="clock" sum tables)."""
-        below = float("inf") if summed_below is None else summed_below
-        out = vals
-        for clock, by_block in self._sent.get(h.spec.name, ()):
-            if clock < below:
-                continue
-            for prow, pvals in by_block.get(b, ()):
-                if out is vals:
-                    out = vals.copy()  # never write into a reply's buffer
-                add_into(out, rows, prow, pvals)
-        return out
-
-    def _drop_summed(self, name: str, floor: float) -> None:
-        """Forget own sent pushes of clocks ``< floor``: every server value
-        fetched from now on (the run's min clock is ``>= floor``) has them."""
-        sent = self._sent.get(name)
-        if sent is None or floor <= self._sent_floor.get(name, 0):
-            return
-        self._sent_floor[name] = floor
-        self._sent[name] = [e for e in sent if e[0] >= floor]
-
     def _read(self, h: TableHandle, reqs: dict[int, np.ndarray | None]) -> dict:
         """Values of ``reqs[block] = local rows or None`` satisfying the bound:
         from the cache when legal, otherwise one request per server."""
@@ -722,7 +594,7 @@ class Session(Overlap):
         if not self._own_writes_visible(h) and self._buffers.get(name):
             self._flush_table(name)  # read-my-writes for optimizer tables: the server computes them
         need = self._required_tag(h)
-        cache = self._cache.setdefault(name, {}) if self._cacheable(h) else {}
+        cache = self._cache.table(name) if self._cacheable(h) else {}
         refresh = h.spec.consistency.refreshes
         essp = h.spec.consistency.name == "essp"
         if essp:
@@ -732,8 +604,8 @@ class Session(Overlap):
             e = cache.get(b)
             # ASP never waits, but re-reads once per clock: a cache that is
             # never refreshed would satisfy "read-my-writes" and nothing else.
-            # refresh=True does the same on top of the bound (see _usable).
-            if self._usable(e, need, refresh) and e.covers(rows):
+            # refresh=True does the same on top of the bound (see ReadCache.usable).
+            if self._cache.usable(e, need, refresh, self._clock) and e.covers(rows):
                 out[b] = e.take(rows)
             else:
                 missing[b] = rows
@@ -753,7 +625,7 @@ class Session(Overlap):
         fetch, merge = {}, set()
         for b, rows in missing.items():
             e = cache.get(b)
-            if self._usable(e, need, refresh) and rows is not None and e.rows is not None:
+            if self._cache.usable(e, need, refresh, self._clock) and rows is not None and e.rows is not None:
                 fetch[b] = e.missing(rows)
                 merge.add(b)
             else:
@@ -773,11 +645,11 @@ class Session(Overlap):
             extra["summed"] = summed
         got = self._sync(self._router.fetch, name, by_addr, **extra)
         if summed_per_clock:
-            self._drop_summed(name, tag)  # the servers applied every clock < tag before answering
+            self._cache.drop_summed(name, tag)  # the servers applied every clock < tag before answering
         for b, (rows, seq, vals) in got.items():
             m.bytes_pulled += vals.nbytes
             if summed_per_clock:
-                vals = self._own_unsummed(h, b, rows, vals, summed.get(b, tag))
+                vals = self._cache.own_unsummed(name, b, rows, vals, summed.get(b, tag))
             if b in merge:
                 e = cache[b].merged(rows, seq, vals)
             else:
@@ -794,34 +666,16 @@ class Session(Overlap):
         box = self._plugin.mailboxes.get(self._key) if self._plugin is not None else None
         while box:
             table, version, tag, blocks, seqs, rows, values, summed = box.popleft()
-            cache = self._cache.get(table)
             h = self._router.handles.get(table)
-            if cache is None or h is None or h.version != version or self._flights.get(table):
+            if table not in self._cache.blocks or h is None or h.version != version or self._flights.get(table):
                 continue  # (own flushes in flight: the fill may hold them, or not)
             summed_per_clock = self._summed_per_clock(h)
             refresh = h.spec.consistency.refreshes
             # The servers push at an advance of the run's min clock to ``tag``.
             self._known_min = max(self._known_min, tag)
             for b, seq, r, v, below in zip(blocks, seqs, rows, values, summed):
-                e = cache.get(b)
-                if seq < self._own_seq.get((table, b), 0) or (e is not None and tag <= e.tag):
-                    continue
-                if summed_per_clock:
-                    if below is not None and below < self._sent_floor.get(table, 0):
-                        continue  # own pushes it lacks were dropped already: skip it
-                    v = self._own_unsummed(h, b, r, v, below)
-                if e is not None and seq >= e.seq:
-                    clock = e.clock  # at least as new as the copy it replaces
-                elif refresh and e is not None and e.clock == self._clock:
-                    continue  # older than this clock's server read: keep that
-                else:
-                    clock = -1  # not a server read of this reader's: refresh=True re-reads it
-                cache[b] = CacheEntry(tag, seq, clock, r, v)
-                self._metrics[table].eager_fills += 1
-
-    @staticmethod
-    def _entry(tag, seq, clock, rows, values) -> CacheEntry:
-        return CacheEntry(tag, seq, clock, rows, values)
+                if self._cache.fill(table, b, tag, seq, r, v, below, summed_per_clock, refresh, self._clock):
+                    self._metrics[table].eager_fills += 1
 
     def _record_staleness(self, m: TableMetrics, tag: float) -> None:
         # How many clocks behind the reader the guaranteed-visible state is.

@@ -423,7 +423,7 @@ def test_cache_entry_row_lookups_match_numpy_set_operations():
     in order with their values. Checked against numpy's set operations,
     with rows beyond the largest held; entries holding many of their
     block's row numbers (a lookup table) and few (binary search)."""
-    from dask_ps._session import CacheEntry, _same_rows
+    from dask_ps._cache import CacheEntry, _same_rows
 
     rng = np.random.default_rng(1)
     for span in [80] * 300 + [100_000] * 100:

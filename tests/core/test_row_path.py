@@ -10,7 +10,7 @@ import pytest
 
 from dask_ps import PSValueError
 from dask_ps._oplog import PushBuffer
-from dask_ps._overlap import add_into
+from dask_ps._cache import add_into
 from dask_ps._routing import (
     TableHandle,
     block_slices,

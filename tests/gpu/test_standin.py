@@ -288,7 +288,7 @@ def test_vap_value_bound_with_host_and_device_pushes(sps, standin, rule, device)
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_clock_aggregated_cuda_table_sums_per_clock(sps, standin, device):
     """aggregate="clock" on the device: own sent pushes held back by the
-    servers are added to reads (``_own_unsummed``) on device arrays."""
+    servers are added to reads (``ReadCache.own_unsummed``) on device arrays."""
     sps.create_table("s", shape=(6, 2), device=device, consistency=dask_ps.BSP(), aggregate="clock")
 
     def participant(ctx, rank):

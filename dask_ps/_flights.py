@@ -1,5 +1,6 @@
-"""Communication off the participant's critical path: the session's
-background half (:class:`Session` inherits :class:`Overlap`).
+"""A session's operations in flight: pushes, clock reports and reads sent
+in the background, and the order they keep (:class:`InFlight`, the part of
+:class:`dask_ps._session.Session` that owns them).
 
 ps-lite's ``ZPush``/``ZPull`` and ``Wait`` in Dask terms. Every network
 operation of a session is a coroutine on the worker's event loop (Dask's
@@ -8,9 +9,12 @@ starts it and waits (``distributed.utils.sync``); the calls here start it
 with ``asyncio.run_coroutine_threadsafe`` and return at once, and the
 participant's thread waits only when it needs the result:
 
-* ``ctx.flush(wait=False)`` sends the buffered pushes and returns a
-  :class:`PushHandle`; ``ctx.clock(wait=False)`` also reports the clock in
-  the background, after the flushes it follows were acknowledged.
+* every flush is a :class:`Flight`, queued per table, booked in order when
+  acknowledged (the cache's write-through, :mod:`dask_ps._cache`);
+  ``ctx.flush(wait=False)`` returns a :class:`PushHandle` of them;
+  ``ctx.clock(wait=False)`` also reports the clock in the background, after
+  the flushes it follows were acknowledged; blocking ``flush()``/``clock()``
+  send their flights and the clock's report in one hop to the event loop;
 * ``ctx.prefetch(name)`` / ``ctx.prefetch_rows(name, rows)`` start a read
   and return a :class:`PullHandle`; ``handle.result()`` returns what
   ``ctx.pull``/``pull_rows`` would return at that moment.
@@ -38,9 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import logging
-import math
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -48,6 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dask_ps import _backend, _config, _routing
+from dask_ps._cache import CacheEntry, add_into
 from dask_ps._exceptions import PSValueError
 from dask_ps._oplog import PushBuffer
 from dask_ps._routing import TableHandle
@@ -103,7 +106,7 @@ class PullHandle:
     moment it is called: values that satisfy the table's bound *at the
     reader's clock of that moment*, with all of the reader's own updates.
     It uses the prefetched values where they are still legal and reads
-    again what is not (see :mod:`dask_ps._overlap`). ``done()``: whether the
+    again what is not (see :mod:`dask_ps._flights`). ``done()``: whether the
     prefetched values arrived.
     """
 
@@ -133,25 +136,6 @@ class PullHandle:
         return self._value
 
 
-def add_into(out, rows, prow, pvals) -> None:
-    """``out`` (the values of local ``rows`` of a block, None: all of it) +=
-    a push of local rows ``prow`` (None: the whole block) with ``pvals``."""
-    xp = _backend.namespace(out)
-    if rows is None:
-        if prow is None:
-            out += pvals
-        else:
-            _backend.add_rows(out, xp.asarray(prow), pvals)
-    elif prow is None:
-        out += pvals[xp.asarray(rows)]
-    else:
-        pos = np.searchsorted(prow, rows)
-        pos_c = np.minimum(pos, max(prow.size - 1, 0))
-        hit = np.flatnonzero((pos < prow.size) & (prow[pos_c] == rows)) if prow.size else pos[:0]
-        if hit.size:
-            _backend.add_rows(out, xp.asarray(hit), pvals[xp.asarray(pos_c[hit])])
-
-
 def _check_sums_finite(name: str, msgs) -> None:
     """Every push was checked for NaN/Inf when it was made, and the servers
     trust that check; pushes summed in the buffer are checked again, since a
@@ -175,33 +159,23 @@ async def _result_of(future: concurrent.futures.Future):
     return await asyncio.wrap_future(future)
 
 
-class Overlap:
-    """The background half of :class:`dask_ps._session.Session`."""
+class InFlight:
+    """What a :class:`~dask_ps._session.Session` has in flight, per table
+    and in order: flushes (:class:`Flight`), the clock's report, and reads
+    started ahead (:class:`PullHandle`).
 
-    def _init_overlap(self) -> None:
+    A part of ``Session`` (its base class): it uses the session's
+    connection (``_router``, ``_scheduler``, ``_sync``, ``_submit``,
+    ``_await``, ``_api``), clock (``_clock``, ``_known_min``,
+    ``_flushes_this_clock``), push buffers (``_buffers``, ``_spares``),
+    cache (``_cache``, a :class:`~dask_ps._cache.ReadCache`), read path
+    (``_read``, ``_handle``, ``_assemble_*``, ``_dense_read``) and metrics.
+    """
+
+    def _init_flights(self) -> None:
         self._flights: dict[str, list[Flight]] = {}  # per table, oldest first
         self._clock_flight: tuple[concurrent.futures.Future, int | None] | None = None
         self._prefetches: dict[str, weakref.WeakSet] = {}  # unconsumed PullHandles per table
-        self._api_depth = 0
-        self._api_entered = 0.0
-        self._ps_seconds = 0.0  # time in ctx calls
-        self._blocked_seconds = 0.0  # of which waiting on the event loop (network, servers, others)
-        self._started = time.perf_counter()
-
-    # --- timing ---------------------------------------------------------------------------
-    def _api(self):
-        """Context of a public call: its time counts as ``ps_seconds``."""
-        return _ApiTimer(self)
-
-    def _submit(self, coro) -> concurrent.futures.Future:
-        """Start ``coro`` on the worker's event loop; do not wait."""
-        return asyncio.run_coroutine_threadsafe(coro, self.worker.loop.asyncio_loop)
-
-    def _await(self, future: concurrent.futures.Future):
-        """The result of a started operation, waiting for it if need be."""
-        if future.done():
-            return future.result()
-        return self._sync(_result_of, future)
 
     # --- flushes ---------------------------------------------------------------------------
     def _start_flush(self, name: str, submit: bool = True) -> Flight | None:
@@ -303,6 +277,26 @@ class Overlap:
         for name in {f.name for f in flights}:
             self._finish_flights(name)
 
+    def _flush_table(self, name: str) -> None:
+        """Send ``name``'s buffered pushes and wait for them."""
+        self._flush_now([name])
+        self._finish_flights(name)
+
+    def _flushed(self, flight: Flight, seqs: dict[int, int]) -> None:
+        """Book an acknowledged flush (the participant's thread, in order):
+        metrics, own writes into the cache, and the buffer's memory back."""
+        name, h, msgs = flight.name, flight.h, flight.msgs
+        m = self._metrics[name]
+        m.flushes += 1
+        m.bytes_pushed += sum(v.nbytes for items in msgs.values() for _, _, v in items)
+        self._cache.write_through(name, msgs, seqs, self._own_writes_visible(h, flight.clock))
+        if self._summed_per_clock(h):
+            # Kept until summed everywhere: never the caller's array (copy=False).
+            self._cache.record_sent(name, flight.clock, msgs, flight.buf.borrowed)
+        spare = flight.buf.spare_after_send
+        if spare is not None:
+            self._spares[name] = spare  # sent and applied: reuse its memory next time
+
     # --- clock -------------------------------------------------------------------------
     def _start_clock(self, wait_for: int | None) -> None:
         """Report ``self._clock`` in the background once every flush started
@@ -368,11 +362,12 @@ class Overlap:
         if not self._cacheable(h) or not reqs:
             return handle
         need, refresh = self._required_tag(h), h.spec.consistency.refreshes
-        cache = self._cache.get(name, {})
+        cache = self._cache.blocks.get(name, {})
         fetch = {}
         for b, rows in reqs.items():
             e = cache.get(b)
-            if not (for_clock == self._clock and self._usable(e, need, refresh) and e.covers(rows)):
+            if not (for_clock == self._clock and self._cache.usable(e, need, refresh, self._clock)
+                    and e.covers(rows)):
                 fetch[b] = None if self._dense_read(h, b, rows) else rows
         if fetch:
             s = h.spec.consistency.staleness
@@ -406,7 +401,7 @@ class Overlap:
             self._reap()
             name = p.h.spec.name
             h = self._handle(name)
-            self._finish_flights(name)  # own writes in flight: booked (write-through, _sent)
+            self._finish_flights(name)  # own writes in flight: booked (write-through, own sent pushes)
             parts = {}
             if p.future is not None:
                 self._prefetches.get(name, weakref.WeakSet()).discard(p)
@@ -458,23 +453,23 @@ class Overlap:
         name = h.spec.name
         summed_per_clock = self._summed_per_clock(h)
         if summed_per_clock:
-            self._drop_summed(name, p.tag)  # the servers applied every clock < tag before answering
+            self._cache.drop_summed(name, p.tag)  # the servers applied every clock < tag before answering
         need, refresh = self._required_tag(h), h.spec.consistency.refreshes
-        cache = self._cache.setdefault(name, {})
+        cache = self._cache.table(name)
         out = {}
         for b, (rows, seq, vals) in got.items():
             self._metrics[name].bytes_pulled += vals.nbytes
             if summed_per_clock:
                 below = p.summed.get(b, p.tag)
-                if below is not None and below < self._sent_floor.get(name, 0):
+                if self._cache.forgotten(name, below):
                     continue  # own pushes it lacks were forgotten already: read again
-                vals = self._own_unsummed(h, b, rows, vals, below)
+                vals = self._cache.own_unsummed(name, b, rows, vals, below)
             else:
                 vals = self._own_missed(p, b, rows, vals)
                 if vals is None:
                     continue
-            e = self._entry(p.tag, seq, p.clock, rows, vals)
-            if not self._usable(cache.get(b), need, refresh):
+            e = CacheEntry(p.tag, seq, p.clock, rows, vals)
+            if not self._cache.usable(cache.get(b), need, refresh, self._clock):
                 cache[b] = e
             out[b] = e.take(p.reqs[b]) if rows is not p.reqs[b] else e.values
         return out
@@ -500,57 +495,3 @@ class Overlap:
             for prow, pvals in items:
                 add_into(out, rows, prow, pvals)
         return out
-
-    def _dense_read(self, h: TableHandle, b: int, rows) -> bool:
-        """Whether a read of ``rows`` of block ``b`` fetches the whole block
-        (no index array to send, no gather on the server, and the whole
-        block cached) instead of the rows: when it needs at least
-        ``ps.dense-read-fraction`` of the block's rows and the index array
-        it saves is at least as large as the rows it would fetch for
-        nothing. Narrow rows (a 1M x 1 table: 8 bytes of index per 4-byte
-        row) qualify from a third of a block; rows of 200 bytes only from
-        96%, where a whole-block read had sent a fifth more bytes and cost
-        the reader a gather (15k x 50 at 80%: 0.72-0.75x a bare RPC). A
-        whole block is also handed out shared: the server copies it at the
-        next push, and the reader copies rows out of it."""
-        if rows is None:
-            return False
-        start, stop = h.spec.block_bounds(b)
-        n = stop - start
-        if rows.size < float(_config.get("dense-read-fraction")) * n:
-            return False
-        row_bytes = h.spec.dtype.itemsize * math.prod(h.spec.row_shape)
-        return rows.size * rows.dtype.itemsize >= (n - rows.size) * row_bytes
-
-
-def ps_call(method):
-    """A public session call: books what finished in the background first,
-    and its time counts as ``ps_seconds``."""
-
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        with self._api():
-            self._reap()
-            return method(self, *args, **kwargs)
-
-    return call
-
-
-class _ApiTimer:
-    """Counts the time in the outermost public call of a session."""
-
-    __slots__ = ("s",)
-
-    def __init__(self, session):
-        self.s = session
-
-    def __enter__(self):
-        if self.s._api_depth == 0:
-            self.s._api_entered = time.perf_counter()
-        self.s._api_depth += 1
-
-    def __exit__(self, *exc):
-        self.s._api_depth -= 1
-        if self.s._api_depth == 0:
-            self.s._ps_seconds += time.perf_counter() - self.s._api_entered
-        return False
