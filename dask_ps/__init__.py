@@ -7,6 +7,7 @@
 from dask_ps import _config  # noqa: F401  (registers the ``ps`` dask.config defaults)
 from dask_ps._checkpoint import checkpoint_metadata
 from dask_ps._client import BlockPlacement, ParameterServer, get_parameter_server
+from dask_ps._dashboard import report_progress
 from dask_ps._exceptions import (
     ClockTimeoutError,
     CopiesDisagreeError,
@@ -32,6 +33,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ParameterServer", "get_parameter_server", "checkpoint_metadata", "Session", "PullHandle", "PushHandle",
+    "report_progress",
     "TableSpec", "BlockPlacement",
     "Consistency", "BSP", "SSP", "ESSP", "VAP", "CVAP", "ASP",
     "UpdateRule", "Sum", "Assign", "SGD", "Momentum", "Adagrad", "Adam", "Custom",

@@ -16,6 +16,7 @@ from dask.utils import parse_timedelta
 from distributed import Client, Future, LocalCluster, Nanny, futures_of, get_client
 
 from dask_ps import _spec
+from dask_ps._dashboard import check_run_info
 from dask_ps._exceptions import (
     NoWorkersError,
     RolledBackError,
@@ -422,7 +423,7 @@ class ParameterServer:
         return self._sync(self._router.pull_rows, name, rows)
 
     # --- participants ---------------------------------------------------------------------
-    def run(self, fn, parts, **kwargs) -> list:
+    def run(self, fn, parts, *, run_info: dict | None = None, **kwargs) -> list:
         """Run ``fn(ctx, part, **kwargs)`` once per element of ``parts``, concurrently on workers.
 
         Parameters
@@ -433,6 +434,13 @@ class ParameterServer:
         parts : sequence
             One element per participant: plain objects, or futures / dask
             collections (each participant then runs where its data is).
+        run_info : dict, optional
+            What the dashboard's ``/ps`` page shows of the run (not passed
+            to ``fn``): ``name`` (e.g. the estimator's class), ``params``
+            (a dict shown next to it) and ``planned_clocks`` (the clocks
+            each participant will complete: progress is shown as clocks
+            done of these). Participants report their loss with
+            :func:`dask_ps.report_progress`.
 
         Returns
         -------
@@ -469,10 +477,11 @@ class ParameterServer:
         n = len(parts)
         if n == 0:
             return []
+        run_info = check_run_info(run_info)  # PSValueError before anything starts
         run_id = uuid.uuid4().hex[:12]
         servers = self.wait_for_servers()  # NoWorkersError after ps.timeouts.no-workers without any
         name = getattr(fn, "__name__", "fn")
-        self._sync(self._scheduler.ps_run_start, run_id=run_id, n=n, name=name)
+        self._sync(self._scheduler.ps_run_start, run_id=run_id, n=n, name=name, info=run_info)
         futures = []
         for rank, part in enumerate(parts):
             key = f"ps-run-{name}-{rank}-{run_id}"

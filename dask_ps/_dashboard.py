@@ -1,41 +1,167 @@
 """The parameter server's page on the Dask dashboard (``/ps``).
 
-Served by the scheduler's own HTTP server (the one that serves the Dask
-dashboard, ``/status`` and ``/health``), as distributed's JSON routes are:
-tornado handlers added to ``scheduler.http_application``. ``/ps`` is a small
-HTML page that polls ``/ps/status.json`` every second; the JSON is a
-snapshot of the scheduler plugin's metadata (tables and their placement,
-runs and their clocks) plus what every shard server reports through
-``ps_info`` (bytes held, pushes and reads served). Rates are the change of
-the servers' counters between two snapshots.
+Three parts, all on the scheduler:
+
+- :class:`PSDashboard` keeps what the page shows. A periodic callback of
+  the scheduler (``ps.dashboard.interval``, 1 s) samples every shard
+  server's counters (``ps_info``: bytes held, pushes and reads served) and
+  the runs' clocks into a bounded ring (``ps.dashboard.history`` samples):
+  the traffic rates and the charts over time come from there, never from
+  the time between two viewers' requests (a first load shows the rate of
+  the last interval). Runs that ended are kept in a second ring
+  (``ps.dashboard.finished-runs``) with their duration and result.
+- What a run is: ``ParameterServer.run(..., run_info={"name", "params",
+  "planned_clocks"})`` (the estimators pass their class, parameters and
+  planned clocks), and what its participants report while it runs
+  (:func:`report_progress`: their last loss; Dask's event log carries it,
+  the ``log_event`` hook of a small scheduler plugin receives it).
+- The pages: ``/ps`` is a Bokeh document in Dask's own dashboard, linked
+  from its navigation bar (``_dashboard_bokeh``; distributed has no
+  registry for third-party pages: the document is served by a Bokeh
+  application added to the scheduler's HTTP server, as distributed adds
+  its own, and ``ps`` is added to the navigation's pages). Without bokeh,
+  ``/ps`` is a plain HTML page that says so (``_dashboard_html``).
+  ``/ps/status.json`` is the same state as JSON.
 """
 
 from __future__ import annotations
 
 import asyncio
-import html
 import json
 import logging
+import math
 import time
+from collections import deque
 
+from distributed import SchedulerPlugin
+from tornado.ioloop import PeriodicCallback
 from tornado.web import RequestHandler
+
+from dask_ps import _config
+from dask_ps._exceptions import PSValueError
 
 logger = logging.getLogger(__name__)
 
 ROUTE = "/ps"
 JSON_ROUTE = "/ps/status.json"
+REPORT_TOPIC = "ps-run-report"  # Dask event topic of report_progress
 INFO_TIMEOUT = 2.0  # seconds a shard server may take to answer ps_info
+RUN_INFO_KEYS = {"name", "params", "planned_clocks"}
+TRAFFIC_KEYS = ("pushes", "bytes_pushed", "pulls", "bytes_pulled")
+
+
+# --- what a run is (client and participants) ---------------------------------------
+def check_run_info(run_info) -> dict:
+    """``run_info`` of :meth:`ParameterServer.run`, checked and made
+    msgpack-able: ``name`` (str), ``params`` (a dict; values shown as their
+    ``repr`` unless numbers, strings, booleans or None), ``planned_clocks``
+    (an int >= 0, the clocks each participant will complete)."""
+    if run_info is None:
+        return {}
+    if not isinstance(run_info, dict):
+        raise PSValueError(f"run_info must be a dict with keys {sorted(RUN_INFO_KEYS)}, got {type(run_info).__name__}")
+    unknown = set(run_info) - RUN_INFO_KEYS
+    if unknown:
+        raise PSValueError(f"run_info: unknown keys {sorted(unknown)}; expected some of {sorted(RUN_INFO_KEYS)}")
+    out = {}
+    if "name" in run_info:
+        if not isinstance(run_info["name"], str):
+            raise PSValueError(f"run_info['name'] must be a str, got {run_info['name']!r}")
+        out["name"] = run_info["name"][:200]
+    if "params" in run_info:
+        params = run_info["params"]
+        if not isinstance(params, dict):
+            raise PSValueError(f"run_info['params'] must be a dict, got {type(params).__name__}")
+        out["params"] = {str(k): v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)[:80]
+                         for k, v in params.items()}
+    if "planned_clocks" in run_info:
+        planned = run_info["planned_clocks"]
+        if not (isinstance(planned, int) and not isinstance(planned, bool) and planned >= 0):
+            raise PSValueError(f"run_info['planned_clocks'] must be an int >= 0, got {planned!r}")
+        out["planned_clocks"] = planned
+    return out
+
+
+def report_progress(ctx, **values) -> None:
+    """Show ``values`` of this participant on the dashboard's ``/ps`` page.
+
+    Call it from a participant of :meth:`ParameterServer.run` (``ctx`` its
+    :class:`~dask_ps.Session`), e.g. once per epoch:
+    ``report_progress(ctx, loss=0.31)``. Known keys: ``loss`` (the run shows
+    the mean over its participants' last reports) and ``clock`` (progress in
+    clocks, for a participant that trains without calling ``ctx.clock()``).
+    Numbers only. Sent in the background through Dask's event log (the
+    worker's batched stream to the scheduler); outside a run on a worker it
+    does nothing.
+    """
+    from distributed import get_worker
+
+    run_id = getattr(ctx, "run_id", None)
+    if run_id is None:
+        return
+    try:
+        worker = get_worker()
+    except ValueError:  # not in a worker (a participant run in the calling process)
+        return
+    bad = {k: v for k, v in values.items() if not isinstance(v, (int, float)) or isinstance(v, bool)}
+    if bad:
+        raise PSValueError(f"report_progress takes numbers only, got {bad}")
+    worker.log_event(REPORT_TOPIC, {"run_id": run_id, "rank": int(ctx.rank),
+                                    "values": {k: float(v) for k, v in values.items()}})
+
+
+class _ReportListener(SchedulerPlugin):
+    """Receives :func:`report_progress` events (``SchedulerPlugin.log_event``)."""
+
+    name = "ps-dashboard"
+    idempotent = True
+
+    def __init__(self, dashboard):
+        self.dashboard = dashboard
+
+    def log_event(self, topic, msg):
+        if topic == REPORT_TOPIC:
+            self.dashboard.on_report(msg)
+
+
+# --- the state the pages show ------------------------------------------------------
+def _mean(values):
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(values) / len(values) if values else None
 
 
 class PSDashboard:
-    """Builds snapshots of one :class:`~dask_ps._scheduler_plugin.PSSchedulerPlugin`."""
+    """What ``/ps`` shows, for one :class:`~dask_ps._scheduler_plugin.PSSchedulerPlugin`."""
 
     def __init__(self, plugin):
         self.plugin = plugin
-        self._last: tuple[float, dict] | None = None  # (time, served totals) of the last snapshot
+        self.history: deque[dict] = deque(maxlen=int(_config.get("dashboard.history")))
+        self.finished: deque[dict] = deque(maxlen=int(_config.get("dashboard.finished-runs")))
+        self.reports: dict[str, dict[int, dict]] = {}  # run -> rank -> last values reported
+        self.served: dict[str, dict] = {}  # the last ps_info of each member
+        self._callback: PeriodicCallback | None = None
+        self._sampling: asyncio.Future | None = None
 
     def __repr__(self):
-        return f"<PSDashboard of {self.plugin!r}>"
+        return f"<PSDashboard samples={len(self.history)} finished={len(self.finished)} of {self.plugin!r}>"
+
+    # --- sampling (the scheduler's periodic callback) ------------------------------
+    def start(self, scheduler) -> None:
+        """Sample every ``ps.dashboard.interval`` on the scheduler's loop."""
+        self.stop()
+        interval_ms = 1000 * _config.get_seconds("dashboard.interval")
+        self._callback = PeriodicCallback(self._tick, interval_ms)
+        scheduler.periodic_callbacks["ps-dashboard"] = self._callback  # stopped with the scheduler
+        self._callback.start()
+
+    def stop(self) -> None:
+        if self._callback is not None:
+            self._callback.stop()
+            self._callback = None
+
+    def _tick(self) -> None:
+        if self._sampling is None or self._sampling.done():  # one sample at a time
+            self._sampling = asyncio.ensure_future(self.sample())
 
     async def _served(self) -> dict[str, dict]:
         """Per member: ``ps_info(served=True)``, or ``{"error": ...}``."""
@@ -50,7 +176,83 @@ class PSDashboard:
 
         return dict(zip(members, await asyncio.gather(*[one(w) for w in members])))
 
-    def _tables(self, served: dict) -> list[dict]:
+    async def sample(self) -> dict:
+        """One sample: the servers' counters, their rates since the previous
+        sample, and each live run's clocks; appended to :attr:`history`."""
+        try:
+            self.served = await self._served()
+        except Exception as e:  # noqa: BLE001 - the page shows the last sample instead
+            logger.debug("dask_ps dashboard: sampling failed: %r", e)
+            return self.history[-1] if self.history else {}
+        now = time.time()
+        totals = dict.fromkeys(TRAFFIC_KEYS, 0)
+        for info in self.served.values():
+            for k, v in info.get("served", {}).items():
+                totals[k] = totals.get(k, 0) + v
+        rates = dict.fromkeys(TRAFFIC_KEYS, 0.0)
+        if self.history and now > self.history[-1]["time"]:
+            prev = self.history[-1]
+            dt = now - prev["time"]
+            rates = {k: max(0.0, (totals[k] - prev["totals"].get(k, 0)) / dt) for k in TRAFFIC_KEYS}
+        runs = {}
+        for run_id, run in self.plugin.runs.items():
+            done = self._clocks_done(run)
+            live = [c for r, c in enumerate(done) if r not in run.done] or done
+            runs[run_id] = {"min": min(live), "max": max(live), "spread": max(live) - min(live)}
+        sample = {"time": now, "totals": totals, "per_second": rates, "runs": runs}
+        self.history.append(sample)
+        return sample
+
+    # --- runs ----------------------------------------------------------------------------
+    def on_report(self, msg: dict) -> None:
+        run_id, rank, values = msg.get("run_id"), msg.get("rank"), msg.get("values")
+        if isinstance(run_id, str) and isinstance(rank, int) and isinstance(values, dict):
+            if run_id in self.plugin.runs or any(f["run"] == run_id for f in self.finished):
+                self.reports.setdefault(run_id, {}).setdefault(rank, {}).update(values)
+                for f in self.finished:  # a report that arrived after the run's end
+                    if f["run"] == run_id:
+                        f["loss"] = self._loss(run_id)
+
+    def _clocks_done(self, run) -> list[int]:
+        """Per participant: clocks completed, or reported (``report_progress(clock=)``)."""
+        reported = self.reports.get(run.run_id, {})
+        return [max(c, int(reported.get(r, {}).get("clock", 0))) for r, c in enumerate(run.clocks)]
+
+    def _loss(self, run_id: str):
+        return _mean(r.get("loss") for r in self.reports.get(run_id, {}).values())
+
+    def _describe(self, run) -> dict:
+        info = getattr(run, "info", None) or {}
+        params = info.get("params", {})
+        estimator = info.get("name")
+        label = (f"{estimator}({', '.join(f'{k}={v!r}' for k, v in params.items())})" if estimator
+                 else run.name or run.run_id)
+        done = self._clocks_done(run)
+        planned = info.get("planned_clocks")
+        return {
+            "run": run.run_id, "label": label, "estimator": estimator, "params": params, "function": run.name,
+            "participants": run.n, "clocks_done": min(done), "planned_clocks": planned,
+            "progress": (min(1.0, min(done) / planned) if planned else None), "loss": self._loss(run.run_id),
+        }
+
+    def run_ended(self, run, copies_disagree=False) -> None:
+        """Called by the plugin's ``run_end``: the run joins :attr:`finished`."""
+        record = self._describe(run)
+        result = "done"
+        if run.aborted:
+            result = f"failed: {run.aborted}"
+        elif copies_disagree:
+            result = "copies disagree (CopiesDisagreeError)"
+        elif any(r["table"] in run.tables for r in run.rollbacks):
+            result = "rolled back (RolledBackError)"
+        record.update(seconds=round(time.time() - run.started, 2), ended=time.time(), result=result)
+        self.finished.append(record)
+        live = set(self.plugin.runs) | {f["run"] for f in self.finished}
+        for run_id in [r for r in self.reports if r not in live]:
+            del self.reports[run_id]
+
+    # --- snapshots ----------------------------------------------------------------------
+    def _tables(self) -> list[dict]:
         out = []
         for name, t in sorted(self.plugin.tables.items()):
             spec = t.spec
@@ -59,7 +261,7 @@ class PSDashboard:
                 for i, w in enumerate(owners):
                     d = per_worker.setdefault(w, {"primary": 0, "replica": 0, "bytes": 0})
                     d["primary" if i == 0 else "replica"] += 1
-            for w, info in served.items():
+            for w, info in self.served.items():
                 held = info.get("tables", {}).get(name)
                 if held is not None and w in per_worker:
                     per_worker[w]["bytes"] = int(held.get("nbytes", 0))
@@ -76,43 +278,63 @@ class PSDashboard:
         now = time.time()
         out = []
         for run in self.plugin.runs.values():
-            live = [c for r, c in enumerate(run.clocks) if r not in run.done]
-            out.append({
-                "run": run.run_id, "name": getattr(run, "name", ""), "participants": run.n,
-                "clocks": list(run.clocks), "finished": sorted(run.done),
-                "min_clock": min(live) if live else None,
+            done = self._clocks_done(run)
+            live = [c for r, c in enumerate(done) if r not in run.done]
+            d = self._describe(run)
+            d.update({
+                "name": run.name, "clocks": done, "finished": sorted(run.done),
+                "min_clock": min(live) if live else None, "max_clock": max(live) if live else None,
                 # how far the fastest live participant is ahead of the slowest
                 "spread": (max(live) - min(live)) if live else 0,
-                "waiting": getattr(run, "waiting", 0), "wait_seconds": round(getattr(run, "wait_seconds", 0.0), 3),
+                "waiting": run.waiting, "wait_seconds": round(run.wait_seconds, 3),
                 "where": {str(r): w for r, w in run.where.items()}, "seconds": round(now - run.started, 1),
                 "aborted": run.aborted,
+                "state": run.aborted or ("done" if len(run.done) == run.n else "running"),
+            })
+            out.append(d)
+        return out
+
+    def _workers(self) -> list[dict]:
+        """Every worker of the scheduler: memory and CPU from its heartbeats
+        (``WorkerState.metrics``) and, for shard servers, what they hold and serve."""
+        out = []
+        for addr, ws in sorted(self.plugin.scheduler.workers.items()):
+            info = self.served.get(addr, {})
+            served = info.get("served", {})
+            state = ("error" if "error" in info else "ok") if addr in self.plugin.members else "not a server"
+            out.append({
+                "worker": addr, "name": str(ws.name), "nthreads": ws.nthreads,
+                "memory": int(ws.metrics.get("memory", 0) or 0), "memory_limit": int(ws.memory_limit or 0),
+                "cpu": float(ws.metrics.get("cpu", 0.0) or 0.0),
+                "ps_bytes": int(sum(t.get("nbytes", 0) for t in info.get("tables", {}).values())),
+                "pushes": int(served.get("pushes", 0)), "pulls": int(served.get("pulls", 0)), "server": state,
             })
         return out
 
-    def _rates(self, served: dict, now: float) -> dict:
-        totals = {"pushes": 0, "bytes_pushed": 0, "pulls": 0, "bytes_pulled": 0}
-        for info in served.values():
-            for k, v in info.get("served", {}).items():
-                totals[k] = totals.get(k, 0) + v
-        rates = dict.fromkeys(totals, 0.0)
-        if self._last is not None and now > self._last[0]:
-            dt = now - self._last[0]
-            rates = {k: max(0.0, (v - self._last[1].get(k, 0)) / dt) for k, v in totals.items()}
-        self._last = (now, totals)
-        return {"totals": totals, "per_second": rates}
-
     async def snapshot(self) -> dict:
-        served = await self._served()
-        now = time.time()
+        """:meth:`state`, sampled first if no sample was taken yet."""
+        if not self.history:  # before the first periodic sample
+            await self.sample()
+        return self.state()
+
+    def state(self) -> dict:
+        """Everything the pages show, as a JSON-able dict (the last sample's
+        traffic; no call to the workers)."""
+        last = self.history[-1] if self.history else {"totals": dict.fromkeys(TRAFFIC_KEYS, 0),
+                                                       "per_second": dict.fromkeys(TRAFFIC_KEYS, 0.0)}
         return {
-            "time": now,
-            "servers": {w: ("error" if "error" in info else "ok") for w, info in served.items()},
-            "tables": self._tables(served),
+            "time": time.time(),
+            "servers": {w: ("error" if "error" in info else "ok") for w, info in self.served.items()},
+            "workers": self._workers(),
+            "tables": self._tables(),
             "runs": self._runs(),
-            "traffic": self._rates(served, now),
+            "finished": list(self.finished)[::-1],  # the latest first
+            "traffic": {"totals": last["totals"], "per_second": last["per_second"]},
+            "history": list(self.history),
         }
 
 
+# --- HTTP ----------------------------------------------------------------------------
 class _Handler(RequestHandler):
     def initialize(self, dashboard: PSDashboard):
         self.dashboard = dashboard
@@ -124,100 +346,42 @@ class StatusJSON(_Handler):
         self.write(json.dumps(await self.dashboard.snapshot()))
 
 
-class StatusPage(_Handler):
-    async def get(self):
-        self.set_header("Content-Type", "text/html")
-        self.write(render_page(await self.dashboard.snapshot()))
-
-
-def _table(headers: list[str], rows: list[list]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def render_sections(snap: dict) -> str:
-    """The page's body for one snapshot (also what the page's script re-renders)."""
-    t = snap["traffic"]
-    traffic = _table(
-        ["", "pushes", "push bytes", "reads", "read bytes"],
-        [["total", t["totals"]["pushes"], _bytes(t["totals"]["bytes_pushed"]), t["totals"]["pulls"],
-          _bytes(t["totals"]["bytes_pulled"])],
-         ["per second", f"{t['per_second']['pushes']:.1f}", _bytes(t["per_second"]["bytes_pushed"]) + "/s",
-          f"{t['per_second']['pulls']:.1f}", _bytes(t["per_second"]["bytes_pulled"]) + "/s"]],
-    )
-    tables = _table(
-        ["table", "shape", "dtype", "rule", "consistency", "copies", "blocks", "bytes", "placement (primary/replica blocks, bytes)"],
-        [[x["name"], "x".join(map(str, x["shape"])), x["dtype"], x["rule"], x["consistency"], x["replication"],
-          x["blocks"] if not x["lost_blocks"] else f"{x['blocks']} (lost: {x['lost_blocks']})", _bytes(x["bytes"]),
-          "; ".join(f"{w}: {d['primary']}/{d['replica']}, {_bytes(d['bytes'])}" for w, d in sorted(x["placement"].items()))]
-         for x in snap["tables"]],
-    )
-    runs = _table(
-        ["run", "function", "participants", "clocks", "min clock", "spread", "waiting now", "wait s", "age s", "state"],
-        [[r["run"], r["name"], r["participants"], " ".join(map(str, r["clocks"])), r["min_clock"], r["spread"],
-          r["waiting"], r["wait_seconds"], r["seconds"], r["aborted"] or ("done" if len(r["finished"]) == r["participants"] else "running")]
-         for r in snap["runs"]],
-    )
-    servers = ", ".join(f"{w} ({s})" for w, s in sorted(snap["servers"].items())) or "none"
-    return (f"<h2>Shard servers</h2><p>{html.escape(servers)}</p><h2>Traffic</h2>{traffic}"
-            f"<h2>Tables</h2>{tables}<h2>Runs</h2>{runs}")
-
-
-_PAGE = """<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>dask_ps</title>
-<style>
-body {{ font-family: sans-serif; margin: 1.5em; color: #222; }}
-table {{ border-collapse: collapse; margin-bottom: 1em; }}
-th, td {{ border: 1px solid #ccc; padding: 3px 8px; font-size: 13px; text-align: left; }}
-th {{ background: #eef; }}
-h1 {{ font-size: 20px; }} h2 {{ font-size: 16px; margin-top: 1.2em; }}
-</style></head>
-<body><h1>dask_ps parameter server</h1>
-<div id="ps">{body}</div>
-<script>
-async function refresh() {{
-  try {{
-    const r = await fetch("{route}/body");
-    if (r.ok) document.getElementById("ps").innerHTML = await r.text();
-  }} catch (e) {{}}
-}}
-setInterval(refresh, 1000);
-</script></body></html>
-"""
-
-
-class StatusBody(_Handler):
-    async def get(self):
-        self.set_header("Content-Type", "text/html")
-        self.write(render_sections(await self.dashboard.snapshot()))
-
-
-def render_page(snap: dict) -> str:
-    return _PAGE.format(body=render_sections(snap), route=ROUTE)
+def _bokeh_prefix(scheduler) -> str | None:
+    """The prefix of distributed's Bokeh pages (``http_prefix``), or None
+    when the scheduler serves none (no bokeh, or ``dashboard=False``)."""
+    for app in getattr(scheduler.http_application, "applications", ()):
+        if "/status" in getattr(app, "app_paths", ()):
+            return app.prefix or "/"
+    return None
 
 
 def install(scheduler, plugin) -> PSDashboard | None:
-    """Add the ``/ps`` routes to the scheduler's HTTP server (if it has one)."""
+    """Add ``/ps`` and ``/ps/status.json`` to the scheduler's HTTP server
+    (if it has one) and start sampling."""
     app = getattr(scheduler, "http_application", None)
     if app is None:
         logger.info("dask_ps: the scheduler has no HTTP server; no dashboard page")
         return None
     dashboard = getattr(app, "_ps_dashboard", None)
     if dashboard is not None:  # the plugin registered again: the routes exist
-        dashboard.plugin, dashboard._last = plugin, None
+        dashboard.plugin = plugin
+        dashboard.history.clear()
+        dashboard.start(scheduler)
         return dashboard
     dashboard = app._ps_dashboard = PSDashboard(plugin)
+    scheduler.add_plugin(_ReportListener(dashboard), name=_ReportListener.name, idempotent=True)
     kwargs = {"dashboard": dashboard}
-    app.add_handlers(r".*", [
-        (ROUTE, StatusPage, kwargs), (ROUTE + "/body", StatusBody, kwargs), (JSON_ROUTE, StatusJSON, kwargs),
-    ])
+    routes = [(JSON_ROUTE, StatusJSON, kwargs)]
+    prefix = _bokeh_prefix(scheduler)
+    page = None
+    if prefix is not None:
+        from dask_ps import _dashboard_bokeh
+
+        page = _dashboard_bokeh.add_page(scheduler, dashboard, prefix)
+    if page is None:  # no Bokeh dashboard: the plain page, which says why
+        from dask_ps import _dashboard_html
+
+        routes += _dashboard_html.routes(dashboard, ROUTE)
+    app.add_handlers(r".*", routes)
+    dashboard.start(scheduler)
     return dashboard

@@ -130,6 +130,7 @@ class RunState:
     rollbacks: list[dict] = field(default_factory=list)  # restores from a checkpoint while it ran
     notified: float = 0  # the last min clock sent to servers
     name: str = ""  # the participant function's name (the dashboard)
+    info: dict = field(default_factory=dict)  # run_info: name, params, planned_clocks (the dashboard)
     waiting: int = 0  # participants waiting in ps_clock/ps_wait_clock now
     wait_seconds: float = 0.0  # seconds participants spent waiting there
 
@@ -186,6 +187,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self._saves: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()  # (path, data) -> {table: id}
         self.creating: dict[str, list[list[str]]] = {}  # table -> owners, while its shards are created
         self.totals: Counter = Counter()  # metrics summed over finished participants
+        self.dashboard = None  # the /ps page's state (_dashboard.PSDashboard), set in start
         # This plugin instance, i.e. these tables: a new scheduler (even at the
         # same address, with a client that reconnected to it) has another.
         # A ParameterServer sends the id it attached to with every call.
@@ -215,7 +217,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         _prometheus.register(self)
         if registered is None:
             await scheduler.register_worker_plugin(None, dumps(worker_plugin), name=PLUGIN_NAME, idempotent=True)
-        _dashboard.install(scheduler, self)  # the /ps page on the Dask dashboard
+        self.dashboard = _dashboard.install(scheduler, self)  # the /ps page on the Dask dashboard
         self.hung.start()
 
     def _check_cluster(self, op: str, msg: dict):
@@ -719,10 +721,10 @@ class PSSchedulerPlugin(SchedulerPlugin):
 
     # --- runs and clocks ------------------------------------------------------------
     @handler(CLIENT)
-    def run_start(self, run_id: str, n: int, name: str = "") -> None:
+    def run_start(self, run_id: str, n: int, name: str = "", info: dict | None = None) -> None:
         if not (isinstance(run_id, str) and _is_int(n) and n >= 1):
             raise PSValueError(f"a run needs a str id and n >= 1 participants, got {run_id!r}, {n!r}")
-        self.runs[run_id] = RunState(run_id, n, [0] * n, name=str(name)[:200])
+        self.runs[run_id] = RunState(run_id, n, [0] * n, name=str(name)[:200], info=_dashboard.check_run_info(info))
 
     def _run(self, run_id) -> RunState:
         run = self.runs.get(run_id)
@@ -879,6 +881,8 @@ class PSSchedulerPlugin(SchedulerPlugin):
                 continue
             if found:
                 disagree.append({"table": name, "copies": found})
+        if self.dashboard is not None:
+            self.dashboard.run_ended(run, copies_disagree=bool(disagree))
         return {
             "run_id": run_id,
             "copies_disagree": disagree,

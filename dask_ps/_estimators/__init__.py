@@ -31,7 +31,8 @@ Progress and metrics (``_progress``)
     ``Progress`` (verbose lines: stdout and the logger; the optional tqdm
     bar, ``ps.progress-bar``), ``PollingMonitor`` (a client thread reading
     the participants' progress while a fit runs), ``rate``,
-    ``participant_metrics`` (``metrics_``).
+    ``participant_metrics`` (``metrics_``), ``run_info`` (what the
+    dashboard's ``/ps`` page shows of a fit's runs).
 Prediction on dask collections (``_predict``)
     ``is_dask_collection``, ``is_dask_dataframe``, ``is_dask_array``,
     ``dask_meta``, ``dask_feature_names``, ``check_dask_X``,
@@ -72,7 +73,7 @@ from dask_ps._estimators._predict import (
     raise_invalid_parts,
     raise_no_samples,
 )
-from dask_ps._estimators._progress import PollingMonitor, Progress, participant_metrics, rate
+from dask_ps._estimators._progress import PollingMonitor, Progress, participant_metrics, rate, run_info
 from dask_ps._estimators._runs import (
     MAX_RESTARTS,
     SAVE_RETRY_SECONDS,
@@ -101,7 +102,7 @@ __all__ = [
     "SAVE_RETRY_SECONDS", "chunk_end", "jsonable", "temporary_tables", "TemporaryTables",
     "cluster_members", "may_be_worker_loss", "lost_workers", "MAX_RESTARTS", "RolledBackError",
     "wait_for_participants", "run_in_chunks",
-    "Progress", "PollingMonitor", "rate", "participant_metrics",
+    "Progress", "PollingMonitor", "rate", "participant_metrics", "run_info",
     "njit", "kernel_cache_dir",
     "is_dask_collection", "is_dask_dataframe", "is_dask_array", "dask_meta", "dask_feature_names",
     "check_dask_X", "map_row_blocks", "check_dask_fit_input", "known_n_samples", "raise_no_samples",

@@ -24,7 +24,9 @@ timings and counts.
 
 from __future__ import annotations
 
+import inspect
 import logging
+import math
 import threading
 
 import dask
@@ -158,3 +160,24 @@ def participant_metrics(results, fields=(), session_key: str = "metrics") -> lis
         entry.update({k: r[k] for k in fields if k in r})
         out.append(entry)
     return out
+
+
+def _same(a, b) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b) or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+    except Exception:  # noqa: BLE001 - arrays and other values without a plain ==
+        return False
+
+
+def run_info(est, planned_clocks: int) -> dict:
+    """``run_info`` of the estimator's runs (``ParameterServer.run``), for
+    the dashboard's ``/ps`` page: its class name, the parameters set to
+    something else than their defaults (as scikit-learn's ``repr`` shows
+    them; not ``client``) and the clocks each participant will complete."""
+    defaults = {k: p.default for k, p in inspect.signature(type(est).__init__).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    params = {k: v for k, v in est.get_params(deep=False).items()
+              if k != "client" and (k not in defaults or not _same(v, defaults[k]))}
+    return {"name": type(est).__name__, "params": params, "planned_clocks": max(0, int(planned_clocks))}

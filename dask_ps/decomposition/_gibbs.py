@@ -14,6 +14,7 @@ from typing import Callable
 
 import numpy as np
 
+from dask_ps import report_progress
 from dask_ps._estimators import arrays, wait_for_participants
 from dask_ps.decomposition import _lda_kernels as _k
 from dask_ps.decomposition._scoring import participant_loglik
@@ -241,6 +242,8 @@ def _evaluate(ctx, s: _Sampler, cfg: GibbsConfig, it, nwk, nk):
     nwk, nk = arrays.to_host(nwk), arrays.to_host(nk)  # the log-likelihood terms run on the host
     ll = participant_loglik(s.local_ndk(), s.doc_len, nwk, s.weights, nk, cfg.alpha, cfg.beta, s.vbeta, s.P)
     s.history.append((it, time.time() - cfg.t_start, ll))
+    # The dashboard's /ps page: minus the log-likelihood per token of this participant's part.
+    report_progress(ctx, loss=-ll / max(int(s.z.size), 1))
     if cfg.progress_name is not None:
         row = np.empty((1, PROGRESS_COLUMNS))
         row[0, :P_READS] = ll, 1.0, s.history[-1][1]

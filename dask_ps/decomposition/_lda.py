@@ -42,6 +42,7 @@ from dask_ps._estimators import (
     max_participants,
     participant_metrics,
     rate,
+    run_info,
     setting,
 )
 from dask_ps.consistency import as_consistency
@@ -587,7 +588,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         progress = Progress(self.verbose, logger, total=max(0, self.max_iter - first), unit="it",
                             desc=type(self).__name__)
         try:
-            runs = GibbsRuns(ps, parts, uid, plan, fixed, resume, progress).run(
+            runs = GibbsRuns(ps, parts, uid, plan, fixed, resume, progress, info=run_info(self, 0)).run(
                 score=functools.partial(training_loglik, client=ps.client, beta=self.topic_word_prior_,
                                         alpha=self.doc_topic_prior_, max_iter=self.max_doc_update_iter,
                                         tol=self.mean_change_tol, matrix=matrix))

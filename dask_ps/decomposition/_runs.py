@@ -250,8 +250,10 @@ class GibbsRuns:
     ``t_start``, ``seconds`` and ``score`` (what ``run``'s ``score`` returned).
     """
 
-    def __init__(self, ps, parts: TrainingParts, uid, plan: RunPlan, fixed: dict, resume, progress: Progress):
+    def __init__(self, ps, parts: TrainingParts, uid, plan: RunPlan, fixed: dict, resume, progress: Progress,
+                 info: dict | None = None):
         self.ps, self.client, self.parts, self.uid, self.plan = ps, ps.client, parts, uid, plan
+        self.info = info or {}  # the dashboard's run_info (name, params), planned clocks added per run
         self.fixed = fixed  # the GibbsConfig fields that are the same in every run of the fit
         self.progress = progress
         self.z_id, self.good, self.history = resume
@@ -314,7 +316,8 @@ class GibbsRuns:
             monitor = None
             try:
                 monitor = self._create_tables(cfg, tables)
-                self.results = self.ps.run(_gibbs_participant, self.parts.futures, cfg=cfg)
+                info = dict(self.info, planned_clocks=1 + stop - start)  # the starting counts, then a sweep each
+                self.results = self.ps.run(_gibbs_participant, self.parts.futures, cfg=cfg, run_info=info)
                 if stop >= plan.max_iter:
                     self.nwk = np.maximum(arrays.to_numpy(self.ps.pull(cfg.nwk_name)), 0)
                     self.nk = np.maximum(arrays.to_numpy(self.ps.pull(cfg.nk_name)), 0)

@@ -12,6 +12,7 @@ import time
 import numpy as np
 from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 
+from dask_ps import report_progress
 from dask_ps._estimators import arrays
 from dask_ps.linear_model import _monitor
 from dask_ps.linear_model._kernels import MAX_INT, _decision, _penalty_value, round_eta_scale
@@ -334,8 +335,13 @@ class _Participant:
                 W_end = self.W_all if self.solo else (None if self.sparse else W)
                 seconds = time.perf_counter() - t_epoch
                 val = self.end_epoch(epoch, loss_sum, W_end, seconds)
+                whole = loss_sum if epoch_loss is None else epoch_loss
+                # The dashboard's /ps page: the epoch's mean loss per sample (a
+                # lone participant, which never clocks, also its rounds as clocks).
+                report_progress(ctx, loss=float(np.mean(arrays.to_numpy(whole))) / max(self.n_train, 1),
+                                **({"clock": (epoch + 1 - cfg.epoch0) * len(epoch_rounds)} if self.solo else {}))
                 if cfg.progress_table is not None:
-                    self.report(epoch, loss_sum if epoch_loss is None else epoch_loss, val, seconds)
+                    self.report(epoch, whole, val, seconds)
             else:
                 row = np.concatenate([arrays.to_numpy(loss_sum).astype(float), self.stats_pad])
                 ctx.push_rows(cfg.stats_table, np.array([_stats_row(cfg, ctx.rank, epoch)]), row[None, :])

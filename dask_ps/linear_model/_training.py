@@ -32,6 +32,7 @@ from dask_ps._estimators import (
     may_be_worker_loss,
     participant_metrics,
     run_in_chunks,
+    run_info,
     raise_no_samples,
     save_checkpoint,
     setting,
@@ -386,7 +387,8 @@ def _run_chunks(est, ps, parts, cfg: _RunConfig, start: _Start, checkpoint, reco
             run_cfg = dataclasses.replace(run_cfg, start_table=starts.before_run(run_cfg, first=first))
         t = time.perf_counter()
         try:
-            results = ps.run(_sgd_participant, parts.futures, cfg=run_cfg)
+            clocks = (end - epoch) * -(-run_cfg.steps_per_epoch // run_cfg.clock_every)  # R rounds an epoch
+            results = ps.run(_sgd_participant, parts.futures, cfg=run_cfg, run_info=run_info(est, clocks))
         finally:
             timing["run_seconds"] = timing.get("run_seconds", 0.0) + time.perf_counter() - t
         if checkpoint is not None:  # restored as the run ended: not saved, trained again

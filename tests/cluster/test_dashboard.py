@@ -1,71 +1,290 @@
-"""The ``/ps`` page on the Dask dashboard: tables, placement, bytes, runs'
-clocks and waits, push/pull traffic."""
+"""The ``/ps`` page of the Dask dashboard (issue 24): a Bokeh document of
+Dask's dashboard, linked from its navigation bar, with charts over time
+(clocks, spread, traffic), progress as clocks done of clocks planned, runs
+named by their estimator, parameters and last loss, memory and CPU per
+worker, finished runs; ``/ps/status.json``; the plain page without bokeh.
+
+The browser test is ``test_dashboard_browser.py`` (``-m slow``)."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import threading
 import time
 import urllib.request
 
 import numpy as np
+import pytest
 from distributed import Client, LocalCluster
 
 import dask_ps
+from dask_ps import _dashboard
+from dask_ps._dashboard_html import NO_BOKEH, NO_DASHBOARD
 
 
 def _get(base, route):
-    with urllib.request.urlopen(base + route, timeout=10) as r:
+    with urllib.request.urlopen(base + route, timeout=30) as r:
         assert r.status == 200
         return r.read().decode()
 
 
+def _until(predicate, what, timeout=120, poll=0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(poll)
+
+
 def _participant(ctx, part, release):
-    for _ in range(3):
+    for i in range(3):
         ctx.pull("dash-w")
         ctx.push_rows("dash-w", part, np.ones((len(part), 4)))
         ctx.clock()
-    while not release.exists():  # hold the run open while the page is read
+        dask_ps.report_progress(ctx, loss=1.0 / (1 + i + ctx.rank))
+    while not release.exists():  # hold the run open, pushing, while the page is read
+        ctx.push_rows("dash-w", part, np.ones((len(part), 4)))
+        ctx.flush()
         time.sleep(0.05)
     return ctx.rank
 
 
-def test_dashboard_page_shows_tables_runs_and_traffic(tmp_path):
+@pytest.fixture(scope="module")
+def dash_cluster():
+    """An in-process cluster serving Dask's Bokeh dashboard (bokeh is in the test extra)."""
+    pytest.importorskip("bokeh")
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0") as cluster, \
             Client(cluster, set_as_default=False) as client:
-        ps = dask_ps.ParameterServer(client)
-        ps.create_table("dash-w", shape=(1000, 4), dtype="float64", replication=2)
-        base = f"http://127.0.0.1:{cluster.scheduler.http_server.port}"
-        _get(base, "/ps/status.json")  # the first snapshot: rates start here
-        release = tmp_path / "release"
-        result = {}
-        runner = threading.Thread(target=lambda: result.update(
-            out=ps.run(_participant, [np.arange(0, 10), np.arange(10, 20)], release=release)))
-        runner.start()
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                snap = json.loads(_get(base, "/ps/status.json"))
-                runs = [r for r in snap["runs"] if r["name"] == "_participant"]
-                if runs and min(runs[0]["clocks"]) >= 3 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
-            assert runs and runs[0]["clocks"] == [3, 3] and runs[0]["participants"] == 2
-            page = _get(base, "/ps")
-        finally:
-            release.write_text("x")
-            runner.join(60)
-        assert result["out"] == [0, 1]
+        yield cluster, client, f"http://127.0.0.1:{cluster.scheduler.http_server.port}"
 
-        (table,) = [t for t in snap["tables"] if t["name"] == "dash-w"]
-        assert table["shape"] == [1000, 4] and table["replication"] == 2
-        assert table["bytes"] == 2 * 1000 * 4 * 8  # two copies of every block
-        assert set(table["placement"]) == set(ps.servers)
-        assert sum(d["primary"] for d in table["placement"].values()) == table["blocks"]
-        traffic = snap["traffic"]
-        # 3 pushes per participant; reads beyond the first may be cache hits (SSP)
-        assert traffic["totals"]["pushes"] >= 6 and traffic["totals"]["pulls"] >= 2
-        assert traffic["per_second"]["pushes"] > 0
-        assert set(snap["servers"].values()) == {"ok"}
-        assert "dash-w" in page and "_participant" in page and "<table>" in page
-        ps.drop_table("dash-w")
+
+def test_status_json_shows_runs_workers_traffic_and_finished_runs(dash_cluster, tmp_path):
+    cluster, client, base = dash_cluster
+    ps = dask_ps.ParameterServer(client)
+    ps.create_table("dash-w", shape=(1000, 4), dtype="float64", replication=2)
+    release = tmp_path / "release"
+    result = {}
+    info = {"name": "MyModel", "params": {"alpha": 0.5}, "planned_clocks": 3}
+    runner = threading.Thread(target=lambda: result.update(
+        out=ps.run(_participant, [np.arange(0, 10), np.arange(10, 20)], release=release, run_info=info)))
+    runner.start()
+    try:
+        def ready():
+            run = [r for r in ps.client.run_on_scheduler(_live_runs) if r["function"] == "_participant"]
+            return run and min(run[0]["clocks"]) >= 3 and run[0]["loss"] is not None
+        _until(ready, "the run's three clocks and a loss")
+        dashboard = cluster.scheduler.extensions["ps"].dashboard
+        n = len(dashboard.history)
+        _until(lambda: len(dashboard.history) >= n + 2, "two samples of the scheduler's periodic callback")
+        # One request, the first of this viewer: the rates are the scheduler's
+        # last sample's (the old page computed them since the previous request: 0.0).
+        snap = json.loads(_get(base, "/ps/status.json"))
+    finally:
+        release.write_text("x")
+        runner.join(60)
+    assert result["out"] == [0, 1]
+    (run,) = [r for r in snap["runs"] if r["function"] == "_participant"]
+    assert run["label"] == "MyModel(alpha=0.5)" and run["participants"] == 2
+    assert run["clocks"] == [3, 3] and run["clocks_done"] == 3 and run["planned_clocks"] == 3
+    assert run["progress"] == 1.0
+    assert run["loss"] == pytest.approx((1 / 3 + 1 / 4) / 2)  # the mean of the last reports
+    (table,) = [t for t in snap["tables"] if t["name"] == "dash-w"]
+    assert table["bytes"] == 2 * 1000 * 4 * 8  # two copies of every block
+    assert sum(d["primary"] for d in table["placement"].values()) == table["blocks"]
+    traffic = snap["traffic"]
+    assert traffic["totals"]["pushes"] >= 8 and traffic["totals"]["pulls"] >= 2
+    # the history ring: samples about a second apart, with the run's clocks
+    history = snap["history"]
+    assert len(history) >= 2 and all(b["time"] > a["time"] for a, b in zip(history, history[1:]))
+    assert traffic["per_second"] == history[-1]["per_second"] and traffic["per_second"]["pushes"] > 0
+    assert [h["runs"][run["run"]]["min"] for h in history if run["run"] in h["runs"]][-1] == 3
+    # memory and CPU of every worker, from the scheduler's heartbeats
+    workers = {w["worker"]: w for w in snap["workers"]}
+    assert set(workers) == set(cluster.scheduler.workers)
+    assert all(w["memory"] > 0 and w["memory_limit"] > 0 and w["cpu"] >= 0 for w in workers.values())
+    assert sum(w["ps_bytes"] for w in workers.values()) == table["bytes"]
+
+    # once ended, the run is listed among the finished runs with its duration and result
+    snap = json.loads(_get(base, "/ps/status.json"))
+    assert run["run"] not in {r["run"] for r in snap["runs"]}
+    (done,) = [f for f in snap["finished"] if f["run"] == run["run"]]
+    assert done["result"] == "done" and done["label"] == "MyModel(alpha=0.5)" and done["seconds"] > 0
+    assert done["clocks_done"] == 3 and done["loss"] == pytest.approx(run["loss"])
+    ps.drop_table("dash-w")
+
+
+def _live_runs(dask_scheduler=None):
+    return dask_scheduler.extensions["ps"].dashboard.state()["runs"]
+
+
+def test_traffic_rate_is_sampled_on_the_scheduler(dash_cluster):
+    """The rates come from the scheduler's periodic samples, whoever asks:
+    two viewers' back-to-back requests see the same rates."""
+    cluster, client, base = dash_cluster
+    dashboard = cluster.scheduler.extensions["ps"].dashboard if "ps" in cluster.scheduler.extensions else None
+    if dashboard is None:
+        dask_ps.ParameterServer(client)
+        dashboard = cluster.scheduler.extensions["ps"].dashboard
+    assert dashboard._callback is not None and dashboard._callback.is_running()
+    n = len(dashboard.history)
+    _until(lambda: len(dashboard.history) >= n + 2, "two more samples")
+    a, b = json.loads(_get(base, "/ps/status.json")), json.loads(_get(base, "/ps/status.json"))
+    if a["history"][-1]["time"] == b["history"][-1]["time"]:  # no sample between the two requests
+        assert a["traffic"] == b["traffic"]
+    assert len(dashboard.history) <= dashboard.history.maxlen
+
+
+def test_ps_page_is_a_bokeh_document_linked_from_dasks_navigation(dash_cluster):
+    cluster, client, base = dash_cluster
+    dask_ps.ParameterServer(client)
+    page = _get(base, "/ps")
+    assert "static/js/bokeh.min.js" in page and "Dask Diagnostic UI" in page  # a Bokeh document in Dask's template
+    assert html.escape(NO_BOKEH) not in page and html.escape(NO_DASHBOARD) not in page
+    for route in ("/ps", "/status", "/workers"):  # Dask's own pages link to it
+        assert '<a href="ps">Ps</a>' in _get(base, route)
+
+
+def _pull(base):
+    from bokeh.client import pull_session
+
+    with pull_session(url=base + "/ps") as session:
+        doc = session.document
+        out = {f"ps-{k}": _columns(doc.get_model_by_name(f"ps-{k}-table").text)
+               for k in ("runs", "finished", "workers", "tables")}
+        out["progress"] = dict(_source_of(doc, "progress").data)
+        out.update(clocks=dict(_source_of(doc, "clocks").data), traffic=dict(_source_of(doc, "traffic").data),
+                   summary=doc.get_model_by_name("ps-summary").text)
+        return out
+
+
+def _columns(table_html: str) -> dict[str, list[str]]:
+    """The columns of an HTML table the document shows, by header."""
+    cell = re.compile(r"<t[hd]>(.*?)</t[hd]>")
+    rows = [[html.unescape(c) for c in cell.findall(r)] for r in re.findall(r"<tr>(.*?)</tr>", table_html)]
+    return {h: [r[i] for r in rows[1:]] for i, h in enumerate(rows[0])} if rows else {}
+
+
+def _source_of(doc, key):
+    from bokeh.models import ColumnDataSource
+
+    (source,) = [m for m in doc.models if isinstance(m, ColumnDataSource) and m.name == f"ps-{key}"]
+    return source
+
+
+def test_bokeh_document_fills_during_an_estimator_fit(dash_cluster):
+    """The document Dask's dashboard serves, pulled through Bokeh's
+    websocket protocol (bokeh.client) during an SGDClassifier fit: the run
+    is named by the estimator and its parameters, with progress as clocks
+    done of planned, a loss, its clocks over time; memory per worker; then
+    the finished run."""
+    from sklearn.datasets import make_classification
+
+    from dask_ps.linear_model import SGDClassifier
+
+    cluster, client, base = dash_cluster
+    X, y = make_classification(20000, 10, random_state=0)  # two participants
+    est = SGDClassifier(max_iter=30, tol=None, alpha=1e-3, random_state=0, client=client)
+    fit = threading.Thread(target=est.fit, args=(X, y))
+    fit.start()
+    try:
+        def running():
+            d = _pull(base)
+            labels = d["ps-runs"].get("run")
+            return d if labels and labels[0].startswith("SGDClassifier(") and d["ps-runs"]["last loss"][0] != "-" else None
+        d = _until(running, "the SGD run with a loss on the Bokeh document")
+    finally:
+        fit.join(300)
+    runs = d["ps-runs"]
+    assert runs["run"][0] == "SGDClassifier(alpha=0.001, max_iter=30, random_state=0, tol=None)"
+    assert " of " in runs["progress"][0] and runs["progress"][0].endswith("%)")
+    planned = int(runs["progress"][0].split(" of ")[1].split()[0])
+    assert planned % 30 == 0  # epochs x rounds per epoch
+    assert float(runs["last loss"][0]) > 0
+    assert d["progress"]["text"] == runs["progress"] and 0 < d["progress"]["fraction"][0] <= 1
+    assert d["clocks"]["xs"] and len(d["clocks"]["xs"][0]) == len(d["clocks"]["ys"][0]) >= 1
+    assert len(d["traffic"]["time"]) >= 1
+    workers = d["ps-workers"]
+    assert len(workers["worker"]) == 2 and all(m.endswith("iB") and not m.startswith("0 ") for m in workers["memory"])
+    assert all(float(c) >= 0 for c in workers["CPU %"]) and workers["parameter server"] == ["ok", "ok"]
+    assert "shard servers answering" in d["summary"]
+
+    d = _until(lambda: (lambda d: d if d["ps-finished"].get("run") else None)(_pull(base)), "the finished run")
+    fin = d["ps-finished"]
+    i = fin["run"].index(runs["run"][0])
+    assert fin["result"][i] == "done" and float(fin["duration s"][i]) > 0
+    assert fin["progress"][i] == f"{planned} of {planned} clocks (100%)"  # tol=None: every epoch ran
+
+
+def test_plain_page_without_a_bokeh_dashboard(ps):
+    """The shared cluster serves no Bokeh dashboard (dashboard_address=None):
+    ``/ps`` is the plain page, saying what is missing."""
+    scheduler = ps.client.cluster.scheduler
+    dashboard = scheduler.extensions["ps"].dashboard
+    assert _dashboard._bokeh_prefix(scheduler) is None and dashboard is not None
+    base = f"http://127.0.0.1:{scheduler.http_server.port}"
+    page = _get(base, "/ps")
+    assert html.escape(NO_DASHBOARD) in page and "<h2>Runs</h2>" in page and "<h2>Workers</h2>" in page
+    assert "<h2>Finished runs</h2>" in _get(base, "/ps/body")
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("x", "run_info must be a dict"),
+    ({"nme": "x"}, "unknown keys"),
+    ({"name": 3}, r"run_info\['name'\] must be a str"),
+    ({"params": [1]}, r"run_info\['params'\] must be a dict"),
+    ({"planned_clocks": -1}, r"must be an int >= 0"),
+    ({"planned_clocks": 2.5}, r"must be an int >= 0"),
+])
+def test_run_info_is_checked(bad, match):
+    with pytest.raises(dask_ps.PSValueError, match=match):
+        _dashboard.check_run_info(bad)
+
+
+def test_run_info_values_travel_as_plain_values():
+    out = _dashboard.check_run_info({"name": "E", "params": {"a": [1, 2], "b": None, "c": 0.5}, "planned_clocks": 4})
+    assert out == {"name": "E", "params": {"a": "[1, 2]", "b": None, "c": 0.5}, "planned_clocks": 4}
+
+
+def test_plain_page_says_to_install_bokeh_when_it_is_missing(monkeypatch):
+    from dask_ps import _dashboard_html
+
+    monkeypatch.setattr(_dashboard_html.importlib.util, "find_spec", lambda name: None)
+    snap = {"traffic": {"totals": dict.fromkeys(_dashboard.TRAFFIC_KEYS, 0),
+                        "per_second": dict.fromkeys(_dashboard.TRAFFIC_KEYS, 0.0)},
+            "workers": [], "runs": [], "finished": [], "tables": []}
+    assert html.escape(NO_BOKEH) in _dashboard_html.render_sections(snap)
+
+
+def test_estimator_runs_are_named_with_planned_clocks_and_loss(ps):
+    """The estimators' runs carry their class, changed parameters and
+    planned clocks (``run_info``), and their participants report a loss:
+    LDA (a sweep per clock after the starting counts) and SGD (epochs x
+    rounds per epoch), as listed among the finished runs."""
+    from sklearn.datasets import make_classification
+
+    from dask_ps.decomposition import LatentDirichletAllocation
+    from dask_ps.linear_model import SGDRegressor
+
+    dashboard = ps.client.cluster.scheduler.extensions["ps"].dashboard
+    counts = np.random.default_rng(0).poisson(0.3, size=(200, 50))
+    LatentDirichletAllocation(n_components=3, max_iter=5, evaluate_every=1, random_state=0,
+                              client=ps.client).fit(counts)
+    X, y = make_classification(20000, 5, random_state=0)
+    SGDRegressor(max_iter=3, tol=None, random_state=0, client=ps.client).fit(X, y)
+
+    def finished(prefix):
+        runs = [f for f in dashboard.finished if f["label"].startswith(prefix) and f["loss"] is not None]
+        return runs[-1] if runs else None
+
+    lda = _until(lambda: finished("LatentDirichletAllocation("), "the LDA run's loss (reports travel in the background)",
+                 timeout=30)
+    assert lda["label"] == "LatentDirichletAllocation(evaluate_every=1, max_iter=5, n_components=3, random_state=0)"
+    assert lda["planned_clocks"] == lda["clocks_done"] == 6 and lda["result"] == "done"
+    assert lda["loss"] > 0  # minus the log-likelihood per token
+    sgd = _until(lambda: finished("SGDRegressor("), "the SGD run's loss", timeout=30)
+    assert sgd["label"] == "SGDRegressor(max_iter=3, random_state=0, tol=None)"
+    assert sgd["planned_clocks"] == sgd["clocks_done"] and sgd["planned_clocks"] % 3 == 0 and sgd["loss"] > 0
