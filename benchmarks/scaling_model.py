@@ -1,0 +1,946 @@
+"""Scaling past two workers, by model: a cost model of one iteration,
+calibrated per layer on this machine, checked against measured 2-worker
+fits, then extrapolated to 4-64 workers on 10 and 25 Gbit/s networks.
+
+What is measured (``LocalCluster(processes=True, n_workers=P,
+threads_per_worker=1)``, P = 2 and, oversubscribed on 2 cores, P = 4 and 8):
+
+- **Sparsity, from the data.** SGD click-through (``bench_sgd.ctr_data``):
+  the rows a round touches, U(m) = distinct features of m samples drawn as
+  the fixed sparse rounds are (blocks of 64 consecutive samples, shuffled),
+  plus the intercept's row. LDA (``bench_lda``'s news corpus): the distinct
+  words of each participant's documents, V_p, as the corpus is split into P
+  token-balanced parts (the estimator's split).
+- **The synchronization cycle** of one iteration, ``pull_rows(U) ->
+  push_rows(U) -> clock()``, in a ``ParameterServer.run`` whose participants
+  do nothing else: on an SGD-like table (2^22 x 1 float64, BSP, per-clock
+  sums) and an LDA-like one (V x K int32 under SSP(2) with refresh, plus the
+  K topic totals, pulled and pushed as the Gibbs participant does). Per
+  cycle: the wall time in the participant (median, P = 2: the latency the
+  model uses here), the participant thread's CPU, the CPU of every worker
+  process per participant (its calls plus its share of serving the others:
+  thread_time / process_time, load-robust) and the scheduler's CPU per clock.
+  A run of 24 cycles minus a run of 2 removes the run's start and end
+  (and the idle processes' CPU, measured over 3 s, is subtracted). Fitted:
+  worker CPU per cycle = a + b * bytes + c * messages (messages = one per
+  server per pull and per push, so 2P; bytes = U rows x (4-byte index +
+  value)).
+- **Compute**, CPU seconds: SGD from fits at P = 4 and 8 (``metrics_``: the
+  participant thread's ``cpu_seconds`` minus its calls' CPU from the cycle,
+  and the round-compaction thread's ``round_prep_cpu_seconds``), fitted as
+  setup per non-zero + kernel per non-zero and epoch, compaction per
+  non-zero; LDA: the participant's sweep (the estimator's sampler, ``dense``
+  at K < 128) and its row deltas on one partition, in this process,
+  thread_time per token.
+- **Fixed per-fit costs**: a fit of the same width on tiny data (P x 12k
+  rows; LDA: P x 150 documents, one iteration) minus its modelled
+  iterations: data placement, table creation, run start and end, the final
+  model pull. Also printed alone: ``create_table`` + ``drop_table`` of
+  2^22 rows, a ``ps.run`` of a function that returns, ``ps.pull`` of the
+  2^22-row table.
+
+The model (one participant per worker, one core each; the server's share
+runs on the same core):
+
+    SGD round   = max(k + L, k + q + C)    k: kernel CPU (m samples' non-zeros),
+                                            q: compaction CPU (first epoch only),
+                                            L: the cycle's wall time, C: its CPU
+    SGD fit     = F + setup + sum over epochs of R rounds
+    LDA iter    = sweep + deltas + L        (SSP(2): no barrier at equal work)
+    LDA fit     = F + iterations x LDA iter
+
+On P workers over a network, L(P, U) = L(2, U) (measured, loopback) +
+[C(P, U) - C(2, U)] (the messages that grow with P) + hops x RTT + bytes per
+worker / bandwidth + scheduler CPU x P clocks (one scheduler serves them
+all, in turn) + a BSP barrier for SGD (expected maximum of P round times with a
+stated jitter, minus that of 2). Efficiency = T1 / (P x T_P), T1 the same
+work on one worker without the parameter server (compute and fixed costs
+only): strong scaling (the data fixed) and weak scaling (each worker's data
+fixed at the 2-worker share).
+
+    python benchmarks/scaling_model.py                 # ~5-8 minutes on 2 cores
+    python benchmarks/scaling_model.py --quick         # ~2-3 minutes: smaller data, fewer cycles
+    python benchmarks/scaling_model.py --sgd-n 1000000 --lda-iters 100   # bench_sgd --full's ctr size
+    python benchmarks/scaling_model.py --from-json scaling.json          # table and plot again
+
+Prints the measured constants, predicted against measured 2-worker fit times
+(SGD click-through ``max_iter`` = 1 and 2; LDA K=50 on the news corpus) and
+the efficiency table; saves the plot (``--plot``, docs/scaling.png) and the
+measurements (``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import sys
+import time
+import warnings
+
+import numpy as np
+
+HERE = pathlib.Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+D_SGD = 2**22  # the click-through set's hashed features (bench_sgd --full)
+BATCH = 2048  # bench_sgd's batch_size
+K_LDA = 50
+ALPHA, ETA = 0.1, 0.01
+REPS_LONG, REPS_SHORT = 24, 2  # cycles of the long and the short run (their difference: no run start/end)
+WORKERS = (1, 2, 4, 8, 16, 32, 64)
+NETWORKS = {"10 Gbit/s": 1.25e9, "25 Gbit/s": 3.1e9}
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def load():
+    return " ".join(f"{v:.1f}" for v in os.getloadavg())
+
+
+# --- sparsity, from the data ---------------------------------------------------------------------
+
+
+def sgd_schedule(n_p, P):
+    """Rounds of a participant with ``n_p`` samples among ``P``: ``(R,
+    samples per round)``, as ``linear_model._training._run_config`` cuts an
+    epoch (``ps.sgd.clock-samples``, ``ps.sgd.min-rounds-per-epoch``; the
+    compiled kernel)."""
+    import dask
+
+    import dask_ps  # noqa: F401 (its dask.config defaults)
+
+    if P == 1:
+        return 1, n_p
+    clock_samples = int(dask.config.get("ps.sgd.clock-samples"))
+    min_rounds = max(1, int(dask.config.get("ps.sgd.min-rounds-per-epoch")))
+    steps = max(1, math.ceil(n_p / BATCH))
+    steps = max(steps, min(min_rounds, n_p))
+    b_local = max(1, n_p // steps)
+    every = max(1, clock_samples // b_local)
+    every = min(every, max(1, steps // min_rounds), steps)
+    return math.ceil(steps / every), every * b_local
+
+
+def touched_rows(X, m, rounds=6, seed=0):
+    """Mean distinct rows of the weights table a round of ``m`` samples
+    touches (its features and the intercept's row), rounds drawn as the
+    fixed sparse rounds are: shuffled blocks of 64 consecutive samples."""
+    rng = np.random.default_rng(seed)
+    n = X.shape[0]
+    m = min(m, n)
+    nblocks = -(-n // 64)
+    out = []
+    for _ in range(rounds):
+        blocks = rng.permutation(nblocks)[: -(-m // 64)]
+        idx = (blocks[:, None] * 64 + np.arange(64)[None, :]).ravel()
+        idx = idx[idx < n][:m]
+        cols = np.concatenate([X.indices[X.indptr[i]:X.indptr[i + 1]] for i in np.sort(idx)]) if m < 4096 else \
+            X[np.sort(idx)].indices
+        out.append(np.unique(cols).size + 1)
+    return float(np.mean(out))
+
+
+def split_corpus(X, P):
+    from dask_ps.decomposition._corpus import _split_rows
+
+    return _split_rows(X, P)
+
+
+def lda_vocab(X, P):
+    """Per participant of P: (tokens, distinct words); max and mean over parts."""
+    parts = split_corpus(X, P)
+    toks = np.array([int(p.sum()) for p in parts])
+    vocab = np.array([np.unique(p.indices).size for p in parts])
+    return {"tokens_max": int(toks.max()), "tokens_mean": float(toks.mean()), "vocab_max": int(vocab.max()),
+            "vocab_mean": float(vocab.mean()), "parts": len(parts)}
+
+
+# --- the synchronization cycle ------------------------------------------------------------------
+
+
+def _lda_cycle(ctx, part, *, table, totals, reps):
+    """LDA's iteration without the sweep (``_gibbs._iteration``): pull the
+    word rows and the totals, push both, ``clock()``; per cycle: wall
+    seconds, the part before the push, the thread's CPU seconds."""
+    rows, width = part["rows"], part["width"]
+    vals = np.ones((rows.size, width), dtype=np.int32)
+    out = []
+    for _ in range(reps):
+        w0, c0 = time.perf_counter(), time.thread_time()
+        ctx.pull_rows(table, rows)
+        ctx.pull(totals)
+        w1 = time.perf_counter()
+        ctx.push_rows(table, rows, vals, copy=False)
+        ctx.push(totals, np.zeros(width, dtype=np.int64), copy=False)
+        ctx.clock()
+        out.append((time.perf_counter() - w0, w1 - w0, time.thread_time() - c0))
+    return out
+
+
+def _sgd_cycle(ctx, part, *, table, totals, reps):
+    """The SGD participant's round without the kernel
+    (``_participant._Participant.round``/``sync_round``, ``ps.sgd.overlap``):
+    the next round's read started for the next clock, the round's push and
+    its stats row, ``clock(wait=False)``, then the read's result; per cycle
+    (one result to the next): wall seconds, the read's wait, thread CPU."""
+    rows = part["rows"]
+    vals = np.full((rows.size, 1), 1e-6)
+    srow = np.zeros((1, 8))
+    where = np.array([ctx.rank])
+    ctx.pull_rows(table, rows)
+    t_prev, c_prev = time.perf_counter(), time.thread_time()
+    out = []
+    for _ in range(reps):
+        handle = ctx.prefetch_rows(table, rows, for_clock=ctx.current_clock + 1)
+        ctx.push_rows(table, rows, vals)
+        ctx.push_rows(totals, where, srow)
+        ctx.clock(wait=False)
+        w1 = time.perf_counter()
+        handle.result()
+        t, c = time.perf_counter(), time.thread_time()
+        out.append((t - t_prev, t - w1, c - c_prev))
+        t_prev, c_prev = t, c
+    ctx.clock()
+    return out
+
+
+def _noop(ctx, part):
+    return part
+
+
+def process_cpu(client):
+    """CPU seconds of the worker processes (sum) and of this process (the
+    client and the LocalCluster's scheduler)."""
+    times = client.run(time.process_time)
+    return sum(times.values()), time.process_time()
+
+
+def idle_rates(client, seconds=3.0):
+    """CPU seconds per second of the idle worker processes (sum) and of
+    this process (heartbeats, the dashboard's sampling, liveness beacons):
+    subtracted from the cycles' CPU."""
+    w0, s0 = process_cpu(client)
+    t = time.perf_counter()
+    time.sleep(seconds)
+    w1, s1 = process_cpu(client)
+    t = time.perf_counter() - t
+    return (w1 - w0) / t, (s1 - s0) / t
+
+
+def cycle_costs(client, ps, P, workload, sizes, rng):
+    """The cycle of ``workload`` ("sgd" or "lda") at ``U`` rows per
+    participant for each U of ``sizes``: per cycle wall (median), the
+    participant thread's CPU, worker CPU per participant, scheduler CPU."""
+    import dask_ps
+
+    table, totals = f"scaling-{workload}", f"scaling-{workload}-totals"
+    if workload == "sgd":  # as linear_model._training._create_tables under BSP
+        n_rows, width, dtype, fn = D_SGD + 1, 1, "float64", _sgd_cycle
+        ps.create_table(table, (n_rows, width), dtype=dtype, consistency=dask_ps.BSP(), aggregate="clock")
+        ps.create_table(totals, (P, 8), dtype="float64", consistency=dask_ps.SSP(0), aggregate="clock")
+    else:  # as decomposition._runs under the estimator's default SSP(2) with refresh
+        n_rows, width, dtype, fn = sizes["V"], K_LDA, "int32", _lda_cycle
+        ps.create_table(table, (n_rows, width), dtype=dtype, consistency=dask_ps.SSP(2, refresh=True))
+        ps.create_table(totals, (width,), dtype="int64", consistency=dask_ps.ASP())
+    idle_w, idle_s = idle_rates(client)
+    rows_out = []
+    try:
+        for U in sizes["U"]:
+            U = int(min(U, n_rows))
+            parts = [{"rows": np.sort(rng.choice(n_rows, U, replace=False)).astype(np.int64), "width": width,
+                      "dtype": dtype} for _ in range(P)]
+            ps.run(fn, parts, table=table, totals=totals, reps=REPS_SHORT)  # warm: cache, pools
+            got = {}
+            for reps in (REPS_SHORT, REPS_LONG):
+                w0, s0 = process_cpu(client)
+                t = time.perf_counter()
+                res = ps.run(fn, parts, table=table, totals=totals, reps=reps)
+                t = time.perf_counter() - t
+                w1, s1 = process_cpu(client)
+                got[reps] = (w1 - w0 - idle_w * t, s1 - s0 - idle_s * t, res)
+            n = REPS_LONG - REPS_SHORT
+            res = got[REPS_LONG][2]
+            cycles = np.array([c for r in res for c in r[2:]])  # the first two cycles: warm-up
+            row = {
+                "P": P, "U": U, "width": width, "itemsize": np.dtype(dtype).itemsize,
+                "wall": float(np.median(cycles[:, 0])),
+                "wall_pull": float(np.median(cycles[:, 1])),
+                "thread_cpu": float(np.median(cycles[:, 2])),
+                "worker_cpu": max(0.0, (got[REPS_LONG][0] - got[REPS_SHORT][0]) / (n * P)),
+                "sched_cpu": max(0.0, (got[REPS_LONG][1] - got[REPS_SHORT][1]) / n),
+            }
+            rows_out.append(row)
+            log(f"  cycle {workload} P={P} U={U}: wall {row['wall'] * 1e3:.2f} ms (pull {row['wall_pull'] * 1e3:.2f}), "
+                f"thread CPU {row['thread_cpu'] * 1e3:.2f} ms, worker CPU {row['worker_cpu'] * 1e3:.2f} ms, "
+                f"scheduler CPU {row['sched_cpu'] * 1e3:.2f} ms per cycle")
+    finally:
+        ps.drop_table(table)
+        ps.drop_table(totals)
+    return rows_out
+
+
+def fixed_costs(client, ps):
+    """Walls of the parameter server's per-fit operations alone."""
+    out = {}
+    t = time.perf_counter()
+    ps.create_table("scaling-fixed", (D_SGD + 1, 1), dtype="float64")
+    out["create_table"] = time.perf_counter() - t
+    t = time.perf_counter()
+    ps.pull("scaling-fixed")
+    out["pull_table"] = time.perf_counter() - t
+    t = time.perf_counter()
+    ps.drop_table("scaling-fixed")
+    out["drop_table"] = time.perf_counter() - t
+    P = len(ps.servers)
+    ps.run(_noop, list(range(P)))
+    t = time.perf_counter()
+    ps.run(_noop, list(range(P)))
+    out["run_noop"] = time.perf_counter() - t
+    return out
+
+
+# --- the fits --------------------------------------------------------------------------------------
+
+
+def sgd_fit(client, X, y, E):
+    from bench_sgd import spread_blocks
+
+    from dask_ps.linear_model import SGDClassifier
+
+    dX, dy = spread_blocks(client, X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = time.perf_counter()
+        m = SGDClassifier(loss="log_loss", alpha=1e-6, max_iter=E, tol=None, random_state=0, batch_size=BATCH,
+                          client=client).fit(dX, dy)
+        wall = time.perf_counter() - t
+    parts = []
+    for mt in m.metrics_:
+        parts.append({k: mt.get(k) for k in ("cpu_seconds", "round_prep_cpu_seconds", "setup_seconds",
+                                              "kernel_seconds", "round_prep_seconds", "ps_seconds", "samples",
+                                              "seconds", "ps_seconds_by_call")})
+    return {"E": E, "wall": wall, "participants": parts, "profile": dict(getattr(m, "_fit_profile", {}) or {})}
+
+
+def lda_fit(client, X, iters):
+    from dask_ps.decomposition import LatentDirichletAllocation
+
+    m = LatentDirichletAllocation(K_LDA, doc_topic_prior=ALPHA, topic_word_prior=ETA, max_iter=iters,
+                                  evaluate_every=0, client=client, random_state=0)
+    t = time.perf_counter()
+    m.fit(X)
+    wall = time.perf_counter() - t
+    keys = ("sweep_seconds", "pull_seconds", "push_seconds", "clock_seconds", "n_tokens")
+    return {"iters": iters, "wall": wall, "fit_seconds": m.fit_seconds_,
+            "participants": [{k: mt.get(k) for k in keys} for mt in m.metrics_]}
+
+
+def lda_compute(X, P, iters=4):
+    """Thread CPU per token of partition 0 of P: the participant's sweep
+    (the estimator's sampler at K=50: dense) and its row deltas (compare
+    the rows, ``_gibbs._iteration``)."""
+    from dask_ps.decomposition import _lda_kernels as kk
+
+    part = split_corpus(X, P)[0]
+    vocab, local = np.unique(part.indices, return_inverse=True)
+    doc_len = np.asarray(part.sum(1)).ravel()
+    doc_ptr = np.concatenate([[0], np.cumsum(doc_len)]).astype(np.int64)
+    words = np.repeat(local, part.data).astype(np.int32)
+    n, V = words.size, vocab.size
+    z = np.random.default_rng(0).integers(K_LDA, size=n, dtype=np.int32)
+    ndk = np.zeros((part.shape[0], K_LDA), np.int32)
+    nwk = np.zeros((V, K_LDA), np.int32)
+    nk = np.zeros(K_LDA, np.int64)
+    kk.init_counts(doc_ptr, words, z, ndk, nwk, nk)
+    sweep = kk.SWEEPS["dense" if K_LDA < 128 else "sparse"]
+    vbeta = X.shape[1] * ETA
+    sweep(doc_ptr[:2], words, z.copy(), ndk.copy(), nwk.copy(), nk.copy(), ALPHA, ETA, vbeta, 0)  # compile
+    t_sweep = t_delta = 0.0
+    for it in range(1 + iters):
+        c0 = time.thread_time()
+        before = nwk.copy()
+        c1 = time.thread_time()
+        sweep(doc_ptr, words, z, ndk, nwk, nk, ALPHA, ETA, vbeta, it)
+        c2 = time.thread_time()
+        delta = nwk - before
+        changed = np.flatnonzero(delta.any(axis=1))
+        delta = delta[changed]
+        c3 = time.thread_time()
+        if it:  # the first: a random start
+            t_sweep += c2 - c1
+            t_delta += (c1 - c0) + (c3 - c2)
+    return {"tokens": n, "vocab": V, "sweep_per_token": t_sweep / (iters * n),
+            "delta_per_row": t_delta / (iters * V), "changed_rows": int(changed.size)}
+
+
+# --- one cluster size ----------------------------------------------------------------------------
+
+
+def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
+    from distributed import Client, LocalCluster
+
+    import dask_ps
+    from dask_ps.decomposition import LatentDirichletAllocation
+    from dask_ps.linear_model import SGDClassifier
+
+    out = {"P": P, "load_start": load()}
+    log(f"P={P}: starting {P} worker processes (load {load()})")
+    with LocalCluster(n_workers=P, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        client.wait_for_workers(P)
+        ps = dask_ps.ParameterServer(client)
+        ps.wait_for_servers(P)
+        # Warm up: plugins, imports and the compiled kernels on every worker.
+        from bench_sgd import ctr_data
+
+        Xw, yw = ctr_data(P * 3000, D_SGD, seed=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            SGDClassifier(loss="log_loss", alpha=1e-6, max_iter=2, tol=None, client=client).fit(Xw, yw)
+        LatentDirichletAllocation(K_LDA, max_iter=2, client=client, random_state=0).fit(X_lda[:200])
+        out["fixed_ops"] = fixed_costs(client, ps)
+        log(f"P={P}: fixed operations {json.dumps({k: round(v, 3) for k, v in out['fixed_ops'].items()})}")
+        out["cycles"] = {
+            "sgd": cycle_costs(client, ps, P, "sgd", {"U": args.sgd_u}, rng),
+            "lda": cycle_costs(client, ps, P, "lda", {"U": [min(u, X_lda.shape[1]) for u in args.lda_u],
+                                                       "V": X_lda.shape[1]}, rng),
+        }
+        # Fixed per-fit costs: the same fits on tiny data.
+        Xt, yt = X_sgd[: P * 12_000], y_sgd[: P * 12_000]
+        sgd_fit(client, Xt, yt, 1)
+        out["sgd_tiny"] = sgd_fit(client, Xt, yt, 1)
+        out["sgd_tiny"]["n"] = Xt.shape[0]
+        out["sgd_tiny"]["nnz"] = int(Xt.nnz)
+        Xl = X_lda[: P * 150]
+        out["lda_tiny"] = lda_fit(client, Xl, 1)
+        out["lda_tiny"]["docs"] = Xl.shape[0]
+        log(f"P={P}: tiny fits: SGD {out['sgd_tiny']['wall']:.2f} s, LDA {out['lda_tiny']['wall']:.2f} s")
+        # The fits: SGD max_iter = 1 and 2 (P = 2: the figures predicted;
+        # P = 4, 8: the compute constants), LDA at P = 2.
+        out["sgd"] = []
+        for E in args.sgd_epochs:
+            r = sgd_fit(client, X_sgd, y_sgd, E)
+            out["sgd"].append(r)
+            log(f"P={P}: SGD ctr {X_sgd.shape[0]} rows E={E}: {r['wall']:.2f} s; per participant thread CPU "
+                + " ".join(f"{p['cpu_seconds']:.2f}" for p in r["participants"]) + ", compaction CPU "
+                + " ".join(f"{p['round_prep_cpu_seconds']:.2f}" for p in r["participants"]))
+        if P == 2:
+            out["lda"] = lda_fit(client, X_lda, args.lda_iters)
+            log(f"P={P}: LDA {args.lda_iters} iterations: {out['lda']['wall']:.2f} s "
+                f"(sweep {np.mean([p['sweep_seconds'] for p in out['lda']['participants']]):.2f} s)")
+    out["load_end"] = load()
+    return out
+
+
+# --- the model -----------------------------------------------------------------------------------
+
+
+def lstsq(A, b):
+    """Non-negative least squares (every constant of the model is a cost)."""
+    from scipy.optimize import nnls
+
+    A, b = np.asarray(A, float), np.asarray(b, float)
+    scale = np.maximum(np.abs(A).max(axis=0), 1e-300)  # columns of very different magnitudes
+    coef, _ = nnls(A / scale, b)
+    return coef / scale
+
+
+class Model:
+    """The fitted constants and the predictions (see the module docstring)."""
+
+    # What-if knobs (``what_must_change``): SGD round samples (None: the
+    # estimator's schedule), sync overlapped with compute (a read a round
+    # ahead that need not wait for the others: SSP >= 1), factors on the
+    # per-message CPU, on the scheduler's clock messages and on the bytes.
+    KNOBS = {"round_samples": None, "overlap": False, "per_message": 1.0, "scheduler": 1.0, "bytes": 1.0,
+             "barrier": 1.0}
+
+    def __init__(self, meas, rtt=50e-6, hops=4, jitter=0.05, **knobs):
+        self.m = meas
+        self.rtt, self.hops, self.jitter = rtt, hops, jitter
+        self.knobs = dict(self.KNOBS, **knobs)
+        by_p = {r["P"]: r for r in meas["clusters"]}
+        self.by_p = by_p
+        self.fit_cycles()
+        self.fit_sgd_compute()
+        self.lda = meas["lda_compute"]
+        self.fit_fixed()
+
+    # cycles: C(P, U) = a + b * bytes + c * messages; L(2, U) = a + b * U
+    def fit_cycles(self):
+        self.cyc = {}
+        for wl in ("sgd", "lda"):
+            rows = [r for c in self.m["clusters"] for r in c["cycles"][wl]]
+            msgs = np.array([self.messages(wl, r["P"]) for r in rows])
+            byts = np.array([self.bytes_per_cycle(wl, r["U"]) for r in rows])
+            A = np.c_[np.ones(len(rows)), byts, msgs]
+            cpu = lstsq(A, [r["worker_cpu"] for r in rows])
+            sched = float(np.median([r["sched_cpu"] / r["P"] for r in rows]))  # per clock message
+            two = [r for r in rows if r["P"] == 2]
+            wall = lstsq(np.c_[np.ones(len(two)), [r["U"] for r in two]], [r["wall"] for r in two])
+            thread = lstsq(np.c_[np.ones(len(two)), [r["U"] for r in two]], [r["thread_cpu"] for r in two])
+            self.cyc[wl] = {"cpu": cpu, "sched": sched, "wall2": wall, "thread2": thread, "rows": rows}
+
+    @staticmethod
+    def row_bytes(wl):
+        return 4 + (8 if wl == "sgd" else 4 * K_LDA)  # int32 index on the wire + the row's values
+
+    def bytes_per_cycle(self, wl, U):
+        """Bytes a participant's cycle moves (pull request + reply, push)."""
+        return U * (4 + 2 * self.row_bytes(wl))
+
+    @staticmethod
+    def messages(wl, P):
+        """Server messages of one participant's cycle: one per server per
+        pull and per push (SGD: the stats row's push too; LDA: the totals'
+        pull and push)."""
+        return 2 * P + (2 if wl == "lda" else 1)
+
+    def worker_cpu(self, wl, P, U, knobs=False):
+        a, b, c = self.cyc[wl]["cpu"]
+        kb = self.knobs if knobs else self.KNOBS
+        return a + b * kb["bytes"] * self.bytes_per_cycle(wl, U) + c * kb["per_message"] * self.messages(wl, P)
+
+    def wall2(self, wl, U):
+        a, b = self.cyc[wl]["wall2"]
+        return a + b * U
+
+    def thread2(self, wl, U):
+        a, b = self.cyc[wl]["thread2"]
+        return max(0.0, a + b * U)
+
+    # SGD compute: thread CPU = c0 + s * nnz + E * (kappa * nnz + rho * R * U) (+ the calls' CPU, removed);
+    # compaction = pi * nnz + chi * R * U (the first epoch)
+    def fit_sgd_compute(self):
+        A, b, Ap, bp = [], [], [], []
+        n = self.m["sgd_n"]
+        nnz_row = self.m["sgd_nnz"] / n
+        for P, c in self.by_p.items():
+            if P == 2 and len(self.by_p) > 1:
+                continue  # the constants come from P = 4, 8; P = 2 is what they predict
+            for fit in c["sgd"]:
+                for p in fit["participants"]:
+                    n_p = p["samples"] / fit["E"]
+                    R, msz = sgd_schedule(int(n_p), P)
+                    U = self.U(msz)
+                    calls = fit["E"] * R * self.thread2("sgd", U)
+                    A.append([1.0, n_p * nnz_row, fit["E"] * n_p * nnz_row, fit["E"] * R * U])
+                    b.append(p["cpu_seconds"] - calls)
+                    if fit["E"] == 1:
+                        Ap.append([n_p * nnz_row, R * U])
+                        bp.append(p["round_prep_cpu_seconds"])
+        self.sgd_c = lstsq(A, b)
+        self.sgd_q = lstsq(Ap, bp)
+
+    def U(self, m):
+        """Touched rows of a round of m samples (interpolated in log-log on the measured curve)."""
+        ms = np.array(self.m["sgd_U"]["m"], float)
+        us = np.array(self.m["sgd_U"]["U"], float)
+        return float(np.exp(np.interp(np.log(max(m, 1)), np.log(ms), np.log(us))))
+
+    def V(self, P):
+        ps = np.array(self.m["lda_vocab"]["P"], float)
+        vs = np.array(self.m["lda_vocab"]["vocab_max"], float)
+        return float(np.exp(np.interp(np.log(P), np.log(ps), np.log(vs))))
+
+    # fixed per-fit costs F(P) = f0 + f1 * P from the tiny fits minus their modelled iterations
+    def fit_fixed(self):
+        self.fixed = {}
+        for wl in ("sgd", "lda"):
+            Ps, Fs = [], []
+            for P, c in self.by_p.items():
+                tiny = c[f"{wl}_tiny"]
+                if wl == "sgd":
+                    n_p = tiny["n"] // P
+                    it = self.sgd_iterations(P, n_p, tiny["nnz"] / tiny["n"], 1, here=True, fixed=False)
+                else:
+                    tokens = sum(p["n_tokens"] for p in tiny["participants"]) / P
+                    it = self.lda_iter(P, tokens, self.m["lda_tiny_vocab"][str(P)], here=True) * tiny["iters"]
+                Ps.append(P)
+                Fs.append(tiny["wall"] - it)
+            f = lstsq(np.c_[np.ones(len(Ps)), Ps], Fs) if len(Ps) > 1 else np.array([Fs[0], 0.0])
+            self.fixed[wl] = {"f": f, "points": dict(zip(Ps, Fs))}
+
+    def F(self, wl, P, here=False):
+        if here and P in self.fixed[wl]["points"]:
+            return self.fixed[wl]["points"][P]
+        f0, f1 = self.fixed[wl]["f"]
+        return f0 + f1 * P
+
+    # synchronization of one iteration on P workers
+    def sync(self, wl, P, U, here=False, bandwidth=None):
+        if P == 1:
+            return 0.0
+        L = self.wall2(wl, U)
+        if here:
+            return L
+        kb = self.knobs
+        grow = self.worker_cpu(wl, P, U, knobs=True) - self.worker_cpu(wl, 2, U)
+        sched = self.cyc[wl]["sched"] * (P * kb["scheduler"] - 2)  # one scheduler handles every clock in turn
+        wire = kb["bytes"] * self.bytes_per_cycle(wl, U) * (P - 1) / P / bandwidth
+        return max(0.0, L + grow + sched) + self.hops * self.rtt + wire
+
+    @staticmethod
+    def expected_max(P, _cache={}):
+        if P not in _cache:
+            _cache[P] = float(np.mean(np.max(np.random.default_rng(0).standard_normal((20000, P)), axis=1))) \
+                if P > 1 else 0.0
+        return _cache[P]
+
+    def sgd_iterations(self, P, n_p, nnz_row, E, here=False, bandwidth=None, fixed=True):
+        """Seconds of a P-participant SGD fit of E epochs, n_p samples each
+        (``fixed``: with the per-fit costs)."""
+        c0, s, kappa, rho = self.sgd_c
+        pi, chi = self.sgd_q
+        R, msz = sgd_schedule(int(n_p), P)
+        kb = self.knobs
+        if kb["round_samples"] is not None and P > 1:
+            msz = min(int(n_p), kb["round_samples"])
+            R = math.ceil(n_p / msz)
+        U = self.U(msz) if P > 1 else 0
+        nnz_round = msz * nnz_row
+        k, q = kappa * nnz_round + rho * U, pi * nnz_round + chi * U
+        L = self.sync("sgd", P, U, here, bandwidth)
+        C = self.worker_cpu("sgd", P, U, knobs=True) if P > 1 else 0.0
+        barrier = 0.0 if (here or P <= 2) else \
+            kb["barrier"] * self.jitter * k * (self.expected_max(P) - self.expected_max(2))
+        if kb["overlap"] and P > 1:  # the sync of a round hidden behind the next one's compute
+            first = max(k + q + C, k, L) + barrier
+            later = max(k + C, L) + barrier
+        else:
+            first = max(k + L, k + q + C) + barrier
+            later = k + L + barrier
+        # each epoch's end: the stopping rule reads its stats row (a sync of one row)
+        ends = E * self.sync("sgd", P, 1, here, bandwidth) if P > 1 else 0.0
+        t = c0 + s * n_p * nnz_row + R * first + (E - 1) * R * later + ends
+        return t + (self.F("sgd", P, here) if fixed else 0.0)
+
+    def lda_iter(self, P, tokens, vocab, here=False, bandwidth=None):
+        lc = self.lda
+        compute = lc["sweep_per_token"] * tokens + lc["delta_per_row"] * vocab
+        if self.knobs["overlap"] and P > 1:
+            return max(compute + self.worker_cpu("lda", P, vocab, knobs=True),
+                       self.sync("lda", P, vocab, here, bandwidth))
+        return compute + self.sync("lda", P, vocab, here, bandwidth)
+
+    def lda_fit(self, P, tokens, vocab, iters, here=False, bandwidth=None):
+        return self.F("lda", P, here) + iters * self.lda_iter(P, tokens, vocab, here, bandwidth)
+
+
+# --- reports -------------------------------------------------------------------------------------
+
+
+def print_constants(mod: Model):
+    m = mod.m
+    print("\n## Measured constants\n")
+    print(f"machine: {os.cpu_count()} cores; load average at the start of each cluster: "
+          + ", ".join(f"P={c['P']}: {c['load_start']}" for c in m["clusters"]))
+    print("\n| workload | cycle: P | U rows | wall (ms) | participant thread CPU (ms) | worker CPU per participant "
+          "(ms) | scheduler CPU per clock (us) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for wl in ("sgd", "lda"):
+        for r in mod.cyc[wl]["rows"]:
+            print(f"| {wl} | {r['P']} | {r['U']} | {r['wall'] * 1e3:.2f} | {r['thread_cpu'] * 1e3:.2f} | "
+                  f"{r['worker_cpu'] * 1e3:.2f} | {r['sched_cpu'] / r['P'] * 1e6:.0f} |")
+    print()
+    for wl in ("sgd", "lda"):
+        a, b, c = mod.cyc[wl]["cpu"]
+        la, lb = mod.cyc[wl]["wall2"]
+        print(f"- {wl} cycle, worker CPU = {a * 1e3:.2f} ms + {b * 1e9:.2f} ns/byte x bytes + {c * 1e6:.0f} us/message"
+              f" x messages (bytes = U x {4 + 2 * mod.row_bytes(wl)}; messages = {mod.messages(wl, 2)} at P = 2, "
+              f"2 per server); scheduler {mod.cyc[wl]['sched'] * 1e6:.0f} us CPU per clock message; "
+              f"P = 2 wall L = {la * 1e3:.2f} ms + {lb * 1e6:.3f} us/row")
+    c0, s, kappa, rho = mod.sgd_c
+    pi, chi = mod.sgd_q
+    print(f"- SGD compute (thread CPU of fits at P = {', '.join(str(p) for p in mod.by_p if p != 2) or 2}): "
+          f"{c0:.3f} s + setup {s * 1e9:.1f} ns/non-zero + per epoch: kernel {kappa * 1e9:.1f} ns/non-zero + "
+          f"{rho * 1e9:.0f} ns per touched row of each round; compaction (first epoch) {pi * 1e9:.1f} ns/non-zero + "
+          f"{chi * 1e9:.0f} ns per touched row of each round")
+    lc = mod.lda
+    print(f"- LDA compute (K={K_LDA}, one partition of 2, thread CPU): sweep "
+          f"{lc['sweep_per_token'] * 1e9:.0f} ns/token "
+          f"({1 / lc['sweep_per_token'] / 1e6:.1f} M tokens/CPU-s), row deltas {lc['delta_per_row'] * 1e9:.0f} ns/row")
+    for wl in ("sgd", "lda"):
+        f0, f1 = mod.fixed[wl]["f"]
+        pts = ", ".join(f"P={p}: {v:.2f} s" for p, v in mod.fixed[wl]["points"].items())
+        print(f"- {wl} fixed per-fit cost (tiny fit minus its iterations): {pts}; fitted {f0:.2f} + {f1:.3f} x P s")
+    for c in m["clusters"]:
+        print(f"- P={c['P']}: " + ", ".join(f"{k} {v:.3f} s" for k, v in c["fixed_ops"].items()))
+    print("- touched rows per SGD round, U(m): " + ", ".join(
+        f"m={mm}: {uu:.0f}" for mm, uu in zip(m["sgd_U"]["m"], m["sgd_U"]["U"])))
+    print("- LDA words per participant, V_p (max over parts): " + ", ".join(
+        f"P={p}: {v}" for p, v in zip(m["lda_vocab"]["P"], m["lda_vocab"]["vocab_max"])))
+
+
+def predicted_vs_measured(mod: Model):
+    m = mod.m
+    rows = []
+    c2 = mod.by_p.get(2)
+    if c2 is None:
+        return rows
+    n, nnz_row = m["sgd_n"], m["sgd_nnz"] / m["sgd_n"]
+    for fit in c2["sgd"]:
+        pred = mod.sgd_iterations(2, n // 2, nnz_row, fit["E"], here=True)
+        rows.append((f"SGD click-through {n:,} rows, max_iter={fit['E']}", pred, fit["wall"]))
+    if "lda" in c2:
+        fit = c2["lda"]
+        tokens = max(p["n_tokens"] for p in fit["participants"])
+        pred = mod.lda_fit(2, tokens, m["lda_vocab"]["vocab_max"][m["lda_vocab"]["P"].index(2)], fit["iters"],
+                           here=True)
+        rows.append((f"LDA K={K_LDA}, {m['lda_docs']} documents, {fit['iters']} iterations", pred, fit["wall"]))
+    print("\n## Predicted against measured, 2 worker processes\n")
+    print("| fit | predicted (s) | measured (s) | error |")
+    print("| --- | --- | --- | --- |")
+    for name, p, w in rows:
+        print(f"| {name} | {p:.2f} | {w:.2f} | {100 * (p - w) / w:+.1f}% |")
+    # where the SGD prediction's time goes
+    fit = c2["sgd"][0]
+    c0, s, kappa, rho = mod.sgd_c
+    pi, chi = mod.sgd_q
+    R, msz = sgd_schedule(n // 2, 2)
+    U = mod.U(msz)
+    k, q = kappa * msz * nnz_row + rho * U, pi * msz * nnz_row + chi * U
+    print(f"\nSGD at P = 2: {R} rounds of {msz} samples an epoch, U = {U:.0f} rows a round; per round kernel "
+          f"{k * 1e3:.1f} ms, compaction {q * 1e3:.1f} ms, cycle wall "
+          f"{mod.wall2('sgd', U) * 1e3:.1f} ms, cycle CPU {mod.worker_cpu('sgd', 2, U) * 1e3:.1f} ms; setup "
+          f"{s * (n // 2) * nnz_row:.2f} s; fixed {mod.F('sgd', 2, True):.2f} s. Measured per participant (E="
+          f"{fit['E']}): thread CPU " + " ".join(f"{p['cpu_seconds']:.2f}" for p in fit["participants"])
+          + f" (model {c0 + s * (n // 2) * nnz_row + R * (k + mod.thread2('sgd', U)):.2f}), compaction CPU "
+          + " ".join(f"{p['round_prep_cpu_seconds']:.2f}" for p in fit["participants"])
+          + f" (model {R * q:.2f}), setup wall "
+          + " ".join(f"{p['setup_seconds']:.2f}" for p in fit["participants"]))
+    if "lda" in c2:
+        fit = c2["lda"]
+        sw = np.mean([p["sweep_seconds"] for p in fit["participants"]])
+        tokens = max(p["n_tokens"] for p in fit["participants"])
+        print(f"LDA at P = 2: sweep wall per participant {sw:.2f} s (model, CPU: "
+              f"{mod.lda['sweep_per_token'] * tokens * fit['iters']:.2f} s); pull/push/clock wall "
+              + " / ".join(f"{np.mean([p[k] for p in fit['participants']]):.2f}"
+                           for k in ("pull_seconds", "push_seconds", "clock_seconds"))
+              + f" s; fixed {mod.F('lda', 2, True):.2f} s")
+    return rows
+
+
+def extrapolate(mod: Model, sgd_n, lda_tokens, lda_iters, sgd_epochs=1):
+    """Predicted fit seconds and efficiencies for every network, workload,
+    scaling mode and P."""
+    nnz_row = mod.m["sgd_nnz"] / mod.m["sgd_n"]
+    out = []
+    for net, bw in NETWORKS.items():
+        for mode in ("strong", "weak"):
+            # SGD: sgd_n rows in all (strong) or sgd_n / 2 per worker (weak)
+            for wl in ("sgd", "lda"):
+                T1 = None
+                for P in WORKERS:
+                    if wl == "sgd":
+                        n_p = sgd_n / P if mode == "strong" else sgd_n / 2
+                        fit = mod.sgd_iterations(P, n_p, nnz_row, sgd_epochs, bandwidth=bw)
+                        it = mod.sgd_iterations(P, n_p, nnz_row, sgd_epochs, bandwidth=bw, fixed=False)
+                        work = sgd_n if mode == "strong" else n_p * P
+                    else:
+                        tokens = lda_tokens / P if mode == "strong" else lda_tokens / 2
+                        vocab = mod.V(P) if mode == "strong" else mod.V(2)
+                        if P == 1:
+                            vocab = mod.V(1)
+                        it = lda_iters * mod.lda_iter(P, tokens, vocab, bandwidth=bw)
+                        fit = mod.F("lda", P) + it
+                        work = lda_tokens if mode == "strong" else tokens * P
+                    if P == 1:
+                        T1 = (fit, it, work)
+                    # efficiency: the P-worker time against one worker's time for the same work
+                    scale = work / T1[2]
+                    out.append({"network": net, "mode": mode, "workload": wl, "P": P, "fit": fit, "iterations": it,
+                                "eff_fit": T1[0] * scale / (P * fit), "eff_iter": T1[1] * scale / (P * it)})
+    return out
+
+
+def print_table(rows):
+    print("\n## Predicted scaling (efficiency = T1 x work / (P x T_P); iterations only / whole fit)\n")
+    Ps = [p for p in WORKERS if p > 1]
+    print("| workload | scaling | network | " + " | ".join(f"P={p}" for p in Ps) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in Ps) + " |")
+    for wl in ("sgd", "lda"):
+        for mode in ("strong", "weak"):
+            for net in NETWORKS:
+                cells = []
+                for P in Ps:
+                    r = next(r for r in rows if (r["workload"], r["mode"], r["network"], r["P"]) == (wl, mode, net, P))
+                    cells.append(f"{r['fit']:.2f} s, {100 * r['eff_iter']:.0f}% / {100 * r['eff_fit']:.0f}%")
+                name = "SGD click-through" if wl == "sgd" else f"LDA K={K_LDA}"
+                print(f"| {name} | {mode} | {net} | " + " | ".join(cells) + " |")
+
+
+WHAT_IFS = [
+    ("as measured", {}),
+    ("SGD: one round per epoch (ps.sgd.min-rounds-per-epoch=1, clock-samples >= the share)",
+     {"round_samples": 10**9}),
+    ("sync overlapped with compute (a read a round ahead, SSP(1): no wait for the round just pushed)",
+     {"overlap": True}),
+    ("per-message CPU / 4 (one message per server per clock: pull, push and clock coalesced)",
+     {"per_message": 0.25}),
+    ("no scheduler in the clock (servers count clocks; the scheduler only at run start/end)", {"scheduler": 0.0}),
+    ("bytes / 2 (rows as deltas of changed entries, or float32 values)", {"bytes": 0.5}),
+    ("overlap + per-message / 4 + no scheduler clock", {"overlap": True, "per_message": 0.25, "scheduler": 0.0}),
+    ("... and one round per epoch (SGD)", {"overlap": True, "per_message": 0.25, "scheduler": 0.0,
+                                           "round_samples": 10**9}),
+]
+
+
+def what_must_change(meas, args, P=16):
+    """Iteration efficiency at ``P`` workers (10 Gbit/s) under each change
+    of ``WHAT_IFS``, strong and weak scaling."""
+    print(f"\n## What must change for >= 80% at {P} workers (iteration efficiency, 10 Gbit/s; "
+          "strong / weak scaling)\n")
+    print("| change | SGD click-through | LDA K=50 |")
+    print("| --- | --- | --- |")
+    out = []
+    for name, knobs in WHAT_IFS:
+        mod = Model(meas, rtt=args.rtt, hops=args.hops, jitter=args.jitter, **knobs)
+        rows = [r for r in extrapolate(mod, args.model_sgd_n, meas["lda_tokens"], meas["lda_iters"])
+                if r["P"] == P and r["network"] == "10 Gbit/s"]
+        eff = {(r["workload"], r["mode"]): r["eff_iter"] for r in rows}
+        cell = {wl: " / ".join(f"{100 * eff[wl, mode]:.0f}%" for mode in ("strong", "weak")) for wl in ("sgd", "lda")}
+        print(f"| {name} | {cell['sgd']} | {cell['lda']} |")
+        out.append((name, cell))
+    return out
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    Ps = [p for p in WORKERS if p > 1]
+    for ax, mode in zip(axes, ("strong", "weak")):
+        for wl, color in (("sgd", "C0"), ("lda", "C1")):
+            for net, style in zip(NETWORKS, ("-", "--")):
+                ys = [100 * next(r["eff_iter"] for r in rows if (r["workload"], r["mode"], r["network"], r["P"])
+                                 == (wl, mode, net, P)) for P in Ps]
+                label = f"{'SGD click-through' if wl == 'sgd' else f'LDA K={K_LDA}'}, {net}"
+                ax.plot(Ps, ys, style, color=color, marker="o", label=label)
+        ax.axhline(80, color="grey", lw=0.8, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(Ps, [str(p) for p in Ps])
+        ax.set_xlabel("workers (one core each)")
+        ax.set_title(f"{mode} scaling (iterations, fixed costs apart)")
+        ax.set_ylim(0, 105)
+    axes[0].set_ylabel("predicted efficiency, % (T1 / (P x T_P))")
+    axes[1].legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    log(f"plot: {path}")
+
+
+# --- main ----------------------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller data and fewer cycles (~2-3 minutes)")
+    ap.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8], help="cluster sizes measured")
+    ap.add_argument("--sgd-n", type=int, default=500_000, help="click-through rows of the measured fits")
+    ap.add_argument("--sgd-epochs", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--sgd-u", type=int, nargs="+", default=[2_000, 8_000, 30_000], help="rows per cycle, SGD")
+    ap.add_argument("--lda-u", type=int, nargs="+", default=[2_000, 6_000, 12_000], help="rows per cycle, LDA")
+    ap.add_argument("--lda-docs", type=int, default=None, help="training documents (default: all)")
+    ap.add_argument("--lda-iters", type=int, default=30)
+    ap.add_argument("--model-sgd-n", type=int, default=1_000_000, help="rows of the extrapolated SGD fit")
+    ap.add_argument("--rtt", type=float, default=50e-6, help="network round trip, seconds")
+    ap.add_argument("--hops", type=int, default=4, help="sequential network round trips per iteration")
+    ap.add_argument("--jitter", type=float, default=0.05, help="coefficient of variation of a round's compute")
+    ap.add_argument("--plot", default="docs/scaling.png")
+    ap.add_argument("--json", default=None, help="save the measurements here")
+    ap.add_argument("--from-json", default=None, help="skip the measurements: the model from a saved file")
+    args = ap.parse_args()
+    if args.quick:
+        args.sgd_n = min(args.sgd_n, 200_000)
+        args.lda_docs = args.lda_docs or 1500
+        args.lda_iters = min(args.lda_iters, 10)
+        args.sgd_u = args.sgd_u[::2]
+        args.lda_u = args.lda_u[::2]
+    import logging
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    if args.from_json:
+        meas = json.loads(pathlib.Path(args.from_json).read_text())
+    else:
+        meas = measure(args)
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(meas, default=float))
+            log(f"measurements: {args.json}")
+    mod = Model(meas, rtt=args.rtt, hops=args.hops, jitter=args.jitter)
+    print_constants(mod)
+    predicted_vs_measured(mod)
+    rows = extrapolate(mod, args.model_sgd_n, meas["lda_tokens"], meas["lda_iters"])
+    print(f"\nNetwork: RTT {args.rtt * 1e6:.0f} us, {args.hops} sequential round trips per iteration, "
+          f"BSP jitter CV {args.jitter:.0%}; SGD click-through {args.model_sgd_n:,} rows, max_iter=1; LDA "
+          f"{meas['lda_tokens']:,} tokens, {meas['lda_iters']} iterations. Each cell: predicted fit seconds, "
+          "efficiency of the iterations / of the whole fit.")
+    print_table(rows)
+    what_must_change(meas, args)
+    if args.plot:
+        plot(rows, args.plot)
+
+
+def _commit():
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=HERE, capture_output=True, text=True)
+        return out.stdout.strip()
+    except OSError:
+        return None
+
+
+def measure(args):
+    from bench_lda import load_news, split
+    from bench_sgd import ctr_data
+
+    t0 = time.perf_counter()
+    log(f"data (load {load()})")
+    X_sgd, y_sgd = ctr_data(args.sgd_n, D_SGD)
+    X_lda, _ = split(load_news())
+    if args.lda_docs:
+        X_lda = X_lda[: args.lda_docs]
+    meas = {"sgd_n": X_sgd.shape[0], "sgd_nnz": int(X_sgd.nnz), "lda_docs": X_lda.shape[0],
+            "lda_tokens": int(X_lda.sum()), "lda_iters": args.lda_iters, "argv": sys.argv[1:],
+            "commit": _commit()}
+    # U(m): the round sizes of 1..64 workers on this data and on the model's
+    ms = sorted({sgd_schedule(int(n / P), P)[1] for n in (args.sgd_n, args.model_sgd_n) for P in WORKERS if P > 1}
+                | {1_000, 4_000, 16_000, 65_536})
+    ms = [m for m in ms if m <= X_sgd.shape[0]]
+    meas["sgd_U"] = {"m": ms, "U": [touched_rows(X_sgd, m) for m in ms]}
+    vocab = {"P": [], "vocab_max": [], "tokens_max": []}
+    for P in WORKERS:
+        v = lda_vocab(X_lda, P)
+        vocab["P"].append(P)
+        vocab["vocab_max"].append(v["vocab_max"])
+        vocab["tokens_max"].append(v["tokens_max"])
+    meas["lda_vocab"] = vocab
+    meas["lda_tiny_vocab"] = {str(P): lda_vocab(X_lda[: P * 150], P)["vocab_max"] for P in args.workers}
+    meas["lda_compute"] = lda_compute(X_lda, 2)
+    log(f"sparsity and LDA compute done ({time.perf_counter() - t0:.0f} s): U(m) "
+        + " ".join(f"{m}:{u:.0f}" for m, u in zip(ms, meas["sgd_U"]["U"])))
+    rng = np.random.default_rng(0)
+    meas["clusters"] = []
+    for P in args.workers:
+        a = argparse.Namespace(**vars(args))
+        if P > 4:  # oversubscribed 4x: one epoch count is enough for the compute constants
+            a.sgd_epochs = args.sgd_epochs[:1]
+        meas["clusters"].append(measure_at(P, a, X_sgd, y_sgd, X_lda, rng))
+        if args.json:  # after each cluster size: a later one that fails keeps these
+            pathlib.Path(args.json).write_text(json.dumps(meas, default=float))
+    log(f"measured in {time.perf_counter() - t0:.0f} s")
+    return meas
+
+
+if __name__ == "__main__":
+    main()
