@@ -253,6 +253,10 @@ class PSDashboard:
 
     # --- snapshots ----------------------------------------------------------------------
     def _tables(self) -> list[dict]:
+        used_by: dict[str, list[str]] = {}  # table -> labels of the live runs that use it
+        for run in self.plugin.runs.values():
+            for name in run.tables:
+                used_by.setdefault(name, []).append(self._describe(run)["label"])
         out = []
         for name, t in sorted(self.plugin.tables.items()):
             spec = t.spec
@@ -270,7 +274,7 @@ class PSDashboard:
                 "consistency": repr(spec.consistency), "replication": spec.replication,
                 "device": spec.device, "version": t.version, "blocks": len(t.owners),
                 "bytes": sum(d["bytes"] for d in per_worker.values()),
-                "lost_blocks": sorted(t.lost), "placement": per_worker,
+                "lost_blocks": sorted(t.lost), "placement": per_worker, "used_by": used_by.get(name, []),
             })
         return out
 

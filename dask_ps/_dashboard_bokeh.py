@@ -69,7 +69,7 @@ class PSPage:
                      "state"),
             "finished": ("label", "result", "seconds", "progress", "loss"),
             "workers": ("worker", "memory", "memory_limit", "cpu", "server", "ps_bytes", "pushes", "pulls"),
-            "tables": ("name", "shape", "dtype", "rule", "consistency", "copies", "blocks", "bytes"),
+            "tables": ("name", "used_by", "shape", "dtype", "rule", "consistency", "copies", "blocks", "bytes"),
         }
         self.sources = {k: ColumnDataSource({c: [] for c in cols}, name=f"ps-{k}") for k, cols in columns.items()}
         self.summary = Div(text="", sizing_mode="stretch_width", name="ps-summary")
@@ -102,8 +102,8 @@ class PSPage:
             "workers": [("worker", "worker"), ("memory", "memory"), ("memory_limit", "limit"), ("cpu", "CPU %"),
                         ("server", "parameter server"), ("ps_bytes", "table bytes"), ("pushes", "pushes"),
                         ("pulls", "reads")],
-            "tables": [("name", "table"), ("shape", "shape"), ("dtype", "dtype"), ("rule", "rule"),
-                       ("consistency", "consistency"), ("copies", "copies"), ("blocks", "blocks"),
+            "tables": [("name", "table"), ("used_by", "used by"), ("shape", "shape"), ("dtype", "dtype"),
+                       ("rule", "rule"), ("consistency", "consistency"), ("copies", "copies"), ("blocks", "blocks"),
                        ("bytes", "bytes")],
         }
         self.divs = {k: Div(text="", sizing_mode="stretch_width", name=f"ps-{k}-table", stylesheets=[_CSS])
@@ -165,14 +165,16 @@ class PSPage:
         })
         tb = st["tables"]
         self._set(s["tables"], {
-            "name": [t["name"] for t in tb], "shape": ["x".join(map(str, t["shape"])) for t in tb],
+            "name": [t["name"] for t in tb], "used_by": ["; ".join(t["used_by"]) or "-" for t in tb],
+            "shape": ["x".join(map(str, t["shape"])) for t in tb],
             "dtype": [t["dtype"] for t in tb], "rule": [t["rule"] for t in tb],
             "consistency": [t["consistency"] for t in tb], "copies": [t["replication"] for t in tb],
             "blocks": [t["blocks"] for t in tb], "bytes": [fmt_bytes(t["bytes"]) for t in tb],
         })
         for key, columns in self.tables.items():
             data = s[key].data
-            self.divs[key].text = html_table([t for _, t in columns], [list(r) for r in zip(*(data[f] for f, _ in columns))])
+            rows = [list(r) for r in zip(*(data[f] for f, _ in columns))]
+            self.divs[key].text = html_table([t for _, t in columns], rows)
         rate = st["traffic"]["per_second"]
         n_ok = sum(v == "ok" for v in st["servers"].values())
         self.summary.text = (

@@ -94,6 +94,7 @@ def test_status_json_shows_runs_workers_traffic_and_finished_runs(dash_cluster, 
     assert run["loss"] == pytest.approx((1 / 3 + 1 / 4) / 2)  # the mean of the last reports
     (table,) = [t for t in snap["tables"] if t["name"] == "dash-w"]
     assert table["bytes"] == 2 * 1000 * 4 * 8  # two copies of every block
+    assert table["used_by"] == ["MyModel(alpha=0.5)"]  # the run, not only a table name
     assert sum(d["primary"] for d in table["placement"].values()) == table["blocks"]
     traffic = snap["traffic"]
     assert traffic["totals"]["pushes"] >= 8 and traffic["totals"]["pulls"] >= 2
@@ -194,7 +195,8 @@ def test_bokeh_document_fills_during_an_estimator_fit(dash_cluster):
         def running():
             d = _pull(base)
             labels = d["ps-runs"].get("run")
-            return d if labels and labels[0].startswith("SGDClassifier(") and d["ps-runs"]["last loss"][0] != "-" else None
+            ok = labels and labels[0].startswith("SGDClassifier(") and d["ps-runs"]["last loss"][0] != "-"
+            return d if ok else None
         d = _until(running, "the SGD run with a loss on the Bokeh document")
     finally:
         fit.join(300)
@@ -280,8 +282,8 @@ def test_estimator_runs_are_named_with_planned_clocks_and_loss(ps):
         runs = [f for f in dashboard.finished if f["label"].startswith(prefix) and f["loss"] is not None]
         return runs[-1] if runs else None
 
-    lda = _until(lambda: finished("LatentDirichletAllocation("), "the LDA run's loss (reports travel in the background)",
-                 timeout=30)
+    lda = _until(lambda: finished("LatentDirichletAllocation("),
+                 "the LDA run's loss (reports travel in the background)", timeout=30)
     assert lda["label"] == "LatentDirichletAllocation(evaluate_every=1, max_iter=5, n_components=3, random_state=0)"
     assert lda["planned_clocks"] == lda["clocks_done"] == 6 and lda["result"] == "done"
     assert lda["loss"] > 0  # minus the log-likelihood per token
