@@ -30,6 +30,7 @@ import asyncio
 import json
 import logging
 import math
+import numbers
 import time
 from collections import deque
 
@@ -96,6 +97,9 @@ def report_progress(ctx, **values) -> None:
     """
     from distributed import get_worker
 
+    bad = {k: v for k, v in values.items() if not isinstance(v, numbers.Real) or isinstance(v, bool)}
+    if bad:
+        raise PSValueError(f"report_progress takes numbers only, got {bad}")
     run_id = getattr(ctx, "run_id", None)
     if run_id is None:
         return
@@ -103,9 +107,6 @@ def report_progress(ctx, **values) -> None:
         worker = get_worker()
     except ValueError:  # not in a worker (a participant run in the calling process)
         return
-    bad = {k: v for k, v in values.items() if not isinstance(v, (int, float)) or isinstance(v, bool)}
-    if bad:
-        raise PSValueError(f"report_progress takes numbers only, got {bad}")
     worker.log_event(REPORT_TOPIC, {"run_id": run_id, "rank": int(ctx.rank),
                                     "values": {k: float(v) for k, v in values.items()}})
 

@@ -290,3 +290,12 @@ def test_estimator_runs_are_named_with_planned_clocks_and_loss(ps):
     sgd = _until(lambda: finished("SGDRegressor("), "the SGD run's loss", timeout=30)
     assert sgd["label"] == "SGDRegressor(max_iter=3, random_state=0, tol=None)"
     assert sgd["planned_clocks"] == sgd["clocks_done"] and sgd["planned_clocks"] % 3 == 0 and sgd["loss"] > 0
+
+
+def test_report_progress_takes_numbers_and_does_nothing_outside_a_worker():
+    class Ctx:
+        run_id, rank = "r", 0
+
+    dask_ps.report_progress(Ctx(), loss=np.float32(0.5), clock=np.int64(3))  # not on a worker: nothing sent
+    with pytest.raises(dask_ps.PSValueError, match="numbers only"):
+        dask_ps.report_progress(Ctx(), loss="low")
