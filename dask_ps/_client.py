@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import dataclasses
 import logging
@@ -542,6 +543,46 @@ class ParameterServer:
         was noted and restored (see :class:`RolledBackError`). Updates made
         since the checkpoint to those blocks are gone."""
         return [_rollback_record(r) for r in self._sync(self._scheduler.ps_rollbacks, table=table)]
+
+    def memory(self) -> dict[str, dict]:
+        """What each shard server holds: per worker address, the bytes of the
+        blocks of each table it hosts (primaries and replicas: every copy
+        counts where it lives), their sum, and the worker's Dask memory
+        limit and process memory (as of its last heartbeat; None where Dask
+        does not report them).
+
+        Returns
+        -------
+        dict
+            ``{address: {"tables": {name: bytes}, "table_bytes": int,
+            "memory_limit": int | None, "process_memory": int | None}}``;
+            a server that did not answer has ``"error"`` instead of
+            ``"tables"`` and ``"table_bytes"``.
+        """
+        servers = self.servers
+        infos = self._sync(self._server_infos, servers)
+        workers = self.client.scheduler_info(n_workers=-1).get("workers", {})
+        out = {}
+        for w, info in zip(servers, infos):
+            ws = workers.get(w, {})
+            entry = {"memory_limit": ws.get("memory_limit") or None,
+                     "process_memory": ws.get("metrics", {}).get("memory")}
+            if isinstance(info, Exception):
+                entry["error"] = f"{type(info).__name__}: {info}"
+            else:
+                entry["tables"] = {name: int(t["nbytes"]) for name, t in info.items()}
+                entry["table_bytes"] = sum(entry["tables"].values())
+            out[w] = entry
+        return out
+
+    async def _server_infos(self, servers: list[str]) -> list:
+        async def one(w):
+            try:
+                return await self.client.rpc(w).ps_info()
+            except Exception as e:  # noqa: BLE001 - reported per server
+                return e
+
+        return await asyncio.gather(*[one(w) for w in servers])
 
     def metrics(self) -> dict:
         """Per run: clocks, attempts, seconds, and per participant and table

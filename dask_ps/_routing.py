@@ -144,6 +144,26 @@ def split_dense(h: TableHandle, values) -> Messages:
     return msgs
 
 
+def in_rounds(msgs: Messages, max_bytes: int) -> list[Messages]:
+    """``msgs`` cut into rounds, sent one after the other, in which no
+    server gets more than ``max_bytes`` of values (or one item, where it
+    alone is larger), each server's items in their order: a worker then
+    needs that much memory to receive a message beyond its blocks, not its
+    whole share of a large push (a 2^28-row table over 768 MiB workers)."""
+    rounds: list[Messages] = []
+    for addr, items in msgs.items():
+        k, size = 0, 0
+        for item in items:
+            n = int(getattr(item[2], "nbytes", 0))
+            if size and size + n > max_bytes:
+                k, size = k + 1, 0
+            if k == len(rounds):
+                rounds.append(defaultdict(list))
+            rounds[k][addr].append(item)
+            size += n
+    return rounds
+
+
 def split_rows(h: TableHandle, rows: np.ndarray, values) -> Messages:
     """Sorted unique ``rows`` and their ``values`` grouped by block and owner."""
     msgs: Messages = defaultdict(list)

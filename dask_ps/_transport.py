@@ -354,8 +354,15 @@ class Router:
 
     # --- whole-table and row operations for the client ------------------------------
     async def push_dense(self, name: str, values, raw: bool = False):
+        """The whole table's values, in rounds of at most
+        ``ps.dense-push-message-bytes`` per server (``_routing.in_rounds``),
+        one after the other; returns every block's sequence number."""
         h = await self.handle(name)
-        return await self.send(name, _routing.split_dense(h, values), raw)
+        seqs: dict[int, int] = {}
+        for msgs in _routing.in_rounds(_routing.split_dense(h, values),
+                                       _config.get_bytes("dense-push-message-bytes")):
+            seqs.update(await self.send(name, msgs, raw))
+        return seqs
 
     async def push_rows(self, name: str, rows, values):
         """``rows`` sorted and unique (see ``_routing.coalesce_rows``)."""

@@ -333,7 +333,16 @@ def compact_rows_xp(Xg, d, xp):
     """``_sgd_numba.compact_rows`` for any array module (numpy or cupy
     CSR): the features that the rows ``Xg`` touch (sorted, as int64 numpy),
     and the rows with their columns renumbered to positions in that list --
-    a mark and a lookup table over the ``d`` features: O(nnz + d), no sort."""
+    a mark and a lookup table over the ``d`` features: O(nnz + d), no sort;
+    a table of more than 4 features per non-zero (hashed features: 2^28
+    columns) sorts the non-zeros' features instead (O(nnz log nnz), no
+    memory per feature of the table)."""
+    if d > 4 * Xg.indices.shape[0]:
+        cols, inverse = xp.unique(Xg.indices, return_inverse=True)
+        cols_np = arrays.to_numpy(cols).astype(np.int64)
+        compact = type(Xg)((Xg.data, inverse.reshape(-1).astype(np.int32), Xg.indptr),
+                           shape=(Xg.shape[0], cols_np.shape[0]))
+        return cols_np, compact
     touched = xp.zeros(d, dtype=bool)
     touched[Xg.indices] = True
     cols = xp.flatnonzero(touched)

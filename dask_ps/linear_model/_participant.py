@@ -15,7 +15,7 @@ from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from dask_ps import report_progress
 from dask_ps._estimators import arrays
 from dask_ps.linear_model import _monitor
-from dask_ps.linear_model._kernels import MAX_INT, _decision, _penalty_value, round_eta_scale
+from dask_ps.linear_model._kernels import MAX_INT, _decision, _penalty_value, compact_rows_xp, round_eta_scale
 from dask_ps.linear_model._rounds import (
     _epoch_rounds,
     _rng_state_from_json,
@@ -217,7 +217,7 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
     try:
         t_start = time.perf_counter()
         first, resume_round = run.replay()
-        if run.solo:  # alone, a participant keeps the whole table local: one pull, one push
+        if run.solo:  # alone, a participant keeps the whole table local: one pull, one push (_Participant)
             run.W_all = ctx.pull(cfg.table)
             W_start = run.W_all.copy()
         for epoch in range(first, cfg.max_iter):
@@ -265,7 +265,15 @@ class _Participant:
             if state.get("rng") is not None:
                 self.rng.set_state(_rng_state_from_json(state["rng"]))
         self.history = []
-        self.solo = ctx.n_participants == 1
+        # Alone, a participant keeps the table local (one pull, one push),
+        # unless it is too wide to hold (cfg.whole_table): then it reads
+        # and pushes its rounds' rows as several participants do.
+        self.solo = ctx.n_participants == 1 and cfg.whole_table
+        # Sparse data: the participant's own features (sorted) and the
+        # intercept's row, where it needs its rows of a wide table
+        # (own_model, the objective's penalty term): built at first use.
+        self._own_rows = None
+        self._val_rows = None  # early stopping, sparse: (rows read, validation X over them)
         # The mean squared norm of the training samples (round_eta_scale).
         self.sq_norm = 0.0
         if not self.solo and self.n_train:
@@ -430,8 +438,8 @@ class _Participant:
             if rows is None:
                 delta = W - mine
                 mine[...] = W
-            else:
-                r = self.xp.asarray(rows)
+            else:  # the model's rows of this participant's features only (own_model)
+                r = self.xp.asarray(np.searchsorted(self.own_rows(), rows))
                 delta = W - mine[r]
                 mine[r] = W
         delta *= 1.0 / self.ctx.n_participants
@@ -455,17 +463,32 @@ class _Participant:
         off by that participant's distance from it, once; later rounds are
         exact again). Likewise every participant of a later run of a
         chunked fit starts from the mean. (Under BSP no own model is kept:
-        ``sync_round``.)"""
+        ``sync_round``.)
+
+        Sparse data: only the rows of the participant's own features and
+        the intercept's (``own_rows``), the only rows it ever pushes; a
+        model of the whole table would be the table's size in every
+        participant's worker (1 GiB for 2^28 float32 weights)."""
         if self.mine is None:
             cfg = self.cfg
-            if self.ctx.current_clock > 0:
-                self.mine = arrays.to_numpy(self.ctx.pull(cfg.table)).copy()
-            elif cfg.start_table is not None:
-                self.mine = arrays.to_numpy(self.ctx.pull(cfg.start_table)).copy()
+            rows = self.own_rows() if self.sparse else None
+            if self.ctx.current_clock > 0 or cfg.start_table is not None:
+                table = cfg.table if self.ctx.current_clock > 0 else cfg.start_table
+                got = self.ctx.pull(table) if rows is None else self.ctx.pull_rows(table, rows)
+                self.mine = arrays.to_numpy(got).copy()
             else:
-                self.mine = np.zeros((cfg.n_features + 1, cfg.n_cols), dtype=np.dtype(self.X.dtype))
+                n = cfg.n_features + 1 if rows is None else rows.shape[0]
+                self.mine = np.zeros((n, cfg.n_cols), dtype=np.dtype(self.X.dtype))
             self.mine = self.xp.asarray(self.mine)
         return self.mine
+
+    def own_rows(self):
+        """Sparse data: the rows of the weights table this participant's
+        samples touch (its features, sorted) and the intercept's, last."""
+        if self._own_rows is None:
+            feats = np.unique(arrays.to_numpy(self.X.indices)).astype(np.int64)
+            self._own_rows = np.append(feats, self.cfg.n_features)
+        return self._own_rows
 
     def eta_scale(self, epoch, seen) -> float:
         """The learning rates' factor for a round starting at sample ``seen``
@@ -487,16 +510,19 @@ class _Participant:
         ctx, cfg, hp, K = self.ctx, self.cfg, self.hp, self.K
         # The penalty term of the objective only matters to the stopping rule.
         with_penalty = hp.penalty > 0 and hp.tol > -np.inf and not hp.early_stopping
-        Wf = None
-        if with_penalty or hp.early_stopping:
-            Wf = W if W is not None else ctx.pull(cfg.table)
         obj = arrays.to_numpy(loss_sum).astype(float)
         if with_penalty:
-            obj = obj + self.n_train * arrays.to_numpy(_penalty_value(hp, Wf, arrays.namespace(Wf)))
+            Wp = W if W is not None else self.penalty_rows()
+            obj = obj + self.n_train * arrays.to_numpy(_penalty_value(hp, Wp, arrays.namespace(Wp)))
         val = np.zeros(K + 3)
         if hp.early_stopping:
             v = self.val_idx
-            val = _validation_stats(cfg, Wf, self.X[v], self.Y[v], self.sw[v], self.xp)
+            if W is None and self.sparse:  # the rows of the validation samples' features only
+                rows, Xv = self.validation_rows()
+                val = _validation_stats(cfg, ctx.pull_rows(cfg.table, rows), Xv, self.Y[v], self.sw[v], self.xp)
+            else:
+                Wf = W if W is not None else ctx.pull(cfg.table)
+                val = _validation_stats(cfg, Wf, self.X[v], self.Y[v], self.sw[v], self.xp)
         row = np.concatenate([obj, [float(self.n_train)], val])
         if cfg.stats_table is not None:
             ctx.push_rows(cfg.stats_table, np.array([_stats_row(cfg, ctx.rank, epoch)]), row[None, :])
@@ -504,6 +530,28 @@ class _Participant:
             self.clock()
         self.decide(epoch, seconds, row if cfg.stats_table is None else None)
         return val
+
+    def penalty_rows(self):
+        """The weights whose penalty term enters this participant's objective
+        (``end_epoch``): the whole table (``cfg.whole_table``), else the
+        rows of its own features and the intercept's, last: on a wide hashed
+        table the stopping rule compares the penalty of the rows each
+        participant's samples touch (summed over the participants with their
+        sample counts) instead of the whole table's, which no participant
+        holds (docs/architecture.rst, "Memory")."""
+        if self.cfg.whole_table or not self.sparse:
+            return self.ctx.pull(self.cfg.table)
+        return self.ctx.pull_rows(self.cfg.table, self.own_rows())
+
+    def validation_rows(self):
+        """Sparse data, early stopping: ``(rows, Xv)``, the rows of the
+        table that the validation samples touch (the intercept's last) and
+        those samples with their columns renumbered to them (the same
+        decision values as over the whole table)."""
+        if self._val_rows is None:
+            cols, Xv = compact_rows_xp(self.X[self.val_idx], self.cfg.n_features, self.xp)
+            self._val_rows = (np.append(cols, self.cfg.n_features), Xv)
+        return self._val_rows
 
     def report(self, epoch, epoch_loss, val, seconds):
         """Send this participant's progress row of ``epoch`` (verbose or a
@@ -588,6 +636,7 @@ class _Participant:
         stop, ctx = self.stop, self.ctx
         return {
             "run_id": getattr(ctx, "run_id", None),  # the key of ParameterServer.metrics() (None: in process)
+            "worker": getattr(getattr(ctx, "worker", None), "address", None),  # where it ran (None: in process)
             "n_iter": stop.n_iter.tolist(),
             "history": self.history,
             "samples": self.samples,

@@ -84,6 +84,12 @@ class _RunConfig:
     # to: the participants' models before their first round
     # (_Participant.own_model).
     start_table: str | None = None
+    # Whether a participant may hold the whole weights table (a lone
+    # participant's local copy, the penalty term of the stopping rule):
+    # dense data, or a table of at most ps.sgd.whole-table-bytes. A wider
+    # (hashed) table is only ever read by rows: those of a round, of the
+    # participant's own features (docs/architecture.rst, "Memory").
+    whole_table: bool = True
 
 
 class _StopRule:
@@ -202,6 +208,12 @@ def _epoch_rounds(rng, shuffle, train_idx, S, m, fixed, run_rounds, epoch, seed)
 # a random order, each in order: 0.10 s (16: 0.15 s; 256 or 2048: 0.08-0.09 s).
 ORDER_BLOCK = 64
 
+# Lazy regularization's feature counts are one per feature of the table
+# (np.bincount) while the table has at most this many features per non-zero
+# of the participant's training rows; a wider table counts the features
+# present only (np.unique: a sort, O(nnz log nnz), O(nnz) memory).
+_DENSE_COUNTS_PER_NONZERO = 4
+
 
 def _composition_block(n, rounds):
     """How many consecutive samples stay together when the samples of a fit
@@ -310,7 +322,9 @@ class _CompiledData:
             self.ptr = X.indptr.astype(np.int32, copy=False)
             # compact_rows' scratch (the prep thread's)
             self.bits = np.zeros(d // 64 + 1, dtype=np.uint64)
-            self.rank = np.zeros(self.bits.shape[0], dtype=np.int64)
+            # int32: a rank counts the features of one round (2^28 features:
+            # 16 MiB instead of 32 of the participant's worker)
+            self.rank = np.zeros(self.bits.shape[0], dtype=np.int32)
             self.slot = np.full(X.shape[0], -1, dtype=np.int32)
             n_train = train_idx.shape[0]
             # The rounds' compacted CSRs, kept across the epochs of a run
@@ -375,6 +389,9 @@ class _RoundPrep:
         self.cfg, self.c, self.run_rounds = cfg, c, run_rounds
         self.pending: dict = {}  # round id -> Future of its entry
         self.counts = None
+        # The features counted, sorted, where ``counts`` is per feature present
+        # (a wide hashed table, see _count); None: ``counts`` is per feature.
+        self.count_features = None
         self.inv_q_of_count = self.inv_q_of_feature = None  # 1/q (lazy regularization), see _count
         self.cpu_seconds = 0.0  # the thread's CPU time in its jobs
         self.spare: list = []  # (data, indices) arrays of trained rounds, to build into (recycle)
@@ -389,7 +406,15 @@ class _RoundPrep:
         c = self.c
         X = c.counts_of
         ind = c.ind if X is None else X.indices.astype(np.int32, copy=False)
-        self.counts = c.mod.feature_counts(ind, self.cfg.n_features)
+        if self.cfg.n_features <= _DENSE_COUNTS_PER_NONZERO * ind.shape[0]:
+            self.counts = c.mod.feature_counts(ind, self.cfg.n_features)
+        else:
+            # A table much wider than the participant's data (hashed features,
+            # 2^28 columns): counts of the features present only. A count per
+            # feature would be 8 bytes per column of the table in the
+            # participant's worker (2 GiB at 2^28), more than its share of
+            # the table itself (docs/architecture.rst, "Memory").
+            self.count_features, self.counts = np.unique(ind, return_counts=True)
         c.counts_of = None
         # 1/q depends on a feature's count only: computed once per count
         # value (or once per feature, where there are fewer features than
@@ -412,10 +437,11 @@ class _RoundPrep:
         iq = None
         if c.lazy:  # the counts were this thread's first job
             self._counted.result()  # (its error, if it failed)
+            at = cols if self.count_features is None else np.searchsorted(self.count_features, cols)
             if self.inv_q_of_count is not None:
-                iq = self.inv_q_of_count[self.counts[cols]]
+                iq = self.inv_q_of_count[self.counts[at]]
             else:
-                iq = self.inv_q_of_feature[cols]
+                iq = self.inv_q_of_feature[at]
         entry = rows, (cdata, cind, cptr), [yk[idx] for yk in c.Y], c.sw[idx], iq
         self.cpu_seconds += time.thread_time() - cpu
         return entry
@@ -663,6 +689,7 @@ class _MinibatchRounds:
         self.seconds = {"round_prep": 0.0, "kernel": 0.0}
         self.cpu_seconds = 0.0
         self.inv_q = None
+        self.count_features = None  # the features of inv_q where it is per feature present
         if self.sparse and cfg.hp.penalty > 0:
             # A minibatch decays only the rows it touches: the other rows miss its
             # L2 decay (and L1 shrinkage). A touched row gets them scaled by 1/q,
@@ -670,7 +697,11 @@ class _MinibatchRounds:
             # regularization, unbiased in log-scale.
             n_train, S = self.n_train, cfg.steps_per_epoch
             Xt = X[train_idx] if n_train < X.shape[0] else X
-            counts = arrays.to_numpy(xp.bincount(Xt.indices, minlength=self.d)) if n_train else np.zeros(self.d)
+            if self.d <= _DENSE_COUNTS_PER_NONZERO * Xt.nnz:
+                counts = arrays.to_numpy(xp.bincount(Xt.indices, minlength=self.d)) if n_train else np.zeros(self.d)
+            else:  # a wide hashed table: the features present only (see _RoundPrep._count)
+                present, counts = (arrays.to_numpy(a) for a in xp.unique(Xt.indices, return_counts=True))
+                self.count_features = present.astype(np.int64)
             self.inv_q = _lazy_inv_q(counts, n_train, n_train / S)
 
     def plan(self, groups) -> None:
@@ -694,9 +725,12 @@ class _MinibatchRounds:
             cols_np, Xg = compact_rows_xp(self.X[np.concatenate(group)], self.d, xp)
             rows = np.append(cols_np, self.d)
             scratch = (xp.empty(Xg.shape[1], dtype=np.int64), xp.empty(Xg.shape[1], dtype=np.int32),
-                       None if self.inv_q is None else self.inv_q[cols_np])
+                       None if self.inv_q is None else self.inv_q[self._count_positions(cols_np)])
         self.seconds["round_prep"] += time.perf_counter() - t
         return _Round(rows, (group, Xg, scratch), sum(b.shape[0] for b in group))
+
+    def _count_positions(self, cols):
+        return cols if self.count_features is None else np.searchsorted(self.count_features, cols)
 
     def train(self, rnd: _Round, W0, epoch, seen, stop, active, loss_sum, eta_scale):
         t = time.perf_counter()

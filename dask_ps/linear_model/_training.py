@@ -36,6 +36,7 @@ from dask_ps._estimators import (
     raise_no_samples,
     save_checkpoint,
     setting,
+    setting_bytes,
     temporary_tables,
 )
 from dask_ps.linear_model._data import _dask_parts, _Input, _memory_parts
@@ -134,6 +135,7 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
             with _monitored(ps, tables, cfg, start, P, progress) as cfg:
                 runs, states, n_iter = _run_chunks(est, ps, parts, cfg, start, checkpoint, record, timing, starts,
                                                    rollbacks)
+            held = _table_bytes(ps, start.name)  # metrics_' table_bytes, while the tables exist
             t = time.perf_counter()
             W = arrays.to_numpy(ps.pull(start.name))
             timing["pull_seconds"] = time.perf_counter() - t
@@ -144,7 +146,20 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
     eta = None
     if hp.learning_rate == ADAPTIVE and states is not None:
         eta = [float(v) for v in states[0]["stop"]["eta"]]
-    return Trained(W, n_iter, n_seen, *_report(est, runs), rollbacks=rollbacks, profile=timing, adaptive_eta=eta)
+    return Trained(W, n_iter, n_seen, *_report(est, runs, held), rollbacks=rollbacks,
+                   profile=timing, adaptive_eta=eta)
+
+
+def _table_bytes(ps, name: str) -> dict[str, dict]:
+    """Per shard server: the bytes of the fit's tables (``name`` and the
+    tables named after it) it holds, with its memory limit and process
+    memory (``ParameterServer.memory``): ``metrics_``'s ``table_bytes``."""
+    out = {}
+    for w, m in ps.memory().items():
+        held = m.get("tables", {})
+        out[w] = {"table_bytes": sum(b for n, b in held.items() if n == name or n.startswith(name + "-")),
+                  "memory_limit": m.get("memory_limit"), "process_memory": m.get("process_memory")}
+    return out
 
 
 def _one_participant_in_process(data: _Input) -> bool:
@@ -184,11 +199,15 @@ def _initial_table(data: _Input, hp, K, n_cols, coef, intercept, avg_coef, avg_i
     """The weights table's start: rows are features (the last the intercept),
     columns the K outputs, then their averages."""
     d = data.n_features
+    # Zeros are not written: a fit from scratch of a wide hashed table
+    # leaves the client's pages of W0 untouched (np.zeros maps them lazily).
     W0 = np.zeros((d + 1, n_cols), dtype=data.dtype)
-    W0[:d, :K] = np.asarray(coef).reshape(K, d).T
+    if np.any(coef):
+        W0[:d, :K] = np.asarray(coef).reshape(K, d).T
     W0[d, :K] = intercept
     if hp.average:
-        W0[:d, K:] = np.asarray(avg_coef).reshape(K, d).T
+        if np.any(avg_coef):
+            W0[:d, K:] = np.asarray(avg_coef).reshape(K, d).T
         W0[d, K:] = avg_intercept
     return W0
 
@@ -322,6 +341,7 @@ def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, si
         cw_neg=tuple(np.ones(K) if cw_neg is None else cw_neg),
         eta_init=tuple(eta_init), col_freq_needed=sparse, stats_stride=int(max_iter),
         overlap=bool(setting("sgd", "overlap")),
+        whole_table=not sparse or start.W0.nbytes <= setting_bytes("sgd", "whole-table-bytes"),
     )
 
 
@@ -540,19 +560,26 @@ def _resume(est, ps, path, fingerprint, start: _Start, d, n_cols, n_parts, sizes
 # --- progress and metrics --------------------------------------------------------------------
 
 
-def _report(est, runs) -> tuple[list, list]:
-    """``(metrics_, run_ids_)``: the last run's participants' metrics and
-    the call's runs (keys of ``ParameterServer.metrics()``); with
+def _report(est, runs, held=None) -> tuple[list, list]:
+    """``(metrics_, run_ids_)``: the last run's participants' metrics (with
+    the bytes of the fit's tables on each one's worker, from ``held``:
+    ``_table_bytes``) and the call's runs (keys of
+    ``ParameterServer.metrics()``); with
     ``verbose``, prints scikit-learn's last line when the stopping rule
     ended the fit (the epochs themselves were printed as they ended,
     ``_monitor``)."""
     last = runs[-1] if runs else []
     metrics = participant_metrics(
         [dict(r["profile"], samples=r["samples"], seconds=r["seconds"], history=r["history"],
-              run_id=r.get("run_id")) for r in last],
-        fields=("run_id", "ps_seconds", "ps_seconds_by_call", "cpu_seconds", "setup_seconds", "round_prep_seconds",
-                "round_prep_cpu_seconds", "kernel_seconds", "samples", "seconds", "history"),
+              run_id=r.get("run_id"), worker=r.get("worker")) for r in last],
+        fields=("run_id", "worker", "ps_seconds", "ps_seconds_by_call", "cpu_seconds", "setup_seconds",
+                "round_prep_seconds", "round_prep_cpu_seconds", "kernel_seconds", "samples", "seconds", "history"),
     )
+    for m in metrics:
+        on = (held or {}).get(m.get("worker"))
+        if on is not None:
+            m.update(table_bytes=on["table_bytes"], worker_memory_limit=on["memory_limit"],
+                     worker_process_memory=on["process_memory"])
     run_ids = [results[0]["run_id"] for results in runs if results and results[0].get("run_id")]
     progress = Progress(est.verbose, logger)
     if not progress or not last:

@@ -287,9 +287,9 @@ def test_table_is_the_mean_of_the_models_whatever_the_reads_held(sparse, P):
     parts = []
     for rank in range(P):
         p = _participant._Participant.__new__(_participant._Participant)
-        p.ctx, p.solo, p.sparse, p.xp, p.mine = _PushRecorder(table, P), False, sparse, np, None
+        p.ctx, p.solo, p.sparse, p.xp, p.mine, p._own_rows = _PushRecorder(table, P), False, sparse, np, None, None
         p.cfg = type("cfg", (), {"table": "w", "start_table": None, "n_features": d, "n_cols": K, "staleness": 2})()
-        p.X = np.zeros((1, d))
+        p.X = sp.csr_matrix(np.ones((1, d))) if sparse else np.zeros((1, d))  # sparse: every feature its own
         parts.append(p)
     latest = np.repeat(start[None], P, axis=0)
     for _ in range(20):
