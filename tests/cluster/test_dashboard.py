@@ -211,7 +211,7 @@ def test_bokeh_document_fills_during_an_estimator_fit(dash_cluster):
     assert len(d["traffic"]["time"]) >= 1
     workers = d["ps-workers"]
     assert len(workers["worker"]) == 2 and all(m.endswith("iB") and not m.startswith("0 ") for m in workers["memory"])
-    assert all(float(c) >= 0 for c in workers["CPU %"]) and workers["parameter server"] == ["ok", "ok"]
+    assert all(float(c) >= 0 for c in workers["CPU %"]) and "not a server" not in workers["parameter server"]
     assert "shard servers answering" in d["summary"]
 
     d = _until(lambda: (lambda d: d if d["ps-finished"].get("run") else None)(_pull(base)), "the finished run")
