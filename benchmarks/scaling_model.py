@@ -113,7 +113,7 @@ def sgd_schedule(n_p, P):
     compiled kernel)."""
     import dask
 
-    import dask_ps  # noqa: F401 (its dask.config defaults)
+    import dask_ps  # noqa: F401 - its dask.config defaults
 
     if P == 1:
         return 1, n_p
@@ -208,6 +208,21 @@ def _sgd_cycle(ctx, part, *, table, totals, reps):
         t_prev, c_prev = t, c
     ctx.clock()
     return out
+
+
+def _spin(seconds=1.0):
+    """The share of a core this thread got while it tried to use one."""
+    w0, c0 = time.perf_counter(), time.thread_time()
+    while time.perf_counter() - w0 < seconds:
+        sum(range(2000))
+    return (time.thread_time() - c0) / (time.perf_counter() - w0)
+
+
+def cpu_share(client):
+    """Mean share of a core each worker's thread gets while every worker
+    spins at once: 1 on a quiet machine with a core per worker; under
+    other load, what stretches the compute's CPU seconds into wall time."""
+    return float(np.mean(list(client.run(_spin).values())))
 
 
 def _noop(ctx, part):
@@ -308,24 +323,28 @@ def fixed_costs(client, ps):
 # --- the fits --------------------------------------------------------------------------------------
 
 
-def sgd_fit(client, X, y, E):
+def sgd_fit(client, X, y, E, P):
     from bench_sgd import spread_blocks
 
     from dask_ps.linear_model import SGDClassifier
 
+    client.wait_for_workers(P, timeout=120)  # a worker restarted under load: back before the blocks go out
     dX, dy = spread_blocks(client, X, y)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        w0, _ = process_cpu(client)
         t = time.perf_counter()
         m = SGDClassifier(loss="log_loss", alpha=1e-6, max_iter=E, tol=None, random_state=0, batch_size=BATCH,
                           client=client).fit(dX, dy)
         wall = time.perf_counter() - t
+        w1, _ = process_cpu(client)
     parts = []
     for mt in m.metrics_:
         parts.append({k: mt.get(k) for k in ("cpu_seconds", "round_prep_cpu_seconds", "setup_seconds",
                                               "kernel_seconds", "round_prep_seconds", "ps_seconds", "samples",
                                               "seconds", "ps_seconds_by_call")})
-    return {"E": E, "wall": wall, "participants": parts, "profile": dict(getattr(m, "_fit_profile", {}) or {})}
+    return {"E": E, "wall": wall, "participants": parts, "profile": dict(getattr(m, "_fit_profile", {}) or {}),
+            "worker_cpu": w1 - w0}
 
 
 def lda_fit(client, X, iters):
@@ -333,21 +352,22 @@ def lda_fit(client, X, iters):
 
     m = LatentDirichletAllocation(K_LDA, doc_topic_prior=ALPHA, topic_word_prior=ETA, max_iter=iters,
                                   evaluate_every=0, client=client, random_state=0)
+    w0, _ = process_cpu(client)
     t = time.perf_counter()
     m.fit(X)
     wall = time.perf_counter() - t
+    w1, _ = process_cpu(client)
     keys = ("sweep_seconds", "pull_seconds", "push_seconds", "clock_seconds", "n_tokens")
-    return {"iters": iters, "wall": wall, "fit_seconds": m.fit_seconds_,
+    return {"iters": iters, "wall": wall, "fit_seconds": m.fit_seconds_, "worker_cpu": w1 - w0,
             "participants": [{k: mt.get(k) for k in keys} for mt in m.metrics_]}
 
 
-def lda_compute(X, P, iters=4):
-    """Thread CPU per token of partition 0 of P: the participant's sweep
-    (the estimator's sampler at K=50: dense) and its row deltas (compare
-    the rows, ``_gibbs._iteration``)."""
+def lda_compute(part, n_features, iters=4):
+    """Thread CPU per token of one partition's sweeps from a random start
+    (the estimator's sampler at K=50: dense) and per row of its row deltas
+    (compare the rows, ``_gibbs._iteration``)."""
     from dask_ps.decomposition import _lda_kernels as kk
 
-    part = split_corpus(X, P)[0]
     vocab, local = np.unique(part.indices, return_inverse=True)
     doc_len = np.asarray(part.sum(1)).ravel()
     doc_ptr = np.concatenate([[0], np.cumsum(doc_len)]).astype(np.int64)
@@ -359,10 +379,10 @@ def lda_compute(X, P, iters=4):
     nk = np.zeros(K_LDA, np.int64)
     kk.init_counts(doc_ptr, words, z, ndk, nwk, nk)
     sweep = kk.SWEEPS["dense" if K_LDA < 128 else "sparse"]
-    vbeta = X.shape[1] * ETA
+    vbeta = n_features * ETA
     sweep(doc_ptr[:2], words, z.copy(), ndk.copy(), nwk.copy(), nk.copy(), ALPHA, ETA, vbeta, 0)  # compile
     t_sweep = t_delta = 0.0
-    for it in range(1 + iters):
+    for it in range(iters):
         c0 = time.thread_time()
         before = nwk.copy()
         c1 = time.thread_time()
@@ -372,9 +392,8 @@ def lda_compute(X, P, iters=4):
         changed = np.flatnonzero(delta.any(axis=1))
         delta = delta[changed]
         c3 = time.thread_time()
-        if it:  # the first: a random start
-            t_sweep += c2 - c1
-            t_delta += (c1 - c0) + (c3 - c2)
+        t_sweep += c2 - c1
+        t_delta += (c1 - c0) + (c3 - c2)
     return {"tokens": n, "vocab": V, "sweep_per_token": t_sweep / (iters * n),
             "delta_per_row": t_delta / (iters * V), "changed_rows": int(changed.size)}
 
@@ -404,6 +423,7 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
             warnings.simplefilter("ignore")
             SGDClassifier(loss="log_loss", alpha=1e-6, max_iter=2, tol=None, client=client).fit(Xw, yw)
         LatentDirichletAllocation(K_LDA, max_iter=2, client=client, random_state=0).fit(X_lda[:200])
+        out["idle"] = idle_rates(client)  # the worker processes' and this process's CPU per second, idle
         out["fixed_ops"] = fixed_costs(client, ps)
         log(f"P={P}: fixed operations {json.dumps({k: round(v, 3) for k, v in out['fixed_ops'].items()})}")
         out["cycles"] = {
@@ -413,8 +433,8 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
         }
         # Fixed per-fit costs: the same fits on tiny data.
         Xt, yt = X_sgd[: P * 12_000], y_sgd[: P * 12_000]
-        sgd_fit(client, Xt, yt, 1)
-        out["sgd_tiny"] = sgd_fit(client, Xt, yt, 1)
+        sgd_fit(client, Xt, yt, 1, P)
+        out["sgd_tiny"] = sgd_fit(client, Xt, yt, 1, P)
         out["sgd_tiny"]["n"] = Xt.shape[0]
         out["sgd_tiny"]["nnz"] = int(Xt.nnz)
         Xl = X_lda[: P * 150]
@@ -423,14 +443,22 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
         log(f"P={P}: tiny fits: SGD {out['sgd_tiny']['wall']:.2f} s, LDA {out['lda_tiny']['wall']:.2f} s")
         # The fits: SGD max_iter = 1 and 2 (P = 2: the figures predicted;
         # P = 4, 8: the compute constants), LDA at P = 2.
+        out["cpu_share"] = cpu_share(client)
         out["sgd"] = []
         for E in args.sgd_epochs:
-            r = sgd_fit(client, X_sgd, y_sgd, E)
+            r = sgd_fit(client, X_sgd, y_sgd, E, P)
             out["sgd"].append(r)
             log(f"P={P}: SGD ctr {X_sgd.shape[0]} rows E={E}: {r['wall']:.2f} s; per participant thread CPU "
                 + " ".join(f"{p['cpu_seconds']:.2f}" for p in r["participants"]) + ", compaction CPU "
                 + " ".join(f"{p['round_prep_cpu_seconds']:.2f}" for p in r["participants"]))
+        out["cpu_share"] = min(out["cpu_share"], cpu_share(client))
+        log(f"P={P}: a worker thread's share of a core while all spin: {out['cpu_share']:.2f}")
         if P == 2:
+            # The sweep's CPU in the worker processes, both at once (as in the fit: the cores' contention)
+            got = client.run(lda_compute, split_corpus(X_lda, 2)[0], X_lda.shape[1])
+            out["lda_compute"] = {k: float(np.mean([g[k] for g in got.values()])) for k in next(iter(got.values()))}
+            log(f"P={P}: LDA sweep in the workers {out['lda_compute']['sweep_per_token'] * 1e9:.0f} ns/token "
+                f"(this process: {args.lda_compute_here['sweep_per_token'] * 1e9:.0f})")
             out["lda"] = lda_fit(client, X_lda, args.lda_iters)
             log(f"P={P}: LDA {args.lda_iters} iterations: {out['lda']['wall']:.2f} s "
                 f"(sweep {np.mean([p['sweep_seconds'] for p in out['lda']['participants']]):.2f} s)")
@@ -465,11 +493,13 @@ class Model:
         self.m = meas
         self.rtt, self.hops, self.jitter = rtt, hops, jitter
         self.knobs = dict(self.KNOBS, **knobs)
+        self.share = 1.0  # predictions "here": the CPU seconds divided by the core share measured
         by_p = {r["P"]: r for r in meas["clusters"]}
         self.by_p = by_p
         self.fit_cycles()
         self.fit_sgd_compute()
-        self.lda = meas["lda_compute"]
+        # LDA compute: measured in the 2 worker processes at once where there (the fit's contention)
+        self.lda = next((c["lda_compute"] for c in meas["clusters"] if "lda_compute" in c), meas["lda_compute"])
         self.fit_fixed()
 
     # cycles: C(P, U) = a + b * bytes + c * messages; L(2, U) = a + b * U
@@ -566,6 +596,41 @@ class Model:
                 Fs.append(tiny["wall"] - it)
             f = lstsq(np.c_[np.ones(len(Ps)), Ps], Fs) if len(Ps) > 1 else np.array([Fs[0], 0.0])
             self.fixed[wl] = {"f": f, "points": dict(zip(Ps, Fs))}
+        # The same for the worker processes' CPU seconds (a check of the CPU layers that load does not move)
+        self.fixed_cpu = {}
+        for P, c in self.by_p.items():
+            if "idle" not in c or "worker_cpu" not in c["sgd_tiny"]:
+                continue
+            tiny = c["sgd_tiny"]
+            it = self.sgd_cpu(P, tiny["n"] // P, tiny["nnz"] / tiny["n"], 1)
+            self.fixed_cpu["sgd", P] = self.fit_cpu(c, tiny) - it
+            tiny = c["lda_tiny"]
+            tokens = sum(p["n_tokens"] for p in tiny["participants"]) / P
+            self.fixed_cpu["lda", P] = self.fit_cpu(c, tiny) - self.lda_cpu(P, tokens, self.m["lda_tiny_vocab"][str(P)],
+                                                                             tiny["iters"])
+
+    @staticmethod
+    def fit_cpu(cluster, fit):
+        """The worker processes' CPU seconds of a fit, less their idle rate."""
+        return fit["worker_cpu"] - cluster["idle"][0] * fit["wall"]
+
+    def sgd_cpu(self, P, n_p, nnz_row, E):
+        """CPU seconds of all worker processes in an SGD fit's rounds: the
+        participants' compute and compaction, and per round the cycle's
+        worker CPU (calls and serving), E x R rounds each."""
+        c0, s, kappa, rho = self.sgd_c
+        pi, chi = self.sgd_q
+        R, msz = sgd_schedule(int(n_p), P)
+        U = self.U(msz)
+        nnz_round = msz * nnz_row
+        k, q = kappa * nnz_round + rho * U, pi * nnz_round + chi * U
+        C, C1 = self.worker_cpu("sgd", P, U), self.worker_cpu("sgd", P, 1)
+        return P * (c0 + s * n_p * nnz_row + E * R * (k + C) + R * q + E * C1)
+
+    def lda_cpu(self, P, tokens, vocab, iters):
+        lc = self.lda
+        per = lc["sweep_per_token"] * tokens + lc["delta_per_row"] * vocab + self.worker_cpu("lda", P, vocab)
+        return P * iters * per
 
     def F(self, wl, P, here=False):
         if here and P in self.fixed[wl]["points"]:
@@ -605,11 +670,14 @@ class Model:
             R = math.ceil(n_p / msz)
         U = self.U(msz) if P > 1 else 0
         nnz_round = msz * nnz_row
-        k, q = kappa * nnz_round + rho * U, pi * nnz_round + chi * U
+        stretch = 1.0 / self.share if here else 1.0
+        k, q = stretch * (kappa * nnz_round + rho * U), stretch * (pi * nnz_round + chi * U)
+        c0, s = stretch * c0, stretch * s
         L = self.sync("sgd", P, U, here, bandwidth)
-        C = self.worker_cpu("sgd", P, U, knobs=True) if P > 1 else 0.0
+        C = stretch * self.worker_cpu("sgd", P, U, knobs=True) if P > 1 else 0.0
+        # BSP: each round waits for the slowest of P (round times with CV ``jitter``), against 2 measured
         barrier = 0.0 if (here or P <= 2) else \
-            kb["barrier"] * self.jitter * k * (self.expected_max(P) - self.expected_max(2))
+            kb["barrier"] * self.jitter * (k + L) * (self.expected_max(P) - self.expected_max(2))
         if kb["overlap"] and P > 1:  # the sync of a round hidden behind the next one's compute
             first = max(k + q + C, k, L) + barrier
             later = max(k + C, L) + barrier
@@ -624,6 +692,8 @@ class Model:
     def lda_iter(self, P, tokens, vocab, here=False, bandwidth=None):
         lc = self.lda
         compute = lc["sweep_per_token"] * tokens + lc["delta_per_row"] * vocab
+        if here:
+            compute /= self.share
         if self.knobs["overlap"] and P > 1:
             return max(compute + self.worker_cpu("lda", P, vocab, knobs=True),
                        self.sync("lda", P, vocab, here, bandwidth))
@@ -685,20 +755,48 @@ def predicted_vs_measured(mod: Model):
     if c2 is None:
         return rows
     n, nnz_row = m["sgd_n"], m["sgd_nnz"] / m["sgd_n"]
+    share = c2.get("cpu_share", 1.0)
+
+    def predict(fn):
+        mod.share = 1.0
+        a = fn()
+        mod.share = min(1.0, share)
+        b = fn()
+        mod.share = 1.0
+        return a, b
+
     for fit in c2["sgd"]:
-        pred = mod.sgd_iterations(2, n // 2, nnz_row, fit["E"], here=True)
-        rows.append((f"SGD click-through {n:,} rows, max_iter={fit['E']}", pred, fit["wall"]))
+        pred = predict(lambda: mod.sgd_iterations(2, n // 2, nnz_row, fit["E"], here=True))
+        rows.append((f"SGD click-through {n:,} rows, max_iter={fit['E']}", *pred, fit["wall"]))
     if "lda" in c2:
         fit = c2["lda"]
         tokens = max(p["n_tokens"] for p in fit["participants"])
-        pred = mod.lda_fit(2, tokens, m["lda_vocab"]["vocab_max"][m["lda_vocab"]["P"].index(2)], fit["iters"],
-                           here=True)
-        rows.append((f"LDA K={K_LDA}, {m['lda_docs']} documents, {fit['iters']} iterations", pred, fit["wall"]))
+        vocab = m["lda_vocab"]["vocab_max"][m["lda_vocab"]["P"].index(2)]
+        pred = predict(lambda: mod.lda_fit(2, tokens, vocab, fit["iters"], here=True))
+        rows.append((f"LDA K={K_LDA}, {m['lda_docs']} documents, {fit['iters']} iterations", *pred, fit["wall"]))
     print("\n## Predicted against measured, 2 worker processes\n")
-    print("| fit | predicted (s) | measured (s) | error |")
-    print("| --- | --- | --- | --- |")
-    for name, p, w in rows:
-        print(f"| {name} | {p:.2f} | {w:.2f} | {100 * (p - w) / w:+.1f}% |")
+    print(f"A worker thread got {share:.2f} of a core while both spun (1.00: a quiet machine); the second "
+          "prediction divides the compute's CPU seconds by that share.\n")
+    print("| fit | predicted (s) | error | predicted with the core share (s) | error | measured (s) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, p, ps_, w in rows:
+        print(f"| {name} | {p:.2f} | {100 * (p - w) / w:+.1f}% | {ps_:.2f} | {100 * (ps_ - w) / w:+.1f}% | {w:.2f} |")
+    if mod.fixed_cpu:
+        print("\nThe same fits in CPU seconds of the worker processes (less their idle rate), which other load "
+              "does not stretch: fixed part from the tiny fit, the rest from the per-layer constants.\n")
+        print("| fit | predicted worker CPU (s) | measured (s) | error |")
+        print("| --- | --- | --- | --- |")
+        for fit in c2["sgd"]:
+            pred = mod.fixed_cpu["sgd", 2] + mod.sgd_cpu(2, n // 2, nnz_row, fit["E"])
+            got = mod.fit_cpu(c2, fit)
+            print(f"| SGD max_iter={fit['E']} | {pred:.2f} | {got:.2f} | {100 * (pred - got) / got:+.1f}% |")
+        if "lda" in c2:
+            fit = c2["lda"]
+            tokens = max(p["n_tokens"] for p in fit["participants"])
+            vocab = m["lda_vocab"]["vocab_max"][m["lda_vocab"]["P"].index(2)]
+            pred = mod.fixed_cpu["lda", 2] + mod.lda_cpu(2, tokens, vocab, fit["iters"])
+            got = mod.fit_cpu(c2, fit)
+            print(f"| LDA {fit['iters']} iterations | {pred:.2f} | {got:.2f} | {100 * (pred - got) / got:+.1f}% |")
     # where the SGD prediction's time goes
     fit = c2["sgd"][0]
     c0, s, kappa, rho = mod.sgd_c
@@ -926,13 +1024,13 @@ def measure(args):
         vocab["tokens_max"].append(v["tokens_max"])
     meas["lda_vocab"] = vocab
     meas["lda_tiny_vocab"] = {str(P): lda_vocab(X_lda[: P * 150], P)["vocab_max"] for P in args.workers}
-    meas["lda_compute"] = lda_compute(X_lda, 2)
+    meas["lda_compute"] = lda_compute(split_corpus(X_lda, 2)[0], X_lda.shape[1])
     log(f"sparsity and LDA compute done ({time.perf_counter() - t0:.0f} s): U(m) "
         + " ".join(f"{m}:{u:.0f}" for m, u in zip(ms, meas["sgd_U"]["U"])))
     rng = np.random.default_rng(0)
     meas["clusters"] = []
     for P in args.workers:
-        a = argparse.Namespace(**vars(args))
+        a = argparse.Namespace(**vars(args), lda_compute_here=meas["lda_compute"])
         if P > 4:  # oversubscribed 4x: one epoch count is enough for the compute constants
             a.sgd_epochs = args.sgd_epochs[:1]
         meas["clusters"].append(measure_at(P, a, X_sgd, y_sgd, X_lda, rng))
