@@ -120,6 +120,9 @@ def test_ps_page_in_a_browser_during_a_fit(tmp_path):
             assert points["clocks"][0] == sorted(points["clocks"][0])  # clocks only grow
             assert len(points["spread"]) == 1 and max(points["traffic"]) > 0
             assert page.evaluate(CANVASES) >= 4
+            # the picture: some seconds of the run on the charts (or its end on a fast machine)
+            _until(page, lambda: (lambda p: not fit.is_alive() or (p["clocks"] and len(p["clocks"][0]) >= 6))(
+                page.evaluate(CHART_POINTS)), "six samples of the run for the screenshot")
             out = os.environ.get("DASK_PS_DASHBOARD_PNG") or str(tmp_path / "dashboard.png")
             page.screenshot(path=out, full_page=True)
             assert os.path.getsize(out) > 10_000
