@@ -45,6 +45,21 @@ def _is_lost(part) -> bool:
     return getattr(part, "status", None) in ("error", "cancelled", "lost")
 
 
+def _cut_groups(groups: list, n: int) -> list:
+    """``[(worker, blocks), ...]`` cut into up to ``n`` groups: the group
+    with most blocks halved (consecutive blocks, same worker) while there
+    are fewer than ``n`` and one has two blocks or more."""
+    groups = list(groups)
+    while len(groups) < n:
+        i = max(range(len(groups)), key=lambda j: len(groups[j][1]))
+        w, bl = groups[i]
+        if len(bl) < 2:
+            break
+        half = (len(bl) + 1) // 2
+        groups[i:i + 1] = [(w, bl[:half]), (w, bl[half:])]
+    return groups
+
+
 class TrainingParts:
     """The parts of a fit's training data, one per participant.
 
@@ -165,7 +180,12 @@ class TrainingParts:
         workers holding blocks, the workers' blocks are dealt to that many
         parts (the workers with most blocks first, each to the part with
         fewest so far): Dask moves the others' blocks to the worker that
-        prepares the part.
+        prepares the part. With fewer workers holding blocks than
+        ``max_parts``, a worker's blocks are cut into several parts (the
+        largest group of consecutive blocks halved until there are
+        ``max_parts`` or every part is one block): several participants per
+        worker, threads of one process (``n_jobs`` above the workers, as
+        ``max_participants`` reads it).
         """
         from distributed import wait
 
@@ -202,7 +222,10 @@ class TrainingParts:
             kw = {"workers": [w], "allow_other_workers": True} if w is not None else {}
             return client.submit(prepare, bl, pure=False, **kw)
 
-        for w, bl in by_worker.items():
+        groups = list(by_worker.items())
+        if max_parts is not None and len(groups) < max_parts:
+            groups = _cut_groups(groups, max_parts)
+        for w, bl in groups:
             self.futures.append(submit(w, bl))
             self._remakes.append(lambda w=w, bl=bl: submit(w, bl))
         self._index = list(range(len(self.futures)))

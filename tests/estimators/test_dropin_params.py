@@ -97,6 +97,31 @@ def test_n_jobs_caps_a_dask_input_held_by_more_workers(client):
     assert len(both.metrics_) == 2
 
 
+def test_n_jobs_above_the_workers_runs_several_participants_on_a_worker(client):
+    """A dask input's blocks on each worker are cut into several parts when
+    ``n_jobs`` asks for more participants than workers hold blocks (threads
+    of one worker process), as many as there are blocks."""
+    da = pytest.importorskip("dask.array")
+    rng = np.random.RandomState(0)
+    X = rng.randn(800, 5)
+    y = X @ np.arange(5.0)
+    workers = sorted(client.scheduler_info()["workers"])
+    xs, ys = [], []
+    for i in range(8):  # 4 blocks of 100 rows on each of the 2 workers
+        a, b = 100 * i, 100 * (i + 1)
+        w = workers[i * len(workers) // 8]
+        fx = client.scatter(X[a:b], workers=[w], hash=False)
+        fy = client.scatter(y[a:b], workers=[w], hash=False)
+        xs.append(da.from_delayed(fx, shape=(100, 5), dtype=X.dtype))
+        ys.append(da.from_delayed(fy, shape=(100,), dtype=y.dtype))
+    dX, dy = da.concatenate(xs), da.concatenate(ys)
+    for n_jobs, expected in [(None, len(workers)), (4, 4), (5, 5), (8, 8), (12, 8)]:
+        est = SGDRegressor(n_jobs=n_jobs, max_iter=3, tol=None, random_state=0, client=client).fit(dX, dy)
+        assert len(est.metrics_) == expected, n_jobs
+        assert sum(m["samples"] for m in est.metrics_) == 3 * 800
+        assert est.score(X, y) > 0.99
+
+
 def _blocks():
     """scikit-learn's test corpus: 3 topics of 3 words each, 9 documents."""
     return sp.csr_matrix(block_diag(*[np.full((3, 3), 3)] * 3))

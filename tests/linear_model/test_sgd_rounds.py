@@ -505,3 +505,28 @@ def test_in_process_session_sums_duplicate_rows_as_a_session_does():
     s.push_rows("a", rows, vals)
     np.testing.assert_array_equal(s.pull("w"), [[5, 5], [0, 0], [3, 4], [0, 0]])
     np.testing.assert_array_equal(s.pull("a"), [[5, 5], [0, 0], [2, 3], [0, 0]])
+
+
+def test_a_received_sparse_block_is_trained_in_place():
+    """A participant's part made of one CSR block uses the block's arrays:
+    a block received from another process holds views of the message's
+    frames, which ``csr_matrix(X)`` copied at every fit (scipy's prune)."""
+    from dask_ps.linear_model._data import _assemble_part
+
+    X = sp.random(500, 40, density=0.1, format="csr", random_state=0, dtype=np.float64)
+    X.indices = X.indices.astype(np.int32)
+    X.indptr = X.indptr.astype(np.int32)
+
+    def framed(a):  # as distributed's deserialization leaves it: a view of a uint8 frame
+        frame = np.empty(a.nbytes + 64, dtype=np.uint8)
+        view = frame[:a.nbytes].view(a.dtype)
+        view[:] = a
+        return view
+
+    block = sp.csr_matrix((framed(X.data), framed(X.indices), framed(X.indptr)), shape=X.shape)
+    block.data, block.indices, block.indptr = framed(X.data), framed(X.indices), framed(X.indptr)
+    y = np.arange(500) % 2
+    spec = {"estimator": "SGDClassifier", "n_features": 40, "classifier": True}
+    part = _assemble_part([(block, y)], spec)
+    assert part.X.data is block.data and part.X.indices is block.indices
+    assert (part.X != X).nnz == 0
