@@ -161,7 +161,7 @@ def run_dask_ps(client, dXtr, dytr, Xte, yte, epochs, kw, batch_size, scorer):
             c = clock.read()
             t = time.perf_counter()
             m = SGDClassifier(max_iter=E, tol=None, random_state=0, batch_size=batch_size, client=client,
-                              **kw).fit(dXtr, dytr)
+                              n_jobs=2, **kw).fit(dXtr, dytr)
             dt = time.perf_counter() - t
             cpu = clock.read() - c
         out.append((E, dt, scorer(m, Xte, yte), cpu, m))
@@ -251,8 +251,9 @@ def bench(label, X, y, client, args, kw, batch_size, scorer=accuracy, metric="ac
     t = time.perf_counter()
     res["sklearn"] = run_sklearn(Xtr, ytr, Xte, yte, args.epochs, kw, scorer)
     target = max(r[2] for r in res["sklearn"]) - args.slack
-    client.wait_for_workers(2)
-    dXtr, dytr = spread_blocks(client, Xtr, ytr, chunks_per_worker)
+    client.wait_for_workers(args.workers)
+    # 1 worker x 2 threads: two blocks on the worker, two participants (n_jobs=2)
+    dXtr, dytr = spread_blocks(client, Xtr, ytr, chunks_per_worker * (2 if args.workers == 1 else 1))
     # One untimed fit on the persisted blocks first (worker-side imports, caches).
     run_dask_ps(client, dXtr, dytr, Xte, yte, [1], kw, batch_size, scorer)
     res["dask_ps (2 workers)"] = run_dask_ps(client, dXtr, dytr, Xte, yte, args.epochs, kw, batch_size, scorer)
@@ -304,9 +305,10 @@ def main():
                     help="the issue's sizes: 1M x 100 dense, 1M x 2^20 sparse, 1M x 2^22 ctr")
     ap.add_argument("--no-dask-ml", action="store_true")
     ap.add_argument("--only", choices=["dense", "sparse", "ctr"], help="run one of the data sets (as --data X)")
-    ap.add_argument("--cluster", choices=["processes", "threads"], default="threads",
+    ap.add_argument("--cluster", choices=["processes", "threads", "processes-1x2"], default="threads",
                     help="2 workers as threads of this process (LocalCluster(processes=False), the layout of "
-                         "the embedded default cluster, fastest here) or 2 worker processes")
+                         "the embedded default cluster, fastest here), 2 worker processes, or 1 worker process "
+                         "with 2 threads (a real cluster's layout: dask worker --nthreads N); 2 participants each")
     ap.add_argument("--breakdown", action="store_true", help="where the largest E's dask_ps fit spent its time")
     args = ap.parse_args()
     if args.full:
@@ -315,7 +317,8 @@ def main():
     from distributed import Client, LocalCluster
 
     kw = dict(loss="log_loss", alpha=1e-4)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=args.cluster == "processes",
+    args.workers = 1 if args.cluster == "processes-1x2" else 2
+    with LocalCluster(n_workers=args.workers, threads_per_worker=3 - args.workers, processes=args.cluster != "threads",
                       dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         # Warm up: the parameter server's plugins, imports on the workers.
@@ -329,7 +332,7 @@ def main():
         for make in (lambda: hashed_data(4000, args.sparse_d, args.nnz), lambda: ctr_data(4000, args.ctr_d)):
             Xw, yw = make()
             SGDClassifier(max_iter=2, client=client, **kw).fit(Xw, yw)
-        print(f"cluster: 2 workers x 1 thread, {args.cluster}")
+        print(f"cluster: {args.workers} worker(s) x {3 - args.workers} thread(s), {args.cluster}; 2 participants")
         if "dense" in data and args.dense_n:
             X, y = dense_data(args.dense_n, args.dense_d)
             bench(f"dense {args.dense_n} x {args.dense_d}", X, y, client, args, kw, args.batch_size)
