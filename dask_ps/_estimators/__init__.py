@@ -12,7 +12,8 @@ Parameters (``_params``)
     ``_checkpoint_path()``); ``SHARED_CONSTRAINTS`` (client, consistency,
     replication, checkpoint, checkpoint_every, verbose);
     ``max_participants(n_jobs, available)`` (scikit-learn's ``n_jobs`` as the
-    number of participants);
+    number of participants); ``chose_a_cluster(client)`` (a client given
+    or current: not the embedded cluster);
     ``setting(estimator, key)``, ``setting_bytes(estimator, key)``
     (``dask.config`` ``ps.<estimator>.<key>``, defaults in ``ps.yaml``).
 Training data (``_data``)
@@ -58,7 +59,14 @@ The Dask adapter (``_dask_adapter``)
 from dask_ps._estimators import _arrays as arrays
 from dask_ps._estimators._compiled import kernel_cache_dir, njit
 from dask_ps._estimators._data import PartCopies, TrainingParts, load_part
-from dask_ps._estimators._params import SHARED_CONSTRAINTS, PSEstimatorMixin, max_participants, setting, setting_bytes
+from dask_ps._estimators._params import (
+    SHARED_CONSTRAINTS,
+    PSEstimatorMixin,
+    chose_a_cluster,
+    max_participants,
+    setting,
+    setting_bytes,
+)
 from dask_ps._estimators._predict import (
     InvalidPart,
     check_dask_fit_input,
@@ -96,7 +104,7 @@ from dask_ps._estimators._runs import (
 
 __all__ = [
     "arrays",
-    "PSEstimatorMixin", "SHARED_CONSTRAINTS", "max_participants", "setting", "setting_bytes",
+    "PSEstimatorMixin", "SHARED_CONSTRAINTS", "max_participants", "setting", "setting_bytes", "chose_a_cluster",
     "TrainingParts", "PartCopies", "load_part",
     "CheckpointMismatchError", "checkpoint_record", "check_checkpoint", "find_checkpoint", "save_checkpoint",
     "SAVE_RETRY_SECONDS", "chunk_end", "jsonable", "temporary_tables", "TemporaryTables",

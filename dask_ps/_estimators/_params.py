@@ -63,6 +63,26 @@ def setting_bytes(estimator: str, key: str) -> int:
     return int(parse_bytes(setting(estimator, key)))
 
 
+def chose_a_cluster(client) -> bool:
+    """Whether a fit with this ``client`` parameter runs on a cluster the
+    user chose: a ``Client`` or scheduler address given, or a current Dask
+    client other than the embedded cluster's. False for ``client=None``
+    without one, where the estimators start (or reuse) the embedded
+    cluster themselves (:func:`dask_ps.get_parameter_server`)."""
+    if client is not None:
+        return True
+    from distributed import get_client
+
+    try:
+        current = get_client()
+    except ValueError:
+        return False
+    from dask_ps import _client
+
+    embedded = _client._auto_ps
+    return embedded is None or current is not embedded.client
+
+
 class PSEstimatorMixin:
     """Shared plumbing of the parameter-server estimators (see the module docstring)."""
 

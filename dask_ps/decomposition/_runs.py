@@ -49,6 +49,7 @@ from dask_ps.decomposition._gibbs import (
     GibbsConfig,
     LostAssignmentsError,
     _gibbs_participant,
+    keeps_counts_local,
 )
 from dask_ps.decomposition._scoring import _chunk_history
 
@@ -310,13 +311,15 @@ class GibbsRuns:
             z_out=sets.names[out] if plan.tolerant else None, t_start=self.t_start,
             # rows pulled/pushed while sampling (issue 12; _gibbs_overlap): opt-in, ps.lda.overlap: true
             overlap=bool(dask.config.get("ps.lda.overlap", False)),
+            lone_local=bool(setting("lda", "lone-participant-local")),
         )
         self._members = cluster_members(self.client)  # whose loss _recover looks for
         with temporary_tables(self.ps) as tables:
             monitor = None
             try:
                 monitor = self._create_tables(cfg, tables)
-                info = dict(self.info, planned_clocks=1 + stop - start)  # the starting counts, then a sweep each
+                # the starting counts, then a sweep each (a lone participant: then its final push)
+                info = dict(self.info, planned_clocks=2 if keeps_counts_local(cfg, self.P) else 1 + stop - start)
                 self.results = self.ps.run(_gibbs_participant, self.parts.futures, cfg=cfg, run_info=info)
                 if stop >= plan.max_iter:
                     self.nwk = np.maximum(arrays.to_numpy(self.ps.pull(cfg.nwk_name)), 0)

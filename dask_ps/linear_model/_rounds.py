@@ -395,7 +395,12 @@ class _RoundPrep:
         self.inv_q_of_count = self.inv_q_of_feature = None  # 1/q (lazy regularization), see _count
         self.cpu_seconds = 0.0  # the thread's CPU time in its jobs
         self.spare: list = []  # (data, indices) arrays of trained rounds, to build into (recycle)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="dask_ps-sgd-rounds")
+        # A thread only helps where there is another round to train while one
+        # is built: with one round an epoch the participant waited for it
+        # (a thread started and a hand-over per fit and per round; most of a
+        # small sparse fit's time), so the jobs run in the calling thread.
+        one_round = -(-cfg.steps_per_epoch // cfg.clock_every) <= 1
+        self._pool = _InlinePool() if one_round else ThreadPoolExecutor(1, thread_name_prefix="dask_ps-sgd-rounds")
         self._counted = self._pool.submit(self._count) if c.lazy else None
 
     def __repr__(self):
@@ -497,6 +502,25 @@ class _RoundPrep:
         """Stop building (the round being built finishes: numba cannot be interrupted)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.pending.clear()
+
+
+class _InlinePool:
+    """``ThreadPoolExecutor``'s ``submit``/``shutdown`` for jobs run at once
+    in the calling thread (``_RoundPrep`` with one round an epoch)."""
+
+    @staticmethod
+    def submit(fn, *args):
+        from concurrent.futures import Future
+
+        f = Future()
+        try:
+            f.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - raised by result(), as from the thread
+            f.set_exception(e)
+        return f
+
+    def shutdown(self, wait=True, cancel_futures=False) -> None:
+        pass
 
 
 def _dense_round(c: _CompiledData, group) -> _Round:

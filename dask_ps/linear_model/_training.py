@@ -27,6 +27,7 @@ from dask_ps._estimators import (
     Progress,
     arrays,
     checkpoint_record,
+    chose_a_cluster,
     chunk_end,
     find_checkpoint,
     may_be_worker_loss,
@@ -93,7 +94,7 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
     hp = est._hyper(n_outputs, data.sparse)
     start = (coef, intercept, avg_coef, avg_intercept)
     rollbacks = []  # chunks redone from the checkpoint (see _redo_from_checkpoint)
-    if in_process and _one_participant_in_process(data):
+    if _trains_in_process(est, data, in_process, checkpoint):
         return _train_in_process(est, data, rs, hp, max_iter, n_outputs, start, classes, cw_pos, cw_neg)
     ps = est._parameter_server()
     d, K = data.n_features, n_outputs
@@ -162,11 +163,27 @@ def _table_bytes(ps, name: str) -> dict[str, dict]:
     return out
 
 
+def _trains_in_process(est, data: _Input, partial: bool, checkpoint) -> bool:
+    """Whether a call trains its lone participant in this process
+    (``_in_process``): an input that gets one participant on any cluster
+    (:func:`_one_participant_in_process`), in ``partial_fit``
+    (``ps.sgd.partial-fit-in-process``), or in ``fit`` where no cluster was
+    chosen (``client=None`` and no current Dask client: the parameter
+    server would be the embedded cluster, started for this), nothing is
+    checkpointed and ``replication`` is 1 (``ps.sgd.fit-in-process``).
+    With a client, a ``fit`` runs on its cluster whatever its size."""
+    if partial:
+        return bool(setting("sgd", "partial-fit-in-process")) and _one_participant_in_process(data)
+    return (bool(setting("sgd", "fit-in-process")) and checkpoint is None
+            and int(getattr(est, "replication", 1)) == 1 and not chose_a_cluster(est.client)
+            and _one_participant_in_process(data))
+
+
 def _one_participant_in_process(data: _Input) -> bool:
-    """Whether an input trains in this process (``ps.sgd.partial-fit-in-process``):
-    in-memory numpy/scipy data that ``_memory_parts`` gives one participant
-    on any cluster (under twice ``ps.sgd.min-samples-per-participant``)."""
-    if not setting("sgd", "partial-fit-in-process") or data.kind != "memory" or data.device != "cpu":
+    """Whether ``_memory_parts`` gives an input one participant on any
+    cluster: in-memory numpy/scipy data under twice
+    ``ps.sgd.min-samples-per-participant`` samples."""
+    if data.kind != "memory" or data.device != "cpu":
         return False
     if arrays.xp_of(data.X) is not np:
         return False

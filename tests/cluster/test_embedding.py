@@ -28,7 +28,10 @@ from dask_ps.linear_model import SGDClassifier
 def _run_script(tmp_path, source: str, timeout: float = 240) -> subprocess.CompletedProcess:
     script = tmp_path / "user_script.py"
     script.write_text(textwrap.dedent(source))
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    # Fits that start the embedded cluster (in the script and in its loky
+    # workers): a small fit with no cluster chosen would train in the
+    # calling process (ps.sgd.fit-in-process) and start none.
+    env = dict(os.environ, PYTHONWARNINGS="ignore", DASK_PS__SGD__FIT_IN_PROCESS="False")
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout,
                           cwd=tmp_path, env=env)
 

@@ -48,9 +48,13 @@ def _run(*parts: str, timeout=240) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
 
 
+# A fit that starts the embedded cluster: a small one with no cluster chosen
+# trains in the calling process (ps.sgd.fit-in-process) and starts none.
 FIT = """
+    import dask
     import numpy as np
     from dask_ps.linear_model import SGDClassifier
+    dask.config.set({{"ps.sgd.fit-in-process": False}})
     rng = np.random.RandomState(0)
     X = rng.randn(600, 5)
     y = (X[:, 0] > 0).astype(int)
