@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.request
 
+import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
@@ -273,8 +274,9 @@ def test_estimator_runs_are_named_with_planned_clocks_and_loss(ps):
 
     dashboard = ps.client.cluster.scheduler.extensions["ps"].dashboard
     counts = np.random.default_rng(0).poisson(0.3, size=(200, 50))
-    LatentDirichletAllocation(n_components=3, max_iter=5, evaluate_every=1, random_state=0,
-                              client=ps.client).fit(counts)
+    with dask.config.set({"ps.lda.min-tokens-per-participant": 100}):  # two participants: a clock per sweep
+        LatentDirichletAllocation(n_components=3, max_iter=5, evaluate_every=1, random_state=0, n_jobs=2,
+                                  client=ps.client).fit(counts)
     X, y = make_classification(20000, 5, random_state=0)
     SGDRegressor(max_iter=3, tol=None, random_state=0, client=ps.client).fit(X, y)
 
@@ -284,7 +286,8 @@ def test_estimator_runs_are_named_with_planned_clocks_and_loss(ps):
 
     lda = _until(lambda: finished("LatentDirichletAllocation("),
                  "the LDA run's loss (reports travel in the background)", timeout=30)
-    assert lda["label"] == "LatentDirichletAllocation(evaluate_every=1, max_iter=5, n_components=3, random_state=0)"
+    assert lda["label"] == ("LatentDirichletAllocation(evaluate_every=1, max_iter=5, n_components=3, n_jobs=2, "
+                            "random_state=0)") and lda["participants"] == 2
     assert lda["planned_clocks"] == lda["clocks_done"] == 6 and lda["result"] == "done"
     assert lda["loss"] > 0  # minus the log-likelihood per token
     sgd = _until(lambda: finished("SGDRegressor("), "the SGD run's loss", timeout=30)
