@@ -225,7 +225,8 @@ def test_a_table_larger_than_any_worker_trains_without_pauses_or_restarts():
                                dashboard_address=None)
     with cluster, Client(cluster) as c:
         pids = c.run(os.getpid)
-        est = SGDClassifier(client=c, max_iter=2, tol=None, random_state=0).fit(X, y)
+        with dask.config.set({"ps.sgd.min-samples-per-participant": 2000}):  # one participant per worker
+            est = SGDClassifier(client=c, max_iter=2, tol=None, random_state=0).fit(X, y)
         peaks = c.run(_peak_and_pid)
         logs = [msg for nanny in (False, True) for lines in c.get_worker_logs(nanny=nanny).values()
                 for _, msg in lines if "Pausing worker" in msg or "memory budget" in msg]
