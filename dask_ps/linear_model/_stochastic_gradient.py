@@ -145,7 +145,11 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         (``kernel_seconds``), the session's split of its time between its
         own work and the parameter server (``compute_seconds``,
         ``ps_blocked_seconds``), its samples, seconds and per-epoch
-        ``history``, and the ``run_id`` of its run. A ``partial_fit``
+        ``history``, and the ``run_id`` of its run; where it ran
+        (``worker``), the bytes of the fit's tables held there at the run's
+        end (``table_bytes``, every copy) and that worker's
+        ``worker_memory_limit`` and ``worker_process_memory``
+        (``ParameterServer.memory``). A ``partial_fit``
         trained in this process (see Notes) has one entry with
         ``in_process: True`` and no session counters.
     run_ids_ : list of str
