@@ -62,6 +62,9 @@ fixed at the 2-worker share).
     python benchmarks/scaling_model.py --quick         # ~2-3 minutes: smaller data, fewer cycles
     python benchmarks/scaling_model.py --sgd-n 1000000 --lda-iters 100   # bench_sgd --full's ctr size
     python benchmarks/scaling_model.py --from-json scaling.json          # table and plot again
+    python benchmarks/scaling_model.py --workers 4 8 --json p48.json     # P = 4, 8 apart (CPU constants) ...
+    python benchmarks/scaling_model.py --workers 2 --json p2.json        # ... and P = 2 on a quiet machine
+    python benchmarks/scaling_model.py --from-json p2.json p48.json
 
 Prints the measured constants, predicted against measured 2-worker fit times
 (SGD click-through ``max_iter`` = 1 and 2; LDA K=50 on the news corpus) and
@@ -72,6 +75,7 @@ measurements (``--json``).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -113,7 +117,7 @@ def sgd_schedule(n_p, P):
     compiled kernel)."""
     import dask
 
-    import dask_ps  # noqa: F401 - its dask.config defaults
+    importlib.import_module("dask_ps")  # its dask.config defaults
 
     if P == 1:
         return 1, n_p
@@ -332,19 +336,19 @@ def sgd_fit(client, X, y, E, P):
     dX, dy = spread_blocks(client, X, y)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        w0, _ = process_cpu(client)
+        w0, s0 = process_cpu(client)
         t = time.perf_counter()
         m = SGDClassifier(loss="log_loss", alpha=1e-6, max_iter=E, tol=None, random_state=0, batch_size=BATCH,
                           client=client).fit(dX, dy)
         wall = time.perf_counter() - t
-        w1, _ = process_cpu(client)
+        w1, s1 = process_cpu(client)
     parts = []
     for mt in m.metrics_:
         parts.append({k: mt.get(k) for k in ("cpu_seconds", "round_prep_cpu_seconds", "setup_seconds",
                                               "kernel_seconds", "round_prep_seconds", "ps_seconds", "samples",
                                               "seconds", "ps_seconds_by_call")})
     return {"E": E, "wall": wall, "participants": parts, "profile": dict(getattr(m, "_fit_profile", {}) or {}),
-            "worker_cpu": w1 - w0}
+            "worker_cpu": w1 - w0, "client_cpu": s1 - s0}
 
 
 def lda_fit(client, X, iters):
@@ -352,13 +356,14 @@ def lda_fit(client, X, iters):
 
     m = LatentDirichletAllocation(K_LDA, doc_topic_prior=ALPHA, topic_word_prior=ETA, max_iter=iters,
                                   evaluate_every=0, client=client, random_state=0)
-    w0, _ = process_cpu(client)
+    w0, s0 = process_cpu(client)
     t = time.perf_counter()
     m.fit(X)
     wall = time.perf_counter() - t
-    w1, _ = process_cpu(client)
+    w1, s1 = process_cpu(client)
     keys = ("sweep_seconds", "pull_seconds", "push_seconds", "clock_seconds", "n_tokens")
     return {"iters": iters, "wall": wall, "fit_seconds": m.fit_seconds_, "worker_cpu": w1 - w0,
+            "client_cpu": s1 - s0,
             "participants": [{k: mt.get(k) for k in keys} for mt in m.metrics_]}
 
 
@@ -486,7 +491,8 @@ class Model:
     # estimator's schedule), sync overlapped with compute (a read a round
     # ahead that need not wait for the others: SSP >= 1), factors on the
     # per-message CPU, on the scheduler's clock messages and on the bytes.
-    KNOBS = {"round_samples": None, "overlap": False, "per_message": 1.0, "scheduler": 1.0, "bytes": 1.0,
+    KNOBS = {"round_factor": 1.0, "overlap": False, "per_message": 1.0, "scheduler": 1.0, "bytes": 1.0,
+             "latency": 1.0,
              "barrier": 1.0}
 
     def __init__(self, meas, rtt=50e-6, hops=4, jitter=0.05, **knobs):
@@ -512,7 +518,7 @@ class Model:
             A = np.c_[np.ones(len(rows)), byts, msgs]
             cpu = lstsq(A, [r["worker_cpu"] for r in rows])
             sched = float(np.median([r["sched_cpu"] / r["P"] for r in rows]))  # per clock message
-            two = [r for r in rows if r["P"] == 2]
+            two = [r for r in rows if r["P"] == min(r["P"] for r in rows)]  # P = 2 where measured
             wall = lstsq(np.c_[np.ones(len(two)), [r["U"] for r in two]], [r["wall"] for r in two])
             thread = lstsq(np.c_[np.ones(len(two)), [r["U"] for r in two]], [r["thread_cpu"] for r in two])
             self.cyc[wl] = {"cpu": cpu, "sched": sched, "wall2": wall, "thread2": thread, "rows": rows}
@@ -537,9 +543,9 @@ class Model:
         kb = self.knobs if knobs else self.KNOBS
         return a + b * kb["bytes"] * self.bytes_per_cycle(wl, U) + c * kb["per_message"] * self.messages(wl, P)
 
-    def wall2(self, wl, U):
+    def wall2(self, wl, U, knobs=False):
         a, b = self.cyc[wl]["wall2"]
-        return a + b * U
+        return (self.knobs["latency"] if knobs else 1.0) * a + b * U
 
     def thread2(self, wl, U):
         a, b = self.cyc[wl]["thread2"]
@@ -594,8 +600,15 @@ class Model:
                     it = self.lda_iter(P, tokens, self.m["lda_tiny_vocab"][str(P)], here=True) * tiny["iters"]
                 Ps.append(P)
                 Fs.append(tiny["wall"] - it)
-            f = lstsq(np.c_[np.ones(len(Ps)), Ps], Fs) if len(Ps) > 1 else np.array([Fs[0], 0.0])
-            self.fixed[wl] = {"f": f, "points": dict(zip(Ps, Fs))}
+            # On P machines the per-fit cost grows by what one scheduler and client do per worker, in turn
+            # (the tiny fits' CPU in this process, less its idle rate): not by the oversubscribed walls here.
+            cpu = [(P, c[f"{wl}_tiny"]["client_cpu"] - c["idle"][1] * c[f"{wl}_tiny"]["wall"])
+                   for P, c in self.by_p.items() if "client_cpu" in c[f"{wl}_tiny"]]
+            slope = lstsq(np.c_[np.ones(len(cpu)), [p for p, _ in cpu]], [v for _, v in cpu])[1] \
+                if len({p for p, _ in cpu}) > 1 else 0.0
+            base = dict(zip(Ps, Fs)).get(2, min(Fs))
+            self.fixed[wl] = {"f": np.array([base - 2 * slope, slope]), "points": dict(zip(Ps, Fs))}
+
         # The same for the worker processes' CPU seconds (a check of the CPU layers that load does not move)
         self.fixed_cpu = {}
         for P, c in self.by_p.items():
@@ -646,6 +659,7 @@ class Model:
         if here:
             return L
         kb = self.knobs
+        L = self.wall2(wl, U, knobs=True)
         grow = self.worker_cpu(wl, P, U, knobs=True) - self.worker_cpu(wl, 2, U)
         sched = self.cyc[wl]["sched"] * (P * kb["scheduler"] - 2)  # one scheduler handles every clock in turn
         wire = kb["bytes"] * self.bytes_per_cycle(wl, U) * (P - 1) / P / bandwidth
@@ -665,8 +679,8 @@ class Model:
         pi, chi = self.sgd_q
         R, msz = sgd_schedule(int(n_p), P)
         kb = self.knobs
-        if kb["round_samples"] is not None and P > 1:
-            msz = min(int(n_p), kb["round_samples"])
+        if kb["round_factor"] != 1.0 and P > 1:
+            msz = int(min(n_p, msz * kb["round_factor"]))
             R = math.ceil(n_p / msz)
         U = self.U(msz) if P > 1 else 0
         nnz_round = msz * nnz_row
@@ -739,7 +753,8 @@ def print_constants(mod: Model):
     for wl in ("sgd", "lda"):
         f0, f1 = mod.fixed[wl]["f"]
         pts = ", ".join(f"P={p}: {v:.2f} s" for p, v in mod.fixed[wl]["points"].items())
-        print(f"- {wl} fixed per-fit cost (tiny fit minus its iterations): {pts}; fitted {f0:.2f} + {f1:.3f} x P s")
+        print(f"- {wl} fixed per-fit cost (tiny fit minus its iterations): {pts}; on P machines "
+              f"{f0:.2f} + {f1 * 1e3:.1f} ms x P (the slope: this process's CPU per worker in the tiny fits)")
     for c in m["clusters"]:
         print(f"- P={c['P']}: " + ", ".join(f"{k} {v:.3f} s" for k, v in c["fixed_ops"].items()))
     print("- touched rows per SGD round, U(m): " + ", ".join(
@@ -781,7 +796,7 @@ def predicted_vs_measured(mod: Model):
     print("| --- | --- | --- | --- | --- | --- |")
     for name, p, ps_, w in rows:
         print(f"| {name} | {p:.2f} | {100 * (p - w) / w:+.1f}% | {ps_:.2f} | {100 * (ps_ - w) / w:+.1f}% | {w:.2f} |")
-    if mod.fixed_cpu:
+    if ("sgd", 2) in mod.fixed_cpu:
         print("\nThe same fits in CPU seconds of the worker processes (less their idle rate), which other load "
               "does not stretch: fixed part from the tiny fit, the rest from the per-layer constants.\n")
         print("| fit | predicted worker CPU (s) | measured (s) | error |")
@@ -876,17 +891,19 @@ def print_table(rows):
 
 WHAT_IFS = [
     ("as measured", {}),
-    ("SGD: one round per epoch (ps.sgd.min-rounds-per-epoch=1, clock-samples >= the share)",
-     {"round_samples": 10**9}),
-    ("sync overlapped with compute (a read a round ahead, SSP(1): no wait for the round just pushed)",
-     {"overlap": True}),
-    ("per-message CPU / 4 (one message per server per clock: pull, push and clock coalesced)",
-     {"per_message": 0.25}),
-    ("no scheduler in the clock (servers count clocks; the scheduler only at run start/end)", {"scheduler": 0.0}),
-    ("bytes / 2 (rows as deltas of changed entries, or float32 values)", {"bytes": 0.5}),
-    ("overlap + per-message / 4 + no scheduler clock", {"overlap": True, "per_message": 0.25, "scheduler": 0.0}),
-    ("... and one round per epoch (SGD)", {"overlap": True, "per_message": 0.25, "scheduler": 0.0,
-                                           "round_samples": 10**9}),
+    ("SGD: rounds 4x larger (ps.sgd.clock-samples x 4, ps.sgd.min-rounds-per-epoch 2)", {"round_factor": 4.0}),
+    ("SGD: one round per epoch (model averaging once an epoch)", {"round_factor": 1e9}),
+    ("sync overlapped with compute, no barrier (a read a round ahead under SSP(1); LDA: ps.lda.overlap)",
+     {"overlap": True, "barrier": 0.0}),
+    ("the cycle's fixed latency / 2 (fewer event-loop hops: clock report with the flush, servers count clocks)",
+     {"latency": 0.5}),
+    ("per-message CPU / 4 (pull, push and clock coalesced: one message per server per clock)", {"per_message": 0.25}),
+    ("no scheduler in the clock (the scheduler only at run start and end)", {"scheduler": 0.0}),
+    ("bytes / 2 (float32 SGD weights; LDA: only changed entries of the rows)", {"bytes": 0.5}),
+    ("overlap + latency / 2 + per-message / 4 + no scheduler clock",
+     {"overlap": True, "barrier": 0.0, "latency": 0.5, "per_message": 0.25, "scheduler": 0.0}),
+    ("... and SGD rounds 4x larger", {"overlap": True, "barrier": 0.0, "latency": 0.5, "per_message": 0.25,
+                                      "scheduler": 0.0, "round_factor": 4.0}),
 ]
 
 
@@ -956,7 +973,10 @@ def main():
     ap.add_argument("--jitter", type=float, default=0.05, help="coefficient of variation of a round's compute")
     ap.add_argument("--plot", default="docs/scaling.png")
     ap.add_argument("--json", default=None, help="save the measurements here")
-    ap.add_argument("--from-json", default=None, help="skip the measurements: the model from a saved file")
+    ap.add_argument("--from-json", nargs="+", default=None,
+                    help="skip the measurements: the model from saved files (the first's data measurements; "
+                         "the cluster sizes of the others that the first lacks added, e.g. P = 4, 8 measured "
+                         "apart from P = 2)")
     args = ap.parse_args()
     if args.quick:
         args.sgd_n = min(args.sgd_n, 200_000)
@@ -968,7 +988,15 @@ def main():
 
     logging.getLogger("distributed").setLevel(logging.ERROR)
     if args.from_json:
-        meas = json.loads(pathlib.Path(args.from_json).read_text())
+        meas = json.loads(pathlib.Path(args.from_json[0]).read_text())
+        for path in args.from_json[1:]:
+            other = json.loads(pathlib.Path(path).read_text())
+            if (other["sgd_n"], other["lda_docs"]) != (meas["sgd_n"], meas["lda_docs"]):
+                raise SystemExit(f"{path}: other data sizes than {args.from_json[0]}")
+            have = {c["P"] for c in meas["clusters"]}
+            meas["clusters"] += [c for c in other["clusters"] if c["P"] not in have]
+            meas["lda_tiny_vocab"] = {**other["lda_tiny_vocab"], **meas["lda_tiny_vocab"]}
+        meas["clusters"].sort(key=lambda c: c["P"])
     else:
         meas = measure(args)
         if args.json:
@@ -1023,7 +1051,7 @@ def measure(args):
         vocab["vocab_max"].append(v["vocab_max"])
         vocab["tokens_max"].append(v["tokens_max"])
     meas["lda_vocab"] = vocab
-    meas["lda_tiny_vocab"] = {str(P): lda_vocab(X_lda[: P * 150], P)["vocab_max"] for P in args.workers}
+    meas["lda_tiny_vocab"] = {str(P): lda_vocab(X_lda[: P * 150], P)["vocab_max"] for P in (2, 4, 8, *args.workers)}
     meas["lda_compute"] = lda_compute(split_corpus(X_lda, 2)[0], X_lda.shape[1])
     log(f"sparsity and LDA compute done ({time.perf_counter() - t0:.0f} s): U(m) "
         + " ".join(f"{m}:{u:.0f}" for m, u in zip(ms, meas["sgd_U"]["U"])))
