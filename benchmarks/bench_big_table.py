@@ -126,6 +126,9 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--alpha", type=float, default=1e-6)
     p.add_argument("--sklearn", action="store_true", help="also fit scikit-learn's SGDClassifier (in this process)")
+    p.add_argument("--no-spill", action="store_true",
+                   help="turn Dask's spilling off (distributed.worker.memory.target/spill: false; pause and "
+                        "terminate stay at 80% and 95%)")
     p.add_argument("--partial-fit", action="store_true",
                    help="then one partial_fit from the fitted model (its whole table sent to the workers first)")
     args = p.parse_args(argv)
@@ -154,6 +157,10 @@ def main(argv=None):
           f"(sum {mib(args.workers * limit)}); uptime: {os.popen('uptime').read().strip()}")
     kw = dict(loss="log_loss", alpha=args.alpha, max_iter=args.epochs, tol=None, random_state=0)
 
+    if args.no_spill:  # read by the workers when they start
+        import dask
+
+        dask.config.set({"distributed.worker.memory.target": False, "distributed.worker.memory.spill": False})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, memory_limit=limit,
@@ -174,7 +181,9 @@ def main(argv=None):
         pids1 = client.run(lambda: os.getpid())
         events = memory_events(client)
         restarted = sorted(set(pids0.items()) ^ set(pids1.items()))
-        status = {w: s["status"] if "status" in s else "?" for w, s in client.scheduler_info()["workers"].items()}
+        info = client.scheduler_info(n_workers=-1)["workers"]
+        status = {w: s["status"] if "status" in s else "?" for w, s in info.items()}
+        spilled = sum(int((s.get("metrics", {}).get("spilled_bytes") or {}).get("disk", 0)) for s in info.values())
         auc = roc_auc_score(yte, model.predict_proba(Xte)[:, 1])
         acc = model.score(Xte, yte)
         print(f"\ndask_ps: fit {seconds:.1f} s, test AUC {auc:.4f}, accuracy {acc:.4f}, epochs {model.n_iter_}")
@@ -188,7 +197,8 @@ def main(argv=None):
             print(f"{w:<24} {mib(peak):>10} {mib(tb) if tb is not None else '-':>12} {mib(limit):>10}  "
                   f"{peak / limit:>10.2f}")
         total_table = sum(m.get("table_bytes", 0) for m in model.metrics_)
-        print(f"tables' bytes over the workers: {mib(total_table)} (the weights table: {mib(table)})")
+        print(f"tables' bytes over the workers: {mib(total_table)} (the weights table: {mib(table)}); "
+              f"spilled to disk by Dask now: {mib(spilled)}")
         print(f"workers restarted: {len(restarted) // 2}; statuses now: {sorted(set(status.values()))}; "
               f"pauses and restarts logged by Dask's memory monitor: {sum(len(v) for v in events.values())}")
         for w, lines in events.items():
