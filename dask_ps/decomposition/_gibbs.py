@@ -63,7 +63,6 @@ class GibbsConfig:
     t_start: float
     delay: Callable | None
     start_name: str | None = None
-    overlap: bool = False  # pull/push word rows while sampling (_gibbs_overlap; not the array sampler)
     lone_local: bool = True  # a lone participant keeps its counts local for the run (_lone_iterations)
 
 
@@ -138,19 +137,16 @@ def _gibbs_participant(ctx, part, cfg: GibbsConfig):
     if keeps_counts_local(cfg, ctx.n_participants):
         _lone_iterations(ctx, s, cfg)
         return _finish(ctx, s, cfg)
-    iteration = _iteration
-    if cfg.overlap and s.sampler != "array":
-        from dask_ps.decomposition._gibbs_overlap import overlapped_iteration as iteration
     for it in range(cfg.start, cfg.stop):
-        iteration(ctx, s, cfg, it)
+        _iteration(ctx, s, cfg, it)
     return _finish(ctx, s, cfg)
 
 
 def keeps_counts_local(cfg: GibbsConfig, n_participants: int) -> bool:
     """Whether a run's participants keep their counts local for the run
-    (:func:`_lone_iterations`): a lone one, with a CPU sampler and the
-    one-piece iteration, unless ``ps.lda.lone-participant-local`` is false."""
-    return cfg.lone_local and n_participants == 1 and cfg.sampler != "array" and not cfg.overlap
+    (:func:`_lone_iterations`): a lone one, with a CPU sampler, unless
+    ``ps.lda.lone-participant-local`` is false."""
+    return cfg.lone_local and n_participants == 1 and cfg.sampler != "array"
 
 
 def _setup(ctx, part, cfg: GibbsConfig) -> _Sampler:

@@ -146,16 +146,11 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         ``n_partitions`` is None (scikit-learn's number of parallel jobs):
         None or -1, one per worker thread; ``-2``, all but one; ``k > 0``,
         ``k``. Small corpora get fewer (see ``n_partitions``).
-    sampler : {"auto", "sparse", "dense", "mh", "array"}, default "auto"
+    sampler : {"auto", "sparse", "dense", "array"}, default "auto"
         "dense": O(K) per token, compiled (numba) and SIMD-friendly;
         "sparse": SparseLDA's three buckets (numba; cost per token ~ the
         numbers of topics the word and the document occur in, not K; better
-        for large K); "mh":
-        alias-table Metropolis-Hastings (LightLDA; numba; cost per token
-        independent of K, but more cache misses per token and it mixes less
-        per sweep: about 1.5x the sweeps for the same log-likelihood; on the
-        benchmark corpus it lost to "sparse" at K=50 and K=1000, so "auto"
-        does not pick it, see ``docs/benchmarks.md``, "LDA at large K"); "array":
+        for large K); "array":
         batched vectorized sampling written against the array API (numpy on
         the CPU, cupy on the GPU: tokens of one batch are drawn in parallel
         from the counts at the batch's start). "auto": "array" on
@@ -365,7 +360,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         "consistency": [None, dask_ps.Consistency, StrOptions(_MODEL_NAMES)],
         "totals_consistency": [None, dask_ps.Consistency, StrOptions(_MODEL_NAMES)],
         "n_partitions": [None, Interval(Integral, 1, None, closed="left")],
-        "sampler": [StrOptions({"auto", "sparse", "dense", "mh", "array"})],
+        "sampler": [StrOptions({"auto", "sparse", "dense", "array"})],
         "device": [StrOptions({"auto", "cpu", "cuda"})],
         "max_doc_update_iter": [Interval(Integral, 0, None, closed="left")],
         "mean_change_tol": [Interval(Real, 0, None, closed="left")],
@@ -449,7 +444,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         return self.components_.shape[0]
 
     def _more_validate_params(self, device):
-        if self.sampler in ("sparse", "dense", "mh") and device == "cuda":
+        if self.sampler in ("sparse", "dense") and device == "cuda":
             raise ValueError(
                 f"sampler={self.sampler!r} runs on the CPU (numba); use sampler='array' or 'auto' "
                 "with device='cuda'"

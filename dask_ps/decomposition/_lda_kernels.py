@@ -284,10 +284,10 @@ def gibbs_sweep_sparse(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed
 
 @njit(nogil=True, cache=True)
 def row_deltas_into(words, z_before, z_after, out, clear):
-    """:func:`row_deltas` for a sweep over all of a participant's rows
-    (``words`` its local row numbers), written into ``out`` (rows x K, all
-    zeros): returns ``changed``, the rows with a token that moved, and their
-    change is ``out[:changed.size]``. Called again with ``clear=True`` once
+    """The change a sweep made to a participant's word rows, from the
+    assignments alone (``words`` its local row numbers), written into ``out``
+    (rows x K, all zeros): returns ``changed``, the rows with a token that
+    moved, and their change is ``out[:changed.size]``. Called again with ``clear=True`` once
     the push was sent, it zeroes those entries again: O(tokens) per
     iteration and no fresh (changed x K) array, whose first touch of every
     page cost more than the rest at K=1000."""
@@ -316,20 +316,7 @@ def row_deltas_into(words, z_before, z_after, out, clear):
     return changed
 
 
-def row_deltas(words, z_before, z_after, position, K, zero):
-    """The change a sweep made to its word rows, from the assignments alone,
-    as fresh arrays (for pushes that are not waited for): ``(changed,
-    delta)``, ``changed`` the positions (``position[word]``: the sweep's
-    rows) of the words with a token that moved and ``delta[i]`` their row's
-    change (``zero``'s dtype). See :func:`row_deltas_into`."""
-    out = np.zeros((int(position.max()) + 1 if position.size else 0, K), dtype=type(zero))
-    changed = row_deltas_into(position[words], z_before, z_after, out, False)
-    return changed, out[:changed.size]
-
-
-from dask_ps.decomposition._lda_mh import gibbs_sweep_mh  # noqa: E402  (alias-table MH, large K)
-
-SWEEPS = {"dense": gibbs_sweep_dense, "sparse": gibbs_sweep_sparse, "mh": gibbs_sweep_mh}
+SWEEPS = {"dense": gibbs_sweep_dense, "sparse": gibbs_sweep_sparse}
 
 
 @njit(nogil=True, cache=True)

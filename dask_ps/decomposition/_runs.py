@@ -13,7 +13,6 @@ import functools
 import logging
 import time
 
-import dask.config
 import numpy as np
 from dask.utils import parse_timedelta
 
@@ -309,8 +308,6 @@ class GibbsRuns:
             start_name=None if _starts_together(plan) else f"lda-{tag}-started",
             start=start, stop=stop, z_in=sets.names[current[0]] if current else None,
             z_out=sets.names[out] if plan.tolerant else None, t_start=self.t_start,
-            # rows pulled/pushed while sampling (issue 12; _gibbs_overlap): opt-in, ps.lda.overlap: true
-            overlap=bool(dask.config.get("ps.lda.overlap", False)),
             lone_local=bool(setting("lda", "lone-participant-local")),
         )
         self._members = cluster_members(self.client)  # whose loss _recover looks for

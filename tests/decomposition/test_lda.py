@@ -177,6 +177,28 @@ def test_kernels_keep_counts_consistent_and_agree(corpus, sampler):
     assert ll > ll0 * 0.8  # log-likelihoods are negative: it went up a lot
 
 
+def test_row_deltas_into_a_kept_buffer_and_zeroed_again():
+    from dask_ps.decomposition._lda_kernels import row_deltas_into
+
+    rng = np.random.default_rng(1)
+    V, K, n = 25, 6, 400
+    words = rng.integers(0, V, n).astype(np.int32)
+    z_before = rng.integers(0, K, n).astype(np.int32)
+    z_after = z_before.copy()
+    moved = rng.random(n) < 0.4
+    z_after[moved] = rng.integers(0, K, moved.sum())
+    out = np.zeros((V, K), np.int32)
+    changed = row_deltas_into(words, z_before, z_after, out, False)
+    full = np.zeros((V, K), np.int64)
+    np.add.at(full, (words, z_after), 1)
+    np.add.at(full, (words, z_before), -1)
+    np.testing.assert_array_equal(changed, np.unique(words[z_before != z_after]))
+    np.testing.assert_array_equal(out[:changed.size], full[changed])
+    assert not out[changed.size:].any()
+    row_deltas_into(words, z_before, z_after, out, True)
+    assert not out.any()  # ready for the next iteration
+
+
 def test_loglik_matches_lda_package_formula():
     pytest.importorskip("lda")
     import lda._lda as lda_c
