@@ -97,6 +97,7 @@ ALPHA, ETA = 0.1, 0.01
 REPS_LONG, REPS_SHORT = 24, 2  # cycles of the long and the short run (their difference: no run start/end)
 WORKERS = (1, 2, 4, 8, 16, 32, 64)
 NETWORKS = {"10 Gbit/s": 1.25e9, "25 Gbit/s": 3.1e9}
+SCHED_MESSAGES = {"sgd": 3, "lda": 1}  # scheduler messages per participant and iteration
 
 
 def log(msg):
@@ -187,6 +188,65 @@ def _lda_cycle(ctx, part, *, table, totals, reps):
     return out
 
 
+def _lda_busy_cycle(ctx, part, *, table, totals, reps):
+    """LDA's iteration with its sweep: the cycle of ``_lda_cycle`` around
+    the participant's real sweep (the estimator's kernel on its partition,
+    local counts), so that the others' requests find this worker's core
+    busy, as in a fit whose participants are not in step (SSP). Per
+    cycle: the pull/push/clock wall (the sweep's excluded), the pull's
+    wall, the sweep's wall."""
+    from dask_ps.decomposition import _lda_kernels as kk
+
+    rows, width = part["rows"], part["width"]
+    words, doc_ptr = part["words"], part["doc_ptr"]
+    z = np.random.default_rng(ctx.rank).integers(width, size=words.size, dtype=np.int32)
+    ndk = np.zeros((doc_ptr.size - 1, width), np.int32)
+    nwk = np.zeros((rows.size, width), np.int32)
+    nk = np.zeros(width, np.int64)
+    kk.init_counts(doc_ptr, words, z, ndk, nwk, nk)
+    sweep = kk.SWEEPS["dense" if width < 128 else "sparse"]
+    vals = np.ones((rows.size, width), dtype=np.int32)
+    out = []
+    for it in range(reps):
+        w0 = time.perf_counter()
+        ctx.pull_rows(table, rows)
+        ctx.pull(totals)
+        w1 = time.perf_counter()
+        sweep(doc_ptr, words, z, ndk, nwk, nk, 0.1, 0.01, part["vbeta"], it)
+        w2 = time.perf_counter()
+        ctx.push_rows(table, rows, vals, copy=False)
+        ctx.push(totals, np.zeros(width, dtype=np.int64), copy=False)
+        ctx.clock()
+        w3 = time.perf_counter()
+        out.append(((w1 - w0) + (w3 - w2), w1 - w0, w2 - w1))
+    return out
+
+
+def lda_busy_costs(ps, X_lda, P, reps=12):
+    """``_lda_busy_cycle`` on the estimator's split of the corpus: the
+    sync's wall when the peers are sweeping."""
+    import dask_ps
+
+    table, totals = "scaling-lda-busy", "scaling-lda-busy-totals"
+    ps.create_table(table, (X_lda.shape[1], K_LDA), dtype="int32", consistency=dask_ps.SSP(2, refresh=True))
+    ps.create_table(totals, (K_LDA,), dtype="int64", consistency=dask_ps.ASP())
+    try:
+        parts = []
+        for p in split_corpus(X_lda, P):
+            vocab, local = np.unique(p.indices, return_inverse=True)
+            doc_len = np.asarray(p.sum(1)).ravel()
+            parts.append({"rows": vocab.astype(np.int64), "width": K_LDA, "vbeta": X_lda.shape[1] * ETA,
+                          "words": np.repeat(local, p.data).astype(np.int32),
+                          "doc_ptr": np.concatenate([[0], np.cumsum(doc_len)]).astype(np.int64)})
+        res = ps.run(_lda_busy_cycle, parts, table=table, totals=totals, reps=reps)
+    finally:
+        ps.drop_table(table)
+        ps.drop_table(totals)
+    cycles = np.array([c for r in res for c in r[2:]])
+    return {"sync_wall": float(np.median(cycles[:, 0])), "pull_wall": float(np.median(cycles[:, 1])),
+            "sweep_wall": float(np.median(cycles[:, 2])), "U": int(max(p["rows"].size for p in parts))}
+
+
 def _sgd_cycle(ctx, part, *, table, totals, reps):
     """The SGD participant's round without the kernel
     (``_participant._Participant.round``/``sync_round``, ``ps.sgd.overlap``):
@@ -212,6 +272,34 @@ def _sgd_cycle(ctx, part, *, table, totals, reps):
         t_prev, c_prev = t, c
     ctx.clock()
     return out
+
+
+def _clock_cycle(ctx, part, *, reps):
+    """``clock()`` alone (no table read: no wait for the others), ``reps``
+    times: the scheduler clock round trip; median wall seconds."""
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        ctx.clock()
+        out.append(time.perf_counter() - t)
+    return float(np.median(out))
+
+
+def clock_costs(client, ps, P, reps=(20, 220)):
+    """The clock RPC: wall per call in a participant (median) and this
+    process's CPU (the scheduler's) per clock message, from a long and a
+    short run of P participants."""
+    idle_w, idle_s = idle_rates(client, 2.0)
+    got = {}
+    for n in reps:
+        _, s0 = process_cpu(client)
+        t = time.perf_counter()
+        res = ps.run(_clock_cycle, list(range(P)), reps=n)
+        t = time.perf_counter() - t
+        _, s1 = process_cpu(client)
+        got[n] = (s1 - s0 - idle_s * t, res)
+    return {"wall": float(np.median(got[reps[1]][1])),
+            "sched_cpu": max(0.0, (got[reps[1]][0] - got[reps[0]][0]) / ((reps[1] - reps[0]) * P))}
 
 
 def _spin(seconds=1.0):
@@ -351,6 +439,15 @@ def sgd_fit(client, X, y, E, P):
             "worker_cpu": w1 - w0, "client_cpu": s1 - s0}
 
 
+def median_fit(fits):
+    """The fit of median wall time (of an odd count; the lower middle of an
+    even one), with every wall time in ``walls``."""
+    fits = sorted(fits, key=lambda f: f["wall"])
+    out = dict(fits[(len(fits) - 1) // 2])
+    out["walls"] = [f["wall"] for f in fits]
+    return out
+
+
 def lda_fit(client, X, iters):
     from dask_ps.decomposition import LatentDirichletAllocation
 
@@ -436,14 +533,17 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
             "lda": cycle_costs(client, ps, P, "lda", {"U": [min(u, X_lda.shape[1]) for u in args.lda_u],
                                                        "V": X_lda.shape[1]}, rng),
         }
+        out["clock"] = clock_costs(client, ps, P)
+        log(f"P={P}: clock round trip {out['clock']['wall'] * 1e6:.0f} us, scheduler CPU "
+            f"{out['clock']['sched_cpu'] * 1e6:.0f} us per clock message")
         # Fixed per-fit costs: the same fits on tiny data.
         Xt, yt = X_sgd[: P * 12_000], y_sgd[: P * 12_000]
         sgd_fit(client, Xt, yt, 1, P)
-        out["sgd_tiny"] = sgd_fit(client, Xt, yt, 1, P)
+        out["sgd_tiny"] = median_fit([sgd_fit(client, Xt, yt, 1, P) for _ in range(3)])
         out["sgd_tiny"]["n"] = Xt.shape[0]
         out["sgd_tiny"]["nnz"] = int(Xt.nnz)
         Xl = X_lda[: P * 150]
-        out["lda_tiny"] = lda_fit(client, Xl, 1)
+        out["lda_tiny"] = median_fit([lda_fit(client, Xl, 1) for _ in range(3)])
         out["lda_tiny"]["docs"] = Xl.shape[0]
         log(f"P={P}: tiny fits: SGD {out['sgd_tiny']['wall']:.2f} s, LDA {out['lda_tiny']['wall']:.2f} s")
         # The fits: SGD max_iter = 1 and 2 (P = 2: the figures predicted;
@@ -451,7 +551,7 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
         out["cpu_share"] = cpu_share(client)
         out["sgd"] = []
         for E in args.sgd_epochs:
-            r = sgd_fit(client, X_sgd, y_sgd, E, P)
+            r = median_fit([sgd_fit(client, X_sgd, y_sgd, E, P) for _ in range(args.repeats if P == 2 else 1)])
             out["sgd"].append(r)
             log(f"P={P}: SGD ctr {X_sgd.shape[0]} rows E={E}: {r['wall']:.2f} s; per participant thread CPU "
                 + " ".join(f"{p['cpu_seconds']:.2f}" for p in r["participants"]) + ", compaction CPU "
@@ -459,12 +559,16 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
         out["cpu_share"] = min(out["cpu_share"], cpu_share(client))
         log(f"P={P}: a worker thread's share of a core while all spin: {out['cpu_share']:.2f}")
         if P == 2:
+            out["lda_busy"] = lda_busy_costs(ps, X_lda, P)
+            b = out["lda_busy"]
+            log(f"P={P}: LDA cycle around the real sweep: sync {b['sync_wall'] * 1e3:.1f} ms (pull "
+                f"{b['pull_wall'] * 1e3:.1f}), sweep {b['sweep_wall'] * 1e3:.1f} ms, {b['U']} rows")
             # The sweep's CPU in the worker processes, both at once (as in the fit: the cores' contention)
             got = client.run(lda_compute, split_corpus(X_lda, 2)[0], X_lda.shape[1])
             out["lda_compute"] = {k: float(np.mean([g[k] for g in got.values()])) for k in next(iter(got.values()))}
             log(f"P={P}: LDA sweep in the workers {out['lda_compute']['sweep_per_token'] * 1e9:.0f} ns/token "
                 f"(this process: {args.lda_compute_here['sweep_per_token'] * 1e9:.0f})")
-            out["lda"] = lda_fit(client, X_lda, args.lda_iters)
+            out["lda"] = median_fit([lda_fit(client, X_lda, args.lda_iters) for _ in range(args.repeats)])
             log(f"P={P}: LDA {args.lda_iters} iterations: {out['lda']['wall']:.2f} s "
                 f"(sweep {np.mean([p['sweep_seconds'] for p in out['lda']['participants']]):.2f} s)")
     out["load_end"] = load()
@@ -503,6 +607,10 @@ class Model:
         by_p = {r["P"]: r for r in meas["clusters"]}
         self.by_p = by_p
         self.fit_cycles()
+        # LDA's participants are not in step (SSP(2)): a request finds the peer's core sweeping. The factor
+        # by which that stretches the cycle, from the cycle run around the real sweep (1 where not measured).
+        busy = next((c["lda_busy"] for c in meas["clusters"] if "lda_busy" in c), None)
+        self.lda_busy = max(1.0, busy["sync_wall"] / self.wall2("lda", busy["U"])) if busy else 1.0
         self.fit_sgd_compute()
         # LDA compute: measured in the 2 worker processes at once where there (the fit's contention)
         self.lda = next((c["lda_compute"] for c in meas["clusters"] if "lda_compute" in c), meas["lda_compute"])
@@ -517,7 +625,9 @@ class Model:
             byts = np.array([self.bytes_per_cycle(wl, r["U"]) for r in rows])
             A = np.c_[np.ones(len(rows)), byts, msgs]
             cpu = lstsq(A, [r["worker_cpu"] for r in rows])
-            sched = float(np.median([r["sched_cpu"] / r["P"] for r in rows]))  # per clock message
+            # the scheduler's CPU per clock message: from the clock-only runs where measured
+            clocks = [c["clock"]["sched_cpu"] for c in self.m["clusters"] if "clock" in c]
+            sched = float(np.median(clocks)) if clocks else float(np.median([r["sched_cpu"] / r["P"] for r in rows]))
             two = [r for r in rows if r["P"] == min(r["P"] for r in rows)]  # P = 2 where measured
             wall = lstsq(np.c_[np.ones(len(two)), [r["U"] for r in two]], [r["wall"] for r in two])
             thread = lstsq(np.c_[np.ones(len(two)), [r["U"] for r in two]], [r["thread_cpu"] for r in two])
@@ -655,13 +765,16 @@ class Model:
     def sync(self, wl, P, U, here=False, bandwidth=None):
         if P == 1:
             return 0.0
-        L = self.wall2(wl, U)
+        busy = self.lda_busy if wl == "lda" else 1.0
+        L = busy * self.wall2(wl, U)
         if here:
             return L
         kb = self.knobs
-        L = self.wall2(wl, U, knobs=True)
+        L = busy * self.wall2(wl, U, knobs=True)
         grow = self.worker_cpu(wl, P, U, knobs=True) - self.worker_cpu(wl, 2, U)
-        sched = self.cyc[wl]["sched"] * (P * kb["scheduler"] - 2)  # one scheduler handles every clock in turn
+        # one scheduler handles every participant's clock messages in turn (SGD under BSP: the report, the
+        # read's wait for the slowest and the clock's broadcast to the servers; LDA under SSP(2): the report)
+        sched = self.cyc[wl]["sched"] * SCHED_MESSAGES[wl] * (P * kb["scheduler"] - 2)
         wire = kb["bytes"] * self.bytes_per_cycle(wl, U) * (P - 1) / P / bandwidth
         return max(0.0, L + grow + sched) + self.hops * self.rtt + wire
 
@@ -747,6 +860,11 @@ def print_constants(mod: Model):
           f"{rho * 1e9:.0f} ns per touched row of each round; compaction (first epoch) {pi * 1e9:.1f} ns/non-zero + "
           f"{chi * 1e9:.0f} ns per touched row of each round")
     lc = mod.lda
+    busy = next((c["lda_busy"] for c in m["clusters"] if "lda_busy" in c), None)
+    if busy:
+        print(f"- LDA cycle around the real sweep (P = 2, {busy['U']} rows): sync {busy['sync_wall'] * 1e3:.1f} ms "
+              f"against {mod.wall2('lda', busy['U']) * 1e3:.1f} ms alone: the peers' busy cores stretch LDA's "
+              f"sync {mod.lda_busy:.2f}x (sweep wall {busy['sweep_wall'] * 1e3:.1f} ms)")
     print(f"- LDA compute (K={K_LDA}, one partition of 2, thread CPU): sweep "
           f"{lc['sweep_per_token'] * 1e9:.0f} ns/token "
           f"({1 / lc['sweep_per_token'] / 1e6:.1f} M tokens/CPU-s), row deltas {lc['delta_per_row'] * 1e9:.0f} ns/row")
@@ -756,7 +874,9 @@ def print_constants(mod: Model):
         print(f"- {wl} fixed per-fit cost (tiny fit minus its iterations): {pts}; on P machines "
               f"{f0:.2f} + {f1 * 1e3:.1f} ms x P (the slope: this process's CPU per worker in the tiny fits)")
     for c in m["clusters"]:
-        print(f"- P={c['P']}: " + ", ".join(f"{k} {v:.3f} s" for k, v in c["fixed_ops"].items()))
+        clock = (f"; clock round trip {c['clock']['wall'] * 1e6:.0f} us, scheduler CPU "
+                 f"{c['clock']['sched_cpu'] * 1e6:.0f} us per clock message") if "clock" in c else ""
+        print(f"- P={c['P']}: " + ", ".join(f"{k} {v:.3f} s" for k, v in c["fixed_ops"].items()) + clock)
     print("- touched rows per SGD round, U(m): " + ", ".join(
         f"m={mm}: {uu:.0f}" for mm, uu in zip(m["sgd_U"]["m"], m["sgd_U"]["U"])))
     print("- LDA words per participant, V_p (max over parts): " + ", ".join(
@@ -782,20 +902,24 @@ def predicted_vs_measured(mod: Model):
 
     for fit in c2["sgd"]:
         pred = predict(lambda: mod.sgd_iterations(2, n // 2, nnz_row, fit["E"], here=True))
-        rows.append((f"SGD click-through {n:,} rows, max_iter={fit['E']}", *pred, fit["wall"]))
+        rows.append((f"SGD click-through {n:,} rows, max_iter={fit['E']}", *pred, fit["wall"],
+                     fit.get("walls", [fit["wall"]])))
     if "lda" in c2:
         fit = c2["lda"]
         tokens = max(p["n_tokens"] for p in fit["participants"])
         vocab = m["lda_vocab"]["vocab_max"][m["lda_vocab"]["P"].index(2)]
         pred = predict(lambda: mod.lda_fit(2, tokens, vocab, fit["iters"], here=True))
-        rows.append((f"LDA K={K_LDA}, {m['lda_docs']} documents, {fit['iters']} iterations", *pred, fit["wall"]))
+        rows.append((f"LDA K={K_LDA}, {m['lda_docs']} documents, {fit['iters']} iterations", *pred, fit["wall"],
+                     fit.get("walls", [fit["wall"]])))
     print("\n## Predicted against measured, 2 worker processes\n")
     print(f"A worker thread got {share:.2f} of a core while both spun (1.00: a quiet machine); the second "
           "prediction divides the compute's CPU seconds by that share.\n")
-    print("| fit | predicted (s) | error | predicted with the core share (s) | error | measured (s) |")
+    print("| fit | predicted (s) | error | predicted with the core share (s) | error | measured (s), median (range) |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for name, p, ps_, w in rows:
-        print(f"| {name} | {p:.2f} | {100 * (p - w) / w:+.1f}% | {ps_:.2f} | {100 * (ps_ - w) / w:+.1f}% | {w:.2f} |")
+    for name, p, ps_, w, walls in rows:
+        spread = f" ({min(walls):.2f}-{max(walls):.2f})" if len(walls) > 1 else ""
+        print(f"| {name} | {p:.2f} | {100 * (p - w) / w:+.1f}% | {ps_:.2f} | {100 * (ps_ - w) / w:+.1f}% | "
+              f"{w:.2f}{spread} |")
     if ("sgd", 2) in mod.fixed_cpu:
         print("\nThe same fits in CPU seconds of the worker processes (less their idle rate), which other load "
               "does not stretch: fixed part from the tiny fit, the rest from the per-layer constants.\n")
@@ -971,6 +1095,7 @@ def main():
     ap.add_argument("--rtt", type=float, default=50e-6, help="network round trip, seconds")
     ap.add_argument("--hops", type=int, default=4, help="sequential network round trips per iteration")
     ap.add_argument("--jitter", type=float, default=0.05, help="coefficient of variation of a round's compute")
+    ap.add_argument("--repeats", type=int, default=3, help="fits measured at P = 2 (the median is predicted)")
     ap.add_argument("--plot", default="docs/scaling.png")
     ap.add_argument("--json", default=None, help="save the measurements here")
     ap.add_argument("--from-json", nargs="+", default=None,
