@@ -387,7 +387,7 @@ class Session(InFlight):
         """Send every buffered push now: one message per server, concurrently.
 
         ``wait=False`` sends them in the background and returns at once with
-        a :class:`~dask_ps._overlap.PushHandle` (``wait()``, ``done()``); a
+        a :class:`~dask_ps._flights.PushHandle` (``wait()``, ``done()``); a
         later read of a table waits for its flushes, and ``clock()`` reports
         the clock only once they were acknowledged.
         """
