@@ -25,13 +25,14 @@ threads_per_worker=1)``, P = 2 and, oversubscribed on 2 cores, P = 4 and 8):
   worker CPU per cycle = a + b * bytes + c * messages (messages = one per
   server per pull and per push, so 2P; bytes = U rows x (4-byte index +
   value)).
-- **Compute**, CPU seconds: SGD from fits at P = 4 and 8 (``metrics_``: the
-  participant thread's ``cpu_seconds`` minus its calls' CPU from the cycle,
-  and the round-compaction thread's ``round_prep_cpu_seconds``), fitted as
-  setup per non-zero + kernel per non-zero and epoch, compaction per
-  non-zero; LDA: the participant's sweep (the estimator's sampler, ``dense``
-  at K < 128) and its row deltas on one partition, in this process,
-  thread_time per token.
+- **Compute**, CPU seconds: SGD from the fits at P = 2, 4 and 8
+  (``metrics_``: the participant thread's ``cpu_seconds`` minus its calls'
+  CPU from the cycle, and the round-compaction thread's
+  ``round_prep_cpu_seconds``), fitted as setup per non-zero + per epoch
+  kernel per non-zero and per touched row of a round, compaction per
+  non-zero and per touched row; LDA: the participant's sweep (the
+  estimator's sampler, ``dense`` at K < 128) and its row deltas on one
+  partition, thread_time per token, in the 2 worker processes at once.
 - **Fixed per-fit costs**: a fit of the same width on tiny data (P x 12k
   rows; LDA: P x 150 documents, one iteration) minus its modelled
   iterations: data placement, table creation, run start and end, the final
@@ -292,14 +293,16 @@ def clock_costs(client, ps, P, reps=(20, 220)):
     idle_w, idle_s = idle_rates(client, 2.0)
     got = {}
     for n in reps:
-        _, s0 = process_cpu(client)
+        w0, s0 = process_cpu(client)
         t = time.perf_counter()
         res = ps.run(_clock_cycle, list(range(P)), reps=n)
         t = time.perf_counter() - t
-        _, s1 = process_cpu(client)
-        got[n] = (s1 - s0 - idle_s * t, res)
+        w1, s1 = process_cpu(client)
+        got[n] = (s1 - s0 - idle_s * t, res, w1 - w0 - idle_w * t)
+    n = (reps[1] - reps[0]) * P
     return {"wall": float(np.median(got[reps[1]][1])),
-            "sched_cpu": max(0.0, (got[reps[1]][0] - got[reps[0]][0]) / ((reps[1] - reps[0]) * P))}
+            "sched_cpu": max(0.0, (got[reps[1]][0] - got[reps[0]][0]) / n),
+            "worker_cpu": max(0.0, (got[reps[1]][2] - got[reps[0]][2]) / n)}
 
 
 def _spin(seconds=1.0):
@@ -524,6 +527,10 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             SGDClassifier(loss="log_loss", alpha=1e-6, max_iter=2, tol=None, client=client).fit(Xw, yw)
+        # ... and a one-epoch fit of many rounds: rounds compacted into the arrays of trained ones (recycled)
+        # are another specialization of the compiled compaction, loaded at its first use (CPU seconds that
+        # landed in the first measured E=1 fit's compaction)
+        sgd_fit(client, X_sgd[: P * 50_000], y_sgd[: P * 50_000], 1, P)
         LatentDirichletAllocation(K_LDA, max_iter=2, client=client, random_state=0).fit(X_lda[:200])
         out["idle"] = idle_rates(client)  # the worker processes' and this process's CPU per second, idle
         out["fixed_ops"] = fixed_costs(client, ps)
@@ -668,8 +675,6 @@ class Model:
         n = self.m["sgd_n"]
         nnz_row = self.m["sgd_nnz"] / n
         for P, c in self.by_p.items():
-            if P == 2 and len(self.by_p) > 1:
-                continue  # the constants come from P = 4, 8; P = 2 is what they predict
             for fit in c["sgd"]:
                 for p in fit["participants"]:
                     n_p = p["samples"] / fit["E"]
@@ -678,9 +683,8 @@ class Model:
                     calls = fit["E"] * R * self.thread2("sgd", U)
                     A.append([1.0, n_p * nnz_row, fit["E"] * n_p * nnz_row, fit["E"] * R * U])
                     b.append(p["cpu_seconds"] - calls)
-                    if fit["E"] == 1:
-                        Ap.append([n_p * nnz_row, R * U])
-                        bp.append(p["round_prep_cpu_seconds"])
+                    Ap.append([n_p * nnz_row, R * U])  # one compaction of the run's rounds (kept for E > 1)
+                    bp.append(p["round_prep_cpu_seconds"])
         self.sgd_c = lstsq(A, b)
         self.sgd_q = lstsq(Ap, bp)
 
@@ -855,7 +859,7 @@ def print_constants(mod: Model):
               f"P = 2 wall L = {la * 1e3:.2f} ms + {lb * 1e6:.3f} us/row")
     c0, s, kappa, rho = mod.sgd_c
     pi, chi = mod.sgd_q
-    print(f"- SGD compute (thread CPU of fits at P = {', '.join(str(p) for p in mod.by_p if p != 2) or 2}): "
+    print(f"- SGD compute (thread CPU of the fits at P = {', '.join(str(p) for p in mod.by_p)}): "
           f"{c0:.3f} s + setup {s * 1e9:.1f} ns/non-zero + per epoch: kernel {kappa * 1e9:.1f} ns/non-zero + "
           f"{rho * 1e9:.0f} ns per touched row of each round; compaction (first epoch) {pi * 1e9:.1f} ns/non-zero + "
           f"{chi * 1e9:.0f} ns per touched row of each round")
@@ -875,7 +879,10 @@ def print_constants(mod: Model):
               f"{f0:.2f} + {f1 * 1e3:.1f} ms x P (the slope: this process's CPU per worker in the tiny fits)")
     for c in m["clusters"]:
         clock = (f"; clock round trip {c['clock']['wall'] * 1e6:.0f} us, scheduler CPU "
-                 f"{c['clock']['sched_cpu'] * 1e6:.0f} us per clock message") if "clock" in c else ""
+                 f"{c['clock']['sched_cpu'] * 1e6:.0f} us and worker CPU "
+                 f"{c['clock'].get('worker_cpu', float('nan')) * 1e6:.0f} us per clock") if "clock" in c else ""
+        if "idle" in c:
+            clock += f"; idle CPU: workers {c['idle'][0]:.3f} s/s, this process {c['idle'][1]:.3f} s/s"
         print(f"- P={c['P']}: " + ", ".join(f"{k} {v:.3f} s" for k, v in c["fixed_ops"].items()) + clock)
     print("- touched rows per SGD round, U(m): " + ", ".join(
         f"m={mm}: {uu:.0f}" for mm, uu in zip(m["sgd_U"]["m"], m["sgd_U"]["U"])))
