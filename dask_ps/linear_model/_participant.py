@@ -67,6 +67,9 @@ def _validation_split(cfg: _RunConfig, y, rng):
         return mask
     y_np = arrays.to_numpy(y)
     seed = rng.randint(MAX_INT)
+    if cfg.validation_idx is not None:  # a lone participant: scikit-learn's split (_lone.lone_sklearn_draws)
+        mask[cfg.validation_idx] = True
+        return mask
     try:
         if hp.classifier:
             splitter = StratifiedShuffleSplit(test_size=hp.validation_fraction, random_state=seed)
@@ -253,11 +256,15 @@ class _Participant:
         self.train_idx = np.flatnonzero(~val_mask)
         self.val_idx = np.flatnonzero(val_mask)
         self.n_train = self.train_idx.shape[0]
+        # Alone, a participant keeps the table local (one pull, one push),
+        # unless it is too wide to hold (cfg.whole_table): then it reads
+        # and pushes its rounds' rows as several participants do.
+        self.solo = ctx.n_participants == 1 and cfg.whole_table
         # The rounds of an epoch (see ``_epoch_rounds``): lists of minibatches,
         # or, for compacted sparse rounds, (round id, order of its samples);
         # prepared and trained by ``self.rounds`` (``_rounds.make_rounds``).
         self.run_rounds = []  # the rounds fixed at the run's first epoch
-        self.rounds = make_rounds(cfg, X, self.Y, self.sw, self.train_idx, self.run_rounds)
+        self.rounds = make_rounds(cfg, X, self.Y, self.sw, self.train_idx, self.run_rounds, solo=self.solo)
         self.stop = _StopRule(hp, cfg.eta_init)
         state = cfg.states[ctx.rank] if cfg.states is not None else None
         if state is not None:  # a later run of a chunked or resumed fit
@@ -265,10 +272,6 @@ class _Participant:
             if state.get("rng") is not None:
                 self.rng.set_state(_rng_state_from_json(state["rng"]))
         self.history = []
-        # Alone, a participant keeps the table local (one pull, one push),
-        # unless it is too wide to hold (cfg.whole_table): then it reads
-        # and pushes its rounds' rows as several participants do.
-        self.solo = ctx.n_participants == 1 and cfg.whole_table
         # Sparse data: the participant's own features (sorted) and the
         # intercept's row, where it needs its rows of a wide table
         # (own_model, the objective's penalty term): built at first use.
@@ -421,7 +424,7 @@ class _Participant:
         never a table that drifts from the mean (docs/architecture.rst,
         "Estimators: SGD")."""
         if self.solo:
-            if self.sparse:
+            if rows is not None:  # a compacted round's rows (a lone participant's rounds are whole: make_rounds)
                 self.W_all[self.xp.asarray(rows)] = W
             else:
                 self.W_all = W
@@ -522,6 +525,10 @@ class _Participant:
                 val = _validation_stats(cfg, ctx.pull_rows(cfg.table, rows), Xv, self.Y[v], self.sw[v], self.xp)
             else:
                 Wf = W if W is not None else ctx.pull(cfg.table)
+                # scikit-learn scores its unscaled weights (``weights.base``): so does a lone participant
+                # that trains as it does (_rounds._CompiledRounds.raw).
+                raw = getattr(self.rounds, "raw", None)
+                Wf = raw if raw is not None else Wf
                 val = _validation_stats(cfg, Wf, self.X[v], self.Y[v], self.sw[v], self.xp)
         row = np.concatenate([obj, [float(self.n_train)], val])
         if cfg.stats_table is not None:

@@ -38,6 +38,7 @@ from dask_ps.linear_model._kernels import (
     check_finite,
     compact_rows_xp,
 )
+from dask_ps.linear_model._lone import SklearnOrders, scaled
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,13 @@ class _RunConfig:
     # (hashed) table is only ever read by rows: those of a round, of the
     # participant's own features (docs/architecture.rst, "Memory").
     whole_table: bool = True
+    # A lone participant's validation samples (sorted), drawn as
+    # scikit-learn's split in the caller's process
+    # (_participant.lone_validation_split); None: each participant draws its own.
+    validation_idx: object = None
+    # A lone participant's seeds of scikit-learn's shuffle, per output
+    # (_lone.lone_sklearn_draws, _lone.SklearnOrders); None: its own order.
+    sklearn_seeds: tuple | None = None
 
 
 class _StopRule:
@@ -297,7 +305,9 @@ class _CompiledData:
         return self._arange[:n]
 
     @classmethod
-    def make(cls, cfg: _RunConfig, X, Y, sw, train_idx):
+    def make(cls, cfg: _RunConfig, X, Y, sw, train_idx, solo=False):
+        """``solo``: a lone participant holding the whole table, whose
+        rounds are whole (see ``make_rounds``)."""
         hp = cfg.hp
         mod = _numba_module()
         if mod is None:
@@ -305,6 +315,10 @@ class _CompiledData:
         self = cls()
         self.mod = mod
         self.sparse = sp.issparse(X)
+        self.solo = bool(solo)
+        self.l1_state = None  # a lone participant's L1 state (q, u) per output, over the fit (_train_chunks)
+        self.kstate = None  # its kernel state per output, kept over the fit where set (_CompiledRounds)
+        self.fresh_state = np.array([1.0, 0.0, 1.0])  # the kernel's state where not kept (unused)
         self.n_train = train_idx.shape[0]
         self.Y = [np.ascontiguousarray(Y[:, k]) for k in range(Y.shape[1])]
         self.sw = np.ascontiguousarray(sw)
@@ -320,6 +334,9 @@ class _CompiledData:
             self.data = X.data
             self.ind = X.indices.astype(np.int32, copy=False)
             self.ptr = X.indptr.astype(np.int32, copy=False)
+            if self.solo:  # whole rounds on the CSR itself: no compaction, no lazy regularization
+                self.cache, self.lazy = None, False
+                return self
             # compact_rows' scratch (the prep thread's)
             self.bits = np.zeros(d // 64 + 1, dtype=np.uint64)
             # int32: a rank counts the features of one round (2^28 features:
@@ -527,8 +544,13 @@ def _dense_round(c: _CompiledData, group) -> _Round:
     """Dense round ``group`` (its minibatches): its samples as chunks,
     copied to a contiguous buffer first (one buffer: each chunk is trained
     before the next is gathered): a gather then a sequential pass beats the
-    per-sample kernel reading rows at random (docs/benchmarks.md)."""
+    per-sample kernel reading rows at random (docs/benchmarks.md).
+
+    Sparse data of a lone participant (``c.solo``): one chunk, the samples
+    read from the CSR in place, over the whole table (``rows`` None)."""
     idx = np.concatenate(group) if len(group) > 1 else group[0]
+    if c.sparse:
+        return _whole_round(c, idx)
 
     def chunks():
         for a in range(0, idx.shape[0], c.chunk):
@@ -540,19 +562,36 @@ def _dense_round(c: _CompiledData, group) -> _Round:
     return _Round(None, chunks(), idx.shape[0])
 
 
+def _whole_round(c: _CompiledData, order) -> _Round:
+    """A lone participant's round over its data in place, the whole
+    table's rows (``rows`` None): one chunk whose samples are read in the
+    ``order`` given, one array for all outputs or a list of one per output
+    (scikit-learn's orders, ``_lone.SklearnOrders``)."""
+    first = order[0] if isinstance(order, list) else order
+    X = (c.data, c.ind, c.ptr) if c.sparse else c.X
+    return _Round(None, [(first, X, c.Y, c.sw, order)], first.shape[0])
+
+
 def _compiled_round(cfg: _RunConfig, c: _CompiledData, rnd: _Round, W0, epoch, seen, stop, active, loss_sum,
-                    eta_scale=1.0):
+                    eta_scale=1.0, raw=None):
     """Train round ``rnd`` with the compiled kernel from the weights ``W0``
     it read (sparse data: its touched rows): every active output over the
     round's samples in one call each, then the touched rows' lazy
     regularization, at ``eta_scale`` times the learning rates; returns the
-    new weights and adds the round's loss sums to ``loss_sum``."""
-    W = np.array(W0, dtype=W0.dtype, order="F", copy=True)  # columns contiguous
+    new weights and adds the round's loss sums to ``loss_sum``.
+
+    ``raw``: a lone participant's unscaled weights, trained in place with
+    the kernel's state kept (``c.kstate``; ``W0`` is their scaled copy),
+    as scikit-learn's ``WeightVector`` over a fit; the scaled copy is
+    returned (``_lone.scaled``)."""
+    W = raw if raw is not None else np.array(W0, dtype=W0.dtype, order="F", copy=True)  # columns contiguous
     n_train_step = cfg.n_total / max(c.n_train, 1)
     t = cfg.t0 + epoch * cfg.n_total + seen * n_train_step
     outs = np.flatnonzero(active)
     sums = _train_chunks(cfg, c, W, rnd.chunks, outs, t, n_train_step, stop, loss_sum, eta_scale)
     _finish_round(cfg, W, rnd.inv_q, outs, *sums)
+    if raw is not None:
+        W = scaled(cfg, c.kstate, raw)
     check_finite(W, epoch)
     return np.ascontiguousarray(W)
 
@@ -569,27 +608,38 @@ def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train
     K = hp.n_outputs
     nw = W.shape[0] - 1
     intercept_decay = SPARSE_INTERCEPT_DECAY if c.sparse else 1.0
+    keep = c.kstate is not None  # a lone participant's kernel state, kept over the fit (_compiled_round)
     use_l1 = hp.penalty in (L1, ELASTICNET)
     icpt = {k: float(W[nw, k]) for k in outs}
     aicpt = {k: float(W[nw, K + k]) if hp.average else 0.0 for k in outs}
     decay = dict.fromkeys(outs, 1.0)
     eta_sum = dict.fromkeys(outs, 0.0)
-    l1_q = {k: np.zeros(nw) if use_l1 else c.dummy_q for k in outs}
-    l1_u = dict.fromkeys(outs, 0.0)
+    if use_l1 and c.solo:
+        # A lone participant's rounds are whole: Tsuruoka's state carries over
+        # the fit, as in scikit-learn's _plain_sgd (reset at each round, the
+        # penalty a weight was owed when clipped to 0 was forgotten, and the
+        # weights that L1 should zero ended near 1e-4).
+        if c.l1_state is None:
+            c.l1_state = ({k: np.zeros(nw) for k in range(K)}, dict.fromkeys(range(K), 0.0))
+        l1_q, l1_u = c.l1_state
+    else:  # compacted rounds: the state of the round's rows, for the round
+        l1_q = {k: np.zeros(nw) if use_l1 else c.dummy_q for k in outs}
+        l1_u = dict.fromkeys(outs, 0.0)
     tk = t
     for part, Xc, Yc, swc, local in chunks:
         Xd, (xdata, xind, xptr) = (c.X, Xc) if c.sparse else (Xc, c.csr_dummy)
         for k in outs:
+            rows = local[k] if isinstance(local, list) else local  # per output: scikit-learn's orders
             eta = float(stop.eta[k]) if hp.learning_rate == ADAPTIVE else hp.eta0
             if hp.learning_rate in (ADAPTIVE, CONSTANT):
                 eta *= eta_scale
             icpt[k], aicpt[k], sumloss, dec, es, l1_u[k] = c.mod.sgd_round(
-                not c.sparse, Xd, xdata, xind, xptr, local, Yc[k], swc, W[:nw, k],
+                not c.sparse, Xd, xdata, xind, xptr, rows, Yc[k], swc, W[:nw, k],
                 W[:nw, K + k] if hp.average else c.dummy_w, icpt[k], aicpt[k],
                 c.loss_id, c.thr, hp.penalty, hp.alpha, hp.l1_ratio, hp.learning_rate, eta, hp.eta0, hp.power_t,
                 c.optimal_init, bool(hp.fit_intercept), intercept_decay, float(cfg.cw_pos[k]),
                 float(cfg.cw_neg[k]), int(hp.average), tk, n_train_step, c.wscale_min, l1_q[k], l1_u[k],
-                float(eta_scale))
+                float(eta_scale), c.kstate[k] if keep else c.fresh_state, keep)
             decay[k] *= dec
             eta_sum[k] += es
             loss_sum[k] += sumloss
@@ -621,7 +671,7 @@ def _finish_round(cfg: _RunConfig, W, iq, outs, icpt, aicpt, decay, eta_sum):
 # --- the round interface ----------------------------------------------------------------------
 
 
-def make_rounds(cfg: _RunConfig, X, Y, sw, train_idx, run_rounds):
+def make_rounds(cfg: _RunConfig, X, Y, sw, train_idx, run_rounds, solo=False):
     """The rounds of a participant's data: ``_CompiledRounds`` for numpy
     and scipy.sparse data (numba), else ``_MinibatchRounds``.
 
@@ -631,11 +681,24 @@ def make_rounds(cfg: _RunConfig, X, Y, sw, train_idx, run_rounds):
     started ahead), ``prepare(groups, i)``, ``train(rnd, W0, epoch, seen,
     stop, active, loss_sum, eta_scale)`` (returns the new weights),
     ``finish(rnd)``, ``close()``, and ``seconds`` / ``cpu_seconds`` (where
-    its time went)."""
+    its time went).
+
+    ``solo``: a lone participant holding the whole table. Its compiled
+    rounds are whole, as scikit-learn's ``_plain_sgd``: sparse samples
+    read from the CSR in the epoch's order (not fixed compacted rounds),
+    every weight decayed and averaged at each sample (no lazy
+    regularization), the L1 state kept over the fit; and where the caller
+    drew scikit-learn's seeds (``cfg.sklearn_seeds``), in scikit-learn's
+    order of each output (``_lone.SklearnOrders``): so that such a fit is
+    scikit-learn's."""
     if _kernel_for(X) == "compiled":
-        data = _CompiledData.make(cfg, X, Y, sw, train_idx)
+        data = _CompiledData.make(cfg, X, Y, sw, train_idx, solo=solo)
         if data is not None:
-            return _CompiledRounds(cfg, data, run_rounds)
+            orders = None
+            if solo and cfg.sklearn_seeds is not None and len(cfg.sklearn_seeds) == Y.shape[1]:
+                orders = SklearnOrders(data.mod, cfg.sklearn_seeds, X.shape[0], train_idx, cfg.hp.shuffle,
+                                        cfg.epoch0)
+            return _CompiledRounds(cfg, data, run_rounds, orders)
     return _MinibatchRounds(cfg, X, Y, sw, train_idx)
 
 
@@ -643,10 +706,16 @@ class _CompiledRounds:
     """Rounds trained by the compiled kernel: a sparse round compacted ahead
     (``_RoundPrep``), a dense one gathered in chunks (``_dense_round``)."""
 
-    def __init__(self, cfg: _RunConfig, data: _CompiledData, run_rounds):
+    def __init__(self, cfg: _RunConfig, data: _CompiledData, run_rounds, orders=None):
         self.cfg, self.c = cfg, data
-        self.fixed = data.sparse
-        self.prep = _RoundPrep(cfg, data, run_rounds) if data.sparse else None
+        self.orders, self.current = orders, None  # scikit-learn's orders of a lone participant, this epoch's
+        # A lone participant in scikit-learn's order keeps its weights unscaled
+        # (``raw``) and the kernel's state over the fit, as scikit-learn does.
+        self.raw = None
+        if orders is not None:
+            data.kstate = np.tile([1.0, 0.0, 1.0], (cfg.hp.n_outputs, 1))
+        self.fixed = data.sparse and not data.solo
+        self.prep = _RoundPrep(cfg, data, run_rounds) if self.fixed else None
         self.seconds = {"round_prep": 0.0, "kernel": 0.0}  # the participant thread's
 
     @property
@@ -655,6 +724,8 @@ class _CompiledRounds:
         return 0.0 if self.prep is None else self.prep.cpu_seconds
 
     def plan(self, groups) -> None:
+        if self.orders is not None:  # an epoch of a lone participant: one round
+            self.current = self.orders.next_epoch()
         if self.prep is not None and self.c.cache is not None:
             for group in groups:  # built in this order, each once per run
                 self.prep.request(group[0])
@@ -672,6 +743,8 @@ class _CompiledRounds:
                 for group in groups[i:i + 2]:
                     self.prep.request(group[0])
             rnd = self.prep.take(groups[i])
+        elif self.orders is not None:
+            rnd = _whole_round(self.c, self.current)
         else:
             rnd = _dense_round(self.c, groups[i])
         self.seconds["round_prep"] += time.perf_counter() - t
@@ -679,7 +752,9 @@ class _CompiledRounds:
 
     def train(self, rnd: _Round, W0, epoch, seen, stop, active, loss_sum, eta_scale):
         t = time.perf_counter()
-        W = _compiled_round(self.cfg, self.c, rnd, W0, epoch, seen, stop, active, loss_sum, eta_scale)
+        if self.orders is not None and self.raw is None:
+            self.raw = np.array(W0, dtype=W0.dtype, order="F", copy=True)
+        W = _compiled_round(self.cfg, self.c, rnd, W0, epoch, seen, stop, active, loss_sum, eta_scale, self.raw)
         self.seconds["kernel"] += time.perf_counter() - t
         return W
 

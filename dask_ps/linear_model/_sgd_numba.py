@@ -125,7 +125,8 @@ def _gradient(loss_id, thr, y, p):
 @njit(nogil=True, error_model="numpy")
 def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercept,
               loss_id, thr, penalty, alpha, l1_ratio, learning_rate, eta, eta0, power_t, optimal_init,
-              fit_intercept, intercept_decay, cw_pos, cw_neg, average, t, step, wscale_min, q, u, eta_scale):
+              fit_intercept, intercept_decay, cw_pos, cw_neg, average, t, step, wscale_min, q, u, eta_scale,
+              state, keep):
     """Train ``w`` (and ``aw`` if ``average > 0``) in place on the samples
     ``rows``, in that order; returns ``(intercept, aintercept, sumloss,
     decay, eta_sum, u)``.
@@ -134,7 +135,11 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
     the total so far), carried by the caller across calls over one round's
     chunks (``q`` may be a dummy without an L1 penalty). ``eta_scale``
     multiplies every learning rate but the passive-aggressive steps
-    (``_Hyper.eta_scale``).
+    (``_Hyper.eta_scale``). ``keep``: the weight vector's scale and
+    averaging state (``wscale``, ``average_a``, ``average_b``) start from
+    ``state`` and are left there, ``w``/``aw`` unscaled, as scikit-learn's
+    ``WeightVector`` over a whole fit (a lone participant's rounds);
+    otherwise they start fresh and are applied to ``w``/``aw`` at the end.
 
     Dense: sample ``r`` is ``X[r]`` and ``w`` has one entry per column.
     Sparse: sample ``r`` is row ``r`` of the CSR (``data``, ``ind``, ``ptr``),
@@ -143,6 +148,10 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
     wscale = 1.0
     avg_a = 0.0
     avg_b = 1.0
+    if keep:
+        wscale = state[0]
+        avg_a = state[1]
+        avg_b = state[2]
     use_l1 = penalty == L1 or penalty == ELASTICNET
     sumloss = 0.0
     decay_prod = 1.0
@@ -201,8 +210,8 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
             wscale *= c
             if wscale < wscale_min:  # reset_wscale
                 if average > 0:
-                    for j in range(n_w):
-                        aw[j] = (aw[j] + avg_a * w[j]) / avg_b
+                    for j in range(n_w):  # scikit-learn's axpy, then scal by 1 / average_b
+                        aw[j] = (aw[j] + avg_a * w[j]) * (1.0 / avg_b)
                     avg_a = 0.0
                     avg_b = 1.0
                 for j in range(n_w):
@@ -221,13 +230,13 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
         if 0 < average <= t:
             num_iter = t - average + 1.0
             mu = 1.0 / num_iter
-            ca = avg_a * (-update / wscale)
+            ca = -update / wscale  # scikit-learn's order: (average_a * x) * (-c / wscale)
             if dense:
                 for j in range(n_w):
-                    aw[j] += ca * X[r, j]
+                    aw[j] += avg_a * X[r, j] * ca
             else:
                 for jj in range(ptr[r], ptr[r + 1]):
-                    aw[ind[jj]] += ca * data[jj]
+                    aw[ind[jj]] += avg_a * data[jj] * ca
             if num_iter > 1.0:
                 avg_b /= 1.0 - mu
             avg_a += mu * avg_b * wscale
@@ -241,9 +250,14 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
                 for jj in range(ptr[r], ptr[r + 1]):
                     _l1(w, q, ind[jj], wscale, u)
         t += step
+    if keep:
+        state[0] = wscale
+        state[1] = avg_a
+        state[2] = avg_b
+        return intercept, aintercept, sumloss, decay_prod, eta_sum, u
     if average > 0:
         for j in range(n_w):
-            aw[j] = (aw[j] + avg_a * w[j]) / avg_b
+            aw[j] = (aw[j] + avg_a * w[j]) * (1.0 / avg_b)
     for j in range(n_w):
         w[j] *= wscale
     return intercept, aintercept, sumloss, decay_prod, eta_sum, u
@@ -380,3 +394,25 @@ def gather_rows(X, rows, out):
         for j in range(X.shape[1]):
             out[i, j] = X[r, j]
     return out
+
+
+@njit(nogil=True)
+def sklearn_shuffle(ind, seed):
+    """scikit-learn's ``SequentialDataset.shuffle(seed)`` of ``ind`` in
+    place: a Fisher-Yates shuffle drawing from its 32-bit xorshift
+    (``our_rand_r``; a zero seed is 1), the same permutation of ``ind``
+    at each call with the same seed, as ``_plain_sgd`` shuffles its
+    samples each epoch."""
+    mask = 0xFFFFFFFF
+    s = seed & mask
+    if s == 0:
+        s = 1
+    n = ind.shape[0]
+    for i in range(n - 1):
+        s ^= (s << 13) & mask
+        s ^= s >> 17
+        s ^= (s << 5) & mask
+        j = i + (s & 0x7FFFFFFF) % (n - i)
+        tmp = ind[i]
+        ind[i] = ind[j]
+        ind[j] = tmp

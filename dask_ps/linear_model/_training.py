@@ -44,6 +44,7 @@ from dask_ps.linear_model._data import _dask_parts, _Input, _memory_parts
 from dask_ps.linear_model._in_process import InProcessSession
 from dask_ps.linear_model._kernels import ADAPTIVE, MAX_INT
 from dask_ps.linear_model._monitor import N_FIELDS, RING_EPOCHS, EpochMonitor
+from dask_ps.linear_model._lone import lone_sklearn_draws
 from dask_ps.linear_model._participant import _PartData, _sgd_participant
 from dask_ps.linear_model._rounds import _RunConfig
 
@@ -113,13 +114,19 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
             raise_no_samples(est, d)
         P = len(parts)
         n_cols = 2 * K if hp.average else K
-        seeds = tuple(int(s) for s in rs.randint(MAX_INT, size=P))
+        # One participant on the whole input: scikit-learn's validation split and shuffle seeds, drawn here first.
+        val_idx, sk_seeds = (lone_sklearn_draws(est, hp, data.y if data.kind == "memory" else None, data.sw, rs)
+                             if P == 1 else (None, None))
+        # (A lone participant's own seed is scikit-learn's first: no draw scikit-learn does not make.)
+        seeds = sk_seeds[:1] if sk_seeds is not None else tuple(int(s) for s in rs.randint(MAX_INT, size=P))
         start = _Start(W0=_initial_table(data, hp, K, n_cols, coef, intercept, avg_coef, avg_intercept),
                        seeds=seeds, name=f"dask_ps-sgd-{uuid.uuid4().hex[:12]}")
         fingerprint = _fingerprint(est, hp, d, n_cols, classes)
         if checkpoint is not None:
             start = _resume(est, ps, checkpoint, fingerprint, start, d, n_cols, P, sizes, data.dtype)
         n_total = int(sum(sizes) * (1.0 - hp.validation_fraction)) if hp.early_stopping else int(sum(sizes))
+        if val_idx is not None:
+            n_total = sizes[0] - val_idx.shape[0]
         n_seen = int(sum(sizes) if not hp.early_stopping else n_total)
         progress = Progress(est.verbose, logger, total=max_iter - start.epoch, unit="epoch", desc=type(est).__name__)
         with temporary_tables(ps) as tables, progress_closed(progress):
@@ -129,6 +136,7 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
             compiled = data.device == "cpu" and setting("sgd", "kernel") != "minibatch"
             cfg = _run_config(est, hp, start, stats, staleness, d, n_cols, n_total, sizes, max_iter,
                               classes, cw_pos, cw_neg, data.sparse, compiled)
+            cfg = dataclasses.replace(cfg, validation_idx=val_idx, sklearn_seeds=sk_seeds)
             record = dict(fingerprint=fingerprint, n_outputs=K, n_seen=n_seen, sizes=sizes)
             # The run's start: what the participants' own models are before
             # their first push (not kept under BSP: _Participant.sync_round).
@@ -197,13 +205,17 @@ def _train_in_process(est, data: _Input, rs, hp, max_iter, K, weights, classes, 
     participant), without a cluster."""
     d, n = data.n_features, data.X.shape[0]
     n_cols = 2 * K if hp.average else K
-    seeds = tuple(int(s) for s in rs.randint(MAX_INT, size=1))
+    val_idx, sk_seeds = lone_sklearn_draws(est, hp, data.y, data.sw, rs)  # scikit-learn's, before the seed
+    seeds = sk_seeds[:1]  # no draw scikit-learn does not make
     start = _Start(W0=_initial_table(data, hp, K, n_cols, *weights), seeds=seeds, name="weights")
-    n_total = int(n * (1.0 - hp.validation_fraction)) if hp.early_stopping else n
+    n_total = n if val_idx is None else n - val_idx.shape[0]
+    if hp.early_stopping and val_idx is None:
+        n_total = int(n * (1.0 - hp.validation_fraction))
     session = InProcessSession()
     session.create_table(start.name, start.W0)
     cfg = _run_config(est, hp, start, None, None, d, n_cols, n_total, [n], max_iter, classes, cw_pos, cw_neg,
                       data.sparse)
+    cfg = dataclasses.replace(cfg, validation_idx=val_idx, sklearn_seeds=sk_seeds)
     progress = Progress(est.verbose, logger, total=max_iter, unit="epoch", desc=type(est).__name__)
     with progress_closed(progress), _monitored_in_process(session, cfg, start, progress) as cfg:
         result = _sgd_participant(session, _PartData(data.X, data.y, data.sw), cfg=cfg)
