@@ -204,14 +204,10 @@ def main(argv=None):
         for w, lines in events.items():
             for line in lines[:5]:
                 print(f"  {w}: {line}")
-        prof = getattr(model, "_fit_profile", {}) or {}
-        print("client: " + ", ".join(f"{k.replace('_seconds', '')} {v:.1f} s" for k, v in prof.items()))
-        for i, m in enumerate(model.metrics_):
-            keys = ("setup_seconds", "round_prep_seconds", "kernel_seconds", "ps_blocked_seconds", "ps_seconds",
-                    "compute_seconds", "cpu_seconds", "seconds")
-            fields = ", ".join(f"{k.replace('_seconds', '')} {m[k]:.1f}" for k in keys if isinstance(m.get(k), float))
-            calls = ", ".join(f"{k} {v:.1f}" for k, v in (m.get("ps_seconds_by_call") or {}).items())
-            print(f"participant {i} (s): {fields} | in calls: {calls}")
+        sys.path.insert(0, str(pathlib.Path(__file__).parent))
+        from bench_sgd import print_breakdown  # the client's phases, each participant's
+
+        print_breakdown(model, seconds)
         print(f"coef_ on the client: {mib(model.coef_.nbytes)} ({model.coef_.dtype})")
         dask_ps.close_parameter_server(client) if hasattr(dask_ps, "close_parameter_server") else None
 
