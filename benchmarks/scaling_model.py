@@ -603,7 +603,7 @@ class Model:
     # ahead that need not wait for the others: SSP >= 1), factors on the
     # per-message CPU, on the scheduler's clock messages and on the bytes.
     KNOBS = {"round_factor": 1.0, "overlap": False, "per_message": 1.0, "scheduler": 1.0, "bytes": 1.0,
-             "latency": 1.0,
+             "latency": 1.0, "row_cpu": 1.0,
              "barrier": 1.0}
 
     def __init__(self, meas, rtt=50e-6, hops=4, jitter=0.05, **knobs):
@@ -802,7 +802,8 @@ class Model:
         U = self.U(msz) if P > 1 else 0
         nnz_round = msz * nnz_row
         stretch = 1.0 / self.share if here else 1.0
-        k, q = stretch * (kappa * nnz_round + rho * U), stretch * (pi * nnz_round + chi * U)
+        rc = kb["row_cpu"] if P > 1 else 1.0
+        k, q = stretch * (kappa * nnz_round + rc * rho * U), stretch * (pi * nnz_round + rc * chi * U)
         c0, s = stretch * c0, stretch * s
         L = self.sync("sgd", P, U, here, bandwidth)
         C = stretch * self.worker_cpu("sgd", P, U, knobs=True) if P > 1 else 0.0
@@ -1031,10 +1032,13 @@ WHAT_IFS = [
     ("per-message CPU / 4 (pull, push and clock coalesced: one message per server per clock)", {"per_message": 0.25}),
     ("no scheduler in the clock (the scheduler only at run start and end)", {"scheduler": 0.0}),
     ("bytes / 2 (float32 SGD weights; LDA: only changed entries of the rows)", {"bytes": 0.5}),
+    ("SGD: the participant's and the compaction's CPU per touched row / 4", {"row_cpu": 0.25}),
     ("overlap + latency / 2 + per-message / 4 + no scheduler clock",
      {"overlap": True, "barrier": 0.0, "latency": 0.5, "per_message": 0.25, "scheduler": 0.0}),
     ("... and SGD rounds 4x larger", {"overlap": True, "barrier": 0.0, "latency": 0.5, "per_message": 0.25,
                                       "scheduler": 0.0, "round_factor": 4.0}),
+    ("... and SGD per-row CPU / 4", {"overlap": True, "barrier": 0.0, "latency": 0.5, "per_message": 0.25,
+                                     "scheduler": 0.0, "round_factor": 4.0, "row_cpu": 0.25}),
 ]
 
 
@@ -1182,7 +1186,7 @@ def measure(args):
             "commit": _commit()}
     # U(m): the round sizes of 1..64 workers on this data and on the model's
     ms = sorted({sgd_schedule(int(n / P), P)[1] for n in (args.sgd_n, args.model_sgd_n) for P in WORKERS if P > 1}
-                | {1_000, 4_000, 16_000, 65_536})
+                | {1_000, 4_000, 16_000, 65_536, 131_072, 262_144, args.sgd_n})
     ms = [m for m in ms if m <= X_sgd.shape[0]]
     meas["sgd_U"] = {"m": ms, "U": [touched_rows(X_sgd, m) for m in ms]}
     vocab = {"P": [], "vocab_max": [], "tokens_max": []}
