@@ -112,7 +112,7 @@ def load():
 # --- sparsity, from the data ---------------------------------------------------------------------
 
 
-def sgd_schedule(n_p, P):
+def sgd_schedule(n_p, P, config=None):
     """Rounds of a participant with ``n_p`` samples among ``P``: ``(R,
     samples per round)``, as ``linear_model._training._run_config`` cuts an
     epoch (``ps.sgd.clock-samples``, ``ps.sgd.min-rounds-per-epoch``; the
@@ -123,8 +123,9 @@ def sgd_schedule(n_p, P):
 
     if P == 1:
         return 1, n_p
-    clock_samples = int(dask.config.get("ps.sgd.clock-samples"))
-    min_rounds = max(1, int(dask.config.get("ps.sgd.min-rounds-per-epoch")))
+    config = config or {}
+    clock_samples = int(config.get("ps.sgd.clock-samples", dask.config.get("ps.sgd.clock-samples")))
+    min_rounds = max(1, int(config.get("ps.sgd.min-rounds-per-epoch", dask.config.get("ps.sgd.min-rounds-per-epoch"))))
     steps = max(1, math.ceil(n_p / BATCH))
     steps = max(steps, min(min_rounds, n_p))
     b_local = max(1, n_p // steps)
@@ -563,6 +564,21 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
             log(f"P={P}: SGD ctr {X_sgd.shape[0]} rows E={E}: {r['wall']:.2f} s; per participant thread CPU "
                 + " ".join(f"{p['cpu_seconds']:.2f}" for p in r["participants"]) + ", compaction CPU "
                 + " ".join(f"{p['round_prep_cpu_seconds']:.2f}" for p in r["participants"]))
+        # Other round sizes at the same non-zeros: what separates the compute per non-zero from the
+        # compute per touched row (both fall with P at the default rounds)
+        out["sgd_rounds"] = []
+        if P <= 4:
+            import dask
+
+            for config in ({"ps.sgd.min-rounds-per-epoch": 32}, {"ps.sgd.min-rounds-per-epoch": 2,
+                                                                 "ps.sgd.clock-samples": 262_144}):
+                with dask.config.set(config):
+                    r = sgd_fit(client, X_sgd, y_sgd, 1, P)
+                r["config"] = config
+                out["sgd_rounds"].append(r)
+                log(f"P={P}: SGD E=1 with {config}: {sgd_schedule(X_sgd.shape[0] // P, P, config)} (rounds, samples); "
+                    f"thread CPU " + " ".join(f"{p['cpu_seconds']:.2f}" for p in r["participants"])
+                    + ", compaction CPU " + " ".join(f"{p['round_prep_cpu_seconds']:.2f}" for p in r["participants"]))
         out["cpu_share"] = min(out["cpu_share"], cpu_share(client))
         log(f"P={P}: a worker thread's share of a core while all spin: {out['cpu_share']:.2f}")
         if P == 2:
@@ -675,10 +691,10 @@ class Model:
         n = self.m["sgd_n"]
         nnz_row = self.m["sgd_nnz"] / n
         for P, c in self.by_p.items():
-            for fit in c["sgd"]:
+            for fit in c["sgd"] + c.get("sgd_rounds", []):
                 for p in fit["participants"]:
                     n_p = p["samples"] / fit["E"]
-                    R, msz = sgd_schedule(int(n_p), P)
+                    R, msz = sgd_schedule(int(n_p), P, fit.get("config"))
                     U = self.U(msz)
                     calls = fit["E"] * R * self.thread2("sgd", U)
                     A.append([1.0, n_p * nnz_row, fit["E"] * n_p * nnz_row, fit["E"] * R * U])
@@ -799,7 +815,7 @@ class Model:
         if kb["round_factor"] != 1.0 and P > 1:
             msz = int(min(n_p, msz * kb["round_factor"]))
             R = math.ceil(n_p / msz)
-        U = self.U(msz) if P > 1 else 0
+        U = self.U(msz)  # P = 1: the rows of the whole pass
         nnz_round = msz * nnz_row
         stretch = 1.0 / self.share if here else 1.0
         rc = kb["row_cpu"] if P > 1 else 1.0
