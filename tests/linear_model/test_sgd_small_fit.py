@@ -36,6 +36,18 @@ def client():
             yield c
 
 
+@pytest.fixture
+def no_current_client(monkeypatch):
+    """No current Dask client, whatever clients other tests of the session
+    left as the default: ``client=None`` then chooses no cluster."""
+    import distributed
+
+    def none():
+        raise ValueError("No clients found")
+
+    monkeypatch.setattr(distributed, "get_client", none)
+
+
 def _classification(n=600, classes=2, seed=0):
     X, y = make_classification(n, 10, n_informative=5, n_classes=classes, random_state=seed)
     return StandardScaler().fit_transform(X), y
@@ -70,7 +82,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_small_fit_without_a_cluster_is_the_parameter_servers_fit(client, case):
+def test_a_small_fit_without_a_cluster_is_the_parameter_servers_fit(client, case, no_current_client):
     data, make, weighted = CASES[case]
     X, y = data()
     sw = np.random.RandomState(5).uniform(0.5, 2.0, len(y)) if weighted else None
@@ -100,7 +112,7 @@ def test_a_fit_with_the_current_client_runs_on_its_cluster(client):
         assert len(est.run_ids_) == 1 and est.run_ids_[0] in dask_ps.get_parameter_server(current).metrics()
 
 
-def test_where_the_cluster_path_is_kept(client, tmp_path):
+def test_where_the_cluster_path_is_kept(client, tmp_path, no_current_client):
     """The rule (``_trains_in_process``), without fitting: a client, a
     checkpoint, replication, ``ps.sgd.fit-in-process: false``, a large or
     a dask input keep a fit on a cluster; ``partial_fit`` follows its own
