@@ -1041,7 +1041,8 @@ WHAT_IFS = [
     ("as measured", {}),
     ("SGD: rounds 4x larger (ps.sgd.clock-samples x 4, ps.sgd.min-rounds-per-epoch 2)", {"round_factor": 4.0}),
     ("SGD: one round per epoch (model averaging once an epoch)", {"round_factor": 1e9}),
-    ("sync overlapped with compute, no barrier (a read a round ahead under SSP(1); LDA: ps.lda.overlap)",
+    ("sync overlapped with compute, no barrier (SGD: a read a round ahead under SSP(1); LDA: rows read while "
+     "sweeping)",
      {"overlap": True, "barrier": 0.0}),
     ("the cycle's fixed latency / 2 (fewer event-loop hops: clock report with the flush, servers count clocks)",
      {"latency": 0.5}),
