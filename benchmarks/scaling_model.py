@@ -59,8 +59,8 @@ work on one worker without the parameter server (compute and fixed costs
 only): strong scaling (the data fixed) and weak scaling (each worker's data
 fixed at the 2-worker share).
 
-    python benchmarks/scaling_model.py                 # ~5-8 minutes on 2 cores
-    python benchmarks/scaling_model.py --quick         # ~2-3 minutes: smaller data, fewer cycles
+    python benchmarks/scaling_model.py                 # ~10 minutes on 2 shared cores
+    python benchmarks/scaling_model.py --quick         # ~4 minutes: smaller data, fewer cycles
     python benchmarks/scaling_model.py --sgd-n 1000000 --lda-iters 100   # bench_sgd --full's ctr size
     python benchmarks/scaling_model.py --from-json scaling.json          # table and plot again
     python benchmarks/scaling_model.py --workers 4 8 --json p48.json     # P = 4, 8 apart (CPU constants) ...
@@ -425,6 +425,10 @@ def sgd_fit(client, X, y, E, P):
     from dask_ps.linear_model import SGDClassifier
 
     client.wait_for_workers(P, timeout=120)  # a worker restarted under load: back before the blocks go out
+    for _ in range(60):  # oversubscribed under load, the scheduler's worker list was seen empty a moment
+        if client.scheduler_info()["workers"]:
+            break
+        time.sleep(1.0)
     dX, dy = spread_blocks(client, X, y)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -1117,7 +1121,7 @@ def plot(rows, path, better=None, better_name=""):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smaller data and fewer cycles (~2-3 minutes)")
+    ap.add_argument("--quick", action="store_true", help="smaller data and fewer cycles (~4 minutes)")
     ap.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8], help="cluster sizes measured")
     ap.add_argument("--sgd-n", type=int, default=500_000, help="click-through rows of the measured fits")
     ap.add_argument("--sgd-epochs", type=int, nargs="+", default=[1, 2])
