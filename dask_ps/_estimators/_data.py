@@ -206,8 +206,13 @@ class TrainingParts:
         where = _dask_adapter.holders(client, [b[0] for b in blocks])
         by_worker: dict = {}
         for b in blocks:
-            held_by = where.get(b[0].key) or ()
-            by_worker.setdefault(held_by[0] if held_by else None, []).append(b)
+            held_by = sorted(where.get(b[0].key) or ())
+            # A block on several workers (copied where an earlier fit's part
+            # was prepared) goes to the holder with fewest blocks so far:
+            # taking the first holder put every block of such an input on
+            # one worker, hence one participant.
+            w = min(held_by, key=lambda h: len(by_worker.get(h, ()))) if held_by else None
+            by_worker.setdefault(w, []).append(b)
         if max_parts is not None and len(by_worker) > max_parts:
             merged: list = [[] for _ in range(max(1, max_parts))]
             for w, bl in sorted(by_worker.items(), key=lambda kv: -len(kv[1])):
