@@ -34,7 +34,7 @@ from dask_ps._exceptions import (
 from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, handler, reply_errors
 from dask_ps._host_memory import raise_mmap_threshold
 from dask_ps._liveness import Beacon, Liveness, PauseGuard, WorkerGone
-from dask_ps._shard import ShardStore, _wire_clock, check_owners
+from dask_ps._shard import ShardStore, _wire_clock
 from dask_ps._spec import TableSpec
 
 logger = logging.getLogger(__name__)

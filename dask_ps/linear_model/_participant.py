@@ -573,7 +573,7 @@ class _Participant:
         own model, or on dense data rank 0's read of the table (the read
         the next round makes; sparse rounds read only their rows, so the
         monitor reads the table there)."""
-        ctx, cfg, hp, K = self.ctx, self.cfg, self.hp, self.K
+        ctx, cfg, hp = self.ctx, self.cfg, self.hp
         row = np.full(_monitor.N_FIELDS, np.nan)
         row[_monitor.F_EPOCH] = epoch + 1
         row[_monitor.F_LOSS] = float(np.mean(arrays.to_numpy(epoch_loss)))
