@@ -34,7 +34,7 @@ from dask_ps._estimators import (
     jsonable,
 )
 from dask_ps.linear_model import _training
-from dask_ps.linear_model._data import _Input, int32_indices
+from dask_ps.linear_model._data import _dask_parts, _Input, int32_indices
 from dask_ps.linear_model._kernels import EPSILON_LOSSES, L1, L2, LEARNING_RATE_TYPES, PENALTY_TYPES, _Hyper
 
 # The parameters both estimators take beyond scikit-learn's own, with their
@@ -164,7 +164,17 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
         participant trains in this process (``_in_process``)."""
         first_call = getattr(self, "coef_", None) is None
         data = self._validate_input(X, y, sample_weight, reset=reset or first_call)
-        K, targets = self._targets(data, classes)
+        if data.kind == "dask":
+            # Concatenated and checked on the workers once: the values are
+            # checked before the targets (scikit-learn's order), and the
+            # classes come from the parts' label counts.
+            data.parts = _dask_parts(self._parameter_server().client, data, self._is_classifier)
+        try:
+            K, targets = self._targets(data, classes)
+        except BaseException:
+            if data.parts is not None:
+                data.parts[0].release()
+            raise
         d = data.n_features
         coef, intercept, avg_coef, avg_intercept = self._start_weights(K, d, data.dtype, coef_init,
                                                                        intercept_init, avg)

@@ -16,7 +16,7 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import _check_partial_fit_first_call, check_classification_targets, type_of_target
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from dask_ps._estimators import arrays, dask_meta, is_dask_collection, map_row_blocks, raise_no_samples
+from dask_ps._estimators import arrays, is_dask_collection, map_row_blocks, raise_no_samples
 from dask_ps.linear_model._base import PS_DEFAULTS, _BaseSGDPS, _constraints, _storing_init
 from dask_ps.linear_model._kernels import _expit
 
@@ -244,7 +244,7 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
             )
         y_for_weights = data.y if data.kind == "memory" else None
         if y_for_weights is None and self.class_weight == "balanced":
-            y_for_weights = self._dask_balanced_y(data.y)
+            y_for_weights = self._dask_balanced_y(data)
         if y_for_weights is not None:
             cw = compute_class_weight(self.class_weight, classes=self.classes_, y=y_for_weights)
         elif self.class_weight is None:
@@ -260,17 +260,9 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         return K, {"classes": self.classes_, "cw_pos": cw_pos, "cw_neg": cw_neg}
 
     def _dask_classes(self, data):
-        """Unique labels of a dask y, computed on the fit's cluster."""
-        import dask.array as da
-
-        y = data.y
-        client = self._parameter_server().client
-        if hasattr(y, "unique") and not hasattr(y, "chunks"):  # dask Series
-            classes = np.sort(np.asarray(client.compute(y.unique(), sync=True)))
-        else:
-            if arrays.is_cupy(dask_meta(y)):  # da.unique builds numpy record arrays: labels to the host
-                y = y.map_blocks(arrays.to_numpy, dtype=y.dtype, meta=np.empty((0,), dtype=y.dtype))
-            classes = np.asarray(client.compute(da.unique(y), sync=True))
+        """Unique labels of a dask y: those the workers counted in its parts."""
+        labels = data.parts[2]
+        classes = np.empty(0) if labels is None else labels[0]
         if classes.shape[0] == 0:  # an empty input of unknown length (a dask DataFrame)
             raise_no_samples(self, data.n_features)
         check_classification_targets(classes)
@@ -278,19 +270,14 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
             raise ValueError(f"Unknown label type: {type_of_target(classes)}")
         return classes
 
-    def _dask_balanced_y(self, y):
-        """A label array with the class frequencies of a dask y (for 'balanced')."""
-        import dask.array as da
-
-        client = self._parameter_server().client
-        if hasattr(y, "value_counts"):
-            vc = client.compute(y.value_counts(), sync=True)
-            labels, counts = np.asarray(vc.index), np.asarray(vc.values)
-        else:
-            if arrays.is_cupy(dask_meta(y)):  # as in _dask_classes
-                y = y.map_blocks(arrays.to_numpy, dtype=y.dtype, meta=np.empty((0,), dtype=y.dtype))
-            labels, counts = client.compute(list(da.unique(y, return_counts=True)), sync=True)
-        return np.repeat(labels, counts.astype(int))
+    @staticmethod
+    def _dask_balanced_y(data):
+        """A label array with the class frequencies of a dask y (for
+        'balanced'), from the label counts of its parts."""
+        labels = data.parts[2]
+        if labels is None:
+            return np.empty(0)
+        return np.repeat(labels[0], labels[1].astype(int))
 
     # --- prediction -------------------------------------------------------------------------
     def decision_function(self, X):

@@ -105,7 +105,8 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
                                  "checkpoint_seconds": 0.0, "pull_seconds": 0.0, "release_seconds": 0.0}
     t = time.perf_counter()
     if data.kind == "dask":
-        parts, sizes, _ = _dask_parts(ps.client, data, est._is_classifier)
+        parts, sizes, _ = data.parts if data.parts is not None else _dask_parts(ps.client, data, est._is_classifier)
+        data.parts = None  # released by this call, whatever happens
     else:
         parts, sizes = _memory_parts(ps.client, ps.servers, data, rs, hp.shuffle, replication)
     timing["parts_seconds"] = time.perf_counter() - t

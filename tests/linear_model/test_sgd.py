@@ -555,6 +555,29 @@ def test_dask_array_input(client):
     assert est2.score(X, y) > ref - 0.015
 
 
+def test_dask_classes_from_the_parts_label_counts(client, monkeypatch):
+    """The classes and the 'balanced' class weights of a dask y come from
+    the label counts of the parts the fit prepares anyway: no other pass
+    over y (a graph computed for ``da.unique`` cost ~50 ms a fit), and the
+    same classes, weights and model as the in-memory fit's."""
+    import distributed
+
+    X, y = make_classification(4000, 8, n_classes=3, n_informative=4, weights=[0.6, 0.3, 0.1], random_state=0)
+    y = np.array([7, 2, 40])[y]  # labels that are not 0..K-1
+    dX, dy = da.from_array(X, chunks=1000), da.from_array(y, chunks=1000)
+
+    def no_compute(*args, **kwargs):
+        raise AssertionError("a graph was computed on the client to find the classes")
+
+    monkeypatch.setattr(distributed.Client, "compute", no_compute)
+    est = SGDClassifier(max_iter=2, tol=None, class_weight="balanced", random_state=0, client=client).fit(dX, dy)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(est.classes_, [2, 7, 40])
+    counts = np.array([np.sum(y == c) for c in (2, 7, 40)])
+    np.testing.assert_allclose(est._expanded_class_weight, len(y) / (3 * counts))
+    assert est.score(X, y) > 0.6
+
+
 def test_dask_dataframe_input(client):
     pd = pytest.importorskip("pandas")
     dd = pytest.importorskip("dask.dataframe")
