@@ -444,7 +444,13 @@ class _RoundPrep:
         # touched row of every round had cost as much CPU as compacting it.
         top = int(self.counts.max()) if self.counts.shape[0] else 0
         if top + 1 <= self.counts.shape[0]:
-            self.inv_q_of_count = _lazy_inv_q(np.arange(top + 1), c.n_train, c.per_round)
+            # At the counts that occur only (a feature in every sample makes
+            # ``top`` the sample count; a few thousand distinct counts then).
+            seen = np.zeros(top + 1, dtype=bool)
+            seen[self.counts] = True
+            occurring = np.flatnonzero(seen)
+            self.inv_q_of_count = np.ones(top + 1)
+            self.inv_q_of_count[occurring] = _lazy_inv_q(occurring, c.n_train, c.per_round)
         else:
             self.inv_q_of_feature = _lazy_inv_q(self.counts, c.n_train, c.per_round)
         self.cpu_seconds += time.thread_time() - cpu
