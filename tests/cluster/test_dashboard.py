@@ -295,6 +295,39 @@ def test_estimator_runs_are_named_with_planned_clocks_and_loss(ps):
     assert sgd["planned_clocks"] == sgd["clocks_done"] and sgd["planned_clocks"] % 3 == 0 and sgd["loss"] > 0
 
 
+@pytest.mark.parametrize("interval", ["0s", "250ms"])
+def test_a_lone_lda_participant_shows_its_iterations_while_it_samples(ps, monkeypatch, interval):
+    """A small corpus gets one participant, which keeps its counts local
+    and clocks only after its starting counts and at its end
+    (``_gibbs._lone_iterations``): its progress on the page is the
+    iterations it reports, as clocks (the starting counts', then one per
+    sweep) of 1 + max_iter planned, at most once per
+    ``ps.dashboard.report-interval`` and after its last sweep (the page
+    read "0 of 2 clocks" until the end)."""
+    from dask_ps.decomposition import LatentDirichletAllocation
+
+    dashboard = ps.client.cluster.scheduler.extensions["ps"].dashboard
+    received = []  # the reports, as the scheduler's listener hands them over
+    on_report = dashboard.on_report
+    monkeypatch.setattr(dashboard, "on_report", lambda msg: (received.append(msg), on_report(msg)))
+    counts = np.random.default_rng(1).poisson(0.3, size=(80, 40))
+    before = {f["run"] for f in dashboard.finished}
+    with dask.config.set({"ps.dashboard.report-interval": interval}):
+        est = LatentDirichletAllocation(n_components=3, max_iter=9, random_state=5, client=ps.client).fit(counts)
+    assert [m["clock"] for m in est.metrics_] == [2]  # one participant, which clocked twice
+    label = "LatentDirichletAllocation(max_iter=9, n_components=3, random_state=5)"
+    done = _until(lambda: [f for f in dashboard.finished if f["run"] not in before and f["label"] == label],
+                  "the finished LDA run", 30)[0]
+    run_id = done["run"]
+    assert done["participants"] == 1 and done["planned_clocks"] == 10 and done["clocks_done"] == 10
+    assert done["progress"] == 1.0
+    clocks = [m["values"]["clock"] for m in received if m["run_id"] == run_id and "clock" in m["values"]]
+    if interval == "0s":  # a report after every sweep, while the run went on
+        assert clocks == list(range(2, 11))
+    else:
+        assert clocks and clocks[-1] == 10 and clocks == sorted(clocks)
+
+
 def test_report_progress_takes_numbers_and_does_nothing_outside_a_worker():
     class Ctx:
         run_id, rank = "r", 0
