@@ -402,6 +402,11 @@ def test_a_live_in_process_run_shows_until_its_end_or_its_client_leaves(dash_clu
     assert live["label"] == "SGDClassifier(max_iter=10)" and live["state"] == "running in the calling process"
     assert live["clocks_done"] == 4 and live["planned_clocks"] == 10 and live["progress"] == 0.4
     assert live["loss"] == 0.5 and live["participants"] == 1
+    from dask_ps import _dashboard_html
+
+    body = _dashboard_html.render_sections(dashboard.state())  # the plain page (no bokeh) shows it too
+    assert "SGDClassifier(max_iter=10)" in body and "running in the calling process" in body
+    json.dumps(dashboard.state())  # /ps/status.json
     assert run.run_id in _until(lambda: dashboard.history[-1]["runs"] if dashboard.history
                                 and run.run_id in dashboard.history[-1]["runs"] else None, "a sample of it", 30)
     run.report({"clock": 10, "loss": 0.25})
