@@ -139,7 +139,7 @@ class LocalRun:
     Parameters
     ----------
     client : distributed.Client
-        A running client of the scheduler (:func:`dask_ps._client.existing_client`).
+        A running client of the scheduler (``_estimators.dashboard_run``).
     run_info : dict
         As ``ParameterServer.run``'s (name, params, planned_clocks).
     function : str
@@ -176,20 +176,21 @@ class LocalRun:
 
     def _send(self, event: str, **extra) -> None:
         if self.client.status == "running":
-            _Outbox.of(self.client, self.interval).put(dict(self.msg, values=dict(self.msg["values"]), event=event,
-                                                            **extra))
+            msg = dict(self.msg, values=dict(self.msg["values"]), event=event, **extra)
+            _Outbox.of(self.client, self.interval).put(self.client, msg)
 
 
 class _Outbox:
     """The :class:`LocalRun` messages of one client not sent yet: the first
     one schedules a send of all of them an interval later on the client's
-    loop (one event, ``{"runs": [...]}``)."""
+    loop (one event, ``{"runs": [...]}``). It holds no reference to the
+    client (the key of its weak registry)."""
 
     _lock = threading.Lock()
     _of_client: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def __init__(self, client, interval: float):
-        self.client, self.interval = client, interval
+    def __init__(self, interval: float):
+        self.interval = interval
         self.pending: list[dict] = []
 
     @classmethod
@@ -197,23 +198,23 @@ class _Outbox:
         with cls._lock:
             box = cls._of_client.get(client)
             if box is None:
-                box = cls._of_client[client] = cls(client, interval)
+                box = cls._of_client[client] = cls(interval)
             box.interval = interval  # the setting now
             return box
 
-    def put(self, msg: dict) -> None:
+    def put(self, client, msg: dict) -> None:
         with self._lock:
             self.pending.append(msg)
             first = len(self.pending) == 1
         if first:
-            self.client.loop.add_callback(self._send_later)
+            client.loop.add_callback(self._send_later, client)
 
-    async def _send_later(self) -> None:
+    async def _send_later(self, client) -> None:
         await asyncio.sleep(self.interval)
         with self._lock:
             runs, self.pending = self.pending, []
         try:
-            await self.client.scheduler.log_event(topic=LOCAL_RUN_TOPIC, msg={"runs": runs})
+            await client.scheduler.log_event(topic=LOCAL_RUN_TOPIC, msg={"runs": runs})
         except Exception as e:  # noqa: BLE001 - the page is best effort; never a fit's error
             logger.debug("dask_ps: reporting %d in-process runs to the dashboard failed: %r", len(runs), e)
 
