@@ -14,7 +14,10 @@ Three parts, all on the scheduler:
   "planned_clocks"})`` (the estimators pass their class, parameters and
   planned clocks), and what its participants report while it runs
   (:func:`report_progress`: their last loss; Dask's event log carries it,
-  the ``log_event`` hook of a small scheduler plugin receives it).
+  the ``log_event`` hook of a small scheduler plugin receives it). A fit
+  trained in the calling process (a lone SGD participant of a small input:
+  no parameter-server run) is reported the same way by a :class:`LocalRun`
+  when its process already has a client of such a scheduler.
 - The pages: ``/ps`` is a Bokeh document in Dask's own dashboard, linked
   from its navigation bar (``_dashboard_bokeh``; distributed has no
   registry for third-party pages: the document is served by a Bokeh
@@ -31,7 +34,10 @@ import json
 import logging
 import math
 import numbers
+import threading
 import time
+import uuid
+import weakref
 from collections import deque
 
 from distributed import SchedulerPlugin
@@ -46,6 +52,7 @@ logger = logging.getLogger(__name__)
 ROUTE = "/ps"
 JSON_ROUTE = "/ps/status.json"
 REPORT_TOPIC = "ps-run-report"  # Dask event topic of report_progress
+LOCAL_RUN_TOPIC = "ps-local-run"  # Dask event topic of LocalRun (a fit trained in the calling process)
 INFO_TIMEOUT = 2.0  # seconds a shard server may take to answer ps_info
 RUN_INFO_KEYS = {"name", "params", "planned_clocks"}
 TRAFFIC_KEYS = ("pushes", "bytes_pushed", "pulls", "bytes_pulled")
@@ -92,8 +99,9 @@ def report_progress(ctx, **values) -> None:
     the mean over its participants' last reports) and ``clock`` (progress in
     clocks, for a participant that trains without calling ``ctx.clock()``).
     Numbers only. Sent in the background through Dask's event log (the
-    worker's batched stream to the scheduler); outside a run on a worker it
-    does nothing.
+    worker's batched stream to the scheduler); a participant trained in the
+    calling process (its ``ctx.local_run`` a :class:`LocalRun`) hands them
+    to that; elsewhere outside a run on a worker it does nothing.
     """
     from distributed import get_worker
 
@@ -102,6 +110,9 @@ def report_progress(ctx, **values) -> None:
         raise PSValueError(f"report_progress takes numbers only, got {bad}")
     run_id = getattr(ctx, "run_id", None)
     if run_id is None:
+        local = getattr(ctx, "local_run", None)
+        if local is not None:
+            local.report(values)
         return
     try:
         worker = get_worker()
@@ -111,8 +122,106 @@ def report_progress(ctx, **values) -> None:
                                     "values": {k: float(v) for k, v in values.items()}})
 
 
+class LocalRun:
+    """A fit trained in the calling process, shown on the ``/ps`` page of
+    ``client``'s scheduler as a run of one participant (the in-process path
+    creates no parameter-server run: ``linear_model._in_process``).
+
+    Nothing blocks the fit: its messages go to an outbox of ``client``,
+    sent as one Dask event (``Scheduler.log_event``) at most every
+    ``ps.dashboard.report-interval`` from ``client``'s event loop, whose reply
+    nobody waits for (a message alone cost ~0.2 ms of CPU, more than a
+    small fit's tenth). A short fit sends one message, at its :meth:`end`
+    (with what it is, its clocks and loss, duration and result); a longer
+    one also shows while it runs, from its first :meth:`report` after an
+    interval and then at most once an interval.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A running client of the scheduler (``_estimators.dashboard_run``).
+    run_info : dict
+        As ``ParameterServer.run``'s (name, params, planned_clocks).
+    function : str
+        The participant function's name.
+    """
+
+    def __init__(self, client, run_info: dict, function: str = ""):
+        self.client = client
+        self.run_id = f"local-{uuid.uuid4().hex[:16]}"
+        self.interval = _config.get_seconds("dashboard.report-interval")
+        self.started = time.time()
+        self._last_sent = time.monotonic()  # nothing shown before the first interval
+        self.msg = {"run_id": self.run_id, "client": client.id, "info": check_run_info(run_info),
+                    "function": function[:200], "started": self.started, "clocks": 0, "values": {}}
+
+    def __repr__(self):
+        return f"<LocalRun {self.run_id} clocks={self.msg['clocks']}>"
+
+    def report(self, values: dict) -> None:
+        """A participant's :func:`report_progress`: ``clock`` is its clocks
+        done, the other values are kept (the last of each)."""
+        clock = values.get("clock")
+        if clock is not None:
+            self.msg["clocks"] = max(self.msg["clocks"], int(clock))
+        self.msg["values"].update({k: float(v) for k, v in values.items() if k != "clock"})
+        now = time.monotonic()
+        if now - self._last_sent >= self.interval:
+            self._last_sent = now
+            self._send("progress")
+
+    def end(self, result: str = "done") -> None:
+        """The fit ended (``result``: ``"done"`` or why it failed)."""
+        self._send("end", seconds=round(time.time() - self.started, 3), result=str(result)[:300])
+
+    def _send(self, event: str, **extra) -> None:
+        if self.client.status == "running":
+            msg = dict(self.msg, values=dict(self.msg["values"]), event=event, **extra)
+            _Outbox.of(self.client, self.interval).put(self.client, msg)
+
+
+class _Outbox:
+    """The :class:`LocalRun` messages of one client not sent yet: the first
+    one schedules a send of all of them an interval later on the client's
+    loop (one event, ``{"runs": [...]}``). It holds no reference to the
+    client (the key of its weak registry)."""
+
+    _lock = threading.Lock()
+    _of_client: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __init__(self, interval: float):
+        self.interval = interval
+        self.pending: list[dict] = []
+
+    @classmethod
+    def of(cls, client, interval: float) -> _Outbox:
+        with cls._lock:
+            box = cls._of_client.get(client)
+            if box is None:
+                box = cls._of_client[client] = cls(interval)
+            box.interval = interval  # the setting now
+            return box
+
+    def put(self, client, msg: dict) -> None:
+        with self._lock:
+            self.pending.append(msg)
+            first = len(self.pending) == 1
+        if first:
+            client.loop.add_callback(self._send_later, client)
+
+    async def _send_later(self, client) -> None:
+        await asyncio.sleep(self.interval)
+        with self._lock:
+            runs, self.pending = self.pending, []
+        try:
+            await client.scheduler.log_event(topic=LOCAL_RUN_TOPIC, msg={"runs": runs})
+        except Exception as e:  # noqa: BLE001 - the page is best effort; never a fit's error
+            logger.debug("dask_ps: reporting %d in-process runs to the dashboard failed: %r", len(runs), e)
+
+
 class _ReportListener(SchedulerPlugin):
-    """Receives :func:`report_progress` events (``SchedulerPlugin.log_event``)."""
+    """Receives :func:`report_progress` and :class:`LocalRun` events
+    (``SchedulerPlugin.log_event``); a client that leaves ends its local runs."""
 
     name = "ps-dashboard"
     idempotent = True
@@ -123,6 +232,12 @@ class _ReportListener(SchedulerPlugin):
     def log_event(self, topic, msg):
         if topic == REPORT_TOPIC:
             self.dashboard.on_report(msg)
+        elif topic == LOCAL_RUN_TOPIC and isinstance(msg, dict) and isinstance(msg.get("runs"), list):
+            for run in msg["runs"]:
+                self.dashboard.on_local_run(run)
+
+    def remove_client(self, scheduler, client):
+        self.dashboard.client_left(client)
 
 
 # --- the state the pages show ------------------------------------------------------
@@ -139,6 +254,7 @@ class PSDashboard:
         self.history: deque[dict] = deque(maxlen=int(_config.get("dashboard.history")))
         self.finished: deque[dict] = deque(maxlen=int(_config.get("dashboard.finished-runs")))
         self.reports: dict[str, dict[int, dict]] = {}  # run -> rank -> last values reported
+        self.local_runs: dict[str, dict] = {}  # run -> the last message of a live LocalRun
         self.served: dict[str, dict] = {}  # the last ps_info of each member
         self._callback: PeriodicCallback | None = None
         self._sampling: asyncio.Future | None = None
@@ -200,6 +316,8 @@ class PSDashboard:
             done = self._clocks_done(run)
             live = [c for r, c in enumerate(done) if r not in run.done] or done
             runs[run_id] = {"min": min(live), "max": max(live), "spread": max(live) - min(live)}
+        for run_id, msg in self.local_runs.items():
+            runs[run_id] = {"min": msg["clocks"], "max": msg["clocks"], "spread": 0}
         sample = {"time": now, "totals": totals, "per_second": rates, "runs": runs}
         self.history.append(sample)
         return sample
@@ -213,6 +331,42 @@ class PSDashboard:
                 for f in self.finished:  # a report that arrived after the run's end
                     if f["run"] == run_id:
                         f["loss"] = self._loss(run_id)
+                        if "clock" in values:
+                            done = max(int(values["clock"]), f["clocks_done"])  # one participant's
+                            if f["participants"] == 1 and done != f["clocks_done"]:
+                                f.update(self._progress(done, f["planned_clocks"]))
+
+    def on_local_run(self, msg: dict) -> None:
+        """A :class:`LocalRun`'s message: a live run, or (``event: "end"``) a finished one."""
+        if not (isinstance(msg, dict) and isinstance(msg.get("run_id"), str)
+                and isinstance(msg.get("clocks"), int) and isinstance(msg.get("values"), dict)):
+            return
+        try:
+            msg["info"] = check_run_info(msg.get("info"))
+        except PSValueError:
+            msg["info"] = {}
+        run_id = msg["run_id"]
+        if any(f["run"] == run_id for f in self.finished):  # a progress message that came after its end
+            return
+        if msg.get("event") != "end":
+            self.local_runs[run_id] = msg
+            return
+        self.local_runs.pop(run_id, None)
+        self._local_ended(msg, str(msg.get("result", "done")), msg.get("seconds"))
+
+    def client_left(self, client: str) -> None:
+        """The live local runs of a client that left end (their end cannot come)."""
+        for run_id, msg in list(self.local_runs.items()):
+            if msg.get("client") == client:
+                del self.local_runs[run_id]
+                self._local_ended(msg, "failed: its client left before the end", None)
+
+    def _local_ended(self, msg: dict, result: str, seconds) -> None:
+        record = self._describe_local(msg)
+        if not isinstance(seconds, numbers.Real):
+            seconds = time.time() - float(msg.get("started") or time.time())
+        record.update(seconds=round(float(seconds), 2), ended=time.time(), result=result)
+        self.finished.append(record)
 
     def _clocks_done(self, run) -> list[int]:
         """Per participant: clocks completed, or reported (``report_progress(clock=)``)."""
@@ -222,19 +376,31 @@ class PSDashboard:
     def _loss(self, run_id: str):
         return _mean(r.get("loss") for r in self.reports.get(run_id, {}).values())
 
-    def _describe(self, run) -> dict:
-        info = getattr(run, "info", None) or {}
+    @staticmethod
+    def _progress(done: int, planned) -> dict:
+        return {"clocks_done": done, "planned_clocks": planned,
+                "progress": (min(1.0, done / planned) if planned else None)}
+
+    @staticmethod
+    def _named(run_id: str, function: str, info: dict) -> dict:
         params = info.get("params", {})
         estimator = info.get("name")
         label = (f"{estimator}({', '.join(f'{k}={v!r}' for k, v in params.items())})" if estimator
-                 else run.name or run.run_id)
-        done = self._clocks_done(run)
-        planned = info.get("planned_clocks")
-        return {
-            "run": run.run_id, "label": label, "estimator": estimator, "params": params, "function": run.name,
-            "participants": run.n, "clocks_done": min(done), "planned_clocks": planned,
-            "progress": (min(1.0, min(done) / planned) if planned else None), "loss": self._loss(run.run_id),
-        }
+                 else function or run_id)
+        return {"run": run_id, "label": label, "estimator": estimator, "params": params, "function": function}
+
+    def _describe(self, run) -> dict:
+        info = getattr(run, "info", None) or {}
+        return {**self._named(run.run_id, run.name, info), "participants": run.n, "in_process": False,
+                **self._progress(min(self._clocks_done(run)), info.get("planned_clocks")),
+                "loss": self._loss(run.run_id)}
+
+    def _describe_local(self, msg: dict) -> dict:
+        """A :class:`LocalRun` as :meth:`_describe` describes a run."""
+        info, loss = msg["info"], msg["values"].get("loss")
+        return {**self._named(msg["run_id"], str(msg.get("function", "")), info), "participants": 1,
+                "in_process": True, **self._progress(msg["clocks"], info.get("planned_clocks")),
+                "loss": loss if isinstance(loss, numbers.Real) and math.isfinite(loss) else None}
 
     def run_ended(self, run, copies_disagree=False) -> None:
         """Called by the plugin's ``run_end``: the run joins :attr:`finished`."""
@@ -295,6 +461,16 @@ class PSDashboard:
                 "where": {str(r): w for r, w in run.where.items()}, "seconds": round(now - run.started, 1),
                 "aborted": run.aborted,
                 "state": run.aborted or ("done" if len(run.done) == run.n else "running"),
+            })
+            out.append(d)
+        for msg in self.local_runs.values():
+            d = self._describe_local(msg)
+            d.update({
+                "name": d["function"], "clocks": [msg["clocks"]], "finished": [],
+                "min_clock": msg["clocks"], "max_clock": msg["clocks"], "spread": 0, "waiting": 0,
+                "wait_seconds": 0.0, "where": {"0": "the calling process"},
+                "seconds": round(now - float(msg.get("started") or now), 1), "aborted": None,
+                "state": "running in the calling process",
             })
             out.append(d)
         return out

@@ -27,7 +27,7 @@ from bokeh.palettes import Category10
 from bokeh.plotting import figure
 from tornado.ioloop import IOLoop
 
-from dask_ps._dashboard_html import fmt_bytes, fmt_loss, fmt_progress, html_table
+from dask_ps._dashboard_html import fmt_bytes, fmt_loss, fmt_progress, fmt_result, html_table
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class PSPage:
             "state": [r["state"] for r in runs],
         })
         fin = st["finished"]
-        self._set(s["finished"], {"label": [r["label"] for r in fin], "result": [r["result"] for r in fin],
+        self._set(s["finished"], {"label": [r["label"] for r in fin], "result": [fmt_result(r) for r in fin],
                                "seconds": [r["seconds"] for r in fin], "progress": [fmt_progress(r) for r in fin],
                                "loss": [fmt_loss(r["loss"]) for r in fin]})
         ws = st["workers"]

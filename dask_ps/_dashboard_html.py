@@ -46,6 +46,11 @@ def fmt_progress(r: dict) -> str:
     return f"{r['clocks_done']} clocks"
 
 
+def fmt_result(r: dict) -> str:
+    """A finished run's result, and where it trained if not on the cluster."""
+    return r["result"] + (" (trained in the calling process)" if r.get("in_process") else "")
+
+
 def fmt_loss(x) -> str:
     return "-" if x is None else f"{x:.6g}"
 
@@ -72,7 +77,7 @@ def render_sections(snap: dict) -> str:
     )
     finished = html_table(
         ["run", "result", "duration s", "progress", "last loss"],
-        [[r["label"], r["result"], r["seconds"], fmt_progress(r), fmt_loss(r["loss"])] for r in snap["finished"]],
+        [[r["label"], fmt_result(r), r["seconds"], fmt_progress(r), fmt_loss(r["loss"])] for r in snap["finished"]],
     )
     tables = html_table(
         ["table", "shape", "dtype", "rule", "consistency", "copies", "blocks", "bytes",

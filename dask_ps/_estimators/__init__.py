@@ -33,7 +33,8 @@ Progress and metrics (``_progress``)
     bar, ``ps.progress-bar``), ``PollingMonitor`` (a client thread reading
     the participants' progress while a fit runs), ``rate``,
     ``participant_metrics`` (``metrics_``), ``run_info`` (what the
-    dashboard's ``/ps`` page shows of a fit's runs).
+    dashboard's ``/ps`` page shows of a fit's runs), ``dashboard_run`` (a
+    fit trained in the calling process shown there, where a cluster exists).
 Prediction on dask collections (``_predict``)
     ``is_dask_collection``, ``is_dask_dataframe``, ``is_dask_array``,
     ``dask_meta``, ``dask_feature_names``, ``check_dask_X``,
@@ -81,7 +82,14 @@ from dask_ps._estimators._predict import (
     raise_invalid_parts,
     raise_no_samples,
 )
-from dask_ps._estimators._progress import PollingMonitor, Progress, participant_metrics, rate, run_info
+from dask_ps._estimators._progress import (
+    PollingMonitor,
+    Progress,
+    dashboard_run,
+    participant_metrics,
+    rate,
+    run_info,
+)
 from dask_ps._estimators._runs import (
     MAX_RESTARTS,
     SAVE_RETRY_SECONDS,
@@ -110,7 +118,7 @@ __all__ = [
     "SAVE_RETRY_SECONDS", "chunk_end", "jsonable", "temporary_tables", "TemporaryTables",
     "cluster_members", "may_be_worker_loss", "lost_workers", "MAX_RESTARTS", "RolledBackError",
     "wait_for_participants", "run_in_chunks",
-    "Progress", "PollingMonitor", "rate", "participant_metrics", "run_info",
+    "Progress", "PollingMonitor", "rate", "participant_metrics", "run_info", "dashboard_run",
     "njit", "kernel_cache_dir",
     "is_dask_collection", "is_dask_dataframe", "is_dask_array", "dask_meta", "dask_feature_names",
     "check_dask_X", "map_row_blocks", "check_dask_fit_input", "known_n_samples", "raise_no_samples",

@@ -24,6 +24,7 @@ timings and counts.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import math
@@ -171,13 +172,57 @@ def _same(a, b) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=64)
+def _defaults(cls) -> dict:
+    """The defaults of ``cls.__init__`` (once per class: a fit trained in
+    the calling process computes its ``run_info`` each time)."""
+    return {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
 def run_info(est, planned_clocks: int) -> dict:
     """``run_info`` of the estimator's runs (``ParameterServer.run``), for
     the dashboard's ``/ps`` page: its class name, the parameters set to
     something else than their defaults (as scikit-learn's ``repr`` shows
     them; not ``client``) and the clocks each participant will complete."""
-    defaults = {k: p.default for k, p in inspect.signature(type(est).__init__).parameters.items()
-                if p.default is not inspect.Parameter.empty}
+    defaults = _defaults(type(est))
     params = {k: v for k, v in est.get_params(deep=False).items()
               if k != "client" and (k not in defaults or not _same(v, defaults[k]))}
     return {"name": type(est).__name__, "params": params, "planned_clocks": max(0, int(planned_clocks))}
+
+
+def existing_client(client):
+    """The running client that a fit with this ``client`` parameter would
+    use, if it exists already; never connects nor starts a cluster: for a
+    fit trained in the calling process (it needs no cluster), shown on the
+    ``/ps`` page where there is one. ``None``: the current client, else the
+    embedded cluster's if it was started; an address: the client dask_ps
+    connected to it, if any."""
+    import distributed  # at call time, as chose_a_cluster looks it up
+
+    from dask_ps import _client
+
+    if isinstance(client, str):
+        client = _client._clients_by_address.get(client)
+    elif client is None:
+        try:
+            client = distributed.get_client()
+        except ValueError:
+            ps = _client._auto_ps
+            client = ps.client if ps is not None else None
+    if client is None or getattr(client, "status", None) != "running":
+        return None
+    return client
+
+
+def dashboard_run(est, planned_clocks: int, function: str):
+    """A :class:`dask_ps._dashboard.LocalRun` showing a fit of ``est``
+    trained in the calling process on the ``/ps`` page of the cluster this
+    process already has a client of (:func:`existing_client`), or None
+    where there is none: no cluster is started for the page."""
+    client = existing_client(est.client)
+    if client is None:
+        return None
+    from dask_ps._dashboard import LocalRun
+
+    return LocalRun(client, run_info(est, planned_clocks), function)

@@ -64,6 +64,8 @@ class GibbsConfig:
     delay: Callable | None
     start_name: str | None = None
     lone_local: bool = True  # a lone participant keeps its counts local for the run (_lone_iterations)
+    # a lone participant's progress to /ps at most this often (ps.dashboard.report-interval)
+    report_seconds: float = 0.25
 
 
 def _xp_for(device):
@@ -249,12 +251,18 @@ def _lone_iterations(ctx, s: _Sampler, cfg: GibbsConfig):
     per iteration returned what it already had. Saves a pull, a push and a
     clock (three round trips through the event loop) per iteration: most of
     a small fit's time (100 iterations of a few tokens took 0.7 s).
-    ``ps.lda.lone-participant-local: false`` exchanges every iteration."""
+    ``ps.lda.lone-participant-local: false`` exchanges every iteration.
+
+    It never clocks while it sweeps, so its progress on the ``/ps`` page is
+    reported (``report_progress(clock=)``: the starting counts' clock and a
+    clock per sweep, as the planned clocks count them) at most every
+    ``cfg.report_seconds``, and after the last sweep."""
     t0 = time.perf_counter()
     nwk = ctx.pull_rows(cfg.nwk_name, s.vocab)
     nk = ctx.pull(cfg.nk_name)
     nwk_start, nk_start = nwk.copy(), nk.copy()
     s.timing["pull_seconds"] += time.perf_counter() - t0
+    reported = time.perf_counter()
     for it in range(cfg.start, cfg.stop):
         if cfg.evaluate_every > 0 and it % cfg.evaluate_every == 0:
             t1 = time.perf_counter()
@@ -263,6 +271,10 @@ def _lone_iterations(ctx, s: _Sampler, cfg: GibbsConfig):
                 ctx.flush()  # the client's monitor reads it while the run goes on
             s.timing["eval_seconds"] += time.perf_counter() - t1
         nwk, nk = _sweep(s, cfg, it, nwk, nk)
+        now = time.perf_counter()
+        if now - reported >= cfg.report_seconds or it == cfg.stop - 1:
+            report_progress(ctx, clock=2 + it - cfg.start)  # clock 1: the starting counts
+            reported = now
     t2 = time.perf_counter()
     delta = nwk - nwk_start
     changed = np.flatnonzero(delta.any(axis=1))

@@ -13,6 +13,7 @@ import functools
 import logging
 import time
 
+import dask
 import numpy as np
 from dask.utils import parse_timedelta
 
@@ -48,7 +49,6 @@ from dask_ps.decomposition._gibbs import (
     GibbsConfig,
     LostAssignmentsError,
     _gibbs_participant,
-    keeps_counts_local,
 )
 from dask_ps.decomposition._scoring import _chunk_history
 
@@ -309,14 +309,16 @@ class GibbsRuns:
             start=start, stop=stop, z_in=sets.names[current[0]] if current else None,
             z_out=sets.names[out] if plan.tolerant else None, t_start=self.t_start,
             lone_local=bool(setting("lda", "lone-participant-local")),
+            report_seconds=parse_timedelta(dask.config.get("ps.dashboard.report-interval", "250ms")),
         )
         self._members = cluster_members(self.client)  # whose loss _recover looks for
         with temporary_tables(self.ps) as tables:
             monitor = None
             try:
                 monitor = self._create_tables(cfg, tables)
-                # the starting counts, then a sweep each (a lone participant: then its final push)
-                info = dict(self.info, planned_clocks=2 if keeps_counts_local(cfg, self.P) else 1 + stop - start)
+                # the starting counts, then a sweep each (a lone participant
+                # reports those it never clocks: _lone_iterations)
+                info = dict(self.info, planned_clocks=1 + stop - start)
                 self.results = self.ps.run(_gibbs_participant, self.parts.futures, cfg=cfg, run_info=info)
                 if stop >= plan.max_iter:
                     self.nwk = np.maximum(arrays.to_numpy(self.ps.pull(cfg.nwk_name)), 0)

@@ -24,12 +24,14 @@ class InProcessSession:
     """The ``ctx`` of a lone participant whose tables are held in this
     process: ``pull``/``push`` (sum), ``pull_rows``/``push_rows`` (sum, or
     assign for the tables created with ``assign=True``), ``flush`` (calls
-    ``on_flush``), no ``clock`` (a lone participant never clocks)."""
+    ``on_flush``), no ``clock`` (a lone participant never clocks);
+    ``report_progress(ctx, ...)`` goes to its ``local_run`` if it has one."""
 
     rank = 0
     n_participants = 1
     current_clock = 0
     run_id = None  # no parameter-server run
+    local_run = None  # shown on the /ps page instead (a _dashboard.LocalRun), where a cluster exists
 
     def __init__(self):
         self.tables: dict[str, np.ndarray] = {}

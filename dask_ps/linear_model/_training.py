@@ -29,6 +29,7 @@ from dask_ps._estimators import (
     checkpoint_record,
     chose_a_cluster,
     chunk_end,
+    dashboard_run,
     find_checkpoint,
     may_be_worker_loss,
     participant_metrics,
@@ -218,7 +219,8 @@ def _train_in_process(est, data: _Input, rs, hp, max_iter, K, weights, classes, 
                       data.sparse)
     cfg = dataclasses.replace(cfg, validation_idx=val_idx, sklearn_seeds=sk_seeds)
     progress = Progress(est.verbose, logger, total=max_iter, unit="epoch", desc=type(est).__name__)
-    with progress_closed(progress), _monitored_in_process(session, cfg, start, progress) as cfg:
+    with progress_closed(progress), _monitored_in_process(session, cfg, start, progress) as cfg, \
+            _shown_on_dashboard(est, session, cfg):
         result = _sgd_participant(session, _PartData(data.X, data.y, data.sw), cfg=cfg)
     eta = [float(v) for v in result["state"]["stop"]["eta"]] if hp.learning_rate == ADAPTIVE else None
     return Trained(session.tables[start.name], int(max(result["state"]["stop"]["n_iter"])), n_total,
@@ -321,6 +323,31 @@ def _monitored_in_process(session: InProcessSession, cfg: _RunConfig, start: _St
     finally:
         session.on_flush = None
         monitor.stop()
+
+
+@contextlib.contextmanager
+def _shown_on_dashboard(est, session: InProcessSession, cfg: _RunConfig):
+    """A fit trained in this process shows on the ``/ps`` page of the
+    cluster this process already has a client of, for ``est.client``
+    (the current client, or the embedded cluster if it was started;
+    ``_estimators.dashboard_run``), as a run of one participant with the estimator's
+    ``run_info``, clocks and loss (``_dashboard.LocalRun``: its messages
+    never block the fit). Where there is none, nothing is reported: no
+    cluster is started for the page."""
+    clocks = cfg.max_iter * -(-cfg.steps_per_epoch // cfg.clock_every)  # as _run_chunks plans a run's
+    run = session.local_run = dashboard_run(est, clocks, _sgd_participant.__name__)
+    if run is None:
+        yield
+        return
+    try:
+        yield
+    except BaseException as e:
+        run.end(f"failed: {type(e).__name__}: {e}")
+        raise
+    else:
+        run.end()
+    finally:
+        session.local_run = None
 
 
 @contextlib.contextmanager

@@ -295,6 +295,39 @@ def test_estimator_runs_are_named_with_planned_clocks_and_loss(ps):
     assert sgd["planned_clocks"] == sgd["clocks_done"] and sgd["planned_clocks"] % 3 == 0 and sgd["loss"] > 0
 
 
+@pytest.mark.parametrize("interval", ["0s", "250ms"])
+def test_a_lone_lda_participant_shows_its_iterations_while_it_samples(ps, monkeypatch, interval):
+    """A small corpus gets one participant, which keeps its counts local
+    and clocks only after its starting counts and at its end
+    (``_gibbs._lone_iterations``): its progress on the page is the
+    iterations it reports, as clocks (the starting counts', then one per
+    sweep) of 1 + max_iter planned, at most once per
+    ``ps.dashboard.report-interval`` and after its last sweep (the page
+    read "0 of 2 clocks" until the end)."""
+    from dask_ps.decomposition import LatentDirichletAllocation
+
+    dashboard = ps.client.cluster.scheduler.extensions["ps"].dashboard
+    received = []  # the reports, as the scheduler's listener hands them over
+    on_report = dashboard.on_report
+    monkeypatch.setattr(dashboard, "on_report", lambda msg: (received.append(msg), on_report(msg)))
+    counts = np.random.default_rng(1).poisson(0.3, size=(80, 40))
+    before = {f["run"] for f in dashboard.finished}
+    with dask.config.set({"ps.dashboard.report-interval": interval}):
+        est = LatentDirichletAllocation(n_components=3, max_iter=9, random_state=5, client=ps.client).fit(counts)
+    assert [m["clock"] for m in est.metrics_] == [2]  # one participant, which clocked twice
+    label = "LatentDirichletAllocation(max_iter=9, n_components=3, random_state=5)"
+    done = _until(lambda: [f for f in dashboard.finished if f["run"] not in before and f["label"] == label],
+                  "the finished LDA run", 30)[0]
+    run_id = done["run"]
+    assert done["participants"] == 1 and done["planned_clocks"] == 10 and done["clocks_done"] == 10
+    assert done["progress"] == 1.0
+    clocks = [m["values"]["clock"] for m in received if m["run_id"] == run_id and "clock" in m["values"]]
+    if interval == "0s":  # a report after every sweep, while the run went on
+        assert clocks == list(range(2, 11))
+    else:
+        assert clocks and clocks[-1] == 10 and clocks == sorted(clocks)
+
+
 def test_report_progress_takes_numbers_and_does_nothing_outside_a_worker():
     class Ctx:
         run_id, rank = "r", 0
@@ -302,3 +335,86 @@ def test_report_progress_takes_numbers_and_does_nothing_outside_a_worker():
     dask_ps.report_progress(Ctx(), loss=np.float32(0.5), clock=np.int64(3))  # not on a worker: nothing sent
     with pytest.raises(dask_ps.PSValueError, match="numbers only"):
         dask_ps.report_progress(Ctx(), loss="low")
+
+
+def test_fits_trained_in_the_calling_process_show_on_the_page(dash_cluster, monkeypatch):
+    """A small fit trains in the calling process (``partial_fit``; ``fit``
+    with no cluster chosen): no parameter-server run, yet where the process
+    has a client of a cluster (given, current, or the embedded cluster's)
+    the page lists it among the finished runs, named, with its clocks
+    (epochs) of planned, loss, duration and result. Without any cluster,
+    nothing is reported and none is started for it."""
+    import distributed
+    from sklearn.datasets import make_classification
+
+    from dask_ps import _client
+    from dask_ps._estimators._progress import existing_client
+    from dask_ps.linear_model import SGDClassifier, SGDRegressor
+
+    cluster, client, base = dash_cluster
+    dask_ps.ParameterServer(client)
+    X, y = make_classification(300, 5, random_state=0)
+    # partial_fit of a small block, with the client given
+    est = SGDClassifier(alpha=0.01, random_state=0, client=client).partial_fit(X, y, classes=[0, 1])
+    assert est.run_ids_ == []  # trained in this process
+    # fit with client=None and no current client, the embedded cluster started earlier (here: this one)
+    monkeypatch.setattr(distributed, "get_client", lambda: (_ for _ in ()).throw(ValueError("No clients found")))
+    monkeypatch.setattr(_client, "_auto_ps", type("Embedded", (), {"client": client})())
+    reg = SGDRegressor(max_iter=7, tol=None, random_state=0).fit(X, y.astype(float))
+    assert reg.run_ids_ == [] and reg.metrics_[0]["in_process"]
+
+    def listed(d):
+        fin = d["ps-finished"]
+        labels = fin.get("run", [])
+        want = ["SGDClassifier(alpha=0.01, random_state=0)", "SGDRegressor(max_iter=7, random_state=0, tol=None)"]
+        return d if all(w in labels for w in want) else None
+
+    d = _until(lambda: listed(_pull(base)), "the two in-process fits among the finished runs", timeout=30)
+    fin = d["ps-finished"]
+    i, j = fin["run"].index("SGDClassifier(alpha=0.01, random_state=0)"), fin["run"].index(
+        "SGDRegressor(max_iter=7, random_state=0, tol=None)")
+    assert fin["result"][i] == fin["result"][j] == "done (trained in the calling process)"
+    assert fin["progress"][i] == "1 of 1 clocks (100%)"  # partial_fit: one epoch
+    assert fin["progress"][j] == "7 of 7 clocks (100%)"  # a clock per epoch, every epoch ran (tol=None)
+    assert float(fin["last loss"][i]) > 0 and float(fin["last loss"][j]) > 0 and float(fin["duration s"][j]) >= 0
+
+    # no cluster at all: nothing to report to, and none started for it
+    monkeypatch.setattr(_client, "_auto_ps", None)
+    assert existing_client(None) is None
+    SGDRegressor(max_iter=3, tol=None, random_state=0).fit(X, y.astype(float))
+    assert _client._auto_ps is None
+
+
+def test_a_live_in_process_run_shows_until_its_end_or_its_client_leaves(dash_cluster):
+    """A longer in-process fit shows among the running runs while it trains
+    (its reports at most once per ``ps.dashboard.report-interval``), then
+    among the finished ones; a run whose client left ends as failed."""
+    cluster, client, base = dash_cluster
+    dask_ps.ParameterServer(client)  # the plugin and its page exist
+    dashboard = cluster.scheduler.extensions["ps"].dashboard
+    info = {"name": "SGDClassifier", "params": {"max_iter": 10}, "planned_clocks": 10}
+    with dask.config.set({"ps.dashboard.report-interval": "0s"}):
+        run = _dashboard.LocalRun(client, info, "_sgd_participant")
+        lost = _dashboard.LocalRun(client, info, "_sgd_participant")
+    run.report({"clock": 4, "loss": 0.5})
+    lost.report({"clock": 2})
+    live = _until(lambda: [r for r in dashboard.state()["runs"] if r["run"] == run.run_id], "the live run", 30)[0]
+    assert live["label"] == "SGDClassifier(max_iter=10)" and live["state"] == "running in the calling process"
+    assert live["clocks_done"] == 4 and live["planned_clocks"] == 10 and live["progress"] == 0.4
+    assert live["loss"] == 0.5 and live["participants"] == 1
+    from dask_ps import _dashboard_html
+
+    body = _dashboard_html.render_sections(dashboard.state())  # the plain page (no bokeh) shows it too
+    assert "SGDClassifier(max_iter=10)" in body and "running in the calling process" in body
+    json.dumps(dashboard.state())  # /ps/status.json
+    assert run.run_id in _until(lambda: dashboard.history[-1]["runs"] if dashboard.history
+                                and run.run_id in dashboard.history[-1]["runs"] else None, "a sample of it", 30)
+    run.report({"clock": 10, "loss": 0.25})
+    run.end()
+    done = _until(lambda: [f for f in dashboard.finished if f["run"] == run.run_id], "its end", 30)[0]
+    assert done["result"] == "done" and done["in_process"] and done["clocks_done"] == 10 and done["loss"] == 0.25
+    assert run.run_id not in {r["run"] for r in dashboard.state()["runs"]}
+    _until(lambda: lost.run_id in dashboard.local_runs, "the other live run", 30)
+    dashboard.client_left(client.id)  # the scheduler's remove_client hook
+    (gone,) = [f for f in dashboard.finished if f["run"] == lost.run_id]
+    assert gone["result"].startswith("failed: its client left") and gone["clocks_done"] == 2
