@@ -350,8 +350,13 @@ class _Participant:
                                                 decide=not hp.early_stopping)
             self.W_all = self.rounds.weights()
             seconds = (time.perf_counter() - t_call) / max(1, end - epoch)
+            # Per epoch: the outputs it trained, their mean objective, the mean loss (per sample).
+            was = np.vstack([trained[None, :], sums[:-1, :, 2] > 0])
+            n = max(self.n_train, 1)
+            objective = (sums[:, :, 1] * was).sum(axis=1) / np.maximum(was.sum(axis=1), 1) / n
+            loss = sums[:, :, 0].mean(axis=1) / n
             for e in range(epoch, end):
-                s = sums[e - epoch]
+                i = e - epoch
                 self.samples += self.n_train
                 val, score = np.zeros(K + 3), None
                 if hp.early_stopping:
@@ -362,18 +367,16 @@ class _Participant:
                 self.history.append({
                     "epoch": e + 1,
                     "decided": e + 1,
-                    "objective": float(np.mean(s[trained, 1])) / max(self.n_train, 1),
+                    "objective": float(objective[i]),
                     "score": None if score is None else float(np.mean(score)),
                     "seconds": seconds,
                     "samples": self.samples,
-                    "active": int(stop.active.sum()) if e == end - 1 else int(s[:, 2].sum()),
+                    "active": int(stop.active.sum()) if e == end - 1 else int(np.count_nonzero(sums[i, :, 2])),
                 })
                 if per_epoch:
-                    report_progress(ctx, loss=float(np.mean(s[:, 0])) / max(self.n_train, 1),
-                                    clock=e + 1 - cfg.epoch0)
+                    report_progress(ctx, loss=float(loss[i]), clock=e + 1 - cfg.epoch0)
                     if cfg.progress_table is not None:
-                        self.report(e, s[:, 0], val, seconds)
-                trained = s[:, 2] > 0
+                        self.report(e, sums[i, :, 0], val, seconds)
             epoch = end
 
     def epoch(self, epoch, r_first):
