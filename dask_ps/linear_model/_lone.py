@@ -7,8 +7,9 @@ order (``lone_sklearn_draws``); each output trains in the order of
 scikit-learn's shuffle (``SklearnOrders``); its rounds are whole and the
 kernel keeps its weight vector's scale and averages over the fit, the
 weights unscaled until a copy is scaled as scikit-learn's
-``reset_wscale`` does (``scaled``). The rounds themselves are
-``_rounds``'s (``make_rounds(solo=True)``).
+``reset_wscale`` does (``scaled``). Its epochs and stopping rule run in
+one compiled loop (``_sgd_numba.lone_epochs``, called by
+``_rounds._CompiledRounds.lone_epochs``).
 """
 
 from __future__ import annotations

@@ -582,10 +582,6 @@ class _Participant:
                 val = _validation_stats(cfg, ctx.pull_rows(cfg.table, rows), Xv, self.Y[v], self.sw[v], self.xp)
             else:
                 Wf = W if W is not None else ctx.pull(cfg.table)
-                # scikit-learn scores its unscaled weights (``weights.base``): so does a lone participant
-                # that trains as it does (_rounds._CompiledRounds.raw).
-                raw = getattr(self.rounds, "raw", None)
-                Wf = raw if raw is not None else Wf
                 val = _validation_stats(cfg, Wf, self.X[v], self.Y[v], self.sw[v], self.xp)
         row = np.concatenate([obj, [float(self.n_train)], val])
         if cfg.stats_table is not None:
