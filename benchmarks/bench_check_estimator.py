@@ -9,7 +9,10 @@ installed scikit-learn's ``check_estimator(on_fail=None)``:
   first, then dask_ps's (which starts the embedded cluster if a check needs
   it and loads, or with ``--empty-cache`` compiles, its numba kernels);
 - warm: then ``--repeat`` more of each, alternating, in the same process;
-  the ratio of each pair is reported (range and median).
+  the ratio of each pair is reported (range and median);
+- CPU: the same pairs in CPU seconds of the process (``time.process_time``:
+  all its threads, the embedded cluster's too, which are threads), a
+  measure the other programs of a shared machine disturb less.
 
 The seconds do not include importing either package. ``--empty-cache``
 gives the cold process an empty kernel cache (``DASK_PS__KERNEL_CACHE_DIR``),
@@ -45,23 +48,27 @@ else:
     import sklearn.linear_model, dask_ps.linear_model
     Theirs, Ours = getattr(sklearn.linear_model, name), getattr(dask_ps.linear_model, name)
 
-def timed(cls):
-    t = time.perf_counter()
+CPU = {"sklearn": [], "dask_ps": []}
+
+def timed(cls, who):
+    t, c = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         results = check_estimator(cls(), on_fail=None, on_skip=None)
+    CPU[who].append(time.process_time() - c)
     return time.perf_counter() - t, sorted({r["check_name"] for r in results if r["status"] == "failed"}), len(results)
 
 out = {"warm": []}
-sk, sk_failed, n = timed(Theirs)
-ours, ours_failed, n_ours = timed(Ours)
+sk, sk_failed, n = timed(Theirs, "sklearn")
+ours, ours_failed, n_ours = timed(Ours, "dask_ps")
 out["cold"] = {"sklearn": sk, "dask_ps": ours}
 out["checks"] = {"sklearn": n, "dask_ps": n_ours}
 out["failed"] = {"sklearn": sk_failed, "dask_ps": ours_failed}
 for _ in range(repeat):
-    sk = timed(Theirs)[0]
-    ours = timed(Ours)[0]
+    sk = timed(Theirs, "sklearn")[0]
+    ours = timed(Ours, "dask_ps")[0]
     out["warm"].append({"sklearn": sk, "dask_ps": ours})
+out["cpu"] = CPU
 print("RESULT " + json.dumps(out))
 """
 
@@ -89,7 +96,7 @@ def main(argv=None) -> dict:
         load = f.read().split()[:3]
     print(f"load average (1, 5, 15 min): {' '.join(load) or 'n/a'}; {os.cpu_count()} cores")
     print(f"{'estimator':28s} {'cold sk':>8s} {'cold ours':>9s} {'ratio':>6s}   {'warm sk':>8s} {'warm ours':>9s} "
-          f"{'ratio (min-max)':>16s}")
+          f"{'ratio (min-max)':>16s}   {'CPU cold':>8s} {'CPU warm (min-max)':>18s}")
     results = {}
     for name in args.only or ESTIMATORS:
         with tempfile.TemporaryDirectory() as empty:
@@ -100,8 +107,10 @@ def main(argv=None) -> dict:
         sk_warm = statistics.median(w["sklearn"] for w in r["warm"]) if r["warm"] else float("nan")
         ours_warm = statistics.median(w["dask_ps"] for w in r["warm"]) if r["warm"] else float("nan")
         span = f"{statistics.median(ratios):.1f} ({min(ratios):.1f}-{max(ratios):.1f})" if ratios else "n/a"
+        cpu = [o / max(k, 1e-9) for k, o in zip(r["cpu"]["sklearn"], r["cpu"]["dask_ps"])]
+        cpu_span = f"{statistics.median(cpu[1:]):.1f} ({min(cpu[1:]):.1f}-{max(cpu[1:]):.1f})" if cpu[1:] else "n/a"
         print(f"{name:28s} {cold['sklearn']:8.2f} {cold['dask_ps']:9.2f} {cold['dask_ps'] / cold['sklearn']:6.1f}   "
-              f"{sk_warm:8.2f} {ours_warm:9.2f} {span:>16s}")
+              f"{sk_warm:8.2f} {ours_warm:9.2f} {span:>16s}   {cpu[0]:8.1f} {cpu_span:>18s}")
         if r["failed"]["sklearn"] != r["failed"]["dask_ps"]:
             print(f"  failed checks differ: scikit-learn {r['failed']['sklearn']}, dask_ps {r['failed']['dask_ps']}")
     return results

@@ -353,6 +353,38 @@ def compact_rows_xp(Xg, d, xp):
     return cols_np, compact
 
 
+def stop_decision(k, value, best, no_improvement, eta, active, early_stopping, tol, n_iter_no_change,
+                  adaptive) -> None:
+    """scikit-learn's stopping rule (``_plain_sgd``) after an epoch of
+    problem ``k`` whose objective (or, with ``early_stopping``, validation
+    score) is ``value``: no improvement by ``tol`` for ``n_iter_no_change``
+    epochs stops the problem (``active[k] = False``), or with the
+    'adaptive' rate first divides its ``eta`` by 5. Updates ``best``,
+    ``no_improvement``, ``eta`` and ``active`` in place.
+
+    Plain Python, used as it is by ``_rounds._StopRule`` and compiled into
+    a lone participant's loop over its epochs (``_sgd_numba.lone_epochs``):
+    one rule."""
+    if early_stopping:
+        worse = tol > -math.inf and value < best[k] + tol
+        if value > best[k]:
+            best[k] = value
+    else:
+        worse = tol > -math.inf and value > best[k] - tol
+        if value < best[k]:
+            best[k] = value
+    if worse:
+        no_improvement[k] += 1
+    else:
+        no_improvement[k] = 0
+    if no_improvement[k] >= n_iter_no_change:
+        if adaptive and eta[k] > 1e-6:
+            eta[k] = eta[k] / 5.0
+            no_improvement[k] = 0
+        else:
+            active[k] = False
+
+
 def check_finite(W, epoch) -> None:
     """Raise scikit-learn's error when training produced NaN or Inf weights."""
     if not arrays.all_finite(W):

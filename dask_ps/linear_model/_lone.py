@@ -7,8 +7,9 @@ order (``lone_sklearn_draws``); each output trains in the order of
 scikit-learn's shuffle (``SklearnOrders``); its rounds are whole and the
 kernel keeps its weight vector's scale and averages over the fit, the
 weights unscaled until a copy is scaled as scikit-learn's
-``reset_wscale`` does (``scaled``). The rounds themselves are
-``_rounds``'s (``make_rounds(solo=True)``).
+``reset_wscale`` does (``scaled``). Its epochs and stopping rule run in
+one compiled loop (``_sgd_numba.lone_epochs``, called by
+``_rounds._CompiledRounds.lone_epochs``).
 """
 
 from __future__ import annotations
@@ -73,25 +74,21 @@ class SklearnOrders:
     with the output's seed (``_sgd_numba.sklearn_shuffle``: the same
     permutation applied again; ``seeds`` from
     ``_participant.lone_sklearn_draws``), the validation samples skipped,
-    as ``_plain_sgd`` iterates its dataset. Starts at epoch ``epoch0``."""
+    as ``_plain_sgd`` iterates its dataset (``_sgd_numba.lone_epochs``
+    shuffles ``ind`` in place each epoch and skips the samples outside
+    ``keep``). Starts at epoch ``epoch0``."""
 
     def __init__(self, mod, seeds, n, train_idx, shuffle, epoch0=0):
         self.mod, self.seeds, self.shuffle = mod, [int(s) for s in seeds], bool(shuffle)
         self.keep = np.zeros(n, dtype=bool)
         self.keep[train_idx] = True
-        self.ind = [np.arange(n, dtype=np.int64) for _ in self.seeds]
+        self.ind = np.tile(np.arange(n, dtype=np.int64), (len(self.seeds), 1))  # one order per output
         for _ in range(epoch0 if self.shuffle else 0):
             self._shuffle()
 
     def _shuffle(self):
         for ind, seed in zip(self.ind, self.seeds):
             self.mod.sklearn_shuffle(ind, seed)
-
-    def next_epoch(self) -> list:
-        """The next epoch's training order of each output."""
-        if self.shuffle:
-            self._shuffle()
-        return [ind[self.keep[ind]] for ind in self.ind]
 
 
 def scaled(cfg, kstate, raw):
@@ -105,7 +102,7 @@ def scaled(cfg, kstate, raw):
     W = raw.copy(order="F")
     axpy, scal = get_blas_funcs(("axpy", "scal"), dtype=raw.dtype)
     for k in range(K):
-        wscale, avg_a, avg_b = kstate[k]
+        wscale, avg_a, avg_b = kstate[k][:3]
         if cfg.hp.average:
             aw = axpy(raw[:nw, k], np.array(raw[:nw, K + k]), a=avg_a)
             W[:nw, K + k] = scal(1.0 / avg_b, aw)

@@ -223,10 +223,13 @@ def _participant_loop(ctx, part, cfg: _RunConfig):
         if run.solo:  # alone, a participant keeps the whole table local: one pull, one push (_Participant)
             run.W_all = ctx.pull(cfg.table)
             W_start = run.W_all.copy()
-        for epoch in range(first, cfg.max_iter):
-            if not run.stop.active.any():
-                break
-            run.epoch(epoch, resume_round if epoch == first else 0)
+        if run.lone:
+            run.lone_epochs(first)
+        else:
+            for epoch in range(first, cfg.max_iter):
+                if not run.stop.active.any():
+                    break
+                run.epoch(epoch, resume_round if epoch == first else 0)
         if run.solo:
             ctx.push(cfg.table, run.W_all - W_start)
     finally:
@@ -265,6 +268,8 @@ class _Participant:
         # prepared and trained by ``self.rounds`` (``_rounds.make_rounds``).
         self.run_rounds = []  # the rounds fixed at the run's first epoch
         self.rounds = make_rounds(cfg, X, self.Y, self.sw, self.train_idx, self.run_rounds, solo=self.solo)
+        # Alone in scikit-learn's order: scikit-learn's loop over the epochs, compiled (lone_epochs).
+        self.lone = self.solo and getattr(self.rounds, "lone", False)
         self.stop = _StopRule(hp, cfg.eta_init)
         state = cfg.states[ctx.rank] if cfg.states is not None else None
         if state is not None:  # a later run of a chunked or resumed fit
@@ -325,6 +330,54 @@ class _Participant:
             self.decide(epoch, float("nan"))
             first = epoch + 1
         return first, resume_round
+
+    def lone_epochs(self, first):
+        """A lone participant in scikit-learn's order: its epochs from
+        ``first`` and its stopping rule in one compiled loop, as
+        scikit-learn's ``_plain_sgd`` (``_CompiledRounds.lone_epochs``),
+        on the local table ``W_all``. One epoch per call where something is
+        read after each: the validation score (early stopping, on the
+        unscaled weights as scikit-learn scores them), a progress row
+        (verbose) or a report to the dashboard (a run on a cluster)."""
+        ctx, cfg, hp, stop, K = self.ctx, self.cfg, self.hp, self.stop, self.K
+        per_epoch = hp.early_stopping or cfg.progress_table is not None or getattr(ctx, "run_id", None) is not None
+        v = self.val_idx
+        epoch = first
+        while epoch < cfg.max_iter and stop.active.any():
+            t_call = time.perf_counter()
+            trained = stop.active.copy()
+            sums, end = self.rounds.lone_epochs(self.W_all, epoch, epoch + 1 if per_epoch else cfg.max_iter, stop,
+                                                decide=not hp.early_stopping)
+            self.W_all = self.rounds.weights()
+            seconds = (time.perf_counter() - t_call) / max(1, end - epoch)
+            # Per epoch: the outputs it trained, their mean objective, the mean loss (per sample).
+            was = np.vstack([trained[None, :], sums[:-1, :, 2] > 0])
+            n = max(self.n_train, 1)
+            objective = (sums[:, :, 1] * was).sum(axis=1) / np.maximum(was.sum(axis=1), 1) / n
+            loss = sums[:, :, 0].mean(axis=1) / n
+            for e in range(epoch, end):
+                i = e - epoch
+                self.samples += self.n_train
+                val, score = np.zeros(K + 3), None
+                if hp.early_stopping:
+                    val = _validation_stats(cfg, self.rounds.raw, self.X[v], self.Y[v], self.sw[v], self.xp)
+                    score = _validation_score(cfg, val)
+                    stop.update(None, score)
+                stop.last_decided = e
+                self.history.append({
+                    "epoch": e + 1,
+                    "decided": e + 1,
+                    "objective": float(objective[i]),
+                    "score": None if score is None else float(np.mean(score)),
+                    "seconds": seconds,
+                    "samples": self.samples,
+                    "active": int(stop.active.sum()) if e == end - 1 else int(np.count_nonzero(sums[i, :, 2])),
+                })
+                if per_epoch:
+                    report_progress(ctx, loss=float(loss[i]), clock=e + 1 - cfg.epoch0)
+                    if cfg.progress_table is not None:
+                        self.report(e, sums[i, :, 0], val, seconds)
+            epoch = end
 
     def epoch(self, epoch, r_first):
         """Train ``epoch`` from its round ``r_first`` on."""
@@ -529,10 +582,6 @@ class _Participant:
                 val = _validation_stats(cfg, ctx.pull_rows(cfg.table, rows), Xv, self.Y[v], self.sw[v], self.xp)
             else:
                 Wf = W if W is not None else ctx.pull(cfg.table)
-                # scikit-learn scores its unscaled weights (``weights.base``): so does a lone participant
-                # that trains as it does (_rounds._CompiledRounds.raw).
-                raw = getattr(self.rounds, "raw", None)
-                Wf = raw if raw is not None else Wf
                 val = _validation_stats(cfg, Wf, self.X[v], self.Y[v], self.sw[v], self.xp)
         row = np.concatenate([obj, [float(self.n_train)], val])
         if cfg.stats_table is not None:
@@ -625,6 +674,7 @@ class _Participant:
         # a row without samples was never written (a fit resumed in another mode).
         if row is not None and (decided <= stop.last_decided or row[K] <= 0):
             row = None
+        trained = stop.active.copy()  # a problem stopped now trained this epoch (scikit-learn counts it)
         if row is not None:
             objective = row[:K] / row[K]
             score = _validation_score(cfg, row[K + 1:]) if self.hp.early_stopping else None
@@ -632,7 +682,7 @@ class _Participant:
             stop.last_decided = decided
         else:
             objective, score = np.full(K, np.nan), None
-        stop.n_iter[stop.active] = epoch + 1
+        stop.n_iter[trained] = epoch + 1
         self.history.append({
             "epoch": epoch + 1,
             "decided": decided + 1,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.linalg.blas import get_blas_funcs
 
 from dask_ps._estimators import arrays, setting, setting_bytes
 from dask_ps.linear_model._kernels import (
@@ -37,6 +38,7 @@ from dask_ps.linear_model._kernels import (
     _unique_inverse,
     check_finite,
     compact_rows_xp,
+    stop_decision,
 )
 from dask_ps.linear_model._lone import SklearnOrders, scaled
 
@@ -138,22 +140,10 @@ class _StopRule:
     def update(self, objective, score) -> None:
         """Account one epoch's objective (or validation score) per problem."""
         hp = self.hp
+        values = score if hp.early_stopping else objective
         for k in np.flatnonzero(self.active):
-            if hp.early_stopping:
-                s = score[k]
-                worse = hp.tol > -np.inf and s < self.best[k] + hp.tol
-                self.best[k] = max(self.best[k], s)
-            else:
-                o = objective[k]
-                worse = hp.tol > -np.inf and o > self.best[k] - hp.tol
-                self.best[k] = min(self.best[k], o)
-            self.no_improvement[k] = self.no_improvement[k] + 1 if worse else 0
-            if self.no_improvement[k] >= hp.n_iter_no_change:
-                if hp.learning_rate == ADAPTIVE and self.eta[k] > 1e-6:
-                    self.eta[k] /= 5.0
-                    self.no_improvement[k] = 0
-                else:
-                    self.active[k] = False
+            stop_decision(k, values[k], self.best, self.no_improvement, self.eta, self.active, hp.early_stopping,
+                          hp.tol, hp.n_iter_no_change, hp.learning_rate == ADAPTIVE)
 
 
 def _rng_state_to_json(rng) -> list:
@@ -317,8 +307,7 @@ class _CompiledData:
         self.sparse = sp.issparse(X)
         self.solo = bool(solo)
         self.l1_state = None  # a lone participant's L1 state (q, u) per output, over the fit (_train_chunks)
-        self.kstate = None  # its kernel state per output, kept over the fit where set (_CompiledRounds)
-        self.fresh_state = np.array([1.0, 0.0, 1.0])  # the kernel's state where not kept (unused)
+        self.fresh_state = np.array([1.0, 0.0, 1.0, 0.0, 0.0])  # sgd_round's state where not kept (unused)
         self.n_train = train_idx.shape[0]
         self.Y = [np.ascontiguousarray(Y[:, k]) for k in range(Y.shape[1])]
         self.sw = np.ascontiguousarray(sw)
@@ -569,35 +558,25 @@ def _dense_round(c: _CompiledData, group) -> _Round:
 
 
 def _whole_round(c: _CompiledData, order) -> _Round:
-    """A lone participant's round over its data in place, the whole
+    """A lone participant's round over its sparse data in place, the whole
     table's rows (``rows`` None): one chunk whose samples are read in the
-    ``order`` given, one array for all outputs or a list of one per output
-    (scikit-learn's orders, ``_lone.SklearnOrders``)."""
-    first = order[0] if isinstance(order, list) else order
-    X = (c.data, c.ind, c.ptr) if c.sparse else c.X
-    return _Round(None, [(first, X, c.Y, c.sw, order)], first.shape[0])
+    ``order`` given."""
+    return _Round(None, [(order, (c.data, c.ind, c.ptr), c.Y, c.sw, order)], order.shape[0])
 
 
 def _compiled_round(cfg: _RunConfig, c: _CompiledData, rnd: _Round, W0, epoch, seen, stop, active, loss_sum,
-                    eta_scale=1.0, raw=None):
+                    eta_scale=1.0):
     """Train round ``rnd`` with the compiled kernel from the weights ``W0``
     it read (sparse data: its touched rows): every active output over the
     round's samples in one call each, then the touched rows' lazy
     regularization, at ``eta_scale`` times the learning rates; returns the
-    new weights and adds the round's loss sums to ``loss_sum``.
-
-    ``raw``: a lone participant's unscaled weights, trained in place with
-    the kernel's state kept (``c.kstate``; ``W0`` is their scaled copy),
-    as scikit-learn's ``WeightVector`` over a fit; the scaled copy is
-    returned (``_lone.scaled``)."""
-    W = raw if raw is not None else np.array(W0, dtype=W0.dtype, order="F", copy=True)  # columns contiguous
+    new weights and adds the round's loss sums to ``loss_sum``."""
+    W = np.array(W0, dtype=W0.dtype, order="F", copy=True)  # columns contiguous
     n_train_step = cfg.n_total / max(c.n_train, 1)
     t = cfg.t0 + epoch * cfg.n_total + seen * n_train_step
     outs = np.flatnonzero(active)
     sums = _train_chunks(cfg, c, W, rnd.chunks, outs, t, n_train_step, stop, loss_sum, eta_scale)
     _finish_round(cfg, W, rnd.inv_q, outs, *sums)
-    if raw is not None:
-        W = scaled(cfg, c.kstate, raw)
     check_finite(W, epoch)
     return np.ascontiguousarray(W)
 
@@ -614,7 +593,6 @@ def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train
     K = hp.n_outputs
     nw = W.shape[0] - 1
     intercept_decay = SPARSE_INTERCEPT_DECAY if c.sparse else 1.0
-    keep = c.kstate is not None  # a lone participant's kernel state, kept over the fit (_compiled_round)
     use_l1 = hp.penalty in (L1, ELASTICNET)
     icpt = {k: float(W[nw, k]) for k in outs}
     aicpt = {k: float(W[nw, K + k]) if hp.average else 0.0 for k in outs}
@@ -635,17 +613,16 @@ def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train
     for part, Xc, Yc, swc, local in chunks:
         Xd, (xdata, xind, xptr) = (c.X, Xc) if c.sparse else (Xc, c.csr_dummy)
         for k in outs:
-            rows = local[k] if isinstance(local, list) else local  # per output: scikit-learn's orders
             eta = float(stop.eta[k]) if hp.learning_rate == ADAPTIVE else hp.eta0
             if hp.learning_rate in (ADAPTIVE, CONSTANT):
                 eta *= eta_scale
-            icpt[k], aicpt[k], sumloss, dec, es, l1_u[k] = c.mod.sgd_round(
-                not c.sparse, Xd, xdata, xind, xptr, rows, Yc[k], swc, W[:nw, k],
+            icpt[k], aicpt[k], sumloss, dec, es, l1_u[k], _ = c.mod.sgd_round(
+                not c.sparse, Xd, xdata, xind, xptr, local, Yc[k], swc, W[:nw, k],
                 W[:nw, K + k] if hp.average else c.dummy_w, icpt[k], aicpt[k],
                 c.loss_id, c.thr, hp.penalty, hp.alpha, hp.l1_ratio, hp.learning_rate, eta, hp.eta0, hp.power_t,
                 c.optimal_init, bool(hp.fit_intercept), intercept_decay, float(cfg.cw_pos[k]),
                 float(cfg.cw_neg[k]), int(hp.average), tk, n_train_step, c.wscale_min, l1_q[k], l1_u[k],
-                float(eta_scale), c.kstate[k] if keep else c.fresh_state, keep)
+                float(eta_scale), c.fresh_state, False)
             decay[k] *= dec
             eta_sum[k] += es
             loss_sum[k] += sumloss
@@ -710,16 +687,16 @@ def make_rounds(cfg: _RunConfig, X, Y, sw, train_idx, run_rounds, solo=False):
 
 class _CompiledRounds:
     """Rounds trained by the compiled kernel: a sparse round compacted ahead
-    (``_RoundPrep``), a dense one gathered in chunks (``_dense_round``)."""
+    (``_RoundPrep``), a dense one gathered in chunks (``_dense_round``); or
+    a lone participant's epochs in scikit-learn's order (``orders``), in
+    one compiled loop (``lone_epochs``)."""
 
     def __init__(self, cfg: _RunConfig, data: _CompiledData, run_rounds, orders=None):
         self.cfg, self.c = cfg, data
-        self.orders, self.current = orders, None  # scikit-learn's orders of a lone participant, this epoch's
-        # A lone participant in scikit-learn's order keeps its weights unscaled
-        # (``raw``) and the kernel's state over the fit, as scikit-learn does.
-        self.raw = None
-        if orders is not None:
-            data.kstate = np.tile([1.0, 0.0, 1.0], (cfg.hp.n_outputs, 1))
+        self.orders = orders  # scikit-learn's orders of a lone participant (_lone.SklearnOrders)
+        # Such a participant keeps its weights unscaled (``raw``) and the
+        # weight vectors' state over the run (``lone_epochs``), as scikit-learn does.
+        self.raw = self.kstate = None
         self.fixed = data.sparse and not data.solo
         self.prep = _RoundPrep(cfg, data, run_rounds) if self.fixed else None
         self.seconds = {"round_prep": 0.0, "kernel": 0.0}  # the participant thread's
@@ -729,9 +706,66 @@ class _CompiledRounds:
         """CPU seconds of the thread that builds the sparse rounds ahead."""
         return 0.0 if self.prep is None else self.prep.cpu_seconds
 
+    @property
+    def lone(self) -> bool:
+        """Whether the epochs run in one compiled loop (``lone_epochs``)."""
+        return self.orders is not None
+
+    def lone_epochs(self, W0, epoch0, epoch1, stop, decide):
+        """Train the epochs ``[epoch0, epoch1)`` of a lone participant as
+        scikit-learn's ``_plain_sgd`` does, from the table ``W0`` at the
+        run's first call (``_sgd_numba.lone_epochs``), with its stopping
+        rule where ``decide`` (else the caller's, on a validation score).
+        ``stop`` is updated in place (its ``n_iter``: epochs trained).
+        Returns ``(sums, end)``: per epoch trained and output its loss sum,
+        objective sum (scikit-learn's, with the penalty of each sample's
+        weights) and whether still active; ``end`` the next epoch."""
+        cfg, c, hp = self.cfg, self.c, self.cfg.hp
+        K = hp.n_outputs
+        if self.raw is None:
+            self._start_lone(W0)
+        t = time.perf_counter()
+        sums = np.zeros((epoch1 - epoch0, K, 3))
+        X = (c.X, c.data, c.ind, c.ptr) if c.sparse else (c.X, *c.csr_dummy)
+        end, bad = c.mod.lone_epochs(
+            not c.sparse, *X, self.orders.ind, self.seeds, bool(hp.shuffle), self.orders.keep, self.rows_buf,
+            self.Yt, c.sw, self.raw.T, bool(hp.average), self.kstate, self.l1_q, self.l1_u, c.loss_id, c.thr,
+            hp.penalty, hp.alpha, hp.l1_ratio, hp.learning_rate, hp.eta0, hp.power_t, c.optimal_init,
+            bool(hp.fit_intercept), SPARSE_INTERCEPT_DECAY if c.sparse else 1.0, self.cw_pos, self.cw_neg,
+            int(hp.average), cfg.t0, float(cfg.n_total), c.wscale_min, int(epoch0), int(epoch1), bool(decide),
+            float(hp.tol), int(hp.n_iter_no_change), hp.learning_rate == ADAPTIVE, stop.best, stop.no_improvement,
+            stop.eta, stop.active, stop.n_iter, sums)
+        self.seconds["kernel"] += time.perf_counter() - t
+        if bad >= 0:
+            check_finite(np.array([np.nan]), bad)  # scikit-learn's error
+        return sums[:end - epoch0], end
+
+    def _start_lone(self, W0):
+        """``lone_epochs``' state at the run's first call: the unscaled
+        weights, the weight vectors' state (scale, averaging, and the norms
+        scikit-learn's ``WeightVector`` starts from, with its BLAS calls),
+        the L1 penalty's."""
+        cfg, c, hp = self.cfg, self.c, self.cfg.hp
+        K = hp.n_outputs
+        self.raw = np.array(W0, dtype=W0.dtype, order="F", copy=True)
+        nw = self.raw.shape[0] - 1
+        dot, asum = get_blas_funcs(("dot", "asum"), dtype=self.raw.dtype)
+        self.kstate = np.array([[1.0, 0.0, 1.0, float(dot(self.raw[:nw, k], self.raw[:nw, k])),
+                                 float(asum(self.raw[:nw, k]))] for k in range(K)]).reshape(K, 5)
+        self.l1_q = np.zeros((K, nw if hp.penalty in (L1, ELASTICNET) else 1))
+        self.l1_u = np.zeros(K)
+        self.Yt = np.ascontiguousarray(np.array(c.Y).reshape(K, -1))
+        self.seeds = np.array(self.orders.seeds, dtype=np.int64)
+        self.rows_buf = np.empty(self.orders.ind.shape[1], dtype=np.int64)
+        self.cw_pos = np.asarray(cfg.cw_pos, dtype=float)
+        self.cw_neg = np.asarray(cfg.cw_neg, dtype=float)
+
+    def weights(self):
+        """A lone participant's weights (``lone_epochs``), scaled: a copy
+        (``_lone.scaled``)."""
+        return np.ascontiguousarray(scaled(self.cfg, self.kstate, self.raw))
+
     def plan(self, groups) -> None:
-        if self.orders is not None:  # an epoch of a lone participant: one round
-            self.current = self.orders.next_epoch()
         if self.prep is not None and self.c.cache is not None:
             for group in groups:  # built in this order, each once per run
                 self.prep.request(group[0])
@@ -749,8 +783,6 @@ class _CompiledRounds:
                 for group in groups[i:i + 2]:
                     self.prep.request(group[0])
             rnd = self.prep.take(groups[i])
-        elif self.orders is not None:
-            rnd = _whole_round(self.c, self.current)
         else:
             rnd = _dense_round(self.c, groups[i])
         self.seconds["round_prep"] += time.perf_counter() - t
@@ -758,9 +790,7 @@ class _CompiledRounds:
 
     def train(self, rnd: _Round, W0, epoch, seen, stop, active, loss_sum, eta_scale):
         t = time.perf_counter()
-        if self.orders is not None and self.raw is None:
-            self.raw = np.array(W0, dtype=W0.dtype, order="F", copy=True)
-        W = _compiled_round(self.cfg, self.c, rnd, W0, epoch, seen, stop, active, loss_sum, eta_scale, self.raw)
+        W = _compiled_round(self.cfg, self.c, rnd, W0, epoch, seen, stop, active, loss_sum, eta_scale)
         self.seconds["kernel"] += time.perf_counter() - t
         return W
 

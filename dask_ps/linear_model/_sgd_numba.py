@@ -38,6 +38,7 @@ from dask_ps.linear_model._kernels import (  # noqa: F401  (LOSS_IDS: the ids sg
     OPTIMAL,
     PA1,
     PA2,
+    stop_decision,
 )
 
 
@@ -140,6 +141,12 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
     ``state`` and are left there, ``w``/``aw`` unscaled, as scikit-learn's
     ``WeightVector`` over a whole fit (a lone participant's rounds);
     otherwise they start fresh and are applied to ``w``/``aw`` at the end.
+    With ``keep`` the round also sums scikit-learn's objective (returned
+    last, 0 otherwise): each sample's loss plus the penalty of the weights
+    it is trained from, from the norms scikit-learn's ``WeightVector``
+    keeps (``state[3]``, ``state[4]``: its ``sq_norm`` and ``l1_norm``,
+    updated as it does, by ``scale`` and ``add`` only, ``add`` over the
+    sample's features).
 
     Dense: sample ``r`` is ``X[r]`` and ``w`` has one entry per column.
     Sparse: sample ``r`` is row ``r`` of the CSR (``data``, ``ind``, ``ptr``),
@@ -148,12 +155,19 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
     wscale = 1.0
     avg_a = 0.0
     avg_b = 1.0
+    sq_norm = 0.0
+    l1_norm = 0.0
     if keep:
         wscale = state[0]
         avg_a = state[1]
         avg_b = state[2]
+        sq_norm = state[3]
+        l1_norm = state[4]
     use_l1 = penalty == L1 or penalty == ELASTICNET
+    # scikit-learn adds the penalty to the objective except for the passive-aggressive rules
+    penalized = keep and penalty > 0 and learning_rate != PA1 and learning_rate != PA2
     sumloss = 0.0
+    objective = 0.0
     decay_prod = 1.0
     eta_sum = 0.0
     for i in range(rows.shape[0]):
@@ -174,6 +188,11 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
         yi = y[r]
         loss_value = _loss(loss_id, thr, yi, p)
         sumloss += loss_value
+        if keep:
+            objective += loss_value
+            if penalized:
+                norm = math.sqrt(sq_norm)
+                objective += alpha * ((1.0 - l1_ratio) * 0.5 * (norm * norm) + l1_ratio * l1_norm)
         cw = cw_pos if yi > 0.0 else cw_neg
         if learning_rate == PA1 or learning_rate == PA2:
             sq = 0.0  # the sample's squared norm
@@ -208,6 +227,8 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
             c = max(0.0, 1.0 - ((1.0 - l1_ratio) * eta * alpha))
             decay_prod *= c
             wscale *= c
+            sq_norm *= c * c
+            l1_norm *= abs(c)
             if wscale < wscale_min:  # reset_wscale
                 if average > 0:
                     for j in range(n_w):  # scikit-learn's axpy, then scal by 1 / average_b
@@ -219,12 +240,23 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
                 wscale = 1.0
         if update != 0.0:
             cu = update / wscale
+            acc2 = 0.0
+            acc1 = 0.0
             if dense:
                 for j in range(n_w):
                     w[j] += X[r, j] * cu
+                    if keep:
+                        acc2 += w[j] * w[j]
+                        acc1 += abs(w[j])
             else:
                 for jj in range(ptr[r], ptr[r + 1]):
                     w[ind[jj]] += data[jj] * cu
+                    if keep:
+                        acc2 += w[ind[jj]] * w[ind[jj]]
+                        acc1 += abs(w[ind[jj]])
+            if keep:  # WeightVector.add: the norms of the sample's features only
+                sq_norm = acc2 * (wscale * wscale)
+                l1_norm = acc1 * wscale
         if fit_intercept and update != 0.0:
             intercept += update * intercept_decay
         if 0 < average <= t:
@@ -254,13 +286,15 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
         state[0] = wscale
         state[1] = avg_a
         state[2] = avg_b
-        return intercept, aintercept, sumloss, decay_prod, eta_sum, u
+        state[3] = sq_norm
+        state[4] = l1_norm
+        return intercept, aintercept, sumloss, decay_prod, eta_sum, u, objective
     if average > 0:
         for j in range(n_w):
             aw[j] = (aw[j] + avg_a * w[j]) * (1.0 / avg_b)
     for j in range(n_w):
         w[j] *= wscale
-    return intercept, aintercept, sumloss, decay_prod, eta_sum, u
+    return intercept, aintercept, sumloss, decay_prod, eta_sum, u, objective
 
 
 @njit(inline="always", error_model="numpy")
@@ -418,3 +452,80 @@ def sklearn_shuffle(ind, seed):
         tmp = ind[i]
         ind[i] = ind[j]
         ind[j] = tmp
+
+
+_stop_decision = njit(cache=False, inline="always")(stop_decision)
+
+
+@njit(nogil=True, error_model="numpy")
+def lone_epochs(dense, X, data, ind, ptr, orders, seeds, shuffle, train_mask, rows, Y, sw, Wt, averaged, state, q, u,
+                loss_id, thr, penalty, alpha, l1_ratio, learning_rate, eta0, power_t, optimal_init, fit_intercept,
+                intercept_decay, cw_pos, cw_neg, average, t0, n_total, wscale_min, epoch0, epoch1, decide, tol,
+                n_iter_no_change, adaptive, best, no_improvement, eta, active, n_iter, sums):
+    """The epochs ``[epoch0, epoch1)`` of a lone participant, each output as
+    scikit-learn's ``_plain_sgd`` trains it: its samples shuffled in place
+    in ``orders[k]`` with its seed (``sklearn_shuffle``), those of
+    ``train_mask`` trained in that order (``sgd_round`` with the weight
+    vector's state ``state[k]`` kept: ``Wt[k]`` and, ``averaged``, the
+    average ``Wt[K + k]`` stay unscaled, the intercept last), the weights
+    checked finite, and with ``decide`` the stopping rule applied to the
+    epoch's objective (``stop_decision``: updates ``best``,
+    ``no_improvement``, ``eta``, ``active``; without, the caller decides,
+    on a validation score). ``n_iter[k]``: the epochs output ``k`` trained.
+
+    ``sums[e - epoch0, k]``: the epoch's loss sum, objective sum, and 1 if
+    the output is still active after it. Returns ``(end, bad)``: the epoch
+    after the last one trained, and the epoch whose weights were not finite
+    (-1: none; the loop stops there)."""
+    K = Wt.shape[0] // 2 if averaged else Wt.shape[0]
+    nw = Wt.shape[1] - 1
+    n = orders.shape[1]
+    n_train = 0
+    for i in range(n):
+        if train_mask[i]:
+            n_train += 1
+    step = n_total / max(n_train, 1)
+    dummy = np.zeros(1, dtype=Wt.dtype)
+    for e in range(epoch0, epoch1):
+        any_active = False
+        for k in range(K):
+            any_active = any_active or active[k]
+        if not any_active:
+            return e, -1
+        for k in range(K):
+            if not active[k]:
+                continue
+            order = orders[k]
+            if shuffle:
+                sklearn_shuffle(order, seeds[k])
+            m = 0
+            for i in range(n):
+                if train_mask[order[i]]:
+                    rows[m] = order[i]
+                    m += 1
+            w = Wt[k, :nw]
+            aw = Wt[K + k, :nw] if averaged else dummy
+            aicpt = Wt[K + k, nw] if averaged else 0.0
+            eta_k = eta[k] if adaptive else eta0
+            icpt, aicpt, sumloss, _, _, u_k, objective = sgd_round(
+                dense, X, data, ind, ptr, rows[:m], Y[k], sw, w, aw, Wt[k, nw], aicpt, loss_id, thr, penalty, alpha,
+                l1_ratio, learning_rate, eta_k, eta0, power_t, optimal_init, fit_intercept, intercept_decay,
+                cw_pos[k], cw_neg[k], average, t0 + e * n_total, step, wscale_min, q[k], u[k], 1.0, state[k], True)
+            u[k] = u_k
+            Wt[k, nw] = icpt
+            if averaged:
+                Wt[K + k, nw] = aicpt
+            n_iter[k] = e + 1
+            sums[e - epoch0, k, 0] = sumloss
+            sums[e - epoch0, k, 1] = objective
+            # scikit-learn's check: the unscaled weights and the intercept
+            finite = math.isfinite(icpt)
+            for j in range(nw):
+                finite = finite and math.isfinite(w[j])
+            if not finite:
+                return e + 1, e
+            if decide:
+                _stop_decision(k, objective / max(n_train, 1), best, no_improvement, eta, active, False, tol,
+                               n_iter_no_change, adaptive)
+            sums[e - epoch0, k, 2] = 1.0 if active[k] else 0.0
+    return epoch1, -1

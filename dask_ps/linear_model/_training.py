@@ -59,7 +59,7 @@ class Trained:
 
     W: np.ndarray  # the final weights table
     n_iter: int
-    n_seen: int  # training samples an epoch
+    n_seen: int  # what t_ counts an epoch: all the samples, the validation set's too, as scikit-learn's t_
     metrics: list  # metrics_
     run_ids: list  # run_ids_
     rollbacks: list  # rollbacks_
@@ -129,7 +129,7 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
         n_total = int(sum(sizes) * (1.0 - hp.validation_fraction)) if hp.early_stopping else int(sum(sizes))
         if val_idx is not None:
             n_total = sizes[0] - val_idx.shape[0]
-        n_seen = int(sum(sizes) if not hp.early_stopping else n_total)
+        n_seen = int(sum(sizes))  # scikit-learn's t_ += n_iter_ * n_samples, its validation samples counted
         progress = Progress(est.verbose, logger, total=max_iter - start.epoch, unit="epoch", desc=type(est).__name__)
         with temporary_tables(ps) as tables, progress_closed(progress):
             t = time.perf_counter()
@@ -223,7 +223,7 @@ def _train_in_process(est, data: _Input, rs, hp, max_iter, K, weights, classes, 
             _shown_on_dashboard(est, session, cfg):
         result = _sgd_participant(session, _PartData(data.X, data.y, data.sw), cfg=cfg)
     eta = [float(v) for v in result["state"]["stop"]["eta"]] if hp.learning_rate == ADAPTIVE else None
-    return Trained(session.tables[start.name], int(max(result["state"]["stop"]["n_iter"])), n_total,
+    return Trained(session.tables[start.name], int(max(result["state"]["stop"]["n_iter"])), n,
                    *_report(est, [[result]]), rollbacks=[], adaptive_eta=eta)
 
 

@@ -612,6 +612,23 @@ def test_metrics_per_participant(client):
     assert pickle.loads(pickle.dumps(est)).metrics_[0]["samples"] == 45000
 
 
+@pytest.mark.parametrize("early_stopping", [False, True])
+def test_n_iter_counts_the_epoch_the_rule_stops_at(client, early_stopping):
+    """Several participants: ``n_iter_`` counts the epochs trained, the one
+    at whose end the stopping rule ended the fit included, as scikit-learn
+    counts them (issue 24; it was one lower), and ``t_`` is ``1 +
+    n_iter_ * n_samples``, as scikit-learn's, validation samples counted."""
+    X, y = make_classification(3000, 20, random_state=0)
+    X = StandardScaler().fit_transform(X)
+    with dask.config.set({"ps.sgd.min-samples-per-participant": 1000}):
+        est = SGDClassifier(early_stopping=early_stopping, n_iter_no_change=3, random_state=0).fit(X, y)
+    assert len(est.metrics_) == 2 and est.n_iter_ < est.max_iter
+    for m in est.metrics_:
+        assert [h["epoch"] for h in m["history"]] == list(range(1, est.n_iter_ + 1))
+        assert m["history"][-1]["active"] == 0
+    assert est.t_ == 1.0 + est.n_iter_ * X.shape[0]
+
+
 def test_early_stopping_and_n_iter_no_change(client):
     X, y = make_classification(3000, 20, random_state=0)
     X = StandardScaler().fit_transform(X)

@@ -151,3 +151,48 @@ def test_lone_shuffled_fits_are_scikit_learns(sparse):
             theirs = sk_cls(random_state=rs_theirs, **kw).fit(X, yy)
             assert_array_equal(ours.coef_, theirs.coef_)
             assert_array_equal(ours.intercept_, theirs.intercept_)
+
+
+@pytest.mark.parametrize("kind", ["binary", "multiclass", "regressor"])
+@pytest.mark.parametrize("early_stopping", [False, True])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_lone_stopping_rule_is_scikit_learns(kind, early_stopping, sparse):
+    """Where the stopping rule (``tol``, ``n_iter_no_change``) ends a fit,
+    ``n_iter_`` counts the epoch it stopped at and ``t_`` all the samples
+    of each epoch (the validation set's too), as scikit-learn's; the rule
+    reads scikit-learn's objective (each sample's loss plus the penalty of
+    the weights it is trained from, as its ``WeightVector`` keeps their
+    norms), so it stops at the same epoch; and a ``partial_fit`` after
+    the fit (which starts at ``t_``) continues as scikit-learn's. Before:
+    ``n_iter_`` one lower, ``t_`` without the validation samples, and the
+    penalty of the epoch's last weights, which stopped some fits epochs
+    apart (sparse data, elastic net)."""
+    from sklearn.datasets import make_classification, make_regression
+
+    stopped = 0
+    for seed in range(3):
+        for extra in ({}, {"penalty": "elasticnet", "alpha": 0.01}, {"learning_rate": "adaptive", "eta0": 0.01}):
+            if kind == "regressor":
+                X, y = make_regression(120, 6, noise=5.0, random_state=seed)
+                ours, theirs = SGDRegressor, skl.SGDRegressor
+            else:
+                X, y = make_classification(120, 6, n_informative=4, n_classes=3 if kind == "multiclass" else 2,
+                                           random_state=seed)
+                ours, theirs = SGDClassifier, skl.SGDClassifier
+            if sparse:
+                X = sp.csr_matrix(np.where(np.abs(X) < 0.5, 0.0, X))
+            kw = dict(early_stopping=early_stopping, random_state=seed, tol=1e-3, max_iter=200, n_iter_no_change=3,
+                      **extra)
+            a, b = theirs(**kw).fit(X, y), ours(**kw).fit(X, y)
+            assert (b.n_iter_, b.t_) == (a.n_iter_, a.t_), (seed, extra)
+            assert_array_equal(b.coef_, a.coef_)
+            assert_array_equal(b.intercept_, a.intercept_)
+            stopped += a.n_iter_ < 200
+            if extra.get("learning_rate") == "adaptive":
+                continue  # (a partial_fit here starts at the rate the fit reached, scikit-learn's at eta0)
+            a.partial_fit(X, y)
+            b.partial_fit(X, y)
+            assert b.t_ == a.t_
+            # (to the last bits only mostly: a partial_fit after a fit sometimes differs by an ulp, as before)
+            assert_allclose(b.coef_, a.coef_, rtol=1e-9, atol=1e-12)
+    assert stopped >= 6  # the rule ended most fits

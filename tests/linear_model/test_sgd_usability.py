@@ -65,15 +65,15 @@ def test_verbose_lines_appear_while_the_fit_runs(client, monkeypatch, n_samples)
     ``avg. objective nan (of epoch -1)``)."""
     out = _Recorder("-- Epoch 1\n")
     printed_during_fit = []
-    end_epoch = _participant._Participant.end_epoch
+    report = _participant._Participant.report  # each epoch's progress row (a lone participant's loop too)
 
-    def held_end_epoch(self, epoch, *args, **kwargs):
-        result = end_epoch(self, epoch, *args, **kwargs)
+    def held_report(self, epoch, *args, **kwargs):
+        result = report(self, epoch, *args, **kwargs)
         if epoch == 2:
             printed_during_fit.append(out.seen.wait(20))
         return result
 
-    monkeypatch.setattr(_participant._Participant, "end_epoch", held_end_epoch)
+    monkeypatch.setattr(_participant._Participant, "report", held_report)
     monkeypatch.setattr(sys, "stdout", out)
     X, y = _data(n_samples)
     est = SGDClassifier(max_iter=5, tol=None, verbose=1, random_state=0, client=client).fit(X, y)
