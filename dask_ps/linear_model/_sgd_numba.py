@@ -454,6 +454,11 @@ def sklearn_shuffle(ind, seed):
         ind[j] = tmp
 
 
+# Compiled into lone_epochs, whose cache file numba keys by *this* file's
+# path and modification time: an edit of _kernels.stop_decision alone
+# (an editable install) leaves the cached loop stale until this file is
+# touched or the kernel cache (ps.kernel-cache-dir) is emptied. An install
+# writes every file anew, so users never see it.
 _stop_decision = njit(cache=False, inline="always")(stop_decision)
 
 
