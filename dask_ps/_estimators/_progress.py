@@ -92,6 +92,13 @@ class Progress:
                 print(text, flush=True)
             self.logger.info(text)
 
+    def log(self, text: str) -> None:
+        """A line for the logger only (nothing unless ``verbose``): what an
+        estimator reports beyond the lines of scikit-learn's format, whose
+        count on standard output scikit-learn's tests check."""
+        if self.verbose > 0:
+            self.logger.info(text)
+
     def advance(self, n: int = 1, **postfix) -> None:
         """Move the bar ``n`` steps, showing ``postfix`` (no bar: nothing)."""
         if self._bar is not None:
