@@ -202,14 +202,22 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         Seeds the starting assignments and every partition's sampler. With
         BSP and an int the fit is reproducible (see Notes).
     verbose : int, default 0
-        > 0 prints, while the fit runs, one line per evaluation (every
-        ``evaluate_every`` iterations): the iteration, the training
-        log-likelihood, tokens/s since the previous line and the staleness
-        of the participants' word-row reads (clocks, mean and max), and a
-        summary at the end, to standard output and to the logger
-        ``dask_ps.decomposition._lda`` (INFO), as every dask_ps estimator
-        does. With ``dask.config`` ``ps.progress-bar: true`` (and tqdm) a
-        progress bar over the iterations is shown too, whatever ``verbose``.
+        > 0 prints, while the fit runs, scikit-learn's lines: one per
+        iteration ``n = 1 .. max_iter`` (the state after ``n`` sweeps),
+        ``"iteration: n of max_iter: M"``, and on the iterations that are
+        multiples of ``evaluate_every``
+        ``"iteration: n of max_iter: M, perplexity: P"`` followed on the
+        same line by the training log-likelihood (``loglik_history_``),
+        tokens/s since the previous evaluation and the staleness of the
+        participants' word-row reads (clocks, mean and max). ``P`` is the
+        training documents' perplexity ``exp(-sum log p(w_i) / tokens)``
+        with ``p(w) = sum_k theta_dk phi_kw`` from the sampler's counts at
+        that iteration (``bound_``, where theta is folded in instead, on the
+        last iteration). Nothing else goes to standard output; the same
+        lines, the random start's evaluation (iteration 0) and a summary go
+        to the logger ``dask_ps.decomposition._lda`` (INFO). With
+        ``dask.config`` ``ps.progress-bar: true`` (and tqdm) a progress bar
+        over the iterations is shown too, whatever ``verbose``.
 
     Attributes
     ----------
