@@ -117,7 +117,8 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         a participant's partition (``n_partitions``, ``n_jobs``).
     evaluate_every : int, default 10
         Record the training log-likelihood every this many iterations (and
-        at the end) in ``loglik_history_``; <= 0 records only the end.
+        at the end) in ``loglik_history_``; <= 0 records only the end. With
+        ``verbose``, the lines of these iterations carry the perplexity.
     total_samples : float, default 1e6
         Accepted and validated, not used: scikit-learn's corpus size for
         scaling online updates and ``perplexity(sub_sampling=True)``; the
