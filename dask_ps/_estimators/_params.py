@@ -97,11 +97,13 @@ class PSEstimatorMixin:
         return ps
 
     def _announce_cluster(self, ps: ParameterServer) -> None:
-        """Verbose: the embedded cluster this fit started, and its dashboard."""
+        """Verbose: the embedded cluster this fit started, and its dashboard
+        (on standard error)."""
         from dask_ps._client import describe_embedded_cluster
         from dask_ps._estimators._progress import Progress
 
-        Progress(getattr(self, "verbose", 0), logging.getLogger(type(self).__module__)).line(
+        # standard error: standard output holds scikit-learn's lines alone (its tests count them)
+        Progress(getattr(self, "verbose", 0), logging.getLogger(type(self).__module__)).note(
             describe_embedded_cluster(ps))
 
     def _checkpoint_path(self) -> str | None:

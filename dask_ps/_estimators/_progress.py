@@ -2,9 +2,11 @@
 parameter-server estimators.
 
 One verbose style: with ``verbose > 0`` an estimator's progress lines go to
-standard output, as scikit-learn's estimators print theirs, and the same
-lines to the estimator's logger at INFO (for applications that collect
-logs). They are printed while the fit runs: the participants write their
+standard output, as scikit-learn's estimators print theirs (the same
+lines, as many), and the same lines to the estimator's logger at INFO (for
+applications that collect logs); what scikit-learn does not print goes to
+the logger only (:meth:`Progress.log`) or, for a notice such as the
+embedded cluster's dashboard, to standard error (:meth:`Progress.note`). They are printed while the fit runs: the participants write their
 progress into a small table and a client-side thread (a
 :class:`PollingMonitor`) prints what is complete.
 
@@ -28,6 +30,7 @@ import functools
 import inspect
 import logging
 import math
+import sys
 import threading
 
 import dask
@@ -90,6 +93,22 @@ class Progress:
                 self._bar.write(text)
             else:
                 print(text, flush=True)
+            self.logger.info(text)
+
+    def note(self, text: str) -> None:
+        """A notice that is no progress line (nothing unless ``verbose``):
+        to standard error and the logger, so that standard output holds
+        the estimator's lines alone, as scikit-learn's (its tests count
+        them)."""
+        if self.verbose > 0:
+            print(text, file=sys.stderr, flush=True)
+            self.logger.info(text)
+
+    def log(self, text: str) -> None:
+        """A line for the logger only (nothing unless ``verbose``): what an
+        estimator reports beyond the lines of scikit-learn's format, whose
+        count on standard output scikit-learn's tests check."""
+        if self.verbose > 0:
             self.logger.info(text)
 
     def advance(self, n: int = 1, **postfix) -> None:

@@ -33,8 +33,8 @@ class GibbsConfig:
     """What the participants of one run (iterations ``start .. stop - 1``) are given.
 
     Tables: ``nwk_name`` (word-topic counts), ``nk_name`` (topic totals),
-    ``progress_name`` (verbose: evaluations for the client's monitor, or
-    None), ``start_name`` (a one-element VAP table the participants count
+    ``progress_name`` (verbose or a progress bar: a row per iteration for
+    the client's monitor, or None), ``start_name`` (a one-element VAP table the participants count
     themselves in after pushing their starting counts, or None under BSP,
     whose first read waits for them anyway); ``z_in``/``z_out``: per rank, the table of saved assignments to
     start from (None: random ones) and to write the final ones to (None:
@@ -98,6 +98,8 @@ class _Sampler:
         self.weights = 1.0 / cfg.holders[self.vocab]  # each word's rows count once over all holders
         self.history = []
         self.stale_seen = {}  # the staleness histogram of the word rows at the last evaluation
+        self.evaluation = None  # the progress columns of an evaluation not yet reported (_report_iteration)
+        self.doc_words = None  # the documents' word counts as CSR arrays, made by the first _token_loglik
         self.sweep_seconds = 0.0
         self.timing = {"pull_seconds": 0.0, "push_seconds": 0.0, "clock_seconds": 0.0, "eval_seconds": 0.0}
 
@@ -203,6 +205,8 @@ def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
     if cfg.evaluate_every > 0 and it % cfg.evaluate_every == 0:
         _evaluate(ctx, s, cfg, it, nwk, nk)
         s.timing["eval_seconds"] += time.perf_counter() - t1
+    if cfg.progress_name is not None:
+        _report_iteration(ctx, s, cfg, it)  # flushed by this iteration's clock
     nk_before = nk.copy()
     if not s.deltas_from_moves:
         nwk_before = nwk.copy()
@@ -264,16 +268,21 @@ def _lone_iterations(ctx, s: _Sampler, cfg: GibbsConfig):
     s.timing["pull_seconds"] += time.perf_counter() - t0
     reported = time.perf_counter()
     for it in range(cfg.start, cfg.stop):
-        if cfg.evaluate_every > 0 and it % cfg.evaluate_every == 0:
+        evaluated = cfg.evaluate_every > 0 and it % cfg.evaluate_every == 0
+        if evaluated:
             t1 = time.perf_counter()
             _evaluate(ctx, s, cfg, it, nwk, nk)
-            if cfg.progress_name is not None:
-                ctx.flush()  # the client's monitor reads it while the run goes on
             s.timing["eval_seconds"] += time.perf_counter() - t1
+        if cfg.progress_name is not None:
+            _report_iteration(ctx, s, cfg, it)
+            if evaluated:
+                ctx.flush()  # no clock to flush it: the client's monitor reads it while the run goes on
         nwk, nk = _sweep(s, cfg, it, nwk, nk)
         now = time.perf_counter()
         if now - reported >= cfg.report_seconds or it == cfg.stop - 1:
             report_progress(ctx, clock=2 + it - cfg.start)  # clock 1: the starting counts
+            if cfg.progress_name is not None:
+                ctx.flush()  # the rows of the iterations since (a flush per sweep cost 0.16 ms each)
             reported = now
     t2 = time.perf_counter()
     delta = nwk - nwk_start
@@ -287,15 +296,19 @@ def _lone_iterations(ctx, s: _Sampler, cfg: GibbsConfig):
     s.timing["clock_seconds"] += time.perf_counter() - t3
 
 
-# The columns of a row of the progress table (verbose), one row per
-# participant and evaluation, read by ``_runs._Monitor``.
-P_LOGLIK, P_DONE, P_SECONDS, P_READS, P_STALE_SUM, P_STALE_MAX = range(6)
-PROGRESS_COLUMNS = 6
+# The columns of a row of the progress table (verbose or a progress bar),
+# one row per participant and iteration of the run, read by
+# ``_runs._Monitor``: the row of iteration ``it`` is written after its read
+# (and evaluation, when due), the state after ``it`` sweeps. The columns
+# from P_EVALUATED on are written on the evaluations only.
+P_DONE, P_SECONDS, P_EVALUATED, P_LOGLIK, P_TOKEN_LOGLIK, P_READS, P_STALE_SUM, P_STALE_MAX = range(8)
+PROGRESS_COLUMNS = 8
 
 
 def _evaluate(ctx, s: _Sampler, cfg: GibbsConfig, it, nwk, nk):
     """The state after ``it`` sweeps as this participant sees it, kept in
-    its history and (verbose) reported to the client's monitor with the
+    its history and (with a progress table) kept for
+    :func:`_report_iteration` with the log-likelihood of its tokens and the
     staleness of its word-row reads since the last evaluation."""
     nwk, nk = arrays.to_host(nwk), arrays.to_host(nk)  # the log-likelihood terms run on the host
     ll = participant_loglik(s.local_ndk(), s.doc_len, nwk, s.weights, nk, cfg.alpha, cfg.beta, s.vbeta, s.P)
@@ -303,11 +316,47 @@ def _evaluate(ctx, s: _Sampler, cfg: GibbsConfig, it, nwk, nk):
     # The dashboard's /ps page: minus the log-likelihood per token of this participant's part.
     report_progress(ctx, loss=-ll / max(int(s.z.size), 1))
     if cfg.progress_name is not None:
-        row = np.empty((1, PROGRESS_COLUMNS))
-        row[0, :P_READS] = ll, 1.0, s.history[-1][1]
-        row[0, P_READS:] = _staleness_since_last_evaluation(ctx, s, cfg)
-        where = (it // cfg.evaluate_every) * s.P + s.rank  # assign: a retried chunk rewrites, never adds
-        ctx.push_rows(cfg.progress_name, [where], row)
+        s.evaluation = (1.0, ll, _token_loglik(s, cfg, nwk, nk), *_staleness_since_last_evaluation(ctx, s, cfg))
+
+
+def _token_loglik(s: _Sampler, cfg: GibbsConfig, nwk, nk) -> float:
+    """``sum over this participant's tokens of log sum_k theta_dk phi_kw``
+    with theta and phi the sampler's estimates from its counts as it sees
+    them: the verbose lines' perplexity (``exp(-sum / tokens)``), the
+    training documents' perplexity as ``perplexity``/``bound_`` mean it
+    (which fold theta in instead). O(tokens x K), on evaluations when
+    progress is shown only."""
+    if s.doc_words is None:
+        # A run of one word's tokens in a document is one entry (the
+        # partition's tokens are grouped so): a log per entry, not per token.
+        words = s.words.astype(np.int64)
+        new_entry = np.ones(words.size, dtype=bool)
+        new_entry[1:] = words[1:] != words[:-1]
+        new_entry[s.doc_ptr[:-1][s.doc_len > 0]] = True
+        starts = np.flatnonzero(new_entry)
+        s.doc_words = (np.searchsorted(starts, s.doc_ptr).astype(np.int64), words[starts],
+                       np.diff(np.append(starts, words.size)).astype(np.float64))
+    ndk = s.local_ndk()
+    K = ndk.shape[1]
+    theta = (ndk + cfg.alpha) / (s.doc_len + K * cfg.alpha)[:, None]
+    phi_t = (np.maximum(nwk, 0) + cfg.beta) / (np.maximum(nk, 0) + s.vbeta)
+    out = np.empty(s.doc_len.size)
+    _k.doc_logliks(*s.doc_words, phi_t, theta, out)
+    return float(out.sum())
+
+
+def _report_iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
+    """The progress row of iteration ``it`` (the state after ``it``
+    sweeps): done, seconds since the fit started, and the evaluation's
+    columns when ``it`` was evaluated."""
+    row = np.zeros((1, PROGRESS_COLUMNS))
+    row[0, P_DONE] = 1.0
+    row[0, P_SECONDS] = time.time() - cfg.t_start
+    if s.evaluation is not None:
+        row[0, P_EVALUATED:] = s.evaluation
+        s.evaluation = None
+    # assign: a retried chunk rewrites, never adds
+    ctx.push_rows(cfg.progress_name, [(it - cfg.start) * s.P + s.rank], row)
 
 
 def _staleness_since_last_evaluation(ctx, s: _Sampler, cfg: GibbsConfig):

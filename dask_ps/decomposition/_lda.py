@@ -47,7 +47,15 @@ from dask_ps._estimators import (
 )
 from dask_ps.consistency import as_consistency
 from dask_ps.decomposition._corpus import _check_counts, count_matrix, warn_rounded
-from dask_ps.decomposition._runs import CHECKPOINT_KIND, OWNER, GibbsRuns, RunPlan, corpus_layout, make_parts
+from dask_ps.decomposition._runs import (
+    CHECKPOINT_KIND,
+    OWNER,
+    GibbsRuns,
+    RunPlan,
+    corpus_layout,
+    iteration_line,
+    make_parts,
+)
 from dask_ps.decomposition._scoring import (
     _fold_in,
     _topic_word,
@@ -109,7 +117,8 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         a participant's partition (``n_partitions``, ``n_jobs``).
     evaluate_every : int, default 10
         Record the training log-likelihood every this many iterations (and
-        at the end) in ``loglik_history_``; <= 0 records only the end.
+        at the end) in ``loglik_history_``; <= 0 records only the end. With
+        ``verbose``, the lines of these iterations carry the perplexity.
     total_samples : float, default 1e6
         Accepted and validated, not used: scikit-learn's corpus size for
         scaling online updates and ``perplexity(sub_sampling=True)``; the
@@ -194,14 +203,22 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         Seeds the starting assignments and every partition's sampler. With
         BSP and an int the fit is reproducible (see Notes).
     verbose : int, default 0
-        > 0 prints, while the fit runs, one line per evaluation (every
-        ``evaluate_every`` iterations): the iteration, the training
-        log-likelihood, tokens/s since the previous line and the staleness
-        of the participants' word-row reads (clocks, mean and max), and a
-        summary at the end, to standard output and to the logger
-        ``dask_ps.decomposition._lda`` (INFO), as every dask_ps estimator
-        does. With ``dask.config`` ``ps.progress-bar: true`` (and tqdm) a
-        progress bar over the iterations is shown too, whatever ``verbose``.
+        > 0 prints, while the fit runs, scikit-learn's lines: one per
+        iteration ``n = 1 .. max_iter`` (the state after ``n`` sweeps),
+        ``"iteration: n of max_iter: M"``, and on the iterations that are
+        multiples of ``evaluate_every``
+        ``"iteration: n of max_iter: M, perplexity: P"`` followed on the
+        same line by the training log-likelihood (``loglik_history_``),
+        tokens/s since the previous evaluation and the staleness of the
+        participants' word-row reads (clocks, mean and max). ``P`` is the
+        training documents' perplexity ``exp(-sum log p(w_i) / tokens)``
+        with ``p(w) = sum_k theta_dk phi_kw`` from the sampler's counts at
+        that iteration (``bound_``, where theta is folded in instead, on the
+        last iteration). Nothing else goes to standard output; the same
+        lines, the random start's evaluation (iteration 0) and a summary go
+        to the logger ``dask_ps.decomposition._lda`` (INFO). With
+        ``dask.config`` ``ps.progress-bar: true`` (and tqdm) a progress bar
+        over the iterations is shown too, whatever ``verbose``.
 
     Attributes
     ----------
@@ -642,8 +659,6 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         # word rows spread over the servers.
         block_rows = max(1, min(parse_bytes(dask.config.get("ps.block-bytes", "4MiB")) // row_bytes,
                                 -(-V // (4 * n_servers))))
-        evaluate_every = max(self.evaluate_every, 0)
-        n_evals = (self.max_iter + evaluate_every - 1) // evaluate_every if evaluate_every else 0
         tolerant = checkpoint is not None or self.replication > 1
         every = ((self.checkpoint_every or int(setting("lda", "checkpoint-every"))) if tolerant
                  else max(1, self.max_iter))
@@ -656,7 +671,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
             },
             n_parts=n_parts, replication=min(self.replication, n_servers), word_model=word_model,
             totals_model=totals_model, count_dtype=count_dtype, block_rows=block_rows,
-            n_evals=n_evals, n_tokens=layout.n_tokens, base=base,
+            n_tokens=layout.n_tokens, base=base,
         )
 
     def _set_components(self, nwk, dtype):
@@ -684,10 +699,20 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         self.loglik_history_ = runs.history
         # scikit-learn's final bound_: the training documents' perplexity
         self.bound_ = float(np.exp(-runs.score / self.n_tokens_))
-        progress.line(
-            f"LatentDirichletAllocation: {self.max_iter} iterations, {self.n_tokens_} tokens, {P} participants, "
+        if runs.stop > runs.printed:
+            # The last iteration's line (after the run: its evaluation is the
+            # exact final state's); its perplexity is bound_, as scikit-learn's
+            # last evaluation is.
+            evaluated = self.evaluate_every > 0 and runs.stop % self.evaluate_every == 0
+            progress.line(iteration_line(
+                runs.stop, self.max_iter, self.bound_ if evaluated else None,
+                f" (log-likelihood {final:.6g}, {self.tokens_per_second_:.3g} tokens/s, {runs.seconds:.1f} s)"
+                if evaluated else ""))
+        # scikit-learn prints nothing more: the summary goes to the logger
+        progress.log(
+            f"LatentDirichletAllocation: {runs.stop} iterations, {self.n_tokens_} tokens, {P} participants, "
             f"{runs.seconds:.1f} s, {self.tokens_per_second_:.3g} tokens/s, log-likelihood {final:.6g}, "
-            f"perplexity {self.bound_:.6g}"
+            f"bound_ (perplexity) {self.bound_:.6g}"
         )
 
     def _set_without_tokens(self, base, dtype):

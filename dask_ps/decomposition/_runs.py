@@ -40,11 +40,13 @@ from dask_ps._estimators import (
 from dask_ps.decomposition._corpus import _part_stats, _prepare_part, _split_rows
 from dask_ps.decomposition._gibbs import (
     P_DONE,
+    P_EVALUATED,
     P_LOGLIK,
     P_READS,
     P_SECONDS,
     P_STALE_MAX,
     P_STALE_SUM,
+    P_TOKEN_LOGLIK,
     PROGRESS_COLUMNS,
     GibbsConfig,
     LostAssignmentsError,
@@ -164,47 +166,78 @@ class _AssignmentSets:
                                  consistency=dask_ps.ASP(), replication=self.replication)
 
 
+def iteration_line(n, max_iter, perplexity=None, details="") -> str:
+    """The verbose line of iteration ``n`` (sweeps done), scikit-learn's
+    (``"iteration: %d of max_iter: %d"``, with ``", perplexity: %.4f"`` on
+    evaluations), with dask_ps's ``details`` after it on the same line."""
+    line = f"iteration: {n} of max_iter: {max_iter}"
+    if perplexity is not None:
+        line += f", perplexity: {perplexity:.4f}"
+    return line + details
+
+
 class _Monitor(PollingMonitor):
-    """Prints the training log-likelihood while the fit runs, as the
-    participants write it (verbose), and moves the progress bar.
+    """Prints a line per iteration while the fit runs, as the participants
+    write their progress (verbose), and moves the progress bar.
 
-    Participant ``r`` writes a row (``_gibbs.P_*`` columns: its loglik
-    part, 1, seconds since the fit started, and the reads, summed and
-    largest staleness of its word-row reads since its last evaluation) into
-    row ``(it // evaluate_every) * P + r`` of a small assign table; an
-    evaluation is complete when all its P rows are written. ``first``: the
-    first evaluation of this chunk; ``reported``: the last iteration
-    printed (or where the chunk started)."""
+    Participant ``r`` writes row ``(it - start) * P + r`` of a small assign
+    table (``_gibbs.P_*`` columns) at iteration ``it`` of the run, after
+    its read: done, seconds since the fit started and, when ``it`` was
+    evaluated, its parts of the log-likelihood and of the tokens'
+    log-likelihood and the staleness of its word-row reads. Iteration
+    ``it``'s row is the state after ``it`` sweeps, scikit-learn's line of
+    iteration ``it`` (its iterations count from 1, after the update); it is
+    complete when all ``P`` rows are written. Iteration 0 (the random
+    start) is logged, not printed: scikit-learn prints nothing for it.
+    ``printed``: the last iteration whose line was printed (across the
+    runs of a fit); ``reported``: where the bar is."""
 
-    def __init__(self, ps, table, n_participants, evaluate_every, n_tokens, progress: Progress, period,
-                 first=0, start=0):
+    def __init__(self, ps, table, n_participants, evaluate_every, n_tokens, max_iter, progress: Progress, period,
+                 start=0, printed=0):
         super().__init__(period, name="lda-progress")
         self.ps, self.table, self.P = ps, table, n_participants
-        self.every, self.n_tokens, self.progress = evaluate_every, n_tokens, progress
-        self._logged = first
-        self._last = (0.0, 0)
+        self.every, self.n_tokens, self.max_iter, self.progress = evaluate_every, n_tokens, max_iter, progress
+        self.first = start  # the run's first iteration (row 0)
+        self._next = 0  # the next row (iteration first + _next) to look at
+        self._last = None  # (seconds, iteration) of the previous evaluation: tokens/s since it
+        self.printed = printed
         self.reported = start
 
     def poll(self):
         prog = self.ps.pull(self.table).reshape(-1, self.P, PROGRESS_COLUMNS)
-        while self._logged < len(prog) and np.all(prog[self._logged, :, P_DONE] >= 1):
-            rows = prog[self._logged]
+        while self._next < len(prog) and np.all(prog[self._next, :, P_DONE] >= 1):
+            rows = prog[self._next]
+            n = self.first + self._next
+            self._next += 1
+            sec = float(rows[:, P_SECONDS].max())
+            if not np.all(rows[:, P_EVALUATED] >= 1):
+                if n > self.printed:
+                    self.progress.line(iteration_line(n, self.max_iter))
+                    self.printed = n
+                self._advance(n)
+                continue
             ll = float(rows[:, P_LOGLIK].sum())
-            sec = float(rows[:, P_SECONDS].mean())
-            it = self._logged * self.every
-            t0, it0 = self._last
+            perplexity = float(np.exp(-rows[:, P_TOKEN_LOGLIK].sum() / self.n_tokens))
             speed = ""
-            if it > it0:
-                speed = f", {rate(self.n_tokens * (it - it0), sec - t0):.3g} tokens/s"
+            if self._last is not None and n > self._last[1]:
+                speed = f", {rate(self.n_tokens * (n - self._last[1]), sec - self._last[0]):.3g} tokens/s"
             reads = rows[:, P_READS].sum()
             stale = (f", staleness {rows[:, P_STALE_SUM].sum() / reads:.2f} (max {int(rows[:, P_STALE_MAX].max())})"
                      if reads > 0 and self.P > 1 else "")
-            self.progress.line(f"iteration {it}: log-likelihood {ll:.6g}{speed}{stale} ({sec:.1f} s)")
-            if it > self.reported:
-                self.progress.advance(it - self.reported, loglik=f"{ll:.6g}")
-                self.reported = it
-            self._last = (sec, it)
-            self._logged += 1
+            details = f" (log-likelihood {ll:.6g}{speed}{stale}, {sec:.1f} s)"
+            self._last = (sec, n)
+            if n == 0:  # the random start: scikit-learn prints no line for it
+                self.progress.log(f"iteration: 0 of max_iter: {self.max_iter} (the random start): "
+                                  f"log-likelihood {ll:.6g}, training perplexity {perplexity:.4f}{stale}")
+            elif n > self.printed:
+                self.progress.line(iteration_line(n, self.max_iter, perplexity, details))
+                self.printed = n
+            self._advance(n, perplexity=f"{perplexity:.4g}")
+
+    def _advance(self, n, **postfix):
+        if n > self.reported:
+            self.progress.advance(n - self.reported, **postfix)
+            self.reported = n
 
 
 # --- the runs of one fit ------------------------------------------------------------------
@@ -232,7 +265,6 @@ class RunPlan:
     totals_model: object
     count_dtype: type
     block_rows: int
-    n_evals: int  # evaluations a progress table has room for (0: none; used when progress is shown)
     n_tokens: int
     # partial_fit of a fitted model: its word-topic counts (V x K), where the
     # count tables start (the new documents' starting counts go on top)
@@ -271,6 +303,7 @@ class GibbsRuns:
         self.t_start = time.time()
         t0 = time.perf_counter()
         self.first_iteration = self.good[1] if self.good else 0
+        self.printed = self.first_iteration  # the last iteration whose verbose line was printed
         try:
             with temporary_tables(self.ps) as kept:
                 if self.plan.tolerant:
@@ -304,7 +337,7 @@ class GibbsRuns:
         tag = f"{self.uid}-{self.n_restarts}-{start}"
         cfg = GibbsConfig(
             **self.fixed, nwk_name=f"lda-{tag}-word-topic", nk_name=f"lda-{tag}-topic-totals",
-            progress_name=f"lda-{tag}-progress" if plan.n_evals and self.progress.active else None,
+            progress_name=f"lda-{tag}-progress" if stop > start and self.progress.active else None,
             start_name=None if _starts_together(plan) else f"lda-{tag}-started",
             start=start, stop=stop, z_in=sets.names[current[0]] if current else None,
             z_out=sets.names[out] if plan.tolerant else None, t_start=self.t_start,
@@ -326,6 +359,7 @@ class GibbsRuns:
             finally:
                 if monitor is not None:
                     monitor.stop()
+                    self.printed = max(self.printed, monitor.printed)
         return stop, out, (monitor.reported if monitor is not None else start)
 
     def _finish(self, position, outcome):
@@ -372,11 +406,11 @@ class GibbsRuns:
             tables.create(cfg.start_name, shape=(1,), dtype="float64", consistency=dask_ps.VAP(1.0))
         if cfg.progress_name is None:
             return None
-        tables.create(cfg.progress_name, shape=(plan.n_evals * self.P, PROGRESS_COLUMNS), dtype="float64",
-                      rule="assign", consistency=dask_ps.ASP())
-        monitor = _Monitor(self.ps, cfg.progress_name, self.P, cfg.evaluate_every, plan.n_tokens, self.progress,
-                           period=parse_timedelta(setting("lda", "progress-interval")),
-                           first=-(-cfg.start // cfg.evaluate_every), start=cfg.start)
+        tables.create(cfg.progress_name, shape=((cfg.stop - cfg.start) * self.P, PROGRESS_COLUMNS),
+                      dtype="float64", rule="assign", consistency=dask_ps.ASP())
+        monitor = _Monitor(self.ps, cfg.progress_name, self.P, cfg.evaluate_every, plan.n_tokens, plan.max_iter,
+                           self.progress, period=parse_timedelta(setting("lda", "progress-interval")),
+                           start=cfg.start, printed=self.printed)
         monitor.start()
         return monitor
 

@@ -315,13 +315,17 @@ def test_client_none_uses_current_client(lda_client):
 
 
 def test_verbose_logs_progress(lda_client, caplog):
+    """The verbose lines go to the logger too, with the random start and
+    the summary that standard output does not show (scikit-learn's lines)."""
     X, _ = lda_corpus(n_docs=60, doc_len=30, n_words=50, n_topics=3, seed=2)
     with caplog.at_level(logging.INFO, logger="dask_ps.decomposition"):
         LatentDirichletAllocation(3, max_iter=10, evaluate_every=5, verbose=1, client=lda_client,
                                   random_state=0).fit(X)
     text = caplog.text
-    assert "iteration 0: log-likelihood" in text and "iteration 5: log-likelihood" in text
-    assert "tokens/s" in text and "10 iterations" in text
+    assert "iteration: 0 of max_iter: 10 (the random start): log-likelihood" in text
+    assert "iteration: 4 of max_iter: 10\n" in text
+    assert "iteration: 5 of max_iter: 10, perplexity: " in text and "tokens/s" in text
+    assert "10 iterations" in text
 
 
 def test_empty_documents_are_skipped(lda_client):

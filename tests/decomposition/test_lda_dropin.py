@@ -304,9 +304,11 @@ class _WaitForTheLine:
 
 def test_verbose_prints_while_the_fit_runs(monkeypatch):
     """verbose=1 prints to standard output without any logging set up, one
-    line per evaluation (iteration, log-likelihood, tokens/s, staleness of
-    the participants' reads) while the participants still sample. (Live
-    since the estimator refactor of issue 11; the staleness is new.)"""
+    line per iteration in scikit-learn's format, the evaluations' with the
+    perplexity and dask_ps's log-likelihood, tokens/s and staleness of the
+    participants' reads after it, while the participants still sample.
+    (Live since the estimator refactor of issue 11; a line per iteration in
+    scikit-learn's format since issue 24.)"""
     import io
     import sys
 
@@ -315,7 +317,7 @@ def test_verbose_prints_while_the_fit_runs(monkeypatch):
 
     class Recorder(io.StringIO):
         def write(self, text):
-            if "iteration 5:" in text:
+            if "iteration: 5 of max_iter: 10" in text:
                 _LINE_SEEN.set()
             return super().write(text)
 
@@ -334,11 +336,48 @@ def test_verbose_prints_while_the_fit_runs(monkeypatch):
         monkeypatch.undo()
     assert _WaitForTheLine.waited == [True, True], "iteration 5's line was not printed while the fit ran"
     lines = out.getvalue().splitlines()
-    first = next(line for line in lines if line.startswith("iteration 0:"))
-    fifth = next(line for line in lines if line.startswith("iteration 5:"))
-    assert "log-likelihood" in first and "staleness 0.00 (max 0)" in first  # BSP
-    assert "tokens/s" in fifth and "staleness" in fifth
-    assert lines[-1].startswith("LatentDirichletAllocation: 10 iterations")
+    assert [line.split(",")[0].split(" (")[0] for line in lines] == [
+        f"iteration: {n} of max_iter: 10" for n in range(1, 11)]
+    assert lines[0] == "iteration: 1 of max_iter: 10"
+    assert lines[4].startswith("iteration: 5 of max_iter: 10, perplexity: ")
+    assert "log-likelihood" in lines[4] and "tokens/s" in lines[4] and "staleness 0.00 (max 0)" in lines[4]  # BSP
+    assert lines[-1].startswith(f"iteration: 10 of max_iter: 10, perplexity: {est.bound_:.4f} (log-likelihood ")
+
+
+@pytest.mark.parametrize("evaluate_every, n_partitions, chunks", [
+    (0, 1, None), (1, 1, None), (2, 1, None), (3, 2, None), (3, 2, 4), (0, 2, 4),
+], ids=["eval0", "eval1", "eval2", "eval3-two-parts", "eval3-two-parts-chunks", "eval0-two-parts-chunks"])
+def test_verbose_prints_scikit_learns_lines(lda_client, capsys, caplog, evaluate_every, n_partitions, chunks):
+    """scikit-learn's verbose output (its test_online_lda.py::test_verbosity
+    counts the lines and the "perplexity" in them): a line per iteration 1
+    .. max_iter, with the perplexity on the iterations that are multiples
+    of evaluate_every (the training perplexity, bound_ on the last one),
+    nothing else on standard output, also over the runs of a checkpointed
+    fit; the random start and the summary go to the logger."""
+    X, _ = lda_corpus(n_docs=60, doc_len=30, n_words=50, n_topics=3, seed=2)
+    tolerance = {} if chunks is None else dict(replication=2, checkpoint_every=chunks)
+    with caplog.at_level(logging.INFO, logger="dask_ps.decomposition"):
+        est = LatentDirichletAllocation(3, max_iter=10, evaluate_every=evaluate_every, verbose=True,
+                                        n_partitions=n_partitions, client=lda_client, random_state=0,
+                                        **tolerance).fit(X)
+    lines = capsys.readouterr().out.splitlines()
+    evaluated = [n for n in range(1, 11) if evaluate_every > 0 and n % evaluate_every == 0]
+    assert [line.split(",")[0].split(" (")[0] for line in lines] == [
+        f"iteration: {n} of max_iter: 10" for n in range(1, 11)]
+    assert [n for n, line in enumerate(lines, 1) if "perplexity" in line] == evaluated
+    assert all(line == f"iteration: {n} of max_iter: 10" for n, line in enumerate(lines, 1) if n not in evaluated)
+    perplexities = [float(line.split("perplexity: ")[1].split()[0]) for line in lines if "perplexity" in line]
+    if 10 in evaluated:
+        assert perplexities[-1] == pytest.approx(est.bound_, abs=1e-4)
+    # the training perplexity falls along the fit to about bound_ (not exp(-log p(w, z) / tokens): its
+    # last value here is 1.6 bound_)
+    if perplexities:
+        assert all(p > 0.9 * est.bound_ for p in perplexities) and perplexities[-1] < 1.3 * est.bound_
+        assert perplexities[0] >= perplexities[-1]
+    assert est.n_iter_ == 10
+    if evaluate_every:
+        assert "iteration: 0 of max_iter: 10 (the random start)" in caplog.text
+    assert "LatentDirichletAllocation: 10 iterations" in caplog.text
 
 
 @pytest.mark.parametrize("evaluate_every", [5, 0])
