@@ -377,6 +377,8 @@ class _Participant:
                     report_progress(ctx, loss=float(loss[i]), clock=e + 1 - cfg.epoch0)
                     if cfg.progress_table is not None:
                         self.report(e, sums[i, :, 0], val, seconds)
+            if not per_epoch and end > epoch:  # the epochs of one call, at once (an in-process run's /ps row)
+                report_progress(ctx, loss=float(loss[end - epoch - 1]), clock=end - cfg.epoch0)
             epoch = end
 
     def epoch(self, epoch, r_first):
