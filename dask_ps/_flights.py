@@ -457,8 +457,11 @@ class InFlight:
         need, refresh = self._required_tag(h), h.spec.consistency.refreshes
         cache = self._cache.table(name)
         out = {}
+        shares = self._shares(h)
         for b, (rows, seq, vals) in got.items():
             self._metrics[name].bytes_pulled += vals.nbytes
+            if shares:  # to the other participants of the process (Session._share)
+                vals = self._share(h, b, p.tag, seq, p.summed.get(b, p.tag) if summed_per_clock else None, rows, vals)
             if summed_per_clock:
                 below = p.summed.get(b, p.tag)
                 if self._cache.forgotten(name, below):

@@ -47,7 +47,7 @@ import numpy as np
 from distributed import get_worker, secede
 from distributed.utils import sync
 
-from dask_ps import _backend, _config, _routing
+from dask_ps import _backend, _config, _process_cache, _routing
 from dask_ps._cache import CacheEntry, ReadCache
 from dask_ps._flights import InFlight, PullHandle, PushHandle, _result_of
 from dask_ps._handlers import InternalRPC
@@ -73,6 +73,7 @@ class TableMetrics:
     refetches: int = 0  # refresh=True: blocks fetched although the cached copy met the bound
     prefetch_hits: int = 0  # prefetched reads served entirely by what was prefetched
     prefetch_rereads: int = 0  # prefetched reads that read (some blocks) again at result()
+    shared_hits: int = 0  # blocks taken from another participant's read (ps.process-cache)
 
     def to_dict(self) -> dict:
         return {
@@ -88,6 +89,7 @@ class TableMetrics:
             "refetches": self.refetches,
             "prefetch_hits": self.prefetch_hits,
             "prefetch_rereads": self.prefetch_rereads,
+            "shared_hits": self.shared_hits,
         }
 
 
@@ -170,6 +172,7 @@ class Session(InFlight):
         self._buffers: dict[str, PushBuffer] = {}
         self._spares: dict[str, object] = {}
         self._cache = ReadCache()
+        self._shared: _process_cache.ProcessCache | None = None  # Bösen's process cache (_join)
         self._metrics: dict[str, TableMetrics] = {}
         self._clock_wait = 0.0
         self._staleness_used: int | None = None  # the tightest bound among tables used
@@ -220,6 +223,8 @@ class Session(InFlight):
         # ones, so it reads what the servers have instead of adding its own.
         self._resumed_clock = self._clock if attempt > 1 else None
         self._known_min = 0
+        if _config.get("process-cache"):
+            self._shared = _process_cache.acquire(self.run_id)
         self._started = time.perf_counter()
         self._ps_seconds = self._blocked_seconds = 0.0
 
@@ -241,6 +246,7 @@ class Session(InFlight):
                             logger.debug("dask_ps: %r: a flush failed after an error: %r", self, e)
         finally:
             self._closed = True
+            self._shared = None  # the last participant of the run here frees its process cache
             self._sync(
                 self._scheduler.ps_run_leave, run_id=self.run_id, rank=self.rank, metrics=self.metrics()
             )
@@ -599,6 +605,9 @@ class Session(InFlight):
         essp = h.spec.consistency.name == "essp"
         if essp:
             self._drain_mailbox()
+        shares = self._shares(h)
+        if shares:
+            self._take_shared(h, reqs, need)
         out, missing = {}, {}
         for b, rows in reqs.items():
             e = cache.get(b)
@@ -648,6 +657,8 @@ class Session(InFlight):
             self._cache.drop_summed(name, tag)  # the servers applied every clock < tag before answering
         for b, (rows, seq, vals) in got.items():
             m.bytes_pulled += vals.nbytes
+            if shares and b not in merge:
+                vals = self._share(h, b, tag, seq, summed.get(b, tag) if summed_per_clock else None, rows, vals)
             if summed_per_clock:
                 vals = self._cache.own_unsummed(name, b, rows, vals, summed.get(b, tag))
             if b in merge:
@@ -659,6 +670,58 @@ class Session(InFlight):
             out[b] = e.take(reqs[b]) if e.rows is not reqs[b] else e.values
         self._record_staleness(m, min([tag] + [cache[b].tag for b in reqs if b in cache]))
         return out
+
+    # --- Bösen's process cache (dask_ps._process_cache) ----------------------------------
+    def _shares(self, h: TableHandle) -> bool:
+        """Whether reads of ``h`` use the run's process cache: a bound that
+        a tag alone decides (not ASP, ``refresh=True`` nor ESSP, whose reads
+        must be the reader's own), and not in a retried participant's
+        repeated clock (it reads what the servers have)."""
+        c = h.spec.consistency
+        return (self._shared is not None and self._cacheable(h) and self._required_tag(h) is not None
+                and not c.refreshes and c.name != "essp" and self._clock != self._resumed_clock)
+
+    def _share(self, h: TableHandle, b: int, tag: float, seq: int, summed_below, rows, vals):
+        """Offer a server reply (block ``b``'s ``rows``) to the other
+        participants of the process; returns the values to use from now on:
+        a read-only view, so that no participant writes into what another
+        may hold."""
+        ro = _process_cache.read_only(vals)
+        if ro is None:
+            return vals
+        self._shared.put(h.spec.name, b, _process_cache.SharedBlock(
+            h.spec.table_id, h.version, tag, seq, summed_below, rows, ro))
+        return ro
+
+    def _take_shared(self, h: TableHandle, reqs: dict, need: float) -> None:
+        """Into this session's cache: the process cache's blocks that serve
+        this read where its own entries do not (see :mod:`dask_ps._process_cache`
+        for when that is legal). A read of rows such a block lacks fetches
+        only those, as for an own entry."""
+        name = h.spec.name
+        cache = self._cache.table(name)
+        summed_per_clock = self._summed_per_clock(h)
+        for b, rows in reqs.items():
+            own = cache.get(b)
+            own_usable = self._cache.usable(own, need, False, self._clock)
+            if own_usable and own.covers(rows):
+                continue
+            s = self._shared.get(name, h.spec.table_id, h.version, b)
+            if s is None or s.tag < need:
+                continue
+            shared = CacheEntry(s.tag, s.seq, self._clock, s.rows, s.values)
+            if own_usable and not shared.covers(rows):
+                continue  # the own entry holds as much, with own writes already in
+            if summed_per_clock:
+                below = s.tag if s.summed_below is None else s.summed_below
+                if self._cache.forgotten(name, below):
+                    continue  # own pushes it lacks were dropped already
+                shared.values = self._cache.own_unsummed(name, b, s.rows, s.values, below)
+            elif not self._cache.has_own_writes(name, b, s.seq):
+                continue  # read before an own acknowledged push was applied
+            cache[b] = shared
+            self._known_min = max(self._known_min, s.tag)  # the run's min clock had reached it
+            self._metrics[name].shared_hits += 1
 
     def _drain_mailbox(self) -> None:
         """ESSP: take the rows servers pushed after clock advances into the
