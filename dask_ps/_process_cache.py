@@ -3,12 +3,15 @@ its process.
 
 Bösen keeps one cache per client process ("process storage"), shared by
 the application threads of the process. Here the participants of one run
-that are threads of one worker process (``dask worker --nthreads N``; or
-every participant of an in-process cluster) share a :class:`ProcessCache`:
-each server reply a participant's read fetched is kept as it came from the
-servers (a :class:`SharedBlock`: no own write of anyone added), and a read of
-another participant of the process takes it into its own
-:class:`~dask_ps._cache.ReadCache` when it is legal *for that reader*:
+that are threads of one worker process (``dask worker --nthreads N``) share
+a :class:`ProcessCache`: each server reply from **another process** a
+participant's read fetched is kept as it came from the servers (a
+:class:`SharedBlock`: no own write of anyone added), and a read of another
+participant of the process takes it into its own
+:class:`~dask_ps._cache.ReadCache` when it is legal *for that reader*.
+Blocks served in the process itself (its own worker's shards; every worker
+of an in-process cluster) are not shared: a direct call reads them as
+cheaply as a cache would. Legal for a reader means:
 
 * **the bound**: the block's tag (the run's minimum clock known when it was
   fetched: every update of the clocks below is in it, whoever fetched it)
@@ -25,10 +28,15 @@ another participant of the process takes it into its own
     is at least the one after the reader's last acknowledged push to it (so
     every one of them is in it); its buffered pushes are added at assembly
     as for any read;
-* not under ``refresh=True``, ASP or ESSP (whose rule is "fetched in the
-  reader's own clock", or filled by the servers per reader), not for value-
-  bounded tables (never cached), and not in the clock a retried participant
-  repeats (its reads go to the servers).
+* ``refresh=True``: the block was read after the reader's clock began (a
+  server read in the reader's clock, as its own would have to be);
+* not under ASP or ESSP (whose entries are the reader's own reads, or
+  filled by the servers per reader), not for value-bounded tables (never
+  cached), and not in the clock a retried participant repeats (its reads
+  go to the servers).
+
+A block that holds only some of the rows a read needs is taken as an own
+entry would be: the read fetches the missing rows and merges them in.
 
 The arrays of a shared block are read-only views: no participant writes into
 them (its write-through, ``ReadCache.write_through``, copies first). The
@@ -42,6 +50,7 @@ Thread-safe: the participants of a process are threads.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 
@@ -56,10 +65,18 @@ class SharedBlock:
     table_id: str
     version: int
     tag: float  # every update of the clocks < tag is in it
+    sent: float  # when the read was sent (now())
     seq: int  # the server's sequence number of the block when read
     summed_below: float | None  # aggregate="clock": per-clock sums of clocks < this are in it
     rows: np.ndarray | None  # local rows held (sorted), None = whole block
     values: np.ndarray  # read-only
+
+
+def now() -> float:
+    """The clock of :attr:`SharedBlock.sent` and of a session's start of
+    its current clock (``refresh=True``: a block read after the reader's
+    clock began is a read in its clock)."""
+    return time.monotonic()
 
 
 def read_only(values):

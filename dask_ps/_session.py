@@ -173,6 +173,7 @@ class Session(InFlight):
         self._spares: dict[str, object] = {}
         self._cache = ReadCache()
         self._shared: _process_cache.ProcessCache | None = None  # Bösen's process cache (_join)
+        self._clock_entered = 0.0  # when the current clock began (_process_cache.now())
         self._metrics: dict[str, TableMetrics] = {}
         self._clock_wait = 0.0
         self._staleness_used: int | None = None  # the tightest bound among tables used
@@ -225,6 +226,7 @@ class Session(InFlight):
         self._known_min = 0
         if _config.get("process-cache"):
             self._shared = _process_cache.acquire(self.run_id)
+        self._clock_entered = _process_cache.now()
         self._started = time.perf_counter()
         self._ps_seconds = self._blocked_seconds = 0.0
 
@@ -427,6 +429,7 @@ class Session(InFlight):
         if not wait:
             self._flush_async()
             self._clock, self._flushes_this_clock = clock, 0
+            self._clock_entered = _process_cache.now()
             self._start_clock(wait_for)  # after every flight so far
             return
         # One hop to the event loop: the flushes, then one RPC that reports
@@ -438,6 +441,7 @@ class Session(InFlight):
         if reply is None:
             raise RuntimeError(f"{self!r}: clock {clock} was not reported: a flush before it failed")
         self._clock, self._flushes_this_clock = clock, 0
+        self._clock_entered = _process_cache.now()
         if isinstance(reply, BaseException):
             raise reply
         m, seconds = reply  # the clock's RPC (with the wait for the slowest), not the flushes
@@ -652,13 +656,14 @@ class Session(InFlight):
         summed: dict[int, float | None] = {}
         if summed_per_clock:
             extra["summed"] = summed
+        sent = _process_cache.now()
         got = self._sync(self._router.fetch, name, by_addr, **extra)
         if summed_per_clock:
             self._cache.drop_summed(name, tag)  # the servers applied every clock < tag before answering
         for b, (rows, seq, vals) in got.items():
             m.bytes_pulled += vals.nbytes
             if shares and b not in merge:
-                vals = self._share(h, b, tag, seq, summed.get(b, tag) if summed_per_clock else None, rows, vals)
+                vals = self._share(h, b, tag, sent, seq, summed.get(b, tag) if summed_per_clock else None, rows, vals)
             if summed_per_clock:
                 vals = self._cache.own_unsummed(name, b, rows, vals, summed.get(b, tag))
             if b in merge:
@@ -673,24 +678,28 @@ class Session(InFlight):
 
     # --- Bösen's process cache (dask_ps._process_cache) ----------------------------------
     def _shares(self, h: TableHandle) -> bool:
-        """Whether reads of ``h`` use the run's process cache: a bound that
-        a tag alone decides (not ASP, ``refresh=True`` nor ESSP, whose reads
-        must be the reader's own), and not in a retried participant's
-        repeated clock (it reads what the servers have)."""
-        c = h.spec.consistency
+        """Whether reads of ``h`` use the run's process cache: a clocked
+        bound (not ASP, nor ESSP, whose entries the servers fill per reader),
+        and not in a retried participant's repeated clock (it reads what the
+        servers have)."""
         return (self._shared is not None and self._cacheable(h) and self._required_tag(h) is not None
-                and not c.refreshes and c.name != "essp" and self._clock != self._resumed_clock)
+                and h.spec.consistency.name != "essp" and self._clock != self._resumed_clock)
 
-    def _share(self, h: TableHandle, b: int, tag: float, seq: int, summed_below, rows, vals):
-        """Offer a server reply (block ``b``'s ``rows``) to the other
-        participants of the process; returns the values to use from now on:
-        a read-only view, so that no participant writes into what another
-        may hold."""
-        ro = _process_cache.read_only(vals)
+    def _remote(self, h: TableHandle, b: int) -> bool:
+        """Whether block ``b`` is served by another process: a server in this
+        one is read by a direct call, as cheap as a cached copy."""
+        return self._router.transport.serialized(h.primary(b))
+
+    def _share(self, h: TableHandle, b: int, tag: float, sent: float, seq: int, summed_below, rows, vals):
+        """Offer a server reply (block ``b``'s ``rows``; the read was sent at
+        ``sent``) to the other participants of the process; returns the
+        values to use from now on: a read-only view, so that no participant
+        writes into what another may hold."""
+        ro = _process_cache.read_only(vals) if self._remote(h, b) else None
         if ro is None:
             return vals
         self._shared.put(h.spec.name, b, _process_cache.SharedBlock(
-            h.spec.table_id, h.version, tag, seq, summed_below, rows, ro))
+            h.spec.table_id, h.version, tag, sent, seq, summed_below, rows, ro))
         return ro
 
     def _take_shared(self, h: TableHandle, reqs: dict, need: float) -> None:
@@ -701,14 +710,15 @@ class Session(InFlight):
         name = h.spec.name
         cache = self._cache.table(name)
         summed_per_clock = self._summed_per_clock(h)
+        refresh = h.spec.consistency.refreshes
         for b, rows in reqs.items():
             own = cache.get(b)
-            own_usable = self._cache.usable(own, need, False, self._clock)
+            own_usable = self._cache.usable(own, need, refresh, self._clock)
             if own_usable and own.covers(rows):
                 continue
             s = self._shared.get(name, h.spec.table_id, h.version, b)
-            if s is None or s.tag < need:
-                continue
+            if s is None or s.tag < need or (refresh and s.sent < self._clock_entered):
+                continue  # below the bound; refresh=True: not read in this reader's clock
             shared = CacheEntry(s.tag, s.seq, self._clock, s.rows, s.values)
             if own_usable and not shared.covers(rows):
                 continue  # the own entry holds as much, with own writes already in

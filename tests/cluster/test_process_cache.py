@@ -1,14 +1,19 @@
 """Bösen's process cache (dask_ps._process_cache): a block one participant
-read serves another participant of its process only where that reader's
-bound and its own writes allow it.
+read from another process serves another participant of its process only
+where that reader's bound and its own writes allow it.
 
-Both participants of each run are placed on one worker (their parts are
-scattered there), so they share a process in both cluster layouts. The
-order of their steps is set with ``distributed.Event``, never by sleeping.
+The participants of each run are placed on one worker (their parts are
+scattered there) and the tables' blocks on the other, so that on worker
+processes every read leaves the process. In the in-process cluster every
+read is a direct call and nothing is shared (asserted too). The order of
+the participants' steps is set with ``distributed.Event``, never by sleeping.
 """
 
 from __future__ import annotations
 
+import os
+
+import dask
 import numpy as np
 import pytest
 from distributed import Event
@@ -18,9 +23,30 @@ from dask_ps import _process_cache
 from tests.cluster.test_consistency import C, P, audit_participant
 
 
-def _on_one_worker(client, n):
-    addr = sorted(client.scheduler_info()["workers"])[0]
-    return client.scatter(list(range(n)), workers=[addr], broadcast=False)
+@pytest.fixture(autouse=True)
+def process_cache_on(client):
+    """``ps.process-cache`` on in the workers (and here) for the test."""
+    def set_to(value):
+        dask.config.set({"ps.process-cache": value})
+
+    before = dask.config.get("ps.process-cache")
+    client.run(set_to, True)
+    set_to(True)
+    yield
+    client.run(set_to, before)
+    set_to(before)
+
+
+def _in_processes(client) -> bool:
+    return any(pid != os.getpid() for pid in client.run(os.getpid).values())
+
+
+def _away_from(ps, client, table, n):
+    """``n`` parts on the worker that holds none of ``table``'s first block
+    (the other one when only one worker holds blocks)."""
+    holder = ps.placement(table)[0].worker
+    addr = [w for w in sorted(client.scheduler_info()["workers"]) if w != holder][0]
+    return client.scatter(list(range(n)), workers=[addr], broadcast=False, hash=False)
 
 
 def _table_metrics(ctx, name):
@@ -51,12 +77,16 @@ def test_a_read_serves_the_other_participant_with_its_own_unsummed_pushes(ps, cl
             before = _table_metrics(ctx, "t")
             v = ctx.pull("t")
             after = _table_metrics(ctx, "t")
-            assert after["shared_hits"] - before["shared_hits"] == 1
-            assert after["bytes_pulled"] == before["bytes_pulled"]  # nothing fetched
+            if shared:
+                assert after["shared_hits"] - before["shared_hits"] == 1
+                assert after["bytes_pulled"] == before["bytes_pulled"]  # nothing fetched
+            else:  # in-process: a direct read of the server, nothing shared
+                assert after["shared_hits"] == 0 and after["bytes_pulled"] > before["bytes_pulled"]
         ctx.clock()
         return v.tolist(), ctx.pull("t").tolist()
 
-    (v0, end0), (v1, end1) = ps.run(train, _on_one_worker(client, 2))
+    shared = _in_processes(client)
+    (v0, end0), (v1, end1) = ps.run(train, _away_from(ps, client, "t", 2))
     assert v0 == [1.0, 20.0, 0.0, 0.0]
     assert v1 == [1.0, 20.0, 100.0, 0.0]  # read-my-writes; rank 0's clock-1 push not yet
     assert end0 == end1 == [1.0, 20.0, 100.0, 1000.0]
@@ -82,7 +112,7 @@ def test_a_block_read_before_an_own_push_is_not_taken(ps, client):
         Event(prefix + "-done").set()
         return v.tolist(), _table_metrics(ctx, "p")["shared_hits"]
 
-    (v0, _), (v1, hits) = ps.run(train, _on_one_worker(client, 2))
+    (v0, _), (v1, hits) = ps.run(train, _away_from(ps, client, "p", 2))
     assert v0 == [0.0, 0.0, 0.0]
     assert v1 == [0.0, 5.0, 0.0] and hits == 0
 
@@ -108,7 +138,7 @@ def test_a_block_below_the_readers_bound_is_not_taken(ps, client):
         Event(prefix + "-done").set()
         return v.tolist(), _table_metrics(ctx, "s")["shared_hits"]
 
-    (v0, _), (v1, hits) = ps.run(train, _on_one_worker(client, 2))
+    (v0, _), (v1, hits) = ps.run(train, _away_from(ps, client, "s", 2))
     assert v0 == [0.0, 0.0]
     assert v1 == [1.0, 0.0] and hits == 0
 
@@ -122,12 +152,46 @@ def test_audit_holds_with_reads_shared_in_the_process(ps, client, model, stalene
     exactly what its own bound and read-my-writes require."""
     ps.create_table("audit", shape=(P * C,), block_rows=7, consistency=model)
     delays = [0.001, 0.002, 0.001, 0.03]
-    lags = ps.run(audit_participant, _on_one_worker(client, P), delays=delays, staleness=staleness,
+    lags = ps.run(audit_participant, _away_from(ps, client, "audit", P), delays=delays, staleness=staleness,
                   use_rows=use_rows)
     assert ps.pull("audit").tolist() == [1.0] * (P * C)
     assert max(max(lag) for lag in lags[:3]) <= staleness
     run = list(ps.metrics().values())[-1]
-    assert sum(p["tables"]["audit"]["shared_hits"] for p in run["participants"].values()) > 0
+    hits = sum(p["tables"]["audit"]["shared_hits"] for p in run["participants"].values())
+    assert hits > 0 if _in_processes(client) else hits == 0
+
+
+def test_refresh_takes_only_blocks_read_in_the_readers_clock(ps, client):
+    """SSP(2, refresh=True): a block rank 0 read after rank 1's clock began
+    serves rank 1; in rank 1's next clock it does not (read again)."""
+    ps.create_table("f", shape=(3,), consistency=dask_ps.SSP(staleness=2, refresh=True))
+    prefix = f"pc-refresh-{np.random.randint(1 << 30)}"
+
+    def train(ctx, part):
+        if ctx.rank == 0:
+            Event(prefix + "-entered").wait(timeout=60)
+            v = ctx.pull("f")
+            Event(prefix + "-read").set()
+            Event(prefix + "-done").wait(timeout=60)
+            return v.tolist(), None, None
+        ctx.clock()
+        Event(prefix + "-entered").set()
+        Event(prefix + "-read").wait(timeout=60)
+        first = ctx.pull("f")
+        taken = _table_metrics(ctx, "f")
+        ctx.clock()
+        ctx.pull("f")  # a new clock: the block rank 0 read is of the one before
+        again = _table_metrics(ctx, "f")
+        Event(prefix + "-done").set()
+        return first.tolist(), taken, again
+
+    (v0, _, _), (v1, taken, again) = ps.run(train, _away_from(ps, client, "f", 2))
+    assert v0 == v1 == [0.0, 0.0, 0.0]
+    if _in_processes(client):
+        assert taken["shared_hits"] == 1 and taken["bytes_pulled"] == 0
+    else:
+        assert taken["shared_hits"] == 0
+    assert again["shared_hits"] == taken["shared_hits"] and again["bytes_pulled"] > taken["bytes_pulled"]
 
 
 def test_process_cache_keeps_the_fresher_block_and_never_writes_a_source():
@@ -135,8 +199,8 @@ def test_process_cache_keeps_the_fresher_block_and_never_writes_a_source():
     src = np.arange(4.0)
     ro = _process_cache.read_only(src)
     assert src.flags.writeable and not ro.flags.writeable and np.shares_memory(src, ro)
-    new = _process_cache.SharedBlock("id", 1, 3, 7, None, None, ro)
-    old = _process_cache.SharedBlock("id", 1, 2, 9, None, None, ro)
+    new = _process_cache.SharedBlock("id", 1, 3, 0.0, 7, None, None, ro)
+    old = _process_cache.SharedBlock("id", 1, 2, 0.0, 9, None, None, ro)
     cache.put("t", 0, new)
     cache.put("t", 0, old)  # staler: not kept
     assert cache.get("t", "id", 1, 0) is new
