@@ -49,12 +49,16 @@ Thread-safe: the participants of a process are threads.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import weakref
 from dataclasses import dataclass
 
 import numpy as np
+
+from dask_ps import _config
+from dask_ps._transport import Transport
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,7 @@ class ProcessCache:
         self.run_id = run_id
         self._lock = threading.Lock()
         self._blocks: dict[str, dict[int, SharedBlock]] = {}
+        self.combiner = PullCombiner()
 
     def __repr__(self):
         return f"<ProcessCache run={self.run_id} tables={sorted(self._blocks)}>"
@@ -137,3 +142,109 @@ def acquire(run_id: str) -> ProcessCache:
         if cache is None:
             cache = _registry[run_id] = ProcessCache(run_id)
         return cache
+
+
+# --- reads combined before they leave the process -------------------------------------------
+# Reads that went through a combiner in this process, and the messages they
+# became (benchmarks and tests read them with ``client.run``).
+combined = {"requests": 0, "messages": 0}
+
+
+class _Batch:
+    __slots__ = ("requests",)
+
+    def __init__(self):
+        self.requests: list[tuple[list, int | None, asyncio.Future]] = []
+
+
+def _union(rows_list):
+    """The rows of a block several reads ask for: None (the whole block) if
+    one asks for all of it, else the sorted union of their sorted rows."""
+    if any(r is None for r in rows_list):
+        return None
+    if len(rows_list) == 1:
+        return rows_list[0]
+    return np.unique(np.concatenate(rows_list))
+
+
+def _part(rows, union, vals, shared: bool):
+    """The values of a read's ``rows`` in a reply of ``union`` rows."""
+    if rows is union or (rows is not None and union is not None and rows.size == union.size):
+        # every row of the reply (rows are unique and a subset of the union)
+        return read_only(vals) if shared and read_only(vals) is not None else vals
+    if union is None:
+        return vals[rows]
+    return vals[np.searchsorted(union, rows)]
+
+
+class PullCombiner:
+    """Reads of the participants of one run in this process that go to the
+    same server for the same table within ``ps.process-read-window`` become
+    one message: per block the union of their rows, read at the highest of
+    their tags (each a run minimum clock already reached, so the server
+    waits for nothing more; values at least as fresh as each reader's tag
+    says), and each reader gets its own rows of the reply. Only plain
+    reads (``Session._read``): not a prefetch (whose reply says which of
+    *its* sender's pushes it holds) nor an ESSP read (which subscribes its
+    reader). Runs on the worker's event loop only."""
+
+    def __init__(self):
+        self._batches: dict[tuple, _Batch] = {}
+
+    async def pull(self, send, addr: str, h, entries: list, run: tuple):
+        key = (addr, h.spec.table_id, h.version, run[0])
+        batch = self._batches.get(key)
+        if batch is None:
+            batch = self._batches[key] = _Batch()
+            asyncio.get_running_loop().create_task(self._send(key, batch, send, addr, h, run[0]))
+        future = asyncio.get_running_loop().create_future()
+        batch.requests.append((entries, run[1], future))
+        combined["requests"] += 1
+        return await future
+
+    async def _send(self, key, batch: _Batch, send, addr, h, run_id):
+        await asyncio.sleep(_config.get_seconds("process-read-window"))
+        del self._batches[key]  # later reads start a new batch
+        requests = batch.requests
+        tags = [tag for _, tag, _ in requests]
+        tag = None if any(t is None for t in tags) else max(tags)
+        wanted: dict[int, list] = {}
+        for entries, _, _ in requests:
+            for b, rows in entries:
+                wanted.setdefault(b, []).append(rows)
+        union = {b: _union(rs) for b, rs in wanted.items()}
+        blocks = list(union)
+        combined["messages"] += 1
+        try:
+            reply = await send(addr, h, [(b, union[b]) for b in blocks], run=(run_id, tag))
+        except BaseException as e:  # each reader's failover handles it (Router.fetch)
+            for _, _, future in requests:
+                if not future.done():
+                    future.set_exception(e)
+            return
+        at = {b: i for i, b in enumerate(blocks)}
+        summed = reply.get("summed_below")
+        shared = len(requests) > 1
+        for entries, _, future in requests:
+            if future.done():
+                continue
+            idx = [at[b] for b, _ in entries]
+            future.set_result({
+                "seqs": [reply["seqs"][i] for i in idx],
+                "values": [_part(rows, union[b], reply["values"][at[b]], shared) for b, rows in entries],
+                "summed_below": None if summed is None else [summed[i] for i in idx],
+                "applied": None,
+            })
+
+
+class CombiningTransport(Transport):
+    """A participant's :class:`~dask_ps._transport.Transport` whose plain
+    reads from servers in other processes go through its run's
+    :class:`PullCombiner` once the session set ``combiner``."""
+
+    combiner: PullCombiner | None = None
+
+    async def pull(self, addr: str, h, reqs, **extra) -> dict:
+        if self.combiner is None or set(extra) != {"run"} or not self.serialized(addr):
+            return await super().pull(addr, h, reqs, **extra)
+        return await self.combiner.pull(super().pull, addr, h, list(reqs), extra["run"])

@@ -54,7 +54,7 @@ from dask_ps._handlers import InternalRPC
 from dask_ps._oplog import PushBuffer
 from dask_ps._routing import TableHandle
 from dask_ps._spec import check_row_request, check_rows_sorted, check_values
-from dask_ps._transport import Router, Transport
+from dask_ps._transport import Router
 from dask_ps.consistency import ASP
 
 logger = logging.getLogger(__name__)
@@ -161,8 +161,8 @@ class Session(InFlight):
         # flushes are numbered by (clock, n-th flush in the clock): a retried
         # participant that repeats a clock's pushes has them applied once.
         self._router = Router(
-            Transport(self.worker.rpc, self._scheduler, local=plugin,
-                      liveness=plugin.liveness if plugin is not None else None),
+            _process_cache.CombiningTransport(self.worker.rpc, self._scheduler, local=plugin,
+                                              liveness=plugin.liveness if plugin is not None else None),
             sender=f"{run_id}-{rank}",
             latest_versions=plugin.latest_versions if plugin is not None else None,
         )
@@ -174,6 +174,7 @@ class Session(InFlight):
         self._cache = ReadCache()
         self._shared: _process_cache.ProcessCache | None = None  # Bösen's process cache (_join)
         self._clock_entered = 0.0  # when the current clock began (_process_cache.now())
+        self._shares_blocks = False  # ps.process-cache (_join)
         self._metrics: dict[str, TableMetrics] = {}
         self._clock_wait = 0.0
         self._staleness_used: int | None = None  # the tightest bound among tables used
@@ -224,8 +225,11 @@ class Session(InFlight):
         # ones, so it reads what the servers have instead of adding its own.
         self._resumed_clock = self._clock if attempt > 1 else None
         self._known_min = 0
-        if _config.get("process-cache"):
+        if _config.get("process-cache") or _config.get_seconds("process-read-window") > 0:
             self._shared = _process_cache.acquire(self.run_id)
+            if _config.get_seconds("process-read-window") > 0:
+                self._router.transport.combiner = self._shared.combiner
+        self._shares_blocks = bool(_config.get("process-cache"))
         self._clock_entered = _process_cache.now()
         self._started = time.perf_counter()
         self._ps_seconds = self._blocked_seconds = 0.0
@@ -682,7 +686,8 @@ class Session(InFlight):
         bound (not ASP, nor ESSP, whose entries the servers fill per reader),
         and not in a retried participant's repeated clock (it reads what the
         servers have)."""
-        return (self._shared is not None and self._cacheable(h) and self._required_tag(h) is not None
+        return (self._shared is not None and self._shares_blocks and self._cacheable(h)
+                and self._required_tag(h) is not None
                 and h.spec.consistency.name != "essp" and self._clock != self._resumed_clock)
 
     def _remote(self, h: TableHandle, b: int) -> bool:

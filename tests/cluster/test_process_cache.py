@@ -206,3 +206,82 @@ def test_process_cache_keeps_the_fresher_block_and_never_writes_a_source():
     assert cache.get("t", "id", 1, 0) is new
     assert cache.get("t", "id", 2, 0) is None  # another version of the table: not served
     assert _process_cache.acquire("run-x") is _process_cache.acquire("run-x")
+
+
+def _set_window(client, value):
+    def set_to(v):
+        dask.config.set({"ps.process-read-window": v})
+
+    client.run(set_to, value)
+    set_to(value)
+
+
+def _combined(client):
+    return client.run(lambda: dict(_process_cache.combined))
+
+
+@pytest.fixture
+def read_window(client):
+    """``ps.process-read-window`` in the workers for the test (the fixture
+    sets it back to 0)."""
+    yield lambda value: _set_window(client, value)
+    _set_window(client, "0ms")
+
+
+def test_reads_of_one_process_become_one_message(ps, client, read_window):
+    """Two participants' reads of overlapping rows in one window: one message
+    to the server (processes), and each reader gets exactly its rows, with
+    its own flushed and buffered pushes and not the other's buffered ones."""
+    read_window("2s")  # long: the second read surely joins the first one's
+    ps.create_table("c", shape=(10, 2), consistency=dask_ps.SSP(staleness=1))
+    ps.push("c", np.arange(20.0).reshape(10, 2))
+    prefix = f"pc-combine-{np.random.randint(1 << 30)}"
+
+    def train(ctx, part):
+        if ctx.rank == 0:
+            ctx.push_rows("c", [5], [[100.0, 100.0]])  # buffered: only rank 0 sees it
+            Event(prefix).set()
+            v = ctx.pull_rows("c", [5, 1, 3]).tolist()
+            Event(prefix + "-done").wait(timeout=60)  # its push is flushed when it leaves
+            return v
+        ctx.push_rows("c", [9], [[1000.0, 0]])
+        ctx.flush()  # at the server before the read
+        ctx.push_rows("c", [4], [[0, 7.0]])  # buffered
+        Event(prefix).wait(timeout=60)
+        v = ctx.pull_rows("c", [3, 4, 5, 9, 3]).tolist()
+        Event(prefix + "-done").set()
+        return v
+
+    before = _combined(client)
+    r0, r1 = ps.run(train, _away_from(ps, client, "c", 2))
+    after = _combined(client)
+    base = np.arange(20.0).reshape(10, 2)
+    assert r0 == (base[[5, 1, 3]] + [[100, 100], [0, 0], [0, 0]]).tolist()
+    assert r1 == (base[[3, 4, 5, 9, 3]] + [[0, 0], [0, 7], [0, 0], [1000, 0], [0, 0]]).tolist()
+    requests = sum(a["requests"] - before[w]["requests"] for w, a in after.items())
+    messages = sum(a["messages"] - before[w]["messages"] for w, a in after.items())
+    if _in_processes(client):
+        assert (requests, messages) == (2, 1)
+    else:  # every server is in the process: nothing to combine
+        assert requests == messages == 0
+
+
+@pytest.mark.parametrize("use_rows", [False, True], ids=["dense", "rows"])
+@pytest.mark.parametrize("model,staleness", [(dask_ps.BSP(), 0), (dask_ps.SSP(staleness=2, refresh=True), 2)],
+                         ids=repr)
+def test_audit_holds_with_reads_combined_in_the_process(ps, client, read_window, model, staleness, use_rows):
+    """The exact audit with the reads of the process combined (and its cache
+    on): every read still has exactly what its bound and read-my-writes
+    require, nothing is lost or counted twice."""
+    read_window("20ms")
+    ps.create_table("audit", shape=(P * C,), block_rows=7, consistency=model)
+    before = _combined(client)
+    lags = ps.run(audit_participant, _away_from(ps, client, "audit", P), delays=[0.001, 0.002, 0.001, 0.03],
+                  staleness=staleness, use_rows=use_rows)
+    after = _combined(client)
+    assert ps.pull("audit").tolist() == [1.0] * (P * C)
+    assert max(max(lag) for lag in lags[:3]) <= staleness
+    requests = sum(a["requests"] - before[w]["requests"] for w, a in after.items())
+    messages = sum(a["messages"] - before[w]["messages"] for w, a in after.items())
+    if _in_processes(client):
+        assert messages < requests
