@@ -1,5 +1,5 @@
 """Bösen's process cache: blocks read by one participant serve the others of
-its process.
+its process, and their reads leave the process together.
 
 Bösen keeps one cache per client process ("process storage"), shared by
 the application threads of the process. Here the participants of one run
@@ -44,7 +44,15 @@ cache is per run and per process (:func:`acquire`), lives as long as a
 participant of the run holds it in the process, and keeps the
 latest block read per table and block. ``ps.process-cache`` turns it on.
 
-Thread-safe: the participants of a process are threads.
+Second, reads *combined* before they leave the process (Bösen's batched
+row requests): with ``ps.process-read-window`` a participant's plain read of
+a server in another process waits that long on the worker's event loop for
+the reads of the other participants to the same server and table, and they
+go as one message (:class:`PullCombiner`, through the participant's
+:class:`CombiningTransport`).
+
+Thread-safe: the participants of a process are threads; the combiner runs
+on the worker's event loop only.
 """
 
 from __future__ import annotations
