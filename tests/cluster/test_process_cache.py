@@ -285,3 +285,26 @@ def test_audit_holds_with_reads_combined_in_the_process(ps, client, read_window,
     messages = sum(a["messages"] - before[w]["messages"] for w, a in after.items())
     if _in_processes(client):
         assert messages < requests
+
+
+def test_bsp_lda_is_the_same_bit_for_bit_with_reads_combined(client, read_window):
+    """A BSP fit reads exactly the clocks below its own at every read, so
+    combined reads (each at the highest tag of the message, never above the
+    readers' clock) leave the chain as it is."""
+    from dask_ps.decomposition import LatentDirichletAllocation
+
+    X = np.random.default_rng(0).poisson(0.3, size=(200, 300))
+
+    def fit():
+        return LatentDirichletAllocation(5, max_iter=5, consistency=dask_ps.BSP(), n_partitions=4, client=client,
+                                         random_state=0).fit(X).components_
+
+    alone = fit()
+    read_window("20ms")
+    before = _combined(client)
+    combined_fit = fit()
+    after = _combined(client)
+    np.testing.assert_array_equal(combined_fit, alone)
+    if _in_processes(client):
+        assert sum(a["messages"] - before[w]["messages"] for w, a in after.items()) < \
+            sum(a["requests"] - before[w]["requests"] for w, a in after.items())
