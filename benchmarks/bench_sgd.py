@@ -150,7 +150,7 @@ def run_sklearn(Xtr, ytr, Xte, yte, epochs, kw, scorer):
     return out
 
 
-def run_dask_ps(client, dXtr, dytr, Xte, yte, epochs, kw, batch_size, scorer):
+def run_dask_ps(client, dXtr, dytr, Xte, yte, epochs, kw, batch_size, scorer, n_jobs=2):
     from dask_ps.linear_model import SGDClassifier
 
     out = []
@@ -161,7 +161,7 @@ def run_dask_ps(client, dXtr, dytr, Xte, yte, epochs, kw, batch_size, scorer):
             c = clock.read()
             t = time.perf_counter()
             m = SGDClassifier(max_iter=E, tol=None, random_state=0, batch_size=batch_size, client=client,
-                              n_jobs=2, **kw).fit(dXtr, dytr)
+                              n_jobs=n_jobs, **kw).fit(dXtr, dytr)
             dt = time.perf_counter() - t
             cpu = clock.read() - c
         out.append((E, dt, scorer(m, Xte, yte), cpu, m))
@@ -216,6 +216,14 @@ def print_breakdown(model, seconds):
         fields = " ".join(f"{k.replace('_seconds', '')} {m[k]:.3f}" for k in keys if isinstance(m.get(k), float))
         calls = " ".join(f"{k} {v:.3f}" for k, v in (m.get("ps_seconds_by_call") or {}).items())
         print(f"    participant {i}: {fields}  | in calls: {calls}")
+        clocks = max(1, int(m.get("clock") or 0))
+        for name, t in (m.get("tables") or {}).items():  # load-robust: reads and bytes per clock
+            if t.get("reads"):
+                print(f"      table {name}: {clocks} clocks, {t['reads'] / clocks:.2f} reads "
+                      f"({t['cache_hits'] / clocks:.2f} from the cache, "
+                      f"{t.get('shared_hits', 0) / clocks:.2f} blocks from the process cache), "
+                      f"{t['bytes_pulled'] / clocks / 1e3:.1f} kB pulled and "
+                      f"{t['bytes_pushed'] / clocks / 1e3:.1f} kB pushed, {t['flushes'] / clocks:.2f} flushes a clock")
 
 
 def spread_blocks(client, X, y, chunks_per_worker=1):
@@ -252,11 +260,12 @@ def bench(label, X, y, client, args, kw, batch_size, scorer=accuracy, metric="ac
     res["sklearn"] = run_sklearn(Xtr, ytr, Xte, yte, args.epochs, kw, scorer)
     target = max(r[2] for r in res["sklearn"]) - args.slack
     client.wait_for_workers(args.workers)
-    # 1 worker x 2 threads: two blocks on the worker, two participants (n_jobs=2)
-    dXtr, dytr = spread_blocks(client, Xtr, ytr, chunks_per_worker * (2 if args.workers == 1 else 1))
+    # N threads a worker: N blocks on each worker, one participant each (n_jobs)
+    dXtr, dytr = spread_blocks(client, Xtr, ytr, chunks_per_worker * args.threads)
     # One untimed fit on the persisted blocks first (worker-side imports, caches).
-    run_dask_ps(client, dXtr, dytr, Xte, yte, [1], kw, batch_size, scorer)
-    res["dask_ps (2 workers)"] = run_dask_ps(client, dXtr, dytr, Xte, yte, args.epochs, kw, batch_size, scorer)
+    run_dask_ps(client, dXtr, dytr, Xte, yte, [1], kw, batch_size, scorer, args.participants)
+    res["dask_ps (2 workers)"] = run_dask_ps(client, dXtr, dytr, Xte, yte, args.epochs, kw, batch_size, scorer,
+                                             args.participants)
     if not args.no_dask_ml:
         try:
             import dask_ml  # noqa: F401
@@ -305,10 +314,12 @@ def main():
                     help="the issue's sizes: 1M x 100 dense, 1M x 2^20 sparse, 1M x 2^22 ctr")
     ap.add_argument("--no-dask-ml", action="store_true")
     ap.add_argument("--only", choices=["dense", "sparse", "ctr"], help="run one of the data sets (as --data X)")
-    ap.add_argument("--cluster", choices=["processes", "threads", "processes-1x2"], default="threads",
+    ap.add_argument("--cluster", choices=["processes", "threads", "processes-1x2", "processes-2x2"], default="threads",
                     help="2 workers as threads of this process (LocalCluster(processes=False), the layout of "
                          "the embedded default cluster, fastest here), 2 worker processes, or 1 worker process "
-                         "with 2 threads (a real cluster's layout: dask worker --nthreads N); 2 participants each")
+                         "with 2 threads (a real cluster's layout: dask worker --nthreads N); 2 participants each; "
+                         "or 2 worker processes x 2 threads, 4 participants (Bösen's process cache shares reads "
+                         "from the other process)")
     ap.add_argument("--breakdown", action="store_true", help="where the largest E's dask_ps fit spent its time")
     args = ap.parse_args()
     if args.full:
@@ -317,8 +328,9 @@ def main():
     from distributed import Client, LocalCluster
 
     kw = dict(loss="log_loss", alpha=1e-4)
-    args.workers = 1 if args.cluster == "processes-1x2" else 2
-    with LocalCluster(n_workers=args.workers, threads_per_worker=3 - args.workers, processes=args.cluster != "threads",
+    args.workers, args.threads = {"processes-1x2": (1, 2), "processes-2x2": (2, 2)}.get(args.cluster, (2, 1))
+    args.participants = args.workers * args.threads
+    with LocalCluster(n_workers=args.workers, threads_per_worker=args.threads, processes=args.cluster != "threads",
                       dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         # Warm up: the parameter server's plugins, imports on the workers.
@@ -332,7 +344,8 @@ def main():
         for make in (lambda: hashed_data(4000, args.sparse_d, args.nnz), lambda: ctr_data(4000, args.ctr_d)):
             Xw, yw = make()
             SGDClassifier(max_iter=2, client=client, **kw).fit(Xw, yw)
-        print(f"cluster: {args.workers} worker(s) x {3 - args.workers} thread(s), {args.cluster}; 2 participants")
+        print(f"cluster: {args.workers} worker(s) x {args.threads} thread(s), {args.cluster}; "
+              f"{args.participants} participants")
         if "dense" in data and args.dense_n:
             X, y = dense_data(args.dense_n, args.dense_d)
             bench(f"dense {args.dense_n} x {args.dense_d}", X, y, client, args, kw, args.batch_size)
