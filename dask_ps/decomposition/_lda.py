@@ -53,11 +53,13 @@ from dask_ps.decomposition._runs import (
     GibbsRuns,
     RunPlan,
     corpus_layout,
-    iteration_line,
+    end_of_fit_lines,
     make_parts,
 )
 from dask_ps.decomposition._scoring import (
+    _doc_logliks_block,
     _fold_in,
+    _transform_block,
     _topic_word,
     components_dtype,
     doc_logliks,
@@ -699,21 +701,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         self.loglik_history_ = runs.history
         # scikit-learn's final bound_: the training documents' perplexity
         self.bound_ = float(np.exp(-runs.score / self.n_tokens_))
-        if runs.stop > runs.printed:
-            # The last iteration's line (after the run: its evaluation is the
-            # exact final state's); its perplexity is bound_, as scikit-learn's
-            # last evaluation is.
-            evaluated = self.evaluate_every > 0 and runs.stop % self.evaluate_every == 0
-            progress.line(iteration_line(
-                runs.stop, self.max_iter, self.bound_ if evaluated else None,
-                f" (log-likelihood {final:.6g}, {self.tokens_per_second_:.3g} tokens/s, {runs.seconds:.1f} s)"
-                if evaluated else ""))
-        # scikit-learn prints nothing more: the summary goes to the logger
-        progress.log(
-            f"LatentDirichletAllocation: {runs.stop} iterations, {self.n_tokens_} tokens, {P} participants, "
-            f"{runs.seconds:.1f} s, {self.tokens_per_second_:.3g} tokens/s, log-likelihood {final:.6g}, "
-            f"bound_ (perplexity) {self.bound_:.6g}"
-        )
+        end_of_fit_lines(progress, runs, self, final, P)
 
     def _set_without_tokens(self, base, dtype):
         """The fitted state after a call whose documents hold no token: the
@@ -906,12 +894,3 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         X = sp.csr_matrix(self._check_X(X, "LatentDirichletAllocation.perplexity"), dtype=np.float64)
         return precomputed_perplexity(self.components_, X, doc_topic_distr)
 
-
-def _doc_logliks_block(block, est):
-    """``est._doc_logliks`` of one row block (of a dask array: a task)."""
-    return est._doc_logliks(block)
-
-
-def _transform_block(block, est, normalize=True):
-    """``est.transform`` of one row block of a dask array (a task)."""
-    return est.transform(block, normalize=normalize)

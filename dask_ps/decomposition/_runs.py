@@ -176,6 +176,24 @@ def iteration_line(n, max_iter, perplexity=None, details="") -> str:
     return line + details
 
 
+def end_of_fit_lines(progress, runs, est, final, P) -> None:
+    """After a fit: the last iteration's line, unless the monitor printed it
+    (after the run: its evaluation is the exact final state's; its
+    perplexity is ``bound_``, as scikit-learn's last evaluation is), and the
+    summary, to the logger only (scikit-learn prints nothing more)."""
+    if runs.stop > runs.printed:
+        evaluated = est.evaluate_every > 0 and runs.stop % est.evaluate_every == 0
+        progress.line(iteration_line(
+            runs.stop, est.max_iter, est.bound_ if evaluated else None,
+            f" (log-likelihood {final:.6g}, {est.tokens_per_second_:.3g} tokens/s, {runs.seconds:.1f} s)"
+            if evaluated else ""))
+    progress.log(
+        f"LatentDirichletAllocation: {runs.stop} iterations, {est.n_tokens_} tokens, {P} participants, "
+        f"{runs.seconds:.1f} s, {est.tokens_per_second_:.3g} tokens/s, log-likelihood {final:.6g}, "
+        f"bound_ (perplexity) {est.bound_:.6g}"
+    )
+
+
 class _Monitor(PollingMonitor):
     """Prints a line per iteration while the fit runs, as the participants
     write their progress (verbose), and moves the progress bar.

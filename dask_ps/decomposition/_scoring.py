@@ -212,3 +212,13 @@ def document_completion(components, X, doc_topic_prior, *, max_iter=100, tol=0.0
     theta = _fold_in(phi_t, A, doc_topic_prior, max_iter, tol)
     ll = _k.heldout_loglik(B.indptr.astype(np.int64), B.indices.astype(np.int64), B.data, phi_t, theta)
     return float(ll), int(B.data.sum())
+
+
+def _doc_logliks_block(block, est):
+    """``est._doc_logliks`` of one row block (of a dask array: a task)."""
+    return est._doc_logliks(block)
+
+
+def _transform_block(block, est, normalize=True):
+    """``est.transform`` of one row block of a dask array (a task)."""
+    return est.transform(block, normalize=normalize)

@@ -362,7 +362,7 @@ def stop_decision(k, value, best, no_improvement, eta, active, early_stopping, t
     'adaptive' rate first divides its ``eta`` by 5. Updates ``best``,
     ``no_improvement``, ``eta`` and ``active`` in place.
 
-    Plain Python, used as it is by ``_rounds._StopRule`` and compiled into
+    Plain Python, used as it is by ``StopRule`` and compiled into
     a lone participant's loop over its epochs (``_sgd_numba.lone_epochs``):
     one rule."""
     if early_stopping:
@@ -392,3 +392,47 @@ def check_finite(W, epoch) -> None:
             "Floating-point under-/overflow occurred at epoch #%d. Scaling input data "
             "with StandardScaler or MinMaxScaler might help." % (epoch + 1)
         )
+
+
+class StopRule:
+    """scikit-learn's stopping rule, per one-vs-rest problem: no improvement of
+    the objective (or validation score) by ``tol`` for ``n_iter_no_change``
+    epochs stops the problem ('adaptive' first divides eta by 5)."""
+
+    def __init__(self, hp: _Hyper, eta_init):
+        K = hp.n_outputs
+        self.hp = hp
+        self.best = np.full(K, np.inf if not hp.early_stopping else -np.inf)
+        self.no_improvement = np.zeros(K, dtype=int)
+        self.eta = np.array(eta_init, dtype=float)
+        self.active = np.ones(K, dtype=bool)
+        self.n_iter = np.zeros(K, dtype=int)  # epochs trained, per problem
+        self.last_decided = -1  # the last epoch whose objective was accounted
+
+    def get_state(self) -> dict:
+        """Plain (JSON-able) state: carried between the runs of a chunked fit
+        and stored in checkpoints. Infinite values as strings."""
+        return {
+            "best": [float(v) if np.isfinite(v) else str(float(v)) for v in self.best],
+            "no_improvement": [int(v) for v in self.no_improvement],
+            "eta": [float(v) for v in self.eta],
+            "active": [bool(v) for v in self.active],
+            "n_iter": [int(v) for v in self.n_iter],
+            "last_decided": int(self.last_decided),
+        }
+
+    def set_state(self, state: dict) -> None:
+        self.best = np.array([float(v) for v in state["best"]], dtype=float)
+        self.no_improvement = np.array(state["no_improvement"], dtype=int)
+        self.eta = np.array(state["eta"], dtype=float)
+        self.active = np.array(state["active"], dtype=bool)
+        self.n_iter = np.array(state["n_iter"], dtype=int)
+        self.last_decided = int(state["last_decided"])
+
+    def update(self, objective, score) -> None:
+        """Account one epoch's objective (or validation score) per problem."""
+        hp = self.hp
+        values = score if hp.early_stopping else objective
+        for k in np.flatnonzero(self.active):
+            stop_decision(k, values[k], self.best, self.no_improvement, self.eta, self.active, hp.early_stopping,
+                          hp.tol, hp.n_iter_no_change, hp.learning_rate == ADAPTIVE)

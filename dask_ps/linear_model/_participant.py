@@ -15,7 +15,14 @@ from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from dask_ps import report_progress
 from dask_ps._estimators import arrays
 from dask_ps.linear_model import _monitor
-from dask_ps.linear_model._kernels import MAX_INT, _decision, _penalty_value, compact_rows_xp, round_eta_scale
+from dask_ps.linear_model._kernels import (
+    MAX_INT,
+    StopRule,
+    _decision,
+    _penalty_value,
+    compact_rows_xp,
+    round_eta_scale,
+)
 from dask_ps.linear_model._rounds import (
     _epoch_rounds,
     _rng_state_from_json,
@@ -23,7 +30,6 @@ from dask_ps.linear_model._rounds import (
     _round_size,
     _RunConfig,
     _stats_row,
-    _StopRule,
     make_rounds,
 )
 
@@ -270,7 +276,7 @@ class _Participant:
         self.rounds = make_rounds(cfg, X, self.Y, self.sw, self.train_idx, self.run_rounds, solo=self.solo)
         # Alone in scikit-learn's order: scikit-learn's loop over the epochs, compiled (lone_epochs).
         self.lone = self.solo and getattr(self.rounds, "lone", False)
-        self.stop = _StopRule(hp, cfg.eta_init)
+        self.stop = StopRule(hp, cfg.eta_init)
         state = cfg.states[ctx.rank] if cfg.states is not None else None
         if state is not None:  # a later run of a chunked or resumed fit
             self.stop.set_state(state["stop"])

@@ -1,5 +1,5 @@
 """What a participant's run is made of: its configuration (``_RunConfig``),
-the stopping rule (``_StopRule``), the rounds of an epoch
+the rounds of an epoch
 (``_epoch_rounds``), and the rounds themselves behind one interface
 (``make_rounds``: ``prepare`` a round, ``train`` it from the weights read,
 ``finish`` it): ``_CompiledRounds`` (numba: ``_CompiledData``, ``_Round``,
@@ -38,7 +38,6 @@ from dask_ps.linear_model._kernels import (
     _unique_inverse,
     check_finite,
     compact_rows_xp,
-    stop_decision,
 )
 from dask_ps.linear_model._lone import SklearnOrders, scaled
 
@@ -100,50 +99,6 @@ class _RunConfig:
     # A lone participant's seeds of scikit-learn's shuffle, per output
     # (_lone.lone_sklearn_draws, _lone.SklearnOrders); None: its own order.
     sklearn_seeds: tuple | None = None
-
-
-class _StopRule:
-    """scikit-learn's stopping rule, per one-vs-rest problem: no improvement of
-    the objective (or validation score) by ``tol`` for ``n_iter_no_change``
-    epochs stops the problem ('adaptive' first divides eta by 5)."""
-
-    def __init__(self, hp: _Hyper, eta_init):
-        K = hp.n_outputs
-        self.hp = hp
-        self.best = np.full(K, np.inf if not hp.early_stopping else -np.inf)
-        self.no_improvement = np.zeros(K, dtype=int)
-        self.eta = np.array(eta_init, dtype=float)
-        self.active = np.ones(K, dtype=bool)
-        self.n_iter = np.zeros(K, dtype=int)  # epochs trained, per problem
-        self.last_decided = -1  # the last epoch whose objective was accounted
-
-    def get_state(self) -> dict:
-        """Plain (JSON-able) state: carried between the runs of a chunked fit
-        and stored in checkpoints. Infinite values as strings."""
-        return {
-            "best": [float(v) if np.isfinite(v) else str(float(v)) for v in self.best],
-            "no_improvement": [int(v) for v in self.no_improvement],
-            "eta": [float(v) for v in self.eta],
-            "active": [bool(v) for v in self.active],
-            "n_iter": [int(v) for v in self.n_iter],
-            "last_decided": int(self.last_decided),
-        }
-
-    def set_state(self, state: dict) -> None:
-        self.best = np.array([float(v) for v in state["best"]], dtype=float)
-        self.no_improvement = np.array(state["no_improvement"], dtype=int)
-        self.eta = np.array(state["eta"], dtype=float)
-        self.active = np.array(state["active"], dtype=bool)
-        self.n_iter = np.array(state["n_iter"], dtype=int)
-        self.last_decided = int(state["last_decided"])
-
-    def update(self, objective, score) -> None:
-        """Account one epoch's objective (or validation score) per problem."""
-        hp = self.hp
-        values = score if hp.early_stopping else objective
-        for k in np.flatnonzero(self.active):
-            stop_decision(k, values[k], self.best, self.no_improvement, self.eta, self.active, hp.early_stopping,
-                          hp.tol, hp.n_iter_no_change, hp.learning_rate == ADAPTIVE)
 
 
 def _rng_state_to_json(rng) -> list:
