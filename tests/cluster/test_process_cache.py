@@ -66,11 +66,15 @@ def test_a_read_serves_the_other_participant_with_its_own_unsummed_pushes(ps, cl
         ctx.push("t", np.array([1.0, 10.0, 0, 0]) * (r == 0) + np.array([0, 10.0, 0, 0]) * (r == 1))
         ctx.clock()
         if r == 0:
+            # Rank 1's clock began before this read was sent (BSP refreshes:
+            # an older read may not serve it), whatever the load.
+            Event(prefix + "-clocked").wait(timeout=60)
             v = ctx.pull("t")
             ctx.push("t", np.array([0, 0, 0, 1000.0]))
             ctx.flush()
             Event(prefix).set()
         else:
+            Event(prefix + "-clocked").set()
             ctx.push("t", np.array([0, 0, 100.0, 0]))
             ctx.flush()  # sent: the servers hold it until clock 1 is complete
             Event(prefix).wait(timeout=60)
