@@ -441,7 +441,14 @@ def totals_loglik(nk, vbeta) -> float:
 # --- fold-in with the topics fixed (transform, document completion) -----------------
 
 
-@njit(nogil=True, cache=True)
+# Reassociation lets the K-long dot products below use SIMD lanes (the
+# reductions are sequential otherwise): at K=1000 on the benchmark corpus the
+# fold-in and the scoring pass took 0.55 CPU-s instead of 1.03. No NaN or
+# infinity assumptions ("nnan", "ninf"): a zero probability gives log(0).
+_FOLD_MATH = {"reassoc", "contract", "arcp", "nsz"}
+
+
+@njit(nogil=True, cache=True, fastmath=_FOLD_MATH)
 def fold_in(indptr, indices, data, phi_t, alpha, max_iter, tol, theta):
     """Doc-topic proportions with the topics fixed: the EM fixed point
 
@@ -455,14 +462,16 @@ def fold_in(indptr, indices, data, phi_t, alpha, max_iter, tol, theta):
     n_docs = indptr.shape[0] - 1
     K = phi_t.shape[1]
     acc = np.empty(K)
+    prod = np.empty(K)  # theta_k phi_kv of one entry: its row of phi_t is read once per iteration
     for d in range(n_docs):
         s = indptr[d]
         e = indptr[d + 1]
+        th = theta[d]
         nd = 0.0
         for j in range(s, e):
             nd += data[j]
         for k in range(K):
-            theta[d, k] = 1.0 / K
+            th[k] = 1.0 / K
         if nd <= 0:
             continue
         denom = nd + K * alpha
@@ -470,37 +479,40 @@ def fold_in(indptr, indices, data, phi_t, alpha, max_iter, tol, theta):
             for k in range(K):
                 acc[k] = 0.0
             for j in range(s, e):
-                v = indices[j]
+                row = phi_t[indices[j]]
                 tot = 0.0
                 for k in range(K):
-                    tot += theta[d, k] * phi_t[v, k]
+                    p = th[k] * row[k]
+                    prod[k] = p
+                    tot += p
                 if tot <= 0.0:
                     continue
                 f = data[j] / tot
                 for k in range(K):
-                    acc[k] += theta[d, k] * phi_t[v, k] * f
+                    acc[k] += prod[k] * f
             change = 0.0
             for k in range(K):
                 new = (acc[k] + alpha) / denom
-                change += abs(new - theta[d, k])
-                theta[d, k] = new
+                change += abs(new - th[k])
+                th[k] = new
             if change / K < tol:
                 break
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, fastmath=_FOLD_MATH)
 def doc_logliks(indptr, indices, data, phi_t, theta, out):
     """Write ``out[d] = sum over entries x_dv of document d of
     x_dv log(sum_k theta_dk phi_kv)``."""
     n_docs = indptr.shape[0] - 1
     K = phi_t.shape[1]
     for d in range(n_docs):
+        th = theta[d]
         total = 0.0
         for j in range(indptr[d], indptr[d + 1]):
-            v = indices[j]
+            row = phi_t[indices[j]]
             p = 0.0
             for k in range(K):
-                p += theta[d, k] * phi_t[v, k]
+                p += th[k] * row[k]
             total += data[j] * math.log(p)
         out[d] = total
 

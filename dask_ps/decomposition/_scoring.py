@@ -85,19 +85,25 @@ def doc_logliks(components, X: sp.csr_matrix, doc_topic_prior, max_iter, tol, ph
     return out
 
 
-def part_doc_loglik(part, phi_t, alpha, max_iter, tol) -> float:
+def part_doc_loglik(part, counts, totals, beta, alpha, max_iter, tol) -> float:
     """Task: the summed ``log p(x_d | theta_d, phi)`` of one prepared
     partition's documents (``_corpus._prepare_part``: its token arrays), as
-    :func:`doc_logliks` of its count matrix sums them. ``phi_t`` is V x K
-    (all the words); the partition's words are its ``vocab`` rows, in the
-    same order as the columns of a global count matrix, so each document's
-    value is the one ``LatentDirichletAllocation.score`` gives it."""
+    :func:`doc_logliks` of its count matrix sums them. ``counts`` is the
+    word-topic count table (V x K, all the words) and ``totals`` its column
+    sums plus ``V * beta``: the partition's rows of the topics ``phi_t`` are
+    ``(counts[vocab] + beta) / totals``, made here for its own words only.
+    The partition's words are its ``vocab`` rows, in the same order as the
+    columns of a global count matrix, so each document's value is the one
+    ``LatentDirichletAllocation.score`` gives it."""
     vocab, words, doc_ptr = part["vocab"], part["words"], part["doc_ptr"]
     n_docs = doc_ptr.size - 1
     rows = np.repeat(np.arange(n_docs), np.diff(doc_ptr))
     X = sp.csr_matrix((np.ones(words.size), (rows, words)), shape=(n_docs, vocab.size))
     X.sum_duplicates()
-    return float(doc_logliks(None, X, alpha, max_iter, tol, phi_t=np.ascontiguousarray(phi_t[vocab])).sum())
+    phi_t = counts[vocab].astype(np.float64)
+    phi_t += beta
+    phi_t /= totals
+    return float(doc_logliks(None, X, alpha, max_iter, tol, phi_t=phi_t).sum())
 
 
 def components_dtype(dtype):
@@ -111,18 +117,24 @@ def training_loglik(parts, nwk, *, client, beta, alpha, max_iter, tol, matrix=No
     topics)`` of the prepared partitions' documents under the final counts
     ``nwk`` (theta folded in on each document), computed where the
     partitions are: ``bound_`` without the documents coming back. The
-    topics travel once per worker (one scattered array). An in-memory
-    corpus (``matrix``: its counts, held here) of one partition is scored
-    here: the same work without two round trips (a small fit's cost)."""
-    phi_t = _topic_word(nwk.T.astype(np.float64) + beta)
+    counts travel once per worker (one scattered array, as pulled: a
+    float64 ``phi_t`` made here was twice the bytes and three passes over
+    V x K on the client while the workers waited) and each partition makes
+    the topics of its own words. An in-memory corpus (``matrix``: its
+    counts, held here) of one partition is scored here: the same work
+    without two round trips (a small fit's cost)."""
     if matrix is not None and len(parts.futures) <= 1:
         X = sp.csr_matrix(matrix, dtype=np.float64)
+        phi_t = _topic_word(nwk.T.astype(np.float64) + beta)
         return float(doc_logliks(None, X, alpha, max_iter, tol, phi_t=phi_t).sum())
-    [phi] = client.scatter([phi_t], hash=False)
+    # The topics' normalizers, sum over the words of (count + beta): the row
+    # sums _topic_word takes of components_, from exact integer column sums.
+    totals = nwk.sum(axis=0, dtype=np.int64) + nwk.shape[0] * beta
+    [counts] = client.scatter([nwk], hash=False)
     try:
-        return float(sum(parts.gather(part_doc_loglik, phi, alpha, max_iter, tol)))
+        return float(sum(parts.gather(part_doc_loglik, counts, totals, beta, alpha, max_iter, tol)))
     finally:
-        phi.release()
+        counts.release()
 
 
 def precomputed_perplexity(components, X: sp.csr_matrix, theta) -> float:
