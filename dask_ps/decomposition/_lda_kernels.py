@@ -447,22 +447,28 @@ def totals_loglik(nk, vbeta) -> float:
 # infinity assumptions ("nnan", "ninf"): a zero probability gives log(0).
 _FOLD_MATH = {"reassoc", "contract", "arcp", "nsz"}
 
+# ``topics``, ``offset``, ``scale`` below: row ``v`` of the topic-word
+# distributions (V x K, transposed) is ``(topics[v] + offset) * scale``. The
+# distributions themselves: ``phi_t``, 0, ones. The word-topic counts:
+# ``nwk``, beta, 1 / (column totals + V beta), read as they are (4-byte
+# integers: half the bytes of a float64 phi_t, and no V x K copy made).
+
 
 @njit(nogil=True, cache=True, fastmath=_FOLD_MATH)
-def fold_in(indptr, indices, data, phi_t, alpha, max_iter, tol, theta):
+def fold_in(indptr, indices, data, topics, offset, scale, alpha, max_iter, tol, theta):
     """Doc-topic proportions with the topics fixed: the EM fixed point
 
         theta_k <- (sum_v x_v theta_k phi_kv / sum_j theta_j phi_jv + alpha) / (n_d + K alpha)
 
     from the uniform start, at most ``max_iter`` iterations per document,
-    stopping early when the mean absolute change is below ``tol``. ``phi_t``
-    is V x K (rows of the topic-word distributions); ``theta`` (D x K) is
+    stopping early when the mean absolute change is below ``tol``; ``phi``
+    is ``(topics + offset) * scale`` (see above). ``theta`` (D x K) is
     written. Documents without tokens get the uniform distribution.
     """
     n_docs = indptr.shape[0] - 1
-    K = phi_t.shape[1]
+    K = topics.shape[1]
     acc = np.empty(K)
-    prod = np.empty(K)  # theta_k phi_kv of one entry: its row of phi_t is read once per iteration
+    prod = np.empty(K)  # theta_k phi_kv of one entry: its row of the topics is read once per iteration
     for d in range(n_docs):
         s = indptr[d]
         e = indptr[d + 1]
@@ -479,10 +485,10 @@ def fold_in(indptr, indices, data, phi_t, alpha, max_iter, tol, theta):
             for k in range(K):
                 acc[k] = 0.0
             for j in range(s, e):
-                row = phi_t[indices[j]]
+                row = topics[indices[j]]
                 tot = 0.0
                 for k in range(K):
-                    p = th[k] * row[k]
+                    p = th[k] * ((row[k] + offset) * scale[k])
                     prod[k] = p
                     tot += p
                 if tot <= 0.0:
@@ -500,19 +506,19 @@ def fold_in(indptr, indices, data, phi_t, alpha, max_iter, tol, theta):
 
 
 @njit(nogil=True, cache=True, fastmath=_FOLD_MATH)
-def doc_logliks(indptr, indices, data, phi_t, theta, out):
+def doc_logliks(indptr, indices, data, topics, offset, scale, theta, out):
     """Write ``out[d] = sum over entries x_dv of document d of
-    x_dv log(sum_k theta_dk phi_kv)``."""
+    x_dv log(sum_k theta_dk phi_kv)``, ``phi`` as in :func:`fold_in`."""
     n_docs = indptr.shape[0] - 1
-    K = phi_t.shape[1]
+    K = topics.shape[1]
     for d in range(n_docs):
         th = theta[d]
         total = 0.0
         for j in range(indptr[d], indptr[d + 1]):
-            row = phi_t[indices[j]]
+            row = topics[indices[j]]
             p = 0.0
             for k in range(K):
-                p += th[k] * row[k]
+                p += th[k] * ((row[k] + offset) * scale[k])
             total += data[j] * math.log(p)
         out[d] = total
 
@@ -520,5 +526,5 @@ def doc_logliks(indptr, indices, data, phi_t, theta, out):
 def heldout_loglik(indptr, indices, data, phi_t, theta) -> float:
     """sum over entries x_dv of x_dv log(sum_k theta_dk phi_kv)."""
     out = np.empty(indptr.shape[0] - 1)
-    doc_logliks(indptr, indices, data, phi_t, theta, out)
+    doc_logliks(indptr, indices, data, phi_t, 0.0, np.ones(phi_t.shape[1]), theta, out)
     return float(out.sum())

@@ -209,11 +209,30 @@ def test_fold_in_and_doc_logliks_match_a_numpy_reference():
     dense[5] = 0
     X = sp.csr_matrix(dense, dtype=np.float64)
     phi_t = np.ascontiguousarray(rng.dirichlet(np.full(V, 0.3), size=K).T)  # V x K
+    ip, ix = X.indptr.astype(np.int64), X.indices.astype(np.int64)
     theta = np.empty((X.shape[0], K))
-    kernels.fold_in(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data, phi_t, alpha, max_iter, tol,
-                    theta)
+    kernels.fold_in(ip, ix, X.data, phi_t, 0.0, np.ones(K), alpha, max_iter, tol, theta)
     out = np.empty(X.shape[0])
-    kernels.doc_logliks(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data, phi_t, theta, out)
+    kernels.doc_logliks(ip, ix, X.data, phi_t, 0.0, np.ones(K), theta, out)
+    # the topics read from counts, as bound_ reads them: (counts + beta) / (totals + V beta)
+    counts = rng.integers(0, 5, size=(V, K)).astype(np.int32)
+    beta = 0.01
+    scale = 1.0 / (counts.sum(axis=0) + V * beta)
+    theta_c = np.empty_like(theta)
+    kernels.fold_in(ip, ix, X.data, counts, beta, scale, alpha, max_iter, tol, theta_c)
+    out_c = np.empty_like(out)
+    kernels.doc_logliks(ip, ix, X.data, counts, beta, scale, theta_c, out_c)
+    phi_c = (counts + beta) / (counts + beta).sum(axis=0)
+    np.testing.assert_allclose(out_c, doc_logliks_reference(X, phi_c, alpha, max_iter, tol)[1], rtol=1e-12)
+    ref_theta, ref_out = doc_logliks_reference(X, phi_t, alpha, max_iter, tol)
+    np.testing.assert_allclose(theta, ref_theta, rtol=1e-10, atol=1e-15)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-12, atol=1e-12)
+
+
+def doc_logliks_reference(X, phi_t, alpha, max_iter, tol):
+    """Fold-in and per-document log-likelihood, a plain numpy loop."""
+    K = phi_t.shape[1]
+    thetas, outs = [], []
     for d in range(X.shape[0]):
         v, x = X[d].indices, X[d].data
         th = np.full(K, 1.0 / K)
@@ -225,9 +244,9 @@ def test_fold_in_and_doc_logliks_match_a_numpy_reference():
             th = new
             if change < tol:
                 break
-        np.testing.assert_allclose(theta[d], th, rtol=1e-10, atol=1e-15)
-        expected = float(x @ np.log(phi_t[v] @ th)) if x.size else 0.0
-        np.testing.assert_allclose(out[d], expected, rtol=1e-12, atol=1e-12)
+        thetas.append(th)
+        outs.append(float(x @ np.log(phi_t[v] @ th)) if x.size else 0.0)
+    return np.array(thetas), np.array(outs)
 
 
 def test_loglik_matches_lda_package_formula():
