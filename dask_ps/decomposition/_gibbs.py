@@ -211,11 +211,14 @@ def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
         nwk_before = nwk.copy()
         nwk, nk = _sweep(s, cfg, it, nwk, nk)
         t2 = time.perf_counter()
-        delta = nwk - nwk_before
-        # the changed words' indices to the host (push_rows takes host rows); the
-        # counts stay where the tables are (on the device with device="cuda")
-        changed = arrays.to_numpy(arrays.namespace(delta).flatnonzero(delta.any(axis=1)))
-        delta = delta[changed]
+        if s.sampler != "array":
+            changed, delta = _k.changed_rows(nwk, nwk_before)
+        else:
+            delta = nwk - nwk_before
+            # the changed words' indices to the host (push_rows takes host rows); the
+            # counts stay where the tables are (on the device with device="cuda")
+            changed = arrays.to_numpy(arrays.namespace(delta).flatnonzero(delta.any(axis=1)))
+            delta = delta[changed]
     else:
         # The rows' change from the assignments that moved: O(tokens), where
         # comparing the rows before and after is several passes over all of

@@ -199,6 +199,21 @@ def test_row_deltas_into_a_kept_buffer_and_zeroed_again():
     assert not out.any()  # ready for the next iteration
 
 
+def test_changed_rows_are_the_rows_that_differ_and_their_difference():
+    rng = np.random.default_rng(2)
+    before = rng.integers(0, 4, size=(30, 7)).astype(np.int32)
+    after = before.copy()
+    after[[3, 4, 17, 29], [0, 6, 2, 5]] += 1
+    after[[4, 17], [1, 1]] -= 1
+    after[[8, 8], [2, 3]] += [1, -1]
+    changed, delta = kernels.changed_rows(after, before)
+    np.testing.assert_array_equal(changed, [3, 4, 8, 17, 29])
+    np.testing.assert_array_equal(delta, (after - before)[[3, 4, 8, 17, 29]])
+    assert delta.dtype == np.int32
+    changed, delta = kernels.changed_rows(before, before)
+    assert changed.size == 0 and delta.shape == (0, 7)
+
+
 def test_fold_in_and_doc_logliks_match_a_numpy_reference():
     """The compiled fold-in and scoring passes (reassociated sums) give the
     EM fixed point and the log-likelihoods a plain numpy loop gives, with
