@@ -665,14 +665,11 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         beta = self.topic_word_prior_
         comp = nwk.T.astype(np.float64) + beta
         self.components_ = comp.astype(dtype, copy=False)
-        # digamma(count + beta) looked up per count value, computed on the
-        # same float64 values, so the same numbers: the counts are small
-        # integers (99% zeros at K=1000 on the benchmark corpus), and digamma
-        # over all V x K was most of this method's time.
-        counts = nwk.T
-        top = int(counts.max()) if counts.size else 0
-        if counts.size and counts.min() >= 0 and top <= 1 << 20:
-            log_beta = digamma(np.arange(top + 1, dtype=np.float64) + beta)[counts]
+        # digamma(count + beta) per count value (the same float64 inputs, so the same numbers): the
+        # counts are small integers, and digamma over all V x K was most of this method's time.
+        top = int(nwk.max()) if nwk.size else 0
+        if nwk.size and nwk.min() >= 0 and top <= 1 << 20:
+            log_beta = digamma(np.arange(top + 1, dtype=np.float64) + beta)[nwk.T]
         else:
             log_beta = digamma(comp)
         log_beta -= digamma(comp.sum(axis=1))[:, np.newaxis]
