@@ -679,10 +679,18 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
     def _set_components(self, nwk, dtype):
         """``components_`` (word-topic counts ``nwk``, V x K, + beta) and
         ``exp_dirichlet_component_``."""
-        comp = nwk.T.astype(np.float64) + self.topic_word_prior_
+        beta = self.topic_word_prior_
+        comp = nwk.T.astype(np.float64) + beta
         self.components_ = comp.astype(dtype, copy=False)
-        self.exp_dirichlet_component_ = np.exp(digamma(comp) - digamma(comp.sum(axis=1))[:, np.newaxis]).astype(
-            dtype, copy=False)
+        # digamma(count + beta) per count value (the same float64 inputs, so the same numbers): the
+        # counts are small integers, and digamma over all V x K was most of this method's time.
+        top = int(nwk.max()) if nwk.size else 0
+        if nwk.size and nwk.min() >= 0 and top <= 1 << 20:
+            log_beta = digamma(np.arange(top + 1, dtype=np.float64) + beta)[nwk.T]
+        else:
+            log_beta = digamma(comp)
+        log_beta -= digamma(comp.sum(axis=1))[:, np.newaxis]
+        self.exp_dirichlet_component_ = np.exp(log_beta, out=log_beta).astype(dtype, copy=False)
 
     def _set_fitted(self, runs: GibbsRuns, P, progress: Progress, dtype=np.float64):
         beta = self.topic_word_prior_

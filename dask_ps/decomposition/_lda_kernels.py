@@ -316,6 +316,30 @@ def row_deltas_into(words, z_before, z_after, out, clear):
     return changed
 
 
+@njit(nogil=True, cache=True)
+def changed_rows(after, before):
+    """The rows where ``after`` differs from ``before`` and ``after - before``
+    of those rows, in one pass (a CPU sweep's change at small K, where
+    comparing the rows is cheaper than :func:`row_deltas_into`): numpy's
+    subtract, ``any(axis=1)`` and gather took twice as long (1.05 ms
+    against 0.55 ms a sweep at K=50 on the benchmark corpus)."""
+    n, K = after.shape
+    changed = np.empty(n, dtype=np.int64)
+    c = 0
+    for w in range(n):
+        for k in range(K):
+            if after[w, k] != before[w, k]:
+                changed[c] = w
+                c += 1
+                break
+    delta = np.empty((c, K), dtype=after.dtype)
+    for j in range(c):
+        w = changed[j]
+        for k in range(K):
+            delta[j, k] = after[w, k] - before[w, k]
+    return changed[:c], delta
+
+
 SWEEPS = {"dense": gibbs_sweep_dense, "sparse": gibbs_sweep_sparse}
 
 
@@ -441,28 +465,43 @@ def totals_loglik(nk, vbeta) -> float:
 # --- fold-in with the topics fixed (transform, document completion) -----------------
 
 
-@njit(nogil=True, cache=True)
-def fold_in(indptr, indices, data, phi_t, alpha, max_iter, tol, theta):
+# Reassociation lets the K-long dot products below use SIMD lanes (the
+# reductions are sequential otherwise): at K=1000 on the benchmark corpus the
+# fold-in and the scoring pass took 0.55 CPU-s instead of 1.03. No NaN or
+# infinity assumptions ("nnan", "ninf"): a zero probability gives log(0).
+_FOLD_MATH = {"reassoc", "contract", "arcp", "nsz"}
+
+# ``topics``, ``offset``, ``scale`` below: row ``v`` of the topic-word
+# distributions (V x K, transposed) is ``(topics[v] + offset) * scale``. The
+# distributions themselves: ``phi_t``, 0, ones. The word-topic counts:
+# ``nwk``, beta, 1 / (column totals + V beta), read as they are (4-byte
+# integers: half the bytes of a float64 phi_t, and no V x K copy made).
+
+
+@njit(nogil=True, cache=True, fastmath=_FOLD_MATH)
+def fold_in(indptr, indices, data, topics, offset, scale, alpha, max_iter, tol, theta):
     """Doc-topic proportions with the topics fixed: the EM fixed point
 
         theta_k <- (sum_v x_v theta_k phi_kv / sum_j theta_j phi_jv + alpha) / (n_d + K alpha)
 
     from the uniform start, at most ``max_iter`` iterations per document,
-    stopping early when the mean absolute change is below ``tol``. ``phi_t``
-    is V x K (rows of the topic-word distributions); ``theta`` (D x K) is
+    stopping early when the mean absolute change is below ``tol``; ``phi``
+    is ``(topics + offset) * scale`` (see above). ``theta`` (D x K) is
     written. Documents without tokens get the uniform distribution.
     """
     n_docs = indptr.shape[0] - 1
-    K = phi_t.shape[1]
+    K = topics.shape[1]
     acc = np.empty(K)
+    prod = np.empty(K)  # theta_k phi_kv of one entry: its row of the topics is read once per iteration
     for d in range(n_docs):
         s = indptr[d]
         e = indptr[d + 1]
+        th = theta[d]
         nd = 0.0
         for j in range(s, e):
             nd += data[j]
         for k in range(K):
-            theta[d, k] = 1.0 / K
+            th[k] = 1.0 / K
         if nd <= 0:
             continue
         denom = nd + K * alpha
@@ -470,37 +509,40 @@ def fold_in(indptr, indices, data, phi_t, alpha, max_iter, tol, theta):
             for k in range(K):
                 acc[k] = 0.0
             for j in range(s, e):
-                v = indices[j]
+                row = topics[indices[j]]
                 tot = 0.0
                 for k in range(K):
-                    tot += theta[d, k] * phi_t[v, k]
+                    p = th[k] * ((row[k] + offset) * scale[k])
+                    prod[k] = p
+                    tot += p
                 if tot <= 0.0:
                     continue
                 f = data[j] / tot
                 for k in range(K):
-                    acc[k] += theta[d, k] * phi_t[v, k] * f
+                    acc[k] += prod[k] * f
             change = 0.0
             for k in range(K):
                 new = (acc[k] + alpha) / denom
-                change += abs(new - theta[d, k])
-                theta[d, k] = new
+                change += abs(new - th[k])
+                th[k] = new
             if change / K < tol:
                 break
 
 
-@njit(nogil=True, cache=True)
-def doc_logliks(indptr, indices, data, phi_t, theta, out):
+@njit(nogil=True, cache=True, fastmath=_FOLD_MATH)
+def doc_logliks(indptr, indices, data, topics, offset, scale, theta, out):
     """Write ``out[d] = sum over entries x_dv of document d of
-    x_dv log(sum_k theta_dk phi_kv)``."""
+    x_dv log(sum_k theta_dk phi_kv)``, ``phi`` as in :func:`fold_in`."""
     n_docs = indptr.shape[0] - 1
-    K = phi_t.shape[1]
+    K = topics.shape[1]
     for d in range(n_docs):
+        th = theta[d]
         total = 0.0
         for j in range(indptr[d], indptr[d + 1]):
-            v = indices[j]
+            row = topics[indices[j]]
             p = 0.0
             for k in range(K):
-                p += theta[d, k] * phi_t[v, k]
+                p += th[k] * ((row[k] + offset) * scale[k])
             total += data[j] * math.log(p)
         out[d] = total
 
@@ -508,5 +550,5 @@ def doc_logliks(indptr, indices, data, phi_t, theta, out):
 def heldout_loglik(indptr, indices, data, phi_t, theta) -> float:
     """sum over entries x_dv of x_dv log(sum_k theta_dk phi_kv)."""
     out = np.empty(indptr.shape[0] - 1)
-    doc_logliks(indptr, indices, data, phi_t, theta, out)
+    doc_logliks(indptr, indices, data, phi_t, 0.0, np.ones(phi_t.shape[1]), theta, out)
     return float(out.sum())

@@ -61,43 +61,55 @@ def _topic_word(components) -> np.ndarray:
     return np.ascontiguousarray((comp / comp.sum(axis=1, keepdims=True)).T)
 
 
-def _fold_in(phi_t, X: sp.csr_matrix, alpha, max_iter, tol) -> np.ndarray:
+def _fold_in(phi_t, X: sp.csr_matrix, alpha, max_iter, tol, offset=0.0, scale=None) -> np.ndarray:
+    """Fold-in (``_lda_kernels.fold_in``) of ``X``'s documents; the topics
+    are ``(phi_t + offset) * scale`` (``scale`` None: ones, ``phi_t`` the
+    distributions themselves)."""
     theta = np.empty((X.shape[0], phi_t.shape[1]))
     _k.fold_in(
         X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.astype(np.float64),
-        phi_t, float(alpha), int(max_iter), float(tol), theta,
+        phi_t, float(offset), _scale(scale, phi_t), float(alpha), int(max_iter), float(tol), theta,
     )
     return theta
 
 
-def doc_logliks(components, X: sp.csr_matrix, doc_topic_prior, max_iter, tol, phi_t=None) -> np.ndarray:
+def _scale(scale, phi_t):
+    return np.ones(phi_t.shape[1]) if scale is None else np.asarray(scale, dtype=np.float64)
+
+
+def doc_logliks(components, X: sp.csr_matrix, doc_topic_prior, max_iter, tol, phi_t=None, offset=0.0,
+                scale=None) -> np.ndarray:
     """Per document of ``X`` (checked, float CSR), ``log p(x_d | theta_d, phi)``
     with ``theta_d`` folded in on the document itself and the topics fixed:
     ``sum_w x_dw log sum_k theta_dk phi_kw`` (nats; empty documents: 0).
     ``LatentDirichletAllocation.score`` is their sum. ``phi_t``: the
-    normalized topics, V x K, instead of ``components``."""
+    normalized topics, V x K, instead of ``components``; or, with
+    ``offset`` and ``scale``, word-topic counts whose rows ``(phi_t[v] +
+    offset) * scale`` are the topics (see :func:`training_loglik`)."""
     if phi_t is None:
         phi_t = _topic_word(components)
-    theta = _fold_in(phi_t, X, doc_topic_prior, max_iter, tol)
+    scale = _scale(scale, phi_t)
+    theta = _fold_in(phi_t, X, doc_topic_prior, max_iter, tol, offset, scale)
     out = np.empty(X.shape[0])
     _k.doc_logliks(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.astype(np.float64),
-                   phi_t, theta, out)
+                   phi_t, float(offset), scale, theta, out)
     return out
 
 
-def part_doc_loglik(part, phi_t, alpha, max_iter, tol) -> float:
+def part_doc_loglik(part, counts, scale, beta, alpha, max_iter, tol) -> float:
     """Task: the summed ``log p(x_d | theta_d, phi)`` of one prepared
     partition's documents (``_corpus._prepare_part``: its token arrays), as
-    :func:`doc_logliks` of its count matrix sums them. ``phi_t`` is V x K
-    (all the words); the partition's words are its ``vocab`` rows, in the
-    same order as the columns of a global count matrix, so each document's
-    value is the one ``LatentDirichletAllocation.score`` gives it."""
+    :func:`doc_logliks` of its count matrix sums them. ``counts`` is the
+    word-topic count table (V x K) and ``(counts + beta) * scale`` the
+    topics (:func:`training_loglik`); the partition's local word ids map to
+    the table's rows through its ``vocab``, so each document's value is the
+    one ``LatentDirichletAllocation.score`` gives it."""
     vocab, words, doc_ptr = part["vocab"], part["words"], part["doc_ptr"]
     n_docs = doc_ptr.size - 1
     rows = np.repeat(np.arange(n_docs), np.diff(doc_ptr))
-    X = sp.csr_matrix((np.ones(words.size), (rows, words)), shape=(n_docs, vocab.size))
+    X = sp.csr_matrix((np.ones(words.size), (rows, vocab[words])), shape=(n_docs, counts.shape[0]))
     X.sum_duplicates()
-    return float(doc_logliks(None, X, alpha, max_iter, tol, phi_t=np.ascontiguousarray(phi_t[vocab])).sum())
+    return float(doc_logliks(None, X, alpha, max_iter, tol, phi_t=counts, offset=beta, scale=scale).sum())
 
 
 def components_dtype(dtype):
@@ -110,19 +122,28 @@ def training_loglik(parts, nwk, *, client, beta, alpha, max_iter, tol, matrix=No
     """``GibbsRuns.run``'s ``score`` (``LatentDirichletAllocation.bound_``): the summed ``log p(x_d | theta_d,
     topics)`` of the prepared partitions' documents under the final counts
     ``nwk`` (theta folded in on each document), computed where the
-    partitions are: ``bound_`` without the documents coming back. The
-    topics travel once per worker (one scattered array). An in-memory
-    corpus (``matrix``: its counts, held here) of one partition is scored
-    here: the same work without two round trips (a small fit's cost)."""
-    phi_t = _topic_word(nwk.T.astype(np.float64) + beta)
+    partitions are: ``bound_`` without the documents coming back.
+
+    The kernels read the topics from the counts as they were pulled,
+    ``(nwk + beta) / (column totals + V beta)`` (the rows of
+    ``components_`` normalized, as ``perplexity`` takes them): the counts
+    travel once per worker (one scattered array). A float64 ``phi_t``
+    made here was twice the bytes to send and to read, and three passes
+    over V x K on the client while the workers waited (at K=1000 the score
+    took 2-4x as long). An in-memory corpus (``matrix``: its counts, held
+    here) of one partition is scored here: the same work without two round
+    trips (a small fit's cost)."""
+    # The topics' normalizers, sum over the words of (count + beta), from
+    # exact integer column sums.
+    scale = 1.0 / (nwk.sum(axis=0, dtype=np.int64) + nwk.shape[0] * beta)
     if matrix is not None and len(parts.futures) <= 1:
         X = sp.csr_matrix(matrix, dtype=np.float64)
-        return float(doc_logliks(None, X, alpha, max_iter, tol, phi_t=phi_t).sum())
-    [phi] = client.scatter([phi_t], hash=False)
+        return float(doc_logliks(None, X, alpha, max_iter, tol, phi_t=nwk, offset=beta, scale=scale).sum())
+    [counts] = client.scatter([nwk], hash=False)
     try:
-        return float(sum(parts.gather(part_doc_loglik, phi, alpha, max_iter, tol)))
+        return float(sum(parts.gather(part_doc_loglik, counts, scale, beta, alpha, max_iter, tol)))
     finally:
-        phi.release()
+        counts.release()
 
 
 def precomputed_perplexity(components, X: sp.csr_matrix, theta) -> float:
@@ -144,7 +165,7 @@ def precomputed_perplexity(components, X: sp.csr_matrix, theta) -> float:
     theta = theta / theta.sum(axis=1, keepdims=True)
     out = np.empty(X.shape[0])
     _k.doc_logliks(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.astype(np.float64),
-                   phi_t, np.ascontiguousarray(theta), out)
+                   phi_t, 0.0, np.ones(phi_t.shape[1]), np.ascontiguousarray(theta), out)
     return float(np.exp(-out.sum() / n_words))
 
 

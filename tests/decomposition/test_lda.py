@@ -199,6 +199,71 @@ def test_row_deltas_into_a_kept_buffer_and_zeroed_again():
     assert not out.any()  # ready for the next iteration
 
 
+def test_changed_rows_are_the_rows_that_differ_and_their_difference():
+    rng = np.random.default_rng(2)
+    before = rng.integers(0, 4, size=(30, 7)).astype(np.int32)
+    after = before.copy()
+    after[[3, 4, 17, 29], [0, 6, 2, 5]] += 1
+    after[[4, 17], [1, 1]] -= 1
+    after[[8, 8], [2, 3]] += [1, -1]
+    changed, delta = kernels.changed_rows(after, before)
+    np.testing.assert_array_equal(changed, [3, 4, 8, 17, 29])
+    np.testing.assert_array_equal(delta, (after - before)[[3, 4, 8, 17, 29]])
+    assert delta.dtype == np.int32
+    changed, delta = kernels.changed_rows(before, before)
+    assert changed.size == 0 and delta.shape == (0, 7)
+
+
+def test_fold_in_and_doc_logliks_match_a_numpy_reference():
+    """The compiled fold-in and scoring passes (reassociated sums) give the
+    EM fixed point and the log-likelihoods a plain numpy loop gives, with
+    K long enough for their vector lanes and a document without tokens."""
+    rng = np.random.default_rng(3)
+    K, V, alpha, max_iter, tol = 67, 40, 0.1, 30, 1e-9
+    dense = rng.integers(1, 4, size=(12, V)) * (rng.random((12, V)) < 0.3)
+    dense[5] = 0
+    X = sp.csr_matrix(dense, dtype=np.float64)
+    phi_t = np.ascontiguousarray(rng.dirichlet(np.full(V, 0.3), size=K).T)  # V x K
+    ip, ix = X.indptr.astype(np.int64), X.indices.astype(np.int64)
+    theta = np.empty((X.shape[0], K))
+    kernels.fold_in(ip, ix, X.data, phi_t, 0.0, np.ones(K), alpha, max_iter, tol, theta)
+    out = np.empty(X.shape[0])
+    kernels.doc_logliks(ip, ix, X.data, phi_t, 0.0, np.ones(K), theta, out)
+    # the topics read from counts, as bound_ reads them: (counts + beta) / (totals + V beta)
+    counts = rng.integers(0, 5, size=(V, K)).astype(np.int32)
+    beta = 0.01
+    scale = 1.0 / (counts.sum(axis=0) + V * beta)
+    theta_c = np.empty_like(theta)
+    kernels.fold_in(ip, ix, X.data, counts, beta, scale, alpha, max_iter, tol, theta_c)
+    out_c = np.empty_like(out)
+    kernels.doc_logliks(ip, ix, X.data, counts, beta, scale, theta_c, out_c)
+    phi_c = (counts + beta) / (counts + beta).sum(axis=0)
+    np.testing.assert_allclose(out_c, doc_logliks_reference(X, phi_c, alpha, max_iter, tol)[1], rtol=1e-12)
+    ref_theta, ref_out = doc_logliks_reference(X, phi_t, alpha, max_iter, tol)
+    np.testing.assert_allclose(theta, ref_theta, rtol=1e-10, atol=1e-15)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-12, atol=1e-12)
+
+
+def doc_logliks_reference(X, phi_t, alpha, max_iter, tol):
+    """Fold-in and per-document log-likelihood, a plain numpy loop."""
+    K = phi_t.shape[1]
+    thetas, outs = [], []
+    for d in range(X.shape[0]):
+        v, x = X[d].indices, X[d].data
+        th = np.full(K, 1.0 / K)
+        for _ in range(max_iter if x.size else 0):
+            r = th * phi_t[v]  # entries x K
+            new = ((r / r.sum(axis=1, keepdims=True)) * x[:, None]).sum(axis=0)
+            new = (new + alpha) / (x.sum() + K * alpha)
+            change = np.abs(new - th).mean()
+            th = new
+            if change < tol:
+                break
+        thetas.append(th)
+        outs.append(float(x @ np.log(phi_t[v] @ th)) if x.size else 0.0)
+    return np.array(thetas), np.array(outs)
+
+
 def test_loglik_matches_lda_package_formula():
     pytest.importorskip("lda")
     import lda._lda as lda_c
