@@ -347,9 +347,10 @@ def _token_loglik(s: _Sampler, cfg: GibbsConfig, nwk, nk) -> float:
     ndk = s.local_ndk()
     K = ndk.shape[1]
     theta = (ndk + cfg.alpha) / (s.doc_len + K * cfg.alpha)[:, None]
-    phi_t = (np.maximum(nwk, 0) + cfg.beta) / (np.maximum(nk, 0) + s.vbeta)
+    # phi_kw = (n_wk + beta) / (n_k + V beta), read from the counts as they are
+    scale = 1.0 / (np.maximum(nk, 0) + s.vbeta).astype(np.float64)
     out = np.empty(s.doc_len.size)
-    _k.doc_logliks(*s.doc_words, phi_t, theta, out)
+    _k.doc_logliks(*s.doc_words, np.maximum(nwk, 0), float(cfg.beta), scale, theta, out)
     return float(out.sum())
 
 

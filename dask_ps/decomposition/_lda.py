@@ -22,7 +22,6 @@ import dask
 import numpy as np
 import scipy.sparse as sp
 from dask.utils import parse_bytes
-from scipy.special import digamma
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin, _fit_context
 from sklearn.decomposition import LatentDirichletAllocation as _SkLDA
 from sklearn.utils import check_random_state
@@ -57,6 +56,7 @@ from dask_ps.decomposition._runs import (
     make_parts,
 )
 from dask_ps.decomposition._scoring import (
+    topic_word_components,
     _doc_logliks_block,
     _fold_in,
     _transform_block,
@@ -679,18 +679,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
     def _set_components(self, nwk, dtype):
         """``components_`` (word-topic counts ``nwk``, V x K, + beta) and
         ``exp_dirichlet_component_``."""
-        beta = self.topic_word_prior_
-        comp = nwk.T.astype(np.float64) + beta
-        self.components_ = comp.astype(dtype, copy=False)
-        # digamma(count + beta) per count value (the same float64 inputs, so the same numbers): the
-        # counts are small integers, and digamma over all V x K was most of this method's time.
-        top = int(nwk.max()) if nwk.size else 0
-        if nwk.size and nwk.min() >= 0 and top <= 1 << 20:
-            log_beta = digamma(np.arange(top + 1, dtype=np.float64) + beta)[nwk.T]
-        else:
-            log_beta = digamma(comp)
-        log_beta -= digamma(comp.sum(axis=1))[:, np.newaxis]
-        self.exp_dirichlet_component_ = np.exp(log_beta, out=log_beta).astype(dtype, copy=False)
+        self.components_, self.exp_dirichlet_component_ = topic_word_components(nwk, self.topic_word_prior_, dtype)
 
     def _set_fitted(self, runs: GibbsRuns, P, progress: Progress, dtype=np.float64):
         beta = self.topic_word_prior_

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.special import digamma
 from sklearn.utils import check_random_state
 
 from dask_ps.decomposition import _lda_kernels as _k
@@ -243,3 +244,19 @@ def _doc_logliks_block(block, est):
 def _transform_block(block, est, normalize=True):
     """``est.transform`` of one row block of a dask array (a task)."""
     return est.transform(block, normalize=normalize)
+
+
+def topic_word_components(nwk, beta, dtype):
+    """``(components_, exp_dirichlet_component_)`` of the word-topic counts
+    ``nwk`` (V x K): counts + beta, and scikit-learn's
+    ``exp(E[log beta])``, in ``dtype``."""
+    comp = nwk.T.astype(np.float64) + beta
+    # digamma(count + beta) per count value (the same float64 inputs, so the same numbers): the
+    # counts are small integers, and digamma over all V x K was most of this function's time.
+    top = int(nwk.max()) if nwk.size else 0
+    if nwk.size and nwk.min() >= 0 and top <= 1 << 20:
+        log_beta = digamma(np.arange(top + 1, dtype=np.float64) + beta)[nwk.T]
+    else:
+        log_beta = digamma(comp)
+    log_beta -= digamma(comp.sum(axis=1))[:, np.newaxis]
+    return comp.astype(dtype, copy=False), np.exp(log_beta, out=log_beta).astype(dtype, copy=False)
