@@ -16,11 +16,27 @@ import os
 import dask
 import numpy as np
 import pytest
-from distributed import Event
+from distributed import Client, Event
+from ps_fixtures import shared_cluster
 
 import dask_ps
 from dask_ps import _process_cache
 from tests.cluster.test_consistency import C, P, audit_participant
+
+
+@pytest.fixture(scope="module", params=["processes", "threads"])
+def cluster(request):
+    """A cluster of this module's own: where the shared one had run other
+    modules' participants, Dask placed one of two participants of tiny
+    parts on the other worker (another process: nothing to share)."""
+    with shared_cluster(processes=request.param == "processes") as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    with Client(cluster) as client:
+        yield client
 
 
 @pytest.fixture(autouse=True)
