@@ -171,17 +171,17 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
             data.parts = _dask_parts(self._parameter_server().client, data, self._is_classifier)
         try:
             K, targets = self._targets(data, classes)
+            d = data.n_features
+            coef, intercept, avg_coef, avg_intercept = self._start_weights(K, d, data.dtype, coef_init,
+                                                                           intercept_init, avg)
+            if not hasattr(self, "t_"):
+                self.t_ = 1.0
+            done = _training.train(self, data, max_iter, K, coef, intercept, avg_coef, avg_intercept,
+                                   checkpoint=checkpoint, in_process=in_process, **targets)
         except BaseException:
-            if data.parts is not None:
+            if data.parts is not None:  # an error before train took them (it releases its own)
                 data.parts[0].release()
             raise
-        d = data.n_features
-        coef, intercept, avg_coef, avg_intercept = self._start_weights(K, d, data.dtype, coef_init,
-                                                                       intercept_init, avg)
-        if not hasattr(self, "t_"):
-            self.t_ = 1.0
-        done = _training.train(self, data, max_iter, K, coef, intercept, avg_coef, avg_intercept,
-                               checkpoint=checkpoint, in_process=in_process, **targets)
         self.n_iter_ = done.n_iter
         self.t_ += done.n_iter * done.n_seen
         self.metrics_, self.run_ids_, self.rollbacks_ = done.metrics, done.run_ids, done.rollbacks

@@ -578,6 +578,23 @@ def test_dask_classes_from_the_parts_label_counts(client, monkeypatch):
     assert est.score(X, y) > 0.6
 
 
+def test_dask_parts_released_when_the_fit_fails_before_training(client):
+    """The parts a dask fit prepares before its targets are let go when the
+    call fails before training took them (here: a ``coef_init`` of the
+    wrong shape), even while the error's traceback is kept (as a notebook
+    keeps the last one)."""
+    import gc
+
+    X, y = make_classification(2000, 8, random_state=0)
+    dX, dy = client.persist([da.from_array(X, chunks=500), da.from_array(y, chunks=500)])
+    gc.collect()
+    before = set(client.futures)
+    with pytest.raises(ValueError, match="coef_init") as kept:
+        SGDClassifier(max_iter=1, client=client).fit(dX, dy, coef_init=np.zeros((1, 3)))
+    gc.collect()
+    assert kept.tb is not None and set(client.futures) <= before
+
+
 def test_dask_dataframe_input(client):
     pd = pytest.importorskip("pandas")
     dd = pytest.importorskip("dask.dataframe")
