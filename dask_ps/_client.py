@@ -832,6 +832,25 @@ def get_parameter_server(client: Client | str | None = None, on_start=None) -> P
         return ps
 
 
+def existing_client(client) -> Client | None:
+    """The running client that :func:`get_parameter_server` would use for
+    ``client`` (a ``Client``, an address, ``None``), if it exists already;
+    never connects nor starts a cluster (a fit trained in the calling
+    process is shown on the ``/ps`` page only where there is one)."""
+    import distributed  # looked up at call time, as chose_a_cluster does
+
+    if isinstance(client, str):
+        client = _clients_by_address.get(client)
+    elif client is None:
+        try:
+            client = distributed.get_client()
+        except ValueError:
+            client = _auto_ps.client if _auto_ps is not None else None
+    if client is None or getattr(client, "status", None) != "running":
+        return None
+    return client
+
+
 def describe_embedded_cluster(ps: ParameterServer) -> str:
     """One line on the embedded cluster ``ps`` started: its workers and
     where its dashboard is."""

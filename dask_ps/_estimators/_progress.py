@@ -210,35 +210,13 @@ def run_info(est, planned_clocks: int) -> dict:
     return {"name": type(est).__name__, "params": params, "planned_clocks": max(0, int(planned_clocks))}
 
 
-def existing_client(client):
-    """The running client that a fit with this ``client`` parameter would
-    use, if it exists already; never connects nor starts a cluster: for a
-    fit trained in the calling process (it needs no cluster), shown on the
-    ``/ps`` page where there is one. ``None``: the current client, else the
-    embedded cluster's if it was started; an address: the client dask_ps
-    connected to it, if any."""
-    import distributed  # at call time, as chose_a_cluster looks it up
-
-    from dask_ps import _client
-
-    if isinstance(client, str):
-        client = _client._clients_by_address.get(client)
-    elif client is None:
-        try:
-            client = distributed.get_client()
-        except ValueError:
-            ps = _client._auto_ps
-            client = ps.client if ps is not None else None
-    if client is None or getattr(client, "status", None) != "running":
-        return None
-    return client
-
-
 def dashboard_run(est, planned_clocks: int, function: str):
     """A :class:`dask_ps._dashboard.LocalRun` showing a fit of ``est``
     trained in the calling process on the ``/ps`` page of the cluster this
-    process already has a client of (:func:`existing_client`), or None
-    where there is none: no cluster is started for the page."""
+    process already has a client of (:func:`dask_ps._client.existing_client`),
+    or None where there is none: no cluster is started for the page."""
+    from dask_ps._client import existing_client
+
     client = existing_client(est.client)
     if client is None:
         return None

@@ -348,7 +348,7 @@ def test_fits_trained_in_the_calling_process_show_on_the_page(dash_cluster, monk
     from sklearn.datasets import make_classification
 
     from dask_ps import _client
-    from dask_ps._estimators._progress import existing_client
+    from dask_ps._client import existing_client
     from dask_ps.linear_model import SGDClassifier, SGDRegressor
 
     cluster, client, base = dash_cluster
