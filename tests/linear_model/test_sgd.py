@@ -18,6 +18,7 @@ import pathlib
 import pickle
 import subprocess
 import sys
+import time
 import warnings
 
 import dask
@@ -592,6 +593,9 @@ def test_dask_parts_released_when_the_fit_fails_before_training(client):
     with pytest.raises(ValueError, match="coef_init") as kept:
         SGDClassifier(max_iter=1, client=client).fit(dX, dy, coef_init=np.zeros((1, 3)))
     gc.collect()
+    deadline = time.monotonic() + 10  # the client drops released futures on its event loop
+    while not set(client.futures) <= before and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert kept.tb is not None and set(client.futures) <= before
 
 
