@@ -99,6 +99,7 @@ REPS_LONG, REPS_SHORT = 24, 2  # cycles of the long and the short run (their dif
 WORKERS = (1, 2, 4, 8, 16, 32, 64)
 NETWORKS = {"10 Gbit/s": 1.25e9, "25 Gbit/s": 3.1e9}
 SCHED_MESSAGES = {"sgd": 3, "lda": 1}  # scheduler messages per participant and iteration
+LDA_STALENESS = 2  # the LDA estimator's default consistency: SSP(2) with refresh
 
 
 def log(msg):
@@ -190,13 +191,16 @@ def _lda_cycle(ctx, part, *, table, totals, reps):
     return out
 
 
-def _lda_busy_cycle(ctx, part, *, table, totals, reps):
+def _lda_busy_cycle(ctx, part, *, table, totals, reps, offset=False):
     """LDA's iteration with its sweep: the cycle of ``_lda_cycle`` around
     the participant's real sweep (the estimator's kernel on its partition,
-    local counts), so that the others' requests find this worker's core
-    busy, as in a fit whose participants are not in step (SSP). Per
-    cycle: the pull/push/clock wall (the sweep's excluded), the pull's
-    wall, the sweep's wall."""
+    local counts), so that the others' requests may find this worker's
+    core busy. ``offset``: the odd ranks first sweep half their documents,
+    so that each participant's sync falls in its peer's sweep, as in a fit
+    whose participants are not in step (SSP(2) lets them drift apart).
+    Per cycle: the pull/push/clock wall less the clock's wait for the
+    slowest (the sweep's excluded), the pull's wall, the sweep's wall, the
+    clock's wait, the sweep's thread CPU."""
     from dask_ps.decomposition import _lda_kernels as kk
 
     rows, width = part["rows"], part["width"]
@@ -208,29 +212,38 @@ def _lda_busy_cycle(ctx, part, *, table, totals, reps):
     kk.init_counts(doc_ptr, words, z, ndk, nwk, nk)
     sweep = kk.SWEEPS["dense" if width < 128 else "sparse"]
     vals = np.ones((rows.size, width), dtype=np.int32)
+    if offset and ctx.rank % 2:
+        sweep(doc_ptr[: (doc_ptr.size + 1) // 2], words, z, ndk, nwk, nk, 0.1, 0.01, part["vbeta"], 0)
     out = []
     for it in range(reps):
         w0 = time.perf_counter()
         ctx.pull_rows(table, rows)
         ctx.pull(totals)
         w1 = time.perf_counter()
+        c1 = time.thread_time()
         sweep(doc_ptr, words, z, ndk, nwk, nk, 0.1, 0.01, part["vbeta"], it)
+        c2 = time.thread_time()
         w2 = time.perf_counter()
         ctx.push_rows(table, rows, vals, copy=False)
         ctx.push(totals, np.zeros(width, dtype=np.int64), copy=False)
+        waited = ctx.metrics()["clock_wait_seconds"]
         ctx.clock()
+        waited = ctx.metrics()["clock_wait_seconds"] - waited
         w3 = time.perf_counter()
-        out.append(((w1 - w0) + (w3 - w2), w1 - w0, w2 - w1))
+        out.append(((w1 - w0) + (w3 - w2) - waited, w1 - w0, w2 - w1, waited, c2 - c1))
     return out
 
 
-def lda_busy_costs(ps, X_lda, P, reps=12):
+def lda_busy_costs(ps, X_lda, P, reps=12, offset=False):
     """``_lda_busy_cycle`` on the estimator's split of the corpus: the
-    sync's wall when the peers are sweeping."""
+    sync's wall when the peers are sweeping (medians of the cycles after
+    the first two), and per participant the sweep's mean wall and CPU and
+    the spread of its iterations (what the SSP wait of a fit comes from)."""
     import dask_ps
 
     table, totals = "scaling-lda-busy", "scaling-lda-busy-totals"
-    ps.create_table(table, (X_lda.shape[1], K_LDA), dtype="int32", consistency=dask_ps.SSP(2, refresh=True))
+    ps.create_table(table, (X_lda.shape[1], K_LDA), dtype="int32",
+                    consistency=dask_ps.SSP(LDA_STALENESS, refresh=True))
     ps.create_table(totals, (K_LDA,), dtype="int64", consistency=dask_ps.ASP())
     try:
         parts = []
@@ -240,13 +253,20 @@ def lda_busy_costs(ps, X_lda, P, reps=12):
             parts.append({"rows": vocab.astype(np.int64), "width": K_LDA, "vbeta": X_lda.shape[1] * ETA,
                           "words": np.repeat(local, p.data).astype(np.int32),
                           "doc_ptr": np.concatenate([[0], np.cumsum(doc_len)]).astype(np.int64)})
-        res = ps.run(_lda_busy_cycle, parts, table=table, totals=totals, reps=reps)
+        res = ps.run(_lda_busy_cycle, parts, table=table, totals=totals, reps=reps, offset=offset)
     finally:
         ps.drop_table(table)
         ps.drop_table(totals)
-    cycles = np.array([c for r in res for c in r[2:]])
+    per = [np.array(r[2:]) for r in res]  # per participant, the first two cycles left out (warm-up)
+    cycles = np.concatenate(per)
+    # a participant's iteration without waits: its sweep and its sync
+    work = [c[:, 0] + c[:, 2] for c in per]
     return {"sync_wall": float(np.median(cycles[:, 0])), "pull_wall": float(np.median(cycles[:, 1])),
-            "sweep_wall": float(np.median(cycles[:, 2])), "U": int(max(p["rows"].size for p in parts))}
+            "sweep_wall": float(np.median(cycles[:, 2])), "clock_wait": float(np.mean(cycles[:, 3])),
+            "sweep_walls": [float(np.mean(c[:, 2])) for c in per],
+            "sweep_cpus": [float(np.mean(c[:, 4])) for c in per],
+            "iteration_cv": float(np.sqrt(np.mean([np.var(w) / np.mean(w) ** 2 for w in work]))),
+            "offset": offset, "U": int(max(p["rows"].size for p in parts))}
 
 
 def _sgd_cycle(ctx, part, *, table, totals, reps):
@@ -357,7 +377,7 @@ def cycle_costs(client, ps, P, workload, sizes, rng):
         ps.create_table(totals, (P, 8), dtype="float64", consistency=dask_ps.SSP(0), aggregate="clock")
     else:  # as decomposition._runs under the estimator's default SSP(2) with refresh
         n_rows, width, dtype, fn = sizes["V"], K_LDA, "int32", _lda_cycle
-        ps.create_table(table, (n_rows, width), dtype=dtype, consistency=dask_ps.SSP(2, refresh=True))
+        ps.create_table(table, (n_rows, width), dtype=dtype, consistency=dask_ps.SSP(LDA_STALENESS, refresh=True))
         ps.create_table(totals, (width,), dtype="int64", consistency=dask_ps.ASP())
     idle_w, idle_s = idle_rates(client)
     rows_out = []
@@ -466,16 +486,17 @@ def lda_fit(client, X, iters):
     m.fit(X)
     wall = time.perf_counter() - t
     w1, s1 = process_cpu(client)
-    keys = ("sweep_seconds", "pull_seconds", "push_seconds", "clock_seconds", "n_tokens")
+    keys = ("sweep_seconds", "pull_seconds", "push_seconds", "clock_seconds", "clock_wait_seconds", "n_tokens")
     return {"iters": iters, "wall": wall, "fit_seconds": m.fit_seconds_, "worker_cpu": w1 - w0,
             "client_cpu": s1 - s0,
             "participants": [{k: mt.get(k) for k in keys} for mt in m.metrics_]}
 
 
 def lda_compute(part, n_features, iters=4):
-    """Thread CPU per token of one partition's sweeps from a random start
-    (the estimator's sampler at K=50: dense) and per row of its row deltas
-    (compare the rows, ``_gibbs._iteration``)."""
+    """Thread CPU per token of one partition's ``iters`` sweeps from a
+    random start (the estimator's sampler at K=50: dense; a sweep gets
+    cheaper as the topics concentrate, so the fit's iteration count) and per
+    row of its row deltas (compare the rows, ``_gibbs._iteration``)."""
     from dask_ps.decomposition import _lda_kernels as kk
 
     vocab, local = np.unique(part.indices, return_inverse=True)
@@ -586,23 +607,68 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
         out["cpu_share"] = min(out["cpu_share"], cpu_share(client))
         log(f"P={P}: a worker thread's share of a core while all spin: {out['cpu_share']:.2f}")
         if P == 2:
-            out["lda_busy"] = lda_busy_costs(ps, X_lda, P)
-            b = out["lda_busy"]
-            log(f"P={P}: LDA cycle around the real sweep: sync {b['sync_wall'] * 1e3:.1f} ms (pull "
-                f"{b['pull_wall'] * 1e3:.1f}), sweep {b['sweep_wall'] * 1e3:.1f} ms, {b['U']} rows")
             # The sweep's CPU in the worker processes, both at once (as in the fit: the cores' contention)
-            got = client.run(lda_compute, split_corpus(X_lda, 2)[0], X_lda.shape[1])
+            got = client.run(lda_compute, split_corpus(X_lda, 2)[0], X_lda.shape[1], args.lda_iters)
             out["lda_compute"] = {k: float(np.mean([g[k] for g in got.values()])) for k in next(iter(got.values()))}
             log(f"P={P}: LDA sweep in the workers {out['lda_compute']['sweep_per_token'] * 1e9:.0f} ns/token "
                 f"(this process: {args.lda_compute_here['sweep_per_token'] * 1e9:.0f})")
-            out["lda"] = median_fit([lda_fit(client, X_lda, args.lda_iters) for _ in range(args.repeats)])
-            log(f"P={P}: LDA {args.lda_iters} iterations: {out['lda']['wall']:.2f} s "
-                f"(sweep {np.mean([p['sweep_seconds'] for p in out['lda']['participants']]):.2f} s)")
+            # Each LDA fit between two cycles around the real sweep (in step, then out of phase: each
+            # participant's sync in its peer's sweep) and core shares, all under the fit's load.
+            out["lda_fits"] = []
+            for _ in range(args.repeats):
+                got = {"busy_in_step": lda_busy_costs(ps, X_lda, P),
+                       "busy": lda_busy_costs(ps, X_lda, P, reps=16, offset=True), "share_before": cpu_share(client)}
+                got.update(lda_fit(client, X_lda, args.lda_iters))
+                got["share_after"] = cpu_share(client)
+                out["lda_fits"].append(got)
+                b, i = got["busy"], got["busy_in_step"]
+                log(f"P={P}: LDA cycle around the real sweep, {b['U']} rows: sync {i['sync_wall'] * 1e3:.1f} ms in "
+                    f"step, {b['sync_wall'] * 1e3:.1f} ms out of phase (clock wait {b['clock_wait'] * 1e3:.1f} ms), "
+                    f"sweep wall " + " ".join(f"{w * 1e3:.0f}" for w in b["sweep_walls"]) + " ms, CPU "
+                    + " ".join(f"{w * 1e3:.0f}" for w in b["sweep_cpus"]) + f" ms, iteration CV "
+                    f"{b['iteration_cv']:.2f}; core share {got['share_before']:.2f} / {got['share_after']:.2f}")
+                log(f"P={P}: LDA {args.lda_iters} iterations: {got['wall']:.2f} s (sweep "
+                    + " ".join(f"{p['sweep_seconds']:.2f}" for p in got["participants"]) + " s, clock wait "
+                    + " ".join(f"{p['clock_wait_seconds']:.2f}" for p in got["participants"]) + f" s; load {load()})")
+            out["lda"] = median_fit(out["lda_fits"])
     out["load_end"] = load()
     return out
 
 
 # --- the model -----------------------------------------------------------------------------------
+
+
+def ssp_period(means, cv, staleness, iters, reps=400, seed=0, _cache={}):
+    """Expected seconds per iteration of participants under SSP(``staleness``)
+    (0: BSP), participant p's iterations taking ``means[p] x (1 + cv x
+    N(0, 1))`` seconds apart from waits, over ``iters`` iterations.
+
+    As ``Session.clock``: p reports clock c when its iteration c is done
+    and, when c > staleness, returns only once every participant reported
+    clock c - staleness; its next iteration starts then. The run ends when
+    the last participant's last clock returns. Equal means and ``cv`` = 0
+    give the mean (no wait); a systematic spread gives the slowest's mean
+    (the others wait for it); noise adds, per iteration, the expected
+    maximum over P of the noise averaged over about ``staleness`` + 1
+    iterations (BSP: of one)."""
+    means = np.asarray(means, float)
+    scale = float(means.mean()) if means.size else 0.0
+    if scale <= 0.0 or means.size == 1 or (cv <= 0 and np.all(means == means[0])):
+        return float(means.max()) if means.size else 0.0
+    key = (tuple(np.round(means / scale, 6)), round(float(cv), 6), int(staleness), int(iters), reps, seed)
+    if key not in _cache:
+        rng = np.random.default_rng(seed)
+        rel = means / scale
+        reported = []  # per clock: (reps, P) times the clock was reported
+        done = np.zeros((reps, means.size))
+        for c in range(1, iters + 1):
+            work = rel * np.maximum(0.0, 1.0 + cv * rng.standard_normal((reps, means.size)))
+            reported.append(done + work)
+            done = reported[-1]
+            if c > staleness:
+                done = np.maximum(done, reported[c - 1 - staleness].max(axis=1, keepdims=True))
+        _cache[key] = float(done.max(axis=1).mean()) / iters
+    return _cache[key] * scale
 
 
 def lstsq(A, b):
@@ -635,9 +701,11 @@ class Model:
         self.by_p = by_p
         self.fit_cycles()
         # LDA's participants are not in step (SSP(2)): a request finds the peer's core sweeping. The factor
-        # by which that stretches the cycle, from the cycle run around the real sweep (1 where not measured).
-        busy = next((c["lda_busy"] for c in meas["clusters"] if "lda_busy" in c), None)
-        self.lda_busy = max(1.0, busy["sync_wall"] / self.wall2("lda", busy["U"])) if busy else 1.0
+        # by which that stretches the cycle: the cycle around the real sweep out of phase against in step,
+        # run back to back before each 2-worker fit (median; 1 where not measured).
+        self.lda_fits = next((c["lda_fits"] for c in meas["clusters"] if c.get("lda_fits")), [])
+        self.lda_busy = max(1.0, float(np.median([f["busy"]["sync_wall"] / f["busy_in_step"]["sync_wall"]
+                                                  for f in self.lda_fits]))) if self.lda_fits else 1.0
         self.fit_sgd_compute()
         # LDA compute: measured in the 2 worker processes at once where there (the fit's contention)
         self.lda = next((c["lda_compute"] for c in meas["clusters"] if "lda_compute" in c), meas["lda_compute"])
@@ -731,7 +799,8 @@ class Model:
                     it = self.sgd_iterations(P, n_p, tiny["nnz"] / tiny["n"], 1, here=True, fixed=False)
                 else:
                     tokens = sum(p["n_tokens"] for p in tiny["participants"]) / P
-                    it = self.lda_iter(P, tokens, self.m["lda_tiny_vocab"][str(P)], here=True) * tiny["iters"]
+                    it = self.lda_iter(P, tokens, self.m["lda_tiny_vocab"][str(P)], tiny["iters"], here=True) \
+                        * tiny["iters"]
                 Ps.append(P)
                 Fs.append(tiny["wall"] - it)
             # On P machines the per-fit cost grows by what one scheduler and client do per worker, in turn
@@ -841,18 +910,39 @@ class Model:
         t = c0 + s * n_p * nnz_row + R * first + (E - 1) * R * later + ends
         return t + (self.F("sgd", P, here) if fixed else 0.0)
 
-    def lda_iter(self, P, tokens, vocab, here=False, bandwidth=None):
+    def lda_iter(self, P, tokens, vocab, iters, here=False, bandwidth=None, fit=None):
+        """Seconds of one of ``iters`` LDA iterations on P workers: each
+        participant's sweep, row deltas and sync (the sync as when the peers
+        sweep), and the SSP(2) wait for the slowest
+        (:func:`ssp_period`): on P machines from a round's jitter (CV
+        ``jitter``, as the SGD barrier's), the participants' work equal.
+
+        ``fit`` (P = 2 here): one measured 2-worker fit with what was
+        measured just before and after it: the compute's CPU seconds
+        stretched by the core share (the mean of the two), the sync of the
+        cycle around the real sweep out of phase (less its clock waits),
+        and the participants' spread from that cycle: each one's sweep
+        stretch (wall / CPU) against their mean, and the iterations' CV."""
         lc = self.lda
         compute = lc["sweep_per_token"] * tokens + lc["delta_per_row"] * vocab
+        if fit is not None:
+            busy = fit["busy"]
+            share = min(1.0, 0.5 * (fit["share_before"] + fit["share_after"]))
+            stretch = np.array(busy["sweep_walls"]) / np.array(busy["sweep_cpus"])
+            means = stretch / stretch.mean() * compute / share + busy["sync_wall"]
+            return ssp_period(means, busy["iteration_cv"], LDA_STALENESS, iters)
         if here:
             compute /= self.share
         if self.knobs["overlap"] and P > 1:
-            return max(compute + self.worker_cpu("lda", P, vocab, knobs=True),
-                       self.sync("lda", P, vocab, here, bandwidth))
-        return compute + self.sync("lda", P, vocab, here, bandwidth)
+            it = max(compute + self.worker_cpu("lda", P, vocab, knobs=True),
+                     self.sync("lda", P, vocab, here, bandwidth))
+        else:
+            it = compute + self.sync("lda", P, vocab, here, bandwidth)
+        cv = 0.0 if here else self.knobs["barrier"] * self.jitter
+        return ssp_period([it] * P, cv, LDA_STALENESS, iters)
 
-    def lda_fit(self, P, tokens, vocab, iters, here=False, bandwidth=None):
-        return self.F("lda", P, here) + iters * self.lda_iter(P, tokens, vocab, here, bandwidth)
+    def lda_fit(self, P, tokens, vocab, iters, here=False, bandwidth=None, fit=None):
+        return self.F("lda", P, here) + iters * self.lda_iter(P, tokens, vocab, iters, here, bandwidth, fit)
 
 
 # --- reports -------------------------------------------------------------------------------------
@@ -885,11 +975,14 @@ def print_constants(mod: Model):
           f"{rho * 1e9:.0f} ns per touched row of each round; compaction (first epoch) {pi * 1e9:.1f} ns/non-zero + "
           f"{chi * 1e9:.0f} ns per touched row of each round")
     lc = mod.lda
-    busy = next((c["lda_busy"] for c in m["clusters"] if "lda_busy" in c), None)
-    if busy:
-        print(f"- LDA cycle around the real sweep (P = 2, {busy['U']} rows): sync {busy['sync_wall'] * 1e3:.1f} ms "
-              f"against {mod.wall2('lda', busy['U']) * 1e3:.1f} ms alone: the peers' busy cores stretch LDA's "
-              f"sync {mod.lda_busy:.2f}x (sweep wall {busy['sweep_wall'] * 1e3:.1f} ms)")
+    if mod.lda_fits:
+        U = mod.lda_fits[0]["busy"]["U"]
+        print(f"- LDA cycle around the real sweep (P = 2, {U} rows; before each fit): sync "
+              + ", ".join(f"{f['busy_in_step']['sync_wall'] * 1e3:.1f}" for f in mod.lda_fits) + " ms in step, "
+              + ", ".join(f"{f['busy']['sync_wall'] * 1e3:.1f}" for f in mod.lda_fits) + " ms out of phase (each "
+              f"participant's sync in its peer's sweep; clock waits left out), against {mod.wall2('lda', U) * 1e3:.1f}"
+              f" ms alone: a sweeping peer stretches LDA's sync {mod.lda_busy:.2f}x (median of out of phase / in "
+              "step); iterations' CV " + ", ".join(f"{f['busy']['iteration_cv']:.2f}" for f in mod.lda_fits))
     print(f"- LDA compute (K={K_LDA}, one partition of 2, thread CPU): sweep "
           f"{lc['sweep_per_token'] * 1e9:.0f} ns/token "
           f"({1 / lc['sweep_per_token'] / 1e6:.1f} M tokens/CPU-s), row deltas {lc['delta_per_row'] * 1e9:.0f} ns/row")
@@ -932,22 +1025,47 @@ def predicted_vs_measured(mod: Model):
         pred = predict(lambda: mod.sgd_iterations(2, n // 2, nnz_row, fit["E"], here=True))
         rows.append((f"SGD click-through {n:,} rows, max_iter={fit['E']}", *pred, fit["wall"],
                      fit.get("walls", [fit["wall"]])))
-    if "lda" in c2:
-        fit = c2["lda"]
-        tokens = max(p["n_tokens"] for p in fit["participants"])
+    lda_rows = []
+    if mod.lda_fits:
         vocab = m["lda_vocab"]["vocab_max"][m["lda_vocab"]["P"].index(2)]
-        pred = predict(lambda: mod.lda_fit(2, tokens, vocab, fit["iters"], here=True))
-        rows.append((f"LDA K={K_LDA}, {m['lda_docs']} documents, {fit['iters']} iterations", *pred, fit["wall"],
-                     fit.get("walls", [fit["wall"]])))
+        for fit in mod.lda_fits:
+            tokens = max(p["n_tokens"] for p in fit["participants"])
+            quiet = mod.lda_fit(2, tokens, vocab, fit["iters"], here=True)
+            pred = mod.lda_fit(2, tokens, vocab, fit["iters"], here=True, fit=fit)
+            lda_rows.append((fit, quiet, pred))
+        fit = c2["lda"]
+        rows.append((f"LDA K={K_LDA}, {m['lda_docs']} documents, {fit['iters']} iterations",
+                     float(np.median([r[1] for r in lda_rows])), float(np.median([r[2] for r in lda_rows])),
+                     fit["wall"], fit["walls"]))
     print("\n## Predicted against measured, 2 worker processes\n")
-    print(f"A worker thread got {share:.2f} of a core while both spun (1.00: a quiet machine); the second "
-          "prediction divides the compute's CPU seconds by that share.\n")
+    print(f"A worker thread got {share:.2f} of a core while both spun around the SGD fits (1.00: a quiet machine; "
+          "LDA: the share before and after each fit, below); the second prediction divides the compute's CPU "
+          "seconds by that share (LDA: the median of the fits' predictions).\n")
     print("| fit | predicted (s) | error | predicted with the core share (s) | error | measured (s), median (range) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, p, ps_, w, walls in rows:
         spread = f" ({min(walls):.2f}-{max(walls):.2f})" if len(walls) > 1 else ""
         print(f"| {name} | {p:.2f} | {100 * (p - w) / w:+.1f}% | {ps_:.2f} | {100 * (ps_ - w) / w:+.1f}% | "
               f"{w:.2f}{spread} |")
+    if lda_rows:
+        print("\nLDA, each fit with what was measured just before and after it: the core share (before / after), "
+              "the sync of the cycle around the real sweep out of phase, each participant's sweep stretch (wall / "
+              "CPU) in that cycle, the predicted SSP wait (a participant's mean) against the fit's clock waits "
+              "(the participants' mean):\n")
+        print("| fit | core share | sync out of phase (ms) | sweep stretch | predicted (s) | SSP wait predicted (s) | "
+              "measured (s) | clock wait measured (s) | error |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for i, (fit, _, pred) in enumerate(lda_rows):
+            busy = fit["busy"]
+            stretch = np.array(busy["sweep_walls"]) / np.array(busy["sweep_cpus"])
+            tokens = max(p["n_tokens"] for p in fit["participants"])
+            no_wait = mod.lda_fit(2, tokens, vocab, fit["iters"], here=True,
+                                  fit=dict(fit, busy=dict(busy, iteration_cv=0.0, sweep_walls=busy["sweep_cpus"])))
+            wait = pred - no_wait  # the same fit at equal, steady work: no wait
+            waited = np.mean([p["clock_wait_seconds"] for p in fit["participants"]])
+            print(f"| {i + 1} | {fit['share_before']:.2f} / {fit['share_after']:.2f} | {busy['sync_wall'] * 1e3:.1f} | "
+                  + " / ".join(f"{x:.2f}" for x in stretch) + f" | {pred:.2f} | {wait:.2f} | "
+                  f"{fit['wall']:.2f} | {waited:.2f} | {100 * (pred - fit['wall']) / fit['wall']:+.1f}% |")
     if ("sgd", 2) in mod.fixed_cpu:
         print("\nThe same fits in CPU seconds of the worker processes (less their idle rate), which other load "
               "does not stretch: fixed part from the tiny fit, the rest from the per-layer constants.\n")
@@ -960,7 +1078,6 @@ def predicted_vs_measured(mod: Model):
         if "lda" in c2:
             fit = c2["lda"]
             tokens = max(p["n_tokens"] for p in fit["participants"])
-            vocab = m["lda_vocab"]["vocab_max"][m["lda_vocab"]["P"].index(2)]
             pred = mod.fixed_cpu["lda", 2] + mod.lda_cpu(2, tokens, vocab, fit["iters"])
             got = mod.fit_cpu(c2, fit)
             print(f"| LDA {fit['iters']} iterations | {pred:.2f} | {got:.2f} | {100 * (pred - got) / got:+.1f}% |")
@@ -988,6 +1105,7 @@ def predicted_vs_measured(mod: Model):
               f"{mod.lda['sweep_per_token'] * tokens * fit['iters']:.2f} s); pull/push/clock wall "
               + " / ".join(f"{np.mean([p[k] for p in fit['participants']]):.2f}"
                            for k in ("pull_seconds", "push_seconds", "clock_seconds"))
+              + " s, of which clock wait " + " ".join(f"{p['clock_wait_seconds']:.2f}" for p in fit["participants"])
               + f" s; fixed {mod.F('lda', 2, True):.2f} s")
     return rows
 
@@ -1013,7 +1131,7 @@ def extrapolate(mod: Model, sgd_n, lda_tokens, lda_iters, sgd_epochs=1):
                         vocab = mod.V(P) if mode == "strong" else mod.V(2)
                         if P == 1:
                             vocab = mod.V(1)
-                        it = lda_iters * mod.lda_iter(P, tokens, vocab, bandwidth=bw)
+                        it = lda_iters * mod.lda_iter(P, tokens, vocab, lda_iters, bandwidth=bw)
                         fit = mod.F("lda", P) + it
                         work = lda_tokens if mode == "strong" else tokens * P
                     if P == 1:
