@@ -260,13 +260,29 @@ def lda_busy_costs(ps, X_lda, P, reps=12, offset=False):
     per = [np.array(r[2:]) for r in res]  # per participant, the first two cycles left out (warm-up)
     cycles = np.concatenate(per)
     # a participant's iteration without waits: its sweep and its sync
-    work = [c[:, 0] + c[:, 2] for c in per]
+    work = np.array([c[:, 0] + c[:, 2] for c in per])
+    cv, spread2 = participant_noise(work)
     return {"sync_wall": float(np.median(cycles[:, 0])), "pull_wall": float(np.median(cycles[:, 1])),
             "sweep_wall": float(np.median(cycles[:, 2])), "clock_wait": float(np.mean(cycles[:, 3])),
             "sweep_walls": [float(np.mean(c[:, 2])) for c in per],
-            "sweep_cpus": [float(np.mean(c[:, 4])) for c in per],
-            "iteration_cv": float(np.sqrt(np.mean([np.var(w) / np.mean(w) ** 2 for w in work]))),
-            "offset": offset, "U": int(max(p["rows"].size for p in parts))}
+            "sweep_cpus": [float(np.mean(c[:, 4])) for c in per], "work": work.tolist(),
+            "iteration_cv": cv, "spread2": spread2, "offset": offset, "U": int(max(p["rows"].size for p in parts))}
+
+
+def participant_noise(work):
+    """What differs between participants in ``work`` (P x n seconds: each
+    one's iterations without waits, the same n iterations), relative to
+    their mean at each iteration (load that slows all of them at once makes
+    none wait): the CV of a participant's own iteration noise (about its
+    own mean; measured against the P participants' mean it shows (P - 1) /
+    P of its variance), and the variance of those means less what that
+    noise leaves in a mean of n (an estimate of the square of a run-long
+    spread's CV; may be < 0)."""
+    x = np.asarray(work, float)
+    x = x / x.mean(axis=0, keepdims=True)
+    P, n = x.shape
+    cv = float(np.sqrt(np.mean(np.var(x, axis=1, ddof=1)) * P / (P - 1)))
+    return cv, float(np.var(x.mean(axis=1), ddof=1) - cv ** 2 / n)
 
 
 def _sgd_cycle(ctx, part, *, table, totals, reps):
@@ -626,11 +642,17 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
                     f"step, {b['sync_wall'] * 1e3:.1f} ms out of phase (clock wait {b['clock_wait'] * 1e3:.1f} ms), "
                     f"sweep wall " + " ".join(f"{w * 1e3:.0f}" for w in b["sweep_walls"]) + " ms, CPU "
                     + " ".join(f"{w * 1e3:.0f}" for w in b["sweep_cpus"]) + f" ms, iteration CV "
-                    f"{b['iteration_cv']:.2f}; core share {got['share_before']:.2f} / {got['share_after']:.2f}")
+                    f"{b['iteration_cv']:.2f}, run-long spread^2 {b['spread2']:+.4f} (in step {i['spread2']:+.4f}); "
+                    f"core share {got['share_before']:.2f} / {got['share_after']:.2f}")
                 log(f"P={P}: LDA {args.lda_iters} iterations: {got['wall']:.2f} s (sweep "
                     + " ".join(f"{p['sweep_seconds']:.2f}" for p in got["participants"]) + " s, clock wait "
                     + " ".join(f"{p['clock_wait_seconds']:.2f}" for p in got["participants"]) + f" s; load {load()})")
             out["lda"] = median_fit(out["lda_fits"])
+            # The per-fit cost that grows with the data (starting assignments and counts pushed, the
+            # final pull and likelihood): one iteration on the whole corpus
+            out["lda_one"] = median_fit([lda_fit(client, X_lda, 1) for _ in range(3)])
+            out["lda_one"]["share"] = cpu_share(client)
+            log(f"P={P}: LDA 1 iteration: {out['lda_one']['wall']:.2f} s")
     out["load_end"] = load()
     return out
 
@@ -638,10 +660,12 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
 # --- the model -----------------------------------------------------------------------------------
 
 
-def ssp_period(means, cv, staleness, iters, reps=400, seed=0, _cache={}):
+def ssp_period(means, cv, staleness, iters, spread=0.0, reps=400, seed=0, _cache={}):
     """Expected seconds per iteration of participants under SSP(``staleness``)
-    (0: BSP), participant p's iterations taking ``means[p] x (1 + cv x
-    N(0, 1))`` seconds apart from waits, over ``iters`` iterations.
+    (0: BSP), participant p's iterations taking ``means[p] x f_p x (1 + cv
+    x N(0, 1))`` seconds apart from waits, over ``iters`` iterations; f_p,
+    drawn once a run, is 1 + ``spread`` x N(0, 1): a participant slower
+    for the whole run (a core shared with more of other load).
 
     As ``Session.clock``: p reports clock c when its iteration c is done
     and, when c > staleness, returns only once every participant reported
@@ -653,12 +677,13 @@ def ssp_period(means, cv, staleness, iters, reps=400, seed=0, _cache={}):
     iterations (BSP: of one)."""
     means = np.asarray(means, float)
     scale = float(means.mean()) if means.size else 0.0
-    if scale <= 0.0 or means.size == 1 or (cv <= 0 and np.all(means == means[0])):
+    if scale <= 0.0 or means.size == 1 or (cv <= 0 and spread <= 0 and np.all(means == means[0])):
         return float(means.max()) if means.size else 0.0
-    key = (tuple(np.round(means / scale, 6)), round(float(cv), 6), int(staleness), int(iters), reps, seed)
+    key = (tuple(np.round(means / scale, 6)), round(float(cv), 6), round(float(spread), 6), int(staleness),
+           int(iters), reps, seed)
     if key not in _cache:
         rng = np.random.default_rng(seed)
-        rel = means / scale
+        rel = means / scale * np.maximum(0.0, 1.0 + spread * rng.standard_normal((reps, means.size)))
         reported = []  # per clock: (reps, P) times the clock was reported
         done = np.zeros((reps, means.size))
         for c in range(1, iters + 1):
@@ -704,12 +729,21 @@ class Model:
         # by which that stretches the cycle: the cycle around the real sweep out of phase against in step,
         # run back to back before each 2-worker fit (median; 1 where not measured).
         self.lda_fits = next((c["lda_fits"] for c in meas["clusters"] if c.get("lda_fits")), [])
-        self.lda_busy = max(1.0, float(np.median([f["busy"]["sync_wall"] / f["busy_in_step"]["sync_wall"]
+        self.lda_busy = max(1.0, float(np.median([f["busy"]["sync_wall"] / self.wall2("lda", f["busy"]["U"])
                                                   for f in self.lda_fits]))) if self.lda_fits else 1.0
+        self.lda_spread = self.participant_spread()
         self.fit_sgd_compute()
         # LDA compute: measured in the 2 worker processes at once where there (the fit's contention)
         self.lda = next((c["lda_compute"] for c in meas["clusters"] if "lda_compute" in c), meas["lda_compute"])
         self.fit_fixed()
+
+    def participant_spread(self):
+        """The CV of a participant's run-long slowness against its peers'
+        on the shared cores here (``participant_noise``), pooled over the
+        cycles around the real sweep (in step and out of phase, before
+        every 2-worker LDA fit); 0 where not measured."""
+        samples = [b["spread2"] for f in self.lda_fits for b in (f["busy"], f["busy_in_step"])]
+        return math.sqrt(max(0.0, float(np.mean(samples)))) if samples else 0.0
 
     # cycles: C(P, U) = a + b * bytes + c * messages; L(2, U) = a + b * U
     def fit_cycles(self):
@@ -810,7 +844,22 @@ class Model:
             slope = lstsq(np.c_[np.ones(len(cpu)), [p for p, _ in cpu]], [v for _, v in cpu])[1] \
                 if len({p for p, _ in cpu}) > 1 else 0.0
             base = dict(zip(Ps, Fs)).get(2, min(Fs))
-            self.fixed[wl] = {"f": np.array([base - 2 * slope, slope]), "points": dict(zip(Ps, Fs))}
+            self.fixed[wl] = {"f": np.array([base - 2 * slope, slope]), "points": dict(zip(Ps, Fs)), "per_token": 0.0}
+        # LDA's per-fit cost grows with a participant's tokens (starting assignments and counts, the final
+        # pull and likelihood): the 1-iteration fit on the whole corpus at P = 2 less its modelled iteration
+        # (with the core share measured after it), against the tiny fit's
+        c2 = self.by_p.get(2, {})
+        if "lda_one" in c2 and 2 in self.fixed["lda"]["points"]:
+            one, tiny = c2["lda_one"], c2["lda_tiny"]
+            tokens = max(p["n_tokens"] for p in one["participants"])
+            vocab = self.m["lda_vocab"]["vocab_max"][self.m["lda_vocab"]["P"].index(2)]
+            self.share = min(1.0, one["share"])
+            it = self.lda_iter(2, tokens, vocab, 1, here=True)
+            self.share = 1.0
+            self.fixed["lda"]["tokens_ref"] = sum(p["n_tokens"] for p in tiny["participants"]) / 2
+            self.fixed["lda"]["full"] = one["wall"] - it
+            self.fixed["lda"]["per_token"] = max(0.0, (one["wall"] - it - self.fixed["lda"]["points"][2])
+                                                 / (tokens - self.fixed["lda"]["tokens_ref"]))
 
         # The same for the worker processes' CPU seconds (a check of the CPU layers that load does not move)
         self.fixed_cpu = {}
@@ -848,11 +897,15 @@ class Model:
         per = lc["sweep_per_token"] * tokens + lc["delta_per_row"] * vocab + self.worker_cpu("lda", P, vocab)
         return P * iters * per
 
-    def F(self, wl, P, here=False):
-        if here and P in self.fixed[wl]["points"]:
-            return self.fixed[wl]["points"][P]
-        f0, f1 = self.fixed[wl]["f"]
-        return f0 + f1 * P
+    def F(self, wl, P, here=False, tokens=None):
+        """Fixed seconds of a fit on P workers (``tokens``: LDA's per
+        participant, for the part that grows with them)."""
+        fx = self.fixed[wl]
+        grows = fx["per_token"] * max(0.0, tokens - fx["tokens_ref"]) if tokens and fx["per_token"] else 0.0
+        if here and P in fx["points"]:
+            return fx["points"][P] + grows
+        f0, f1 = fx["f"]
+        return f0 + f1 * P + grows
 
     # synchronization of one iteration on P workers
     def sync(self, wl, P, U, here=False, bandwidth=None):
@@ -910,7 +963,7 @@ class Model:
         t = c0 + s * n_p * nnz_row + R * first + (E - 1) * R * later + ends
         return t + (self.F("sgd", P, here) if fixed else 0.0)
 
-    def lda_iter(self, P, tokens, vocab, iters, here=False, bandwidth=None, fit=None):
+    def lda_iter(self, P, tokens, vocab, iters, here=False, bandwidth=None, fit=None, waits=True):
         """Seconds of one of ``iters`` LDA iterations on P workers: each
         participant's sweep, row deltas and sync (the sync as when the peers
         sweep), and the SSP(2) wait for the slowest
@@ -920,17 +973,19 @@ class Model:
         ``fit`` (P = 2 here): one measured 2-worker fit with what was
         measured just before and after it: the compute's CPU seconds
         stretched by the core share (the mean of the two), the sync of the
-        cycle around the real sweep out of phase (less its clock waits),
-        and the participants' spread from that cycle: each one's sweep
-        stretch (wall / CPU) against their mean, and the iterations' CV."""
+        cycle around the real sweep out of phase (less its clock waits) and
+        that cycle's iterations' CV; the participants' run-long spread
+        (``participant_spread``) from every such cycle of the run.
+        ``waits=False``: the same without the SSP wait."""
         lc = self.lda
         compute = lc["sweep_per_token"] * tokens + lc["delta_per_row"] * vocab
         if fit is not None:
             busy = fit["busy"]
             share = min(1.0, 0.5 * (fit["share_before"] + fit["share_after"]))
-            stretch = np.array(busy["sweep_walls"]) / np.array(busy["sweep_cpus"])
-            means = stretch / stretch.mean() * compute / share + busy["sync_wall"]
-            return ssp_period(means, busy["iteration_cv"], LDA_STALENESS, iters)
+            it = compute / share + busy["sync_wall"]
+            if not waits:
+                return it
+            return ssp_period([it] * P, busy["iteration_cv"], LDA_STALENESS, iters, spread=self.lda_spread)
         if here:
             compute /= self.share
         if self.knobs["overlap"] and P > 1:
@@ -941,8 +996,9 @@ class Model:
         cv = 0.0 if here else self.knobs["barrier"] * self.jitter
         return ssp_period([it] * P, cv, LDA_STALENESS, iters)
 
-    def lda_fit(self, P, tokens, vocab, iters, here=False, bandwidth=None, fit=None):
-        return self.F("lda", P, here) + iters * self.lda_iter(P, tokens, vocab, iters, here, bandwidth, fit)
+    def lda_fit(self, P, tokens, vocab, iters, here=False, bandwidth=None, fit=None, waits=True):
+        return self.F("lda", P, here, tokens) + iters * self.lda_iter(P, tokens, vocab, iters, here, bandwidth, fit,
+                                                                        waits)
 
 
 # --- reports -------------------------------------------------------------------------------------
@@ -981,16 +1037,21 @@ def print_constants(mod: Model):
               + ", ".join(f"{f['busy_in_step']['sync_wall'] * 1e3:.1f}" for f in mod.lda_fits) + " ms in step, "
               + ", ".join(f"{f['busy']['sync_wall'] * 1e3:.1f}" for f in mod.lda_fits) + " ms out of phase (each "
               f"participant's sync in its peer's sweep; clock waits left out), against {mod.wall2('lda', U) * 1e3:.1f}"
-              f" ms alone: a sweeping peer stretches LDA's sync {mod.lda_busy:.2f}x (median of out of phase / in "
-              "step); iterations' CV " + ", ".join(f"{f['busy']['iteration_cv']:.2f}" for f in mod.lda_fits))
+              f" ms alone: a sweeping peer stretches LDA's sync {mod.lda_busy:.2f}x (median, out of phase / alone); "
+              "iterations' CV (out of phase) " + ", ".join(f"{f['busy']['iteration_cv']:.2f}" for f in mod.lda_fits)
+              + f"; the participants' run-long spread on the shared cores, CV {mod.lda_spread:.2f}")
     print(f"- LDA compute (K={K_LDA}, one partition of 2, thread CPU): sweep "
           f"{lc['sweep_per_token'] * 1e9:.0f} ns/token "
           f"({1 / lc['sweep_per_token'] / 1e6:.1f} M tokens/CPU-s), row deltas {lc['delta_per_row'] * 1e9:.0f} ns/row")
     for wl in ("sgd", "lda"):
-        f0, f1 = mod.fixed[wl]["f"]
-        pts = ", ".join(f"P={p}: {v:.2f} s" for p, v in mod.fixed[wl]["points"].items())
+        fx = mod.fixed[wl]
+        f0, f1 = fx["f"]
+        pts = ", ".join(f"P={p}: {v:.2f} s" for p, v in fx["points"].items())
+        grows = (f" + {fx['per_token'] * 1e9:.0f} ns x the tokens of a participant past the tiny fit's "
+                 f"{fx['tokens_ref']:.0f} (the 1-iteration fit on the whole corpus less its iteration: "
+                 f"{fx['full']:.2f} s)") if fx.get("full") is not None else ""
         print(f"- {wl} fixed per-fit cost (tiny fit minus its iterations): {pts}; on P machines "
-              f"{f0:.2f} + {f1 * 1e3:.1f} ms x P (the slope: this process's CPU per worker in the tiny fits)")
+              f"{f0:.2f} + {f1 * 1e3:.1f} ms x P (the slope: this process's CPU per worker in the tiny fits){grows}")
     for c in m["clusters"]:
         clock = (f"; clock round trip {c['clock']['wall'] * 1e6:.0f} us, scheduler CPU "
                  f"{c['clock']['sched_cpu'] * 1e6:.0f} us and worker CPU "
@@ -1059,9 +1120,7 @@ def predicted_vs_measured(mod: Model):
             busy = fit["busy"]
             stretch = np.array(busy["sweep_walls"]) / np.array(busy["sweep_cpus"])
             tokens = max(p["n_tokens"] for p in fit["participants"])
-            no_wait = mod.lda_fit(2, tokens, vocab, fit["iters"], here=True,
-                                  fit=dict(fit, busy=dict(busy, iteration_cv=0.0, sweep_walls=busy["sweep_cpus"])))
-            wait = pred - no_wait  # the same fit at equal, steady work: no wait
+            wait = pred - mod.lda_fit(2, tokens, vocab, fit["iters"], here=True, fit=fit, waits=False)
             waited = np.mean([p["clock_wait_seconds"] for p in fit["participants"]])
             print(f"| {i + 1} | {fit['share_before']:.2f} / {fit['share_after']:.2f} | {busy['sync_wall'] * 1e3:.1f} | "
                   + " / ".join(f"{x:.2f}" for x in stretch) + f" | {pred:.2f} | {wait:.2f} | "
@@ -1106,7 +1165,7 @@ def predicted_vs_measured(mod: Model):
               + " / ".join(f"{np.mean([p[k] for p in fit['participants']]):.2f}"
                            for k in ("pull_seconds", "push_seconds", "clock_seconds"))
               + " s, of which clock wait " + " ".join(f"{p['clock_wait_seconds']:.2f}" for p in fit["participants"])
-              + f" s; fixed {mod.F('lda', 2, True):.2f} s")
+              + f" s; fixed {mod.F('lda', 2, True, tokens):.2f} s")
     return rows
 
 
@@ -1132,7 +1191,7 @@ def extrapolate(mod: Model, sgd_n, lda_tokens, lda_iters, sgd_epochs=1):
                         if P == 1:
                             vocab = mod.V(1)
                         it = lda_iters * mod.lda_iter(P, tokens, vocab, lda_iters, bandwidth=bw)
-                        fit = mod.F("lda", P) + it
+                        fit = mod.F("lda", P, tokens=tokens) + it
                         work = lda_tokens if mode == "strong" else tokens * P
                     if P == 1:
                         T1 = (fit, it, work)
