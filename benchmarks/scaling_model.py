@@ -32,11 +32,23 @@ threads_per_worker=1)``, P = 2 and, oversubscribed on 2 cores, P = 4 and 8):
   kernel per non-zero and per touched row of a round, compaction per
   non-zero and per touched row; LDA: the participant's sweep (the
   estimator's sampler, ``dense`` at K < 128) and its row deltas on one
-  partition, thread_time per token, in the 2 worker processes at once.
+  partition, thread_time per token over the fit's iteration count, in the
+  2 worker processes at once.
+- **LDA's participants out of step** (P = 2, before each LDA fit): the
+  cycle around the participant's real sweep, in step and out of phase (odd
+  ranks start half a sweep late, so each sync falls in the peer's sweep,
+  as SSP(2) lets a fit's participants drift): the sync's wall less the
+  clock's waits, each participant's sweep wall and CPU, and what differs
+  between the participants' iterations (``participant_noise``: each one's
+  iteration noise and a run-long spread, relative to their mean at each
+  iteration, so that load slowing both at once does not count); the core
+  share while both workers spin, just before and after each fit.
 - **Fixed per-fit costs**: a fit of the same width on tiny data (P x 12k
   rows; LDA: P x 150 documents, one iteration) minus its modelled
   iterations: data placement, table creation, run start and end, the final
-  model pull. Also printed alone: ``create_table`` + ``drop_table`` of
+  model pull; LDA's part that grows with the tokens (starting assignments
+  and counts, final pull and likelihood) from a 1-iteration fit on the
+  whole corpus. Also printed alone: ``create_table`` + ``drop_table`` of
   2^22 rows, a ``ps.run`` of a function that returns, ``ps.pull`` of the
   2^22-row table.
 
@@ -47,14 +59,21 @@ runs on the same core):
                                             q: compaction CPU (first epoch only),
                                             L: the cycle's wall time, C: its CPU
     SGD fit     = F + setup + sum over epochs of R rounds
-    LDA iter    = sweep + deltas + L        (SSP(2): no barrier at equal work)
-    LDA fit     = F + iterations x LDA iter
+    LDA iter    = ssp_period(sweep + deltas + busy x L, noise, SSP(2))
+    LDA fit     = F(tokens) + iterations x LDA iter
+
+``ssp_period`` simulates the clock's staleness rule (a participant more
+than 2 clocks ahead of the slowest waits) for participants whose
+iterations vary (CV) and who may differ for a whole run (spread): at P = 2
+here both measured (the shared cores); on P machines a round's jitter (CV
+``--jitter``), equal work. ``busy``: the out-of-phase cycle's sync against
+the cycle alone.
 
 On P workers over a network, L(P, U) = L(2, U) (measured, loopback) +
 [C(P, U) - C(2, U)] (the messages that grow with P) + hops x RTT + bytes per
 worker / bandwidth + scheduler CPU x P clocks (one scheduler serves them
 all, in turn) + a BSP barrier for SGD (expected maximum of P round times with a
-stated jitter, minus that of 2). Efficiency = T1 / (P x T_P), T1 the same
+stated jitter, minus that of 2; LDA: the SSP wait above). Efficiency = T1 / (P x T_P), T1 the same
 work on one worker without the parameter server (compute and fixed costs
 only): strong scaling (the data fixed) and weak scaling (each worker's data
 fixed at the 2-worker share).
@@ -597,10 +616,18 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
         log(f"P={P}: tiny fits: SGD {out['sgd_tiny']['wall']:.2f} s, LDA {out['lda_tiny']['wall']:.2f} s")
         # The fits: SGD max_iter = 1 and 2 (P = 2: the figures predicted;
         # P = 4, 8: the compute constants), LDA at P = 2.
-        out["cpu_share"] = cpu_share(client)
+        # P = 2: the core share just before and after each fit (the fits' predictions "here" use their mean)
+        share = out["cpu_share"] = cpu_share(client)
         out["sgd"] = []
         for E in args.sgd_epochs:
-            r = median_fit([sgd_fit(client, X_sgd, y_sgd, E, P) for _ in range(args.repeats if P == 2 else 1)])
+            fits = []
+            for _ in range(args.repeats if P == 2 else 1):
+                fits.append(sgd_fit(client, X_sgd, y_sgd, E, P))
+                if P == 2:
+                    fits[-1]["share_before"], share = share, cpu_share(client)
+                    fits[-1]["share_after"] = share
+            r = median_fit(fits)
+            r["fits"] = [{k: f[k] for k in ("wall", "share_before", "share_after") if k in f} for f in fits]
             out["sgd"].append(r)
             log(f"P={P}: SGD ctr {X_sgd.shape[0]} rows E={E}: {r['wall']:.2f} s; per participant thread CPU "
                 + " ".join(f"{p['cpu_seconds']:.2f}" for p in r["participants"]) + ", compaction CPU "
@@ -1082,8 +1109,18 @@ def predicted_vs_measured(mod: Model):
         mod.share = 1.0
         return a, b
 
+    sgd_rows = []
     for fit in c2["sgd"]:
         pred = predict(lambda: mod.sgd_iterations(2, n // 2, nnz_row, fit["E"], here=True))
+        if fit.get("fits") and "share_before" in fit["fits"][0]:
+            # each fit with the core share just before and after it; the median of their predictions
+            each = []
+            for f in fit["fits"]:
+                mod.share = min(1.0, 0.5 * (f["share_before"] + f["share_after"]))
+                each.append((f, mod.sgd_iterations(2, n // 2, nnz_row, fit["E"], here=True)))
+                mod.share = 1.0
+            sgd_rows.append((fit["E"], each))
+            pred = (pred[0], float(np.median([p for _, p in each])))
         rows.append((f"SGD click-through {n:,} rows, max_iter={fit['E']}", *pred, fit["wall"],
                      fit.get("walls", [fit["wall"]])))
     lda_rows = []
@@ -1099,15 +1136,20 @@ def predicted_vs_measured(mod: Model):
                      float(np.median([r[1] for r in lda_rows])), float(np.median([r[2] for r in lda_rows])),
                      fit["wall"], fit["walls"]))
     print("\n## Predicted against measured, 2 worker processes\n")
-    print(f"A worker thread got {share:.2f} of a core while both spun around the SGD fits (1.00: a quiet machine; "
-          "LDA: the share before and after each fit, below); the second prediction divides the compute's CPU "
-          "seconds by that share (LDA: the median of the fits' predictions).\n")
+    print("The second prediction divides the compute's CPU seconds by the share of a core a worker thread got "
+          "while both spun (1.00: a quiet machine), measured just before and after each fit (their mean; the "
+          "median of the fits' predictions)" + ("" if sgd_rows else f"; SGD: {share:.2f}, the lower of two spins "
+                                               "around the SGD fits") + ".\n")
     print("| fit | predicted (s) | error | predicted with the core share (s) | error | measured (s), median (range) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, p, ps_, w, walls in rows:
         spread = f" ({min(walls):.2f}-{max(walls):.2f})" if len(walls) > 1 else ""
         print(f"| {name} | {p:.2f} | {100 * (p - w) / w:+.1f}% | {ps_:.2f} | {100 * (ps_ - w) / w:+.1f}% | "
               f"{w:.2f}{spread} |")
+    for E, each in sgd_rows:
+        print(f"\nSGD max_iter={E}, each fit (core share before / after: predicted, measured): "
+              + "; ".join(f"{f['share_before']:.2f} / {f['share_after']:.2f}: {p:.2f} s, {f['wall']:.2f} s "
+                          f"({100 * (p - f['wall']) / f['wall']:+.1f}%)" for f, p in each))
     if lda_rows:
         print("\nLDA, each fit with what was measured just before and after it: the core share (before / after), "
               "the sync of the cycle around the real sweep out of phase, each participant's sweep stretch (wall / "
