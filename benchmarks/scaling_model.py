@@ -211,15 +211,19 @@ def _lda_cycle(ctx, part, *, table, totals, reps):
 
 
 def _lda_busy_cycle(ctx, part, *, table, totals, reps, offset=False):
-    """LDA's iteration with its sweep: the cycle of ``_lda_cycle`` around
-    the participant's real sweep (the estimator's kernel on its partition,
-    local counts), so that the others' requests may find this worker's
-    core busy. ``offset``: the odd ranks first sweep half their documents,
-    so that each participant's sync falls in its peer's sweep, as in a fit
-    whose participants are not in step (SSP(2) lets them drift apart).
+    """LDA's iteration as ``_gibbs._iteration`` does it, on the
+    participant's partition: clock 0 pushes the starting counts; then pull
+    the word rows and the totals, copy them, sweep the pulled rows (the
+    estimator's kernel), the changed rows' deltas, push them, ``clock()``.
+    So that the others' requests may find this worker's core busy.
+    ``offset``: the odd ranks first sweep half their documents, so that
+    each participant's sync falls in its peer's sweep, as in a fit whose
+    participants are not in step (SSP(2) lets them drift apart).
+
     Per cycle: the pull/push/clock wall less the clock's wait for the
-    slowest (the sweep's excluded), the pull's wall, the sweep's wall, the
-    clock's wait, the sweep's thread CPU."""
+    slowest (the sweep, the copies and the deltas excluded: the model's
+    compute), the pull's wall, the sweep's wall, the clock's wait, the
+    sweep's thread CPU."""
     from dask_ps.decomposition import _lda_kernels as kk
 
     rows, width = part["rows"], part["width"]
@@ -230,26 +234,31 @@ def _lda_busy_cycle(ctx, part, *, table, totals, reps, offset=False):
     nk = np.zeros(width, np.int64)
     kk.init_counts(doc_ptr, words, z, ndk, nwk, nk)
     sweep = kk.SWEEPS["dense" if width < 128 else "sparse"]
-    vals = np.ones((rows.size, width), dtype=np.int32)
+    ctx.push_rows(table, rows, nwk, copy=False)
+    ctx.push(totals, nk, copy=False)
+    ctx.clock()
     if offset and ctx.rank % 2:
-        sweep(doc_ptr[: (doc_ptr.size + 1) // 2], words, z, ndk, nwk, nk, 0.1, 0.01, part["vbeta"], 0)
+        sweep(doc_ptr[: (doc_ptr.size + 1) // 2], words, z, ndk, nwk, nk, ALPHA, ETA, part["vbeta"], 0)
     out = []
     for it in range(reps):
         w0 = time.perf_counter()
-        ctx.pull_rows(table, rows)
-        ctx.pull(totals)
+        nwk = ctx.pull_rows(table, rows)
+        nk = ctx.pull(totals)
         w1 = time.perf_counter()
-        c1 = time.thread_time()
-        sweep(doc_ptr, words, z, ndk, nwk, nk, 0.1, 0.01, part["vbeta"], it)
-        c2 = time.thread_time()
-        w2 = time.perf_counter()
-        ctx.push_rows(table, rows, vals, copy=False)
-        ctx.push(totals, np.zeros(width, dtype=np.int64), copy=False)
+        nk_before, nwk_before = nk.copy(), nwk.copy()
+        c1, s1 = time.thread_time(), time.perf_counter()
+        sweep(doc_ptr, words, z, ndk, nwk, nk, ALPHA, ETA, part["vbeta"], it)
+        c2, w2 = time.thread_time(), time.perf_counter()
+        changed, delta = kk.changed_rows(nwk, nwk_before)
+        w3 = time.perf_counter()
+        if changed.size:
+            ctx.push_rows(table, rows[changed], delta, copy=False)
+        ctx.push(totals, (nk - nk_before).astype(np.int64), copy=False)
         waited = ctx.metrics()["clock_wait_seconds"]
         ctx.clock()
         waited = ctx.metrics()["clock_wait_seconds"] - waited
-        w3 = time.perf_counter()
-        out.append(((w1 - w0) + (w3 - w2) - waited, w1 - w0, w2 - w1, waited, c2 - c1))
+        w4 = time.perf_counter()
+        out.append(((w1 - w0) + (w4 - w3) - waited, w1 - w0, w2 - s1, waited, c2 - c1))
     return out
 
 
