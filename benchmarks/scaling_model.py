@@ -762,8 +762,8 @@ class Model:
         self.by_p = by_p
         self.fit_cycles()
         # LDA's participants are not in step (SSP(2)): a request finds the peer's core sweeping. The factor
-        # by which that stretches the cycle: the cycle around the real sweep out of phase against in step,
-        # run back to back before each 2-worker fit (median; 1 where not measured).
+        # by which that stretches the cycle: LDA's iteration around the real sweep out of phase (before each
+        # 2-worker fit) against the cycle alone (median; 1 where not measured).
         self.lda_fits = next((c["lda_fits"] for c in meas["clusters"] if c.get("lda_fits")), [])
         self.lda_busy = max(1.0, float(np.median([f["busy"]["sync_wall"] / self.wall2("lda", f["busy"]["U"])
                                                   for f in self.lda_fits]))) if self.lda_fits else 1.0
