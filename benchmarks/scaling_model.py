@@ -32,11 +32,23 @@ threads_per_worker=1)``, P = 2 and, oversubscribed on 2 cores, P = 4 and 8):
   kernel per non-zero and per touched row of a round, compaction per
   non-zero and per touched row; LDA: the participant's sweep (the
   estimator's sampler, ``dense`` at K < 128) and its row deltas on one
-  partition, thread_time per token, in the 2 worker processes at once.
+  partition, thread_time per token over the fit's iteration count, in the
+  2 worker processes at once.
+- **LDA's participants out of step** (P = 2, before each LDA fit): the
+  cycle around the participant's real sweep, in step and out of phase (odd
+  ranks start half a sweep late, so each sync falls in the peer's sweep,
+  as SSP(2) lets a fit's participants drift): the sync's wall less the
+  clock's waits, each participant's sweep wall and CPU, and what differs
+  between the participants' iterations (``participant_noise``: each one's
+  iteration noise and a run-long spread, relative to their mean at each
+  iteration, so that load slowing both at once does not count); the core
+  share while both workers spin, just before and after each fit.
 - **Fixed per-fit costs**: a fit of the same width on tiny data (P x 12k
   rows; LDA: P x 150 documents, one iteration) minus its modelled
   iterations: data placement, table creation, run start and end, the final
-  model pull. Also printed alone: ``create_table`` + ``drop_table`` of
+  model pull; LDA's part that grows with the tokens (starting assignments
+  and counts, final pull and likelihood) from a 1-iteration fit on the
+  whole corpus. Also printed alone: ``create_table`` + ``drop_table`` of
   2^22 rows, a ``ps.run`` of a function that returns, ``ps.pull`` of the
   2^22-row table.
 
@@ -47,14 +59,21 @@ runs on the same core):
                                             q: compaction CPU (first epoch only),
                                             L: the cycle's wall time, C: its CPU
     SGD fit     = F + setup + sum over epochs of R rounds
-    LDA iter    = sweep + deltas + L        (SSP(2): no barrier at equal work)
-    LDA fit     = F + iterations x LDA iter
+    LDA iter    = ssp_period(sweep + deltas + busy x L, noise, SSP(2))
+    LDA fit     = F(tokens) + iterations x LDA iter
+
+``ssp_period`` simulates the clock's staleness rule (a participant more
+than 2 clocks ahead of the slowest waits) for participants whose
+iterations vary (CV) and who may differ for a whole run (spread): at P = 2
+here both measured (the shared cores); on P machines a round's jitter (CV
+``--jitter``), equal work. ``busy``: the out-of-phase cycle's sync against
+the cycle alone.
 
 On P workers over a network, L(P, U) = L(2, U) (measured, loopback) +
 [C(P, U) - C(2, U)] (the messages that grow with P) + hops x RTT + bytes per
 worker / bandwidth + scheduler CPU x P clocks (one scheduler serves them
 all, in turn) + a BSP barrier for SGD (expected maximum of P round times with a
-stated jitter, minus that of 2). Efficiency = T1 / (P x T_P), T1 the same
+stated jitter, minus that of 2; LDA: the SSP wait above). Efficiency = T1 / (P x T_P), T1 the same
 work on one worker without the parameter server (compute and fixed costs
 only): strong scaling (the data fixed) and weak scaling (each worker's data
 fixed at the 2-worker share).
@@ -99,6 +118,7 @@ REPS_LONG, REPS_SHORT = 24, 2  # cycles of the long and the short run (their dif
 WORKERS = (1, 2, 4, 8, 16, 32, 64)
 NETWORKS = {"10 Gbit/s": 1.25e9, "25 Gbit/s": 3.1e9}
 SCHED_MESSAGES = {"sgd": 3, "lda": 1}  # scheduler messages per participant and iteration
+LDA_STALENESS = 2  # the LDA estimator's default consistency: SSP(2) with refresh
 
 
 def log(msg):
@@ -190,13 +210,20 @@ def _lda_cycle(ctx, part, *, table, totals, reps):
     return out
 
 
-def _lda_busy_cycle(ctx, part, *, table, totals, reps):
-    """LDA's iteration with its sweep: the cycle of ``_lda_cycle`` around
-    the participant's real sweep (the estimator's kernel on its partition,
-    local counts), so that the others' requests find this worker's core
-    busy, as in a fit whose participants are not in step (SSP). Per
-    cycle: the pull/push/clock wall (the sweep's excluded), the pull's
-    wall, the sweep's wall."""
+def _lda_busy_cycle(ctx, part, *, table, totals, reps, offset=False):
+    """LDA's iteration as ``_gibbs._iteration`` does it, on the
+    participant's partition: clock 0 pushes the starting counts; then pull
+    the word rows and the totals, copy them, sweep the pulled rows (the
+    estimator's kernel), the changed rows' deltas, push them, ``clock()``.
+    So that the others' requests may find this worker's core busy.
+    ``offset``: the odd ranks first sweep half their documents, so that
+    each participant's sync falls in its peer's sweep, as in a fit whose
+    participants are not in step (SSP(2) lets them drift apart).
+
+    Per cycle: the pull/push/clock wall less the clock's wait for the
+    slowest (the sweep, the copies and the deltas excluded: the model's
+    compute), the pull's wall, the sweep's wall, the clock's wait, the
+    sweep's thread CPU."""
     from dask_ps.decomposition import _lda_kernels as kk
 
     rows, width = part["rows"], part["width"]
@@ -207,30 +234,44 @@ def _lda_busy_cycle(ctx, part, *, table, totals, reps):
     nk = np.zeros(width, np.int64)
     kk.init_counts(doc_ptr, words, z, ndk, nwk, nk)
     sweep = kk.SWEEPS["dense" if width < 128 else "sparse"]
-    vals = np.ones((rows.size, width), dtype=np.int32)
+    ctx.push_rows(table, rows, nwk, copy=False)
+    ctx.push(totals, nk, copy=False)
+    ctx.clock()
+    if offset and ctx.rank % 2:
+        sweep(doc_ptr[: (doc_ptr.size + 1) // 2], words, z, ndk, nwk, nk, ALPHA, ETA, part["vbeta"], 0)
     out = []
     for it in range(reps):
         w0 = time.perf_counter()
-        ctx.pull_rows(table, rows)
-        ctx.pull(totals)
+        nwk = ctx.pull_rows(table, rows)
+        nk = ctx.pull(totals)
         w1 = time.perf_counter()
-        sweep(doc_ptr, words, z, ndk, nwk, nk, 0.1, 0.01, part["vbeta"], it)
-        w2 = time.perf_counter()
-        ctx.push_rows(table, rows, vals, copy=False)
-        ctx.push(totals, np.zeros(width, dtype=np.int64), copy=False)
-        ctx.clock()
+        nk_before, nwk_before = nk.copy(), nwk.copy()
+        c1, s1 = time.thread_time(), time.perf_counter()
+        sweep(doc_ptr, words, z, ndk, nwk, nk, ALPHA, ETA, part["vbeta"], it)
+        c2, w2 = time.thread_time(), time.perf_counter()
+        changed, delta = kk.changed_rows(nwk, nwk_before)
         w3 = time.perf_counter()
-        out.append(((w1 - w0) + (w3 - w2), w1 - w0, w2 - w1))
+        if changed.size:
+            ctx.push_rows(table, rows[changed], delta, copy=False)
+        ctx.push(totals, (nk - nk_before).astype(np.int64), copy=False)
+        waited = ctx.metrics()["clock_wait_seconds"]
+        ctx.clock()
+        waited = ctx.metrics()["clock_wait_seconds"] - waited
+        w4 = time.perf_counter()
+        out.append(((w1 - w0) + (w4 - w3) - waited, w1 - w0, w2 - s1, waited, c2 - c1))
     return out
 
 
-def lda_busy_costs(ps, X_lda, P, reps=12):
+def lda_busy_costs(ps, X_lda, P, reps=12, offset=False):
     """``_lda_busy_cycle`` on the estimator's split of the corpus: the
-    sync's wall when the peers are sweeping."""
+    sync's wall when the peers are sweeping (medians of the cycles after
+    the first two), and per participant the sweep's mean wall and CPU and
+    the spread of its iterations (what the SSP wait of a fit comes from)."""
     import dask_ps
 
     table, totals = "scaling-lda-busy", "scaling-lda-busy-totals"
-    ps.create_table(table, (X_lda.shape[1], K_LDA), dtype="int32", consistency=dask_ps.SSP(2, refresh=True))
+    ps.create_table(table, (X_lda.shape[1], K_LDA), dtype="int32",
+                    consistency=dask_ps.SSP(LDA_STALENESS, refresh=True))
     ps.create_table(totals, (K_LDA,), dtype="int64", consistency=dask_ps.ASP())
     try:
         parts = []
@@ -240,13 +281,36 @@ def lda_busy_costs(ps, X_lda, P, reps=12):
             parts.append({"rows": vocab.astype(np.int64), "width": K_LDA, "vbeta": X_lda.shape[1] * ETA,
                           "words": np.repeat(local, p.data).astype(np.int32),
                           "doc_ptr": np.concatenate([[0], np.cumsum(doc_len)]).astype(np.int64)})
-        res = ps.run(_lda_busy_cycle, parts, table=table, totals=totals, reps=reps)
+        res = ps.run(_lda_busy_cycle, parts, table=table, totals=totals, reps=reps, offset=offset)
     finally:
         ps.drop_table(table)
         ps.drop_table(totals)
-    cycles = np.array([c for r in res for c in r[2:]])
+    per = [np.array(r[2:]) for r in res]  # per participant, the first two cycles left out (warm-up)
+    cycles = np.concatenate(per)
+    # a participant's iteration without waits: its sweep and its sync
+    work = np.array([c[:, 0] + c[:, 2] for c in per])
+    cv, spread2 = participant_noise(work)
     return {"sync_wall": float(np.median(cycles[:, 0])), "pull_wall": float(np.median(cycles[:, 1])),
-            "sweep_wall": float(np.median(cycles[:, 2])), "U": int(max(p["rows"].size for p in parts))}
+            "sweep_wall": float(np.median(cycles[:, 2])), "clock_wait": float(np.mean(cycles[:, 3])),
+            "sweep_walls": [float(np.mean(c[:, 2])) for c in per],
+            "sweep_cpus": [float(np.mean(c[:, 4])) for c in per], "work": work.tolist(),
+            "iteration_cv": cv, "spread2": spread2, "offset": offset, "U": int(max(p["rows"].size for p in parts))}
+
+
+def participant_noise(work):
+    """What differs between participants in ``work`` (P x n seconds: each
+    one's iterations without waits, the same n iterations), relative to
+    their mean at each iteration (load that slows all of them at once makes
+    none wait): the CV of a participant's own iteration noise (about its
+    own mean; measured against the P participants' mean it shows (P - 1) /
+    P of its variance), and the variance of those means less what that
+    noise leaves in a mean of n (an estimate of the square of a run-long
+    spread's CV; may be < 0)."""
+    x = np.asarray(work, float)
+    x = x / x.mean(axis=0, keepdims=True)
+    P, n = x.shape
+    cv = float(np.sqrt(np.mean(np.var(x, axis=1, ddof=1)) * P / (P - 1)))
+    return cv, float(np.var(x.mean(axis=1), ddof=1) - cv ** 2 / n)
 
 
 def _sgd_cycle(ctx, part, *, table, totals, reps):
@@ -357,7 +421,7 @@ def cycle_costs(client, ps, P, workload, sizes, rng):
         ps.create_table(totals, (P, 8), dtype="float64", consistency=dask_ps.SSP(0), aggregate="clock")
     else:  # as decomposition._runs under the estimator's default SSP(2) with refresh
         n_rows, width, dtype, fn = sizes["V"], K_LDA, "int32", _lda_cycle
-        ps.create_table(table, (n_rows, width), dtype=dtype, consistency=dask_ps.SSP(2, refresh=True))
+        ps.create_table(table, (n_rows, width), dtype=dtype, consistency=dask_ps.SSP(LDA_STALENESS, refresh=True))
         ps.create_table(totals, (width,), dtype="int64", consistency=dask_ps.ASP())
     idle_w, idle_s = idle_rates(client)
     rows_out = []
@@ -466,16 +530,17 @@ def lda_fit(client, X, iters):
     m.fit(X)
     wall = time.perf_counter() - t
     w1, s1 = process_cpu(client)
-    keys = ("sweep_seconds", "pull_seconds", "push_seconds", "clock_seconds", "n_tokens")
+    keys = ("sweep_seconds", "pull_seconds", "push_seconds", "clock_seconds", "clock_wait_seconds", "n_tokens")
     return {"iters": iters, "wall": wall, "fit_seconds": m.fit_seconds_, "worker_cpu": w1 - w0,
             "client_cpu": s1 - s0,
             "participants": [{k: mt.get(k) for k in keys} for mt in m.metrics_]}
 
 
 def lda_compute(part, n_features, iters=4):
-    """Thread CPU per token of one partition's sweeps from a random start
-    (the estimator's sampler at K=50: dense) and per row of its row deltas
-    (compare the rows, ``_gibbs._iteration``)."""
+    """Thread CPU per token of one partition's ``iters`` sweeps from a
+    random start (the estimator's sampler at K=50: dense; a sweep gets
+    cheaper as the topics concentrate, so the fit's iteration count) and per
+    row of its row deltas (compare the rows, ``_gibbs._iteration``)."""
     from dask_ps.decomposition import _lda_kernels as kk
 
     vocab, local = np.unique(part.indices, return_inverse=True)
@@ -560,10 +625,18 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
         log(f"P={P}: tiny fits: SGD {out['sgd_tiny']['wall']:.2f} s, LDA {out['lda_tiny']['wall']:.2f} s")
         # The fits: SGD max_iter = 1 and 2 (P = 2: the figures predicted;
         # P = 4, 8: the compute constants), LDA at P = 2.
-        out["cpu_share"] = cpu_share(client)
+        # P = 2: the core share just before and after each fit (the fits' predictions "here" use their mean)
+        share = out["cpu_share"] = cpu_share(client)
         out["sgd"] = []
         for E in args.sgd_epochs:
-            r = median_fit([sgd_fit(client, X_sgd, y_sgd, E, P) for _ in range(args.repeats if P == 2 else 1)])
+            fits = []
+            for _ in range(args.repeats if P == 2 else 1):
+                fits.append(sgd_fit(client, X_sgd, y_sgd, E, P))
+                if P == 2:
+                    fits[-1]["share_before"], share = share, cpu_share(client)
+                    fits[-1]["share_after"] = share
+            r = median_fit(fits)
+            r["fits"] = [{k: f[k] for k in ("wall", "share_before", "share_after") if k in f} for f in fits]
             out["sgd"].append(r)
             log(f"P={P}: SGD ctr {X_sgd.shape[0]} rows E={E}: {r['wall']:.2f} s; per participant thread CPU "
                 + " ".join(f"{p['cpu_seconds']:.2f}" for p in r["participants"]) + ", compaction CPU "
@@ -586,23 +659,77 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
         out["cpu_share"] = min(out["cpu_share"], cpu_share(client))
         log(f"P={P}: a worker thread's share of a core while all spin: {out['cpu_share']:.2f}")
         if P == 2:
-            out["lda_busy"] = lda_busy_costs(ps, X_lda, P)
-            b = out["lda_busy"]
-            log(f"P={P}: LDA cycle around the real sweep: sync {b['sync_wall'] * 1e3:.1f} ms (pull "
-                f"{b['pull_wall'] * 1e3:.1f}), sweep {b['sweep_wall'] * 1e3:.1f} ms, {b['U']} rows")
             # The sweep's CPU in the worker processes, both at once (as in the fit: the cores' contention)
-            got = client.run(lda_compute, split_corpus(X_lda, 2)[0], X_lda.shape[1])
+            got = client.run(lda_compute, split_corpus(X_lda, 2)[0], X_lda.shape[1], args.lda_iters)
             out["lda_compute"] = {k: float(np.mean([g[k] for g in got.values()])) for k in next(iter(got.values()))}
             log(f"P={P}: LDA sweep in the workers {out['lda_compute']['sweep_per_token'] * 1e9:.0f} ns/token "
                 f"(this process: {args.lda_compute_here['sweep_per_token'] * 1e9:.0f})")
-            out["lda"] = median_fit([lda_fit(client, X_lda, args.lda_iters) for _ in range(args.repeats)])
-            log(f"P={P}: LDA {args.lda_iters} iterations: {out['lda']['wall']:.2f} s "
-                f"(sweep {np.mean([p['sweep_seconds'] for p in out['lda']['participants']]):.2f} s)")
+            # Each LDA fit between two cycles around the real sweep (in step, then out of phase: each
+            # participant's sync in its peer's sweep) and core shares, all under the fit's load.
+            out["lda_fits"] = []
+            for _ in range(args.repeats):
+                got = {"busy_in_step": lda_busy_costs(ps, X_lda, P),
+                       "busy": lda_busy_costs(ps, X_lda, P, reps=16, offset=True), "share_before": cpu_share(client)}
+                got.update(lda_fit(client, X_lda, args.lda_iters))
+                got["share_after"] = cpu_share(client)
+                out["lda_fits"].append(got)
+                b, i = got["busy"], got["busy_in_step"]
+                log(f"P={P}: LDA cycle around the real sweep, {b['U']} rows: sync {i['sync_wall'] * 1e3:.1f} ms in "
+                    f"step, {b['sync_wall'] * 1e3:.1f} ms out of phase (clock wait {b['clock_wait'] * 1e3:.1f} ms), "
+                    f"sweep wall " + " ".join(f"{w * 1e3:.0f}" for w in b["sweep_walls"]) + " ms, CPU "
+                    + " ".join(f"{w * 1e3:.0f}" for w in b["sweep_cpus"]) + f" ms, iteration CV "
+                    f"{b['iteration_cv']:.2f}, run-long spread^2 {b['spread2']:+.4f} (in step {i['spread2']:+.4f}); "
+                    f"core share {got['share_before']:.2f} / {got['share_after']:.2f}")
+                log(f"P={P}: LDA {args.lda_iters} iterations: {got['wall']:.2f} s (sweep "
+                    + " ".join(f"{p['sweep_seconds']:.2f}" for p in got["participants"]) + " s, clock wait "
+                    + " ".join(f"{p['clock_wait_seconds']:.2f}" for p in got["participants"]) + f" s; load {load()})")
+            out["lda"] = median_fit(out["lda_fits"])
+            # The per-fit cost that grows with the data (starting assignments and counts pushed, the
+            # final pull and likelihood): one iteration on the whole corpus
+            out["lda_one"] = median_fit([lda_fit(client, X_lda, 1) for _ in range(3)])
+            out["lda_one"]["share"] = cpu_share(client)
+            log(f"P={P}: LDA 1 iteration: {out['lda_one']['wall']:.2f} s")
     out["load_end"] = load()
     return out
 
 
 # --- the model -----------------------------------------------------------------------------------
+
+
+def ssp_period(means, cv, staleness, iters, spread=0.0, reps=400, seed=0, _cache={}):
+    """Expected seconds per iteration of participants under SSP(``staleness``)
+    (0: BSP), participant p's iterations taking ``means[p] x f_p x (1 + cv
+    x N(0, 1))`` seconds apart from waits, over ``iters`` iterations; f_p,
+    drawn once a run, is 1 + ``spread`` x N(0, 1): a participant slower
+    for the whole run (a core shared with more of other load).
+
+    As ``Session.clock``: p reports clock c when its iteration c is done
+    and, when c > staleness, returns only once every participant reported
+    clock c - staleness; its next iteration starts then. The run ends when
+    the last participant's last clock returns. Equal means and ``cv`` = 0
+    give the mean (no wait); a systematic spread gives the slowest's mean
+    (the others wait for it); noise adds, per iteration, the expected
+    maximum over P of the noise averaged over about ``staleness`` + 1
+    iterations (BSP: of one)."""
+    means = np.asarray(means, float)
+    scale = float(means.mean()) if means.size else 0.0
+    if scale <= 0.0 or means.size == 1 or (cv <= 0 and spread <= 0 and np.all(means == means[0])):
+        return float(means.max()) if means.size else 0.0
+    key = (tuple(np.round(means / scale, 6)), round(float(cv), 6), round(float(spread), 6), int(staleness),
+           int(iters), reps, seed)
+    if key not in _cache:
+        rng = np.random.default_rng(seed)
+        rel = means / scale * np.maximum(0.0, 1.0 + spread * rng.standard_normal((reps, means.size)))
+        reported = []  # per clock: (reps, P) times the clock was reported
+        done = np.zeros((reps, means.size))
+        for c in range(1, iters + 1):
+            work = rel * np.maximum(0.0, 1.0 + cv * rng.standard_normal((reps, means.size)))
+            reported.append(done + work)
+            done = reported[-1]
+            if c > staleness:
+                done = np.maximum(done, reported[c - 1 - staleness].max(axis=1, keepdims=True))
+        _cache[key] = float(done.max(axis=1).mean()) / iters
+    return _cache[key] * scale
 
 
 def lstsq(A, b):
@@ -635,13 +762,24 @@ class Model:
         self.by_p = by_p
         self.fit_cycles()
         # LDA's participants are not in step (SSP(2)): a request finds the peer's core sweeping. The factor
-        # by which that stretches the cycle, from the cycle run around the real sweep (1 where not measured).
-        busy = next((c["lda_busy"] for c in meas["clusters"] if "lda_busy" in c), None)
-        self.lda_busy = max(1.0, busy["sync_wall"] / self.wall2("lda", busy["U"])) if busy else 1.0
+        # by which that stretches the cycle: LDA's iteration around the real sweep out of phase (before each
+        # 2-worker fit) against the cycle alone (median; 1 where not measured).
+        self.lda_fits = next((c["lda_fits"] for c in meas["clusters"] if c.get("lda_fits")), [])
+        self.lda_busy = max(1.0, float(np.median([f["busy"]["sync_wall"] / self.wall2("lda", f["busy"]["U"])
+                                                  for f in self.lda_fits]))) if self.lda_fits else 1.0
+        self.lda_spread = self.participant_spread()
         self.fit_sgd_compute()
         # LDA compute: measured in the 2 worker processes at once where there (the fit's contention)
         self.lda = next((c["lda_compute"] for c in meas["clusters"] if "lda_compute" in c), meas["lda_compute"])
         self.fit_fixed()
+
+    def participant_spread(self):
+        """The CV of a participant's run-long slowness against its peers'
+        on the shared cores here (``participant_noise``), pooled over the
+        cycles around the real sweep (in step and out of phase, before
+        every 2-worker LDA fit); 0 where not measured."""
+        samples = [b["spread2"] for f in self.lda_fits for b in (f["busy"], f["busy_in_step"])]
+        return math.sqrt(max(0.0, float(np.mean(samples)))) if samples else 0.0
 
     # cycles: C(P, U) = a + b * bytes + c * messages; L(2, U) = a + b * U
     def fit_cycles(self):
@@ -731,7 +869,8 @@ class Model:
                     it = self.sgd_iterations(P, n_p, tiny["nnz"] / tiny["n"], 1, here=True, fixed=False)
                 else:
                     tokens = sum(p["n_tokens"] for p in tiny["participants"]) / P
-                    it = self.lda_iter(P, tokens, self.m["lda_tiny_vocab"][str(P)], here=True) * tiny["iters"]
+                    it = self.lda_iter(P, tokens, self.m["lda_tiny_vocab"][str(P)], tiny["iters"], here=True) \
+                        * tiny["iters"]
                 Ps.append(P)
                 Fs.append(tiny["wall"] - it)
             # On P machines the per-fit cost grows by what one scheduler and client do per worker, in turn
@@ -741,7 +880,22 @@ class Model:
             slope = lstsq(np.c_[np.ones(len(cpu)), [p for p, _ in cpu]], [v for _, v in cpu])[1] \
                 if len({p for p, _ in cpu}) > 1 else 0.0
             base = dict(zip(Ps, Fs)).get(2, min(Fs))
-            self.fixed[wl] = {"f": np.array([base - 2 * slope, slope]), "points": dict(zip(Ps, Fs))}
+            self.fixed[wl] = {"f": np.array([base - 2 * slope, slope]), "points": dict(zip(Ps, Fs)), "per_token": 0.0}
+        # LDA's per-fit cost grows with a participant's tokens (starting assignments and counts, the final
+        # pull and likelihood): the 1-iteration fit on the whole corpus at P = 2 less its modelled iteration
+        # (with the core share measured after it), against the tiny fit's
+        c2 = self.by_p.get(2, {})
+        if "lda_one" in c2 and 2 in self.fixed["lda"]["points"]:
+            one, tiny = c2["lda_one"], c2["lda_tiny"]
+            tokens = max(p["n_tokens"] for p in one["participants"])
+            vocab = self.m["lda_vocab"]["vocab_max"][self.m["lda_vocab"]["P"].index(2)]
+            self.share = min(1.0, one["share"])
+            it = self.lda_iter(2, tokens, vocab, 1, here=True)
+            self.share = 1.0
+            self.fixed["lda"]["tokens_ref"] = sum(p["n_tokens"] for p in tiny["participants"]) / 2
+            self.fixed["lda"]["full"] = one["wall"] - it
+            self.fixed["lda"]["per_token"] = max(0.0, (one["wall"] - it - self.fixed["lda"]["points"][2])
+                                                 / (tokens - self.fixed["lda"]["tokens_ref"]))
 
         # The same for the worker processes' CPU seconds (a check of the CPU layers that load does not move)
         self.fixed_cpu = {}
@@ -779,11 +933,15 @@ class Model:
         per = lc["sweep_per_token"] * tokens + lc["delta_per_row"] * vocab + self.worker_cpu("lda", P, vocab)
         return P * iters * per
 
-    def F(self, wl, P, here=False):
-        if here and P in self.fixed[wl]["points"]:
-            return self.fixed[wl]["points"][P]
-        f0, f1 = self.fixed[wl]["f"]
-        return f0 + f1 * P
+    def F(self, wl, P, here=False, tokens=None):
+        """Fixed seconds of a fit on P workers (``tokens``: LDA's per
+        participant, for the part that grows with them)."""
+        fx = self.fixed[wl]
+        grows = fx["per_token"] * max(0.0, tokens - fx["tokens_ref"]) if tokens and fx["per_token"] else 0.0
+        if here and P in fx["points"]:
+            return fx["points"][P] + grows
+        f0, f1 = fx["f"]
+        return f0 + f1 * P + grows
 
     # synchronization of one iteration on P workers
     def sync(self, wl, P, U, here=False, bandwidth=None):
@@ -841,18 +999,42 @@ class Model:
         t = c0 + s * n_p * nnz_row + R * first + (E - 1) * R * later + ends
         return t + (self.F("sgd", P, here) if fixed else 0.0)
 
-    def lda_iter(self, P, tokens, vocab, here=False, bandwidth=None):
+    def lda_iter(self, P, tokens, vocab, iters, here=False, bandwidth=None, fit=None, waits=True):
+        """Seconds of one of ``iters`` LDA iterations on P workers: each
+        participant's sweep, row deltas and sync (the sync as when the peers
+        sweep), and the SSP(2) wait for the slowest
+        (:func:`ssp_period`): on P machines from a round's jitter (CV
+        ``jitter``, as the SGD barrier's), the participants' work equal.
+
+        ``fit`` (P = 2 here): one measured 2-worker fit with what was
+        measured just before and after it: the compute's CPU seconds
+        stretched by the core share (the mean of the two), the sync of the
+        cycle around the real sweep out of phase (less its clock waits) and
+        that cycle's iterations' CV; the participants' run-long spread
+        (``participant_spread``) from every such cycle of the run.
+        ``waits=False``: the same without the SSP wait."""
         lc = self.lda
         compute = lc["sweep_per_token"] * tokens + lc["delta_per_row"] * vocab
+        if fit is not None:
+            busy = fit["busy"]
+            share = min(1.0, 0.5 * (fit["share_before"] + fit["share_after"]))
+            it = compute / share + busy["sync_wall"]
+            if not waits:
+                return it
+            return ssp_period([it] * P, busy["iteration_cv"], LDA_STALENESS, iters, spread=self.lda_spread)
         if here:
             compute /= self.share
         if self.knobs["overlap"] and P > 1:
-            return max(compute + self.worker_cpu("lda", P, vocab, knobs=True),
-                       self.sync("lda", P, vocab, here, bandwidth))
-        return compute + self.sync("lda", P, vocab, here, bandwidth)
+            it = max(compute + self.worker_cpu("lda", P, vocab, knobs=True),
+                     self.sync("lda", P, vocab, here, bandwidth))
+        else:
+            it = compute + self.sync("lda", P, vocab, here, bandwidth)
+        cv = 0.0 if here else self.knobs["barrier"] * self.jitter
+        return ssp_period([it] * P, cv, LDA_STALENESS, iters)
 
-    def lda_fit(self, P, tokens, vocab, iters, here=False, bandwidth=None):
-        return self.F("lda", P, here) + iters * self.lda_iter(P, tokens, vocab, here, bandwidth)
+    def lda_fit(self, P, tokens, vocab, iters, here=False, bandwidth=None, fit=None, waits=True):
+        return self.F("lda", P, here, tokens) + iters * self.lda_iter(P, tokens, vocab, iters, here, bandwidth, fit,
+                                                                        waits)
 
 
 # --- reports -------------------------------------------------------------------------------------
@@ -885,19 +1067,27 @@ def print_constants(mod: Model):
           f"{rho * 1e9:.0f} ns per touched row of each round; compaction (first epoch) {pi * 1e9:.1f} ns/non-zero + "
           f"{chi * 1e9:.0f} ns per touched row of each round")
     lc = mod.lda
-    busy = next((c["lda_busy"] for c in m["clusters"] if "lda_busy" in c), None)
-    if busy:
-        print(f"- LDA cycle around the real sweep (P = 2, {busy['U']} rows): sync {busy['sync_wall'] * 1e3:.1f} ms "
-              f"against {mod.wall2('lda', busy['U']) * 1e3:.1f} ms alone: the peers' busy cores stretch LDA's "
-              f"sync {mod.lda_busy:.2f}x (sweep wall {busy['sweep_wall'] * 1e3:.1f} ms)")
+    if mod.lda_fits:
+        U = mod.lda_fits[0]["busy"]["U"]
+        print(f"- LDA cycle around the real sweep (P = 2, {U} rows; before each fit): sync "
+              + ", ".join(f"{f['busy_in_step']['sync_wall'] * 1e3:.1f}" for f in mod.lda_fits) + " ms in step, "
+              + ", ".join(f"{f['busy']['sync_wall'] * 1e3:.1f}" for f in mod.lda_fits) + " ms out of phase (each "
+              f"participant's sync in its peer's sweep; clock waits left out), against {mod.wall2('lda', U) * 1e3:.1f}"
+              f" ms alone: a sweeping peer stretches LDA's sync {mod.lda_busy:.2f}x (median, out of phase / alone); "
+              "iterations' CV (out of phase) " + ", ".join(f"{f['busy']['iteration_cv']:.2f}" for f in mod.lda_fits)
+              + f"; the participants' run-long spread on the shared cores, CV {mod.lda_spread:.2f}")
     print(f"- LDA compute (K={K_LDA}, one partition of 2, thread CPU): sweep "
           f"{lc['sweep_per_token'] * 1e9:.0f} ns/token "
           f"({1 / lc['sweep_per_token'] / 1e6:.1f} M tokens/CPU-s), row deltas {lc['delta_per_row'] * 1e9:.0f} ns/row")
     for wl in ("sgd", "lda"):
-        f0, f1 = mod.fixed[wl]["f"]
-        pts = ", ".join(f"P={p}: {v:.2f} s" for p, v in mod.fixed[wl]["points"].items())
+        fx = mod.fixed[wl]
+        f0, f1 = fx["f"]
+        pts = ", ".join(f"P={p}: {v:.2f} s" for p, v in fx["points"].items())
+        grows = (f" + {fx['per_token'] * 1e9:.0f} ns x the tokens of a participant past the tiny fit's "
+                 f"{fx['tokens_ref']:.0f} (the 1-iteration fit on the whole corpus less its iteration: "
+                 f"{fx['full']:.2f} s)") if fx.get("full") is not None else ""
         print(f"- {wl} fixed per-fit cost (tiny fit minus its iterations): {pts}; on P machines "
-              f"{f0:.2f} + {f1 * 1e3:.1f} ms x P (the slope: this process's CPU per worker in the tiny fits)")
+              f"{f0:.2f} + {f1 * 1e3:.1f} ms x P (the slope: this process's CPU per worker in the tiny fits){grows}")
     for c in m["clusters"]:
         clock = (f"; clock round trip {c['clock']['wall'] * 1e6:.0f} us, scheduler CPU "
                  f"{c['clock']['sched_cpu'] * 1e6:.0f} us and worker CPU "
@@ -928,26 +1118,64 @@ def predicted_vs_measured(mod: Model):
         mod.share = 1.0
         return a, b
 
+    sgd_rows = []
     for fit in c2["sgd"]:
         pred = predict(lambda: mod.sgd_iterations(2, n // 2, nnz_row, fit["E"], here=True))
+        if fit.get("fits") and "share_before" in fit["fits"][0]:
+            # each fit with the core share just before and after it; the median of their predictions
+            each = []
+            for f in fit["fits"]:
+                mod.share = min(1.0, 0.5 * (f["share_before"] + f["share_after"]))
+                each.append((f, mod.sgd_iterations(2, n // 2, nnz_row, fit["E"], here=True)))
+                mod.share = 1.0
+            sgd_rows.append((fit["E"], each))
+            pred = (pred[0], float(np.median([p for _, p in each])))
         rows.append((f"SGD click-through {n:,} rows, max_iter={fit['E']}", *pred, fit["wall"],
                      fit.get("walls", [fit["wall"]])))
-    if "lda" in c2:
-        fit = c2["lda"]
-        tokens = max(p["n_tokens"] for p in fit["participants"])
+    lda_rows = []
+    if mod.lda_fits:
         vocab = m["lda_vocab"]["vocab_max"][m["lda_vocab"]["P"].index(2)]
-        pred = predict(lambda: mod.lda_fit(2, tokens, vocab, fit["iters"], here=True))
-        rows.append((f"LDA K={K_LDA}, {m['lda_docs']} documents, {fit['iters']} iterations", *pred, fit["wall"],
-                     fit.get("walls", [fit["wall"]])))
+        for fit in mod.lda_fits:
+            tokens = max(p["n_tokens"] for p in fit["participants"])
+            quiet = mod.lda_fit(2, tokens, vocab, fit["iters"], here=True)
+            pred = mod.lda_fit(2, tokens, vocab, fit["iters"], here=True, fit=fit)
+            lda_rows.append((fit, quiet, pred))
+        fit = c2["lda"]
+        rows.append((f"LDA K={K_LDA}, {m['lda_docs']} documents, {fit['iters']} iterations",
+                     float(np.median([r[1] for r in lda_rows])), float(np.median([r[2] for r in lda_rows])),
+                     fit["wall"], fit["walls"]))
     print("\n## Predicted against measured, 2 worker processes\n")
-    print(f"A worker thread got {share:.2f} of a core while both spun (1.00: a quiet machine); the second "
-          "prediction divides the compute's CPU seconds by that share.\n")
+    print("The second prediction divides the compute's CPU seconds by the share of a core a worker thread got "
+          "while both spun (1.00: a quiet machine), measured just before and after each fit (their mean; the "
+          "median of the fits' predictions)" + ("" if sgd_rows else f"; SGD: {share:.2f}, the lower of two spins "
+                                               "around the SGD fits") + ".\n")
     print("| fit | predicted (s) | error | predicted with the core share (s) | error | measured (s), median (range) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, p, ps_, w, walls in rows:
         spread = f" ({min(walls):.2f}-{max(walls):.2f})" if len(walls) > 1 else ""
         print(f"| {name} | {p:.2f} | {100 * (p - w) / w:+.1f}% | {ps_:.2f} | {100 * (ps_ - w) / w:+.1f}% | "
               f"{w:.2f}{spread} |")
+    for E, each in sgd_rows:
+        print(f"\nSGD max_iter={E}, each fit (core share before / after: predicted, measured): "
+              + "; ".join(f"{f['share_before']:.2f} / {f['share_after']:.2f}: {p:.2f} s, {f['wall']:.2f} s "
+                          f"({100 * (p - f['wall']) / f['wall']:+.1f}%)" for f, p in each))
+    if lda_rows:
+        print("\nLDA, each fit with what was measured just before and after it: the core share (before / after), "
+              "the sync of the cycle around the real sweep out of phase, each participant's sweep stretch (wall / "
+              "CPU) in that cycle, the predicted SSP wait (a participant's mean) against the fit's clock waits "
+              "(the participants' mean):\n")
+        print("| fit | core share | sync out of phase (ms) | sweep stretch | predicted (s) | SSP wait predicted (s) | "
+              "measured (s) | clock wait measured (s) | error |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for i, (fit, _, pred) in enumerate(lda_rows):
+            busy = fit["busy"]
+            stretch = np.array(busy["sweep_walls"]) / np.array(busy["sweep_cpus"])
+            tokens = max(p["n_tokens"] for p in fit["participants"])
+            wait = pred - mod.lda_fit(2, tokens, vocab, fit["iters"], here=True, fit=fit, waits=False)
+            waited = np.mean([p["clock_wait_seconds"] for p in fit["participants"]])
+            print(f"| {i + 1} | {fit['share_before']:.2f} / {fit['share_after']:.2f} | {busy['sync_wall'] * 1e3:.1f} | "
+                  + " / ".join(f"{x:.2f}" for x in stretch) + f" | {pred:.2f} | {wait:.2f} | "
+                  f"{fit['wall']:.2f} | {waited:.2f} | {100 * (pred - fit['wall']) / fit['wall']:+.1f}% |")
     if ("sgd", 2) in mod.fixed_cpu:
         print("\nThe same fits in CPU seconds of the worker processes (less their idle rate), which other load "
               "does not stretch: fixed part from the tiny fit, the rest from the per-layer constants.\n")
@@ -960,7 +1188,6 @@ def predicted_vs_measured(mod: Model):
         if "lda" in c2:
             fit = c2["lda"]
             tokens = max(p["n_tokens"] for p in fit["participants"])
-            vocab = m["lda_vocab"]["vocab_max"][m["lda_vocab"]["P"].index(2)]
             pred = mod.fixed_cpu["lda", 2] + mod.lda_cpu(2, tokens, vocab, fit["iters"])
             got = mod.fit_cpu(c2, fit)
             print(f"| LDA {fit['iters']} iterations | {pred:.2f} | {got:.2f} | {100 * (pred - got) / got:+.1f}% |")
@@ -988,7 +1215,8 @@ def predicted_vs_measured(mod: Model):
               f"{mod.lda['sweep_per_token'] * tokens * fit['iters']:.2f} s); pull/push/clock wall "
               + " / ".join(f"{np.mean([p[k] for p in fit['participants']]):.2f}"
                            for k in ("pull_seconds", "push_seconds", "clock_seconds"))
-              + f" s; fixed {mod.F('lda', 2, True):.2f} s")
+              + " s, of which clock wait " + " ".join(f"{p['clock_wait_seconds']:.2f}" for p in fit["participants"])
+              + f" s; fixed {mod.F('lda', 2, True, tokens):.2f} s")
     return rows
 
 
@@ -1013,8 +1241,8 @@ def extrapolate(mod: Model, sgd_n, lda_tokens, lda_iters, sgd_epochs=1):
                         vocab = mod.V(P) if mode == "strong" else mod.V(2)
                         if P == 1:
                             vocab = mod.V(1)
-                        it = lda_iters * mod.lda_iter(P, tokens, vocab, bandwidth=bw)
-                        fit = mod.F("lda", P) + it
+                        it = lda_iters * mod.lda_iter(P, tokens, vocab, lda_iters, bandwidth=bw)
+                        fit = mod.F("lda", P, tokens=tokens) + it
                         work = lda_tokens if mode == "strong" else tokens * P
                     if P == 1:
                         T1 = (fit, it, work)
