@@ -20,7 +20,7 @@ import weakref
 import numpy as np
 from distributed import WorkerPlugin
 from distributed.core import Status
-from distributed.protocol.serialize import Serialized, to_serialize
+from distributed.protocol.serialize import Serialized, serialize, to_serialize
 
 from dask_ps import _backend, _config
 from dask_ps._exceptions import (
@@ -808,11 +808,26 @@ def in_process_peer(address: str, loop=None):
 _PAD = np.zeros(1, dtype=np.uint8)
 
 
+def _serialized_pad() -> Serialized:
+    """``_PAD`` serialized once, as ``dumps`` would (an ndarray's frame,
+    uncompressed): a message carries it as it is, without running the
+    serializer for it each time (~20 us a message, ~5% of a 100k-row pull
+    that sends two such messages). Its header is never changed (``dumps``
+    sets ``num-sub-frames`` to the value it already holds)."""
+    header, frames = serialize(_PAD, serializers=("dask",))
+    header["compression"] = (None,) * len(frames)
+    header["num-sub-frames"] = len(frames)
+    return Serialized(header, frames)
+
+
+_PAD_SERIALIZED = _serialized_pad()
+
+
 def aligned(msg: dict) -> dict:
     """``msg`` with a one-byte array first, which takes that place: the
     message's own arrays each arrive in a buffer of their own, aligned.
     Handlers drop it (``_handlers.HandlerRegistry``), readers ignore it."""
-    return {"pad": to_serialize(_PAD), **msg}
+    return {"pad": _PAD_SERIALIZED, **msg}
 
 
 def _check_run(run):
