@@ -399,7 +399,8 @@ class ShardStore:
                 else:
                     finite = _backend.all_finite(v)
                 if not finite:
-                    raise PSValueError(f"table {spec.name!r}: push values contain NaN or Inf", spec.name)
+                    raise PSValueError(f"table {spec.name!r}: push values contain NaN or Inf and the table was "
+                                       "created with allow_nonfinite=False; nothing was applied", spec.name)
             v = _backend.to_device(v, spec.device)
             if isinstance(r, slice) and not isinstance(spec.rule, (Sum, Assign)):
                 r = np.arange(r.start, r.stop)  # other rules (custom ones too) get index arrays

@@ -284,7 +284,8 @@ def check_rows_sorted(spec: TableSpec, rows) -> tuple[np.ndarray, bool]:
     return rows.astype(np.int64, copy=False), increasing
 
 
-def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "push", bound: bool = False):
+def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "push", bound: bool = False,
+                 check_finite: bool = True):
     """An array of exactly ``shape`` that casts to the table dtype (numpy's
     ``same_kind`` rule) and, unless the table allows it, has no NaN/Inf.
 
@@ -294,6 +295,8 @@ def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "p
     (``_backend.abs_bound``), or None (small, or NaN/Inf allowed). A
     session sends it with its push, so that the server's overflow check
     of a sum (``_shard._check_sums``) makes no second pass over them.
+    ``check_finite=False``: the NaN/Inf check is left to the one server
+    that receives the values whole (it refuses them before changing anything).
     """
     refuse_masked(spec.name, values, f"{what} values")
     if not _backend.is_array(values):
@@ -336,7 +339,7 @@ def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "p
     if values.dtype != spec.dtype:
         values = values.astype(spec.dtype)
     found = None
-    if not spec.allow_nonfinite:
+    if check_finite and not spec.allow_nonfinite:
         if bound and values.size > _backend.SMALL and values.dtype.kind in "fc":
             found = _backend.abs_bound(values)  # not finite: a NaN/Inf is in the values
             finite = math.isfinite(found)

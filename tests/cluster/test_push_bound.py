@@ -87,15 +87,19 @@ def test_a_participants_dense_push_is_read_once_by_all_checks(ps, client, passes
     np.testing.assert_array_equal(ps.pull("p"), np.full(N, 2.0))
 
 
-def test_a_client_dense_push_is_read_once_by_the_servers_checks(ps, client, passes):
+@pytest.mark.parametrize("block_rows", [N, BLOCK_ROWS], ids=["one-block", "three-blocks"])
+def test_a_client_dense_push_is_read_once_by_the_servers_checks(ps, client, passes, block_rows):
     """Before: the client's check, then the server's NaN/Inf check and its
-    overflow check of each block, and the replicas' overflow checks (1 + 3
-    + 3 + 3 passes); now the client's and one per block on its primary."""
-    ps.create_table("p", shape=(N,), block_rows=BLOCK_ROWS, replication=2, allow_nonfinite=False)
+    overflow check of each block, and the replicas' overflow checks (1 +
+    3 x 3 passes for three blocks, 1 + 3 for one). Now one pass per block on
+    its primary, plus the client's own check when the blocks may go to
+    several servers (one block: the server refuses a NaN whole, see below)."""
+    ps.create_table("p", shape=(N,), block_rows=block_rows, replication=2, allow_nonfinite=False)
     ps.push("p", np.full(N, 1.0))
     passes()
     ps.push("p", np.full(N, 2.0))
-    assert passes() == 1 + N // BLOCK_ROWS
+    n_blocks = N // block_rows
+    assert passes() == (1 if n_blocks == 1 else 1 + n_blocks)
     np.testing.assert_array_equal(ps.pull("p"), np.full(N, 3.0))
 
 
@@ -144,3 +148,23 @@ def test_a_bound_from_outside_the_cluster_is_refused(ps, client):
         client.sync(client.rpc(h.primary(0)).ps_push, table="p", version=h.version, table_id=h.spec.table_id,
                     blocks=[0], rows=[None], values=[to_serialize(np.full(N, BIG))], bound=0.0)
     np.testing.assert_array_equal(ps.pull("p"), np.zeros(N))
+
+
+@pytest.mark.parametrize("block_rows", [N, BLOCK_ROWS], ids=["one-block", "three-blocks"])
+def test_a_client_push_with_nan_is_refused_whole(ps, client, passes, block_rows):
+    """One block: the client leaves the NaN/Inf check to its server, which
+    refuses the message whole (one pass, there; was two: the client's and
+    the server's). Several blocks: the client checks before sending any.
+    Either way the caller gets the error and no copy changes."""
+    ps.create_table("p", shape=(N,), block_rows=block_rows, replication=2, allow_nonfinite=False)
+    ps.push("p", np.full(N, 1.0))
+    passes()
+    bad = np.full(N, 2.0)
+    bad[-1] = np.nan
+    with pytest.raises(dask_ps.PSValueError, match="'p'.*NaN or Inf"):
+        ps.push("p", bad)
+    assert passes() == 1
+    np.testing.assert_array_equal(ps.pull("p"), np.ones(N))
+    for copies in client.run(_copies, "p").values():
+        for b, data in copies.items():
+            np.testing.assert_array_equal(data, np.ones(block_rows))
