@@ -11,7 +11,7 @@ operation of the participant's thread and of worker A's event loop):
   - ``pull bare``: ``worker.rpc(B).bench_rows_pull(rows=...)`` (fancy indexing
     in a bare handler, ``bench_rows.BareRows``);
   - ``pull raw ps_pull``: the message a session sends (int32 rows, the
-    internal token, the alignment pad) to the ``ps_pull`` handler, straight
+    internal token) to the ``ps_pull`` handler, straight
     through the RPC: the server's handler and the message's format;
   - ``pull transport``: ``Transport.pull`` (liveness, the RPC deadline, the
     rows' int32 copy, the reply);
@@ -55,12 +55,13 @@ from dask_ps._worker_plugin import aligned
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_kv import BareKV  # noqa: E402
-from bench_rows import BareRows, table_on  # noqa: E402
+from bench_rows import BareRows, _own_rows, table_on  # noqa: E402
 
 
 def participant(ctx, measure, *, host, pull_t, push_t, rows, n, reps, rounds):
     if not measure:
         return None
+    rows = _own_rows(rows)
     w = get_worker()
     rpc = w.rpc(host)
     router = ctx._router
@@ -74,9 +75,8 @@ def participant(ctx, measure, *, host, pull_t, push_t, rows, n, reps, rounds):
     ph = ctx._handle(push_t)
 
     def raw_pull():
-        return sync(w.loop, rpc.ps_pull, **aligned(dict(
-            table=pull_t, table_id=h.spec.table_id, version=h.version, blocks=[0], rows=[to_serialize(rows32)],
-            token=token)))
+        return sync(w.loop, rpc.ps_pull, table=pull_t, table_id=h.spec.table_id, version=h.version, blocks=[0],
+                    rows=[to_serialize(rows32)], token=token)
 
     def raw_push():
         return sync(w.loop, rpc.ps_push, **aligned(dict(
