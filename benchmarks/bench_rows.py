@@ -101,9 +101,18 @@ class BareRows(WorkerPlugin):
         np.add.at(self.store, rows, values)
 
 
+def _own_rows(rows):
+    """The rows as a participant's own array: a copy. The task's message
+    hands ``rows`` over at whatever offset its header left (an unaligned
+    int64 array: the row checks take 61 us instead of 30 at 100k rows), where
+    rows a participant computes are aligned; the bare RPC gets the same copy."""
+    return rows.copy()
+
+
 def participant(ctx, measure, *, host, pull_table, push_table, rows, width, budget, min_reps, rounds):
     if not measure:
         return None  # the participant on the host worker only keeps ps.run company
+    rows = _own_rows(rows)
     w = get_worker()
     if w.address == host:
         raise RuntimeError("the measuring participant landed on the host worker")
@@ -150,6 +159,7 @@ def participant_profile(ctx, measure, *, pull_table, push_table, rows, width, re
     """One dask_ps operation ``reps`` times under cProfile in this thread."""
     if not measure:
         return None
+    rows = _own_rows(rows)
     values = np.full((len(rows), width), 1e-3, np.float32)
     if op == "pull":
         def f():
@@ -220,6 +230,7 @@ def participant_cpu(ctx, measure, *, host, pull_table, push_table, rows, width, 
     """CPU seconds per operation of this thread and of this worker's loop."""
     if not measure:
         return None
+    rows = _own_rows(rows)
     w = get_worker()
     rpc = w.rpc(host)
     values = np.full((len(rows), width), 1e-3, np.float32)

@@ -150,6 +150,11 @@ def to_numpy(x):
     return _device_module.asnumpy(x) if is_cupy(x) else np.asarray(x)
 
 
+# Up to this many elements a direct NaN/Inf check (``isfinite().all()``) is
+# cheaper than a BLAS reduction under ``errstate``.
+SMALL = 4096
+
+
 def all_finite(x) -> bool:
     """True when ``x`` has no NaN or Inf.
 
@@ -162,7 +167,7 @@ def all_finite(x) -> bool:
     xp = namespace(x)
     if x.size == 0 or x.dtype.kind not in "fc":
         return True
-    if x.size <= 4096:  # small: the direct check is cheaper than errstate
+    if x.size <= SMALL:  # small: the direct check is cheaper than errstate
         return bool(xp.isfinite(x).all())
     with np.errstate(over="ignore", invalid="ignore"):
         if xp is np and x.dtype in (np.float32, np.float64) and x.flags.c_contiguous:
@@ -181,7 +186,8 @@ def abs_bound(x) -> float:
     sum of squares by BLAS (the pass ``all_finite`` makes), else, or when
     that sum overflows, the exact maximum. The overflow checks of sums add
     such bounds (``ShardStore``): a sum whose terms' bounds stay below half
-    the dtype's largest value cannot overflow."""
+    the dtype's largest value cannot overflow. The result is not finite
+    exactly when ``x`` holds a NaN or an Inf (one pass checks both)."""
     if x.size == 0:
         return 0.0
     xp = namespace(x)

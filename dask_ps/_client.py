@@ -391,7 +391,10 @@ class ParameterServer:
         """Send an update for the whole table; the servers fold it in with the
         table's rule (a sum by default). Returns once every server applied it."""
         h = self._handle(name, refresh=False)
-        values = _spec.check_values(h.spec, values, h.spec.shape)
+        # One block goes to one server in one message, whose NaN/Inf check
+        # (fused with its overflow check's pass) refuses it whole: no pass
+        # here. Blocks on several servers are checked here, before any is sent.
+        values = _spec.check_values(h.spec, values, h.spec.shape, check_finite=h.spec.n_blocks > 1)
         self._raise_if_rolled_back(name)
         self._sync(self._router.push_dense, name, values)
 

@@ -196,7 +196,8 @@ class InFlight:
         flights = self._flights.setdefault(name, [])
         previous = flights[-1].future if flights else None
         if submit:
-            future = self._submit(self._send_in_order(previous, name, msgs, (self.run_id, self._clock), msg_seq))
+            future = self._submit(self._send_in_order(previous, name, msgs, (self.run_id, self._clock), msg_seq,
+                                                      buf.bound))
         else:
             future = concurrent.futures.Future()  # set by _send_now
         flight = Flight(name, h, msgs, msg_seq, self._clock, buf, future)
@@ -205,9 +206,9 @@ class InFlight:
             handle.flushes.append(flight)
         return flight
 
-    async def _send_in_order(self, previous, name, msgs, run, msg_seq):
+    async def _send_in_order(self, previous, name, msgs, run, msg_seq, bound=None):
         await _after(previous)
-        return await self._router.send(name, msgs, run=run, msg_seq=msg_seq)
+        return await self._router.send(name, msgs, run=run, msg_seq=msg_seq, bound=bound)
 
     def _send_now(self, flights: list[Flight], report: tuple[int, int | None] | None = None):
         """Send prepared flights (``_start_flush(submit=False)``) and wait: one
@@ -219,7 +220,8 @@ class InFlight:
         for f in flights:
             mine = self._flights[f.name]
             previous = mine[mine.index(f) - 1].future if mine.index(f) > 0 else None
-            calls.append(self._send_in_order(previous, f.name, f.msgs, (self.run_id, f.clock), f.msg_seq))
+            calls.append(self._send_in_order(previous, f.name, f.msgs, (self.run_id, f.clock), f.msg_seq,
+                                             f.buf.bound))
         others = [f.future for fl in self._flights.values() for f in fl if f not in flights]
         try:
             results, clock_reply = self._sync(self._send_and_report, calls, others, report)

@@ -45,6 +45,11 @@ class PushBuffer:
         # Values summed here (pushes merged, duplicate rows coalesced): a sum
         # of finite values can overflow, so they are checked again at flush.
         self.summed = False
+        # An upper bound of the magnitude of every value ``messages`` sends
+        # (from the pushes' NaN/Inf checks), which the servers' overflow
+        # checks then take instead of a pass of their own; None: not known
+        # (row pushes, small pushes).
+        self.bound: float | None = None
 
     def __repr__(self):
         return f"<PushBuffer {self.spec.name!r} {self.nbytes} bytes>"
@@ -52,11 +57,21 @@ class PushBuffer:
     def __bool__(self):
         return self.dense is not None or bool(self.row_parts) or bool(self.ops)
 
-    def add_dense(self, values, keep: bool = False, borrowed: bool = False) -> None:
+    def add_dense(self, values, keep: bool = False, borrowed: bool = False, bound: float | None = None) -> None:
         """Buffer a push of the whole table. ``keep``: ``values`` may be kept
         as it is, no copy (fresh from validation, or handed over);
-        ``borrowed``: it is the caller's array (see the module docstring)."""
+        ``borrowed``: it is the caller's array (see the module docstring);
+        ``bound``: of its magnitudes (``check_values``), if known."""
+        first = not self
         self.borrowed |= borrowed
+        if bound is None or (not first and self.bound is None):
+            self.bound = None
+        elif first:
+            self.bound = bound
+        elif self.additive:
+            self.bound += bound  # |a + b| <= |a| + |b|
+        else:
+            self.bound = max(self.bound, bound)  # one step per push: each is sent as it is
         if not self.additive:
             self.ops.append((None, values if keep else values.copy()))
             self.nbytes += values.nbytes
@@ -88,6 +103,7 @@ class PushBuffer:
         # (last wins), as ParameterServer.push_rows does: a step rule gets
         # the summed gradient (np.add.at semantics), not the last sample's.
         sums_duplicates = self.spec.rule.name != "assign"
+        self.bound = None
         merged_rows, merged_values = _routing.coalesce_rows(rows, values, sums_duplicates, increasing)
         if merged_rows is not rows:  # coalesced: fresh arrays, the buffer's own
             keep_rows = keep_values = True
@@ -111,9 +127,10 @@ class PushBuffer:
     @property
     def spare_after_send(self):
         """The dense array to reuse for the next buffer once this one was
-        sent and acknowledged (None: none, or it is the caller's)."""
-        if self.dense is None or self.dense is self.spare or self._dense_borrowed:
-            return None
+        sent and acknowledged (None: none, or it is the caller's). A spare
+        this buffer did not use (a ``copy=False`` push) is still free."""
+        if self.dense is None or self._dense_borrowed:
+            return self.spare
         return self.dense
 
     def max_abs(self) -> float:

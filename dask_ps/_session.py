@@ -348,9 +348,10 @@ class Session(InFlight):
         # On the table's device from here on: the buffer, the overlay of own
         # pushes on reads and the write-through add them to the table's arrays
         # (cupy refuses numpy operands, and numpy cupy ones).
-        values = _backend.to_device(check_values(h.spec, values, h.spec.shape), h.spec.device)
+        values, bound = check_values(h.spec, values, h.spec.shape, bound=True)
+        values = _backend.to_device(values, h.spec.device)
         fresh = values is not given  # a cast or device copy: the buffer's own
-        self._buffer(h).add_dense(values, keep=fresh or not copy, borrowed=not fresh and not copy)
+        self._buffer(h).add_dense(values, keep=fresh or not copy, borrowed=not fresh and not copy, bound=bound)
         self._after_push(h)
 
     @ps_call

@@ -18,6 +18,7 @@ reply still being sent always shows one consistent state (copy-on-write).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -345,12 +346,21 @@ class ShardStore:
         return rows
 
     def validate_push(self, name, version, blocks, rows, values, table_id=None,
-                      frozen_ok=False, check_finite=True) -> tuple[TableShards, list[PushItem]]:
+                      frozen_ok=False, check_finite=True, bound=None,
+                      bounds: dict | None = None) -> tuple[TableShards, list[PushItem]]:
         """Check a whole push message; return the table and its items. Raises
         before anything is applied. (``check_finite=False``: the sender, a
         dask_ps session or primary inside the cluster, checked the values
-        for NaN/Inf already; ``frozen_ok``: a push forwarded by a
-        primary, applied even during a placement change.)"""
+        for NaN/Inf already, and ``bound`` is what that check found: an
+        upper bound of every value's magnitude; ``frozen_ok``: a push
+        forwarded by a primary, applied even during a placement change.)
+
+        ``bounds``: a dict filled with ``id(values) -> bound`` of the items
+        whose bound is known (the one pass of the NaN/Inf check here finds
+        it, or ``bound``), for :meth:`apply` while the items live."""
+        if bound is not None and not (isinstance(bound, (int, float)) and not isinstance(bound, bool)
+                                      and math.isfinite(bound) and bound >= 0):
+            raise PSValueError(f"a push's bound must be a finite number >= 0, got {bound!r}")
         t = self.get(name, version, table_id, frozen_ok)
         spec = t.spec
         if not (isinstance(blocks, (list, tuple)) and isinstance(rows, (list, tuple))
@@ -381,14 +391,25 @@ class ShardStore:
                     f"{spec.dtype}, got {tuple(v.shape)} {v.dtype}",
                     spec.name,
                 )
-            if check_finite and not spec.allow_nonfinite and not _backend.all_finite(v):
-                raise PSValueError(f"table {spec.name!r}: push values contain NaN or Inf", spec.name)
+            found = bound
+            if check_finite and not spec.allow_nonfinite:
+                if v.size > _backend.SMALL and v.dtype.kind in "fc":
+                    found = _backend.abs_bound(v)  # not finite: a NaN/Inf is in the values
+                    finite = math.isfinite(found)
+                else:
+                    finite = _backend.all_finite(v)
+                if not finite:
+                    raise PSValueError(f"table {spec.name!r}: push values contain NaN or Inf and the table was "
+                                       "created with allow_nonfinite=False; nothing was applied", spec.name)
             v = _backend.to_device(v, spec.device)
             if isinstance(r, slice) and not isinstance(spec.rule, (Sum, Assign)):
                 r = np.arange(r.start, r.stop)  # other rules (custom ones too) get index arrays
             if isinstance(r, np.ndarray):
                 r = _backend.to_device(r, spec.device)
-            items.append((int(b), r, v.astype(spec.dtype, copy=False)))
+            v = v.astype(spec.dtype, copy=False)
+            if found is not None and bounds is not None:
+                bounds[id(v)] = float(found)
+            items.append((int(b), r, v))
         return t, items
 
     # --- applying -----------------------------------------------------------
@@ -417,7 +438,7 @@ class ShardStore:
 
     @staticmethod
     def apply(t: TableShards, items: list[PushItem], *, raw: bool = False, in_place: bool = True,
-              check: bool = True) -> dict:
+              check: bool = True, bounds: dict | None = None) -> dict:
         """Apply validated items with the table's rule (``raw``: plain assignment,
         used for initial values). ``in_place=False`` (off the event loop) never
         writes a block that readers may see; the new arrays are returned and
@@ -429,18 +450,20 @@ class ShardStore:
         nothing. A sum is checked before it is made (bounds of the stored
         rows and of the push, ``_backend.abs_bound``; the exact sum only
         when they come near the dtype's range); another rule's result is
-        checked on the rows it wrote, which are put back on failure."""
+        checked on the rows it wrote, which are put back on failure.
+        ``bounds``: ``id(values) -> bound`` of items whose bound is known
+        (``validate_push``), so that no pass over them finds it again."""
         rule = _ASSIGN if raw else t.spec.rule
         undo = None
         if _checks_results(t.spec, rule):
             if not isinstance(rule, Sum):
                 undo = [] if check else None
             elif check:
-                _check_sums(t, items)  # raises before anything changes; keeps the blocks' bounds
+                _check_sums(t, items, bounds)  # raises before anything changes; keeps the blocks' bounds
             else:  # sums checked when they were pushed: the blocks' bounds still grow
                 for b, _, vals in items:
                     blk = t.blocks[b]
-                    blk.bound = None if blk.bound is None else blk.bound + _backend.abs_bound(vals)
+                    blk.bound = None if blk.bound is None else blk.bound + _bound_of(vals, bounds)
         elif raw:
             for b, _, _ in items:
                 t.blocks[b].bound = None  # values assigned: measured again when needed
@@ -651,7 +674,13 @@ def _data_bound(blk: Block) -> float:
     return blk.bound
 
 
-def _check_sums(t: TableShards, items: list[PushItem]) -> None:
+def _bound_of(vals, bounds: dict | None) -> float:
+    """The bound of a push's values: known (``bounds``), else measured."""
+    known = bounds.get(id(vals)) if bounds else None
+    return _backend.abs_bound(vals) if known is None else known
+
+
+def _check_sums(t: TableShards, items: list[PushItem], bounds: dict | None = None) -> None:
     """Rule "sum": raise before anything changes if a stored row plus the
     push overflows. The block's bound (``Block.bound``) and the push's
     (``_backend.abs_bound``: one BLAS pass over the push) settle it unless
@@ -661,7 +690,7 @@ def _check_sums(t: TableShards, items: list[PushItem]) -> None:
     limit = _backend.overflow_limit(t.spec.dtype)
     by_block: dict[int, list] = {}
     for b, rows, vals in items:
-        by_block.setdefault(b, []).append((rows, vals, _backend.abs_bound(vals)))
+        by_block.setdefault(b, []).append((rows, vals, _bound_of(vals, bounds)))
     for b, its in by_block.items():
         blk = t.blocks[b]
         pushed = sum(bv for _, _, bv in its)

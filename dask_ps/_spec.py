@@ -284,11 +284,19 @@ def check_rows_sorted(spec: TableSpec, rows) -> tuple[np.ndarray, bool]:
     return rows.astype(np.int64, copy=False), increasing
 
 
-def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "push"):
+def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "push", bound: bool = False,
+                 check_finite: bool = True):
     """An array of exactly ``shape`` that casts to the table dtype (numpy's
     ``same_kind`` rule) and, unless the table allows it, has no NaN/Inf.
 
-    Returns the values cast to the table dtype, on the device they came on.
+    Returns the values cast to the table dtype, on the device they came on;
+    with ``bound=True`` ``(values, bound)``: an upper bound of their
+    magnitudes found by the NaN/Inf check's own pass over a large array
+    (``_backend.abs_bound``), or None (small, or NaN/Inf allowed). A
+    session sends it with its push, so that the server's overflow check
+    of a sum (``_shard._check_sums``) makes no second pass over them.
+    ``check_finite=False``: the NaN/Inf check is left to the one server
+    that receives the values whole (it refuses them before changing anything).
     """
     refuse_masked(spec.name, values, f"{what} values")
     if not _backend.is_array(values):
@@ -330,13 +338,20 @@ def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "p
         )
     if values.dtype != spec.dtype:
         values = values.astype(spec.dtype)
-    if not spec.allow_nonfinite and not _backend.all_finite(values):
-        raise PSValueError(
-            f"table {spec.name!r}: {what} values contain NaN or Inf and the table was created "
-            "with allow_nonfinite=False",
-            spec.name,
-        )
-    return values
+    found = None
+    if check_finite and not spec.allow_nonfinite:
+        if bound and values.size > _backend.SMALL and values.dtype.kind in "fc":
+            found = _backend.abs_bound(values)  # not finite: a NaN/Inf is in the values
+            finite = math.isfinite(found)
+        else:
+            finite = _backend.all_finite(values)
+        if not finite:
+            raise PSValueError(
+                f"table {spec.name!r}: {what} values contain NaN or Inf and the table was created "
+                "with allow_nonfinite=False",
+                spec.name,
+            )
+    return (values, found) if bound else values
 
 
 def refuse_masked(name: str, x, what: str) -> None:

@@ -150,16 +150,21 @@ class Transport:
             return await call
         return await _within(_config.get_seconds("timeouts.rpc"), call)
 
-    async def push(self, addr: str, h: TableHandle, items, raw=False, run=None, sender=None, msg_seq=None):
-        """Apply ``items`` on ``addr``; returns each block's sequence number after it."""
+    async def push(self, addr: str, h: TableHandle, items, raw=False, run=None, sender=None, msg_seq=None,
+                   bound=None):
+        """Apply ``items`` on ``addr``; returns each block's sequence number after it.
+        ``bound``: of every value's magnitude, as the session's NaN/Inf
+        check found it (sent with the internal token only: the server's
+        overflow check then trusts it instead of measuring the values)."""
         target = self._direct(addr)
         if target is not None:
             items = [(b, _routing.wire_rows(r), v) for b, r, v in items]
             return await self._call_direct(target, target.local_push(
                 h.spec.name, h.version, items, raw=raw, run=run, sender=sender, msg_seq=msg_seq,
-                table_id=h.spec.table_id))
+                table_id=h.spec.table_id, bound=bound))
         taken: list = []
         rows = [self._wire_rows(h, r, taken) for _, r, _ in items]
+        extra = {"bound": bound} if bound is not None and self._trusted else {}
         reply = await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),
             self.rpc(addr).ps_push(**aligned(dict(
@@ -174,6 +179,7 @@ class Transport:
                 sender=sender,
                 msg_seq=msg_seq,
                 **self._trusted,
+                **extra,
             ))),
         ))
         self._give_back(taken)
@@ -192,12 +198,15 @@ class Transport:
                 table_id=h.spec.table_id, copy=target is self.local, **extra))
         taken: list = []
         rows = [self._wire_rows(h, r, taken) for _, r in reqs]
+        # Not aligned(): a request's only arrays are rows, an index the
+        # server's gather converts as it reads (no slower unaligned), and a
+        # pad would cost the server a buffer and a read of its own.
         reply = await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),
-            self.rpc(addr).ps_pull(**aligned(dict(
+            self.rpc(addr).ps_pull(
                 table=h.spec.name, table_id=h.spec.table_id, version=h.version, blocks=blocks,
                 rows=rows, **self._trusted, **extra
-            ))),
+            ),
         ))
         self._give_back(taken)
         values = reply.get("values") if isinstance(reply, dict) else None
@@ -294,15 +303,16 @@ class Router:
                 by_addr.setdefault(h.primary(e[0]), []).append(e)
 
     async def send(self, name: str, msgs: _routing.Messages, raw: bool = False, run=None,
-                   msg_seq: int | None = None) -> dict[int, int]:
+                   msg_seq: int | None = None, bound: float | None = None) -> dict[int, int]:
         """One message per server, all in flight at once; returns the sequence
         number of every block after this push. ``msg_seq`` numbers the push
-        for exactly-once delivery (default: the next number of this sender)."""
+        for exactly-once delivery (default: the next number of this sender);
+        ``bound``: of every value's magnitude (see ``Transport.push``)."""
         if msg_seq is None:
             msg_seq = next(self._msg_seq)
 
         async def call(h, addr, items):
-            reply = await self.transport.push(addr, h, items, raw, run, self.sender, msg_seq)
+            reply = await self.transport.push(addr, h, items, raw, run, self.sender, msg_seq, bound)
             if reply is None:  # a worker without dask_ps handlers (closing): re-route
                 raise WorkerGone(f"worker {addr} does not serve dask_ps")
             return reply

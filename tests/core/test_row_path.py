@@ -306,6 +306,37 @@ def test_zero_copy_dense_push_is_never_written_nor_reused():
     assert kept.dense is fresh and kept.spare_after_send is fresh
 
 
+def test_a_spare_a_zero_copy_push_did_not_use_stays_free():
+    """A ``copy=False`` push between two default pushes left the next one
+    without its spare array: a fresh one (page faults) for a 64 MiB push."""
+    s = spec((10, 3), block_rows=4)
+    spare = np.zeros((10, 3))
+    borrowed = PushBuffer(s, spare=spare)
+    borrowed.add_dense(np.ones((10, 3)), keep=True, borrowed=True)
+    assert borrowed.spare_after_send is spare
+    rows_only = PushBuffer(s, spare=spare)
+    rows_only.add_rows(np.array([1]), np.ones((1, 3)))
+    assert rows_only.spare_after_send is spare
+
+
+def test_a_buffers_bound_covers_every_value_it_sends():
+    """The bound a session sends with a flush (servers trust it for their
+    overflow check): the pushes' bounds summed; unknown after a row push
+    or a push without one."""
+    s = spec((10, 3), block_rows=4)
+    buf = PushBuffer(s)
+    buf.add_dense(np.full((10, 3), 2.0), bound=2.5)
+    buf.add_dense(np.full((10, 3), -1.0), bound=1.5)
+    assert buf.bound == 4.0
+    assert all(abs(v).max() <= buf.bound for items in buf.messages(handle(s)).values() for _, _, v in items)
+    buf.add_rows(np.array([1]), np.ones((1, 3)))
+    assert buf.bound is None
+    unknown = PushBuffer(s)
+    unknown.add_dense(np.ones((10, 3)))
+    unknown.add_dense(np.ones((10, 3)), bound=1.0)
+    assert unknown.bound is None
+
+
 def test_coalesce_skips_the_check_when_known_sorted():
     rows, vals = np.array([1, 4, 9]), np.ones(3)
     assert coalesce_rows(rows, vals, increasing=True) == (rows, vals)
