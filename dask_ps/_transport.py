@@ -32,7 +32,7 @@ from dask_ps import _backend, _config, _routing
 from dask_ps._exceptions import PSError, StaleVersionError, UnknownTableError
 from dask_ps._liveness import Liveness, WorkerGone
 from dask_ps._routing import TableHandle
-from dask_ps._worker_plugin import aligned, in_process_peer
+from dask_ps._worker_plugin import aligned, in_process_peer, unwire_values, wire_values
 
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
@@ -160,6 +160,7 @@ class Transport:
                 table_id=h.spec.table_id))
         taken: list = []
         rows = [self._wire_rows(h, r, taken) for _, r, _ in items]
+        sparse = h.spec.sparse_wire and not addr.startswith("inproc://")  # an in-process comm copies nothing
         reply = await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),
             self.rpc(addr).ps_push(**aligned(dict(
@@ -168,7 +169,7 @@ class Transport:
                 version=h.version,
                 blocks=[b for b, _, _ in items],
                 rows=rows,
-                values=[to_serialize(v) for _, _, v in items],
+                values=[wire_values(v, sparse) for _, _, v in items],
                 raw=raw,
                 run=run,
                 sender=sender,
@@ -192,6 +193,8 @@ class Transport:
                 table_id=h.spec.table_id, copy=target is self.local, **extra))
         taken: list = []
         rows = [self._wire_rows(h, r, taken) for _, r in reqs]
+        if h.spec.sparse_wire and not addr.startswith("inproc://"):
+            extra["sparse"] = True  # the server sends rows as their nonzeros where smaller
         reply = await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),
             self.rpc(addr).ps_pull(**aligned(dict(
@@ -201,8 +204,11 @@ class Transport:
         ))
         self._give_back(taken)
         values = reply.get("values") if isinstance(reply, dict) else None
-        if isinstance(values, (list, tuple)) and not addr.startswith("inproc://"):
-            reply["values"] = [_backend.received(v) for v in values]  # buffers only this reader holds
+        if isinstance(values, (list, tuple)):
+            values = unwire_values(values)  # decoded: fresh arrays
+            if not addr.startswith("inproc://"):
+                values = [_backend.received(v) for v in values]  # buffers only this reader holds
+            reply["values"] = values
         return reply
 
 

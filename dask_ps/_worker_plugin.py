@@ -178,7 +178,8 @@ class PSWorkerPlugin(WorkerPlugin):
         (``internal`` is set by the handler's guard, never by the message).
         """
         rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
-        values = [_unwrap(v) for v in values] if isinstance(values, (list, tuple)) else values
+        if isinstance(values, (list, tuple)):
+            values = unwire_values([_unwrap(v) for v in values], _config.get_bytes("max-push-bytes"))
         if replica and not internal:
             raise InternalOnlyError("a forwarded push (replica=True) may come only from the blocks' primary")
         return await self._push(table, version, blocks, rows, values, bool(raw), run, sender, msg_seq,
@@ -530,7 +531,7 @@ class PSWorkerPlugin(WorkerPlugin):
 
     @handler(READ_ONLY, tells_internal=True)
     async def pull(self, table=None, version=None, blocks=(), rows=(), run=None, subscribe=None, table_id=None,
-                   sender=None, internal=False):
+                   sender=None, sparse=False, internal=False):
         """Handler: values of whole blocks, of ranges ``[start, stop]`` or of
         rows within blocks.
 
@@ -540,7 +541,8 @@ class PSWorkerPlugin(WorkerPlugin):
         rows to that session after every clock advance. ``sender``: the
         reply also says, per block, the number of that sender's latest push
         the values contain (``applied``; a prefetch tells by it which of its
-        reader's own pushes it holds).
+        reader's own pushes it holds). ``sparse``: values as their rows'
+        nonzeros where that is smaller (``dask_ps._sparse_rows``).
         """
         if (run is not None or subscribe is not None) and not internal:
             # A participant's options: ``run`` applies per-clock sums below
@@ -550,8 +552,10 @@ class PSWorkerPlugin(WorkerPlugin):
         rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
         seqs, values, summed, applied = await self._read(table, version, blocks, rows, run, subscribe, copy=False,
                                                          table_id=table_id, sender=sender, trusted=internal)
-        return aligned({"seqs": seqs, "values": [to_serialize(a) for a in values], "summed_below": summed,
-                        "applied": applied})
+        wired = [wire_values(a, sparse is True) for a in values]
+        if sparse is True:  # the bytes sent (_read counted the rows')
+            self.served["bytes_pulled"] += sum(_wired_nbytes(w) - a.nbytes for w, a in zip(wired, values))
+        return aligned({"seqs": seqs, "values": wired, "summed_below": summed, "applied": applied})
 
     async def _read(self, table, version, blocks, rows, run, subscribe, copy, table_id=None, sender=None,
                     trusted=False):
@@ -798,6 +802,36 @@ def aligned(msg: dict) -> dict:
     message's own arrays each arrive in a buffer of their own, aligned.
     Handlers drop it (``_handlers.HandlerRegistry``), readers ignore it."""
     return {"pad": to_serialize(_PAD), **msg}
+
+
+def wire_values(values, sparse: bool):
+    """Rows of a push or a pull's reply as they go into a message: a
+    zero-copy frame, or (``sparse``) their nonzeros where that is smaller
+    (``dask_ps._sparse_rows``; numba is imported for such tables only)."""
+    if sparse:
+        from dask_ps import _sparse_rows
+
+        enc = _sparse_rows.encode(values)
+        if enc is not None:
+            return {k: to_serialize(x) if isinstance(x, np.ndarray) else x for k, x in enc.items()}
+    return to_serialize(values)
+
+
+def unwire_values(values: list, max_bytes: int | None = None) -> list:
+    """The rows of received values: sparse ones decoded (checked first;
+    at most ``max_bytes`` each), others as they are."""
+    if not any(isinstance(v, dict) for v in values):
+        return values
+    from dask_ps import _sparse_rows
+
+    return [_sparse_rows.decode({k: _unwrap(x) for k, x in v.items()}, max_bytes) if isinstance(v, dict) else v
+            for v in values]
+
+
+def _wired_nbytes(w) -> int:
+    if isinstance(w, dict):
+        return sum(getattr(x.data, "nbytes", 0) for x in w.values() if hasattr(x, "data"))
+    return getattr(w.data, "nbytes", 0)
 
 
 def _check_run(run):
