@@ -332,8 +332,8 @@ class ParameterServer:
         block_rows : int, optional
             Rows per block, overriding ``ps.block-bytes``.
         sparse_wire : bool, default False
-            Rows mostly zeros (counts): pushes and reads of rows carry each
-            row's nonzeros between processes where that halves the bytes.
+            Rows mostly zeros (counts): participants' pushes and reads carry
+            each row's nonzeros between processes where that halves the bytes.
 
         Raises
         ------

@@ -121,6 +121,14 @@ class Transport:
             self._row_scratch.sort(key=len)
             del self._row_scratch[:-4]
 
+    def _sparse(self, h: TableHandle, addr: str) -> bool:
+        """Whether rows of ``h`` to or from ``addr`` go as their nonzeros
+        (``sparse_wire`` tables): a participant's, in a worker, whose
+        compiled kernels are loaded anyway (a client's first decode would
+        load numba's, ~0.3 s, for a read or two), and not over an
+        in-process comm, which copies nothing."""
+        return h.spec.sparse_wire and self.local is not None and not addr.startswith("inproc://")
+
     def serialized(self, addr: str) -> bool:
         """Whether a message to ``addr`` goes through Dask's comm (another
         process), not a direct call in this process."""
@@ -160,7 +168,7 @@ class Transport:
                 table_id=h.spec.table_id))
         taken: list = []
         rows = [self._wire_rows(h, r, taken) for _, r, _ in items]
-        sparse = h.spec.sparse_wire and not addr.startswith("inproc://")  # an in-process comm copies nothing
+        sparse = self._sparse(h, addr)
         reply = await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),
             self.rpc(addr).ps_push(**aligned(dict(
@@ -193,7 +201,7 @@ class Transport:
                 table_id=h.spec.table_id, copy=target is self.local, **extra))
         taken: list = []
         rows = [self._wire_rows(h, r, taken) for _, r in reqs]
-        if h.spec.sparse_wire and not addr.startswith("inproc://"):
+        if self._sparse(h, addr):
             extra["sparse"] = True  # the server sends rows as their nonzeros where smaller
         reply = await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),

@@ -1,14 +1,13 @@
-"""Tables with ``sparse_wire=True`` on a LocalCluster: what participants and
-the client push and read is exactly what a plain table holds, while the
-rows cross processes as their nonzeros (the servers' reply bytes shrink,
-pushes are sent encoded)."""
+"""Tables with ``sparse_wire=True`` on a LocalCluster: what participants push
+and read is exactly what a plain table holds, while the rows cross
+processes as their nonzeros (the servers' reply bytes shrink, pushes arrive
+encoded); never over an in-process comm, nor from the client."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import dask_ps
-from dask_ps import _transport
 
 N_ROWS, WIDTH = 3000, 300
 
@@ -24,6 +23,28 @@ def _deltas(rng, lo, hi, width, density):
 
 def _over_tcp(client) -> bool:
     return not next(iter(client.scheduler_info()["workers"])).startswith("inproc://")
+
+
+def _count_decoded(dask_worker=None):
+    """On a worker: count the pushed values that arrive encoded."""
+    from dask_ps import _worker_plugin
+
+    plain = getattr(_worker_plugin, "_plain_unwire", _worker_plugin.unwire_values)
+    _worker_plugin._plain_unwire = plain
+    _worker_plugin.decoded = 0
+
+    def counting(values, max_bytes=None):
+        _worker_plugin.decoded += sum(isinstance(v, dict) for v in values)
+        return plain(values, max_bytes)
+
+    _worker_plugin.unwire_values = counting
+
+
+def _decoded_and_restore(dask_worker=None):
+    from dask_ps import _worker_plugin
+
+    _worker_plugin.unwire_values = _worker_plugin._plain_unwire
+    return _worker_plugin.decoded
 
 
 def _served_pulled(client) -> int:
@@ -51,35 +72,30 @@ def test_sparse_wire_reads_and_pushes_equal_a_plain_tables(ps, client):
             reads.append(bool(np.array_equal(got[0], got[1])))
         return reads
 
-    assert ps.run(train, range(2)) == [[True] * 4] * 2
-    rng = np.random.default_rng(7)
-    rows, vals = _deltas(rng, 0, N_ROWS, WIDTH, 0.02)
-    encoded = []
-
-    def counting(values, sparse):
-        wired = wire_values(values, sparse)
-        encoded.append(isinstance(wired, dict))
-        return wired
-
-    wire_values = _transport.wire_values
-    _transport.wire_values = counting
+    client.run(_count_decoded)
     try:
-        for name in ("sparse", "plain"):
-            ps.push_rows(name, rows, vals)  # from the client: through Transport.push
+        assert ps.run(train, range(2)) == [[True] * 4] * 2
     finally:
-        _transport.wire_values = wire_values
-    np.testing.assert_array_equal(ps.pull("sparse"), ps.pull("plain"))
+        decoded = sum(client.run(_decoded_and_restore).values())
     tcp = _over_tcp(client)
-    assert any(encoded) == tcp  # an in-process comm copies nothing: never encoded
-    all_rows = np.arange(N_ROWS)
-    sizes = {}
+    assert (decoded > 0) == tcp  # encoded pushes arrived; an in-process comm copies nothing
+    np.testing.assert_array_equal(ps.pull("sparse"), ps.pull("plain"))
+
+    def read_all(ctx, name):
+        return ctx.worker.address, ctx.pull_rows(name, np.arange(N_ROWS)).tobytes()
+
+    sizes, values = {}, {}
     for name in ("sparse", "plain"):
         before = _served_pulled(client)
-        assert np.array_equal(ps.pull_rows(name, all_rows), ps.pull_rows("plain", all_rows))
+        ((where, values[name]),) = ps.run(read_all, [name])
         sizes[name] = _served_pulled(client) - before
-    plain_bytes = 2 * N_ROWS * WIDTH * 4
-    assert sizes["plain"] == plain_bytes
-    if tcp:  # the sparse table's reply: its nonzeros, far less than its rows
-        assert sizes["sparse"] < 0.6 * plain_bytes
+    assert values["sparse"] == values["plain"]
+    block_bytes = 250 * WIDTH * 4
+    owners = ps._handle("sparse").owners
+    local = sum(o[0] == where for o in owners) * block_bytes
+    remote = N_ROWS * WIDTH * 4 - local
+    assert sizes["plain"] == local + remote and remote > 0
+    if tcp:  # the other worker's blocks: their nonzeros (block 0, dense, as it is)
+        assert sizes["sparse"] < local + block_bytes + 0.1 * remote
     else:
-        assert sizes["sparse"] == plain_bytes
+        assert sizes["sparse"] == local + remote
