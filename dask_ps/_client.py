@@ -333,7 +333,8 @@ class ParameterServer:
             Rows per block, overriding ``ps.block-bytes``.
         sparse_wire : bool, default False
             Rows mostly zeros (counts): participants' pushes and reads carry
-            each row's nonzeros between processes where that halves the bytes.
+            each row's nonzeros between processes where that halves the
+            bytes of a block of 1 MiB or more.
 
         Raises
         ------

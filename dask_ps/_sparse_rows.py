@@ -34,6 +34,12 @@ KEY = "sparse_rows"
 # writes into fresh zeros (as a dense receive writes a fresh buffer), so a
 # smaller saving would not pay for the encoding pass.
 MAX_FRACTION = 0.5
+# ... and only rows of at least this many bytes: below, the bytes cost less
+# on the wire than the encoding's passes and three frames instead of one
+# (LDA at K=50: blocks of 0.37 MB, 12% nonzero; a participant's iteration
+# without the sweep took 28 ms of worker CPU encoded, 24 ms not; at K=1000,
+# 4 MB blocks, encoding saved 5-15%).
+MIN_BYTES = 1 << 20
 
 
 def _unit(dtype: np.dtype) -> np.dtype:
@@ -78,11 +84,12 @@ def _decode(counts, cols, vals, out):  # pragma: no cover - compiled
             j += 1
 
 
-def encode(values: np.ndarray, max_fraction: float = MAX_FRACTION) -> dict | None:
+def encode(values: np.ndarray, max_fraction: float = MAX_FRACTION, min_bytes: int = MIN_BYTES) -> dict | None:
     """``values``' rows as their nonzeros, or None when that would be more
-    than ``max_fraction`` of their bytes (or ``values`` is not a host array
-    with rows)."""
-    if not isinstance(values, np.ndarray) or values.ndim < 2 or values.size == 0:
+    than ``max_fraction`` of their bytes, or they are fewer than
+    ``min_bytes`` (or not a host array with rows)."""
+    if (not isinstance(values, np.ndarray) or values.ndim < 2 or values.size == 0
+            or values.nbytes < min_bytes):
         return None
     n = values.shape[0]
     unit = _unit(values.dtype)

@@ -9,12 +9,12 @@ import numpy as np
 
 import dask_ps
 
-N_ROWS, WIDTH = 3000, 300
+N_ROWS, WIDTH = 2000, 1100  # blocks of 250 rows: 1.1 MB, over _sparse_rows.MIN_BYTES
 
 
 def _deltas(rng, lo, hi, width, density):
-    """Integer deltas of a third of the rows ``lo .. hi - 1``, at ``density`` nonzero (negatives too)."""
-    rows = np.sort(rng.choice(np.arange(lo, hi), size=(hi - lo) // 3, replace=False))
+    """Integer deltas of the rows ``lo .. hi - 1``, at ``density`` nonzero (negatives too)."""
+    rows = np.arange(lo, hi)
     vals = np.zeros((rows.size, width), dtype=np.int32)
     hit = rng.random(vals.shape) < density
     vals[hit] = rng.integers(-3, 4, size=int(hit.sum()))

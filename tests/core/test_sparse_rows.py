@@ -15,6 +15,10 @@ from dask_ps._spec import TableSpec
 DTYPES = ["int32", "int64", "uint8", "int16", "bool", "float16", "float32", "float64", "complex64", "complex128"]
 
 
+def encode(values):
+    return sr.encode(values, min_bytes=0)  # small arrays here; the size rule has its own test
+
+
 def _sparse(shape, dtype, density, seed=0):
     rng = np.random.default_rng(seed)
     a = np.zeros(shape, dtype=dtype)
@@ -29,7 +33,7 @@ def test_round_trip_is_exact(dtype, shape):
     a = _sparse(shape, dtype, 0.03)
     if np.dtype(dtype).kind in "fc" and a.size:
         a.reshape(-1)[:3] = np.array([-0.0, np.nan, np.inf]).astype(dtype)  # bits kept, not values compared
-    enc = sr.encode(a)
+    enc = encode(a)
     if a.size == 0:
         assert enc is None
         return
@@ -40,25 +44,31 @@ def test_round_trip_is_exact(dtype, shape):
 
 
 def test_dense_rows_stay_dense_and_views_encode_their_own_values():
-    assert sr.encode(np.ones((100, 50), dtype=np.int32)) is None  # nothing to save
-    assert sr.encode(_sparse((100, 50), "int32", 0.4)) is None  # 40% nonzero: 6 bytes each, not half of 4
-    assert sr.encode(np.zeros(100, dtype=np.int32)) is None  # not rows
+    assert encode(np.ones((100, 50), dtype=np.int32)) is None  # nothing to save
+    assert encode(_sparse((100, 50), "int32", 0.4)) is None  # 40% nonzero: 6 bytes each, not half of 4
+    assert encode(np.zeros(100, dtype=np.int32)) is None  # not rows
     a = _sparse((60, 400), "int32", 0.01)
     view = a[10:50:2]  # not contiguous
-    assert sr.decode(sr.encode(view)).tobytes() == np.ascontiguousarray(view).tobytes()
+    assert sr.decode(encode(view)).tobytes() == np.ascontiguousarray(view).tobytes()
+
+
+def test_rows_under_min_bytes_stay_dense():
+    a = _sparse((300, 1000), "int32", 0.01)  # 1.2 MB; 200 rows: 0.8 MB
+    assert sr.encode(a[:200]) is None and sr.encode(a, min_bytes=a.nbytes + 1) is None
+    assert sr.decode(sr.encode(a)).tobytes() == a.tobytes()
 
 
 def test_counts_and_positions_are_per_row():
     a = np.zeros((3, 70000), dtype=np.int32)  # positions past 2**16: int32 columns
     a[0, 5], a[2, 69999], a[2, 0] = 7, -1, 3
-    enc = sr.encode(a)
+    enc = encode(a)
     assert enc["counts"].tolist() == [1, 0, 2] and enc["cols"].dtype == np.int32
     assert enc["cols"].tolist() == [5, 0, 69999]
     assert sr.decode(enc).tobytes() == a.tobytes()
 
 
 def _good():
-    return sr.encode(_sparse((20, 100), "int32", 0.02, seed=3))
+    return encode(_sparse((20, 100), "int32", 0.02, seed=3))
 
 
 @pytest.mark.parametrize("corrupt, match", [
