@@ -91,7 +91,6 @@ class _Sampler:
         # benchmark corpus comparing the rows was cheaper; at K=1000, 5x not).
         self.deltas_from_moves = cfg.sampler != "array" and self.vocab.size * cfg.n_components > 4 * self.words.size
         self.deltas = None  # their (rows x K) buffer, kept zeroed
-        self.moved = None  # the assignments before the sweep whose deltas the buffer still holds
         self.doc_len = np.diff(self.doc_ptr)
         self.z, self.ndk = z, ndk
         self.vbeta = cfg.n_features * cfg.beta
@@ -204,15 +203,8 @@ def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
     """Iteration ``it``: pull the rows of the words held and the totals,
     evaluate when due, sweep, push what changed, clock."""
     t0 = time.perf_counter()
-    # The totals read while the word rows are: one wait for both (where the
-    # totals live on the other worker, a round trip less per iteration).
-    totals = ctx.prefetch(cfg.nk_name)
     nwk = ctx.pull_rows(cfg.nwk_name, s.vocab)
-    nk = totals.result()
-    if s.moved is not None:
-        # The last push's buffer, acknowledged now (the read waited for it)
-        _k.row_deltas_into(s.words, s.moved, s.z, s.deltas, True)
-        s.moved = None
+    nk = ctx.pull(cfg.nk_name)
     t1 = time.perf_counter()
     s.timing["pull_seconds"] += t1 - t0
     if cfg.evaluate_every > 0 and it % cfg.evaluate_every == 0:
@@ -245,19 +237,15 @@ def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
         changed = _k.row_deltas_into(s.words, z_before, s.z, s.deltas, False)
         delta = s.deltas[:changed.size]
     if changed.size:
-        # copy=False: the buffer is zeroed again only once its flush was
-        # acknowledged (after the next read, which waits for it)
+        # copy=False: the buffer is zeroed again only after clock() returned (its flush acknowledged)
         ctx.push_rows(cfg.nwk_name, s.vocab[changed], delta, copy=False)
     ctx.push(cfg.nk_name, (nk - nk_before).astype(np.int64), copy=False)
     t3 = time.perf_counter()
-    # The flushes go now and the clock's report after them, in the
-    # background: the next read goes out as soon as the flushes are
-    # acknowledged, while the report travels (a hop less per iteration).
-    # The read still waits as its bound requires; the cached rows, read
+    # The flush and the clock's report in one hop; the cached rows, read
     # again next clock, are not written through first (Session.clock).
-    ctx.clock(wait=False)
+    ctx.clock()
     if s.deltas_from_moves:
-        s.moved = z_before
+        _k.row_deltas_into(s.words, z_before, s.z, s.deltas, True)
     s.timing["push_seconds"] += t3 - t2
     s.timing["clock_seconds"] += time.perf_counter() - t3
 
