@@ -26,6 +26,7 @@
     python benchmarks/bench_lda.py --part peers --device cuda --k 100 --skip-peers   # GPU (not run yet)
     python benchmarks/bench_lda.py --part peers --k 50 1000 --tomotopy-only --models-peers default   # issue 12
     python benchmarks/bench_lda.py --part kernels --k 50 1000    # samplers alone, one core, CPU time
+    python benchmarks/bench_lda.py --part wire --k 50 1000 --cluster processes --repeats 3   # sync, sparse_wire
     python benchmarks/bench_lda.py --part peers --k 5000 10000 --iters 10 --docs 1500 --tomotopy-only \\
         --models-peers default --repeats 2 --heldout-docs 100   # large K (issue 23)
 
@@ -497,6 +498,86 @@ def part_staleness(client, train, args):
     logger.info("wrote %s", args.plot)
 
 
+# Nonzero share of the word-topic counts late in a fit on the news corpus
+# (tomotopy, 50 iterations): what --part wire's tables hold.
+WIRE_DENSITY = {50: 0.066, 1000: 0.011}
+
+
+def _wire_cycle(ctx, rank, *, name, iters):
+    """LDA's iteration without the sweep, as ``_gibbs._iteration`` makes it:
+    read the rows of 98% of the words, push deltas of all of them (100k
+    counts moved, each where a count is, so the table keeps its sparsity:
+    +1 on even iterations, -1 on odd ones), clock. Returns the seconds in
+    reads and in push + clock."""
+    rng = np.random.default_rng(rank)
+    words = np.sort(rng.choice(_WIRE_V, size=int(0.98 * _WIRE_V), replace=False))
+    delta = pos = None
+    read = sync = 0.0
+    for it in range(iters):
+        t0 = time.perf_counter()
+        nwk = ctx.pull_rows(name, words)
+        t1 = time.perf_counter()
+        if pos is None:
+            nz = np.flatnonzero(nwk)
+            pos = rng.choice(nz, size=min(100_000, nz.size), replace=False)
+            delta = np.zeros(nwk.shape, np.int32)
+        np.add.at(delta.reshape(-1), pos, 1 if it % 2 == 0 else -1)
+        t2 = time.perf_counter()
+        ctx.push_rows(name, words, delta, copy=False)
+        ctx.clock()
+        read += t1 - t0
+        sync += time.perf_counter() - t2
+        delta[...] = 0  # after the clock: the push was acknowledged
+    return read, sync
+
+
+_WIRE_V = 14608
+
+
+def part_wire(client, args):
+    """``--part wire``: the sync of an LDA iteration with the word-topic
+    table's rows dense on the wire and as their nonzeros
+    (``sparse_wire=True``), interleaved in one cluster (meaningful with
+    ``--cluster processes``): per iteration, wall time, the worker
+    processes' CPU, the participants' read and push + clock, and the bytes
+    the servers sent."""
+    import resource
+
+    def cpu(dask_worker=None):
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def sent(dask_worker):
+        ext = dask_worker.extensions.get("ps")
+        return ext.served["bytes_pulled"] if ext is not None else 0
+
+    ps = dask_ps.ParameterServer(client)
+    V, iters = _WIRE_V, args.iters[0] if args.iters else 15
+    print(f"\n## LDA's sync without the sweep, 2 participants, V={V}, {iters} iterations a run "
+          f"({args.cluster})\n")
+    print("| K | rows on the wire | wall ms/it | worker CPU ms/it | read ms | push + clock ms | MB sent/it |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for K in args.k:
+        density = WIRE_DENSITY.get(K, 0.011)
+        rng = np.random.default_rng(0)
+        init = np.zeros((V, K), np.int32)
+        hit = rng.random((V, K)) < density
+        init[hit] = rng.integers(1, 40, int(hit.sum()))
+        for rep in range(args.repeats):
+            for sparse in (False, True):
+                name = f"wire-{K}-{rep}-{sparse}"
+                ps.create_table(name, shape=(V, K), dtype="int32", block_rows=-(-V // 8) if K < 500 else -(-V // 14),
+                                sparse_wire=sparse, consistency=dask_ps.SSP(2, refresh=True), init=init)
+                c0, b0, t0 = sum(client.run(cpu).values()), sum(client.run(sent).values()), time.perf_counter()
+                out = ps.run(_wire_cycle, [0, 1], name=name, iters=iters)
+                wall = time.perf_counter() - t0
+                c1, b1 = sum(client.run(cpu).values()), sum(client.run(sent).values())
+                ps.drop_table(name)
+                print(f"| {K} | {'nonzeros' if sparse else 'dense'} | {wall / iters * 1e3:.1f} | "
+                      f"{(c1 - c0) / iters * 1e3:.1f} | {np.mean([o[0] for o in out]) / iters * 1e3:.1f} | "
+                      f"{np.mean([o[1] for o in out]) / iters * 1e3:.1f} | {(b1 - b0) / iters / 1e6:.1f} |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", choices=["news", "reuters"], default="news")
@@ -516,8 +597,9 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where dask_ps participants sample in part 1 (cuda: cupy, sampler='array'; "
                          "e.g. --device cuda --k 100 --skip-peers on a GPU machine)")
-    ap.add_argument("--part", choices=["kernels", "peers", "staleness", "both"], default="both",
-                    help="both = peers and staleness; kernels = one-core CPU-time comparison only")
+    ap.add_argument("--part", choices=["kernels", "peers", "staleness", "both", "wire"], default="both",
+                    help="both = peers and staleness; kernels = one-core CPU-time comparison only; wire = an "
+                         "iteration's sync with the word rows dense and as nonzeros on the wire")
     ap.add_argument("--kernel-iters", type=int, default=30)
     ap.add_argument("--samplers", nargs="+", default=["dense", "sparse"],
                     help="part kernels: the dask_ps sweeps to time (keys of _lda_kernels.SWEEPS)")
@@ -568,6 +650,8 @@ def main():
                        test[: args.heldout_docs] if args.heldout_docs else test, args)
         if args.part in ("staleness", "both"):
             part_staleness(client, train[: args.staleness_docs], argparse.Namespace(**{**vars(args), "k": args.k[0]}))
+        if args.part == "wire":
+            part_wire(client, args)
 
 
 if __name__ == "__main__":

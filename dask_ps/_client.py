@@ -284,6 +284,7 @@ class ParameterServer:
         aggregate: str = "push",
         replication: int = 1,
         block_rows: int | None = None,
+        sparse_wire: bool = False,
         **rule_params,
     ) -> None:
         """Create a table sharded over the workers.
@@ -330,6 +331,10 @@ class ParameterServer:
             a checkpoint, the table raises :class:`DataLostError`.
         block_rows : int, optional
             Rows per block, overriding ``ps.block-bytes``.
+        sparse_wire : bool, default False
+            Rows mostly zeros (counts): participants' pushes and reads carry
+            each row's nonzeros between processes where that halves the
+            bytes of a block of 1 MiB or more.
 
         Raises
         ------
@@ -342,7 +347,7 @@ class ParameterServer:
         spec = _spec.TableSpec.create(
             name, shape, dtype, device=device, rule=rule, consistency=consistency,
             allow_nonfinite=allow_nonfinite, aggregate=aggregate, replication=replication,
-            block_rows=block_rows, **rule_params,
+            block_rows=block_rows, sparse_wire=sparse_wire, **rule_params,
         )
         values = None
         if init is not None:

@@ -121,7 +121,7 @@ class HandlerRegistry:
         def guarded(**msg):
             internal = is_internal(msg.pop("token", None), token_of())
             msg.pop("internal", None)  # never from the message itself
-            msg.pop("pad", None)  # see _worker_plugin.aligned
+            msg.pop("pad", None)  # see _wire.aligned
             if before is not None:
                 refused = before(op, msg)
                 if refused is not None:

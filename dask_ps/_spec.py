@@ -48,6 +48,7 @@ class TableSpec:
     replication: int = 1  # copies of every block, on distinct workers
     block_rows: int = 0
     table_id: str = ""
+    sparse_wire: bool = False  # rows between processes as their nonzeros, where smaller (_sparse_rows)
 
     @classmethod
     def create(
@@ -63,6 +64,7 @@ class TableSpec:
         aggregate="push",
         replication=1,
         block_rows=None,
+        sparse_wire=False,
         **rule_params,
     ) -> "TableSpec":
         """Validate user arguments and build a spec (``ParameterServer.create_table``)."""
@@ -96,6 +98,8 @@ class TableSpec:
         block_rows = int(min(block_rows, shape[0]))
         if block_rows < 1:
             raise ValueError(f"table {name!r}: block_rows must be >= 1")
+        if not isinstance(sparse_wire, (bool, np.bool_)):
+            raise TypeError(f"table {name!r}: sparse_wire must be a bool, got {sparse_wire!r}")
         return cls(
             name=name,
             shape=shape,
@@ -108,6 +112,7 @@ class TableSpec:
             replication=int(replication),
             block_rows=block_rows,
             table_id=uuid.uuid4().hex,
+            sparse_wire=bool(sparse_wire),
         )
 
     # --- derived ---------------------------------------------------------
@@ -166,6 +171,7 @@ class TableSpec:
             "replication": self.replication,
             "block_rows": self.block_rows,
             "table_id": self.table_id,
+            "sparse_wire": self.sparse_wire,
         }
 
     @classmethod
@@ -186,6 +192,7 @@ class TableSpec:
             replication=msg.get("replication", 1),
             block_rows=msg["block_rows"],
             table_id=msg["table_id"],
+            sparse_wire=bool(msg.get("sparse_wire", False)),
         )
 
 

@@ -32,7 +32,8 @@ from dask_ps import _backend, _config, _routing
 from dask_ps._exceptions import PSError, StaleVersionError, UnknownTableError
 from dask_ps._liveness import Liveness, WorkerGone
 from dask_ps._routing import TableHandle
-from dask_ps._worker_plugin import aligned, in_process_peer
+from dask_ps._wire import aligned, unwire_values, wire_values
+from dask_ps._worker_plugin import in_process_peer
 
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
@@ -121,6 +122,14 @@ class Transport:
             self._row_scratch.sort(key=len)
             del self._row_scratch[:-4]
 
+    def _sparse(self, h: TableHandle, addr: str) -> bool:
+        """Whether rows of ``h`` to or from ``addr`` go as their nonzeros
+        (``sparse_wire`` tables): a participant's, in a worker, whose
+        compiled kernels are loaded anyway (a client's first decode would
+        load numba's, ~0.3 s, for a read or two), and not over an
+        in-process comm, which copies nothing."""
+        return h.spec.sparse_wire and self.local is not None and not addr.startswith("inproc://")
+
     def serialized(self, addr: str) -> bool:
         """Whether a message to ``addr`` goes through Dask's comm (another
         process), not a direct call in this process."""
@@ -165,6 +174,7 @@ class Transport:
         taken: list = []
         rows = [self._wire_rows(h, r, taken) for _, r, _ in items]
         extra = {"bound": bound} if bound is not None and self._trusted else {}
+        sparse = self._sparse(h, addr)
         reply = await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),
             self.rpc(addr).ps_push(**aligned(dict(
@@ -173,7 +183,7 @@ class Transport:
                 version=h.version,
                 blocks=[b for b, _, _ in items],
                 rows=rows,
-                values=[to_serialize(v) for _, _, v in items],
+                values=[wire_values(v, sparse) for _, _, v in items],
                 raw=raw,
                 run=run,
                 sender=sender,
@@ -201,6 +211,8 @@ class Transport:
         # Not aligned(): a request's only arrays are rows, an index the
         # server's gather converts as it reads (no slower unaligned), and a
         # pad would cost the server a buffer and a read of its own.
+        if self._sparse(h, addr):
+            extra["sparse"] = True  # the server sends rows as their nonzeros where smaller
         reply = await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"),
             self.rpc(addr).ps_pull(
@@ -210,8 +222,11 @@ class Transport:
         ))
         self._give_back(taken)
         values = reply.get("values") if isinstance(reply, dict) else None
-        if isinstance(values, (list, tuple)) and not addr.startswith("inproc://"):
-            reply["values"] = [_backend.received(v) for v in values]  # buffers only this reader holds
+        if isinstance(values, (list, tuple)):
+            values = unwire_values(values)  # decoded: fresh arrays
+            if not addr.startswith("inproc://"):
+                values = [_backend.received(v) for v in values]  # buffers only this reader holds
+            reply["values"] = values
         return reply
 
 

@@ -18,10 +18,9 @@ import secrets
 import weakref
 
 import numpy as np
-from dask.sizeof import sizeof
 from distributed import WorkerPlugin
 from distributed.core import Status
-from distributed.protocol.serialize import Serialized, serialize, to_serialize
+from distributed.protocol.serialize import to_serialize
 
 from dask_ps import _backend, _config
 from dask_ps._exceptions import (
@@ -37,6 +36,8 @@ from dask_ps._host_memory import raise_mmap_threshold
 from dask_ps._liveness import Beacon, Liveness, PauseGuard, WorkerGone
 from dask_ps._shard import ShardStore, _wire_clock
 from dask_ps._spec import TableSpec
+from dask_ps._wire import aligned, unwire_values, wire_values, wired_nbytes
+from dask_ps._wire import unwrap as _unwrap
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +183,8 @@ class PSWorkerPlugin(WorkerPlugin):
         sender's NaN/Inf check found; taken from an internal caller only.
         """
         rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
-        values = [_unwrap(v) for v in values] if isinstance(values, (list, tuple)) else values
+        if isinstance(values, (list, tuple)):
+            values = unwire_values([_unwrap(v) for v in values], _config.get_bytes("max-push-bytes"))
         if replica and not internal:
             raise InternalOnlyError("a forwarded push (replica=True) may come only from the blocks' primary")
         if bound is not None and not internal:
@@ -545,7 +547,7 @@ class PSWorkerPlugin(WorkerPlugin):
 
     @handler(READ_ONLY, tells_internal=True)
     async def pull(self, table=None, version=None, blocks=(), rows=(), run=None, subscribe=None, table_id=None,
-                   sender=None, internal=False):
+                   sender=None, sparse=False, internal=False):
         """Handler: values of whole blocks, of ranges ``[start, stop]`` or of
         rows within blocks.
 
@@ -555,7 +557,8 @@ class PSWorkerPlugin(WorkerPlugin):
         rows to that session after every clock advance. ``sender``: the
         reply also says, per block, the number of that sender's latest push
         the values contain (``applied``; a prefetch tells by it which of its
-        reader's own pushes it holds).
+        reader's own pushes it holds). ``sparse``: values as their rows'
+        nonzeros where that is smaller (``dask_ps._sparse_rows``).
         """
         if (run is not None or subscribe is not None) and not internal:
             # A participant's options: ``run`` applies per-clock sums below
@@ -565,8 +568,10 @@ class PSWorkerPlugin(WorkerPlugin):
         rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
         seqs, values, summed, applied = await self._read(table, version, blocks, rows, run, subscribe, copy=False,
                                                          table_id=table_id, sender=sender, trusted=internal)
-        return aligned({"seqs": seqs, "values": [to_serialize(a) for a in values], "summed_below": summed,
-                        "applied": applied})
+        wired = [wire_values(a, sparse is True) for a in values]
+        if sparse is True:  # the bytes sent (_read counted the rows')
+            self.served["bytes_pulled"] += sum(wired_nbytes(w) - a.nbytes for w, a in zip(wired, values))
+        return aligned({"seqs": seqs, "values": wired, "summed_below": summed, "applied": applied})
 
     async def _read(self, table, version, blocks, rows, run, subscribe, copy, table_id=None, sender=None,
                     trusted=False):
@@ -798,48 +803,6 @@ def in_process_peer(address: str, loop=None):
     return peer
 
 
-# Dask's TCP comm reads a message's first array into the buffer of its
-# header frames, at whatever offset the header's length gives, and every
-# later array into a buffer of its own (distributed.comm.tcp's
-# _add_frames_header). The first array of a push or a pull's reply then
-# landed at odd addresses as its sequence numbers grew: numpy marks such an
-# array unaligned, BLAS refuses it (the NaN/Inf check of a 4 MiB push took
-# 2.5 ms instead of 0.13) and ufuncs take their buffered loops (a 4 MiB
-# ``+=`` 0.44 ms instead of 0.25), and the reader got the unaligned array.
-_PAD = np.zeros(1, dtype=np.uint8)
-
-
-class _SerializedPad(Serialized):
-    """``_PAD`` serialized once, as ``dumps`` would (an ndarray's frame,
-    uncompressed): a message carries it as it is, without running the
-    serializer for it each time (~20 us a message, ~5% of a 100k-row pull
-    that sends two such messages). Its header is never changed (``dumps``
-    sets ``num-sub-frames`` to the value it already holds)."""
-
-    def __init__(self):
-        header, frames = serialize(_PAD, serializers=("dask",))
-        header["compression"] = (None,) * len(frames)
-        header["num-sub-frames"] = len(frames)
-        super().__init__(header, frames)
-
-
-@sizeof.register(_SerializedPad)
-def _sizeof_pad(obj) -> int:
-    # Dask sizes every message it sends (to decide whether to serialize it
-    # off the event loop); a Serialized's size walks its header (15 us).
-    return _PAD.nbytes
-
-
-_PAD_SERIALIZED = _SerializedPad()
-
-
-def aligned(msg: dict) -> dict:
-    """``msg`` with a one-byte array first, which takes that place: the
-    message's own arrays each arrive in a buffer of their own, aligned.
-    Handlers drop it (``_handlers.HandlerRegistry``), readers ignore it."""
-    return {"pad": _PAD_SERIALIZED, **msg}
-
-
 def _check_run(run):
     if not (isinstance(run, (list, tuple)) and len(run) == 2 and isinstance(run[0], str)
             and (run[1] is None or isinstance(run[1], (int, float)))):
@@ -883,13 +846,6 @@ def _read_checked(spec, directory: str, block: int) -> dict:
         raise PSValueError(f"table {spec.name!r}: block {block} of the checkpoint at {directory} could not "
                            f"be read: {err!r}", spec.name) from None
     return ShardStore.check_loaded(spec, e)
-
-
-def _unwrap(x):
-    """Arrays arrive deserialized; anything else that is still opaque is refused."""
-    if isinstance(x, Serialized):
-        raise PSValueError("payload could not be deserialized")
-    return x
 
 
 WORKER_HANDLERS = HandlerRegistry("worker", PSWorkerPlugin)

@@ -24,7 +24,7 @@ PKG = pathlib.Path(dask_ps.__file__).parent
 
 PURE_CORE = {
     "_backend", "_config", "_exceptions", "_spec", "_routing", "_oplog", "_shard", "_placement",
-    "rules", "consistency",
+    "rules", "consistency", "_sparse_rows", "_compiled",
 }
 ESTIMATOR_PACKAGES = ("linear_model", "decomposition")
 SHARED_ESTIMATOR_PACKAGE = "_estimators"

@@ -48,7 +48,7 @@ Arrays (``arrays``, the module)
     and ``dask_ps._backend``'s ``namespace``, ``to_numpy``, ``all_finite``,
     ``is_cupy``, ``device_module`` (cupy, or the tests' stand-in; estimators
     do not import ``_backend`` itself).
-Compiled kernels (``_compiled``)
+Compiled kernels (``dask_ps._compiled``, re-exported)
     ``njit`` (``numba.njit(cache=True)`` with the cache outside the package
     directory), ``kernel_cache_dir`` (where: ``ps.kernel-cache-dir``,
     ``NUMBA_CACHE_DIR`` or the user's cache directory).
@@ -57,8 +57,8 @@ The Dask adapter (``_dask_adapter``)
     futures to blocks, reading another task's data on a worker).
 """
 
+from dask_ps._compiled import kernel_cache_dir, njit  # in the core: the wire codec's kernels use it too
 from dask_ps._estimators import _arrays as arrays
-from dask_ps._estimators._compiled import kernel_cache_dir, njit
 from dask_ps._estimators._data import PartCopies, TrainingParts, load_part
 from dask_ps._estimators._params import (
     SHARED_CONSTRAINTS,

@@ -414,9 +414,12 @@ class GibbsRuns:
         # partial_fit: the tables start from the fitted counts (plan.base)
         base = {} if plan.base is None else {"init": plan.base.astype(plan.count_dtype)}
         totals = {} if plan.base is None else {"init": plan.base.sum(axis=0).astype(np.int64)}
+        # sparse_wire: the word rows are mostly zeros (at K=1000, 99% late in
+        # a fit), and so are the deltas pushed; between processes they move
+        # as their nonzeros.
         tables.create(cfg.nwk_name, shape=(V, K), dtype=plan.count_dtype, consistency=plan.word_model,
                       block_rows=plan.block_rows, aggregate=count_aggregate(plan.word_model), device=cfg.device,
-                      **base)
+                      sparse_wire=True, **base)
         tables.create(cfg.nk_name, shape=(K,), dtype="int64", consistency=plan.totals_model,
                       aggregate=count_aggregate(plan.totals_model), device=cfg.device, **totals)
         if cfg.start_name is not None:

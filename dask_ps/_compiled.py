@@ -3,7 +3,8 @@
 numba's ``cache=True`` writes its cache files (``*.nbi``, ``*.nbc``) next
 to the source file, in ``__pycache__`` inside the installed package
 (site-packages), unless ``numba.config.CACHE_DIR`` is set when the function
-is decorated. :func:`njit` sets it for the estimators' kernels only, while
+is decorated. :func:`njit` sets it for dask_ps's kernels only (the
+estimators' and the wire codec's, ``_sparse_rows``), while
 it decorates them, to :func:`kernel_cache_dir`:
 
 1. ``dask.config`` ``ps.kernel-cache-dir`` when set (also
