@@ -17,7 +17,7 @@ import scipy.sparse as sp
 
 import dask_ps
 from dask_ps.linear_model import SGDClassifier
-from dask_ps.linear_model import _rounds
+from dask_ps.linear_model import _round_prep, _rounds
 
 
 @pytest.fixture(scope="module")
@@ -171,11 +171,11 @@ def test_lazy_counts_of_a_wide_table_are_per_feature_present():
     wide, (rows_w, *_, iq_w) = one_rounds(2 ** 24)
     assert wide.count_features is not None and wide.counts.shape[0] < 2 ** 16
     with dask.config.set({}):
-        _rounds._DENSE_COUNTS_PER_NONZERO, keep = 2 ** 30, _rounds._DENSE_COUNTS_PER_NONZERO
+        _round_prep._DENSE_COUNTS_PER_NONZERO, keep = 2 ** 30, _round_prep._DENSE_COUNTS_PER_NONZERO
         try:
             dense, (rows_d, *_, iq_d) = one_rounds(2 ** 24)
         finally:
-            _rounds._DENSE_COUNTS_PER_NONZERO = keep
+            _round_prep._DENSE_COUNTS_PER_NONZERO = keep
     assert dense.count_features is None and dense.counts.shape[0] == 2 ** 24
     np.testing.assert_array_equal(rows_w, rows_d)
     np.testing.assert_array_equal(iq_w, iq_d)
