@@ -1,6 +1,7 @@
 """A participant's sparse rounds prepared ahead (``_RoundPrep``, in a
-background thread) and a round ready to train (``_Round``): the feature
-counts of the lazy regularization, then each round's touched features and
+background thread) and a round ready to train (``_Round``): the lazy
+regularization's counts of the rounds that touch each feature, then each
+round's touched features and
 either its CSR compacted over them (rounds read again at later epochs, or
 a table too wide to hold whole) or, for rounds read once with the whole
 table held (a single pass), the round's samples left in place in the CSR
@@ -15,16 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dask_ps.linear_model._kernels import _lazy_inv_q
-
 if TYPE_CHECKING:  # pragma: no cover
     from dask_ps.linear_model._rounds import _CompiledData, _RunConfig
-
-# Lazy regularization's feature counts are one per feature of the table
-# (np.bincount) while the table has at most this many features per non-zero
-# of the participant's training rows; a wider table counts the features
-# present only (np.unique: a sort, O(nnz log nnz), O(nnz) memory).
-_DENSE_COUNTS_PER_NONZERO = 4
 
 
 class _Round:
@@ -48,7 +41,8 @@ class _RoundPrep:
     ``c.in_place``, its touched features only (``round_features``), built by
     one background thread ahead of the round that needs them, so that the
     participant's thread trains and syncs meanwhile (numba releases the
-    GIL). The feature counts of the lazy regularization are its first job.
+    GIL). The lazy regularization's counts of the rounds touching each
+    feature are its first job (``_count``).
 
     Entries are kept across the epochs of a run when ``c.cache`` allows
     (``ps.sgd.round-cache-bytes``); otherwise each is dropped once taken
@@ -61,11 +55,10 @@ class _RoundPrep:
 
         self.cfg, self.c, self.run_rounds = cfg, c, run_rounds
         self.pending: dict = {}  # round id -> Future of its entry
-        self.counts = None
-        # The features counted, sorted, where ``counts`` is per feature present
-        # (a wide hashed table, see _count); None: ``counts`` is per feature.
-        self.count_features = None
-        self.inv_q_of_count = self.inv_q_of_feature = None  # 1/q (lazy regularization), see _count
+        # Lazy regularization (_count): the features the rounds touch (sorted),
+        # how many rounds touch each, its 1/q; and the rounds' touched features.
+        self.count_features = self.counts = self.inv_q_of_feature = None
+        self.features = None
         self.cpu_seconds = 0.0  # the thread's CPU time in its jobs
         self.spare: list = []  # (data, indices) arrays of trained rounds, to build into (recycle)
         # A thread only helps where there is another round to train while one
@@ -74,48 +67,37 @@ class _RoundPrep:
         # small sparse fit's time), so the jobs run in the calling thread.
         one_round = -(-cfg.steps_per_epoch // cfg.clock_every) <= 1
         self._pool = _InlinePool() if one_round else ThreadPoolExecutor(1, thread_name_prefix="dask_ps-sgd-rounds")
-        self._counted = self._pool.submit(self._count) if c.lazy else None
+        self._counted = None  # the Future of _count, the first job once the rounds are drawn
 
     def __repr__(self):
         return f"<_RoundPrep pending={sorted(self.pending)} kept={0 if self.c.cache is None else len(self.c.cache)}>"
 
     def _count(self):
+        """Lazy regularization's ``1/q`` of every feature the rounds touch:
+        ``q`` = the share of the epoch's rounds that touch it (its rounds'
+        touched features, ``round_features``, counted), so that a feature's
+        touches give it exactly an epoch's regularization, ``R`` rounds'
+        worth (``_rounds._finish_round``). One read of the rounds' indices
+        and a sort of their touched features; the rounds trained in place
+        reuse those features (``_build``). Runs once the rounds are drawn
+        (their first ``request``)."""
         cpu = time.thread_time()
         c = self.c
-        X = c.counts_of
-        ind = c.ind if X is None else X.indices.astype(np.int32, copy=False)
-        if self.cfg.n_features <= _DENSE_COUNTS_PER_NONZERO * ind.shape[0]:
-            self.counts = c.mod.feature_counts(ind, self.cfg.n_features)
-        else:
-            # A table much wider than the participant's data (hashed features,
-            # 2^28 columns): counts of the features present only. A count per
-            # feature would be 8 bytes per column of the table in the
-            # participant's worker (2 GiB at 2^28), more than its share of
-            # the table itself (docs/architecture.rst, "Memory").
-            self.count_features, self.counts = np.unique(ind, return_counts=True)
-        c.counts_of = None
-        # 1/q depends on a feature's count only: computed once per count
-        # value (or once per feature, where there are fewer features than
-        # count values), then looked up per round; the two gammaln calls per
-        # touched row of every round had cost as much CPU as compacting it.
-        top = int(self.counts.max()) if self.counts.shape[0] else 0
-        if top + 1 <= self.counts.shape[0]:
-            # At the counts that occur only (a feature in every sample makes
-            # ``top`` the sample count; a few thousand distinct counts then).
-            seen = np.zeros(top + 1, dtype=bool)
-            seen[self.counts] = True
-            occurring = np.flatnonzero(seen)
-            self.inv_q_of_count = np.ones(top + 1)
-            self.inv_q_of_count[occurring] = _lazy_inv_q(occurring, c.n_train, c.per_round)
-        else:
-            self.inv_q_of_feature = _lazy_inv_q(self.counts, c.n_train, c.per_round)
+        features = [c.mod.round_features(idx, c.ind, c.ptr, c.bits) for idx in self.run_rounds]
+        touched = np.concatenate(features) if features else np.zeros(0, dtype=np.int64)
+        self.count_features, self.counts = np.unique(touched, return_counts=True)
+        self.inv_q_of_feature = len(features) / self.counts
+        if c.in_place:
+            self.features = features
         self.cpu_seconds += time.thread_time() - cpu
 
     def _build(self, rid):
         cpu = time.thread_time()
         c, d = self.c, self.cfg.n_features
         idx = self.run_rounds[rid]
-        if c.in_place:  # the round's features only: its samples stay where they are (c.in_place)
+        if c.in_place and self.features is not None:  # counted first (_count): the round's features
+            cols = self.features[rid]
+        elif c.in_place:  # the round's features only: its samples stay where they are (c.in_place)
             cols = c.mod.round_features(idx, c.ind, c.ptr, c.bits)
         else:
             out = self.spare.pop() if self.spare else None
@@ -124,11 +106,7 @@ class _RoundPrep:
         iq = None
         if c.lazy:  # the counts were this thread's first job
             self._counted.result()  # (its error, if it failed)
-            at = cols if self.count_features is None else np.searchsorted(self.count_features, cols)
-            if self.inv_q_of_count is not None:
-                iq = self.inv_q_of_count[self.counts[at]]
-            else:
-                iq = self.inv_q_of_feature[at]
+            iq = self.inv_q_of_feature[np.searchsorted(self.count_features, cols)]
         if c.in_place:
             entry = rows, None, None, None, iq
         else:
@@ -141,6 +119,8 @@ class _RoundPrep:
 
     def request(self, rid) -> None:
         """Build round ``rid`` in the background unless it is kept or on its way."""
+        if self._counted is None and self.c.lazy:
+            self._counted = self._pool.submit(self._count)
         if rid not in self.pending and self._kept(rid) is None:
             self.pending[rid] = self._pool.submit(self._build, rid)
 

@@ -40,7 +40,7 @@ from dask_ps.linear_model._kernels import (
     compact_rows_xp,
 )
 from dask_ps.linear_model._lone import SklearnOrders, scaled
-from dask_ps.linear_model._round_prep import _DENSE_COUNTS_PER_NONZERO, _Round, _RoundPrep  # noqa: F401
+from dask_ps.linear_model._round_prep import _Round, _RoundPrep  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +161,13 @@ def _epoch_rounds(rng, shuffle, train_idx, S, m, fixed, run_rounds, epoch, seed)
 # benchmark, 0.30-0.35 s against 0.08-0.09 s in order; blocks of 64 samples in
 # a random order, each in order: 0.10 s (16: 0.15 s; 256 or 2048: 0.08-0.09 s).
 ORDER_BLOCK = 64
+
+
+# The minibatch kernel's lazy regularization counts one per feature of the
+# table (bincount) while the table has at most this many features per
+# non-zero of the participant's training rows; a wider table counts the
+# features present only (unique: a sort, O(nnz log nnz), O(nnz) memory).
+_DENSE_COUNTS_PER_NONZERO = 4
 
 
 def _composition_block(n, rounds):
@@ -306,15 +313,10 @@ class _CompiledData:
             self.whole = None  # the local copy of the table (d + 1, n_cols), made at the first round
             # A round decays (L2) and shrinks (L1) the rows it touches only; a
             # touched row also gets the regularization of the rounds that
-            # missed it, 1/q times, q = the probability that a round touches
-            # the feature ("lazy" regularization). q needs the feature counts
-            # of the training rows: counted by the prep thread (_RoundPrep)
-            # before its first round, 1/q computed per round for its rows.
+            # missed it, 1/q times, q = the share of the epoch's rounds that
+            # touch the feature ("lazy" regularization): counted by the prep
+            # thread (_RoundPrep._count) before its first round.
             self.lazy = hp.penalty > 0 and n_train > 0
-            self.counts_of = None
-            if self.lazy:
-                self.counts_of = X[train_idx] if n_train < X.shape[0] else None  # early stopping: a copy
-                self.per_round = min(cfg.clock_every, cfg.steps_per_epoch) * n_train / cfg.steps_per_epoch
         else:
             self.X = np.ascontiguousarray(X)
             self.chunk = max(256, (1 << 21) // max(8 * X.shape[1], 1))  # rows per ~2 MiB chunk

@@ -119,12 +119,13 @@ def _config(est, X, P=2, n_total=None, max_iter=3):
 
 @pytest.mark.parametrize("cache, in_place", [(True, False), (False, False), (False, True)])
 @pytest.mark.parametrize("penalty", ["l2", "elasticnet", None])
-@pytest.mark.parametrize("d", [20000, 200])  # 1/q per count value, or per feature (more counts than features)
+@pytest.mark.parametrize("d", [20000, 200])
 def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d, monkeypatch):
     """``_RoundPrep`` builds each round in its thread as the inline
     compaction did: the touched rows (+ the intercept row), the compact CSR,
-    the round's targets and weights, and ``1/q`` of its rows equal to the
-    whole-feature ``1/q`` taken at those rows; whether rounds are kept
+    the round's targets and weights, and ``1/q`` of its rows: the epoch's
+    rounds over the rounds that touch the feature (lazy regularization gives
+    a feature exactly an epoch's regularization); whether rounds are kept
     across epochs (``ps.sgd.round-cache-bytes``) or built again, in any
     order of requests and takes. Rounds built again over a table held
     whole (``in_place``, not with L1) are their rows of the participant's
@@ -153,9 +154,10 @@ def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d,
         rank = np.zeros(bits.shape[0], dtype=np.int64)
         slot = np.full(X.shape[0], -1, dtype=np.int32)
         whole_q = None
-        if penalty is not None:
-            counts = np.bincount(X.indices, minlength=X.shape[1])
-            whole_q = _rounds._lazy_inv_q(counts, X.shape[0], c.per_round)
+        if penalty is not None:  # 1/q: the epoch's rounds over the rounds touching the feature
+            touching = sum(np.bincount(np.unique(X[r].indices), minlength=X.shape[1]) for r in run_rounds)
+            with np.errstate(divide="ignore"):
+                whole_q = len(run_rounds) / touching
         for rid in [2, 0]:
             prep.request(rid)
         recycled = {}  # buffer -> the round handed back in it (rounds not kept: later rounds are built into it)
@@ -194,8 +196,8 @@ def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d,
         assert len(c.cache or {}) == (4 if cache else 0) and not prep.pending
         assert (reused > 0) == (not cache and not in_place)
         assert not (in_place and prep.spare)  # nothing to build into: no CSR is written
-        if penalty is not None:  # the lookup the test meant to cover
-            assert (prep.inv_q_of_count is not None) == (d == 20000)
+        if penalty is not None:  # counts of the touched features only, not one per feature of the table
+            assert prep.count_features.shape[0] == np.count_nonzero(touching)
     finally:
         prep.close()
 
@@ -292,10 +294,10 @@ def test_single_pass_trains_rounds_in_place_bit_for_bit(client, monkeypatch, kwa
         models[in_place] = (est.coef_, est.intercept_, dict(calls))
         calls.update(dict.fromkeys(calls, 0))
     l1 = kwargs.get("penalty") == "elasticnet"
-    # 2 participants x 9 rounds
-    assert models[True][2] == ({"compact_rows": 18, "round_features": 0} if l1 else
+    # 2 participants x 9 rounds, whose features the lazy regularization counts first (and in place, reuses)
+    assert models[True][2] == ({"compact_rows": 18, "round_features": 18} if l1 else
                                {"compact_rows": 0, "round_features": 18})
-    assert models[False][2] == {"compact_rows": 18, "round_features": 0}
+    assert models[False][2] == {"compact_rows": 18, "round_features": 18}
     np.testing.assert_array_equal(models[True][0], models[False][0])
     np.testing.assert_array_equal(models[True][1], models[False][1])
 
