@@ -429,9 +429,15 @@ def test_consistency_models(client):
         for c in (dask_ps.BSP(), dask_ps.SSP(staleness=1), dask_ps.ASP()):
             est = SGDClassifier(loss="log_loss", random_state=0, consistency=c, max_iter=20).fit(X, y)
             scores[repr(c)] = est.score(X, y)
-    ref = SkSGDClassifier(loss="log_loss", random_state=0, max_iter=20).fit(X, y).score(X, y)
+    # scikit-learn's own seeds span 0.668-0.691 on this noisy set: the reference is its
+    # worst of ten minus 0.02, as in benchmarks/sgd_quality.py (seed 0 alone is its best,
+    # which its seeds 5, 7 and 8 would fail by the old margin).
+    ref = min(
+        SkSGDClassifier(loss="log_loss", random_state=seed, max_iter=20).fit(X, y).score(X, y)
+        for seed in range(10)
+    )
     for s in scores.values():
-        assert s > ref - 0.02, scores
+        assert s > ref - 0.02, (scores, ref)
 
 
 def test_partial_fit_equals_fit(client):
