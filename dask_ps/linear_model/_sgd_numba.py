@@ -1,7 +1,7 @@
 """scikit-learn's per-sample SGD (``_plain_sgd``) compiled with numba, over
 a *round* of samples given by their indices into the participant's local
 data, so that a round needs no copy of its rows; and the helpers that build
-a round (``compact_rows``, ``gather_rows``, ``feature_counts``).
+a round (``compact_rows``, ``round_features``, ``gather_rows``).
 
 Same rule, in the same order, as scikit-learn's Cython kernel (weight vector
 with a scale factor for the L2 decay, Tsuruoka's cumulative L1 penalty,
@@ -446,18 +446,6 @@ def round_features(rows, ind, ptr, bits):
             x ^= low
         bits[w] = 0
     return cols
-
-
-@njit(nogil=True)
-def feature_counts(ind, n_features):
-    """``np.bincount(ind, minlength=n_features)`` without converting the
-    int32 indices to intp first (a copy of 8 bytes per non-zero); int32
-    counts (a participant's samples are fewer than 2^31): half the memory
-    its random increments miss in (-20% CPU on a 2^22-wide table)."""
-    out = np.zeros(n_features, dtype=np.int32)
-    for i in range(ind.shape[0]):
-        out[ind[i]] += 1
-    return out
 
 
 @njit(nogil=True)
