@@ -40,6 +40,7 @@ from dask_ps.linear_model._kernels import (
     compact_rows_xp,
 )
 from dask_ps.linear_model._lone import SklearnOrders, scaled
+from dask_ps.linear_model._round_prep import _Round, _RoundPrep  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -161,10 +162,11 @@ def _epoch_rounds(rng, shuffle, train_idx, S, m, fixed, run_rounds, epoch, seed)
 # a random order, each in order: 0.10 s (16: 0.15 s; 256 or 2048: 0.08-0.09 s).
 ORDER_BLOCK = 64
 
-# Lazy regularization's feature counts are one per feature of the table
-# (np.bincount) while the table has at most this many features per non-zero
-# of the participant's training rows; a wider table counts the features
-# present only (np.unique: a sort, O(nnz log nnz), O(nnz) memory).
+
+# The minibatch kernel's lazy regularization counts one per feature of the
+# table (bincount) while the table has at most this many features per
+# non-zero of the participant's training rows; a wider table counts the
+# features present only (unique: a sort, O(nnz log nnz), O(nnz) memory).
 _DENSE_COUNTS_PER_NONZERO = 4
 
 
@@ -243,6 +245,8 @@ class _CompiledData:
     the round's touched rows only."""
 
     _arange = np.arange(0, dtype=np.int64)
+    in_place = False  # sparse rounds trained in place in the CSR (make)
+    whole = None
 
     def arange_n(self, n):
         if self._arange.shape[0] < n:
@@ -298,17 +302,21 @@ class _CompiledData:
             # or three rounds' worth of fresh memory, not the whole CSR's.
             reused = cfg.max_iter - cfg.epoch0 > 1
             self.cache = {} if reused and est <= setting_bytes("sgd", "round-cache-bytes") else None
+            # Rounds read once each (not kept) over a table the participant
+            # may hold whole: trained in place in the CSR, over a local copy
+            # of the table (``whole``) that each round's rows are written into,
+            # instead of compacted first (the same arithmetic, bit for bit;
+            # click-through benchmark, 450k rows: ~25% less CPU for the
+            # rounds). An L1 penalty keeps compacted rounds: its state is per
+            # weight of the round.
+            self.in_place = _trains_in_place(cfg, self.cache)
+            self.whole = None  # the local copy of the table (d + 1, n_cols), made at the first round
             # A round decays (L2) and shrinks (L1) the rows it touches only; a
             # touched row also gets the regularization of the rounds that
-            # missed it, 1/q times, q = the probability that a round touches
-            # the feature ("lazy" regularization). q needs the feature counts
-            # of the training rows: counted by the prep thread (_RoundPrep)
-            # before its first round, 1/q computed per round for its rows.
+            # missed it, 1/q times, q = the share of the epoch's rounds that
+            # touch the feature ("lazy" regularization): counted by the prep
+            # thread (_RoundPrep._count) before its first round.
             self.lazy = hp.penalty > 0 and n_train > 0
-            self.counts_of = None
-            if self.lazy:
-                self.counts_of = X[train_idx] if n_train < X.shape[0] else None  # early stopping: a copy
-                self.per_round = min(cfg.clock_every, cfg.steps_per_epoch) * n_train / cfg.steps_per_epoch
         else:
             self.X = np.ascontiguousarray(X)
             self.chunk = max(256, (1 << 21) // max(8 * X.shape[1], 1))  # rows per ~2 MiB chunk
@@ -317,177 +325,14 @@ class _CompiledData:
         return self
 
 
-class _Round:
-    """A round ready to train: its touched rows (sparse data: the rows of
-    the weights it reads and writes, the intercept's last; None for dense
-    data), its samples as chunks for ``sgd_round`` (each ``(samples, X, Y
-    per output, sample weights, rows of X to train on)``), its number of
-    samples and, for sparse data with a penalty, ``1/q`` of its rows
-    (lazy regularization)."""
-
-    __slots__ = ("rows", "chunks", "n", "inv_q")
-
-    def __init__(self, rows, chunks, n, inv_q=None):
-        self.rows, self.chunks, self.n, self.inv_q = rows, chunks, n, inv_q
+_EVERY_ROW = np.zeros(0, dtype=np.int64)  # sgd_round's ``touched``: every row of W
 
 
-class _RoundPrep:
-    """The compacted sparse rounds of a participant (``_sgd_numba.compact_rows``:
-    a round's touched features and its rows as a CSR over them), built by
-    one background thread ahead of the round that needs them, so that the
-    participant's thread trains and syncs meanwhile (numba releases the
-    GIL). The feature counts of the lazy regularization are its first job.
-
-    Entries are kept across the epochs of a run when ``c.cache`` allows
-    (``ps.sgd.round-cache-bytes``); otherwise each is dropped once taken
-    and a round is built again at its next epoch, into the arrays of a
-    round already trained (``recycle``): first writes to fresh memory cost
-    page faults. Only this thread touches the compaction's scratch arrays."""
-
-    def __init__(self, cfg: _RunConfig, c: _CompiledData, run_rounds):
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.cfg, self.c, self.run_rounds = cfg, c, run_rounds
-        self.pending: dict = {}  # round id -> Future of its entry
-        self.counts = None
-        # The features counted, sorted, where ``counts`` is per feature present
-        # (a wide hashed table, see _count); None: ``counts`` is per feature.
-        self.count_features = None
-        self.inv_q_of_count = self.inv_q_of_feature = None  # 1/q (lazy regularization), see _count
-        self.cpu_seconds = 0.0  # the thread's CPU time in its jobs
-        self.spare: list = []  # (data, indices) arrays of trained rounds, to build into (recycle)
-        # A thread only helps where there is another round to train while one
-        # is built: with one round an epoch the participant waited for it
-        # (a thread started and a hand-over per fit and per round; most of a
-        # small sparse fit's time), so the jobs run in the calling thread.
-        one_round = -(-cfg.steps_per_epoch // cfg.clock_every) <= 1
-        self._pool = _InlinePool() if one_round else ThreadPoolExecutor(1, thread_name_prefix="dask_ps-sgd-rounds")
-        self._counted = self._pool.submit(self._count) if c.lazy else None
-
-    def __repr__(self):
-        return f"<_RoundPrep pending={sorted(self.pending)} kept={0 if self.c.cache is None else len(self.c.cache)}>"
-
-    def _count(self):
-        cpu = time.thread_time()
-        c = self.c
-        X = c.counts_of
-        ind = c.ind if X is None else X.indices.astype(np.int32, copy=False)
-        if self.cfg.n_features <= _DENSE_COUNTS_PER_NONZERO * ind.shape[0]:
-            self.counts = c.mod.feature_counts(ind, self.cfg.n_features)
-        else:
-            # A table much wider than the participant's data (hashed features,
-            # 2^28 columns): counts of the features present only. A count per
-            # feature would be 8 bytes per column of the table in the
-            # participant's worker (2 GiB at 2^28), more than its share of
-            # the table itself (docs/architecture.rst, "Memory").
-            self.count_features, self.counts = np.unique(ind, return_counts=True)
-        c.counts_of = None
-        # 1/q depends on a feature's count only: computed once per count
-        # value (or once per feature, where there are fewer features than
-        # count values), then looked up per round; the two gammaln calls per
-        # touched row of every round had cost as much CPU as compacting it.
-        top = int(self.counts.max()) if self.counts.shape[0] else 0
-        if top + 1 <= self.counts.shape[0]:
-            # At the counts that occur only (a feature in every sample makes
-            # ``top`` the sample count; a few thousand distinct counts then).
-            seen = np.zeros(top + 1, dtype=bool)
-            seen[self.counts] = True
-            occurring = np.flatnonzero(seen)
-            self.inv_q_of_count = np.ones(top + 1)
-            self.inv_q_of_count[occurring] = _lazy_inv_q(occurring, c.n_train, c.per_round)
-        else:
-            self.inv_q_of_feature = _lazy_inv_q(self.counts, c.n_train, c.per_round)
-        self.cpu_seconds += time.thread_time() - cpu
-
-    def _build(self, rid):
-        cpu = time.thread_time()
-        c, d = self.c, self.cfg.n_features
-        idx = self.run_rounds[rid]
-        out = self.spare.pop() if self.spare else None
-        cols, cdata, cind, cptr = c.mod.compact_rows(idx, c.data, c.ind, c.ptr, c.bits, c.rank, c.slot, out)
-        rows = np.append(cols, d)  # sorted and unique: pull_rows/push_rows do not sort them
-        iq = None
-        if c.lazy:  # the counts were this thread's first job
-            self._counted.result()  # (its error, if it failed)
-            at = cols if self.count_features is None else np.searchsorted(self.count_features, cols)
-            if self.inv_q_of_count is not None:
-                iq = self.inv_q_of_count[self.counts[at]]
-            else:
-                iq = self.inv_q_of_feature[at]
-        entry = rows, (cdata, cind, cptr), [yk[idx] for yk in c.Y], c.sw[idx], iq
-        self.cpu_seconds += time.thread_time() - cpu
-        return entry
-
-    def _kept(self, rid):
-        return None if self.c.cache is None else self.c.cache.get(rid)
-
-    def request(self, rid) -> None:
-        """Build round ``rid`` in the background unless it is kept or on its way."""
-        if rid not in self.pending and self._kept(rid) is None:
-            self.pending[rid] = self._pool.submit(self._build, rid)
-
-    def ready(self, rid) -> bool:
-        f = self.pending.get(rid)
-        return self._kept(rid) is not None or (f is not None and f.done())
-
-    def rows(self, rid):
-        """The touched rows of round ``rid`` (waits for it to be built)."""
-        return self._entry(rid, take=False)[0]
-
-    def take(self, group) -> _Round:
-        """Round ``group = (round id, order)``, in the sample order ``order``
-        (None: its own, in which its CSR was built): the kernel reads its
-        rows through that list (no copy of the CSR)."""
-        rid, order = group
-        rows, csr, Y, sw, iq = self._entry(rid, take=True)
-        n = sw.shape[0]
-        local = self.c.arange_n(n) if order is None else order
-        return _Round(rows, [(local, csr, Y, sw, local)], n, iq)
-
-    def recycle(self, rnd: _Round) -> None:
-        """A trained round's CSR arrays, free to build a later round into
-        (rounds not kept only; the caller no longer reads them)."""
-        if self.c.cache is None:
-            cdata, cind, _ = rnd.chunks[0][1]
-            self.spare.append((cdata.base if cdata.base is not None else cdata,
-                               cind.base if cind.base is not None else cind))
-
-    def _entry(self, rid, take):
-        entry = self._kept(rid)
-        if entry is None:
-            self.request(rid)
-            f = self.pending[rid]
-            entry = f.result()
-            if self.c.cache is not None:
-                self.c.cache[rid] = entry
-                del self.pending[rid]
-            elif take:
-                del self.pending[rid]
-        return entry
-
-    def close(self) -> None:
-        """Stop building (the round being built finishes: numba cannot be interrupted)."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self.pending.clear()
-
-
-class _InlinePool:
-    """``ThreadPoolExecutor``'s ``submit``/``shutdown`` for jobs run at once
-    in the calling thread (``_RoundPrep`` with one round an epoch)."""
-
-    @staticmethod
-    def submit(fn, *args):
-        from concurrent.futures import Future
-
-        f = Future()
-        try:
-            f.set_result(fn(*args))
-        except BaseException as e:  # noqa: BLE001 - raised by result(), as from the thread
-            f.set_exception(e)
-        return f
-
-    def shutdown(self, wait=True, cancel_futures=False) -> None:
-        pass
+def _trains_in_place(cfg: _RunConfig, cache) -> bool:
+    """Whether a participant's sparse rounds train in place in its CSR
+    (``_CompiledData.in_place``): rounds not kept, a table it may hold
+    whole (``cfg.whole_table``), no L1 penalty."""
+    return cache is None and cfg.whole_table and cfg.hp.penalty not in (L1, ELASTICNET)
 
 
 def _dense_round(c: _CompiledData, group) -> _Round:
@@ -526,17 +371,26 @@ def _compiled_round(cfg: _RunConfig, c: _CompiledData, rnd: _Round, W0, epoch, s
     round's samples in one call each, then the touched rows' lazy
     regularization, at ``eta_scale`` times the learning rates; returns the
     new weights and adds the round's loss sums to ``loss_sum``."""
-    W = np.array(W0, dtype=W0.dtype, order="F", copy=True)  # columns contiguous
     n_train_step = cfg.n_total / max(c.n_train, 1)
     t = cfg.t0 + epoch * cfg.n_total + seen * n_train_step
     outs = np.flatnonzero(active)
-    sums = _train_chunks(cfg, c, W, rnd.chunks, outs, t, n_train_step, stop, loss_sum, eta_scale)
+    if rnd.in_place:  # the round's rows written into the whole table, trained there, read back
+        if c.whole is None:
+            c.whole = np.zeros((cfg.n_features + 1, W0.shape[1]), dtype=W0.dtype, order="F")
+        c.whole[rnd.rows] = W0
+        sums = _train_chunks(cfg, c, c.whole, rnd.chunks, outs, t, n_train_step, stop, loss_sum, eta_scale,
+                             touched=rnd.rows[:-1])
+        W = c.whole[rnd.rows]
+    else:
+        W = np.array(W0, dtype=W0.dtype, order="F", copy=True)  # columns contiguous
+        sums = _train_chunks(cfg, c, W, rnd.chunks, outs, t, n_train_step, stop, loss_sum, eta_scale)
     _finish_round(cfg, W, rnd.inv_q, outs, *sums)
     check_finite(W, epoch)
     return np.ascontiguousarray(W)
 
 
-def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train_step, stop, loss_sum, eta_scale):
+def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train_step, stop, loss_sum, eta_scale,
+                 touched=_EVERY_ROW):
     """``sgd_round`` over the chunks, for each output in ``outs``, on ``W``
     (in place); returns per output the intercepts, the products of the L2
     decays and the sums of the learning rates (for the lazy regularization).
@@ -577,7 +431,7 @@ def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train
                 c.loss_id, c.thr, hp.penalty, hp.alpha, hp.l1_ratio, hp.learning_rate, eta, hp.eta0, hp.power_t,
                 c.optimal_init, bool(hp.fit_intercept), intercept_decay, float(cfg.cw_pos[k]),
                 float(cfg.cw_neg[k]), int(hp.average), tk, n_train_step, c.wscale_min, l1_q[k], l1_u[k],
-                float(eta_scale), c.fresh_state, False)
+                float(eta_scale), c.fresh_state, False, touched)
             decay[k] *= dec
             eta_sum[k] += es
             loss_sum[k] += sumloss

@@ -151,34 +151,28 @@ def test_a_staleness_bound_trains_a_wide_table(client):
 
 def test_lazy_counts_of_a_wide_table_are_per_feature_present():
     """A participant's lazy-regularization counts (the rounds' 1/q) on a table
-    much wider than its data count only the features present, with the same
-    1/q as counts over every feature."""
+    much wider than its data hold only the features its rounds touch: no
+    array over the table's 2^24 features in the participant's worker."""
     X, y = _hashed(3000, 2 ** 24, seed=3)
     Y = np.where(y[:, None] == 1, 1.0, -1.0)
     train = np.arange(X.shape[0])
-
-    def one_rounds(d):
-        cfg = _rounds._RunConfig(
-            table="w", stats_table=None, hp=SGDClassifier()._hyper(1, True), n_features=d, n_cols=1,
-            n_total=3000, steps_per_epoch=8, clock_every=1, max_iter=2, t0=1.0, seeds=(0,), staleness=0,
-            global_stop=False, decision_lag=0, classes=np.array([0, 1]), cw_pos=(1.0,), cw_neg=(1.0,),
-            eta_init=(0.0,), col_freq_needed=True)
-        c = _rounds._CompiledData.make(cfg, X, Y, np.ones(3000), train)
-        prep = _rounds._RoundPrep(cfg, c, [train[:400]])
-        prep._counted.result()
-        return prep, prep._build(0)
-
-    wide, (rows_w, *_, iq_w) = one_rounds(2 ** 24)
-    assert wide.count_features is not None and wide.counts.shape[0] < 2 ** 16
-    with dask.config.set({}):
-        _rounds._DENSE_COUNTS_PER_NONZERO, keep = 2 ** 30, _rounds._DENSE_COUNTS_PER_NONZERO
-        try:
-            dense, (rows_d, *_, iq_d) = one_rounds(2 ** 24)
-        finally:
-            _rounds._DENSE_COUNTS_PER_NONZERO = keep
-    assert dense.count_features is None and dense.counts.shape[0] == 2 ** 24
-    np.testing.assert_array_equal(rows_w, rows_d)
-    np.testing.assert_array_equal(iq_w, iq_d)
+    cfg = _rounds._RunConfig(
+        table="w", stats_table=None, hp=SGDClassifier()._hyper(1, True), n_features=2 ** 24, n_cols=1,
+        n_total=3000, steps_per_epoch=8, clock_every=1, max_iter=2, t0=1.0, seeds=(0,), staleness=0,
+        global_stop=False, decision_lag=0, classes=np.array([0, 1]), cw_pos=(1.0,), cw_neg=(1.0,),
+        eta_init=(0.0,), col_freq_needed=True)
+    c = _rounds._CompiledData.make(cfg, X, Y, np.ones(3000), train)
+    rounds = [train[:400], train[400:]]
+    prep = _rounds._RoundPrep(cfg, c, rounds)
+    try:
+        rows, *_, iq = prep._entry(0, take=True)
+        present = np.unique(X.indices)
+        np.testing.assert_array_equal(prep.count_features, present)
+        assert prep.counts.shape[0] == present.shape[0] < 2 ** 16
+        in_both = np.isin(rows[:-1], np.unique(X[rounds[1]].indices))
+        np.testing.assert_array_equal(iq, np.where(in_both, 1.0, 2.0))  # 2 rounds over the rounds touching it
+    finally:
+        prep.close()
 
 
 def test_compact_rows_of_a_wide_table_sorts_instead_of_a_lookup_table():

@@ -117,24 +117,33 @@ def _config(est, X, P=2, n_total=None, max_iter=3):
                                  [n] * P, max_iter, np.array([0, 1]), None, None, sp.issparse(X))
 
 
-@pytest.mark.parametrize("cache", [True, False])
+@pytest.mark.parametrize("cache, in_place", [(True, False), (False, False), (False, True)])
 @pytest.mark.parametrize("penalty", ["l2", "elasticnet", None])
-@pytest.mark.parametrize("d", [20000, 200])  # 1/q per count value, or per feature (more counts than features)
-def test_round_prep_builds_what_compact_rows_builds(cache, penalty, d):
+@pytest.mark.parametrize("d", [20000, 200])
+def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d, monkeypatch):
     """``_RoundPrep`` builds each round in its thread as the inline
     compaction did: the touched rows (+ the intercept row), the compact CSR,
-    the round's targets and weights, and ``1/q`` of its rows equal to the
-    whole-feature ``1/q`` taken at those rows; whether rounds are kept
+    the round's targets and weights, and ``1/q`` of its rows: the epoch's
+    rounds over the rounds that touch the feature (lazy regularization gives
+    a feature exactly an epoch's regularization); whether rounds are kept
     across epochs (``ps.sgd.round-cache-bytes``) or built again, in any
-    order of requests and takes."""
+    order of requests and takes. Rounds built again over a table held
+    whole (``in_place``, not with L1) are their rows of the participant's
+    CSR itself, with the same touched rows and ``1/q``."""
     X, y = _sparse_problem(d=d)
     est = SGDClassifier(penalty=penalty, batch_size=128, max_iter=3)
+    if not in_place:
+        monkeypatch.setattr(_rounds, "_trains_in_place", lambda cfg, cache: False)
     with dask.config.set({"ps.sgd.clock-samples": 1024, "ps.sgd.round-cache-bytes": "1GiB" if cache else 1}):
         cfg = _config(est, X)
         train_idx = np.arange(X.shape[0])
         Y = np.where(y == 1, 1.0, -1.0)[:, None]
         c = _rounds._CompiledData.make(cfg, X, Y, np.ones(X.shape[0]), train_idx)
     assert (c.cache is not None) == cache
+    if in_place and penalty == "elasticnet":  # L1's state is per weight of a round: compacted
+        assert not c.in_place
+        return
+    assert c.in_place == in_place
     run_rounds = []
     _rounds._epoch_rounds(np.random.RandomState(0), True, train_idx, cfg.steps_per_epoch, cfg.clock_every, True,
                           run_rounds, 0, 7)
@@ -145,9 +154,10 @@ def test_round_prep_builds_what_compact_rows_builds(cache, penalty, d):
         rank = np.zeros(bits.shape[0], dtype=np.int64)
         slot = np.full(X.shape[0], -1, dtype=np.int32)
         whole_q = None
-        if penalty is not None:
-            counts = np.bincount(X.indices, minlength=X.shape[1])
-            whole_q = _rounds._lazy_inv_q(counts, X.shape[0], c.per_round)
+        if penalty is not None:  # 1/q: the epoch's rounds over the rounds touching the feature
+            touching = sum(np.bincount(np.unique(X[r].indices), minlength=X.shape[1]) for r in run_rounds)
+            with np.errstate(divide="ignore"):
+                whole_q = len(run_rounds) / touching
         for rid in [2, 0]:
             prep.request(rid)
         recycled = {}  # buffer -> the round handed back in it (rounds not kept: later rounds are built into it)
@@ -160,6 +170,15 @@ def test_round_prep_builds_what_compact_rows_builds(cache, penalty, d):
                                                                  bits, rank, slot)
                 np.testing.assert_array_equal(rnd.rows, np.append(cols, X.shape[1]))
                 (local, (d2, i2, p2), Yr, swr, rows_again) = rnd.chunks[0]
+                assert rnd.in_place == in_place
+                if in_place:  # the participant's own CSR, targets and weights, read at the round's samples
+                    np.testing.assert_array_equal(local, run_rounds[rid])
+                    assert local is rows_again and d2 is c.data and i2 is c.ind and p2 is c.ptr
+                    assert Yr is c.Y and swr is c.sw and rnd.n == run_rounds[rid].shape[0]
+                    if penalty is not None:
+                        np.testing.assert_array_equal(rnd.inv_q, whole_q[cols])
+                    prep.recycle(rnd)
+                    continue
                 np.testing.assert_array_equal(d2, cdata)
                 np.testing.assert_array_equal(i2, cind)
                 np.testing.assert_array_equal(p2, cptr)
@@ -175,9 +194,10 @@ def test_round_prep_builds_what_compact_rows_builds(cache, penalty, d):
                 prep.recycle(rnd)
                 recycled[id(base)] = rid
         assert len(c.cache or {}) == (4 if cache else 0) and not prep.pending
-        assert (reused > 0) == (not cache)
-        if penalty is not None:  # the lookup the test meant to cover
-            assert (prep.inv_q_of_count is not None) == (d == 20000)
+        assert (reused > 0) == (not cache and not in_place)
+        assert not (in_place and prep.spare)  # nothing to build into: no CSR is written
+        if penalty is not None:  # counts of the touched features only, not one per feature of the table
+            assert prep.count_features.shape[0] == np.count_nonzero(touching)
     finally:
         prep.close()
 
@@ -192,6 +212,94 @@ def test_rounds_of_a_one_epoch_run_are_not_kept():
         c = _rounds._CompiledData.make(cfg, X, np.ones((X.shape[0], 1)), np.ones(X.shape[0]),
                                        np.arange(X.shape[0]))
         assert (c.cache is not None) == kept
+
+
+@pytest.mark.parametrize("n_features", [1, 64, 65, 5000])
+def test_round_features_are_the_rows_features_sorted(n_features):
+    """``round_features``: the sorted features of the given CSR rows (a
+    round trained in place reads and writes these rows of the table), its
+    bitmap left zeroed for the next round."""
+    X = sp.random(300, n_features, density=min(1.0, 8 / n_features), format="csr", random_state=n_features)
+    bits = np.zeros(n_features // 64 + 1, dtype=np.uint64)
+    rng = np.random.default_rng(0)
+    for rows in (rng.permutation(300)[:120], rng.permutation(300)[:7], np.arange(0)):
+        cols = numba_sgd.round_features(rows, X.indices, X.indptr, bits)
+        assert cols.dtype == np.int64
+        np.testing.assert_array_equal(cols, np.unique(X[rows].indices))
+        assert not bits.any()
+
+
+def test_sgd_round_rescales_only_the_touched_weights():
+    """``sgd_round`` over a whole table with the round's rows as ``touched``
+    leaves every other weight as it was (a single pass's in-place rounds:
+    the weight scale is applied to the round's rows only), and the touched
+    ones are the weights trained over all rows."""
+    X = sp.random(200, 500, density=0.01, format="csr", random_state=1)
+    X.indices = X.indices.astype(np.int32)
+    X.indptr = X.indptr.astype(np.int32)
+    rows = np.arange(0, 200, 2)
+    touched = np.unique(X[rows].indices).astype(np.int64)
+    y = np.where(np.arange(200) % 3 == 0, 1.0, -1.0)
+    w0 = np.linspace(-1.0, 1.0, 500)
+
+    def train(w, touched):
+        return numba_sgd.sgd_round(
+            False, np.zeros((1, 1)), X.data, X.indices, X.indptr, rows, y, np.ones(200), w, np.zeros(1), 0.0, 0.0,
+            numba_sgd.LOSS_IDS["log_loss"], 0.0, 2, 1e-2, 0.15, 2, 0.0, 0.0, 0.5, 10.0, True, 1.0, 1.0, 1.0, 0, 1.0,
+            1.0, 1e-9, np.zeros(1), 0.0, 1.0, np.array([1.0, 0.0, 1.0, 0.0, 0.0]), False, touched)
+
+    everything, only = w0.copy(), w0.copy()
+    assert train(everything, np.zeros(0, dtype=np.int64)) == train(only, touched)
+    untouched = np.setdiff1d(np.arange(500), touched)
+    assert untouched.size and touched.size
+    np.testing.assert_array_equal(only[untouched], w0[untouched])
+    np.testing.assert_array_equal(only[touched], everything[touched])
+    assert not np.array_equal(everything[untouched], w0[untouched])  # decayed over all rows
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"average": True}, {"n_classes": 3}, {"penalty": "elasticnet"}])
+def test_single_pass_trains_rounds_in_place_bit_for_bit(client, monkeypatch, kwargs):
+    """A single pass (``max_iter=1``: rounds read once) over a table the
+    participants may hold whole trains its rounds in place in each
+    participant's CSR: no round is compacted (``compact_rows`` never runs),
+    and the model is the compacted rounds' one bit for bit. An L1 penalty
+    (elasticnet) keeps compacted rounds."""
+    kwargs = dict(kwargs)
+    n_classes = kwargs.pop("n_classes", 2)
+    X, y = _sparse_problem(n=30000, d=20000)
+    if n_classes > 2:
+        y = y + (np.arange(y.shape[0]) % 7 == 0)
+    calls = {"compact_rows": 0, "round_features": 0}
+
+    def counted(name):
+        fn = getattr(numba_sgd, name)
+
+        def call(*args):
+            calls[name] += 1
+            return fn(*args)
+        return call
+
+    models = {}
+    for in_place in (True, False):
+        with monkeypatch.context() as m:
+            for name in calls:
+                m.setattr(numba_sgd, name, counted(name))
+            if not in_place:
+                m.setattr(_rounds, "_trains_in_place", lambda cfg, cache: False)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                est = SGDClassifier(max_iter=1, tol=None, random_state=0, client=client, n_jobs=2, **kwargs)
+                est.fit(X, y)
+        assert len(est.metrics_) == 2
+        models[in_place] = (est.coef_, est.intercept_, dict(calls))
+        calls.update(dict.fromkeys(calls, 0))
+    l1 = kwargs.get("penalty") == "elasticnet"
+    # 2 participants x 9 rounds, whose features the lazy regularization counts first (and in place, reuses)
+    assert models[True][2] == ({"compact_rows": 18, "round_features": 18} if l1 else
+                               {"compact_rows": 0, "round_features": 18})
+    assert models[False][2] == {"compact_rows": 18, "round_features": 18}
+    np.testing.assert_array_equal(models[True][0], models[False][0])
+    np.testing.assert_array_equal(models[True][1], models[False][1])
 
 
 class _TwoParticipantsInProcess(InProcessSession):

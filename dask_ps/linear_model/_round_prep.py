@@ -1,0 +1,194 @@
+"""A participant's sparse rounds prepared ahead (``_RoundPrep``, in a
+background thread) and a round ready to train (``_Round``): the lazy
+regularization's counts of the rounds that touch each feature, then each
+round's touched features and
+either its CSR compacted over them (rounds read again at later epochs, or
+a table too wide to hold whole) or, for rounds read once with the whole
+table held (a single pass), the round's samples left in place in the CSR
+(``_sgd_numba.round_features``; trained over the participant's copy of the
+whole table, ``_rounds._compiled_round``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dask_ps.linear_model._rounds import _CompiledData, _RunConfig
+
+
+class _Round:
+    """A round ready to train: its touched rows (sparse data: the rows of
+    the weights it reads and writes, the intercept's last; None for dense
+    data), its samples as chunks for ``sgd_round`` (each ``(samples, X, Y
+    per output, sample weights, rows of X to train on)``), its number of
+    samples and, for sparse data with a penalty, ``1/q`` of its rows
+    (lazy regularization). ``in_place``: its samples are the participant's
+    CSR rows themselves, over the whole table's columns (``_RoundPrep``)."""
+
+    __slots__ = ("rows", "chunks", "n", "inv_q", "in_place")
+
+    def __init__(self, rows, chunks, n, inv_q=None, in_place=False):
+        self.rows, self.chunks, self.n, self.inv_q, self.in_place = rows, chunks, n, inv_q, in_place
+
+
+class _RoundPrep:
+    """The sparse rounds of a participant, compacted (``_sgd_numba.compact_rows``:
+    a round's touched features and its rows as a CSR over them) or, where
+    ``c.in_place``, its touched features only (``round_features``), built by
+    one background thread ahead of the round that needs them, so that the
+    participant's thread trains and syncs meanwhile (numba releases the
+    GIL). The lazy regularization's counts of the rounds touching each
+    feature are its first job (``_count``).
+
+    Entries are kept across the epochs of a run when ``c.cache`` allows
+    (``ps.sgd.round-cache-bytes``); otherwise each is dropped once taken
+    and a round is built again at its next epoch, into the arrays of a
+    round already trained (``recycle``): first writes to fresh memory cost
+    page faults. Only this thread touches the compaction's scratch arrays."""
+
+    def __init__(self, cfg: _RunConfig, c: _CompiledData, run_rounds):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.cfg, self.c, self.run_rounds = cfg, c, run_rounds
+        self.pending: dict = {}  # round id -> Future of its entry
+        # Lazy regularization (_count): the features the rounds touch (sorted),
+        # how many rounds touch each, its 1/q; and the rounds' touched features.
+        self.count_features = self.counts = self.inv_q_of_feature = None
+        self.features = None
+        self.cpu_seconds = 0.0  # the thread's CPU time in its jobs
+        self.spare: list = []  # (data, indices) arrays of trained rounds, to build into (recycle)
+        # A thread only helps where there is another round to train while one
+        # is built: with one round an epoch the participant waited for it
+        # (a thread started and a hand-over per fit and per round; most of a
+        # small sparse fit's time), so the jobs run in the calling thread.
+        one_round = -(-cfg.steps_per_epoch // cfg.clock_every) <= 1
+        self._pool = _InlinePool() if one_round else ThreadPoolExecutor(1, thread_name_prefix="dask_ps-sgd-rounds")
+        self._counted = None  # the Future of _count, the first job once the rounds are drawn
+
+    def __repr__(self):
+        return f"<_RoundPrep pending={sorted(self.pending)} kept={0 if self.c.cache is None else len(self.c.cache)}>"
+
+    def _count(self):
+        """Lazy regularization's ``1/q`` of every feature the rounds touch:
+        ``q`` = the share of the epoch's rounds that touch it (its rounds'
+        touched features, ``round_features``, counted), so that a feature's
+        touches give it exactly an epoch's regularization, ``R`` rounds'
+        worth (``_rounds._finish_round``). One read of the rounds' indices
+        and a sort of their touched features; the rounds trained in place
+        reuse those features (``_build``). Runs once the rounds are drawn
+        (their first ``request``)."""
+        cpu = time.thread_time()
+        c = self.c
+        features = [c.mod.round_features(idx, c.ind, c.ptr, c.bits) for idx in self.run_rounds]
+        touched = np.concatenate(features) if features else np.zeros(0, dtype=np.int64)
+        self.count_features, self.counts = np.unique(touched, return_counts=True)
+        self.inv_q_of_feature = len(features) / self.counts
+        if c.in_place:
+            self.features = features
+        self.cpu_seconds += time.thread_time() - cpu
+
+    def _build(self, rid):
+        cpu = time.thread_time()
+        c, d = self.c, self.cfg.n_features
+        idx = self.run_rounds[rid]
+        if c.in_place and self.features is not None:  # counted first (_count): the round's features
+            cols = self.features[rid]
+        elif c.in_place:  # the round's features only: its samples stay where they are (c.in_place)
+            cols = c.mod.round_features(idx, c.ind, c.ptr, c.bits)
+        else:
+            out = self.spare.pop() if self.spare else None
+            cols, cdata, cind, cptr = c.mod.compact_rows(idx, c.data, c.ind, c.ptr, c.bits, c.rank, c.slot, out)
+        rows = np.append(cols, d)  # sorted and unique: pull_rows/push_rows do not sort them
+        iq = None
+        if c.lazy:  # the counts were this thread's first job
+            self._counted.result()  # (its error, if it failed)
+            iq = self.inv_q_of_feature[np.searchsorted(self.count_features, cols)]
+        if c.in_place:
+            entry = rows, None, None, None, iq
+        else:
+            entry = rows, (cdata, cind, cptr), [yk[idx] for yk in c.Y], c.sw[idx], iq
+        self.cpu_seconds += time.thread_time() - cpu
+        return entry
+
+    def _kept(self, rid):
+        return None if self.c.cache is None else self.c.cache.get(rid)
+
+    def request(self, rid) -> None:
+        """Build round ``rid`` in the background unless it is kept or on its way."""
+        if self._counted is None and self.c.lazy:
+            self._counted = self._pool.submit(self._count)
+        if rid not in self.pending and self._kept(rid) is None:
+            self.pending[rid] = self._pool.submit(self._build, rid)
+
+    def ready(self, rid) -> bool:
+        f = self.pending.get(rid)
+        return self._kept(rid) is not None or (f is not None and f.done())
+
+    def rows(self, rid):
+        """The touched rows of round ``rid`` (waits for it to be built)."""
+        return self._entry(rid, take=False)[0]
+
+    def take(self, group) -> _Round:
+        """Round ``group = (round id, order)``, in the sample order ``order``
+        (None: its own, in which its CSR was built): the kernel reads its
+        rows through that list (no copy of the CSR)."""
+        rid, order = group
+        rows, csr, Y, sw, iq = self._entry(rid, take=True)
+        c = self.c
+        if csr is None:  # in place: the round's samples by their rows of the participant's CSR
+            idx = self.run_rounds[rid]
+            samples = idx if order is None else idx[order]
+            return _Round(rows, [(samples, (c.data, c.ind, c.ptr), c.Y, c.sw, samples)], idx.shape[0], iq,
+                          in_place=True)
+        n = sw.shape[0]
+        local = c.arange_n(n) if order is None else order
+        return _Round(rows, [(local, csr, Y, sw, local)], n, iq)
+
+    def recycle(self, rnd: _Round) -> None:
+        """A trained round's CSR arrays, free to build a later round into
+        (rounds not kept only; the caller no longer reads them)."""
+        if self.c.cache is None and not rnd.in_place:
+            cdata, cind, _ = rnd.chunks[0][1]
+            self.spare.append((cdata.base if cdata.base is not None else cdata,
+                               cind.base if cind.base is not None else cind))
+
+    def _entry(self, rid, take):
+        entry = self._kept(rid)
+        if entry is None:
+            self.request(rid)
+            f = self.pending[rid]
+            entry = f.result()
+            if self.c.cache is not None:
+                self.c.cache[rid] = entry
+                del self.pending[rid]
+            elif take:
+                del self.pending[rid]
+        return entry
+
+    def close(self) -> None:
+        """Stop building (the round being built finishes: numba cannot be interrupted)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.pending.clear()
+
+
+class _InlinePool:
+    """``ThreadPoolExecutor``'s ``submit``/``shutdown`` for jobs run at once
+    in the calling thread (``_RoundPrep`` with one round an epoch)."""
+
+    @staticmethod
+    def submit(fn, *args):
+        from concurrent.futures import Future
+
+        f = Future()
+        try:
+            f.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - raised by result(), as from the thread
+            f.set_exception(e)
+        return f
+
+    def shutdown(self, wait=True, cancel_futures=False) -> None:
+        pass
