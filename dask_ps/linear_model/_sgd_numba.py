@@ -402,6 +402,18 @@ def _compact_fill(rows, data, ind, ptr, bits, rank, slot, cptr, first, last, cda
     for w in range(bits.shape[0]):
         rank[w] = m
         m += _popcount(bits[w])
+    cols = _set_bits(bits, m)
+    for o in range(nnz):
+        c = cind[o]
+        w = c >> 6
+        cind[o] = rank[w] + _popcount(bits[w] & ((np.uint64(1) << np.uint64(c & 63)) - np.uint64(1)))
+    bits[:] = 0
+    return cols
+
+
+@njit(nogil=True)
+def _set_bits(bits, m):
+    """The positions (sorted, int64) of the ``m`` set bits of the bitmap ``bits``."""
     cols = np.empty(m, dtype=np.int64)
     k = 0
     for w in range(bits.shape[0]):
@@ -411,11 +423,6 @@ def _compact_fill(rows, data, ind, ptr, bits, rank, slot, cptr, first, last, cda
             cols[k] = (w << 6) + _popcount(low - np.uint64(1))
             k += 1
             x ^= low
-    for o in range(nnz):
-        c = cind[o]
-        w = c >> 6
-        cind[o] = rank[w] + _popcount(bits[w] & ((np.uint64(1) << np.uint64(c & 63)) - np.uint64(1)))
-    bits[:] = 0
     return cols
 
 
@@ -435,16 +442,8 @@ def round_features(rows, ind, ptr, bits):
     m = 0
     for w in range(bits.shape[0]):
         m += _popcount(bits[w])
-    cols = np.empty(m, dtype=np.int64)
-    k = 0
-    for w in range(bits.shape[0]):
-        x = bits[w]
-        while x != 0:
-            low = x & (~x + np.uint64(1))  # the lowest set bit
-            cols[k] = (w << 6) + _popcount(low - np.uint64(1))
-            k += 1
-            x ^= low
-        bits[w] = 0
+    cols = _set_bits(bits, m)
+    bits[:] = 0
     return cols
 
 
