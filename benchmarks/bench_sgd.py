@@ -234,8 +234,7 @@ def print_breakdown(model, seconds):
         for name, t in (m.get("tables") or {}).items():  # load-robust: reads and bytes per clock
             if t.get("reads"):
                 print(f"      table {name}: {clocks} clocks, {t['reads'] / clocks:.2f} reads "
-                      f"({t['cache_hits'] / clocks:.2f} from the cache, "
-                      f"{t.get('shared_hits', 0) / clocks:.2f} blocks from the process cache), "
+                      f"({t['cache_hits'] / clocks:.2f} from the cache), "
                       f"{t['bytes_pulled'] / clocks / 1e3:.1f} kB pulled and "
                       f"{t['bytes_pushed'] / clocks / 1e3:.1f} kB pushed, {t['flushes'] / clocks:.2f} flushes a clock")
 

@@ -203,11 +203,6 @@ class ReadCache:
         e = self.get(name, b)
         return e is not None and values is e.values
 
-    def has_own_writes(self, name: str, b: int, seq: int) -> bool:
-        """Whether block ``b``'s values read at the server's sequence number
-        ``seq`` hold every own push acknowledged so far (numbers only grow)."""
-        return seq >= self._own_seq.get((name, b), 0)
-
     # --- use and invalidation ---------------------------------------------------------------
     @staticmethod
     def usable(e: CacheEntry | None, need: float | None, refresh: bool, clock: int) -> bool:
