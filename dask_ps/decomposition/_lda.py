@@ -162,9 +162,9 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
     vocabulary_slices : int, default 1
         LightLDA's model slices, for word-topic rows larger than a worker's
         memory: each iteration a participant reads, samples and pushes the
-        rows of its words one slice of its vocabulary at a time (the next
-        read ahead), so it holds about ``2 / vocabulary_slices`` of them
-        (``metrics_``'s ``peak_rows``) and sends more messages. CPU samplers.
+        rows of its words one slice of its vocabulary at a time, so it holds
+        about ``1 / vocabulary_slices`` of them (``metrics_``'s
+        ``peak_rows``) and sends more messages. CPU samplers.
     device : {"auto", "cpu", "cuda"}, default "auto"
         Where participants sample. "auto": "cuda" for cupy input, else "cpu".
         The tables stay on the servers' host memory either way.

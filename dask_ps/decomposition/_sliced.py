@@ -4,16 +4,18 @@ vocabulary at a time (``vocabulary_slices=S > 1``).
 
 A participant's vocabulary (its local rows, sorted by word) is cut into
 ``S`` ranges of about ``|V_p| / S`` rows. Each iteration it reads the
-totals once; then, slice by slice, it takes the rows of the slice's words
-(read ahead while the slice before was swept), drops the session's cached
-copy, sweeps the tokens of those words only -- in document order, with the
+totals once; then, slice by slice, it reads the rows of the slice's words,
+drops the session's cached copy, sends the slice before's change (in the
+background), sweeps the tokens of those words only -- in document order, with the
 documents' topic counts and the totals local and updated as it goes -- and
 pushes the rows' change; the totals' change and the clock end the
 iteration, as in :func:`dask_ps.decomposition._gibbs._iteration`. Each
 token's conditional is the collapsed one, from the current document counts,
 its word's row as read for its slice (updated by the slice's own moves) and
 the local totals: a systematic-scan Gibbs sweep in slice-major order. The
-rows of two slices (the one swept, the one read ahead) are held at once.
+rows of one slice are held at a time: reading the next slice ahead
+(``prefetch_rows``) doubled that and was not faster (docs/benchmarks.md,
+"Vocabulary slices").
 See "LDA's word-topic table beyond one worker" in ``docs/architecture.rst``.
 """
 
@@ -83,21 +85,18 @@ def sliced_iteration(ctx, s, sl: Slices, cfg, it):
     t0 = time.perf_counter()
     nk = ctx.pull(cfg.nk_name)
     nk_before = nk.copy()
-    handle = ctx.prefetch_rows(cfg.nwk_name, s.vocab[sl.rows(0)])
     s.timing["pull_seconds"] += time.perf_counter() - t0
     evaluation = _Evaluation(s, sl, cfg, it, nk) if cfg.evaluate_every > 0 and it % cfg.evaluate_every == 0 else None
     sweep_seconds = s.sweep_seconds
     for j in range(sl.count):
         t1 = time.perf_counter()
-        rows = handle.result()
+        rows = ctx.pull_rows(cfg.nwk_name, s.vocab[sl.rows(j)])
         ctx.uncache(cfg.nwk_name)  # this slice's rows are read once per clock: a cached copy is only memory
         if j:
-            ctx.flush(wait=False)  # the slice before's change, sent while this one is swept
-        ahead = 0
-        if j + 1 < sl.count:
-            handle = ctx.prefetch_rows(cfg.nwk_name, s.vocab[sl.rows(j + 1)])
-            ahead = sl.bounds[j + 2] - sl.bounds[j + 1]
-        s.peak_rows = max(s.peak_rows, rows.shape[0] + int(ahead))
+            # The slice before's change, sent while this one is swept: after
+            # this read, which would otherwise wait for its acknowledgement.
+            ctx.flush(wait=False)
+        s.peak_rows = max(s.peak_rows, rows.shape[0])
         t2 = time.perf_counter()
         s.timing["pull_seconds"] += t2 - t1
         if evaluation is not None:
@@ -110,10 +109,7 @@ def sliced_iteration(ctx, s, sl: Slices, cfg, it):
         changed, delta = _sweep_slice(s, sl, cfg, it, j, rows, nk)
         t3 = time.perf_counter()
         if changed.size:
-            # copied (copy=True): a read ahead of the next slice that shares a
-            # block with this one adds it if the servers had not applied it
-            # yet, where a borrowed array would make it read the block again.
-            ctx.push_rows(cfg.nwk_name, s.vocab[sl.bounds[j] + changed], delta)
+            ctx.push_rows(cfg.nwk_name, s.vocab[sl.bounds[j] + changed], delta, copy=False)  # a fresh array
         s.timing["push_seconds"] += time.perf_counter() - t3
         del rows, delta
     if cfg.delay is not None:
