@@ -619,7 +619,8 @@ def part_slices(client, train, test, args):
                   f"| {np.mean([x['rows'] for x in g]) / base_rows:.2f} "
                   f"| {_rng([x['rows'] * K * 4 / 2**20 for x in g], '.2f')} MiB "
                   f"| {_rng([x['session'] / 2**20 for x in g], '.2f')} MiB | {_rng([x['tps'] for x in g], '.3g')} "
-                  f"| {_rng(rel, '.2f')}x | {_rng([x['sweep'] for x in g], '.2f')} | {_rng([x['sync'] for x in g], '.2f')} "
+                  f"| {_rng(rel, '.2f')}x | {_rng([x['sweep'] for x in g], '.2f')} "
+                  f"| {_rng([x['sync'] for x in g], '.2f')} "
                   f"| {_rng([x['heldout'] for x in g], '.4f')} |")
 
 
