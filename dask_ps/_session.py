@@ -510,6 +510,22 @@ class Session(InFlight):
         return self._assemble_rows(h, uniq, inverse, reqs, self._read(h, reqs))
 
     @ps_call
+    def uncache(self, name: str) -> None:
+        """Forget this session's cached copies of table ``name``'s rows and
+        the memory they hold. Always legal: a later read goes to the
+        servers, under the table's bound and with own writes, as a first
+        read does. For a participant that holds one part of a table at a
+        time (LDA's vocabulary slices): a cache would keep every part read."""
+        self._handle(name)
+        self._cache.forget(name)
+
+    def held_bytes(self, name: str) -> int:
+        """Bytes of table ``name`` this session holds: its cached rows and
+        the own pushes it keeps (sent to an ``aggregate="clock"`` sum table,
+        until the servers summed their clock), not the caller's arrays."""
+        return self._cache.held_bytes(name)
+
+    @ps_call
     def prefetch(self, name: str, for_clock: int | None = None) -> PullHandle:
         """Start reading the whole table; ``handle.result()`` returns what
         :meth:`pull` would return when it is called (ps-lite's ``ZPull``).
