@@ -13,7 +13,6 @@ about 1/S of its rows (``metrics_``).
 from __future__ import annotations
 
 import itertools
-import logging
 
 import numpy as np
 import pytest
@@ -25,24 +24,7 @@ pytest.importorskip("numba")
 import dask_ps  # noqa: E402
 from dask_ps.decomposition import LatentDirichletAllocation, document_completion  # noqa: E402
 from dask_ps.decomposition import _gibbs, _sliced  # noqa: E402
-
-
-def lda_corpus(n_docs=400, doc_len=80, n_words=200, n_topics=5, alpha=0.3, eta=0.05, seed=0):
-    """Documents drawn from the LDA generative process."""
-    rng = np.random.default_rng(seed)
-    topics = rng.dirichlet(np.full(n_words, eta), size=n_topics)
-    theta = rng.dirichlet(np.full(n_topics, alpha), size=n_docs)
-    return sp.csr_matrix(np.vstack([rng.multinomial(doc_len, p / p.sum()) for p in theta @ topics]))
-
-
-@pytest.fixture(scope="module")
-def lda_client():
-    from distributed import Client, LocalCluster
-
-    logging.getLogger("distributed").setLevel(logging.WARNING)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        with Client(cluster, set_as_default=False) as client:
-            yield client
+from tests.decomposition.test_lda_dropin import lda_client, lda_corpus  # noqa: E402,F401 (a fixture, a corpus)
 
 
 # --- the slices of a partition (no cluster) -------------------------------------------------
@@ -197,7 +179,7 @@ def test_slices_fit_as_well_as_one_slice_over_seeds_and_hold_fewer_rows(lda_clie
     log-likelihood of S=4 within the spread of S=1 over three seeds (default
     consistency, two participants); each participant holds one slice's
     rows at a time, about 1/S of S=1's, and its session keeps no copy of them."""
-    X = lda_corpus(n_docs=500)
+    X, _ = lda_corpus(n_docs=500)
     train, test = X[:400], X[400:]
     by_S = {}
     for S in (1, 4):
@@ -221,7 +203,7 @@ def test_bsp_fits_with_slices_are_reproducible_and_equal_chunked_ones(lda_client
     """Under BSP the same random_state gives the same model with S=3, also
     in checkpointed chunks (the slices' streams come from the iteration's
     seed), and another S gives another chain."""
-    X = lda_corpus(n_docs=150, doc_len=50, n_words=120, seed=3)
+    X, _ = lda_corpus(n_docs=150, doc_len=50, n_words=120, seed=3)
     kw = dict(max_iter=12, evaluate_every=4, consistency=dask_ps.BSP(), n_partitions=3)
     a, b = (_fit(lda_client, X, 3, 0, **kw) for _ in range(2))
     np.testing.assert_array_equal(a.components_, b.components_)
@@ -257,7 +239,7 @@ def test_heldout_loglik_with_slices_close_to_lda_package(lda_client):
 def test_verbose_lines_of_a_sliced_fit(lda_client, capsys):
     """The verbose perplexity, summed slice by slice, falls along the fit to
     about ``bound_`` (as S=1's, test_lda_dropin.py)."""
-    X = lda_corpus(n_docs=60, doc_len=30, n_words=50, n_topics=3, seed=2)
+    X, _ = lda_corpus(n_docs=60, doc_len=30, n_words=50, n_topics=3, seed=2)
     est = _fit(lda_client, X, 3, 0, n_components=3, max_iter=9, evaluate_every=3, verbose=True,
                consistency=dask_ps.BSP())
     lines = capsys.readouterr().out.splitlines()
@@ -276,4 +258,4 @@ def test_verbose_lines_of_a_sliced_fit(lda_client, capsys):
 ])
 def test_vocabulary_slices_validation(params, match):
     with pytest.raises(ValueError, match=match):
-        LatentDirichletAllocation(2, **params).fit(lda_corpus(n_docs=10, doc_len=10, n_words=20, n_topics=2))
+        LatentDirichletAllocation(2, **params).fit(lda_corpus(n_docs=10, doc_len=10, n_words=20, n_topics=2)[0])
