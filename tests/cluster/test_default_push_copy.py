@@ -81,3 +81,48 @@ def test_a_step_rules_pushes_are_copies(ps):
     ps.create_table("s", shape=(N,), block_rows=BLOCK_ROWS, rule="sgd", lr=0.5)
     ps.run(_step_then_mutate, [None])
     np.testing.assert_array_equal(ps.pull("s"), np.full(N, -0.5 * (2.0 + 10**6)))
+
+
+# --- the buffer's array is reused for the next push's copy only once nothing reads it ------
+def _two_flushes_then_read(ctx, _):
+    x = np.arange(N, dtype=float)
+    ctx.push("c", x)
+    ctx.flush()
+    ctx.push("c", x * 10)  # copied into the first push's array, were it free again
+    ctx.flush()
+    got = ctx.pull("c")  # own pushes of this clock, which the servers hold back
+    ctx.clock()
+    return got
+
+
+def test_own_pushes_of_a_clock_sum_survive_the_next_push(ps):
+    """aggregate="clock": the servers hold a clock's pushes until every
+    participant finished it, and the session adds its own sent ones to
+    what it reads. Their arrays were reused for the next default push's
+    copy, so the read gave 2 x 10x instead of x + 10x."""
+    ps.create_table("c", shape=(N,), block_rows=BLOCK_ROWS, aggregate="clock", consistency=dask_ps.SSP(0))
+    (got,) = ps.run(_two_flushes_then_read, [None])
+    expected = np.arange(N) * 11.0
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(ps.pull("c"), expected)
+
+
+def _prefetch_then_two_pushes(ctx, _):
+    x = np.arange(N, dtype=float)
+    handle = ctx.prefetch("p")
+    ctx.push("p", x)
+    ctx.flush()  # after the prefetch was issued: it may add this push (not applied when read)
+    (flight,) = handle.flushes
+    ctx.push("p", x * 10)  # must not be copied into the array that flight sent
+    sent = np.concatenate([v for items in flight.msgs.values() for _, _, v in sorted(items, key=lambda i: i[0])])
+    got = handle.result()
+    ctx.flush()
+    return sent, got
+
+
+def test_a_prefetchs_own_pushes_survive_the_next_push(ps):
+    ps.create_table("p", shape=(N,), block_rows=N, consistency=dask_ps.SSP(0))
+    ((sent, got),) = ps.run(_prefetch_then_two_pushes, [None])
+    np.testing.assert_array_equal(sent, np.arange(N))
+    np.testing.assert_array_equal(got, np.arange(N) * 11.0)  # as a pull then: both own pushes, once each
+    np.testing.assert_array_equal(ps.pull("p"), np.arange(N) * 11.0)
