@@ -200,6 +200,51 @@ def abs_bound(x) -> float:
         return float(xp.max(xp.abs(x)))
 
 
+def _copy_sum_squares(src, dst):
+    # Compiled lazily (copy_abs_bound); float64 squares and sum: float32
+    # values never overflow them, so the sum is finite exactly when the
+    # values are. ``reassoc`` lets the reduction vectorize; a NaN or an Inf
+    # still reaches the sum in any order (no nnan/ninf flags).
+    s = 0.0
+    for i in range(src.size):
+        a = src[i]
+        dst[i] = a
+        d = np.float64(a)
+        s += d * d
+    return s
+
+
+_copy_kernel = None
+
+
+def copy_abs_bound(src, dst) -> float | None:
+    """Copy ``src`` into ``dst`` and return :func:`abs_bound` of the values
+    from the same pass: the default push's copy and its NaN/Inf check read
+    the caller's array once (4 MiB of float32: 0.29 ms, where the copy and
+    the BLAS check take 0.29 + 0.14 ms; 64 MiB: 8.0 vs 11.3 ms).
+
+    Both are C-contiguous numpy arrays of one shape and dtype. Returns None,
+    leaving ``dst`` alone, where no such pass applies (not float32/float64,
+    small): the caller checks and copies as before. The first call in a
+    process imports numba and loads (or, once per install, compiles) the
+    loop: 0.4 s with numba imported already, as the estimators' kernels
+    have it; 0.8 s in a process without it (1.3 s the first time)."""
+    global _copy_kernel
+    if (src.dtype not in (np.float32, np.float64) or src.size <= SMALL or dst.dtype != src.dtype
+            or not (src.flags.c_contiguous and dst.flags.c_contiguous) or src.shape != dst.shape):
+        return None
+    if _copy_kernel is None:  # numba: imported and compiled (or loaded) on first use only
+        from dask_ps._compiled import njit
+
+        _copy_kernel = njit(nogil=True, fastmath={"reassoc", "contract"})(_copy_sum_squares)
+    s = _copy_kernel(src.reshape(-1), dst.reshape(-1))
+    if math.isfinite(s):
+        return math.sqrt(s) * (1 + 1e-6)
+    if src.dtype == np.float32 or not np.isfinite(dst).all():
+        return math.inf  # a NaN or an Inf (float32 squares cannot overflow float64)
+    return float(np.max(np.abs(dst)))  # float64 squares overflowed: the exact maximum
+
+
 def overflow_limit(dtype) -> float:
     """Bounds of a sum's terms that add up to at most this cannot overflow ``dtype``."""
     return float(np.finfo(dtype).max) / 2

@@ -292,10 +292,17 @@ class InFlight:
         m.flushes += 1
         m.bytes_pushed += sum(v.nbytes for items in msgs.values() for _, _, v in items)
         self._cache.write_through(name, msgs, seqs, self._own_writes_visible(h, flight.clock))
-        if self._summed_per_clock(h):
+        recorded = self._summed_per_clock(h)
+        if recorded:
             # Kept until summed everywhere: never the caller's array (copy=False).
             self._cache.record_sent(name, flight.clock, msgs, flight.buf.borrowed)
         spare = flight.buf.spare_after_send
+        if spare is not None and spare is flight.buf.dense and (
+                recorded or any(flight in p.flushes for p in self._prefetches.get(name, ()))):
+            # Its values are still read: as own pushes a clock's sum lacks
+            # (record_sent), or by a prefetch they may be missing from
+            # (_own_missed). The next push's copy would overwrite them.
+            spare = None
         if spare is not None:
             self._spares[name] = spare  # sent and applied: reuse its memory next time
 

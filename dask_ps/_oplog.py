@@ -57,6 +57,17 @@ class PushBuffer:
     def __bool__(self):
         return self.dense is not None or bool(self.row_parts) or bool(self.ops)
 
+    def copy_target(self):
+        """The array a copy of the next dense push goes into, so that
+        ``add_dense`` keeps it as it is (None: that push is summed into the
+        buffer, no copy): the spare where there is one."""
+        if self.additive and self.dense is not None:
+            return None
+        if self.additive and self.spare is not None and self.spare.shape == self.spec.shape \
+                and self.spare.dtype == self.spec.dtype and isinstance(self.spare, np.ndarray):
+            return self.spare
+        return np.empty(self.spec.shape, self.spec.dtype)
+
     def add_dense(self, values, keep: bool = False, borrowed: bool = False, bound: float | None = None) -> None:
         """Buffer a push of the whole table. ``keep``: ``values`` may be kept
         as it is, no copy (fresh from validation, or handed over);
@@ -78,6 +89,8 @@ class PushBuffer:
         elif self.dense is None:
             if keep:
                 self.dense, self._dense_borrowed = values, borrowed
+                if values is self.spare:  # the copy went into it (copy_target)
+                    self.spare = None
             elif self.spare is not None and self.spare.shape == values.shape and self.spare.dtype == values.dtype:
                 # A copy into an array of an earlier flush: the caller may reuse its array.
                 self.dense, self.spare = self.spare, None

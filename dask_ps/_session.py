@@ -337,13 +337,16 @@ class Session(InFlight):
         """
         h = self._handle(name)
         given = values
+        buf = self._buffer(h)
+        # A copy goes straight into the buffer's array, in the NaN/Inf check's pass.
+        into = buf.copy_target() if copy and h.spec.device == "cpu" and isinstance(values, np.ndarray) else None
         # On the table's device from here on: the buffer, the overlay of own
         # pushes on reads and the write-through add them to the table's arrays
         # (cupy refuses numpy operands, and numpy cupy ones).
-        values, bound = check_values(h.spec, values, h.spec.shape, bound=True)
+        values, bound = check_values(h.spec, values, h.spec.shape, bound=True, out=into)
         values = _backend.to_device(values, h.spec.device)
-        fresh = values is not given  # a cast or device copy: the buffer's own
-        self._buffer(h).add_dense(values, keep=fresh or not copy, borrowed=not fresh and not copy, bound=bound)
+        fresh = values is not given  # a copy, a cast or device copy: the buffer's own
+        buf.add_dense(values, keep=fresh or not copy, borrowed=not fresh and not copy, bound=bound)
         self._after_push(h)
 
     @ps_call

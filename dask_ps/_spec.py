@@ -292,7 +292,7 @@ def check_rows_sorted(spec: TableSpec, rows) -> tuple[np.ndarray, bool]:
 
 
 def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "push", bound: bool = False,
-                 check_finite: bool = True):
+                 check_finite: bool = True, out=None):
     """An array of exactly ``shape`` that casts to the table dtype (numpy's
     ``same_kind`` rule) and, unless the table allows it, has no NaN/Inf.
 
@@ -304,6 +304,10 @@ def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "p
     of a sum (``_shard._check_sums``) makes no second pass over them.
     ``check_finite=False``: the NaN/Inf check is left to the one server
     that receives the values whole (it refuses them before changing anything).
+    ``out``: a numpy array of ``shape`` and the table dtype that the values
+    are copied into (the returned values are then ``out``): in the NaN/Inf
+    check's pass where one pass can do both (``_backend.copy_abs_bound``).
+    On an error its contents are undefined.
     """
     refuse_masked(spec.name, values, f"{what} values")
     if not _backend.is_array(values):
@@ -343,11 +347,20 @@ def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "p
             f"ps.max-push-bytes ({limit} bytes); split it (push_rows in parts) or raise the limit",
             spec.name,
         )
+    found = None
+    if out is not None:
+        if (check_finite and not spec.allow_nonfinite and bound and isinstance(values, np.ndarray)
+                and values.dtype == spec.dtype):
+            found = _backend.copy_abs_bound(values, out)
+        if found is None:
+            out[...] = values  # the check below reads the copy
+        values = out
     if values.dtype != spec.dtype:
         values = values.astype(spec.dtype)
-    found = None
     if check_finite and not spec.allow_nonfinite:
-        if bound and values.size > _backend.SMALL and values.dtype.kind in "fc":
+        if found is not None:
+            finite = math.isfinite(found)  # checked in the copy's pass
+        elif bound and values.size > _backend.SMALL and values.dtype.kind in "fc":
             found = _backend.abs_bound(values)  # not finite: a NaN/Inf is in the values
             finite = math.isfinite(found)
         else:

@@ -27,17 +27,18 @@ N, BLOCK_ROWS = 15_000, 5_000  # three blocks, each larger than _backend.SMALL (
 def _install_counter(dask_worker=None):
     if getattr(_backend, "_test_passes", None) is not None:
         return  # in-process workers share this module
-    originals = (_backend.abs_bound, _backend.all_finite)
+    # copy_abs_bound: a default push's copy that checks as it copies (one pass)
+    originals = (_backend.abs_bound, _backend.all_finite, _backend.copy_abs_bound)
     _backend._test_passes = {"n": 0, "originals": originals}
 
     def counted(f):
-        def g(x):
+        def g(x, *more):
             if getattr(x, "size", 0) >= BLOCK_ROWS:  # a block or more: pushed values
                 _backend._test_passes["n"] += 1
-            return f(x)
+            return f(x, *more)
         return g
 
-    _backend.abs_bound, _backend.all_finite = (counted(f) for f in originals)
+    _backend.abs_bound, _backend.all_finite, _backend.copy_abs_bound = (counted(f) for f in originals)
 
 
 def _take_count(dask_worker=None):
@@ -49,7 +50,7 @@ def _take_count(dask_worker=None):
 def _uninstall_counter(dask_worker=None):
     state = getattr(_backend, "_test_passes", None)
     if state is not None:
-        _backend.abs_bound, _backend.all_finite = state["originals"]
+        _backend.abs_bound, _backend.all_finite, _backend.copy_abs_bound = state["originals"]
         _backend._test_passes = None
 
 
