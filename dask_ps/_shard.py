@@ -26,6 +26,7 @@ import numpy as np
 
 from dask_ps import _backend, _config
 from dask_ps._exceptions import PSValueError, StaleVersionError, UnknownTableError
+from dask_ps._sparse_rows import EncodedRows
 from dask_ps._spec import CASTING, TableSpec, refuse_masked, strictly_increasing
 from dask_ps.rules import Assign, Sum
 
@@ -369,7 +370,7 @@ class ShardStore:
                 f"table {spec.name!r}: a push needs equally long lists of blocks, rows and values",
                 spec.name,
             )
-        nbytes = sum(getattr(v, "nbytes", 0) for v in values)
+        nbytes = sum(v.dense_nbytes if isinstance(v, EncodedRows) else getattr(v, "nbytes", 0) for v in values)
         if nbytes > _config.get_bytes("max-push-bytes"):
             raise PSValueError(
                 f"table {spec.name!r}: a push of {nbytes} bytes exceeds ps.max-push-bytes", spec.name
@@ -380,6 +381,14 @@ class ShardStore:
             r = self._check_local_rows(t, blk, r)
             n_rows = blk.data.shape[0] if r is None else r.stop - r.start if isinstance(r, slice) else len(r)
             shape = (n_rows, *spec.row_shape)
+            if isinstance(v, EncodedRows):
+                if tuple(v.shape) != tuple(shape):
+                    raise PSValueError(f"table {spec.name!r}: block {b} expects values of shape {shape}, got "
+                                       f"{tuple(v.shape)}", spec.name)
+                if type(spec.rule) is Sum and v.addable_to(blk.data):  # integers: no NaN/Inf to look for
+                    items.append((int(b), r, v))
+                    continue
+                v = v.toarray()
             refuse_masked(spec.name, v, "push values")
             if not _backend.is_array(v):
                 raise PSValueError(
@@ -478,6 +487,8 @@ class ShardStore:
     def _apply_items(t: TableShards, items, rule, in_place: bool, fresh: dict, undo) -> None:
         for b, rows, vals in items:
             blk = t.blocks[b]
+            if isinstance(vals, EncodedRows) and type(rule) is not Sum:  # only a sum adds them as they are
+                vals = vals.toarray()
             if undo is not None:
                 undo.append(_snapshot(t, b, rows, in_place and b not in fresh and not blk.shared))
             blk.seq += 1
@@ -485,7 +496,7 @@ class ShardStore:
                 rule.apply(fresh[b], vals, blk.state, rows)
             elif in_place and not blk.shared:
                 rule.apply(blk.data, vals, blk.state, rows)
-            elif rows is None and rule.additive:
+            elif rows is None and rule.additive and not isinstance(vals, EncodedRows):
                 fresh[b] = blk.data + vals  # one pass instead of copy + add
             else:
                 new = blk.data.copy()
@@ -511,8 +522,10 @@ class ShardStore:
         for b, rows, vals in items:
             # Kept as pushed (a copy: the sender's array may be shared in one
             # process), per sender: applied in the senders' order when due.
-            # Only the rows pushed are kept, not a block-sized sum per sender.
-            acc.setdefault(b, {}).setdefault(sender or "", []).append((rows, vals.copy()))
+            # Only the rows pushed are kept, not a block-sized sum per sender
+            # (and dense: a block moved elsewhere takes its sums along, export).
+            vals = vals.toarray() if isinstance(vals, EncodedRows) else vals.copy()
+            acc.setdefault(b, {}).setdefault(sender or "", []).append((rows, vals))
 
     @staticmethod
     def due(t: TableShards, run_id: str, min_clock: float, blocks=None) -> list[list[PushItem]]:

@@ -17,16 +17,21 @@ The encoding of ``values`` (shape ``(n, *row_shape)``) is a dict::
 A row is compared and carried as the unsigned integers of its values' bits
 (floats: -0.0 and NaN payloads are kept; complex128 as two uint64), so a
 round trip is exact for every numeric dtype. Nothing here allocates more
-than the rows' dense bytes: :func:`decode` checks the message first.
+than the rows' dense bytes: :func:`checked` checks the message first.
+
+A server adds pushed rows to an integer ``sum`` table as they arrived
+(:class:`EncodedRows`, one write per nonzero), without decoding them. The
+loops are compiled on first use (numba is imported then, not with this
+module: the shard store refers to :class:`EncodedRows`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
-from dask_ps._compiled import njit
 from dask_ps._exceptions import PSValueError
 
 KEY = "sparse_rows"
@@ -55,7 +60,6 @@ def is_encoded(x) -> bool:
     return isinstance(x, dict) and KEY in x
 
 
-@njit(nogil=True, cache=True)
 def _encode(a, counts, cols, vals):  # pragma: no cover - compiled
     """The nonzeros of ``a``'s rows into ``cols``/``vals``, their number
     per row into ``counts``; -1 as soon as they do not fit."""
@@ -75,13 +79,29 @@ def _encode(a, counts, cols, vals):  # pragma: no cover - compiled
     return j
 
 
-@njit(nogil=True, cache=True)
 def _decode(counts, cols, vals, out):  # pragma: no cover - compiled
     j = 0
     for i in range(counts.size):
         for _ in range(counts[i]):
             out[i, cols[j]] = vals[j]
             j += 1
+
+
+def _add(out, rows, counts, cols, vals):  # pragma: no cover - compiled
+    """``out[rows[i], cols[j]] += vals[j]`` for row ``i``'s nonzeros ``j``."""
+    j = 0
+    for i in range(counts.size):
+        r = rows[i]
+        for _ in range(counts[i]):
+            out[r, cols[j]] += vals[j]
+            j += 1
+
+
+@functools.cache
+def _compiled(name: str):
+    from dask_ps._compiled import njit
+
+    return njit(nogil=True, cache=True)(globals()[name])
 
 
 def encode(values: np.ndarray, max_fraction: float = MAX_FRACTION, min_bytes: int = MIN_BYTES) -> dict | None:
@@ -101,7 +121,7 @@ def encode(values: np.ndarray, max_fraction: float = MAX_FRACTION, min_bytes: in
     counts = np.empty(n, dtype=np.int32)
     cols = np.empty(cap, dtype=cols_dtype)  # pages not written are never touched
     vals = np.empty(cap, dtype=unit)
-    nnz = _encode(a, counts, cols, vals)
+    nnz = _compiled("_encode")(a, counts, cols, vals)
     if nnz < 0:
         return None
     return {KEY: list(values.shape), "dtype": values.dtype.str, "counts": counts, "cols": cols[:nnz],
@@ -112,10 +132,74 @@ def encoded_nbytes(enc: dict) -> int:
     return sum(getattr(enc.get(k), "nbytes", 0) for k in ("counts", "cols", "vals"))
 
 
-def decode(enc: dict, max_bytes: int | None = None) -> np.ndarray:
-    """The rows :func:`encode` encoded, as a fresh writable array. Raises
-    :class:`PSValueError` for a malformed message (before allocating), or
-    one whose rows would exceed ``max_bytes``."""
+class EncodedRows:
+    """Rows received as their nonzeros and checked (:func:`checked`), not
+    decoded: ``shape``/``dtype`` of the rows they stand for, ``nbytes`` of
+    what they hold. Never written to (a copy is itself)."""
+
+    __slots__ = ("shape", "dtype", "counts", "cols", "vals")
+
+    def __init__(self, shape, dtype, counts, cols, vals):
+        self.shape, self.dtype, self.counts, self.cols, self.vals = shape, dtype, counts, cols, vals
+
+    def __repr__(self):
+        return f"EncodedRows(shape={self.shape}, dtype={self.dtype}, nnz={self.vals.size})"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.counts.nbytes + self.cols.nbytes + self.vals.nbytes
+
+    @property
+    def dense_nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def copy(self) -> EncodedRows:
+        return self
+
+    def message(self) -> dict:
+        """As :func:`encode` made them (to send on)."""
+        return {KEY: list(self.shape), "dtype": self.dtype.str, "counts": self.counts, "cols": self.cols,
+                "vals": self.vals}
+
+    def toarray(self) -> np.ndarray:
+        """The rows as a fresh writable array."""
+        unit = _unit(self.dtype)
+        out = np.zeros((self.shape[0], math.prod(self.shape[1:]) * self.dtype.itemsize // unit.itemsize), dtype=unit)
+        if self.cols.size:
+            _compiled("_decode")(self.counts, self.cols, self.vals, out)
+        return out.reshape(-1).view(self.dtype).reshape(self.shape)
+
+    def addable_to(self, out) -> bool:
+        """Whether :meth:`add_to` can add these rows to ``out``: a host
+        array of integers of their dtype (an integer sum of the nonzeros
+        alone is the dense sum, bit for bit; a float one is not: ``-0.0 +
+        0.0``), whose rows are as wide as these."""
+        return (isinstance(out, np.ndarray) and out.dtype == self.dtype and self.dtype.kind in "iu"
+                and out.ndim >= 2 and out.shape[1:] == tuple(self.shape[1:]) and out.flags.c_contiguous
+                and out.flags.writeable)
+
+    def add_to(self, out: np.ndarray, rows=None) -> None:
+        """``out[rows] += self.toarray()`` (``rows``: an index array of
+        distinct rows, a slice, or None for all of ``out``'s), one write per
+        nonzero. Only where :meth:`addable_to`; the rows were checked to be
+        in range (``ShardStore.validate_push``)."""
+        if rows is None:
+            rows = np.arange(out.shape[0])
+        elif isinstance(rows, slice):
+            rows = np.arange(*rows.indices(out.shape[0]))
+        if self.cols.size:
+            _compiled("_add")(out.reshape(out.shape[0], -1), np.asarray(rows, dtype=np.int64), self.counts,
+                              self.cols, self.vals.view(self.dtype))
+
+
+def checked(enc: dict, max_bytes: int | None = None) -> EncodedRows:
+    """The rows :func:`encode` encoded, checked and not decoded. Raises
+    :class:`PSValueError` for a malformed message, or one whose rows would
+    exceed ``max_bytes``."""
     try:
         shape = tuple(int(s) for s in enc[KEY])
         dtype = np.dtype(enc["dtype"])
@@ -137,7 +221,10 @@ def decode(enc: dict, max_bytes: int | None = None) -> np.ndarray:
         raise PSValueError("sparse rows: the counts per row do not add up to the nonzeros sent")
     if cols.size and (int(cols.max()) >= row_size or int(cols.min()) < 0):
         raise PSValueError(f"sparse rows: a position is outside rows of {row_size} elements")
-    out = np.zeros((n, row_size), dtype=unit)
-    if cols.size:
-        _decode(counts, cols, vals, out)
-    return out.reshape(-1).view(dtype).reshape(shape)
+    return EncodedRows(shape, dtype, counts, cols, vals)
+
+
+def decode(enc: dict, max_bytes: int | None = None) -> np.ndarray:
+    """The rows :func:`encode` encoded, as a fresh writable array (checked
+    first, see :func:`checked`)."""
+    return checked(enc, max_bytes).toarray()

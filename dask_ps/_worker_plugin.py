@@ -184,7 +184,7 @@ class PSWorkerPlugin(WorkerPlugin):
         """
         rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
         if isinstance(values, (list, tuple)):
-            values = unwire_values([_unwrap(v) for v in values], _config.get_bytes("max-push-bytes"))
+            values = unwire_values([_unwrap(v) for v in values], _config.get_bytes("max-push-bytes"), decode=False)
         if replica and not internal:
             raise InternalOnlyError("a forwarded push (replica=True) may come only from the blocks' primary")
         if bound is not None and not internal:
@@ -329,7 +329,7 @@ class PSWorkerPlugin(WorkerPlugin):
             self.liveness.call(r, lambda r=r, its=its: asyncio.wait_for(self.worker.rpc(r).ps_push(**aligned(dict(
                 table=t.spec.name, version=t.version, blocks=[b for b, _, _ in its],
                 rows=[_wire_local_rows(x) for _, x, _ in its],
-                values=[to_serialize(v) for _, _, v in its],
+                values=[wire_values(v, False) for _, _, v in its],  # as they came (nonzeros stay so)
                 raw=raw, run=run, sender=sender, msg_seq=msg_seq, replica=True,
                 forwarder=self.worker.address, token=self.internal_token, bound=bound_of(its),
             ))), timeout))

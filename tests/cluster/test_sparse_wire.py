@@ -33,9 +33,9 @@ def _count_decoded(dask_worker=None):
     _worker_plugin._plain_unwire = plain
     _worker_plugin.decoded = 0
 
-    def counting(values, max_bytes=None):
+    def counting(values, max_bytes=None, decode=True):
         _worker_plugin.decoded += sum(isinstance(v, dict) for v in values)
-        return plain(values, max_bytes)
+        return plain(values, max_bytes, decode)
 
     _worker_plugin.unwire_values = counting
 
