@@ -26,6 +26,7 @@ import numpy as np
 
 from dask_ps import _backend, _config
 from dask_ps._exceptions import PSValueError, StaleVersionError, UnknownTableError
+from dask_ps import _sparse_rows
 from dask_ps._sparse_rows import EncodedRows
 from dask_ps._spec import CASTING, TableSpec, refuse_masked, strictly_increasing
 from dask_ps.rules import Assign, Sum
@@ -617,10 +618,12 @@ class ShardStore:
         return t
 
     @staticmethod
-    def read(t: TableShards, reqs: list, *, copy: bool = False) -> tuple[list, list]:
+    def read(t: TableShards, reqs: list, *, copy: bool = False, sparse: bool = False) -> tuple[list, list]:
         """``(seqs, values)`` of validated ``(block, rows)`` requests. Whole
         blocks, and ranges of at least half a block, are returned without a
-        copy (and the block marked shared) unless ``copy``."""
+        copy (and the block marked shared) unless ``copy``. ``sparse``: rows
+        by index as their nonzeros (a dict, ``_sparse_rows.encode``) where
+        that is smaller, read straight from the block (no gathered copy)."""
         seqs, out = [], []
         for b, rows in reqs:
             blk = t.blocks[b]
@@ -628,7 +631,8 @@ class ShardStore:
             if isinstance(rows, slice) and (copy or 2 * (rows.stop - rows.start) < blk.data.shape[0]):
                 out.append(blk.data[rows].copy())
             elif rows is not None and not isinstance(rows, slice):
-                out.append(_backend.take_rows(blk.data, rows))
+                enc = _sparse_rows.encode(blk.data, rows=rows) if sparse else None
+                out.append(_backend.take_rows(blk.data, rows) if enc is None else enc)
             elif copy:
                 out.append(blk.data.copy())
             else:

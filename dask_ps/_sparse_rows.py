@@ -60,15 +60,16 @@ def is_encoded(x) -> bool:
     return isinstance(x, dict) and KEY in x
 
 
-def _encode(a, counts, cols, vals):  # pragma: no cover - compiled
-    """The nonzeros of ``a``'s rows into ``cols``/``vals``, their number
-    per row into ``counts``; -1 as soon as they do not fit."""
+def _encode(a, rows, counts, cols, vals):  # pragma: no cover - compiled
+    """The nonzeros of ``a``'s rows ``rows`` into ``cols``/``vals``, their
+    number per row into ``counts``; -1 as soon as they do not fit."""
     j = 0
     cap = cols.size
-    for i in range(a.shape[0]):
+    for i in range(rows.size):
+        r = rows[i]
         start = j
         for k in range(a.shape[1]):
-            v = a[i, k]
+            v = a[r, k]
             if v != 0:
                 if j == cap:
                     return -1
@@ -104,28 +105,33 @@ def _compiled(name: str):
     return njit(nogil=True, cache=True)(globals()[name])
 
 
-def encode(values: np.ndarray, max_fraction: float = MAX_FRACTION, min_bytes: int = MIN_BYTES) -> dict | None:
-    """``values``' rows as their nonzeros, or None when that would be more
-    than ``max_fraction`` of their bytes, or they are fewer than
-    ``min_bytes`` (or not a host array with rows)."""
-    if (not isinstance(values, np.ndarray) or values.ndim < 2 or values.size == 0
-            or values.nbytes < min_bytes):
+def encode(values: np.ndarray, max_fraction: float = MAX_FRACTION, min_bytes: int = MIN_BYTES,
+           rows: np.ndarray | None = None) -> dict | None:
+    """``values``' rows (``rows``: those rows of ``values``, as
+    ``values[rows]`` without gathering them first) as their nonzeros, or
+    None when that would be more than ``max_fraction`` of their bytes, or
+    they are fewer than ``min_bytes`` (or not a host array with rows)."""
+    if not isinstance(values, np.ndarray) or values.ndim < 2:
         return None
-    n = values.shape[0]
+    shape = values.shape if rows is None else (len(rows), *values.shape[1:])
+    nbytes = math.prod(shape) * values.dtype.itemsize
+    if nbytes == 0 or nbytes < min_bytes:
+        return None
+    n = shape[0]
     unit = _unit(values.dtype)
-    a = np.ascontiguousarray(values).view(unit).reshape(n, -1)
+    a = np.ascontiguousarray(values).view(unit).reshape(values.shape[0], -1)
+    rows = np.arange(n) if rows is None else rows
     cols_dtype = _col_dtype(a.shape[1])
-    cap = int(max_fraction * values.nbytes - 4 * n) // (unit.itemsize + cols_dtype.itemsize)
+    cap = int(max_fraction * nbytes - 4 * n) // (unit.itemsize + cols_dtype.itemsize)
     if cap <= 0:
         return None
     counts = np.empty(n, dtype=np.int32)
     cols = np.empty(cap, dtype=cols_dtype)  # pages not written are never touched
     vals = np.empty(cap, dtype=unit)
-    nnz = _compiled("_encode")(a, counts, cols, vals)
+    nnz = _compiled("_encode")(a, rows, counts, cols, vals)
     if nnz < 0:
         return None
-    return {KEY: list(values.shape), "dtype": values.dtype.str, "counts": counts, "cols": cols[:nnz],
-            "vals": vals[:nnz]}
+    return {KEY: list(shape), "dtype": values.dtype.str, "counts": counts, "cols": cols[:nnz], "vals": vals[:nnz]}
 
 
 def encoded_nbytes(enc: dict) -> int:

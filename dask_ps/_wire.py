@@ -57,9 +57,12 @@ def aligned(msg: dict) -> dict:
 def wire_values(values, sparse: bool):
     """Rows of a push or a pull's reply as they go into a message: a
     zero-copy frame, or (``sparse``) their nonzeros where that is smaller
-    (``dask_ps._sparse_rows``, compiled on first use). Rows that arrived
-    as their nonzeros (a primary forwarding a push) go on as they are."""
-    enc = values.message() if isinstance(values, _sparse_rows.EncodedRows) else None
+    (``dask_ps._sparse_rows``, compiled on first use). Rows encoded
+    already (a server's read, ``ShardStore.read``) or that arrived so (a
+    primary forwarding a push) go as they are."""
+    enc = values if isinstance(values, dict) else None
+    if isinstance(values, _sparse_rows.EncodedRows):
+        enc = values.message()
     if sparse and enc is None:
         enc = _sparse_rows.encode(values)
     if enc is not None:

@@ -185,3 +185,27 @@ def test_a_store_checks_encoded_rows_and_sums_them_per_clock():
     for items in st.due(t, "run", 1):
         st.commit(t, st.apply(t, items))
     assert t.blocks[0].data.tobytes() == (a + b).tobytes()
+
+
+def test_rows_by_index_encode_straight_from_the_block():
+    a = _sparse((300, 1000), "int32", 0.01)
+    rows = np.array([3, 7, 8, 120, 299] * 60)  # any order, repeats: 1.2 MB of rows
+    assert sr.decode(sr.encode(a, rows=rows)).tobytes() == a[rows].tobytes()
+    assert sr.encode(a, rows=rows[:200]) is None  # 0.8 MB of rows: under MIN_BYTES
+    assert sr.encode(np.ones((300, 1000), np.int32), rows=rows) is None
+
+
+def test_a_store_reads_rows_by_index_as_their_nonzeros_for_a_sparse_reader():
+    from dask_ps._shard import ShardStore
+
+    s = TableSpec.create("t", (600, 1000), "int32", block_rows=300)
+    st = ShardStore()
+    st.create(s, 1, [0, 1])
+    t = st.tables["t"]
+    t.blocks[0].data[...] = _sparse((300, 1000), "int32", 0.01)
+    rows = np.arange(0, 300, 1)[::-1].copy()
+    reqs = [(0, rows), (1, None), (0, slice(0, 300))]
+    _, dense = st.read(t, reqs, copy=True)
+    _, sparse = st.read(t, reqs, copy=True, sparse=True)
+    assert sr.is_encoded(sparse[0]) and not any(sr.is_encoded(v) for v in sparse[1:])  # whole blocks, ranges: as before
+    assert sr.decode(sparse[0]).tobytes() == dense[0].tobytes()
