@@ -27,7 +27,7 @@ import numpy as np
 from dask_ps import _backend, _config
 from dask_ps._exceptions import PSValueError, StaleVersionError, UnknownTableError
 from dask_ps import _sparse_rows
-from dask_ps._sparse_rows import EncodedRows
+from dask_ps._sparse_rows import DenseRows, EncodedRows, RowsToAdd
 from dask_ps._spec import CASTING, TableSpec, refuse_masked, strictly_increasing
 from dask_ps.rules import Assign, Sum
 
@@ -417,6 +417,8 @@ class ShardStore:
             if isinstance(r, np.ndarray):
                 r = _backend.to_device(r, spec.device)
             v = v.astype(spec.dtype, copy=False)
+            if spec.sparse_wire and type(spec.rule) is Sum and DenseRows(v).addable_to(blk.data):
+                v = DenseRows(v)  # rows mostly zeros: only the nonzeros are written
             if found is not None and bounds is not None:
                 bounds[id(v)] = float(found)
             items.append((int(b), r, v))
@@ -488,7 +490,7 @@ class ShardStore:
     def _apply_items(t: TableShards, items, rule, in_place: bool, fresh: dict, undo) -> None:
         for b, rows, vals in items:
             blk = t.blocks[b]
-            if isinstance(vals, EncodedRows) and type(rule) is not Sum:  # only a sum adds them as they are
+            if isinstance(vals, RowsToAdd) and type(rule) is not Sum:  # only a sum adds them as they are
                 vals = vals.toarray()
             if undo is not None:
                 undo.append(_snapshot(t, b, rows, in_place and b not in fresh and not blk.shared))
@@ -497,7 +499,7 @@ class ShardStore:
                 rule.apply(fresh[b], vals, blk.state, rows)
             elif in_place and not blk.shared:
                 rule.apply(blk.data, vals, blk.state, rows)
-            elif rows is None and rule.additive and not isinstance(vals, EncodedRows):
+            elif rows is None and rule.additive and not isinstance(vals, RowsToAdd):
                 fresh[b] = blk.data + vals  # one pass instead of copy + add
             else:
                 new = blk.data.copy()
@@ -525,7 +527,7 @@ class ShardStore:
             # process), per sender: applied in the senders' order when due.
             # Only the rows pushed are kept, not a block-sized sum per sender
             # (and dense: a block moved elsewhere takes its sums along, export).
-            vals = vals.toarray() if isinstance(vals, EncodedRows) else vals.copy()
+            vals = vals.toarray() if isinstance(vals, RowsToAdd) else vals.copy()
             acc.setdefault(b, {}).setdefault(sender or "", []).append((rows, vals))
 
     @staticmethod

@@ -98,6 +98,16 @@ def _add(out, rows, counts, cols, vals):  # pragma: no cover - compiled
             j += 1
 
 
+def _add_dense(out, rows, vals):  # pragma: no cover - compiled
+    """``out[rows[i]] += vals[i]``, writing only where ``vals`` is nonzero."""
+    for i in range(rows.size):
+        r = rows[i]
+        for k in range(vals.shape[1]):
+            v = vals[i, k]
+            if v != 0:
+                out[r, k] += v
+
+
 @functools.cache
 def _compiled(name: str):
     from dask_ps._compiled import njit
@@ -138,46 +148,20 @@ def encoded_nbytes(enc: dict) -> int:
     return sum(getattr(enc.get(k), "nbytes", 0) for k in ("counts", "cols", "vals"))
 
 
-class EncodedRows:
-    """Rows received as their nonzeros and checked (:func:`checked`), not
-    decoded: ``shape``/``dtype`` of the rows they stand for, ``nbytes`` of
-    what they hold. Never written to (a copy is itself)."""
+class RowsToAdd:
+    """Pushed rows that a server adds to a ``sum`` table of integers by
+    writing only their nonzeros (:meth:`add_to`); anything else gets
+    :meth:`toarray` (``ShardStore``). ``shape``/``dtype``: of the rows."""
 
-    __slots__ = ("shape", "dtype", "counts", "cols", "vals")
-
-    def __init__(self, shape, dtype, counts, cols, vals):
-        self.shape, self.dtype, self.counts, self.cols, self.vals = shape, dtype, counts, cols, vals
-
-    def __repr__(self):
-        return f"EncodedRows(shape={self.shape}, dtype={self.dtype}, nnz={self.vals.size})"
+    __slots__ = ()
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
 
     @property
-    def nbytes(self) -> int:
-        return self.counts.nbytes + self.cols.nbytes + self.vals.nbytes
-
-    @property
     def dense_nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
-
-    def copy(self) -> EncodedRows:
-        return self
-
-    def message(self) -> dict:
-        """As :func:`encode` made them (to send on)."""
-        return {KEY: list(self.shape), "dtype": self.dtype.str, "counts": self.counts, "cols": self.cols,
-                "vals": self.vals}
-
-    def toarray(self) -> np.ndarray:
-        """The rows as a fresh writable array."""
-        unit = _unit(self.dtype)
-        out = np.zeros((self.shape[0], math.prod(self.shape[1:]) * self.dtype.itemsize // unit.itemsize), dtype=unit)
-        if self.cols.size:
-            _compiled("_decode")(self.counts, self.cols, self.vals, out)
-        return out.reshape(-1).view(self.dtype).reshape(self.shape)
 
     def addable_to(self, out) -> bool:
         """Whether :meth:`add_to` can add these rows to ``out``: a host
@@ -197,9 +181,73 @@ class EncodedRows:
             rows = np.arange(out.shape[0])
         elif isinstance(rows, slice):
             rows = np.arange(*rows.indices(out.shape[0]))
+        self._add(out.reshape(out.shape[0], -1), np.asarray(rows, dtype=np.int64))
+
+
+class EncodedRows(RowsToAdd):
+    """Rows received as their nonzeros and checked (:func:`checked`), not
+    decoded; ``nbytes``: what they hold. Never written to (a copy is itself)."""
+
+    __slots__ = ("shape", "dtype", "counts", "cols", "vals")
+
+    def __init__(self, shape, dtype, counts, cols, vals):
+        self.shape, self.dtype, self.counts, self.cols, self.vals = shape, dtype, counts, cols, vals
+
+    def __repr__(self):
+        return f"EncodedRows(shape={self.shape}, dtype={self.dtype}, nnz={self.vals.size})"
+
+    @property
+    def nbytes(self) -> int:
+        return self.counts.nbytes + self.cols.nbytes + self.vals.nbytes
+
+    def copy(self) -> EncodedRows:
+        return self
+
+    def message(self) -> dict:
+        """As :func:`encode` made them (to send on)."""
+        return {KEY: list(self.shape), "dtype": self.dtype.str, "counts": self.counts, "cols": self.cols,
+                "vals": self.vals}
+
+    def toarray(self) -> np.ndarray:
+        """The rows as a fresh writable array."""
+        unit = _unit(self.dtype)
+        out = np.zeros((self.shape[0], math.prod(self.shape[1:]) * self.dtype.itemsize // unit.itemsize), dtype=unit)
         if self.cols.size:
-            _compiled("_add")(out.reshape(out.shape[0], -1), np.asarray(rows, dtype=np.int64), self.counts,
-                              self.cols, self.vals.view(self.dtype))
+            _compiled("_decode")(self.counts, self.cols, self.vals, out)
+        return out.reshape(-1).view(self.dtype).reshape(self.shape)
+
+    def _add(self, out2d, rows):
+        if self.cols.size:
+            _compiled("_add")(out2d, rows, self.counts, self.cols, self.vals.view(self.dtype))
+
+
+class DenseRows(RowsToAdd):
+    """Rows pushed as an array to a ``sparse_wire`` table (from this
+    process, or sent dense): mostly zeros, so one compiled pass that
+    writes only their nonzeros adds them (K=1000 LDA: 3.5 ms for a
+    participant's half, numpy's gather, add and scatter 9.7)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: np.ndarray):
+        self.values = values
+
+    def __repr__(self):
+        return f"DenseRows(shape={self.shape}, dtype={self.dtype})"
+
+    shape = property(lambda self: self.values.shape)
+    dtype = property(lambda self: self.values.dtype)
+    nbytes = property(lambda self: self.values.nbytes)
+
+    def copy(self) -> DenseRows:
+        return DenseRows(self.values.copy())
+
+    def toarray(self) -> np.ndarray:
+        """The rows as a fresh writable array."""
+        return self.values.copy()
+
+    def _add(self, out2d, rows):
+        _compiled("_add_dense")(out2d, rows, np.ascontiguousarray(self.values).reshape(len(rows), -1))
 
 
 def checked(enc: dict, max_bytes: int | None = None) -> EncodedRows:

@@ -63,6 +63,8 @@ def wire_values(values, sparse: bool):
     enc = values if isinstance(values, dict) else None
     if isinstance(values, _sparse_rows.EncodedRows):
         enc = values.message()
+    elif isinstance(values, _sparse_rows.DenseRows):
+        values = values.values
     if sparse and enc is None:
         enc = _sparse_rows.encode(values)
     if enc is not None:

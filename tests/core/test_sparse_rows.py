@@ -138,10 +138,11 @@ def test_encoded_rows_of_floats_or_another_dtype_are_not_added_as_they_are():
     assert i.message()["counts"] is i.counts and sr.decode(i.message()).tobytes() == i.toarray().tobytes()
 
 
-def _store_with(dtype, rule="sum", aggregate="push"):
+def _store_with(dtype, rule="sum", aggregate="push", sparse_wire=False):
     from dask_ps._shard import ShardStore
 
-    s = TableSpec.create("t", (120, 100), dtype, block_rows=50, rule=rule, aggregate=aggregate)
+    s = TableSpec.create("t", (120, 100), dtype, block_rows=50, rule=rule, aggregate=aggregate,
+                         sparse_wire=sparse_wire)
     st = ShardStore()
     st.create(s, 1, list(range(s.n_blocks)))
     return st
@@ -209,3 +210,26 @@ def test_a_store_reads_rows_by_index_as_their_nonzeros_for_a_sparse_reader():
     _, sparse = st.read(t, reqs, copy=True, sparse=True)
     assert sr.is_encoded(sparse[0]) and not any(sr.is_encoded(v) for v in sparse[1:])  # whole blocks, ranges: as before
     assert sr.decode(sparse[0]).tobytes() == dense[0].tobytes()
+
+
+@pytest.mark.parametrize("dtype, rule, sparse_wire, wrapped", [
+    ("int32", "sum", True, True), ("int32", "sum", False, False), ("float32", "sum", True, False),
+    ("int64", "assign", True, False)])
+def test_dense_pushes_to_a_sparse_wire_table_write_only_their_nonzeros(dtype, rule, sparse_wire, wrapped):
+    """An array pushed to a ``sparse_wire`` sum table of integers (from a
+    session in the server's process) is added by the compiled pass over
+    its nonzeros (``DenseRows``), with the same result as numpy's add."""
+    rng = np.random.default_rng(5)
+    plain, store = _store_with(dtype, rule), _store_with(dtype, rule, sparse_wire=sparse_wire)
+    for _ in range(3):
+        rows = np.sort(rng.choice(50, 30, replace=False))
+        p = [(0, rows), (1, None), (2, [2, 12])]
+        vals = [_sparse((30, 100), dtype, 0.03, seed=int(rng.integers(1000))), _sparse((50, 100), dtype, 0.03),
+                _sparse((10, 100), dtype, 0.5)]
+        _, items = store.validate_push("t", 1, [b for b, _ in p], [r for _, r in p], vals)
+        assert all(isinstance(v, sr.DenseRows) == wrapped for _, _, v in items)
+        for st in (plain, store):
+            t, items = st.validate_push("t", 1, [b for b, _ in p], [r for _, r in p], vals)
+            st.commit(t, st.apply(t, items))
+    for b in range(3):
+        assert store.tables["t"].blocks[b].data.tobytes() == plain.tables["t"].blocks[b].data.tobytes()
