@@ -167,10 +167,11 @@ class RowsToAdd:
         """Whether :meth:`add_to` can add these rows to ``out``: a host
         array of integers of their dtype (an integer sum of the nonzeros
         alone is the dense sum, bit for bit; a float one is not: ``-0.0 +
-        0.0``), whose rows are as wide as these."""
+        0.0``; the compiled loops take native byte order), whose rows are
+        as wide as these."""
         return (isinstance(out, np.ndarray) and out.dtype == self.dtype and self.dtype.kind in "iu"
-                and out.ndim >= 2 and out.shape[1:] == tuple(self.shape[1:]) and out.flags.c_contiguous
-                and out.flags.writeable)
+                and self.dtype.isnative and out.ndim >= 2 and out.shape[1:] == tuple(self.shape[1:])
+                and out.flags.c_contiguous and out.flags.writeable)
 
     def add_to(self, out: np.ndarray, rows=None) -> None:
         """``out[rows] += self.toarray()`` (``rows``: an index array of

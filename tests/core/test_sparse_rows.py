@@ -135,6 +135,7 @@ def test_encoded_rows_of_floats_or_another_dtype_are_not_added_as_they_are():
     assert not i.addable_to(np.zeros((20, 100), np.int64))
     assert not i.addable_to(np.zeros((20, 50), np.int32))
     assert i.addable_to(np.zeros((25, 100), np.int32))
+    assert not sr.DenseRows(np.ones((3, 4), ">i4")).addable_to(np.zeros((3, 4), ">i4"))  # not native: numpy adds
     assert i.message()["counts"] is i.counts and sr.decode(i.message()).tobytes() == i.toarray().tobytes()
 
 
