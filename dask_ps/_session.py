@@ -73,7 +73,6 @@ class TableMetrics:
     refetches: int = 0  # refresh=True: blocks fetched although the cached copy met the bound
     prefetch_hits: int = 0  # prefetched reads served entirely by what was prefetched
     prefetch_rereads: int = 0  # prefetched reads that read (some blocks) again at result()
-    shared_hits: int = 0  # blocks taken from another participant's read (ps.process-cache)
 
     def to_dict(self) -> dict:
         return {
@@ -89,7 +88,6 @@ class TableMetrics:
             "refetches": self.refetches,
             "prefetch_hits": self.prefetch_hits,
             "prefetch_rereads": self.prefetch_rereads,
-            "shared_hits": self.shared_hits,
         }
 
 
@@ -172,9 +170,7 @@ class Session(InFlight):
         self._buffers: dict[str, PushBuffer] = {}
         self._spares: dict[str, object] = {}
         self._cache = ReadCache()
-        self._shared: _process_cache.ProcessCache | None = None  # Bösen's process cache (_join)
-        self._clock_entered = 0.0  # when the current clock began (_process_cache.now())
-        self._shares_blocks = False  # ps.process-cache (_join)
+        self._combiner: _process_cache.PullCombiner | None = None  # ps.process-read-window (_join)
         self._metrics: dict[str, TableMetrics] = {}
         self._clock_wait = 0.0
         self._staleness_used: int | None = None  # the tightest bound among tables used
@@ -225,12 +221,8 @@ class Session(InFlight):
         # ones, so it reads what the servers have instead of adding its own.
         self._resumed_clock = self._clock if attempt > 1 else None
         self._known_min = 0
-        if _config.get("process-cache") or _config.get_seconds("process-read-window") > 0:
-            self._shared = _process_cache.acquire(self.run_id)
-            if _config.get_seconds("process-read-window") > 0:
-                self._router.transport.combiner = self._shared.combiner
-        self._shares_blocks = bool(_config.get("process-cache"))
-        self._clock_entered = _process_cache.now()
+        if _config.get_seconds("process-read-window") > 0:
+            self._combiner = self._router.transport.combiner = _process_cache.acquire(self.run_id)
         self._started = time.perf_counter()
         self._ps_seconds = self._blocked_seconds = 0.0
 
@@ -252,7 +244,7 @@ class Session(InFlight):
                             logger.debug("dask_ps: %r: a flush failed after an error: %r", self, e)
         finally:
             self._closed = True
-            self._shared = None  # the last participant of the run here frees its process cache
+            self._combiner = None  # the last participant of the run here frees its combiner
             self._sync(
                 self._scheduler.ps_run_leave, run_id=self.run_id, rank=self.rank, metrics=self.metrics()
             )
@@ -434,7 +426,6 @@ class Session(InFlight):
         if not wait:
             self._flush_async()
             self._clock, self._flushes_this_clock = clock, 0
-            self._clock_entered = _process_cache.now()
             self._start_clock(wait_for)  # after every flight so far
             return
         # One hop to the event loop: the flushes, then one RPC that reports
@@ -446,7 +437,6 @@ class Session(InFlight):
         if reply is None:
             raise RuntimeError(f"{self!r}: clock {clock} was not reported: a flush before it failed")
         self._clock, self._flushes_this_clock = clock, 0
-        self._clock_entered = _process_cache.now()
         if isinstance(reply, BaseException):
             raise reply
         m, seconds = reply  # the clock's RPC (with the wait for the slowest), not the flushes
@@ -518,6 +508,22 @@ class Session(InFlight):
         table's model guarantees, including own pending updates."""
         h, reqs, uniq, inverse = self._row_read(name, rows)
         return self._assemble_rows(h, uniq, inverse, reqs, self._read(h, reqs))
+
+    @ps_call
+    def uncache(self, name: str) -> None:
+        """Forget this session's cached copies of table ``name``'s rows and
+        the memory they hold. Always legal: a later read goes to the
+        servers, under the table's bound and with own writes, as a first
+        read does. For a participant that holds one part of a table at a
+        time (LDA's vocabulary slices): a cache would keep every part read."""
+        self._handle(name)
+        self._cache.forget(name)
+
+    def held_bytes(self, name: str) -> int:
+        """Bytes of table ``name`` this session holds: its cached rows and
+        the own pushes it keeps (sent to an ``aggregate="clock"`` sum table,
+        until the servers summed their clock), not the caller's arrays."""
+        return self._cache.held_bytes(name)
 
     @ps_call
     def prefetch(self, name: str, for_clock: int | None = None) -> PullHandle:
@@ -614,9 +620,6 @@ class Session(InFlight):
         essp = h.spec.consistency.name == "essp"
         if essp:
             self._drain_mailbox()
-        shares = self._shares(h)
-        if shares:
-            self._take_shared(h, reqs, need)
         out, missing = {}, {}
         for b, rows in reqs.items():
             e = cache.get(b)
@@ -661,14 +664,11 @@ class Session(InFlight):
         summed: dict[int, float | None] = {}
         if summed_per_clock:
             extra["summed"] = summed
-        sent = _process_cache.now()
         got = self._sync(self._router.fetch, name, by_addr, **extra)
         if summed_per_clock:
             self._cache.drop_summed(name, tag)  # the servers applied every clock < tag before answering
         for b, (rows, seq, vals) in got.items():
             m.bytes_pulled += vals.nbytes
-            if shares and b not in merge:
-                vals = self._share(h, b, tag, sent, seq, summed.get(b, tag) if summed_per_clock else None, rows, vals)
             if summed_per_clock:
                 vals = self._cache.own_unsummed(name, b, rows, vals, summed.get(b, tag))
             if b in merge:
@@ -680,64 +680,6 @@ class Session(InFlight):
             out[b] = e.take(reqs[b]) if e.rows is not reqs[b] else e.values
         self._record_staleness(m, min([tag] + [cache[b].tag for b in reqs if b in cache]))
         return out
-
-    # --- Bösen's process cache (dask_ps._process_cache) ----------------------------------
-    def _shares(self, h: TableHandle) -> bool:
-        """Whether reads of ``h`` use the run's process cache: a clocked
-        bound (not ASP, nor ESSP, whose entries the servers fill per reader),
-        and not in a retried participant's repeated clock (it reads what the
-        servers have)."""
-        return (self._shared is not None and self._shares_blocks and self._cacheable(h)
-                and self._required_tag(h) is not None
-                and h.spec.consistency.name != "essp" and self._clock != self._resumed_clock)
-
-    def _remote(self, h: TableHandle, b: int) -> bool:
-        """Whether block ``b`` is served by another process: a server in this
-        one is read by a direct call, as cheap as a cached copy."""
-        return self._router.transport.serialized(h.primary(b))
-
-    def _share(self, h: TableHandle, b: int, tag: float, sent: float, seq: int, summed_below, rows, vals):
-        """Offer a server reply (block ``b``'s ``rows``; the read was sent at
-        ``sent``) to the other participants of the process; returns the
-        values to use from now on: a read-only view, so that no participant
-        writes into what another may hold."""
-        ro = _process_cache.read_only(vals) if self._remote(h, b) else None
-        if ro is None:
-            return vals
-        self._shared.put(h.spec.name, b, _process_cache.SharedBlock(
-            h.spec.table_id, h.version, tag, sent, seq, summed_below, rows, ro))
-        return ro
-
-    def _take_shared(self, h: TableHandle, reqs: dict, need: float) -> None:
-        """Into this session's cache: the process cache's blocks that serve
-        this read where its own entries do not (see :mod:`dask_ps._process_cache`
-        for when that is legal). A read of rows such a block lacks fetches
-        only those, as for an own entry."""
-        name = h.spec.name
-        cache = self._cache.table(name)
-        summed_per_clock = self._summed_per_clock(h)
-        refresh = h.spec.consistency.refreshes
-        for b, rows in reqs.items():
-            own = cache.get(b)
-            own_usable = self._cache.usable(own, need, refresh, self._clock)
-            if own_usable and own.covers(rows):
-                continue
-            s = self._shared.get(name, h.spec.table_id, h.version, b)
-            if s is None or s.tag < need or (refresh and s.sent < self._clock_entered):
-                continue  # below the bound; refresh=True: not read in this reader's clock
-            shared = CacheEntry(s.tag, s.seq, self._clock, s.rows, s.values)
-            if own_usable and not shared.covers(rows):
-                continue  # the own entry holds as much, with own writes already in
-            if summed_per_clock:
-                below = s.tag if s.summed_below is None else s.summed_below
-                if self._cache.forgotten(name, below):
-                    continue  # own pushes it lacks were dropped already
-                shared.values = self._cache.own_unsummed(name, b, s.rows, s.values, below)
-            elif not self._cache.has_own_writes(name, b, s.seq):
-                continue  # read before an own acknowledged push was applied
-            cache[b] = shared
-            self._known_min = max(self._known_min, s.tag)  # the run's min clock had reached it
-            self._metrics[name].shared_hits += 1
 
     def _drain_mailbox(self) -> None:
         """ESSP: take the rows servers pushed after clock advances into the

@@ -17,6 +17,7 @@ import numpy as np
 from dask_ps import report_progress
 from dask_ps._estimators import arrays, wait_for_participants
 from dask_ps.decomposition import _lda_kernels as _k
+from dask_ps.decomposition import _sliced
 from dask_ps.decomposition._scoring import participant_loglik
 
 
@@ -66,6 +67,7 @@ class GibbsConfig:
     lone_local: bool = True  # a lone participant keeps its counts local for the run (_lone_iterations)
     # a lone participant's progress to /ps at most this often (ps.dashboard.report-interval)
     report_seconds: float = 0.25
+    vocabulary_slices: int = 1  # > 1: the word rows held a slice at a time (_sliced)
 
 
 def _xp_for(device):
@@ -101,6 +103,8 @@ class _Sampler:
         self.evaluation = None  # the progress columns of an evaluation not yet reported (_report_iteration)
         self.doc_words = None  # the documents' word counts as CSR arrays, made by the first _token_loglik
         self.sweep_seconds = 0.0
+        # the word-topic rows held at once, and the session's bytes of that table
+        self.peak_rows, self.peak_session_bytes = self.vocab.size, 0
         self.timing = {"pull_seconds": 0.0, "push_seconds": 0.0, "clock_seconds": 0.0, "eval_seconds": 0.0}
 
     def to_device(self, cfg: GibbsConfig, doc_idx):
@@ -141,6 +145,12 @@ def _gibbs_participant(ctx, part, cfg: GibbsConfig):
     if keeps_counts_local(cfg, ctx.n_participants):
         _lone_iterations(ctx, s, cfg)
         return _finish(ctx, s, cfg)
+    if cfg.vocabulary_slices > 1:
+        slices = _sliced.cut(s.words, s.doc_ptr, s.vocab.size, cfg.vocabulary_slices)
+        s.peak_rows = 0
+        for it in range(cfg.start, cfg.stop):
+            _sliced.sliced_iteration(ctx, s, slices, cfg, it)
+        return _finish(ctx, s, cfg)
     for it in range(cfg.start, cfg.stop):
         _iteration(ctx, s, cfg, it)
     return _finish(ctx, s, cfg)
@@ -149,8 +159,9 @@ def _gibbs_participant(ctx, part, cfg: GibbsConfig):
 def keeps_counts_local(cfg: GibbsConfig, n_participants: int) -> bool:
     """Whether a run's participants keep their counts local for the run
     (:func:`_lone_iterations`): a lone one, with a CPU sampler, unless
-    ``ps.lda.lone-participant-local`` is false."""
-    return cfg.lone_local and n_participants == 1 and cfg.sampler != "array"
+    ``ps.lda.lone-participant-local`` is false, or it holds its word rows a
+    vocabulary slice at a time."""
+    return cfg.lone_local and n_participants == 1 and cfg.sampler != "array" and cfg.vocabulary_slices == 1
 
 
 def _setup(ctx, part, cfg: GibbsConfig) -> _Sampler:
@@ -335,15 +346,7 @@ def _token_loglik(s: _Sampler, cfg: GibbsConfig, nwk, nk) -> float:
     (which fold theta in instead). O(tokens x K), on evaluations when
     progress is shown only."""
     if s.doc_words is None:
-        # A run of one word's tokens in a document is one entry (the
-        # partition's tokens are grouped so): a log per entry, not per token.
-        words = s.words.astype(np.int64)
-        new_entry = np.ones(words.size, dtype=bool)
-        new_entry[1:] = words[1:] != words[:-1]
-        new_entry[s.doc_ptr[:-1][s.doc_len > 0]] = True
-        starts = np.flatnonzero(new_entry)
-        s.doc_words = (np.searchsorted(starts, s.doc_ptr).astype(np.int64), words[starts],
-                       np.diff(np.append(starts, words.size)).astype(np.float64))
+        s.doc_words = doc_word_entries(s.words, s.doc_ptr)
     ndk = s.local_ndk()
     K = ndk.shape[1]
     theta = (ndk + cfg.alpha) / (s.doc_len + K * cfg.alpha)[:, None]
@@ -352,6 +355,19 @@ def _token_loglik(s: _Sampler, cfg: GibbsConfig, nwk, nk) -> float:
     out = np.empty(s.doc_len.size)
     _k.doc_logliks(*s.doc_words, np.maximum(nwk, 0), float(cfg.beta), scale, theta, out)
     return float(out.sum())
+
+
+def doc_word_entries(words, doc_ptr):
+    """The documents' word counts as CSR arrays ``(indptr, words, counts)``
+    from their tokens: a run of one word's tokens in a document is one entry
+    (the partition's tokens are grouped so), a log per entry, not per token."""
+    words = words.astype(np.int64)
+    new_entry = np.ones(words.size, dtype=bool)
+    new_entry[1:] = words[1:] != words[:-1]
+    new_entry[doc_ptr[:-1][np.diff(doc_ptr) > 0]] = True
+    starts = np.flatnonzero(new_entry)
+    return (np.searchsorted(starts, doc_ptr).astype(np.int64), words[starts],
+            np.diff(np.append(starts, words.size)).astype(np.float64))
 
 
 def _report_iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
@@ -415,5 +431,8 @@ def _finish(ctx, s: _Sampler, cfg: GibbsConfig) -> dict:
         "sweep_seconds": s.sweep_seconds,
         **s.timing,
         "n_tokens": s.words.size,
+        "peak_rows": s.peak_rows,
+        # the last iteration's rows are still cached (S = 1): the most it held
+        "peak_session_bytes": max(s.peak_session_bytes, ctx.held_bytes(cfg.nwk_name)),
         "metrics": ctx.metrics(),
     }

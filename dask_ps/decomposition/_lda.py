@@ -96,39 +96,31 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
     topic_word_prior : float, default None
         Symmetric Dirichlet prior beta of the topic-word distributions;
         None means ``1 / n_components`` (as scikit-learn).
-    max_iter : int, default 100
-        Gibbs sweeps over the corpus (clocks).
     learning_method : {"batch", "online"}, default "batch"
-        Accepted for scikit-learn compatibility; the sampler is collapsed
-        Gibbs either way. scikit-learn chooses between batch and online
-        variational Bayes; here every iteration sweeps all the documents
-        and each participant sends its count deltas at every clock, and
-        :meth:`partial_fit` adds documents to a fitted model whichever is
-        set.
+        Accepted for scikit-learn compatibility (its batch or online
+        variational Bayes); here every iteration is a collapsed Gibbs sweep
+        of all the documents, and :meth:`partial_fit` adds documents to a
+        fitted model whichever is set.
     learning_decay, learning_offset : float, default 0.7 and 10.0
         Accepted and validated as scikit-learn does, not used: online
-        variational Bayes' step size ``(learning_offset + t) **
-        -learning_decay``, which a Gibbs sampler does not have (its counts
-        are exact sums of the assignments).
+        variational Bayes' step size ``(learning_offset + t) ** -learning_decay``
+        (a Gibbs sampler's counts are exact sums of the assignments).
     max_iter : int, default 100
         Gibbs sweeps over the corpus (clocks); in :meth:`partial_fit`,
         sweeps over the new documents.
     batch_size : int, default 128
-        Accepted and validated, not used: the documents of one online
-        variational Bayes update in scikit-learn. The unit of work here is
-        a participant's partition (``n_partitions``, ``n_jobs``).
+        Accepted and validated, not used: the documents of one online update
+        in scikit-learn; here a participant's partition (``n_partitions``).
     evaluate_every : int, default 10
         Record the training log-likelihood every this many iterations (and
         at the end) in ``loglik_history_``; <= 0 records only the end. With
         ``verbose``, the lines of these iterations carry the perplexity.
     total_samples : float, default 1e6
         Accepted and validated, not used: scikit-learn's corpus size for
-        scaling online updates and ``perplexity(sub_sampling=True)``; the
-        sampler and the scores here use the documents they are given.
+        scaling online updates and ``perplexity(sub_sampling=True)``.
     perp_tol : float, default 0.1
         Accepted and validated, not used: the fit runs ``max_iter`` sweeps
-        (scikit-learn stops a batch fit early when the perplexity changes by
-        less than this between evaluations).
+        (scikit-learn stops early when the perplexity changes by less).
     consistency : dask_ps.Consistency or str, default None
         Consistency model of the word-topic table (``dask_ps.BSP()``,
         ``SSP(s)``, ``ESSP(s)``, ``VAP(v)``, ``CVAP(s, v)``, ``ASP()`` or a
@@ -167,6 +159,12 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         from the counts at the batch's start). "auto": "array" on
         ``device="cuda"``, else "dense" for ``n_components < 128`` and
         "sparse" above (where each was faster on the benchmark corpora).
+    vocabulary_slices : int, default 1
+        LightLDA's model slices, for word-topic rows larger than a worker's
+        memory: each iteration a participant reads, samples and pushes the
+        rows of its words one slice of its vocabulary at a time, so it holds
+        about ``1 / vocabulary_slices`` of them (``metrics_``'s
+        ``peak_rows``) and sends more messages. CPU samplers.
     device : {"auto", "cpu", "cuda"}, default "auto"
         Where participants sample. "auto": "cuda" for cupy input, else "cpu".
         The tables stay on the servers' host memory either way.
@@ -273,7 +271,9 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         Per participant: the parameter-server session's counters (reads,
         cache hits, waits, staleness histogram, bytes), seconds spent
         sampling, pulling, pushing, in ``clock()`` and evaluating, its token
-        count, and its own ``history`` of ``(iteration, seconds, loglik part)``.
+        count, its own ``history`` of ``(iteration, seconds, loglik part)``,
+        the word-topic rows it held at once (``peak_rows``) and the most
+        bytes of that table its session held (``peak_session_bytes``).
         Of the fit's last run: with ``checkpoint`` or ``replication > 1`` the
         fit runs in chunks of ``checkpoint_every`` iterations, and these
         cover the last chunk only.
@@ -380,6 +380,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         "totals_consistency": [None, dask_ps.Consistency, StrOptions(_MODEL_NAMES)],
         "n_partitions": [None, Interval(Integral, 1, None, closed="left")],
         "sampler": [StrOptions({"auto", "sparse", "dense", "array"})],
+        "vocabulary_slices": [Interval(Integral, 1, None, closed="left")],
         "device": [StrOptions({"auto", "cpu", "cuda"})],
         "max_doc_update_iter": [Interval(Integral, 0, None, closed="left")],
         "mean_change_tol": [Interval(Real, 0, None, closed="left")],
@@ -410,6 +411,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         n_partitions=None,
         n_jobs=None,
         sampler="auto",
+        vocabulary_slices=1,
         device="auto",
         max_doc_update_iter=100,
         mean_change_tol=1e-3,
@@ -436,6 +438,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         self.n_partitions = n_partitions
         self.n_jobs = n_jobs
         self.sampler = sampler
+        self.vocabulary_slices = vocabulary_slices
         self.device = device
         self.max_doc_update_iter = max_doc_update_iter
         self.mean_change_tol = mean_change_tol
@@ -462,7 +465,9 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
     def _n_features_out(self):
         return self.components_.shape[0]
 
-    def _more_validate_params(self, device):
+    def _more_validate_params(self, device, sampler):
+        if self.vocabulary_slices > 1 and sampler == "array":
+            raise ValueError("vocabulary_slices > 1 needs a CPU sampler: sampler='dense' or 'sparse'")
         if self.sampler in ("sparse", "dense") and device == "cuda":
             raise ValueError(
                 f"sampler={self.sampler!r} runs on the CPU (numba); use sampler='array' or 'auto' "
@@ -553,7 +558,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         fitted model: ``base`` the fitted word-topic counts (V x K) the count
         tables start from, and only ``X``'s documents are sampled)."""
         device, sampler = self._resolved(X)
-        self._more_validate_params(device)
+        self._more_validate_params(device, sampler)
         adding = base is not None
         if not adding:
             self.random_state_ = check_random_state(self.random_state)
@@ -594,7 +599,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
             n_components=K, alpha=self.doc_topic_prior_, beta=self.topic_word_prior_,
             n_features=self.n_features_in_, evaluate_every=max(self.evaluate_every, 0),
             seeds=[int(s) for s in self.random_state_.randint(0, 2**31 - 1, size=P)],
-            holders=layout.holders, sampler=sampler, device=device,
+            holders=layout.holders, sampler=sampler, device=device, vocabulary_slices=self.vocabulary_slices,
             # ``_sweep_delay`` (not a parameter): the benchmark hook of ``GibbsConfig.delay``.
             delay=getattr(self, "_sweep_delay", None),
         )
@@ -692,7 +697,8 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         trained = max(0, runs.stop - runs.first_iteration)
         self.tokens_per_second_ = rate(self.n_tokens_ * trained, runs.seconds)
         self.metrics_ = participant_metrics(runs.results, fields=(
-            "sweep_seconds", "pull_seconds", "push_seconds", "clock_seconds", "eval_seconds", "n_tokens", "history"))
+            "sweep_seconds", "pull_seconds", "push_seconds", "clock_seconds", "eval_seconds", "n_tokens", "history",
+            "peak_rows", "peak_session_bytes"))
         final = final_loglik([r["doc_loglik"] for r in runs.results], runs.nwk, runs.nk, beta)
         runs.history.append((runs.stop, time.time() - runs.t_start, float(final)))
         self.loglik_history_ = runs.history

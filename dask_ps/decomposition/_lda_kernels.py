@@ -418,17 +418,35 @@ def gibbs_sweep_array(xp, doc_idx, words, z, ndk, nwk, nk, alpha, beta, vbeta, s
 # --- log-likelihood pieces (Griffiths & Steyvers' collapsed joint log p(w, z)) -------
 
 
+@njit(nogil=True, cache=True)
+def _table_row_sums(counts, table):
+    """Per row of the 2-D ``counts``: the sum of ``table[c]`` over its
+    positive entries (``table[0]`` is 0: zero counts add nothing, and most
+    word-topic counts are zeros at large K)."""
+    out = np.zeros(counts.shape[0])
+    for i in range(counts.shape[0]):
+        s = 0.0
+        for j in range(counts.shape[1]):
+            c = counts[i, j]
+            if c > 0:
+                s += table[c]
+        out[i] = s
+    return out
+
+
 def _lgamma_ratio(counts, prior):
     """``lgamma(counts + prior) - lgamma(prior)`` summed over the last axis
     (counts clamped at 0; zero counts add 0). Counts are small integers, so
-    a lookup table beats calling ``gammaln`` on every entry."""
+    a lookup table beats calling ``gammaln`` on every entry, and one pass
+    that skips the zeros beats gathering every entry (a V x K table at
+    K=5000: 73M entries, 4.7 s as a numpy gather, most of it zeros)."""
     from scipy.special import gammaln
 
-    counts = np.maximum(counts, 0)
     top = int(counts.max()) if counts.size else 0
-    if top <= 1 << 20:
+    if counts.ndim == 2 and counts.dtype.kind == "i" and top <= 1 << 20:
         table = gammaln(np.arange(top + 1) + prior) - gammaln(prior)
-        return table[counts].sum(axis=-1)
+        return _table_row_sums(counts, table)
+    counts = np.maximum(counts, 0)
     return (gammaln(counts + prior) - gammaln(prior)).sum(axis=-1)
 
 

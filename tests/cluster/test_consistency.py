@@ -371,3 +371,34 @@ def test_row_cache_fetches_only_missing_rows(ps):
 
     new_bytes, repeat_bytes, shape = ps.run(train, [None])[0]
     assert new_bytes == 50 * 4 * 8 and repeat_bytes == 0 and shape == (150, 4)
+
+
+@pytest.mark.parametrize("model", [dask_ps.SSP(staleness=5), dask_ps.BSP()], ids=["SSP5", "BSP-per-clock"])
+def test_uncache_drops_the_cached_rows_and_the_next_read_goes_to_the_servers(ps, model):
+    """``ctx.uncache(name)`` frees the session's cached rows of a table
+    (``held_bytes``) without losing anything a read must see: the next read
+    of those rows fetches them again, with the own writes of this clock."""
+    per_clock = model.staleness == 0  # aggregate="clock": the session keeps its pushes until summed
+    ps.create_table("uc", shape=(1_000, 4), block_rows=250, consistency=model,
+                    aggregate="clock" if per_clock else "push")
+
+    def train(ctx, _):
+        ctx.pull_rows("uc", np.arange(0, 300))
+        cached = ctx.held_bytes("uc")
+        ctx.push_rows("uc", np.arange(10), np.ones((10, 4)))
+        ctx.flush()
+        kept = ctx.held_bytes("uc")
+        ctx.uncache("uc")
+        dropped = ctx.held_bytes("uc")
+        before = ctx.metrics()["tables"]["uc"]["bytes_pulled"]
+        again = ctx.pull_rows("uc", np.arange(0, 300))
+        refetched = ctx.metrics()["tables"]["uc"]["bytes_pulled"] - before
+        return cached, kept, dropped, refetched, again[:12, 0].tolist()
+
+    cached, kept, dropped, refetched, values = ps.run(train, [None])[0]
+    assert cached >= 300 * 4 * 8 and refetched >= 300 * 4 * 8
+    pushed = 10 * 4 * 8
+    assert dropped == (kept - cached if per_clock else 0)
+    if per_clock:
+        assert dropped >= pushed
+    assert values == [1.0] * 10 + [0.0, 0.0]  # read-my-writes

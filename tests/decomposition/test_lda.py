@@ -177,6 +177,29 @@ def test_kernels_keep_counts_consistent_and_agree(corpus, sampler):
     assert ll > ll0 * 0.8  # log-likelihoods are negative: it went up a lot
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float64])
+def test_loglik_terms_equal_the_gammaln_formula(dtype):
+    """The log-likelihood's lgamma sums (a lookup table over the positive
+    counts, zeros skipped) equal lgamma(n + prior) - lgamma(prior) summed
+    over every entry, negatives clamped at 0 (a participant's view of
+    counts under staleness), for sparse and dense count tables."""
+    from scipy.special import gammaln
+
+    rng = np.random.default_rng(1)
+    counts = rng.integers(-3, 40, size=(300, 70)) * (rng.random((300, 70)) < 0.1)
+    counts = counts.astype(dtype)
+    weights = rng.random(300)
+    prior = 0.01
+    expected = (gammaln(np.maximum(counts, 0) + prior) - gammaln(prior)).sum(axis=1)
+    np.testing.assert_allclose(kernels.word_loglik_rows(counts, weights, prior), expected @ weights, rtol=1e-12)
+    doc_len = np.maximum(counts, 0).sum(axis=1)
+    K = counts.shape[1]
+    keep = doc_len > 0
+    expected_doc = keep.sum() * gammaln(K * prior) - gammaln(doc_len[keep] + K * prior).sum() + expected[keep].sum()
+    np.testing.assert_allclose(kernels.doc_loglik(counts, doc_len, prior), expected_doc, rtol=1e-12)
+    assert kernels.word_loglik_rows(np.zeros((5, 4), dtype), np.ones(5), prior) == 0.0
+
+
 def test_row_deltas_into_a_kept_buffer_and_zeroed_again():
     from dask_ps.decomposition._lda_kernels import row_deltas_into
 
