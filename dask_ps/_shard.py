@@ -26,6 +26,8 @@ import numpy as np
 
 from dask_ps import _backend, _config
 from dask_ps._exceptions import PSValueError, StaleVersionError, UnknownTableError
+from dask_ps import _sparse_rows
+from dask_ps._sparse_rows import DenseRows, EncodedRows, RowsToAdd
 from dask_ps._spec import CASTING, TableSpec, refuse_masked, strictly_increasing
 from dask_ps.rules import Assign, Sum
 
@@ -369,7 +371,7 @@ class ShardStore:
                 f"table {spec.name!r}: a push needs equally long lists of blocks, rows and values",
                 spec.name,
             )
-        nbytes = sum(getattr(v, "nbytes", 0) for v in values)
+        nbytes = sum(v.dense_nbytes if isinstance(v, EncodedRows) else getattr(v, "nbytes", 0) for v in values)
         if nbytes > _config.get_bytes("max-push-bytes"):
             raise PSValueError(
                 f"table {spec.name!r}: a push of {nbytes} bytes exceeds ps.max-push-bytes", spec.name
@@ -380,6 +382,14 @@ class ShardStore:
             r = self._check_local_rows(t, blk, r)
             n_rows = blk.data.shape[0] if r is None else r.stop - r.start if isinstance(r, slice) else len(r)
             shape = (n_rows, *spec.row_shape)
+            if isinstance(v, EncodedRows):
+                if tuple(v.shape) != tuple(shape):
+                    raise PSValueError(f"table {spec.name!r}: block {b} expects values of shape {shape}, got "
+                                       f"{tuple(v.shape)}", spec.name)
+                if type(spec.rule) is Sum and v.addable_to(blk.data):  # integers: no NaN/Inf to look for
+                    items.append((int(b), r, v))
+                    continue
+                v = v.toarray()
             refuse_masked(spec.name, v, "push values")
             if not _backend.is_array(v):
                 raise PSValueError(
@@ -407,6 +417,8 @@ class ShardStore:
             if isinstance(r, np.ndarray):
                 r = _backend.to_device(r, spec.device)
             v = v.astype(spec.dtype, copy=False)
+            if spec.sparse_wire and type(spec.rule) is Sum and DenseRows(v).addable_to(blk.data):
+                v = DenseRows(v)  # rows mostly zeros: only the nonzeros are written
             if found is not None and bounds is not None:
                 bounds[id(v)] = float(found)
             items.append((int(b), r, v))
@@ -478,6 +490,8 @@ class ShardStore:
     def _apply_items(t: TableShards, items, rule, in_place: bool, fresh: dict, undo) -> None:
         for b, rows, vals in items:
             blk = t.blocks[b]
+            if isinstance(vals, RowsToAdd) and type(rule) is not Sum:  # only a sum adds them as they are
+                vals = vals.toarray()
             if undo is not None:
                 undo.append(_snapshot(t, b, rows, in_place and b not in fresh and not blk.shared))
             blk.seq += 1
@@ -485,7 +499,7 @@ class ShardStore:
                 rule.apply(fresh[b], vals, blk.state, rows)
             elif in_place and not blk.shared:
                 rule.apply(blk.data, vals, blk.state, rows)
-            elif rows is None and rule.additive:
+            elif rows is None and rule.additive and not isinstance(vals, RowsToAdd):
                 fresh[b] = blk.data + vals  # one pass instead of copy + add
             else:
                 new = blk.data.copy()
@@ -511,8 +525,10 @@ class ShardStore:
         for b, rows, vals in items:
             # Kept as pushed (a copy: the sender's array may be shared in one
             # process), per sender: applied in the senders' order when due.
-            # Only the rows pushed are kept, not a block-sized sum per sender.
-            acc.setdefault(b, {}).setdefault(sender or "", []).append((rows, vals.copy()))
+            # Only the rows pushed are kept, not a block-sized sum per sender
+            # (and dense: a block moved elsewhere takes its sums along, export).
+            vals = vals.toarray() if isinstance(vals, RowsToAdd) else vals.copy()
+            acc.setdefault(b, {}).setdefault(sender or "", []).append((rows, vals))
 
     @staticmethod
     def due(t: TableShards, run_id: str, min_clock: float, blocks=None) -> list[list[PushItem]]:
@@ -604,10 +620,12 @@ class ShardStore:
         return t
 
     @staticmethod
-    def read(t: TableShards, reqs: list, *, copy: bool = False) -> tuple[list, list]:
+    def read(t: TableShards, reqs: list, *, copy: bool = False, sparse: bool = False) -> tuple[list, list]:
         """``(seqs, values)`` of validated ``(block, rows)`` requests. Whole
         blocks, and ranges of at least half a block, are returned without a
-        copy (and the block marked shared) unless ``copy``."""
+        copy (and the block marked shared) unless ``copy``. ``sparse``: rows
+        by index as their nonzeros (a dict, ``_sparse_rows.encode``) where
+        that is smaller, read straight from the block (no gathered copy)."""
         seqs, out = [], []
         for b, rows in reqs:
             blk = t.blocks[b]
@@ -615,7 +633,8 @@ class ShardStore:
             if isinstance(rows, slice) and (copy or 2 * (rows.stop - rows.start) < blk.data.shape[0]):
                 out.append(blk.data[rows].copy())
             elif rows is not None and not isinstance(rows, slice):
-                out.append(_backend.take_rows(blk.data, rows))
+                enc = _sparse_rows.encode(blk.data, rows=rows) if sparse else None
+                out.append(_backend.take_rows(blk.data, rows) if enc is None else enc)
             elif copy:
                 out.append(blk.data.copy())
             else:

@@ -17,16 +17,21 @@ The encoding of ``values`` (shape ``(n, *row_shape)``) is a dict::
 A row is compared and carried as the unsigned integers of its values' bits
 (floats: -0.0 and NaN payloads are kept; complex128 as two uint64), so a
 round trip is exact for every numeric dtype. Nothing here allocates more
-than the rows' dense bytes: :func:`decode` checks the message first.
+than the rows' dense bytes: :func:`checked` checks the message first.
+
+A server adds pushed rows to an integer ``sum`` table as they arrived
+(:class:`EncodedRows`, one write per nonzero), without decoding them. The
+loops are compiled on first use (numba is imported then, not with this
+module: the shard store refers to :class:`EncodedRows`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
-from dask_ps._compiled import njit
 from dask_ps._exceptions import PSValueError
 
 KEY = "sparse_rows"
@@ -55,16 +60,16 @@ def is_encoded(x) -> bool:
     return isinstance(x, dict) and KEY in x
 
 
-@njit(nogil=True, cache=True)
-def _encode(a, counts, cols, vals):  # pragma: no cover - compiled
-    """The nonzeros of ``a``'s rows into ``cols``/``vals``, their number
-    per row into ``counts``; -1 as soon as they do not fit."""
+def _encode(a, rows, counts, cols, vals):  # pragma: no cover - compiled
+    """The nonzeros of ``a``'s rows ``rows`` into ``cols``/``vals``, their
+    number per row into ``counts``; -1 as soon as they do not fit."""
     j = 0
     cap = cols.size
-    for i in range(a.shape[0]):
+    for i in range(rows.size):
+        r = rows[i]
         start = j
         for k in range(a.shape[1]):
-            v = a[i, k]
+            v = a[r, k]
             if v != 0:
                 if j == cap:
                     return -1
@@ -75,7 +80,6 @@ def _encode(a, counts, cols, vals):  # pragma: no cover - compiled
     return j
 
 
-@njit(nogil=True, cache=True)
 def _decode(counts, cols, vals, out):  # pragma: no cover - compiled
     j = 0
     for i in range(counts.size):
@@ -84,38 +88,173 @@ def _decode(counts, cols, vals, out):  # pragma: no cover - compiled
             j += 1
 
 
-def encode(values: np.ndarray, max_fraction: float = MAX_FRACTION, min_bytes: int = MIN_BYTES) -> dict | None:
-    """``values``' rows as their nonzeros, or None when that would be more
-    than ``max_fraction`` of their bytes, or they are fewer than
-    ``min_bytes`` (or not a host array with rows)."""
-    if (not isinstance(values, np.ndarray) or values.ndim < 2 or values.size == 0
-            or values.nbytes < min_bytes):
+def _add(out, rows, counts, cols, vals):  # pragma: no cover - compiled
+    """``out[rows[i], cols[j]] += vals[j]`` for row ``i``'s nonzeros ``j``."""
+    j = 0
+    for i in range(counts.size):
+        r = rows[i]
+        for _ in range(counts[i]):
+            out[r, cols[j]] += vals[j]
+            j += 1
+
+
+def _add_dense(out, rows, vals):  # pragma: no cover - compiled
+    """``out[rows[i]] += vals[i]``, writing only where ``vals`` is nonzero."""
+    for i in range(rows.size):
+        r = rows[i]
+        for k in range(vals.shape[1]):
+            v = vals[i, k]
+            if v != 0:
+                out[r, k] += v
+
+
+@functools.cache
+def _compiled(name: str):
+    from dask_ps._compiled import njit
+
+    return njit(nogil=True, cache=True)(globals()[name])
+
+
+def encode(values: np.ndarray, max_fraction: float = MAX_FRACTION, min_bytes: int = MIN_BYTES,
+           rows: np.ndarray | None = None) -> dict | None:
+    """``values``' rows (``rows``: those rows of ``values``, as
+    ``values[rows]`` without gathering them first) as their nonzeros, or
+    None when that would be more than ``max_fraction`` of their bytes, or
+    they are fewer than ``min_bytes`` (or not a host array with rows)."""
+    if not isinstance(values, np.ndarray) or values.ndim < 2:
         return None
-    n = values.shape[0]
+    shape = values.shape if rows is None else (len(rows), *values.shape[1:])
+    nbytes = math.prod(shape) * values.dtype.itemsize
+    if nbytes == 0 or nbytes < min_bytes:
+        return None
+    n = shape[0]
     unit = _unit(values.dtype)
-    a = np.ascontiguousarray(values).view(unit).reshape(n, -1)
+    a = np.ascontiguousarray(values).view(unit).reshape(values.shape[0], -1)
+    rows = np.arange(n) if rows is None else rows
     cols_dtype = _col_dtype(a.shape[1])
-    cap = int(max_fraction * values.nbytes - 4 * n) // (unit.itemsize + cols_dtype.itemsize)
+    cap = int(max_fraction * nbytes - 4 * n) // (unit.itemsize + cols_dtype.itemsize)
     if cap <= 0:
         return None
     counts = np.empty(n, dtype=np.int32)
     cols = np.empty(cap, dtype=cols_dtype)  # pages not written are never touched
     vals = np.empty(cap, dtype=unit)
-    nnz = _encode(a, counts, cols, vals)
+    nnz = _compiled("_encode")(a, rows, counts, cols, vals)
     if nnz < 0:
         return None
-    return {KEY: list(values.shape), "dtype": values.dtype.str, "counts": counts, "cols": cols[:nnz],
-            "vals": vals[:nnz]}
+    return {KEY: list(shape), "dtype": values.dtype.str, "counts": counts, "cols": cols[:nnz], "vals": vals[:nnz]}
 
 
 def encoded_nbytes(enc: dict) -> int:
     return sum(getattr(enc.get(k), "nbytes", 0) for k in ("counts", "cols", "vals"))
 
 
-def decode(enc: dict, max_bytes: int | None = None) -> np.ndarray:
-    """The rows :func:`encode` encoded, as a fresh writable array. Raises
-    :class:`PSValueError` for a malformed message (before allocating), or
-    one whose rows would exceed ``max_bytes``."""
+class RowsToAdd:
+    """Pushed rows that a server adds to a ``sum`` table of integers by
+    writing only their nonzeros (:meth:`add_to`); anything else gets
+    :meth:`toarray` (``ShardStore``). ``shape``/``dtype``: of the rows."""
+
+    __slots__ = ()
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def dense_nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def addable_to(self, out) -> bool:
+        """Whether :meth:`add_to` can add these rows to ``out``: a host
+        array of integers of their dtype (an integer sum of the nonzeros
+        alone is the dense sum, bit for bit; a float one is not: ``-0.0 +
+        0.0``; the compiled loops take native byte order), whose rows are
+        as wide as these."""
+        return (isinstance(out, np.ndarray) and out.dtype == self.dtype and self.dtype.kind in "iu"
+                and self.dtype.isnative and out.ndim >= 2 and out.shape[1:] == tuple(self.shape[1:])
+                and out.flags.c_contiguous and out.flags.writeable)
+
+    def add_to(self, out: np.ndarray, rows=None) -> None:
+        """``out[rows] += self.toarray()`` (``rows``: an index array of
+        distinct rows, a slice, or None for all of ``out``'s), one write per
+        nonzero. Only where :meth:`addable_to`; the rows were checked to be
+        in range (``ShardStore.validate_push``)."""
+        if rows is None:
+            rows = np.arange(out.shape[0])
+        elif isinstance(rows, slice):
+            rows = np.arange(*rows.indices(out.shape[0]))
+        self._add(out.reshape(out.shape[0], -1), np.asarray(rows, dtype=np.int64))
+
+
+class EncodedRows(RowsToAdd):
+    """Rows received as their nonzeros and checked (:func:`checked`), not
+    decoded; ``nbytes``: what they hold. Never written to (a copy is itself)."""
+
+    __slots__ = ("shape", "dtype", "counts", "cols", "vals")
+
+    def __init__(self, shape, dtype, counts, cols, vals):
+        self.shape, self.dtype, self.counts, self.cols, self.vals = shape, dtype, counts, cols, vals
+
+    def __repr__(self):
+        return f"EncodedRows(shape={self.shape}, dtype={self.dtype}, nnz={self.vals.size})"
+
+    @property
+    def nbytes(self) -> int:
+        return self.counts.nbytes + self.cols.nbytes + self.vals.nbytes
+
+    def copy(self) -> EncodedRows:
+        return self
+
+    def message(self) -> dict:
+        """As :func:`encode` made them (to send on)."""
+        return {KEY: list(self.shape), "dtype": self.dtype.str, "counts": self.counts, "cols": self.cols,
+                "vals": self.vals}
+
+    def toarray(self) -> np.ndarray:
+        """The rows as a fresh writable array."""
+        unit = _unit(self.dtype)
+        out = np.zeros((self.shape[0], math.prod(self.shape[1:]) * self.dtype.itemsize // unit.itemsize), dtype=unit)
+        if self.cols.size:
+            _compiled("_decode")(self.counts, self.cols, self.vals, out)
+        return out.reshape(-1).view(self.dtype).reshape(self.shape)
+
+    def _add(self, out2d, rows):
+        if self.cols.size:
+            _compiled("_add")(out2d, rows, self.counts, self.cols, self.vals.view(self.dtype))
+
+
+class DenseRows(RowsToAdd):
+    """Rows pushed as an array to a ``sparse_wire`` table (from this
+    process, or sent dense): mostly zeros, so one compiled pass that
+    writes only their nonzeros adds them (K=1000 LDA: 3.5 ms for a
+    participant's half, numpy's gather, add and scatter 9.7)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: np.ndarray):
+        self.values = values
+
+    def __repr__(self):
+        return f"DenseRows(shape={self.shape}, dtype={self.dtype})"
+
+    shape = property(lambda self: self.values.shape)
+    dtype = property(lambda self: self.values.dtype)
+    nbytes = property(lambda self: self.values.nbytes)
+
+    def copy(self) -> DenseRows:
+        return DenseRows(self.values.copy())
+
+    def toarray(self) -> np.ndarray:
+        """The rows as a fresh writable array."""
+        return self.values.copy()
+
+    def _add(self, out2d, rows):
+        _compiled("_add_dense")(out2d, rows, np.ascontiguousarray(self.values).reshape(len(rows), -1))
+
+
+def checked(enc: dict, max_bytes: int | None = None) -> EncodedRows:
+    """The rows :func:`encode` encoded, checked and not decoded. Raises
+    :class:`PSValueError` for a malformed message, or one whose rows would
+    exceed ``max_bytes``."""
     try:
         shape = tuple(int(s) for s in enc[KEY])
         dtype = np.dtype(enc["dtype"])
@@ -137,7 +276,10 @@ def decode(enc: dict, max_bytes: int | None = None) -> np.ndarray:
         raise PSValueError("sparse rows: the counts per row do not add up to the nonzeros sent")
     if cols.size and (int(cols.max()) >= row_size or int(cols.min()) < 0):
         raise PSValueError(f"sparse rows: a position is outside rows of {row_size} elements")
-    out = np.zeros((n, row_size), dtype=unit)
-    if cols.size:
-        _decode(counts, cols, vals, out)
-    return out.reshape(-1).view(dtype).reshape(shape)
+    return EncodedRows(shape, dtype, counts, cols, vals)
+
+
+def decode(enc: dict, max_bytes: int | None = None) -> np.ndarray:
+    """The rows :func:`encode` encoded, as a fresh writable array (checked
+    first, see :func:`checked`)."""
+    return checked(enc, max_bytes).toarray()

@@ -9,6 +9,7 @@ import numpy as np
 from dask.sizeof import sizeof
 from distributed.protocol.serialize import Serialized, serialize, to_serialize
 
+from dask_ps import _sparse_rows
 from dask_ps._exceptions import PSValueError
 
 # Dask's TCP comm reads a message's first array into the buffer of its
@@ -56,25 +57,35 @@ def aligned(msg: dict) -> dict:
 def wire_values(values, sparse: bool):
     """Rows of a push or a pull's reply as they go into a message: a
     zero-copy frame, or (``sparse``) their nonzeros where that is smaller
-    (``dask_ps._sparse_rows``; numba is imported for such tables only)."""
-    if sparse:
-        from dask_ps import _sparse_rows
-
+    (``dask_ps._sparse_rows``, compiled on first use). Rows encoded
+    already (a server's read, ``ShardStore.read``) or that arrived so (a
+    primary forwarding a push) go as they are."""
+    enc = values if isinstance(values, dict) else None
+    if isinstance(values, _sparse_rows.EncodedRows):
+        enc = values.message()
+    elif isinstance(values, _sparse_rows.DenseRows):
+        values = values.values
+    if sparse and enc is None:
         enc = _sparse_rows.encode(values)
-        if enc is not None:
-            return {k: to_serialize(x) if isinstance(x, np.ndarray) else x for k, x in enc.items()}
+    if enc is not None:
+        return {k: to_serialize(x) if isinstance(x, np.ndarray) else x for k, x in enc.items()}
     return to_serialize(values)
 
 
-def unwire_values(values: list, max_bytes: int | None = None) -> list:
-    """The rows of received values: sparse ones decoded (checked first;
-    at most ``max_bytes`` each), others as they are."""
+def unwire_values(values: list, max_bytes: int | None = None, decode: bool = True) -> list:
+    """The rows of received values: sparse ones checked (at most
+    ``max_bytes`` each) and decoded, or (not ``decode``: a push, which a
+    ``sum`` table of integers adds as it came) kept as
+    :class:`~dask_ps._sparse_rows.EncodedRows`; others as they are."""
     if not any(isinstance(v, dict) for v in values):
         return values
-    from dask_ps import _sparse_rows
-
-    return [_sparse_rows.decode({k: unwrap(x) for k, x in v.items()}, max_bytes) if isinstance(v, dict) else v
-            for v in values]
+    out = []
+    for v in values:
+        if isinstance(v, dict):
+            v = _sparse_rows.checked({k: unwrap(x) for k, x in v.items()}, max_bytes)
+            v = v.toarray() if decode else v
+        out.append(v)
+    return out
 
 
 def wired_nbytes(w) -> int:

@@ -184,7 +184,7 @@ class PSWorkerPlugin(WorkerPlugin):
         """
         rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
         if isinstance(values, (list, tuple)):
-            values = unwire_values([_unwrap(v) for v in values], _config.get_bytes("max-push-bytes"))
+            values = unwire_values([_unwrap(v) for v in values], _config.get_bytes("max-push-bytes"), decode=False)
         if replica and not internal:
             raise InternalOnlyError("a forwarded push (replica=True) may come only from the blocks' primary")
         if bound is not None and not internal:
@@ -329,7 +329,7 @@ class PSWorkerPlugin(WorkerPlugin):
             self.liveness.call(r, lambda r=r, its=its: asyncio.wait_for(self.worker.rpc(r).ps_push(**aligned(dict(
                 table=t.spec.name, version=t.version, blocks=[b for b, _, _ in its],
                 rows=[_wire_local_rows(x) for _, x, _ in its],
-                values=[to_serialize(v) for _, _, v in its],
+                values=[wire_values(v, False) for _, _, v in its],  # as they came (nonzeros stay so)
                 raw=raw, run=run, sender=sender, msg_seq=msg_seq, replica=True,
                 forwarder=self.worker.address, token=self.internal_token, bound=bound_of(its),
             ))), timeout))
@@ -567,14 +567,16 @@ class PSWorkerPlugin(WorkerPlugin):
                                     "(it carries the cluster's internal token)")
         rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
         seqs, values, summed, applied = await self._read(table, version, blocks, rows, run, subscribe, copy=False,
-                                                         table_id=table_id, sender=sender, trusted=internal)
+                                                         table_id=table_id, sender=sender, trusted=internal,
+                                                         sparse=sparse is True)
         wired = [wire_values(a, sparse is True) for a in values]
         if sparse is True:  # the bytes sent (_read counted the rows')
-            self.served["bytes_pulled"] += sum(wired_nbytes(w) - a.nbytes for w, a in zip(wired, values))
+            self.served["bytes_pulled"] += sum(wired_nbytes(w) - getattr(a, "nbytes", 0)  # a dict: encoded already
+                                               for w, a in zip(wired, values))
         return aligned({"seqs": seqs, "values": wired, "summed_below": summed, "applied": applied})
 
     async def _read(self, table, version, blocks, rows, run, subscribe, copy, table_id=None, sender=None,
-                    trusted=False):
+                    trusted=False, sparse=False):
         """``(seqs, values, summed_below, applied)``; ``summed_below``
         (aggregate="clock", a participant's read, else None): per block, the
         clock below which every per-clock sum of the run is in the values
@@ -604,7 +606,7 @@ class PSWorkerPlugin(WorkerPlugin):
                 m = math.inf if min_clock is None else min_clock
                 await self._apply_due(t, run_id, max(m, self._min_clock.get(run_id, -1)))
                 summed = [_wire_clock(self.store.summed_below_of(t, b, run_id)) for b, _ in reqs]
-            seqs, values = self._read_locked(t, reqs, subscribe, copy)
+            seqs, values = self._read_locked(t, reqs, subscribe, copy, sparse)
             applied = None
             if sender is not None:
                 applied = [max(t.blocks[b].applied[sender]) if t.blocks[b].applied.get(sender) else None
@@ -613,7 +615,7 @@ class PSWorkerPlugin(WorkerPlugin):
             self.served["bytes_pulled"] += sum(getattr(v, "nbytes", 0) for v in values)
             return seqs, values, summed, applied
 
-    def _read_locked(self, t, reqs, subscribe, copy):
+    def _read_locked(self, t, reqs, subscribe, copy, sparse=False):
         me = self.worker.address if self.worker is not None else None
         for b, _ in reqs:
             t.reads["primary" if not t.owners or t.owners[b][0] == me else "replica"] += 1
@@ -629,7 +631,7 @@ class PSWorkerPlugin(WorkerPlugin):
                     r = _backend.to_numpy(r)  # the subscription's own host copy
                 prev = subs.get(b, r)
                 subs[b] = None if r is None or prev is None else np.union1d(prev, r)
-        return self.store.read(t, reqs, copy=copy)
+        return self.store.read(t, reqs, copy=copy, sparse=sparse)
 
     # --- clock events ----------------------------------------------------------------------
     async def _advance(self, run_id: str, min_clock) -> None:

@@ -30,6 +30,7 @@ from typing import Callable
 import dask.config
 
 from dask_ps._backend import add_rows, namespace
+from dask_ps._sparse_rows import RowsToAdd
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,9 @@ class Sum(UpdateRule):
     additive = True
 
     def apply(self, param, update, state, rows=None):
-        if rows is None:
+        if isinstance(update, RowsToAdd):  # only their nonzeros written (_sparse_rows)
+            update.add_to(param, rows)
+        elif rows is None:
             param += update
         else:
             add_rows(param, rows, update)  # rows are unique

@@ -33,9 +33,9 @@ def _count_decoded(dask_worker=None):
     _worker_plugin._plain_unwire = plain
     _worker_plugin.decoded = 0
 
-    def counting(values, max_bytes=None):
+    def counting(values, max_bytes=None, decode=True):
         _worker_plugin.decoded += sum(isinstance(v, dict) for v in values)
-        return plain(values, max_bytes)
+        return plain(values, max_bytes, decode)
 
     _worker_plugin.unwire_values = counting
 
@@ -99,3 +99,33 @@ def test_sparse_wire_reads_and_pushes_equal_a_plain_tables(ps, client):
         assert sizes["sparse"] < local + block_bytes + 0.1 * remote
     else:
         assert sizes["sparse"] == local + remote
+
+
+def test_sparse_wire_pushes_reach_the_replicas_as_they_came(ps, client):
+    """A primary forwards pushed rows as they arrived (nonzeros, or an
+    array from its own process's session): every copy ends equal to a
+    plain table's."""
+    for name, sparse in (("rep-sparse", True), ("rep-plain", False)):
+        ps.create_table(name, shape=(N_ROWS, WIDTH), dtype="int32", block_rows=250, sparse_wire=sparse,
+                        replication=2, consistency=dask_ps.BSP())
+
+    def train(ctx, rank):
+        rng = np.random.default_rng(10 + rank)
+        for _ in range(3):
+            rows, vals = _deltas(rng, 0, N_ROWS, WIDTH, 0.01)
+            for name in ("rep-sparse", "rep-plain"):
+                ctx.push_rows(name, rows, vals)
+            ctx.clock()
+        return True
+
+    assert ps.run(train, range(2)) == [True, True]
+
+    def copies(dask_worker, name):
+        t = dask_worker.extensions["ps"].store.tables[name]
+        return {b: blk.data.tobytes() for b, blk in t.blocks.items()}
+
+    want = ps.pull("rep-plain")
+    for addr, blocks in client.run(copies, name="rep-sparse").items():
+        assert len(blocks) == ps._handle("rep-sparse").spec.n_blocks  # two workers, two copies: all blocks each
+        for b, data in blocks.items():
+            assert data == want[b * 250:(b + 1) * 250].tobytes(), (addr, b)

@@ -98,3 +98,139 @@ def test_spec_carries_the_option():
     assert not TableSpec.from_msg(old).sparse_wire
     with pytest.raises(TypeError, match="sparse_wire"):
         TableSpec.create("t", (10, 4), sparse_wire="yes")
+
+
+# --- pushed rows added as their nonzeros (EncodedRows) -----------------------------------------
+
+
+def _received(values):
+    """What a server's push handler holds after ``_wire.unwire_values(decode=False)``."""
+    return sr.checked(encode(values))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "uint16", "int8"])
+@pytest.mark.parametrize("rows", [None, slice(3, 43), np.array([0, 5, 6, 17, 44, 45, 46, 59] * 5)[:40]])
+def test_encoded_rows_add_as_the_dense_sum_bit_for_bit(dtype, rows):
+    rng = np.random.default_rng(1)
+    out = _sparse((60, 7, 30), dtype, 0.05, seed=2)  # rows of more than one axis
+    n = 60 if rows is None else 40
+    if isinstance(rows, np.ndarray):
+        rows = np.unique(rows)
+        n = rows.size
+    vals = _sparse((n, 7, 30), dtype, 0.02, seed=int(rng.integers(100)))
+    vals.reshape(-1)[:2] = np.iinfo(dtype).max  # wraps as the dense sum does
+    enc = _received(vals)
+    assert enc.addable_to(out) and enc.nbytes < vals.nbytes and enc.dense_nbytes == vals.nbytes
+    want = out.copy()
+    with np.errstate(over="ignore"):
+        want[slice(None) if rows is None else rows] += vals
+    enc.add_to(out, rows)
+    assert out.tobytes() == want.tobytes()
+
+
+def test_encoded_rows_of_floats_or_another_dtype_are_not_added_as_they_are():
+    f = _received(_sparse((20, 100), "float32", 0.02))
+    assert not f.addable_to(np.zeros((20, 100), np.float32))  # -0.0 + 0.0 is not -0.0: dense add
+    i = _received(_sparse((20, 100), "int32", 0.02))
+    assert not i.addable_to(np.zeros((20, 100), np.int64))
+    assert not i.addable_to(np.zeros((20, 50), np.int32))
+    assert i.addable_to(np.zeros((25, 100), np.int32))
+    assert not sr.DenseRows(np.ones((3, 4), ">i4")).addable_to(np.zeros((3, 4), ">i4"))  # not native: numpy adds
+    assert i.message()["counts"] is i.counts and sr.decode(i.message()).tobytes() == i.toarray().tobytes()
+
+
+def _store_with(dtype, rule="sum", aggregate="push", sparse_wire=False):
+    from dask_ps._shard import ShardStore
+
+    s = TableSpec.create("t", (120, 100), dtype, block_rows=50, rule=rule, aggregate=aggregate,
+                         sparse_wire=sparse_wire)
+    st = ShardStore()
+    st.create(s, 1, list(range(s.n_blocks)))
+    return st
+
+
+@pytest.mark.parametrize("dtype, rule, added_as_they_are", [
+    ("int32", "sum", True), ("int64", "sum", True), ("float64", "sum", False), ("int32", "assign", False)])
+def test_a_store_adds_pushed_nonzeros_without_decoding_them(monkeypatch, dtype, rule, added_as_they_are):
+    """A sum table of integers adds the pushed rows' nonzeros as they came
+    (no dense array of the rows is made); any other table gets the decoded
+    rows. Either way the table ends as with the dense push."""
+    rng = np.random.default_rng(0)
+    pushes = []
+    for _ in range(3):
+        rows = np.sort(rng.choice(50, 30, replace=False))
+        pushes.append(((0, rows), (1, None), (2, [2, 12])))  # a range: [start, stop]
+    values = [[_sparse((r.size if isinstance(r, np.ndarray) else 50 if r is None else 10, 100), dtype, 0.03,
+                       seed=int(rng.integers(1000))) for _, r in p] for p in pushes]
+    dense, sparse = _store_with(dtype, rule), _store_with(dtype, rule)
+    decoded = []
+    plain_toarray = sr.EncodedRows.toarray
+    monkeypatch.setattr(sr.EncodedRows, "toarray", lambda self: decoded.append(self) or plain_toarray(self))
+    for p, vals in zip(pushes, values):
+        for st, vs in ((dense, vals), (sparse, [_received(v) for v in vals])):
+            t, items = st.validate_push("t", 1, [b for b, _ in p], [r for _, r in p], vs)
+            st.commit(t, st.apply(t, items))
+    assert (not decoded) == added_as_they_are
+    for b in range(3):
+        assert sparse.tables["t"].blocks[b].data.tobytes() == dense.tables["t"].blocks[b].data.tobytes()
+
+
+def test_a_store_checks_encoded_rows_and_sums_them_per_clock():
+    st = _store_with("int32", aggregate="clock")
+    t = st.tables["t"]
+    with pytest.raises(PSValueError, match="expects values of shape"):
+        st.validate_push("t", 1, [0], [None], [_received(_sparse((40, 100), "int32", 0.03))])
+    a, b = _sparse((50, 100), "int32", 0.03, seed=1), _sparse((50, 100), "int32", 0.03, seed=2)
+    for sender, v in (("run-1", b), ("run-0", a)):
+        _, items = st.validate_push("t", 1, [0], [None], [_received(v)])
+        st.accumulate(t, "run", 0, items, sender)
+    for items in st.due(t, "run", 1):
+        st.commit(t, st.apply(t, items))
+    assert t.blocks[0].data.tobytes() == (a + b).tobytes()
+
+
+def test_rows_by_index_encode_straight_from_the_block():
+    a = _sparse((300, 1000), "int32", 0.01)
+    rows = np.array([3, 7, 8, 120, 299] * 60)  # any order, repeats: 1.2 MB of rows
+    assert sr.decode(sr.encode(a, rows=rows)).tobytes() == a[rows].tobytes()
+    assert sr.encode(a, rows=rows[:200]) is None  # 0.8 MB of rows: under MIN_BYTES
+    assert sr.encode(np.ones((300, 1000), np.int32), rows=rows) is None
+
+
+def test_a_store_reads_rows_by_index_as_their_nonzeros_for_a_sparse_reader():
+    from dask_ps._shard import ShardStore
+
+    s = TableSpec.create("t", (600, 1000), "int32", block_rows=300)
+    st = ShardStore()
+    st.create(s, 1, [0, 1])
+    t = st.tables["t"]
+    t.blocks[0].data[...] = _sparse((300, 1000), "int32", 0.01)
+    rows = np.arange(0, 300, 1)[::-1].copy()
+    reqs = [(0, rows), (1, None), (0, slice(0, 300))]
+    _, dense = st.read(t, reqs, copy=True)
+    _, sparse = st.read(t, reqs, copy=True, sparse=True)
+    assert sr.is_encoded(sparse[0]) and not any(sr.is_encoded(v) for v in sparse[1:])  # whole blocks, ranges: as before
+    assert sr.decode(sparse[0]).tobytes() == dense[0].tobytes()
+
+
+@pytest.mark.parametrize("dtype, rule, sparse_wire, wrapped", [
+    ("int32", "sum", True, True), ("int32", "sum", False, False), ("float32", "sum", True, False),
+    ("int64", "assign", True, False)])
+def test_dense_pushes_to_a_sparse_wire_table_write_only_their_nonzeros(dtype, rule, sparse_wire, wrapped):
+    """An array pushed to a ``sparse_wire`` sum table of integers (from a
+    session in the server's process) is added by the compiled pass over
+    its nonzeros (``DenseRows``), with the same result as numpy's add."""
+    rng = np.random.default_rng(5)
+    plain, store = _store_with(dtype, rule), _store_with(dtype, rule, sparse_wire=sparse_wire)
+    for _ in range(3):
+        rows = np.sort(rng.choice(50, 30, replace=False))
+        p = [(0, rows), (1, None), (2, [2, 12])]
+        vals = [_sparse((30, 100), dtype, 0.03, seed=int(rng.integers(1000))), _sparse((50, 100), dtype, 0.03),
+                _sparse((10, 100), dtype, 0.5)]
+        _, items = store.validate_push("t", 1, [b for b, _ in p], [r for _, r in p], vals)
+        assert all(isinstance(v, sr.DenseRows) == wrapped for _, _, v in items)
+        for st in (plain, store):
+            t, items = st.validate_push("t", 1, [b for b, _ in p], [r for _, r in p], vals)
+            st.commit(t, st.apply(t, items))
+    for b in range(3):
+        assert store.tables["t"].blocks[b].data.tobytes() == plain.tables["t"].blocks[b].data.tobytes()
