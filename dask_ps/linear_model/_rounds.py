@@ -40,7 +40,7 @@ from dask_ps.linear_model._kernels import (
     compact_rows_xp,
 )
 from dask_ps.linear_model._lone import SklearnOrders, scaled
-from dask_ps.linear_model._round_prep import _Round, _RoundPrep  # noqa: F401
+from dask_ps.linear_model._round_prep import _DENSE_COUNTS_PER_NONZERO, _Round, _RoundPrep  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -161,13 +161,6 @@ def _epoch_rounds(rng, shuffle, train_idx, S, m, fixed, run_rounds, epoch, seed)
 # benchmark, 0.30-0.35 s against 0.08-0.09 s in order; blocks of 64 samples in
 # a random order, each in order: 0.10 s (16: 0.15 s; 256 or 2048: 0.08-0.09 s).
 ORDER_BLOCK = 64
-
-
-# The minibatch kernel's lazy regularization counts one per feature of the
-# table (bincount) while the table has at most this many features per
-# non-zero of the participant's training rows; a wider table counts the
-# features present only (unique: a sort, O(nnz log nnz), O(nnz) memory).
-_DENSE_COUNTS_PER_NONZERO = 4
 
 
 def _composition_block(n, rounds):

@@ -168,7 +168,7 @@ def test_lazy_counts_of_a_wide_table_are_per_feature_present():
         rows, *_, iq = prep._entry(0, take=True)
         present = np.unique(X.indices)
         np.testing.assert_array_equal(prep.count_features, present)
-        assert prep.counts.shape[0] == present.shape[0] < 2 ** 16
+        assert prep.counts.shape[0] == present.shape[0] < 2 ** 16 and prep.counts_of_feature is None
         in_both = np.isin(rows[:-1], np.unique(X[rounds[1]].indices))
         np.testing.assert_array_equal(iq, np.where(in_both, 1.0, 2.0))  # 2 rounds over the rounds touching it
     finally:

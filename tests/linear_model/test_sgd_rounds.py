@@ -120,7 +120,8 @@ def _config(est, X, P=2, n_total=None, max_iter=3):
 @pytest.mark.parametrize("cache, in_place", [(True, False), (False, False), (False, True)])
 @pytest.mark.parametrize("penalty", ["l2", "elasticnet", None])
 @pytest.mark.parametrize("d", [20000, 200])
-def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d, monkeypatch):
+@pytest.mark.parametrize("dense_counts", [True, False])
+def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d, dense_counts, monkeypatch):
     """``_RoundPrep`` builds each round in its thread as the inline
     compaction did: the touched rows (+ the intercept row), the compact CSR,
     the round's targets and weights, and ``1/q`` of its rows: the epoch's
@@ -129,8 +130,12 @@ def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d,
     across epochs (``ps.sgd.round-cache-bytes``) or built again, in any
     order of requests and takes. Rounds built again over a table held
     whole (``in_place``, not with L1) are their rows of the participant's
-    CSR itself, with the same touched rows and ``1/q``."""
+    CSR itself, with the same touched rows and ``1/q``. The counts behind
+    ``1/q`` kept per feature of the table or per feature touched (a table
+    wider than its data): the same ``1/q``."""
     X, y = _sparse_problem(d=d)
+    if not dense_counts:
+        monkeypatch.setattr(_rounds._RoundPrep, "_dense_counts", lambda self: False)
     est = SGDClassifier(penalty=penalty, batch_size=128, max_iter=3)
     if not in_place:
         monkeypatch.setattr(_rounds, "_trains_in_place", lambda cfg, cache: False)
@@ -196,8 +201,11 @@ def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d,
         assert len(c.cache or {}) == (4 if cache else 0) and not prep.pending
         assert (reused > 0) == (not cache and not in_place)
         assert not (in_place and prep.spare)  # nothing to build into: no CSR is written
-        if penalty is not None:  # counts of the touched features only, not one per feature of the table
-            assert prep.count_features.shape[0] == np.count_nonzero(touching)
+        if penalty is not None and dense_counts:  # one count per feature of the table (int32)
+            np.testing.assert_array_equal(prep.counts_of_feature, touching)
+            assert prep.counts_of_feature.dtype == np.int32 and prep.count_features is None
+        elif penalty is not None:  # counts of the touched features only, not one per feature of the table
+            assert prep.count_features.shape[0] == np.count_nonzero(touching) and prep.counts_of_feature is None
     finally:
         prep.close()
 
