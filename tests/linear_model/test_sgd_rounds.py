@@ -646,3 +646,45 @@ def test_a_received_sparse_block_is_trained_in_place():
     part = _assemble_part([(block, y)], spec)
     assert part.X.data is block.data and part.X.indices is block.indices
     assert (part.X != X).nnz == 0
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_a_parts_check_finds_its_squared_norm(sparse):
+    """A part's validation (``_assemble_part``) checks X's values for NaN/Inf
+    in the pass that sums their squares (the participant's mean squared
+    norm, ``round_eta_scale``): the participant's own vdot, and
+    scikit-learn's error where a value is NaN or Inf; finite values whose
+    squares overflow are accepted (an infinite sum, as the participant's
+    own vdot finds)."""
+    from types import SimpleNamespace
+
+    from sklearn.utils import check_array
+
+    from dask_ps._estimators import InvalidPart
+    from dask_ps.linear_model._data import _assemble_part
+    from dask_ps.linear_model._participant import _Participant
+
+    rng = np.random.RandomState(0)
+    X = sp.random(300, 20, density=0.2, format="csr", random_state=0) if sparse else rng.randn(300, 20)
+    y = np.arange(300) % 2
+    spec = {"estimator": "SGDClassifier", "n_features": 20, "classifier": True}
+    part = _assemble_part([(X, y)], spec)
+    values = part.X.data if sparse else part.X.reshape(-1)
+    assert part.sq_sum == float(np.vdot(values, values))
+    # The participant takes it: the same mean squared norm as its own pass.
+    cfg = _config(SGDClassifier(), part.X)
+    ctx = SimpleNamespace(rank=0, n_participants=2, current_clock=0, overlaps=False)
+    run = _Participant(ctx, part, cfg)
+    part.sq_sum = None
+    assert run.sq_norm == _Participant(ctx, part, cfg).sq_norm == float(np.vdot(values, values)) / 300
+    run.rounds.close()
+    for bad in (np.nan, np.inf, -np.inf):
+        Xb = X.copy()
+        (Xb.data if sparse else Xb.reshape(-1))[3] = bad
+        with pytest.raises(ValueError) as theirs:
+            check_array(Xb, accept_sparse="csr", input_name="X", estimator="SGDClassifier")
+        invalid = _assemble_part([(Xb, y)], spec)
+        assert isinstance(invalid, InvalidPart) and str(invalid.error) == str(theirs.value)
+    Xh = X.copy()
+    (Xh.data if sparse else Xh.reshape(-1))[5] = 1e200  # finite: its square is not
+    assert _assemble_part([(Xh, y)], spec).sq_sum == np.inf
