@@ -165,7 +165,8 @@ def test_lazy_counts_of_a_wide_table_are_per_feature_present():
     rounds = [train[:400], train[400:]]
     prep = _rounds._RoundPrep(cfg, c, rounds)
     try:
-        rows, *_, iq = prep._entry(0, take=True)
+        rnd = prep.take((0, None))
+        rows, iq = rnd.rows, rnd.inv_q  # (after the counts)
         present = np.unique(X.indices)
         np.testing.assert_array_equal(prep.count_features, present)
         assert prep.counts.shape[0] == present.shape[0] < 2 ** 16 and prep.counts_of_feature is None

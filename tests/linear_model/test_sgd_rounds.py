@@ -210,6 +210,51 @@ def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d,
         prep.close()
 
 
+@pytest.mark.parametrize("in_place", [True, False])
+def test_the_first_round_is_ready_before_the_counts(in_place, monkeypatch):
+    """The first round a participant asks for is built before the lazy
+    regularization's counts over all the rounds (``_RoundPrep._count``):
+    its rows are read and it is trained while they are counted, and it
+    takes its ``1/q`` (the same) after its training."""
+    X, y = _sparse_problem(d=20000)
+    if not in_place:
+        monkeypatch.setattr(_rounds, "_trains_in_place", lambda cfg, cache: False)
+    with dask.config.set({"ps.sgd.clock-samples": 1024}):
+        cfg = _config(SGDClassifier(batch_size=128), X, max_iter=1)
+        train_idx = np.arange(X.shape[0])
+        c = _rounds._CompiledData.make(cfg, X, np.where(y == 1, 1.0, -1.0)[:, None], np.ones(X.shape[0]),
+                                       train_idx)
+    assert c.in_place == in_place and c.lazy
+    run_rounds = []
+    _rounds._epoch_rounds(np.random.RandomState(0), True, train_idx, cfg.steps_per_epoch, cfg.clock_every, True,
+                          run_rounds, 0, 7)
+    counting, go = threading.Event(), threading.Event()
+    count = _rounds._RoundPrep._count
+
+    def held_count(self):
+        counting.set()
+        assert go.wait(30)
+        count(self)
+
+    monkeypatch.setattr(_rounds._RoundPrep, "_count", held_count)
+    prep = _rounds._RoundPrep(cfg, c, run_rounds)
+    try:
+        prep.request(0)
+        prep.request(1)
+        rnd = prep.take((0, None))  # while the counts wait
+        assert counting.wait(30) and not prep._counted.done()
+        features = np.unique(X[run_rounds[0]].indices)
+        np.testing.assert_array_equal(rnd.rows, np.append(features, X.shape[1]))
+        go.set()
+        touching = sum(np.bincount(np.unique(X[r].indices), minlength=X.shape[1]) for r in run_rounds)
+        np.testing.assert_array_equal(rnd.inv_q, len(run_rounds) / touching[features])
+        np.testing.assert_array_equal(prep.take((1, None)).inv_q,
+                                      len(run_rounds) / touching[np.unique(X[run_rounds[1]].indices)])
+    finally:
+        go.set()
+        prep.close()
+
+
 def test_rounds_of_a_one_epoch_run_are_not_kept():
     """A run of one epoch (``partial_fit``, ``max_iter=1``) reads each
     round once: it keeps none (its buffers are recycled instead)."""
@@ -302,10 +347,11 @@ def test_single_pass_trains_rounds_in_place_bit_for_bit(client, monkeypatch, kwa
         models[in_place] = (est.coef_, est.intercept_, dict(calls))
         calls.update(dict.fromkeys(calls, 0))
     l1 = kwargs.get("penalty") == "elasticnet"
-    # 2 participants x 9 rounds, whose features the lazy regularization counts first (and in place, reuses)
-    assert models[True][2] == ({"compact_rows": 18, "round_features": 18} if l1 else
+    # 2 participants x 9 rounds, whose features the lazy regularization counts after the first round
+    # is built (and in place, reuses): compacted first, that round's features are compact_rows'
+    assert models[True][2] == ({"compact_rows": 18, "round_features": 16} if l1 else
                                {"compact_rows": 0, "round_features": 18})
-    assert models[False][2] == {"compact_rows": 18, "round_features": 18}
+    assert models[False][2] == {"compact_rows": 18, "round_features": 16}
     np.testing.assert_array_equal(models[True][0], models[False][0])
     np.testing.assert_array_equal(models[True][1], models[False][1])
 
