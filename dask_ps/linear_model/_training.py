@@ -19,7 +19,7 @@ import numpy as np
 from dask.utils import parse_timedelta
 from sklearn.utils import check_random_state
 
-from dask_ps import ASP, BSP, SSP
+from dask_ps import ASP, BSP, SSP, _config
 from dask_ps._estimators._runs import table_consistency
 from dask_ps._estimators import (
     CheckpointMismatchError,
@@ -263,7 +263,8 @@ def _create_tables(est, ps, tables, start: _Start, data: _Input, K, P, max_iter)
     # run to the next (count_aggregate: LDA does the same).
     aggregate = "clock" if staleness == 0 and P > 1 else "push"
     tables.create(start.name, shape=W0.shape, dtype=data.dtype, init=W0 if W0.any() else None,
-                  consistency=consistency, device=data.device, replication=est.replication, aggregate=aggregate)
+                  consistency=consistency, device=data.device, replication=est.replication, aggregate=aggregate,
+                  block_rows=_weights_block_rows(W0.shape, data, len(ps.servers)) if data.sparse else None)
     if P == 1:
         return None, staleness
     global_stop = staleness is not None
@@ -280,6 +281,27 @@ def _create_tables(est, ps, tables, start: _Start, data: _Input, K, P, max_iter)
                           consistency=SSP(staleness) if global_stop else ASP(), replication=est.replication,
                           aggregate=aggregate if global_stop else "push")
     return stats, staleness
+
+
+def _weights_block_rows(shape, data: _Input, n_servers: int) -> int | None:
+    """Rows per block of a sparse fit's weights table: the same number of
+    blocks on every server (a multiple of ``n_servers``, at least 4 each,
+    as LDA's word rows), each at most ``ps.block-bytes``; None (the
+    default blocks) for a table of one such block.
+
+    A round reads and pushes rows all over a hashed table, so each server
+    serves its share of the rows: with the default blocks the hashed
+    benchmark's table (2^20 + 1 rows of 8 bytes) was 2 blocks of 4 MiB and
+    a row, and half of the fits (the placement hashes the table's name)
+    put both on one server, which then answered every read and applied
+    every push of both participants (2^22: 8 blocks and a row, 5 on one
+    server in 3 fits of 4)."""
+    n_rows, row_bytes = shape[0], int(np.prod(shape[1:])) * data.dtype.itemsize
+    per_block = max(1, _config.get_bytes("block-bytes") // max(1, row_bytes))
+    if n_rows <= per_block or n_servers < 2:
+        return None
+    n_blocks = n_servers * max(4, -(-n_rows // (per_block * n_servers)))
+    return -(-n_rows // n_blocks)
 
 
 @contextlib.contextmanager

@@ -234,3 +234,38 @@ def test_a_table_larger_than_any_worker_trains_without_pauses_or_restarts():
     assert len(held) == 6 and max(held) < limit and sum(held) >= (d + 1) * 4 > limit
     assert all(peak < 0.8 * limit for _, peak in peaks.values()), peaks
     assert est.coef_.shape == (1, d) and est.score(X, y) > 0.6
+
+
+def test_a_hashed_table_is_shared_evenly_by_the_servers(client):
+    """A sparse fit's weights table is cut into the same number of blocks
+    per server (``_training._weights_block_rows``): every server holds
+    its share of the rows whatever the table's name (the placement hashes
+    it). With the default blocks a 2^20-feature float64 table was 2 blocks
+    of 4 MiB and a row, both big ones on one server in half of the fits:
+    that server answered every read and applied every push."""
+    import uuid
+
+    from dask_ps._placement import place_blocks
+    from dask_ps.linear_model._data import _Input
+    from dask_ps.linear_model._training import _weights_block_rows
+
+    d = 2 ** 20
+    data = _Input("memory", None, None, None, d, np.float64, True, "cpu")
+    workers = ["tcp://10.0.0.1:4000", "tcp://10.0.0.2:4000", "tcp://10.0.0.3:4000"]
+    for n_servers in (2, 3):
+        block_rows = _weights_block_rows((d + 1, 1), data, n_servers)
+        n_blocks = -(-(d + 1) // block_rows)
+        assert n_blocks % n_servers == 0 and n_blocks >= 4 * n_servers and block_rows * 8 <= 4 * 2 ** 20
+        for _ in range(20):
+            owners = [o[0] for o in place_blocks(f"dask_ps-sgd-{uuid.uuid4().hex[:12]}", n_blocks,
+                                                 workers[:n_servers])]
+            assert sorted(owners.count(w) for w in workers[:n_servers]) == [n_blocks // n_servers] * n_servers
+    assert _weights_block_rows((101, 1), data, 2) is None  # one block: as it was
+    X, y = _hashed(4000, d)
+    block_bytes = _weights_block_rows((d + 1, 1), _Input("memory", None, None, None, d, X.dtype, True, "cpu"), 2)
+    block_bytes *= X.dtype.itemsize
+    for _ in range(2):  # two fits, two table names
+        with dask.config.set({"ps.sgd.min-samples-per-participant": 1000}):
+            est = SGDClassifier(client=client, max_iter=1, tol=None, random_state=0, n_jobs=2).fit(X, y)
+        held = sorted(m["table_bytes"] for m in est.metrics_)
+        assert len(held) == 2 and held[1] - held[0] <= block_bytes + 4096, held  # a block, the stats table
