@@ -61,7 +61,9 @@ class _PendingInvQ:
 
     def value(self):
         if self._value is None:
+            t = time.perf_counter()
             self.prep._counted.result()  # (its error, if it failed)
+            self.prep.waited += time.perf_counter() - t  # the participant's wait: round preparation's
             self._value = self.prep.inv_q(self.cols)
         return self._value
 
@@ -99,6 +101,7 @@ class _RoundPrep:
         self._early_features: dict = {}  # round id -> features of a round built before the counts
         self._count_started = False  # (this thread's)
         self.cpu_seconds = 0.0  # the thread's CPU time in its jobs
+        self.waited = 0.0  # the participant's seconds waiting for the counts after a round's training
         self.spare: list = []  # (data, indices) arrays of trained rounds, to build into (recycle)
         # A thread only helps where there is another round to train while one
         # is built: with one round an epoch the participant waited for it

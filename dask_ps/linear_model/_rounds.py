@@ -592,7 +592,12 @@ class _CompiledRounds:
 
     def train(self, rnd: _Round, W0, epoch, seen, stop, active, loss_sum, eta_scale):
         t = time.perf_counter()
+        waited = 0.0 if self.prep is None else self.prep.waited
         W = _compiled_round(self.cfg, self.c, rnd, W0, epoch, seen, stop, active, loss_sum, eta_scale)
+        if self.prep is not None:  # a wait for the counts (its 1/q) is the round's preparation
+            waited = self.prep.waited - waited
+            self.seconds["round_prep"] += waited
+            t += waited
         self.seconds["kernel"] += time.perf_counter() - t
         return W
 
