@@ -16,10 +16,11 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from dask.utils import parse_timedelta
+import dask
+from dask.utils import parse_bytes, parse_timedelta
 from sklearn.utils import check_random_state
 
-from dask_ps import ASP, BSP, SSP, _config
+from dask_ps import ASP, BSP, SSP
 from dask_ps._estimators._runs import table_consistency
 from dask_ps._estimators import (
     CheckpointMismatchError,
@@ -297,7 +298,7 @@ def _weights_block_rows(shape, data: _Input, n_servers: int) -> int | None:
     every push of both participants (2^22: 8 blocks and a row, 5 on one
     server in 3 fits of 4)."""
     n_rows, row_bytes = shape[0], int(np.prod(shape[1:])) * data.dtype.itemsize
-    per_block = max(1, _config.get_bytes("block-bytes") // max(1, row_bytes))
+    per_block = max(1, int(parse_bytes(dask.config.get("ps.block-bytes"))) // max(1, row_bytes))
     if n_rows <= per_block or n_servers < 2:
         return None
     n_blocks = n_servers * max(4, -(-n_rows // (per_block * n_servers)))
