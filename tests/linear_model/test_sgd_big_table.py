@@ -240,9 +240,10 @@ def test_a_hashed_table_is_shared_evenly_by_the_servers(client):
     """A sparse fit's weights table is cut into the same number of blocks
     per server (``_training._weights_block_rows``): every server holds
     its share of the rows whatever the table's name (the placement hashes
-    it). With the default blocks a 2^20-feature float64 table was 2 blocks
-    of 4 MiB and a row, both big ones on one server in half of the fits:
-    that server answered every read and applied every push."""
+    it), in as few blocks as that takes. With the default blocks a
+    2^20-feature float64 table was 2 blocks of 4 MiB and a row, both big
+    ones on one server in half of the fits: that server answered every
+    read and applied every push."""
     import uuid
 
     from dask_ps._placement import place_blocks
@@ -255,12 +256,14 @@ def test_a_hashed_table_is_shared_evenly_by_the_servers(client):
     for n_servers in (2, 3):
         block_rows = _weights_block_rows((d + 1, 1), data, n_servers)
         n_blocks = -(-(d + 1) // block_rows)
-        assert n_blocks % n_servers == 0 and n_blocks >= 4 * n_servers and block_rows * 8 <= 4 * 2 ** 20
+        assert n_blocks % n_servers == 0 and (block_rows - 1) * 8 <= 4 * 2 ** 20
         for _ in range(20):
             owners = [o[0] for o in place_blocks(f"dask_ps-sgd-{uuid.uuid4().hex[:12]}", n_blocks,
                                                  workers[:n_servers])]
             assert sorted(owners.count(w) for w in workers[:n_servers]) == [n_blocks // n_servers] * n_servers
     assert _weights_block_rows((101, 1), data, 2) is None  # one block: as it was
+    assert -(-(d + 1) // _weights_block_rows((d + 1, 1), data, 2)) == 2  # one 4 MiB block (and a row) a server
+    assert -(-(4 * d + 1) // _weights_block_rows((4 * d + 1, 1), data, 2)) == 8
     X, y = _hashed(4000, d)
     block_bytes = _weights_block_rows((d + 1, 1), _Input("memory", None, None, None, d, X.dtype, True, "cpu"), 2)
     block_bytes *= X.dtype.itemsize
