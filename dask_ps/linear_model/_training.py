@@ -16,8 +16,7 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-import dask
-from dask.utils import parse_bytes, parse_timedelta
+from dask.utils import parse_timedelta
 from sklearn.utils import check_random_state
 
 from dask_ps import ASP, BSP, SSP
@@ -264,8 +263,7 @@ def _create_tables(est, ps, tables, start: _Start, data: _Input, K, P, max_iter)
     # run to the next (count_aggregate: LDA does the same).
     aggregate = "clock" if staleness == 0 and P > 1 else "push"
     tables.create(start.name, shape=W0.shape, dtype=data.dtype, init=W0 if W0.any() else None,
-                  consistency=consistency, device=data.device, replication=est.replication, aggregate=aggregate,
-                  block_rows=_weights_block_rows(W0.shape, data, len(ps.servers)) if data.sparse else None)
+                  consistency=consistency, device=data.device, replication=est.replication, aggregate=aggregate)
     if P == 1:
         return None, staleness
     global_stop = staleness is not None
@@ -282,32 +280,6 @@ def _create_tables(est, ps, tables, start: _Start, data: _Input, K, P, max_iter)
                           consistency=SSP(staleness) if global_stop else ASP(), replication=est.replication,
                           aggregate=aggregate if global_stop else "push")
     return stats, staleness
-
-
-def _weights_block_rows(shape, data: _Input, n_servers: int) -> int | None:
-    """Rows per block of a sparse fit's weights table: the same number of
-    blocks on every server (a multiple of ``n_servers``), the features'
-    rows in blocks of at most ``ps.block-bytes`` (the intercept's row, the
-    last, rides with the last block); None (the default blocks) for a
-    table of one such block.
-
-    A round reads and pushes rows all over a hashed table, so each server
-    serves its share of the rows: with the default blocks the hashed
-    benchmark's table (2^20 features of 8 bytes, and the intercept) was 2
-    blocks of 4 MiB and one of a row, and half of the fits (the placement
-    hashes the table's name) put both big ones on one server, which then
-    answered every read and applied every push of both participants
-    (2^22: 8 blocks and a row, 5 on one server in 3 fits of 4). The fewest
-    blocks that do this: every block costs each read and push its
-    handling (2 participants reading and pushing 148k rows of such a table
-    20 times, in-process: 0.59 CPU s in 2 blocks, 0.61 in the default 3,
-    0.64 in 8)."""
-    n_rows, row_bytes = shape[0], int(np.prod(shape[1:])) * data.dtype.itemsize
-    per_block = max(1, int(parse_bytes(dask.config.get("ps.block-bytes"))) // max(1, row_bytes))
-    if n_rows <= per_block or n_servers < 2:
-        return None
-    n_blocks = n_servers * -(-(n_rows - 1) // (per_block * n_servers))
-    return -(-n_rows // n_blocks)
 
 
 @contextlib.contextmanager
