@@ -160,8 +160,9 @@ def test_lazy_counts_of_a_wide_table_are_per_feature_present():
         table="w", stats_table=None, hp=SGDClassifier()._hyper(1, True), n_features=2 ** 24, n_cols=1,
         n_total=3000, steps_per_epoch=8, clock_every=1, max_iter=2, t0=1.0, seeds=(0,), staleness=0,
         global_stop=False, decision_lag=0, classes=np.array([0, 1]), cw_pos=(1.0,), cw_neg=(1.0,),
-        eta_init=(0.0,), col_freq_needed=True)
+        eta_init=(0.0,), col_freq_needed=True, whole_table=False)  # as a fit finds it (ps.sgd.whole-table-bytes)
     c = _rounds._CompiledData.make(cfg, X, Y, np.ones(3000), train)
+    assert not c.in_place
     rounds = [train[:400], train[400:]]
     prep = _rounds._RoundPrep(cfg, c, rounds)
     try:

@@ -117,7 +117,7 @@ def _config(est, X, P=2, n_total=None, max_iter=3):
                                  [n] * P, max_iter, np.array([0, 1]), None, None, sp.issparse(X))
 
 
-@pytest.mark.parametrize("cache, in_place", [(True, False), (False, False), (False, True)])
+@pytest.mark.parametrize("cache, in_place", [(True, False), (False, False), (False, True), (True, True)])
 @pytest.mark.parametrize("penalty", ["l2", "elasticnet", None])
 @pytest.mark.parametrize("d", [20000, 200])
 @pytest.mark.parametrize("dense_counts", [True, False])
@@ -253,6 +253,40 @@ def test_the_first_round_is_ready_before_the_counts(in_place, monkeypatch):
     finally:
         go.set()
         prep.close()
+
+
+@pytest.mark.parametrize("max_iter", [2, 3, 4])
+def test_a_run_of_a_few_epochs_trains_in_place_bit_for_bit(client, monkeypatch, max_iter):
+    """A run of at most ``IN_PLACE_EPOCHS`` epochs over a table the
+    participants may hold whole trains its rounds in place (no round is
+    compacted: over so few epochs the compaction cost more than it saved),
+    its kept rounds only their rows and 1/q, and the model is the
+    compacted rounds' bit for bit, the later epochs' reordered rounds
+    included; a longer run compacts them."""
+    X, y = _sparse_problem(n=30000, d=20000)
+    calls = {"compact_rows": 0}
+    compact_rows = numba_sgd.compact_rows
+
+    def counted(*args):
+        calls["compact_rows"] += 1
+        return compact_rows(*args)
+
+    models = {}
+    for in_place in (True, False):
+        with monkeypatch.context() as m:
+            m.setattr(numba_sgd, "compact_rows", counted)
+            if not in_place:
+                m.setattr(_rounds, "_trains_in_place", lambda cfg, cache: False)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                est = SGDClassifier(max_iter=max_iter, tol=None, random_state=0, client=client, n_jobs=2,
+                                    average=True).fit(X, y)
+        models[in_place] = (est.coef_, est.intercept_, calls["compact_rows"])
+        calls["compact_rows"] = 0
+    assert models[False][2] == 18  # 2 participants x 9 rounds, compacted once and kept
+    assert models[True][2] == (0 if max_iter <= _rounds.IN_PLACE_EPOCHS else 18)
+    np.testing.assert_array_equal(models[True][0], models[False][0])
+    np.testing.assert_array_equal(models[True][1], models[False][1])
 
 
 def test_rounds_of_a_one_epoch_run_are_not_kept():
