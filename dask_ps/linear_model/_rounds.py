@@ -329,6 +329,10 @@ _EVERY_ROW = np.zeros(0, dtype=np.int64)  # sgd_round's ``touched``: every row o
 # (1M rows, 2 x 1 threads, CPU seconds of the fit, medians of 3-6 fits,
 # load 2.5-4): hashed 2^20 E=2 1.96 -> 1.25, E=3 2.37 -> 1.87, E=5 about
 # equal (3.1 both); click-through 2^22 E=2 1.34 -> 1.05, E=3 1.99 -> 1.39.
+# (In the threads layout the compacted arrays are fresh memory, paid in page
+# faults; in worker processes, whose allocator keeps freed memory
+# (ps.worker-mmap-threshold), hashed E=2 about equal: worker CPU 1.87 ->
+# 1.84 s.)
 IN_PLACE_EPOCHS = 3
 
 
