@@ -5,6 +5,7 @@ the workers, one per participant (through ``dask_ps._estimators.TrainingParts``)
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import scipy.sparse as sp
@@ -91,7 +92,7 @@ def _assemble_part(blocks, spec):
     lengths = (X.shape[0], y.shape[0], None if sw is None else sw.shape[0])
     stage = 0
     try:
-        X, stage = _checked_X(X, spec), 1
+        (X, sq_sum), stage = _checked_X(X, spec), 1
         y, stage = _checked_y(y, X.dtype, spec), 2
         if lengths[0] != lengths[1]:
             return InvalidPart(None, lengths, stage)
@@ -101,7 +102,7 @@ def _assemble_part(blocks, spec):
                 return InvalidPart(None, lengths, stage)
     except (ValueError, TypeError) as e:  # the user's data, said in the caller (issue 24)
         return InvalidPart(e, lengths, stage)
-    return _PartData(X, y, np.ones(X.shape[0], dtype=X.dtype) if sw is None else sw)
+    return _PartData(X, y, np.ones(X.shape[0], dtype=X.dtype) if sw is None else sw, sq_sum=sq_sum)
 
 
 def _csr(X):
@@ -120,15 +121,29 @@ def _csr(X):
 def _checked_X(X, spec):
     """One part's X checked as scikit-learn's ``validate_data`` checks it
     (numpy/scipy: ``check_array``, with its messages; device arrays: finite
-    values), with its number of features."""
+    values), with its number of features; returns ``(X, sq_sum)``.
+
+    ``sq_sum`` (numpy/scipy, else None): the sum of the squares of X's
+    values, the participant's mean squared norm (``_participant``), found
+    by the pass that checks them: finite exactly when no value is NaN or
+    Inf and no square overflows. Where it is not, scikit-learn's own check
+    runs and raises its error (squares that overflow are no error). One
+    pass over the values instead of two: 13 ms of each participant's 18M
+    non-zeros before every fit of the hashed benchmark."""
+    sq_sum = None
     if arrays.namespace(X) is np and not arrays.is_cupy_sparse(X):
-        X = int32_indices(check_array(X, accept_sparse="csr", dtype=[np.float64, np.float32], order="C",
-                                      ensure_min_samples=0, input_name="X", estimator=spec["estimator"]))
+        kw = dict(accept_sparse="csr", ensure_min_samples=0, input_name="X", estimator=spec["estimator"])
+        X = int32_indices(check_array(X, dtype=[np.float64, np.float32], order="C", ensure_all_finite=False,
+                                      **kw))
+        values = X.data if sp.issparse(X) else X.reshape(-1)
+        sq_sum = float(np.vdot(values, values))
+        if not math.isfinite(sq_sum):
+            check_array(X, **kw)  # NaN or Inf: scikit-learn's error
     elif not arrays.is_cupy_sparse(X) and not arrays.all_finite(X):
         raise ValueError("Input X contains NaN or infinity.")
     if X.shape[1] != spec["n_features"]:
         raise ValueError(f"X has {X.shape[1]} features, expected {spec['n_features']}")
-    return X
+    return X, sq_sum
 
 
 def _checked_y(y, dtype, spec):

@@ -35,10 +35,12 @@ from dask_ps.linear_model._rounds import (
 
 
 class _PartData:
-    """One participant's data: X (n, d), y (n,), sample weights (n,)."""
+    """One participant's data: X (n, d), y (n,), sample weights (n,);
+    ``sq_sum``: the sum of the squares of X's values where the part's
+    validation found it (``_data._checked_X``), else None."""
 
-    def __init__(self, X, y, sw):
-        self.X, self.y, self.sw = X, y, sw
+    def __init__(self, X, y, sw, sq_sum=None):
+        self.X, self.y, self.sw, self.sq_sum = X, y, sw, sq_sum
 
     def __len__(self):
         return self.X.shape[0]
@@ -291,13 +293,16 @@ class _Participant:
         # The mean squared norm of the training samples (round_eta_scale).
         self.sq_norm = 0.0
         if not self.solo and self.n_train:
-            Xt = X[self.train_idx] if self.n_train < X.shape[0] else X
-            # No squared copy; vdot, not dot: a block received from another
-            # process may be unaligned (a view into the message's frame), and
-            # numpy's dot then leaves BLAS for a loop 100x slower (2.2 s for
-            # a 450k x 100 float64 part; vdot 0.02 s).
-            v = Xt.data if self.sparse else Xt.reshape(-1)
-            sq = self.xp.vdot(v, v)
+            if self.n_train == X.shape[0] and getattr(part, "sq_sum", None) is not None:
+                sq = part.sq_sum  # found by the part's validation, the same vdot
+            else:
+                Xt = X[self.train_idx] if self.n_train < X.shape[0] else X
+                # No squared copy; vdot, not dot: a block received from another
+                # process may be unaligned (a view into the message's frame), and
+                # numpy's dot then leaves BLAS for a loop 100x slower (2.2 s for
+                # a 450k x 100 float64 part; vdot 0.02 s).
+                v = Xt.data if self.sparse else Xt.reshape(-1)
+                sq = self.xp.vdot(v, v)
             self.sq_norm = float(sq) / self.n_train
         self.stats_pad = None if self.solo else np.zeros(1 + self.K + 3)  # a round's row: its loss sums only
         # The session's background reads and clocks (ps-lite's ZPull/Wait):

@@ -40,7 +40,7 @@ from dask_ps.linear_model._kernels import (
     compact_rows_xp,
 )
 from dask_ps.linear_model._lone import SklearnOrders, scaled
-from dask_ps.linear_model._round_prep import _Round, _RoundPrep  # noqa: F401
+from dask_ps.linear_model._round_prep import _DENSE_COUNTS_PER_NONZERO, _Round, _RoundPrep  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -161,13 +161,6 @@ def _epoch_rounds(rng, shuffle, train_idx, S, m, fixed, run_rounds, epoch, seed)
 # benchmark, 0.30-0.35 s against 0.08-0.09 s in order; blocks of 64 samples in
 # a random order, each in order: 0.10 s (16: 0.15 s; 256 or 2048: 0.08-0.09 s).
 ORDER_BLOCK = 64
-
-
-# The minibatch kernel's lazy regularization counts one per feature of the
-# table (bincount) while the table has at most this many features per
-# non-zero of the participant's training rows; a wider table counts the
-# features present only (unique: a sort, O(nnz log nnz), O(nnz) memory).
-_DENSE_COUNTS_PER_NONZERO = 4
 
 
 def _composition_block(n, rounds):
@@ -302,13 +295,14 @@ class _CompiledData:
             # or three rounds' worth of fresh memory, not the whole CSR's.
             reused = cfg.max_iter - cfg.epoch0 > 1
             self.cache = {} if reused and est <= setting_bytes("sgd", "round-cache-bytes") else None
-            # Rounds read once each (not kept) over a table the participant
-            # may hold whole: trained in place in the CSR, over a local copy
-            # of the table (``whole``) that each round's rows are written into,
-            # instead of compacted first (the same arithmetic, bit for bit;
-            # click-through benchmark, 450k rows: ~25% less CPU for the
-            # rounds). An L1 penalty keeps compacted rounds: its state is per
-            # weight of the round.
+            # Rounds read once each (not kept), or a run of a few epochs
+            # (``IN_PLACE_EPOCHS``), over a table the participant may hold
+            # whole: trained in place in the CSR, over a local copy of the
+            # table (``whole``) that each round's rows are written into,
+            # instead of compacted first (the same arithmetic, bit for bit).
+            # A kept in-place round is its touched rows and 1/q only. An L1
+            # penalty keeps compacted rounds: its state is per weight of the
+            # round.
             self.in_place = _trains_in_place(cfg, self.cache)
             self.whole = None  # the local copy of the table (d + 1, n_cols), made at the first round
             # A round decays (L2) and shrinks (L1) the rows it touches only; a
@@ -328,11 +322,27 @@ class _CompiledData:
 _EVERY_ROW = np.zeros(0, dtype=np.int64)  # sgd_round's ``touched``: every row of W
 
 
+# A run of at most this many epochs trains its sparse rounds in place
+# (``_trains_in_place``) even where it could keep them compacted: the
+# compaction, paid once a run, costs more than the in-place kernel's slower
+# reads of the whole table's copy over so few epochs. Both benchmark sets
+# (1M rows, 2 x 1 threads, CPU seconds of the fit, medians of 3-6 fits,
+# load 2.5-4): hashed 2^20 E=2 1.96 -> 1.25, E=3 2.37 -> 1.87, E=5 about
+# equal (3.1 both); click-through 2^22 E=2 1.34 -> 1.05, E=3 1.99 -> 1.39.
+# (In the threads layout the compacted arrays are fresh memory, paid in page
+# faults; in worker processes, whose allocator keeps freed memory
+# (ps.worker-mmap-threshold), hashed E=2 about equal: worker CPU 1.87 ->
+# 1.84 s.)
+IN_PLACE_EPOCHS = 3
+
+
 def _trains_in_place(cfg: _RunConfig, cache) -> bool:
     """Whether a participant's sparse rounds train in place in its CSR
-    (``_CompiledData.in_place``): rounds not kept, a table it may hold
-    whole (``cfg.whole_table``), no L1 penalty."""
-    return cache is None and cfg.whole_table and cfg.hp.penalty not in (L1, ELASTICNET)
+    (``_CompiledData.in_place``): rounds not kept or a run of at most
+    ``IN_PLACE_EPOCHS`` epochs, a table it may hold whole
+    (``cfg.whole_table``), no L1 penalty."""
+    few = cache is None or cfg.max_iter - cfg.epoch0 <= IN_PLACE_EPOCHS
+    return few and cfg.whole_table and cfg.hp.penalty not in (L1, ELASTICNET)
 
 
 def _dense_round(c: _CompiledData, group) -> _Round:
@@ -599,7 +609,12 @@ class _CompiledRounds:
 
     def train(self, rnd: _Round, W0, epoch, seen, stop, active, loss_sum, eta_scale):
         t = time.perf_counter()
+        waited = 0.0 if self.prep is None else self.prep.waited
         W = _compiled_round(self.cfg, self.c, rnd, W0, epoch, seen, stop, active, loss_sum, eta_scale)
+        if self.prep is not None:  # a wait for the counts (its 1/q) is the round's preparation
+            waited = self.prep.waited - waited
+            self.seconds["round_prep"] += waited
+            t += waited
         self.seconds["kernel"] += time.perf_counter() - t
         return W
 

@@ -160,15 +160,17 @@ def test_lazy_counts_of_a_wide_table_are_per_feature_present():
         table="w", stats_table=None, hp=SGDClassifier()._hyper(1, True), n_features=2 ** 24, n_cols=1,
         n_total=3000, steps_per_epoch=8, clock_every=1, max_iter=2, t0=1.0, seeds=(0,), staleness=0,
         global_stop=False, decision_lag=0, classes=np.array([0, 1]), cw_pos=(1.0,), cw_neg=(1.0,),
-        eta_init=(0.0,), col_freq_needed=True)
+        eta_init=(0.0,), col_freq_needed=True, whole_table=False)  # as a fit finds it (ps.sgd.whole-table-bytes)
     c = _rounds._CompiledData.make(cfg, X, Y, np.ones(3000), train)
+    assert not c.in_place
     rounds = [train[:400], train[400:]]
     prep = _rounds._RoundPrep(cfg, c, rounds)
     try:
-        rows, *_, iq = prep._entry(0, take=True)
+        rnd = prep.take((0, None))
+        rows, iq = rnd.rows, rnd.inv_q  # (after the counts)
         present = np.unique(X.indices)
         np.testing.assert_array_equal(prep.count_features, present)
-        assert prep.counts.shape[0] == present.shape[0] < 2 ** 16
+        assert prep.counts.shape[0] == present.shape[0] < 2 ** 16 and prep.counts_of_feature is None
         in_both = np.isin(rows[:-1], np.unique(X[rounds[1]].indices))
         np.testing.assert_array_equal(iq, np.where(in_both, 1.0, 2.0))  # 2 rounds over the rounds touching it
     finally:

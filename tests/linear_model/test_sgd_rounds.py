@@ -117,10 +117,11 @@ def _config(est, X, P=2, n_total=None, max_iter=3):
                                  [n] * P, max_iter, np.array([0, 1]), None, None, sp.issparse(X))
 
 
-@pytest.mark.parametrize("cache, in_place", [(True, False), (False, False), (False, True)])
+@pytest.mark.parametrize("cache, in_place", [(True, False), (False, False), (False, True), (True, True)])
 @pytest.mark.parametrize("penalty", ["l2", "elasticnet", None])
 @pytest.mark.parametrize("d", [20000, 200])
-def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d, monkeypatch):
+@pytest.mark.parametrize("dense_counts", [True, False])
+def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d, dense_counts, monkeypatch):
     """``_RoundPrep`` builds each round in its thread as the inline
     compaction did: the touched rows (+ the intercept row), the compact CSR,
     the round's targets and weights, and ``1/q`` of its rows: the epoch's
@@ -129,8 +130,12 @@ def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d,
     across epochs (``ps.sgd.round-cache-bytes``) or built again, in any
     order of requests and takes. Rounds built again over a table held
     whole (``in_place``, not with L1) are their rows of the participant's
-    CSR itself, with the same touched rows and ``1/q``."""
+    CSR itself, with the same touched rows and ``1/q``. The counts behind
+    ``1/q`` kept per feature of the table or per feature touched (a table
+    wider than its data): the same ``1/q``."""
     X, y = _sparse_problem(d=d)
+    if not dense_counts:
+        monkeypatch.setattr(_rounds._RoundPrep, "_dense_counts", lambda self: False)
     est = SGDClassifier(penalty=penalty, batch_size=128, max_iter=3)
     if not in_place:
         monkeypatch.setattr(_rounds, "_trains_in_place", lambda cfg, cache: False)
@@ -196,10 +201,92 @@ def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d,
         assert len(c.cache or {}) == (4 if cache else 0) and not prep.pending
         assert (reused > 0) == (not cache and not in_place)
         assert not (in_place and prep.spare)  # nothing to build into: no CSR is written
-        if penalty is not None:  # counts of the touched features only, not one per feature of the table
-            assert prep.count_features.shape[0] == np.count_nonzero(touching)
+        if penalty is not None and dense_counts:  # one count per feature of the table (int32)
+            np.testing.assert_array_equal(prep.counts_of_feature, touching)
+            assert prep.counts_of_feature.dtype == np.int32 and prep.count_features is None
+        elif penalty is not None:  # counts of the touched features only, not one per feature of the table
+            assert prep.count_features.shape[0] == np.count_nonzero(touching) and prep.counts_of_feature is None
     finally:
         prep.close()
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_the_first_round_is_ready_before_the_counts(in_place, monkeypatch):
+    """The first round a participant asks for is built before the lazy
+    regularization's counts over all the rounds (``_RoundPrep._count``):
+    its rows are read and it is trained while they are counted, and it
+    takes its ``1/q`` (the same) after its training."""
+    X, y = _sparse_problem(d=20000)
+    if not in_place:
+        monkeypatch.setattr(_rounds, "_trains_in_place", lambda cfg, cache: False)
+    with dask.config.set({"ps.sgd.clock-samples": 1024}):
+        cfg = _config(SGDClassifier(batch_size=128), X, max_iter=1)
+        train_idx = np.arange(X.shape[0])
+        c = _rounds._CompiledData.make(cfg, X, np.where(y == 1, 1.0, -1.0)[:, None], np.ones(X.shape[0]),
+                                       train_idx)
+    assert c.in_place == in_place and c.lazy
+    run_rounds = []
+    _rounds._epoch_rounds(np.random.RandomState(0), True, train_idx, cfg.steps_per_epoch, cfg.clock_every, True,
+                          run_rounds, 0, 7)
+    counting, go = threading.Event(), threading.Event()
+    count = _rounds._RoundPrep._count
+
+    def held_count(self):
+        counting.set()
+        assert go.wait(30)
+        count(self)
+
+    monkeypatch.setattr(_rounds._RoundPrep, "_count", held_count)
+    prep = _rounds._RoundPrep(cfg, c, run_rounds)
+    try:
+        prep.request(0)
+        prep.request(1)
+        rnd = prep.take((0, None))  # while the counts wait
+        assert counting.wait(30) and not prep._counted.done()
+        features = np.unique(X[run_rounds[0]].indices)
+        np.testing.assert_array_equal(rnd.rows, np.append(features, X.shape[1]))
+        go.set()
+        touching = sum(np.bincount(np.unique(X[r].indices), minlength=X.shape[1]) for r in run_rounds)
+        np.testing.assert_array_equal(rnd.inv_q, len(run_rounds) / touching[features])
+        np.testing.assert_array_equal(prep.take((1, None)).inv_q,
+                                      len(run_rounds) / touching[np.unique(X[run_rounds[1]].indices)])
+    finally:
+        go.set()
+        prep.close()
+
+
+@pytest.mark.parametrize("max_iter", [2, 3, 4])
+def test_a_run_of_a_few_epochs_trains_in_place_bit_for_bit(client, monkeypatch, max_iter):
+    """A run of at most ``IN_PLACE_EPOCHS`` epochs over a table the
+    participants may hold whole trains its rounds in place (no round is
+    compacted: over so few epochs the compaction cost more than it saved),
+    its kept rounds only their rows and 1/q, and the model is the
+    compacted rounds' bit for bit, the later epochs' reordered rounds
+    included; a longer run compacts them."""
+    X, y = _sparse_problem(n=30000, d=20000)
+    calls = {"compact_rows": 0}
+    compact_rows = numba_sgd.compact_rows
+
+    def counted(*args):
+        calls["compact_rows"] += 1
+        return compact_rows(*args)
+
+    models = {}
+    for in_place in (True, False):
+        with monkeypatch.context() as m:
+            m.setattr(numba_sgd, "compact_rows", counted)
+            if not in_place:
+                m.setattr(_rounds, "_trains_in_place", lambda cfg, cache: False)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                est = SGDClassifier(max_iter=max_iter, tol=None, random_state=0, client=client, n_jobs=2,
+                                    average=True).fit(X, y)
+        models[in_place] = (est.coef_, est.intercept_, calls["compact_rows"])
+        calls["compact_rows"] = 0
+    assert models[False][2] == 18  # 2 participants x 9 rounds, compacted once and kept
+    assert models[True][2] == (0 if max_iter <= _rounds.IN_PLACE_EPOCHS else 18)
+    np.testing.assert_array_equal(models[True][0], models[False][0])
+    np.testing.assert_array_equal(models[True][1], models[False][1])
 
 
 def test_rounds_of_a_one_epoch_run_are_not_kept():
@@ -294,10 +381,11 @@ def test_single_pass_trains_rounds_in_place_bit_for_bit(client, monkeypatch, kwa
         models[in_place] = (est.coef_, est.intercept_, dict(calls))
         calls.update(dict.fromkeys(calls, 0))
     l1 = kwargs.get("penalty") == "elasticnet"
-    # 2 participants x 9 rounds, whose features the lazy regularization counts first (and in place, reuses)
-    assert models[True][2] == ({"compact_rows": 18, "round_features": 18} if l1 else
+    # 2 participants x 9 rounds, whose features the lazy regularization counts after the first round
+    # is built (and in place, reuses): compacted first, that round's features are compact_rows'
+    assert models[True][2] == ({"compact_rows": 18, "round_features": 16} if l1 else
                                {"compact_rows": 0, "round_features": 18})
-    assert models[False][2] == {"compact_rows": 18, "round_features": 18}
+    assert models[False][2] == {"compact_rows": 18, "round_features": 16}
     np.testing.assert_array_equal(models[True][0], models[False][0])
     np.testing.assert_array_equal(models[True][1], models[False][1])
 
@@ -638,3 +726,45 @@ def test_a_received_sparse_block_is_trained_in_place():
     part = _assemble_part([(block, y)], spec)
     assert part.X.data is block.data and part.X.indices is block.indices
     assert (part.X != X).nnz == 0
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_a_parts_check_finds_its_squared_norm(sparse):
+    """A part's validation (``_assemble_part``) checks X's values for NaN/Inf
+    in the pass that sums their squares (the participant's mean squared
+    norm, ``round_eta_scale``): the participant's own vdot, and
+    scikit-learn's error where a value is NaN or Inf; finite values whose
+    squares overflow are accepted (an infinite sum, as the participant's
+    own vdot finds)."""
+    from types import SimpleNamespace
+
+    from sklearn.utils import check_array
+
+    from dask_ps._estimators import InvalidPart
+    from dask_ps.linear_model._data import _assemble_part
+    from dask_ps.linear_model._participant import _Participant
+
+    rng = np.random.RandomState(0)
+    X = sp.random(300, 20, density=0.2, format="csr", random_state=0) if sparse else rng.randn(300, 20)
+    y = np.arange(300) % 2
+    spec = {"estimator": "SGDClassifier", "n_features": 20, "classifier": True}
+    part = _assemble_part([(X, y)], spec)
+    values = part.X.data if sparse else part.X.reshape(-1)
+    assert part.sq_sum == float(np.vdot(values, values))
+    # The participant takes it: the same mean squared norm as its own pass.
+    cfg = _config(SGDClassifier(), part.X)
+    ctx = SimpleNamespace(rank=0, n_participants=2, current_clock=0, overlaps=False)
+    run = _Participant(ctx, part, cfg)
+    part.sq_sum = None
+    assert run.sq_norm == _Participant(ctx, part, cfg).sq_norm == float(np.vdot(values, values)) / 300
+    run.rounds.close()
+    for bad in (np.nan, np.inf, -np.inf):
+        Xb = X.copy()
+        (Xb.data if sparse else Xb.reshape(-1))[3] = bad
+        with pytest.raises(ValueError) as theirs:
+            check_array(Xb, accept_sparse="csr", input_name="X", estimator="SGDClassifier")
+        invalid = _assemble_part([(Xb, y)], spec)
+        assert isinstance(invalid, InvalidPart) and str(invalid.error) == str(theirs.value)
+    Xh = X.copy()
+    (Xh.data if sparse else Xh.reshape(-1))[5] = 1e200  # finite: its square is not
+    assert _assemble_part([(Xh, y)], spec).sq_sum == np.inf
