@@ -19,16 +19,6 @@ import dask_ps  # noqa: E402
 from dask_ps.decomposition import LatentDirichletAllocation  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def lda_client():
-    from distributed import Client, LocalCluster
-
-    logging.getLogger("distributed").setLevel(logging.WARNING)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        with Client(cluster, set_as_default=False) as client:
-            yield client
-
-
 def lda_corpus(n_docs=400, doc_len=80, n_words=200, n_topics=5, alpha=0.3, eta=0.05, seed=0):
     """Documents drawn from the LDA generative process; returns (X, true topics)."""
     rng = np.random.default_rng(seed)

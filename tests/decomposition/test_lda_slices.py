@@ -24,7 +24,7 @@ pytest.importorskip("numba")
 import dask_ps  # noqa: E402
 from dask_ps.decomposition import LatentDirichletAllocation, document_completion  # noqa: E402
 from dask_ps.decomposition import _gibbs, _sliced  # noqa: E402
-from tests.decomposition.test_lda_dropin import lda_client, lda_corpus  # noqa: E402,F401 (a fixture, a corpus)
+from tests.decomposition.test_lda_dropin import lda_corpus  # noqa: E402
 
 
 # --- the slices of a partition (no cluster) -------------------------------------------------
