@@ -189,23 +189,29 @@ def test_bokeh_document_fills_during_an_estimator_fit(dash_cluster):
 
     cluster, client, base = dash_cluster
     X, y = make_classification(20000, 10, random_state=0)  # two participants
-    est = SGDClassifier(max_iter=30, tol=None, alpha=1e-3, random_state=0, client=client)
+    # Long enough for the 1 s samples behind the clocks line to see it run.
+    est = SGDClassifier(max_iter=90, tol=None, alpha=1e-3, random_state=0, client=client)
     fit = threading.Thread(target=est.fit, args=(X, y))
     fit.start()
     try:
         def running():
-            d = _pull(base)
+            try:
+                d = _pull(base)
+            except OSError:  # the fit installs the plugin, and with it /ps, when it starts
+                return None
             labels = d["ps-runs"].get("run")
             ok = labels and labels[0].startswith("SGDClassifier(") and d["ps-runs"]["last loss"][0] != "-"
-            return d if ok else None
-        d = _until(running, "the SGD run with a loss on the Bokeh document")
+            # the clocks line comes from the periodic samples (ps.dashboard.interval), the loss from reports
+            sampled = d.get("clocks", {}).get("xs") and len(d["clocks"]["xs"][0]) >= 1
+            return d if ok and sampled else None
+        d = _until(running, "the SGD run with a loss and a sampled clock on the Bokeh document")
     finally:
         fit.join(300)
     runs = d["ps-runs"]
-    assert runs["run"][0] == "SGDClassifier(alpha=0.001, max_iter=30, random_state=0, tol=None)"
+    assert runs["run"][0] == "SGDClassifier(alpha=0.001, max_iter=90, random_state=0, tol=None)"
     assert " of " in runs["progress"][0] and runs["progress"][0].endswith("%)")
     planned = int(runs["progress"][0].split(" of ")[1].split()[0])
-    assert planned % 30 == 0  # epochs x rounds per epoch
+    assert planned % 90 == 0  # epochs x rounds per epoch
     assert float(runs["last loss"][0]) > 0
     assert d["progress"]["text"] == runs["progress"] and 0 < d["progress"]["fraction"][0] <= 1
     assert d["clocks"]["xs"] and len(d["clocks"]["xs"][0]) == len(d["clocks"]["ys"][0]) >= 1
