@@ -19,6 +19,8 @@ import math
 
 import numpy as np
 
+from dask_ps import _compiled
+
 try:  # cupy is an optional extra (``pip install dask-ps[cuda]``)
     import cupy  # type: ignore[import-not-found]
 except Exception:  # pragma: no cover - depends on the machine
@@ -200,8 +202,8 @@ def abs_bound(x) -> float:
         return float(xp.max(xp.abs(x)))
 
 
-def _copy_sum_squares(src, dst):
-    # Compiled lazily (copy_abs_bound); float64 squares and sum: float32
+def _copy_sum_squares_py(src, dst):
+    # Compiled at first use (copy_abs_bound); float64 squares and sum: float32
     # values never overflow them, so the sum is finite exactly when the
     # values are. ``reassoc`` lets the reduction vectorize; a NaN or an Inf
     # still reaches the sum in any order (no nnan/ninf flags).
@@ -214,7 +216,9 @@ def _copy_sum_squares(src, dst):
     return s
 
 
-_copy_kernel = None
+_copy_sum_squares = _compiled.lazy(_copy_sum_squares_py, nogil=True, fastmath={"reassoc", "contract"})
+
+
 
 
 def copy_abs_bound(src, dst) -> float | None:
@@ -229,15 +233,10 @@ def copy_abs_bound(src, dst) -> float | None:
     process imports numba and loads (or, once per install, compiles) the
     loop: 0.4 s with numba imported already, as the estimators' kernels
     have it; 0.8 s in a process without it (1.3 s the first time)."""
-    global _copy_kernel
     if (src.dtype not in (np.float32, np.float64) or src.size <= SMALL or dst.dtype != src.dtype
             or not (src.flags.c_contiguous and dst.flags.c_contiguous) or src.shape != dst.shape):
         return None
-    if _copy_kernel is None:  # numba: imported and compiled (or loaded) on first use only
-        from dask_ps._compiled import njit
-
-        _copy_kernel = njit(nogil=True, fastmath={"reassoc", "contract"})(_copy_sum_squares)
-    s = _copy_kernel(src.reshape(-1), dst.reshape(-1))
+    s = _copy_sum_squares(src.reshape(-1), dst.reshape(-1))
     if math.isfinite(s):
         return math.sqrt(s) * (1 + 1e-6)
     if src.dtype == np.float32 or not np.isfinite(dst).all():

@@ -24,6 +24,7 @@ Other numba code in the program keeps numba's own settings.
 
 from __future__ import annotations
 
+import functools
 import getpass
 import logging
 import os
@@ -104,3 +105,20 @@ def njit(*, cache=True, **options):
                 numba.config.CACHE_DIR = previous
 
     return decorate
+
+
+def lazy(fn, **options):
+    """``fn`` compiled by :func:`njit` (``**options``) at its first call:
+    numba is imported and the kernel loaded (or compiled) then, not when
+    the module that holds ``fn`` is imported (the wire codec and the push's
+    copy, which a process may never use)."""
+    compiled = None
+
+    @functools.wraps(fn)
+    def call(*args):
+        nonlocal compiled
+        if compiled is None:
+            compiled = njit(**options)(fn)
+        return compiled(*args)
+
+    return call

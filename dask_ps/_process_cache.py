@@ -29,21 +29,8 @@ import weakref
 
 import numpy as np
 
-from dask_ps import _config
+from dask_ps import _backend, _config
 from dask_ps._transport import Transport
-
-
-def read_only(values):
-    """A read-only view of ``values`` (numpy; its own flags, so a server's
-    array handed out shared in-process is not changed), or None where the
-    array cannot be shared (not numpy: cupy arrays have no such flag)."""
-    if type(values) is not np.ndarray:
-        return None
-    if not values.flags.writeable:
-        return values
-    view = values.view()
-    view.flags.writeable = False
-    return view
 
 
 # The participants hold their run's combiner; it goes when the last one drops
@@ -90,7 +77,7 @@ def _part(rows, union, vals, shared: bool):
     """The values of a read's ``rows`` in a reply of ``union`` rows."""
     if rows is union or (rows is not None and union is not None and rows.size == union.size):
         # every row of the reply (rows are unique and a subset of the union)
-        return read_only(vals) if shared and read_only(vals) is not None else vals
+        return _backend.read_only(vals) if shared else vals  # several readers: none writes into it
     if union is None:
         return vals[rows]
     return vals[np.searchsorted(union, rows)]

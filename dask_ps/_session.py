@@ -170,7 +170,6 @@ class Session(InFlight):
         self._buffers: dict[str, PushBuffer] = {}
         self._spares: dict[str, object] = {}
         self._cache = ReadCache()
-        self._combiner: _process_cache.PullCombiner | None = None  # ps.process-read-window (_join)
         self._metrics: dict[str, TableMetrics] = {}
         self._clock_wait = 0.0
         self._staleness_used: int | None = None  # the tightest bound among tables used
@@ -222,7 +221,7 @@ class Session(InFlight):
         self._resumed_clock = self._clock if attempt > 1 else None
         self._known_min = 0
         if _config.get_seconds("process-read-window") > 0:
-            self._combiner = self._router.transport.combiner = _process_cache.acquire(self.run_id)
+            self._router.transport.combiner = _process_cache.acquire(self.run_id)
         self._started = time.perf_counter()
         self._ps_seconds = self._blocked_seconds = 0.0
 
@@ -244,7 +243,7 @@ class Session(InFlight):
                             logger.debug("dask_ps: %r: a flush failed after an error: %r", self, e)
         finally:
             self._closed = True
-            self._combiner = None  # the last participant of the run here frees its combiner
+            self._router.transport.combiner = None  # the last participant of the run here frees its combiner
             self._sync(
                 self._scheduler.ps_run_leave, run_id=self.run_id, rank=self.rank, metrics=self.metrics()
             )

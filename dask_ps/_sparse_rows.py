@@ -27,11 +27,11 @@ module: the shard store refers to :class:`EncodedRows`).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 
+from dask_ps._compiled import lazy
 from dask_ps._exceptions import PSValueError
 
 KEY = "sparse_rows"
@@ -108,11 +108,7 @@ def _add_dense(out, rows, vals):  # pragma: no cover - compiled
                 out[r, k] += v
 
 
-@functools.cache
-def _compiled(name: str):
-    from dask_ps._compiled import njit
-
-    return njit(nogil=True, cache=True)(globals()[name])
+_encode, _decode, _add, _add_dense = (lazy(f, nogil=True) for f in (_encode, _decode, _add, _add_dense))
 
 
 def encode(values: np.ndarray, max_fraction: float = MAX_FRACTION, min_bytes: int = MIN_BYTES,
@@ -138,7 +134,7 @@ def encode(values: np.ndarray, max_fraction: float = MAX_FRACTION, min_bytes: in
     counts = np.empty(n, dtype=np.int32)
     cols = np.empty(cap, dtype=cols_dtype)  # pages not written are never touched
     vals = np.empty(cap, dtype=unit)
-    nnz = _compiled("_encode")(a, rows, counts, cols, vals)
+    nnz = _encode(a, rows, counts, cols, vals)
     if nnz < 0:
         return None
     return {KEY: list(shape), "dtype": values.dtype.str, "counts": counts, "cols": cols[:nnz], "vals": vals[:nnz]}
@@ -214,12 +210,12 @@ class EncodedRows(RowsToAdd):
         unit = _unit(self.dtype)
         out = np.zeros((self.shape[0], math.prod(self.shape[1:]) * self.dtype.itemsize // unit.itemsize), dtype=unit)
         if self.cols.size:
-            _compiled("_decode")(self.counts, self.cols, self.vals, out)
+            _decode(self.counts, self.cols, self.vals, out)
         return out.reshape(-1).view(self.dtype).reshape(self.shape)
 
     def _add(self, out2d, rows):
         if self.cols.size:
-            _compiled("_add")(out2d, rows, self.counts, self.cols, self.vals.view(self.dtype))
+            _add(out2d, rows, self.counts, self.cols, self.vals.view(self.dtype))
 
 
 class DenseRows(RowsToAdd):
@@ -248,7 +244,7 @@ class DenseRows(RowsToAdd):
         return self.values.copy()
 
     def _add(self, out2d, rows):
-        _compiled("_add_dense")(out2d, rows, np.ascontiguousarray(self.values).reshape(len(rows), -1))
+        _add_dense(out2d, rows, np.ascontiguousarray(self.values).reshape(len(rows), -1))
 
 
 def checked(enc: dict, max_bytes: int | None = None) -> EncodedRows:
