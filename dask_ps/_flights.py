@@ -5,7 +5,7 @@ in the background, and the order they keep (:class:`InFlight`, the part of
 ps-lite's ``ZPush``/``ZPull`` and ``Wait`` in Dask terms. Every network
 operation of a session is a coroutine on the worker's event loop (Dask's
 comm and RPC pools: no thread or network layer of our own). A blocking call
-starts it and waits (``distributed.utils.sync``); the calls here start it
+starts it and waits (``Session._sync``); the calls here start it
 with ``asyncio.run_coroutine_threadsafe`` and return at once, and the
 participant's thread waits only when it needs the result:
 
