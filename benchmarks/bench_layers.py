@@ -4,7 +4,8 @@ One run starts ``LocalCluster(n_workers=2, threads_per_worker=1,
 processes=True)``, puts a one-block table on worker B and runs one
 participant on worker A, which times, interleaved in ``--rounds`` rounds of
 ``--reps`` operations each (median time per operation; CPU seconds per
-operation of the participant's thread and of worker A's event loop):
+operation of the participant's thread, of worker A's event loop and of
+worker B's, the server's, read by an RPC before and after each cell):
 
 * a pull of ``--rows`` sorted rows of a ``--table-rows x 1`` float32 table:
 
@@ -102,16 +103,19 @@ def participant(ctx, measure, *, host, pull_t, push_t, rows, n, reps, rounds):
         f()
     for _ in range(rounds):
         for k, f in ops.items():
+            b0 = sync(w.loop, rpc.bench_rows_loop_cpu)
             c0, l0 = time.thread_time(), time.clock_gettime(loop_clock)
             ts = []
             for _ in range(reps):
                 t0 = time.perf_counter()
                 f()
                 ts.append(time.perf_counter() - t0)
-            cpu[k].append(((time.thread_time() - c0) / reps, (time.clock_gettime(loop_clock) - l0) / reps))
+            c1, l1 = time.thread_time(), time.clock_gettime(loop_clock)
+            b1 = sync(w.loop, rpc.bench_rows_loop_cpu)
+            cpu[k].append(((c1 - c0) / reps, (l1 - l0) / reps, (b1 - b0) / reps))
             wall[k].append(statistics.median(ts))
-    return {k: (statistics.median(wall[k]), statistics.median(c[0] for c in cpu[k]),
-                statistics.median(c[1] for c in cpu[k])) for k in ops}
+    return {k: (statistics.median(wall[k]), *(statistics.median(c[i] for c in cpu[k]) for i in range(3)))
+            for k in ops}
 
 
 def main(argv=None):
@@ -141,9 +145,11 @@ def main(argv=None):
                      n=n, reps=args.reps, rounds=args.rounds)
         r = next(x for x in res if x is not None)
         print(f"bench_layers: pull {args.rows} of {args.table_rows} x 1, push {args.push_bytes}; "
-              f"median ms per operation: wall | CPU of the participant's thread | CPU of worker A's loop")
-        for key, (wl, c, lp) in r.items():
-            print(f"{key:>22}: {wl * 1e3:8.3f} | {c * 1e3:7.3f} | {lp * 1e3:7.3f}")
+              f"median ms per operation: wall | CPU of the participant's thread | of worker A's loop | "
+              f"of worker B's loop (the server) | the three CPUs' sum")
+        for key, (wl, c, lp, lb) in r.items():
+            print(f"{key:>22}: {wl * 1e3:8.3f} | {c * 1e3:7.3f} | {lp * 1e3:7.3f} | {lb * 1e3:7.3f} | "
+                  f"{(c + lp + lb) * 1e3:7.3f}")
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ class BareRows(WorkerPlugin):
 
     name = "bench-rows"
     idempotent = True
-    OPS = ("bench_rows_init", "bench_rows_pull", "bench_rows_push")
+    OPS = ("bench_rows_init", "bench_rows_pull", "bench_rows_push", "bench_rows_loop_cpu")
 
     def setup(self, worker):
         self.store = None
@@ -99,6 +99,10 @@ class BareRows(WorkerPlugin):
 
     def push(self, rows, values):
         np.add.at(self.store, rows, values)
+
+    def loop_cpu(self):
+        """CPU seconds of this worker's event loop thread (handlers run there)."""
+        return time.thread_time()
 
 
 def _own_rows(rows):
