@@ -123,6 +123,14 @@ class _ApiTimer:
         return False
 
 
+def _running_loop():
+    """The event loop running in this thread, or None."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 class Session(InFlight):
     """One participant's handle: ``pull → compute → push → clock()``.
 
@@ -194,10 +202,13 @@ class Session(InFlight):
         ``distributed.utils.sync``, which adds a turn of the loop and
         tornado's coroutine runner to every blocking call (a bare RPC of a
         100k-row read: 0.05 ms less of its ~1.9 ms; docs/benchmarks.md)."""
+        loop = self.worker.loop.asyncio_loop
+        if _running_loop() is loop:  # waiting here would block the loop that must run it
+            raise RuntimeError(f"{self!r}: a blocking call made from its worker's event loop thread")
         coro = fn(*args, **kwargs)
         t0 = time.perf_counter()
         try:
-            future = asyncio.run_coroutine_threadsafe(coro, self.worker.loop.asyncio_loop)
+            future = asyncio.run_coroutine_threadsafe(coro, loop)
         except RuntimeError:  # the worker's loop is closed
             coro.close()
             raise

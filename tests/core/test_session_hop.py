@@ -23,6 +23,7 @@ def _session_on(loop) -> Session:
     s = Session.__new__(Session)  # only what _sync uses
     s.worker = types.SimpleNamespace(loop=_Loop(loop))
     s._blocked_seconds = 0.0
+    s.run_id, s.rank, s.n_participants, s._clock = "run", 0, 1, 0  # for its repr
     return s
 
 
@@ -75,3 +76,18 @@ def test_sync_on_a_closed_loop_raises_and_leaves_no_coroutine():
     with pytest.raises(RuntimeError):
         s._sync(start)
     assert made and made[0].cr_frame is None  # closed: no "coroutine was never awaited"
+
+
+def test_sync_from_the_loops_own_thread_is_refused_not_a_deadlock(running_loop):
+    s = _session_on(running_loop)
+
+    async def inner():
+        return 1
+
+    async def call_blocking_from_the_loop():
+        with pytest.raises(RuntimeError, match="event loop thread"):
+            s._sync(inner)
+        return "refused"
+
+    fut = asyncio.run_coroutine_threadsafe(call_blocking_from_the_loop(), running_loop)
+    assert fut.result(timeout=5) == "refused"
