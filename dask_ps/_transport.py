@@ -280,11 +280,7 @@ class Router:
         # answered for other entries (a replica read retried at the primary).
         out = []
         while True:
-            # Messages to other processes first: a server of this process is
-            # called directly, and its whole apply or read ran before the
-            # other server's message was even serialized (0.4-0.7 ms of an
-            # LDA K=50 iteration's push and read in worker processes).
-            addrs = sorted(by_addr, key=lambda a: not self.transport.serialized(a))
+            addrs = list(by_addr)
             results = await gather_settled([call(h, a, by_addr[a]) for a in addrs])
             failed, error = [], None
             for a, r in zip(addrs, results):
