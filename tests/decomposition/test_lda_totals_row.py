@@ -68,15 +68,16 @@ def test_one_read_and_one_push_a_server_per_iteration(client):
     assert after["pushes"] - before["pushes"] <= P * servers * (iters + 1) + servers, (before, after)
 
 
-# K=3: the rows' change by comparing them; K=120: from the moved tokens (K x rows > 4 x tokens)
-@pytest.mark.parametrize("K", [3, 120])
-def test_same_chain_as_a_totals_table(client, K):
+# K=3: the rows' change by comparing them; K=120: from the moved tokens (K x rows > 4 x tokens);
+# "array": the array sampler's (the GPU's, here with numpy)
+@pytest.mark.parametrize("K, sampler", [(3, "dense"), (120, "dense"), (3, "array")])
+def test_same_chain_as_a_totals_table(client, K, sampler):
     """BSP, the same seeds: the totals as a row and as a table of their own
     (``totals_consistency=BSP()``) give the same fit, bit for bit -- the row
     holds the exact totals at every clock."""
     X = _corpus()
     kw = dict(max_iter=8, evaluate_every=2, consistency=dask_ps.BSP(), n_partitions=2, client=client,
-              random_state=0, sampler="dense")
+              random_state=0, sampler=sampler)
     row = LatentDirichletAllocation(K, **kw).fit(X)
     table = LatentDirichletAllocation(K, totals_consistency=dask_ps.BSP(), **kw).fit(X)
     np.testing.assert_array_equal(row.components_, table.components_)
