@@ -33,7 +33,9 @@ class LostAssignmentsError(RuntimeError):
 class GibbsConfig:
     """What the participants of one run (iterations ``start .. stop - 1``) are given.
 
-    Tables: ``nwk_name`` (word-topic counts), ``nk_name`` (topic totals),
+    Tables: ``nwk_name`` (word-topic counts), ``nk_name`` (topic totals;
+    None: the totals are the word-topic table's last row, ``n_features``,
+    read and pushed with the word rows, in the same messages),
     ``progress_name`` (verbose or a progress bar: a row per iteration for
     the client's monitor, or None), ``start_name`` (a one-element VAP table the participants count
     themselves in after pushing their starting counts, or None under BSP,
@@ -46,7 +48,7 @@ class GibbsConfig:
     """
 
     nwk_name: str
-    nk_name: str
+    nk_name: str | None
     progress_name: str | None
     n_components: int
     alpha: float
@@ -87,6 +89,7 @@ class _Sampler:
     def __init__(self, part, z, ndk, cfg: GibbsConfig, rank, n_participants):
         self.rank, self.P = rank, n_participants
         self.vocab, self.words, self.doc_ptr = part["vocab"], part["words"], part["doc_ptr"]
+        self.rows = count_rows(self.vocab, cfg)  # the rows of the word-topic table it reads and pushes
         # Row deltas from the moved assignments (CPU samplers) where the rows
         # are much larger than the tokens: two random-access passes over the
         # tokens against sequential passes over rows x K (at K=50 on the
@@ -188,11 +191,15 @@ def _setup(ctx, part, cfg: GibbsConfig) -> _Sampler:
     # then cast for the table, were two passes over 2x the bytes: 115 MB at
     # K=1000 on the benchmark corpus).
     ndk = np.zeros((doc_len.size, K), dtype=np.int32)
-    nwk0 = np.zeros((Vp, K), dtype=np.int32 if n_tokens < 2**31 else np.int64)
+    rows = count_rows(part["vocab"], cfg)
+    nwk0 = np.zeros((rows.size, K), dtype=np.int32 if n_tokens < 2**31 else np.int64)
     nk0 = np.zeros(K, dtype=np.int64)
-    _k.init_counts(doc_ptr, words, z, ndk, nwk0, nk0)
-    ctx.push_rows(cfg.nwk_name, part["vocab"], nwk0, copy=False)
-    ctx.push(cfg.nk_name, nk0, copy=False)
+    _k.init_counts(doc_ptr, words, z, ndk, nwk0[:Vp], nk0)
+    if cfg.nk_name is None:
+        nwk0[Vp] = nk0  # the totals row
+    ctx.push_rows(cfg.nwk_name, rows, nwk0, copy=False)
+    if cfg.nk_name is not None:
+        ctx.push(cfg.nk_name, nk0, copy=False)
     ctx.clock()
     if cfg.start_name is not None:
         # Under staleness s a read at clock c is only guaranteed the clocks
@@ -210,12 +217,31 @@ def _setup(ctx, part, cfg: GibbsConfig) -> _Sampler:
     return s
 
 
+def count_rows(vocab, cfg: GibbsConfig):
+    """The word-topic table's rows a participant holding the words ``vocab``
+    reads and pushes: theirs, and the totals row where the totals are in
+    that table (``cfg.nk_name`` None)."""
+    return vocab if cfg.nk_name is not None else np.append(vocab, cfg.n_features)
+
+
+def _read_counts(ctx, s: _Sampler, cfg: GibbsConfig):
+    """``(counts, nwk, nk)``: the rows of the words held (``nwk``) and the
+    topic totals (``nk``, int64 as the samplers take them). With the totals
+    in the word-topic table one read brings both, in one message per
+    server: ``counts`` is what it returned, the rows and last the totals
+    row, ``nwk`` a view of its rows; else ``counts`` is ``nwk``."""
+    if cfg.nk_name is not None:
+        nwk = ctx.pull_rows(cfg.nwk_name, s.vocab)
+        return nwk, nwk, ctx.pull(cfg.nk_name)
+    counts = ctx.pull_rows(cfg.nwk_name, s.rows)
+    return counts, counts[:-1], counts[-1].astype(np.int64)
+
+
 def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
     """Iteration ``it``: pull the rows of the words held and the totals,
     evaluate when due, sweep, push what changed, clock."""
     t0 = time.perf_counter()
-    nwk = ctx.pull_rows(cfg.nwk_name, s.vocab)
-    nk = ctx.pull(cfg.nk_name)
+    counts, nwk, nk = _read_counts(ctx, s, cfg)
     t1 = time.perf_counter()
     s.timing["pull_seconds"] += t1 - t0
     if cfg.evaluate_every > 0 and it % cfg.evaluate_every == 0:
@@ -223,15 +249,22 @@ def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
         s.timing["eval_seconds"] += time.perf_counter() - t1
     if cfg.progress_name is not None:
         _report_iteration(ctx, s, cfg, it)  # flushed by this iteration's clock
+    totals_row = counts is not nwk
     nk_before = nk.copy()
+    moved = None
     if not s.deltas_from_moves:
-        nwk_before = nwk.copy()
+        counts_before = counts.copy()
         nwk, nk = _sweep(s, cfg, it, nwk, nk)
         t2 = time.perf_counter()
         if s.sampler != "array":
-            changed, delta = _k.changed_rows(nwk, nwk_before)
+            if totals_row:
+                counts[-1] = nk  # the CPU samplers update nwk, a view of counts, in place
+            changed, delta = _k.changed_rows(counts, counts_before)
         else:
-            delta = nwk - nwk_before
+            delta = nwk - counts_before[:nwk.shape[0]]
+            if totals_row:
+                xp = arrays.namespace(delta)
+                delta = xp.concatenate([delta, (nk - nk_before).astype(delta.dtype)[None]])
             # the changed words' indices to the host (push_rows takes host rows); the
             # counts stay where the tables are (on the device with device="cuda")
             changed = arrays.to_numpy(arrays.namespace(delta).flatnonzero(delta.any(axis=1)))
@@ -244,19 +277,26 @@ def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
         nwk, nk = _sweep(s, cfg, it, nwk, nk)
         t2 = time.perf_counter()
         if s.deltas is None or s.deltas.dtype != nwk.dtype:
-            s.deltas = np.zeros(nwk.shape, dtype=nwk.dtype)
+            s.deltas = np.zeros(counts.shape, dtype=nwk.dtype)  # with the totals row: a row more
         changed = _k.row_deltas_into(s.words, z_before, s.z, s.deltas, False)
+        if totals_row:
+            moved = changed.size
+            s.deltas[moved] = nk - nk_before
+            changed = np.append(changed, s.vocab.size)  # the totals row's local row
         delta = s.deltas[:changed.size]
     if changed.size:
         # copy=False: the buffer is zeroed again only after clock() returned (its flush acknowledged)
-        ctx.push_rows(cfg.nwk_name, s.vocab[changed], delta, copy=False)
-    ctx.push(cfg.nk_name, (nk - nk_before).astype(np.int64), copy=False)
+        ctx.push_rows(cfg.nwk_name, s.rows[changed], delta, copy=False)
+    if not totals_row:
+        ctx.push(cfg.nk_name, (nk - nk_before).astype(np.int64), copy=False)
     t3 = time.perf_counter()
     # The flush and the clock's report in one hop; the cached rows, read
     # again next clock, are not written through first (Session.clock).
     ctx.clock()
     if s.deltas_from_moves:
         _k.row_deltas_into(s.words, z_before, s.z, s.deltas, True)
+        if moved is not None:
+            s.deltas[moved] = 0
     s.timing["push_seconds"] += t3 - t2
     s.timing["clock_seconds"] += time.perf_counter() - t3
 
@@ -281,8 +321,7 @@ def _lone_iterations(ctx, s: _Sampler, cfg: GibbsConfig):
     clock per sweep, as the planned clocks count them) at most every
     ``cfg.report_seconds``, and after the last sweep."""
     t0 = time.perf_counter()
-    nwk = ctx.pull_rows(cfg.nwk_name, s.vocab)
-    nk = ctx.pull(cfg.nk_name)
+    _, nwk, nk = _read_counts(ctx, s, cfg)
     nwk_start, nk_start = nwk.copy(), nk.copy()
     s.timing["pull_seconds"] += time.perf_counter() - t0
     reported = time.perf_counter()
@@ -306,9 +345,14 @@ def _lone_iterations(ctx, s: _Sampler, cfg: GibbsConfig):
     t2 = time.perf_counter()
     delta = nwk - nwk_start
     changed = np.flatnonzero(delta.any(axis=1))
-    if changed.size:
-        ctx.push_rows(cfg.nwk_name, s.vocab[changed], delta[changed])
-    ctx.push(cfg.nk_name, (nk - nk_start).astype(np.int64))
+    rows, delta = s.vocab[changed], delta[changed]
+    if cfg.nk_name is None:  # the totals row's change with the rows'
+        rows = np.append(rows, cfg.n_features)
+        delta = np.concatenate([delta, (nk - nk_start).astype(delta.dtype)[None]])
+    if rows.size:
+        ctx.push_rows(cfg.nwk_name, rows, delta)
+    if cfg.nk_name is not None:
+        ctx.push(cfg.nk_name, (nk - nk_start).astype(np.int64))
     t3 = time.perf_counter()
     ctx.clock()  # the pushes flushed and counted: a retry after them finds clock 1 (LostAssignmentsError)
     s.timing["push_seconds"] += t3 - t2

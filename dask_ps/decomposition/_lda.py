@@ -54,6 +54,7 @@ from dask_ps.decomposition._runs import (
     corpus_layout,
     end_of_fit_lines,
     make_parts,
+    totals_in_word_table,
 )
 from dask_ps.decomposition._scoring import (
     topic_word_components,
@@ -130,13 +131,13 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         goes to the servers, and waits only when the bound requires (see
         ``docs/consistency.rst``). A model object is used as given.
     totals_consistency : dask_ps.Consistency or str, default None
-        Consistency model of the topic-totals row. None: the word-topic
-        model when that has staleness 0 (BSP), otherwise ``ASP()``. The
-        totals are read from the servers once per clock and never wait, so
-        they are at least as fresh as the word rows (Petuum keeps this row
-        fresher than the others) without adding a barrier: a clocked model
-        with a smaller staleness here would bound the whole run by it,
-        because ``clock()`` waits for the tightest bound a participant uses.
+        Consistency model of the topic-totals row. None: where the word rows
+        are read from the servers every clock (staleness 0, or ``refresh``:
+        the default), the totals are a row of the word-topic table, read and
+        pushed with the rows in the same messages, under their model;
+        otherwise ``ASP()``, read from the servers once per clock without
+        waiting (Petuum keeps this row fresher than the others). A clocked
+        model with a smaller staleness here bounds the whole run by it.
     n_partitions : int, default None
         Number of participants for in-memory input; None: one per worker
         thread (or ``n_jobs``), but at most one per
@@ -501,12 +502,9 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
             # (docs/benchmarks.md, LDA part 2).
             word = dataclasses.replace(word, refresh=True)
         if self.totals_consistency is not None:
-            totals = as_consistency(self.totals_consistency)
-        elif word.staleness == 0:
-            totals = word
-        else:
-            totals = dask_ps.ASP()
-        return word, totals
+            return word, as_consistency(self.totals_consistency)
+        same = word.staleness == 0 or totals_in_word_table(word, None, self.vocabulary_slices)  # (a row of it)
+        return word, word if same else dask_ps.ASP()
 
     # --- fit ----------------------------------------------------------------------------
     @_fit_context(prefer_skip_nested_validation=True)
@@ -663,9 +661,9 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         n_servers = max(1, len(ps.servers))
         row_bytes = K * np.dtype(count_dtype).itemsize
         # Blocks of ps.block-bytes, but at least 4 per server, so that the
-        # word rows spread over the servers.
+        # word rows (and the totals row, where it is one of them) spread over the servers.
         block_rows = max(1, min(parse_bytes(dask.config.get("ps.block-bytes", "4MiB")) // row_bytes,
-                                -(-V // (4 * n_servers))))
+                                -(-(V + 1) // (4 * n_servers))))
         tolerant = checkpoint is not None or self.replication > 1
         every = ((self.checkpoint_every or int(setting("lda", "checkpoint-every"))) if tolerant
                  else max(1, self.max_iter))
@@ -678,6 +676,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
             },
             n_parts=n_parts, replication=min(self.replication, n_servers), word_model=word_model,
             totals_model=totals_model, count_dtype=count_dtype, block_rows=block_rows,
+            totals_row=totals_in_word_table(word_model, self.totals_consistency, self.vocabulary_slices),
             n_tokens=layout.n_tokens, base=base,
         )
 

@@ -116,6 +116,18 @@ def corpus_layout(parts: TrainingParts, uid, n_features) -> CorpusLayout:
     return CorpusLayout(part_tokens, holders, int(n_tokens), rounded)
 
 
+def totals_in_word_table(word, totals_consistency, vocabulary_slices: int) -> bool:
+    """Whether a fit keeps the topic totals as the word-topic table's last
+    row (row ``n_features``): with ``totals_consistency`` None, where the
+    word rows are read from the servers every clock anyway (staleness 0, or
+    ``refresh``: LDA's default) and held all at once. One read and one push
+    then bring the rows and the totals, a message per server, not one more
+    each way to the server of a totals table, and the totals are read under
+    the rows' model, as fresh as ASP read them."""
+    return (totals_consistency is None and vocabulary_slices == 1
+            and (word.staleness == 0 or bool(getattr(word, "refresh", False))))
+
+
 def count_aggregate(model) -> str:
     """How a count table sums pushes: per clock under a model of staleness 0
     (BSP), else per push.
@@ -281,6 +293,7 @@ class RunPlan:
     replication: int  # copies of the assignment tables
     word_model: object
     totals_model: object
+    totals_row: bool  # the totals are the word-topic table's last row (read and pushed with the rows)
     count_dtype: type
     block_rows: int
     n_tokens: int
@@ -354,7 +367,8 @@ class GibbsRuns:
         out = (1 - self.good[0] if self.good else 0) if plan.tolerant else None
         tag = f"{self.uid}-{self.n_restarts}-{start}"
         cfg = GibbsConfig(
-            **self.fixed, nwk_name=f"lda-{tag}-word-topic", nk_name=f"lda-{tag}-topic-totals",
+            **self.fixed, nwk_name=f"lda-{tag}-word-topic",
+            nk_name=None if plan.totals_row else f"lda-{tag}-topic-totals",
             progress_name=f"lda-{tag}-progress" if stop > start and self.progress.active else None,
             start_name=None if _starts_together(plan) else f"lda-{tag}-started",
             start=start, stop=stop, z_in=sets.names[current[0]] if current else None,
@@ -372,8 +386,12 @@ class GibbsRuns:
                 info = dict(self.info, planned_clocks=1 + stop - start)
                 self.results = self.ps.run(_gibbs_participant, self.parts.futures, cfg=cfg, run_info=info)
                 if stop >= plan.max_iter:
-                    self.nwk = np.maximum(arrays.to_numpy(self.ps.pull(cfg.nwk_name)), 0)
-                    self.nk = np.maximum(arrays.to_numpy(self.ps.pull(cfg.nk_name)), 0)
+                    counts = np.maximum(arrays.to_numpy(self.ps.pull(cfg.nwk_name)), 0)
+                    if cfg.nk_name is None:  # the totals row, last
+                        self.nwk, self.nk = counts[:-1], counts[-1].astype(np.int64)
+                    else:
+                        self.nwk = counts
+                        self.nk = np.maximum(arrays.to_numpy(self.ps.pull(cfg.nk_name)), 0)
             finally:
                 if monitor is not None:
                     monitor.stop()
@@ -414,14 +432,18 @@ class GibbsRuns:
         # partial_fit: the tables start from the fitted counts (plan.base)
         base = {} if plan.base is None else {"init": plan.base.astype(plan.count_dtype)}
         totals = {} if plan.base is None else {"init": plan.base.sum(axis=0).astype(np.int64)}
+        n_rows = V + 1 if cfg.nk_name is None else V  # the totals row after the word rows
+        if cfg.nk_name is None and plan.base is not None:
+            base = {"init": np.vstack([base["init"], totals["init"].astype(plan.count_dtype)[None]])}
         # sparse_wire: the word rows are mostly zeros (at K=1000, 99% late in
         # a fit), and so are the deltas pushed; between processes they move
         # as their nonzeros.
-        tables.create(cfg.nwk_name, shape=(V, K), dtype=plan.count_dtype, consistency=plan.word_model,
+        tables.create(cfg.nwk_name, shape=(n_rows, K), dtype=plan.count_dtype, consistency=plan.word_model,
                       block_rows=plan.block_rows, aggregate=count_aggregate(plan.word_model), device=cfg.device,
                       sparse_wire=True, **base)
-        tables.create(cfg.nk_name, shape=(K,), dtype="int64", consistency=plan.totals_model,
-                      aggregate=count_aggregate(plan.totals_model), device=cfg.device, **totals)
+        if cfg.nk_name is not None:
+            tables.create(cfg.nk_name, shape=(K,), dtype="int64", consistency=plan.totals_model,
+                          aggregate=count_aggregate(plan.totals_model), device=cfg.device, **totals)
         if cfg.start_name is not None:
             # VAP: its reads always go to the servers (the participants poll it)
             tables.create(cfg.start_name, shape=(1,), dtype="float64", consistency=dask_ps.VAP(1.0))

@@ -170,7 +170,7 @@ def test_lda_on_cupy_keeps_count_tables_on_the_gpu(gpu_client, monkeypatch):
     lda = LatentDirichletAllocation(n_components=5, max_iter=5, device="cuda", random_state=0, client=gpu_client)
     assert lda._resolved(X) == ("cuda", "array")
     lda.fit(X)
-    assert sum(d == "cuda" for d in created.values()) >= 2  # word-topic counts and topic totals
+    assert sum(d == "cuda" for d in created.values()) >= 1  # word-topic counts (the totals are its last row)
     assert lda.components_.shape == (5, 100)
     assert lda.components_.sum() == pytest.approx(X.sum() + 5 * 100 * lda.topic_word_prior_)  # every token once
 

@@ -135,8 +135,8 @@ def _corpus(n_docs=120, n_words=60, seed=0):
 
 
 def test_lda_on_the_device_keeps_its_count_tables_there(standin, standin_client, table_devices):
-    """LDA with ``device="cuda"``: the word-topic and topic-total tables are
-    cuda tables, and a sweep no longer copies the counts device -> host ->
+    """LDA with ``device="cuda"``: the word-topic table (the topic totals its
+    last row) is a cuda table, and a sweep no longer copies the counts device -> host ->
     device each iteration (they were cpu tables: the sampler copied every
     row it pulled to the device and back)."""
     from dask_ps.decomposition import LatentDirichletAllocation
@@ -149,7 +149,7 @@ def test_lda_on_the_device_keeps_its_count_tables_there(standin, standin_client,
     standin.reset_transfers()
     lda.fit(X)
     counts = [name for name, device in table_devices.items() if device == "cuda"]
-    assert len(counts) >= 2, table_devices  # word-topic counts and topic totals
+    assert len(counts) >= 1, table_devices  # word-topic counts (the topic totals are its last row)
     nwk_bytes = X.shape[1] * K * 4
     # What crossed device -> host: per iteration the indices of the changed
     # words (a few hundred bytes), then the final state (assignments,
