@@ -113,7 +113,7 @@ def gibbs_sweep_dense(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed)
     within the lane (any fixed partition of the topics draws from the same
     distribution). The lane sums are 8 accumulators that stay in registers
     through one pass over ``p``; sums of blocks of 8 consecutive topics
-    took 7% longer a token at K=20-100 (``bench_lda_sweep.py``).
+    took 7-14% longer a token at K=20-100 (``bench_lda_sweep.py``).
 
     A document's tokens of one word are consecutive (``_corpus``): the next
     one's ``p`` differs from the last's only at the topic the last joined
