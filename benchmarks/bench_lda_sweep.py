@@ -8,6 +8,14 @@ sweeps each::
 
     python benchmarks/bench_lda_sweep.py --k 50 1000 --against /work/main
 
+``--fit N``: also N whole fits at each K (2 workers as threads of this
+process, the estimator's defaults, 100 iterations at K < 500, else 30),
+each fit's CPU seconds of the process (``getrusage``: both participants,
+the event loop, the client); the package is the one on ``PYTHONPATH``, so
+two checkouts compare by running this twice, alternately::
+
+    PYTHONPATH=. python benchmarks/bench_lda_sweep.py --k 50 --repeats 0 --fit 2
+
 The sampler is the estimator's default for K (``dense`` below K=128,
 ``sparse`` from there on) unless ``--sampler`` names one. Both kernels
 start from the same state; ``same z`` says whether they drew the same
@@ -19,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
 import os
+import resource
 import time
 
 import numpy as np
@@ -59,6 +69,7 @@ def main():
     ap.add_argument("--burn", type=int, default=20)
     ap.add_argument("--iters", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--fit", type=int, default=0, help="whole fits at each K, CPU seconds (see above)")
     args = ap.parse_args()
     train, _ = split(load_news())
     vbeta = train.shape[1] * ETA
@@ -68,7 +79,7 @@ def main():
     print(f"load average at the start: {os.getloadavg()[0]:.2f}")
     print("| K | sampler | kernel | ns per token (median) | min - max | vs the first | same z |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for K in args.k:
+    for K in args.k if args.repeats else []:
         sampler = args.sampler or ("dense" if K < 128 else "sparse")
         doc_ptr, words, *start = _state(train, K, args.burn, sampler)
         n = words.size
@@ -89,7 +100,35 @@ def main():
             same = np.array_equal(final[name], final["this tree"])
             print(f"| {K} | {sampler} | {name} | {np.median(xs):.1f} | {min(xs):.1f} - {max(xs):.1f} "
                   f"| {np.median(xs) / first:.3f} | {same} |")
+    if args.fit:
+        _fits(train, args)
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+
+
+def _fits(train, args):
+    from distributed import Client, LocalCluster
+
+    from dask_ps.decomposition import LatentDirichletAllocation
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+
+    def cpu():
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    print("\n| K | iterations | fit CPU seconds | fit wall seconds | sweep seconds a participant (wall) |")
+    print("| --- | --- | --- | --- | --- |")
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        for K in args.k:
+            iters = 100 if K < 500 else 30
+            LatentDirichletAllocation(K, max_iter=2, client=client, random_state=0).fit(train[:200])  # compiled
+            for _ in range(args.fit):
+                c, t = cpu(), time.perf_counter()
+                m = LatentDirichletAllocation(K, doc_topic_prior=ALPHA, topic_word_prior=ETA, max_iter=iters,
+                                              evaluate_every=0, client=client, random_state=0).fit(train)
+                sweep = np.mean([x["sweep_seconds"] for x in m.metrics_])
+                print(f"| {K} | {iters} | {cpu() - c:.2f} | {time.perf_counter() - t:.2f} | {sweep:.2f} |")
 
 
 if __name__ == "__main__":
