@@ -173,9 +173,9 @@ def heldout(topic_word, test):
 BREAKDOWNS = {}  # (K, consistency) -> where the participants' time went, for the summary
 
 
-def run_dask_ps(client, train, test, K, iters, model, device="cpu", sampler="auto", label=None):
+def run_dask_ps(client, train, test, K, iters, model, device="cpu", sampler="auto", label=None, seed=0):
     m = LatentDirichletAllocation(K, doc_topic_prior=ALPHA, topic_word_prior=ETA, max_iter=iters,
-                                  evaluate_every=0, consistency=model, client=client, random_state=0,
+                                  evaluate_every=0, consistency=model, client=client, random_state=seed,
                                   device=device, sampler=sampler)
     t = time.perf_counter()
     m.fit(train)
@@ -210,10 +210,10 @@ def run_lda_package(train, test, K, iters):
     return train.sum() * iters / dt, heldout(m.topic_word_, test), dt
 
 
-def run_tomotopy(train, test, K, iters, workers):
+def run_tomotopy(train, test, K, iters, workers, seed=0):
     import tomotopy as tp
 
-    mdl = tp.LDAModel(k=K, alpha=ALPHA, eta=ETA, seed=0)
+    mdl = tp.LDAModel(k=K, alpha=ALPHA, eta=ETA, seed=seed)
     for d in range(train.shape[0]):
         row = train[d]
         words = np.repeat(row.indices, row.data)
@@ -319,12 +319,13 @@ def _peers_one_k(client, train, test, args):
     for rep in range(args.repeats):
         # A, B, ..., tomotopy, then again: each dask_ps variant and its peer
         # share the load of the moment (the machine may be shared).
+        seed = args.seeds[rep % len(args.seeds)]
         for name, sampler in variants:
             label = ", ".join([name] + ([f"sampler {sampler}"] if len(args.sampler) > 1 else []))
             add(rep, f"dask_ps LDA, {label}{dev}", 2, iters, run_dask_ps, client, train, test, K, iters,
-                models[name], args.device, sampler, label)
+                models[name], args.device, sampler, label, seed)
         if args.tomotopy_only or not args.skip_peers:
-            add(rep, "tomotopy", 1, iters, run_tomotopy, train, test, K, iters, 1)
+            add(rep, "tomotopy", 1, iters, run_tomotopy, train, test, K, iters, 1, seed)
     if not args.skip_peers and not args.tomotopy_only:
         add(0, "tomotopy", 2, iters, run_tomotopy, train, test, K, iters, 2)
         add(0, "`lda` package", 1, iters, run_lda_package, train, test, K, iters)
@@ -663,6 +664,9 @@ def main():
     ap.add_argument("--target-gap", type=float, default=0.01)
     ap.add_argument("--models", nargs="+", metavar="NAME",
                     help=f"part 2: the models to run (BSP always runs), from {list(STALENESS_MODELS)}")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0],
+                    help="part 1: random_state of dask_ps and tomotopy's seed, repeat i taking the i-th (cycled); "
+                         "e.g. --repeats 3 --seeds 0 1 2 for quality over seeds")
     ap.add_argument("--repeats", type=int, default=1, help="parts 1 and 2: run every variant (and part 1's tomotopy thread) this many "
                          "times, interleaved")
     ap.add_argument("--plot", default="docs/lda_staleness.png")
