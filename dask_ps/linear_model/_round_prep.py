@@ -217,9 +217,17 @@ class _RoundPrep:
 
     def request(self, rid) -> None:
         """Build round ``rid`` in the background unless it is kept or on its
-        way; the first request is followed by the counts (``_count``)."""
+        way; the first request is followed by the counts (``_count``), or
+        where the rounds train in place the second: building such a round
+        is finding its features, which the counts reuse, and the second
+        round's read then starts while the first trains (not after the
+        counts)."""
         if rid not in self.pending and self._kept(rid) is None:
             self.pending[rid] = self._pool.submit(self._build, rid)
+        if not self.c.in_place or len(self.pending) >= min(2, len(self.run_rounds)):
+            self._start_counts()
+
+    def _start_counts(self) -> None:
         if self._counted is None and self.c.lazy:
             self._counted = self._pool.submit(self._count)
 
@@ -236,6 +244,7 @@ class _RoundPrep:
         (None: its own, in which its CSR was built): the kernel reads its
         rows through that list (no copy of the CSR)."""
         rid, order = group
+        self._start_counts()  # (after a lone request: a retried participant's last round)
         rows, csr, Y, sw, iq = self._entry(rid, take=True)
         c = self.c
         if csr is None:  # in place: the round's samples by their rows of the participant's CSR

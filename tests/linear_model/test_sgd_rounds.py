@@ -217,7 +217,10 @@ def test_the_first_round_is_ready_before_the_counts(in_place, monkeypatch):
     """The first round a participant asks for is built before the lazy
     regularization's counts over all the rounds (``_RoundPrep._count``):
     its rows are read and it is trained while they are counted, and it
-    takes its ``1/q`` (the same) after its training."""
+    takes its ``1/q`` (the same) after its training. Rounds trained in
+    place have their second round built before the counts too (its
+    features, which the counts reuse): its read starts while the first
+    trains."""
     X, y = _sparse_problem(d=20000)
     if not in_place:
         monkeypatch.setattr(_rounds, "_trains_in_place", lambda cfg, cache: False)
@@ -245,6 +248,7 @@ def test_the_first_round_is_ready_before_the_counts(in_place, monkeypatch):
         prep.request(1)
         rnd = prep.take((0, None))  # while the counts wait
         assert counting.wait(30) and not prep._counted.done()
+        assert prep.ready(1) == in_place  # built before the counts where in place
         features = np.unique(X[run_rounds[0]].indices)
         np.testing.assert_array_equal(rnd.rows, np.append(features, X.shape[1]))
         go.set()
@@ -258,6 +262,31 @@ def test_the_first_round_is_ready_before_the_counts(in_place, monkeypatch):
                                       len(run_rounds) / touching[np.unique(X[run_rounds[1]].indices)])
     finally:
         go.set()
+        prep.close()
+
+
+def test_a_lone_request_is_counted():
+    """A participant retried at an epoch's last round asks for that round
+    alone: its rounds (trained in place) are counted all the same."""
+    X, y = _sparse_problem(d=20000)
+    with dask.config.set({"ps.sgd.clock-samples": 1024}):
+        cfg = _config(SGDClassifier(batch_size=128), X, max_iter=1)
+        train_idx = np.arange(X.shape[0])
+        c = _rounds._CompiledData.make(cfg, X, np.where(y == 1, 1.0, -1.0)[:, None], np.ones(X.shape[0]),
+                                       train_idx)
+    assert c.in_place and c.lazy
+    run_rounds = []
+    _rounds._epoch_rounds(np.random.RandomState(0), True, train_idx, cfg.steps_per_epoch, cfg.clock_every, True,
+                          run_rounds, 0, 7)
+    last = len(run_rounds) - 1
+    prep = _rounds._RoundPrep(cfg, c, run_rounds)
+    try:
+        prep.request(last)
+        R, counts = prep.take((last, None)).inv_q
+        touching = sum(np.bincount(np.unique(X[r].indices), minlength=X.shape[1]) for r in run_rounds)
+        np.testing.assert_array_equal(counts, touching[np.unique(X[run_rounds[last]].indices)])
+        assert R == len(run_rounds)
+    finally:
         prep.close()
 
 
