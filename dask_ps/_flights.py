@@ -155,6 +155,10 @@ async def _after(previous: concurrent.futures.Future | None) -> None:
         await asyncio.wait([asyncio.wrap_future(previous)])
 
 
+async def _result_of(future: concurrent.futures.Future):
+    return await asyncio.wrap_future(future)
+
+
 class InFlight:
     """What a :class:`~dask_ps._session.Session` has in flight, per table
     and in order: flushes (:class:`Flight`), the clock's report, and reads

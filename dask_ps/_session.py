@@ -49,7 +49,7 @@ from distributed.utils import sync
 
 from dask_ps import _backend, _config, _process_cache, _routing
 from dask_ps._cache import CacheEntry, ReadCache
-from dask_ps._flights import InFlight, PullHandle, PushHandle
+from dask_ps._flights import InFlight, PullHandle, PushHandle, _result_of
 from dask_ps._handlers import InternalRPC
 from dask_ps._oplog import PushBuffer
 from dask_ps._routing import TableHandle
@@ -199,20 +199,10 @@ class Session(InFlight):
         return asyncio.run_coroutine_threadsafe(coro, self.worker.loop.asyncio_loop)
 
     def _await(self, future: concurrent.futures.Future):
-        """The result of a started operation, waiting for it if need be: on
-        the future itself, which the event loop sets (a coroutine on the
-        loop awaiting it added two turns of the loop to every wait for a
-        read started ahead, a flush or a clock; docs/benchmarks.md, "SGD
-        speed")."""
+        """The result of a started operation, waiting for it if need be."""
         if future.done():
             return future.result()
-        if self.worker.loop.asyncio_loop.is_closed():
-            raise RuntimeError("the worker's event loop is closed")
-        t0 = time.perf_counter()
-        try:
-            return future.result()
-        finally:
-            self._blocked_seconds += time.perf_counter() - t0
+        return self._sync(_result_of, future)
 
     def _api(self):
         """Context of a public call: its time counts as ``ps_seconds``."""
