@@ -56,15 +56,18 @@ def _encode_targets(cfg: _RunConfig, y, dtype, xp):
         return xp.asarray(y, dtype=dtype).reshape(-1, 1)
     classes = np.asarray(cfg.classes)
     y_np = arrays.to_numpy(y)
-    unseen = ~np.isin(y_np, classes)
+    if len(classes) == 2:  # two comparisons, not isin's sort (8 ms of a 450k-sample participant's setup)
+        onehot = y_np == classes[1]
+        unseen = ~(onehot | (y_np == classes[0]))
+        onehot = onehot[:, None]
+    else:
+        unseen = ~np.isin(y_np, classes)
+        onehot = y_np[:, None] == classes[None, :]
     if unseen.any():
         raise ValueError("classes should include all valid labels that can be in y")
-    if len(classes) == 2:
-        onehot = (y_np == classes[1])[:, None]
-    else:
-        onehot = y_np[:, None] == classes[None, :]
+    dtype = np.dtype(dtype)
     neg = 0.0 if hp.log_encoded else -1.0
-    return xp.asarray(np.where(onehot, 1.0, neg).astype(dtype))
+    return xp.asarray(np.where(onehot, dtype.type(1.0), dtype.type(neg)))
 
 
 def _validation_split(cfg: _RunConfig, y, rng):

@@ -26,6 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
 # The compiled rounds (``_RoundPrep``) and the minibatch kernel's alike.
 _DENSE_COUNTS_PER_NONZERO = 4
 
+_NO_COUNTS = np.zeros(0, dtype=np.int32)  # round_features without counting
+
 
 class _Round:
     """A round ready to train: its touched rows (sparse data: the rows of
@@ -36,7 +38,10 @@ class _Round:
     (lazy regularization; read after the round's training: a round built
     before the counts were done gets it then, ``_PendingInvQ``).
     ``in_place``: its samples are the participant's CSR rows themselves,
-    over the whole table's columns (``_RoundPrep``)."""
+    over the whole table's columns (``_RoundPrep``); its ``inv_q`` is then
+    ``(R, counts)``: the epoch's rounds and how many of them touch each of
+    its features (``1/q = R / counts``, taking at most ``R`` values:
+    ``_rounds._finish_in_place``)."""
 
     __slots__ = ("rows", "chunks", "n", "_inv_q", "in_place")
 
@@ -64,7 +69,7 @@ class _PendingInvQ:
             t = time.perf_counter()
             self.prep._counted.result()  # (its error, if it failed)
             self.prep.waited += time.perf_counter() - t  # the participant's wait: round preparation's
-            self._value = self.prep.inv_q(self.cols)
+            self._value = self.prep.round_share(self.cols)
         return self._value
 
 
@@ -133,12 +138,20 @@ class _RoundPrep:
         self._count_started = True
         c = self.c
         early = self._early_features
-        features = [early.pop(rid) if rid in early else c.mod.round_features(idx, c.ind, c.ptr, c.bits)
-                    for rid, idx in enumerate(self.run_rounds)]
-        if self._dense_counts():
-            counts = np.zeros(self.cfg.n_features, dtype=np.int32)
-            for f in features:
-                counts[f] += 1  # distinct features: one count each
+        dense = self._dense_counts()
+        # Per feature of the table: counted as each round's features are
+        # found (distinct features: one count each).
+        counts = np.zeros(self.cfg.n_features if dense else 0, dtype=np.int32)
+        features = []
+        for rid, idx in enumerate(self.run_rounds):
+            if rid in early:
+                f = early.pop(rid)
+                if dense:
+                    counts[f] += 1
+            else:
+                f = c.mod.round_features(idx, c.ind, c.ptr, c.bits, counts)
+            features.append(f)
+        if dense:
             self.counts_of_feature = counts
         else:
             touched = np.concatenate(features) if features else np.zeros(0, dtype=np.int64)
@@ -164,6 +177,15 @@ class _RoundPrep:
             return len(self.run_rounds) / self.counts_of_feature[cols]
         return self.inv_q_of_feature[np.searchsorted(self.count_features, cols)]
 
+    def round_share(self, cols):
+        """What a round over the features ``cols`` gets for its lazy
+        regularization (``_Round``): ``1/q`` of each, or for a round
+        trained in place ``(R, counts)`` where the counts are kept per
+        feature of the table (``_dense_counts``: always, in place)."""
+        if self.c.in_place and self.counts_of_feature is not None:
+            return len(self.run_rounds), self.counts_of_feature[cols]
+        return self.inv_q(cols)
+
     def _build(self, rid):
         cpu = time.thread_time()
         c, d = self.c, self.cfg.n_features
@@ -171,7 +193,7 @@ class _RoundPrep:
         if c.in_place and self.features is not None:  # counted first (_count): the round's features
             cols = self.features[rid]
         elif c.in_place:  # the round's features only: its samples stay where they are (c.in_place)
-            cols = c.mod.round_features(idx, c.ind, c.ptr, c.bits)
+            cols = c.mod.round_features(idx, c.ind, c.ptr, c.bits, _NO_COUNTS)
         else:
             out = self.spare.pop() if self.spare else None
             cols, cdata, cind, cptr = c.mod.compact_rows(idx, c.data, c.ind, c.ptr, c.bits, c.rank, c.slot, out)
@@ -182,7 +204,7 @@ class _RoundPrep:
             iq = _PendingInvQ(self, cols)
         elif c.lazy:
             self._counted.result()  # (its error, if it failed)
-            iq = self.inv_q(cols)
+            iq = self.round_share(cols)
         if c.in_place:
             entry = rows, None, None, None, iq
         else:
@@ -195,9 +217,17 @@ class _RoundPrep:
 
     def request(self, rid) -> None:
         """Build round ``rid`` in the background unless it is kept or on its
-        way; the first request is followed by the counts (``_count``)."""
+        way; the first request is followed by the counts (``_count``), or
+        where the rounds train in place the second: building such a round
+        is finding its features, which the counts reuse, and the second
+        round's read then starts while the first trains (not after the
+        counts)."""
         if rid not in self.pending and self._kept(rid) is None:
             self.pending[rid] = self._pool.submit(self._build, rid)
+        if not self.c.in_place or len(self.pending) >= min(2, len(self.run_rounds)):
+            self._start_counts()
+
+    def _start_counts(self) -> None:
         if self._counted is None and self.c.lazy:
             self._counted = self._pool.submit(self._count)
 
@@ -214,6 +244,7 @@ class _RoundPrep:
         (None: its own, in which its CSR was built): the kernel reads its
         rows through that list (no copy of the CSR)."""
         rid, order = group
+        self._start_counts()  # (after a lone request: a retried participant's last round)
         rows, csr, Y, sw, iq = self._entry(rid, take=True)
         c = self.c
         if csr is None:  # in place: the round's samples by their rows of the participant's CSR

@@ -144,9 +144,11 @@ def _epoch_rounds(rng, shuffle, train_idx, S, m, fixed, run_rounds, epoch, seed)
             if shuffle:
                 block = _composition_block(train_idx.shape[0], -(-S // m))
                 order = train_idx[_block_order(np.random.default_rng([int(seed), 1]), train_idx.shape[0], block)]
-            batches = np.array_split(order, S)
-            run_rounds.extend(np.concatenate(batches[r0:r0 + m]) if m > 1 else batches[r0]
-                              for r0 in range(0, S, m))
+            # The rounds are runs of m of np.array_split's S minibatches:
+            # slices of the order (no copies).
+            size, extra = divmod(order.shape[0], S)
+            bounds = np.minimum(np.arange(S + 1), extra) + np.arange(S + 1) * size
+            run_rounds.extend(order[bounds[r0]:bounds[min(r0 + m, S)]] for r0 in range(0, S, m))
         if not shuffle or epoch == 0:
             return [(i, None) for i in range(len(run_rounds))]
         return [(int(i), _block_order(rng, run_rounds[i].shape[0])) for i in rng.permutation(len(run_rounds))]
@@ -287,7 +289,10 @@ class _CompiledData:
             n_train = train_idx.shape[0]
             # The rounds' compacted CSRs, kept across the epochs of a run
             # while they fit the budget (about the size of the training CSR).
-            nnz_train = int(np.sum(np.diff(self.ptr)[train_idx])) if n_train else 0
+            if n_train == X.shape[0]:
+                nnz_train = int(self.ptr[-1] - self.ptr[0])
+            else:
+                nnz_train = int(np.sum(np.diff(self.ptr)[train_idx])) if n_train else 0
             est = nnz_train * (X.data.dtype.itemsize + 4) + n_train * (8 * (Y.shape[1] + 2) + 4)
             # A run of one epoch (partial_fit, max_iter=1, a chunked fit's
             # last chunk of one) never reads a round twice: not kept, and its
@@ -387,14 +392,14 @@ def _compiled_round(cfg: _RunConfig, c: _CompiledData, rnd: _Round, W0, epoch, s
     if rnd.in_place:  # the round's rows written into the whole table, trained there, read back
         if c.whole is None:
             c.whole = np.zeros((cfg.n_features + 1, W0.shape[1]), dtype=W0.dtype, order="F")
-        c.whole[rnd.rows] = W0
+        c.mod.scatter_rows(c.whole, rnd.rows, W0)
         sums = _train_chunks(cfg, c, c.whole, rnd.chunks, outs, t, n_train_step, stop, loss_sum, eta_scale,
                              touched=rnd.rows[:-1])
-        W = c.whole[rnd.rows]
+        W = _finish_in_place(cfg, c, rnd, outs, *sums)
     else:
         W = np.array(W0, dtype=W0.dtype, order="F", copy=True)  # columns contiguous
         sums = _train_chunks(cfg, c, W, rnd.chunks, outs, t, n_train_step, stop, loss_sum, eta_scale)
-    _finish_round(cfg, W, rnd.inv_q, outs, *sums)
+        _finish_round(cfg, W, rnd.inv_q, outs, *sums)
     check_finite(W, epoch)
     return np.ascontiguousarray(W)
 
@@ -447,6 +452,43 @@ def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train
             loss_sum[k] += sumloss
         tk += part.shape[0] * n_train_step
     return icpt, aicpt, decay, eta_sum
+
+
+def _finish_in_place(cfg: _RunConfig, c: _CompiledData, rnd: _Round, outs, icpt, aicpt, decay, eta_sum):
+    """``_finish_round`` of a round trained in place: its rows read back
+    from the whole table with the lazy regularization applied on the way
+    (``_sgd_numba.gather_decayed``), by a factor per count: ``1/q = R /
+    counts`` takes at most ``R`` values, so ``decay ** (1/q - 1)`` is
+    computed for those only (the same powers, bit for bit). (No L1 here:
+    ``_trains_in_place``.)"""
+    hp = cfg.hp
+    K = hp.n_outputs
+    whole = c.whole
+    n_cols = whole.shape[1]
+    share = rnd.inv_q
+    if share is not None and not isinstance(share, tuple):  # 1/q itself (_RoundPrep.round_share)
+        W = np.ascontiguousarray(whole[rnd.rows])
+        _finish_round(cfg, W, share, outs, icpt, aicpt, decay, eta_sum)
+        return W
+    scaled = np.zeros(n_cols, dtype=np.bool_)
+    factors = np.ones((n_cols, 1))
+    if share is not None and hp.penalty >= L2:
+        R, counts = share
+        factors = np.ones((n_cols, R + 1))
+        extra = R / np.arange(1, R + 1) - 1.0  # 1/q - 1, as _finish_round computes it
+        for k in outs:
+            factors[k, 1:] = decay[k] ** extra
+            scaled[k] = True
+    else:
+        counts = np.zeros(rnd.rows.shape[0], dtype=np.int32)
+    W = np.empty((rnd.rows.shape[0], n_cols), dtype=whole.dtype)
+    c.mod.gather_decayed(whole, rnd.rows, counts, factors, scaled, W)
+    nw = W.shape[0] - 1
+    for k in outs:
+        W[nw, k] = icpt[k]
+        if hp.average:
+            W[nw, K + k] = aicpt[k]
+    return W
 
 
 def _finish_round(cfg: _RunConfig, W, iq, outs, icpt, aicpt, decay, eta_sum):

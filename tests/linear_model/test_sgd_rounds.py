@@ -130,7 +130,8 @@ def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d,
     across epochs (``ps.sgd.round-cache-bytes``) or built again, in any
     order of requests and takes. Rounds built again over a table held
     whole (``in_place``, not with L1) are their rows of the participant's
-    CSR itself, with the same touched rows and ``1/q``. The counts behind
+    CSR itself, with the same touched rows and ``1/q`` (as the epoch's
+    rounds and the counts of those touching each row). The counts behind
     ``1/q`` kept per feature of the table or per feature touched (a table
     wider than its data): the same ``1/q``."""
     X, y = _sparse_problem(d=d)
@@ -180,8 +181,9 @@ def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d,
                     np.testing.assert_array_equal(local, run_rounds[rid])
                     assert local is rows_again and d2 is c.data and i2 is c.ind and p2 is c.ptr
                     assert Yr is c.Y and swr is c.sw and rnd.n == run_rounds[rid].shape[0]
-                    if penalty is not None:
-                        np.testing.assert_array_equal(rnd.inv_q, whole_q[cols])
+                    if penalty is not None:  # (R, counts): 1/q = R / counts, where counted per feature
+                        share = rnd.inv_q
+                        np.testing.assert_array_equal(share[0] / share[1] if dense_counts else share, whole_q[cols])
                     prep.recycle(rnd)
                     continue
                 np.testing.assert_array_equal(d2, cdata)
@@ -215,7 +217,10 @@ def test_the_first_round_is_ready_before_the_counts(in_place, monkeypatch):
     """The first round a participant asks for is built before the lazy
     regularization's counts over all the rounds (``_RoundPrep._count``):
     its rows are read and it is trained while they are counted, and it
-    takes its ``1/q`` (the same) after its training."""
+    takes its ``1/q`` (the same) after its training. Rounds trained in
+    place have their second round built before the counts too (its
+    features, which the counts reuse): its read starts while the first
+    trains."""
     X, y = _sparse_problem(d=20000)
     if not in_place:
         monkeypatch.setattr(_rounds, "_trains_in_place", lambda cfg, cache: False)
@@ -243,15 +248,45 @@ def test_the_first_round_is_ready_before_the_counts(in_place, monkeypatch):
         prep.request(1)
         rnd = prep.take((0, None))  # while the counts wait
         assert counting.wait(30) and not prep._counted.done()
+        assert prep.ready(1) == in_place  # built before the counts where in place
         features = np.unique(X[run_rounds[0]].indices)
         np.testing.assert_array_equal(rnd.rows, np.append(features, X.shape[1]))
         go.set()
         touching = sum(np.bincount(np.unique(X[r].indices), minlength=X.shape[1]) for r in run_rounds)
-        np.testing.assert_array_equal(rnd.inv_q, len(run_rounds) / touching[features])
-        np.testing.assert_array_equal(prep.take((1, None)).inv_q,
+
+        def inv_q(share):  # a round trained in place: (R, counts)
+            return share[0] / share[1] if in_place else share
+
+        np.testing.assert_array_equal(inv_q(rnd.inv_q), len(run_rounds) / touching[features])
+        np.testing.assert_array_equal(inv_q(prep.take((1, None)).inv_q),
                                       len(run_rounds) / touching[np.unique(X[run_rounds[1]].indices)])
     finally:
         go.set()
+        prep.close()
+
+
+def test_a_lone_request_is_counted():
+    """A participant retried at an epoch's last round asks for that round
+    alone: its rounds (trained in place) are counted all the same."""
+    X, y = _sparse_problem(d=20000)
+    with dask.config.set({"ps.sgd.clock-samples": 1024}):
+        cfg = _config(SGDClassifier(batch_size=128), X, max_iter=1)
+        train_idx = np.arange(X.shape[0])
+        c = _rounds._CompiledData.make(cfg, X, np.where(y == 1, 1.0, -1.0)[:, None], np.ones(X.shape[0]),
+                                       train_idx)
+    assert c.in_place and c.lazy
+    run_rounds = []
+    _rounds._epoch_rounds(np.random.RandomState(0), True, train_idx, cfg.steps_per_epoch, cfg.clock_every, True,
+                          run_rounds, 0, 7)
+    last = len(run_rounds) - 1
+    prep = _rounds._RoundPrep(cfg, c, run_rounds)
+    try:
+        prep.request(last)
+        R, counts = prep.take((last, None)).inv_q
+        touching = sum(np.bincount(np.unique(X[r].indices), minlength=X.shape[1]) for r in run_rounds)
+        np.testing.assert_array_equal(counts, touching[np.unique(X[run_rounds[last]].indices)])
+        assert R == len(run_rounds)
+    finally:
         prep.close()
 
 
@@ -305,15 +340,22 @@ def test_rounds_of_a_one_epoch_run_are_not_kept():
 def test_round_features_are_the_rows_features_sorted(n_features):
     """``round_features``: the sorted features of the given CSR rows (a
     round trained in place reads and writes these rows of the table), its
-    bitmap left zeroed for the next round."""
+    bitmap left zeroed for the next round; with ``counts``, each feature
+    found counted once per call (the rounds touching it), without, nothing
+    counted."""
     X = sp.random(300, n_features, density=min(1.0, 8 / n_features), format="csr", random_state=n_features)
     bits = np.zeros(n_features // 64 + 1, dtype=np.uint64)
     rng = np.random.default_rng(0)
-    for rows in (rng.permutation(300)[:120], rng.permutation(300)[:7], np.arange(0)):
-        cols = numba_sgd.round_features(rows, X.indices, X.indptr, bits)
-        assert cols.dtype == np.int64
-        np.testing.assert_array_equal(cols, np.unique(X[rows].indices))
-        assert not bits.any()
+    counts = np.zeros(n_features, dtype=np.int32)
+    expected = np.zeros(n_features, dtype=np.int32)
+    for rows in (rng.permutation(300)[:120], rng.permutation(300)[:7], np.arange(0), rng.permutation(300)[:50]):
+        for counted in (counts, np.zeros(0, dtype=np.int32)):
+            cols = numba_sgd.round_features(rows, X.indices, X.indptr, bits, counted)
+            assert cols.dtype == np.int64
+            np.testing.assert_array_equal(cols, np.unique(X[rows].indices))
+            assert not bits.any()
+        expected[np.unique(X[rows].indices)] += 1
+        np.testing.assert_array_equal(counts, expected)
 
 
 def test_sgd_round_rescales_only_the_touched_weights():
