@@ -235,6 +235,7 @@ def spread_blocks(client, X, y, chunks_per_worker=1):
     worker: a plain ``persist`` may put both blocks on one worker, and the
     estimators train one participant per worker that holds blocks)."""
     import dask.array as da
+    from distributed import wait
 
     workers = sorted(client.scheduler_info()["workers"])
     nblocks = len(workers) * chunks_per_worker
@@ -247,7 +248,11 @@ def spread_blocks(client, X, y, chunks_per_worker=1):
         fy = client.scatter(y[a:b], workers=[w], hash=False)
         xs.append(da.from_delayed(fx, shape=(b - a, X.shape[1]), dtype=X.dtype, meta=X[:0]))
         ys.append(da.from_delayed(fy, shape=(b - a,), dtype=y.dtype, meta=y[:0]))
-    return da.concatenate(xs), da.concatenate(ys)
+    # Persisted as a user's ``persist()`` leaves them: each block one key in
+    # memory on its worker, not from_delayed tasks that every fit re-runs.
+    dX, dy = client.persist([da.concatenate(xs), da.concatenate(ys)])
+    wait([dX, dy])
+    return dX, dy
 
 
 def bench(label, X, y, client, args, kw, batch_size, scorer=accuracy, metric="acc", chunks_per_worker=1):
