@@ -27,7 +27,7 @@ from dask_ps._exceptions import (
 )
 from dask_ps._routing import coalesce_rows
 from dask_ps._scheduler_plugin import PSSchedulerPlugin
-from dask_ps._transport import Router, Transport
+from dask_ps._transport import Router, Transport, blocking_call
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class ParameterServer:
     def _sync(self, fn, *args, **kwargs):
         self._check_scheduler()
         try:
-            return self.client.sync(fn, *args, **kwargs)
+            return blocking_call(self.client, fn, *args, **kwargs)
         except SchedulerLostError as e:  # a new scheduler's plugin refused this object's cluster id
             raise self._lost_error(str(e)) from e
         except Exception as e:

@@ -27,6 +27,7 @@ import zlib
 
 import numpy as np
 from distributed.protocol.serialize import to_serialize
+from distributed.utils import thread_state
 
 from dask_ps import _backend, _config, _routing
 from dask_ps._exceptions import PSError, StaleVersionError, UnknownTableError
@@ -55,6 +56,40 @@ async def gather_settled(coros: list) -> list:
         except Exception as e:
             return [e]
     return list(await asyncio.gather(*coros, return_exceptions=True)) if coros else []
+
+
+async def _awaited(awaitable):
+    return await awaitable
+
+
+def blocking_call(client, fn, *args, **kwargs):
+    """``client.sync(fn, *args, **kwargs)``: run the coroutine on the client's
+    event loop and wait for its result (its error is raised here).
+
+    From another thread, ``run_coroutine_threadsafe`` and a wait on its
+    future, not ``distributed.utils.sync``, which adds a turn of the loop
+    and tornado's coroutine runner to every blocking call (as
+    ``Session._sync``; docs/benchmarks.md, KV). From the loop's own thread
+    or an asynchronous client: ``client.sync``, which knows those cases."""
+    loop = client.loop.asyncio_loop
+    if client.asynchronous or getattr(thread_state, "asynchronous", False) or _running_loop() is loop:
+        return client.sync(fn, *args, **kwargs)
+    coro = fn(*args, **kwargs)
+    if not asyncio.iscoroutine(coro):
+        coro = _awaited(coro)
+    try:
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+    except RuntimeError:  # the client's loop is closed
+        coro.close()
+        raise
+    return future.result()
+
+
+def _running_loop():
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _retryable(e: BaseException) -> bool:
