@@ -53,7 +53,7 @@ from dask_ps._handlers import InternalRPC
 from dask_ps._oplog import PushBuffer
 from dask_ps._routing import TableHandle
 from dask_ps._spec import check_row_request, check_rows_sorted, check_values
-from dask_ps._transport import Router
+from dask_ps._transport import Router, running_loop
 from dask_ps.consistency import ASP
 
 logger = logging.getLogger(__name__)
@@ -121,14 +121,6 @@ class _ApiTimer:
         if self.s._api_depth == 0:
             self.s._ps_seconds += time.perf_counter() - self.s._api_entered
         return False
-
-
-def _running_loop():
-    """The event loop running in this thread, or None."""
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 class Session(InFlight):
@@ -203,7 +195,7 @@ class Session(InFlight):
         tornado's coroutine runner to every blocking call (a bare RPC of a
         100k-row read: 0.05 ms less of its ~1.9 ms; docs/benchmarks.md)."""
         loop = self.worker.loop.asyncio_loop
-        if _running_loop() is loop:  # waiting here would block the loop that must run it
+        if running_loop() is loop:  # waiting here would block the loop that must run it
             raise RuntimeError(f"{self!r}: a blocking call made from its worker's event loop thread")
         coro = fn(*args, **kwargs)
         t0 = time.perf_counter()

@@ -72,7 +72,7 @@ def blocking_call(client, fn, *args, **kwargs):
     ``Session._sync``; docs/benchmarks.md, KV). From the loop's own thread
     or an asynchronous client: ``client.sync``, which knows those cases."""
     loop = client.loop.asyncio_loop
-    if client.asynchronous or getattr(thread_state, "asynchronous", False) or _running_loop() is loop:
+    if client.asynchronous or getattr(thread_state, "asynchronous", False) or running_loop() is loop:
         return client.sync(fn, *args, **kwargs)
     coro = fn(*args, **kwargs)
     if not asyncio.iscoroutine(coro):
@@ -85,7 +85,8 @@ def blocking_call(client, fn, *args, **kwargs):
     return future.result()
 
 
-def _running_loop():
+def running_loop():
+    """The event loop running in this thread, or None."""
     try:
         return asyncio.get_running_loop()
     except RuntimeError:
