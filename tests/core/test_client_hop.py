@@ -29,17 +29,6 @@ class _Client:
         return "client.sync"
 
 
-@pytest.fixture
-def running_loop():
-    loop = asyncio.new_event_loop()
-    t = threading.Thread(target=loop.run_forever, daemon=True)
-    t.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(5)
-    loop.close()
-
-
 def test_runs_on_the_loop_and_returns_or_raises_without_client_sync(running_loop):
     client = _Client(running_loop)
 

@@ -27,17 +27,6 @@ def _session_on(loop) -> Session:
     return s
 
 
-@pytest.fixture
-def running_loop():
-    loop = asyncio.new_event_loop()
-    t = threading.Thread(target=loop.run_forever, daemon=True)
-    t.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(5)
-    loop.close()
-
-
 def test_sync_runs_on_the_loop_and_returns_or_raises(running_loop):
     s = _session_on(running_loop)
 
