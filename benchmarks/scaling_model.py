@@ -14,8 +14,9 @@ threads_per_worker=1)``, P = 2 and, oversubscribed on 2 cores, P = 4 and 8):
 - **The synchronization cycle** of one iteration, ``pull_rows(U) ->
   push_rows(U) -> clock()``, in a ``ParameterServer.run`` whose participants
   do nothing else: on an SGD-like table (2^22 x 1 float64, BSP, per-clock
-  sums) and an LDA-like one (V x K int32 under SSP(2) with refresh, plus the
-  K topic totals, pulled and pushed as the Gibbs participant does). Per
+  sums) and an LDA-like one ((V + 1) x K int32 under SSP(2) with refresh,
+  the K topic totals its last row, pulled and pushed with the word rows as
+  the Gibbs participant does). Per
   cycle: the wall time in the participant (median, P = 2: the latency the
   model uses here), the participant thread's CPU, the CPU of every worker
   process per participant (its calls plus its share of serving the others:
@@ -193,18 +194,17 @@ def lda_vocab(X, P):
 
 def _lda_cycle(ctx, part, *, table, totals, reps):
     """LDA's iteration without the sweep (``_gibbs._iteration``): pull the
-    word rows and the totals, push both, ``clock()``; per cycle: wall
-    seconds, the part before the push, the thread's CPU seconds."""
+    word rows and the totals row (the last of ``rows``; ``totals`` unused),
+    push them, ``clock()``; per cycle: wall seconds, the part before the
+    push, the thread's CPU seconds."""
     rows, width = part["rows"], part["width"]
     vals = np.ones((rows.size, width), dtype=np.int32)
     out = []
     for _ in range(reps):
         w0, c0 = time.perf_counter(), time.thread_time()
         ctx.pull_rows(table, rows)
-        ctx.pull(totals)
         w1 = time.perf_counter()
         ctx.push_rows(table, rows, vals, copy=False)
-        ctx.push(totals, np.zeros(width, dtype=np.int64), copy=False)
         ctx.clock()
         out.append((time.perf_counter() - w0, w1 - w0, time.thread_time() - c0))
     return out
@@ -213,7 +213,8 @@ def _lda_cycle(ctx, part, *, table, totals, reps):
 def _lda_busy_cycle(ctx, part, *, table, totals, reps, offset=False):
     """LDA's iteration as ``_gibbs._iteration`` does it, on the
     participant's partition: clock 0 pushes the starting counts; then pull
-    the word rows and the totals, copy them, sweep the pulled rows (the
+    the word rows and the totals row (the last of ``rows``; ``totals``
+    unused), copy them, sweep the pulled rows (the
     estimator's kernel), the changed rows' deltas, push them, ``clock()``.
     So that the others' requests may find this worker's core busy.
     ``offset``: the odd ranks first sweep half their documents, so that
@@ -230,30 +231,31 @@ def _lda_busy_cycle(ctx, part, *, table, totals, reps, offset=False):
     words, doc_ptr = part["words"], part["doc_ptr"]
     z = np.random.default_rng(ctx.rank).integers(width, size=words.size, dtype=np.int32)
     ndk = np.zeros((doc_ptr.size - 1, width), np.int32)
-    nwk = np.zeros((rows.size, width), np.int32)
+    counts = np.zeros((rows.size, width), np.int32)  # the word rows, then the totals row
     nk = np.zeros(width, np.int64)
-    kk.init_counts(doc_ptr, words, z, ndk, nwk, nk)
+    kk.init_counts(doc_ptr, words, z, ndk, counts[:-1], nk)
+    counts[-1] = nk
     sweep = kk.SWEEPS["dense" if width < 128 else "sparse"]
-    ctx.push_rows(table, rows, nwk, copy=False)
-    ctx.push(totals, nk, copy=False)
+    ctx.push_rows(table, rows, counts, copy=False)
     ctx.clock()
+    nwk = counts[:-1]
     if offset and ctx.rank % 2:
         sweep(doc_ptr[: (doc_ptr.size + 1) // 2], words, z, ndk, nwk, nk, ALPHA, ETA, part["vbeta"], 0)
     out = []
     for it in range(reps):
         w0 = time.perf_counter()
-        nwk = ctx.pull_rows(table, rows)
-        nk = ctx.pull(totals)
+        counts = ctx.pull_rows(table, rows)
+        nwk, nk = counts[:-1], counts[-1].astype(np.int64)
         w1 = time.perf_counter()
-        nk_before, nwk_before = nk.copy(), nwk.copy()
+        counts_before = counts.copy()
         c1, s1 = time.thread_time(), time.perf_counter()
         sweep(doc_ptr, words, z, ndk, nwk, nk, ALPHA, ETA, part["vbeta"], it)
         c2, w2 = time.thread_time(), time.perf_counter()
-        changed, delta = kk.changed_rows(nwk, nwk_before)
+        counts[-1] = nk
+        changed, delta = kk.changed_rows(counts, counts_before)
         w3 = time.perf_counter()
         if changed.size:
             ctx.push_rows(table, rows[changed], delta, copy=False)
-        ctx.push(totals, (nk - nk_before).astype(np.int64), copy=False)
         waited = ctx.metrics()["clock_wait_seconds"]
         ctx.clock()
         waited = ctx.metrics()["clock_wait_seconds"] - waited
@@ -269,22 +271,20 @@ def lda_busy_costs(ps, X_lda, P, reps=12, offset=False):
     the spread of its iterations (what the SSP wait of a fit comes from)."""
     import dask_ps
 
-    table, totals = "scaling-lda-busy", "scaling-lda-busy-totals"
-    ps.create_table(table, (X_lda.shape[1], K_LDA), dtype="int32",
-                    consistency=dask_ps.SSP(LDA_STALENESS, refresh=True))
-    ps.create_table(totals, (K_LDA,), dtype="int64", consistency=dask_ps.ASP())
+    # As the estimator keeps them: the topic totals are the table's last row (V).
+    table, V = "scaling-lda-busy", X_lda.shape[1]
+    ps.create_table(table, (V + 1, K_LDA), dtype="int32", consistency=dask_ps.SSP(LDA_STALENESS, refresh=True))
     try:
         parts = []
         for p in split_corpus(X_lda, P):
             vocab, local = np.unique(p.indices, return_inverse=True)
             doc_len = np.asarray(p.sum(1)).ravel()
-            parts.append({"rows": vocab.astype(np.int64), "width": K_LDA, "vbeta": X_lda.shape[1] * ETA,
+            parts.append({"rows": np.append(vocab, V).astype(np.int64), "width": K_LDA, "vbeta": V * ETA,
                           "words": np.repeat(local, p.data).astype(np.int32),
                           "doc_ptr": np.concatenate([[0], np.cumsum(doc_len)]).astype(np.int64)})
-        res = ps.run(_lda_busy_cycle, parts, table=table, totals=totals, reps=reps, offset=offset)
+        res = ps.run(_lda_busy_cycle, parts, table=table, totals=None, reps=reps, offset=offset)
     finally:
         ps.drop_table(table)
-        ps.drop_table(totals)
     per = [np.array(r[2:]) for r in res]  # per participant, the first two cycles left out (warm-up)
     cycles = np.concatenate(per)
     # a participant's iteration without waits: its sweep and its sync
@@ -419,17 +419,20 @@ def cycle_costs(client, ps, P, workload, sizes, rng):
         n_rows, width, dtype, fn = D_SGD + 1, 1, "float64", _sgd_cycle
         ps.create_table(table, (n_rows, width), dtype=dtype, consistency=dask_ps.BSP(), aggregate="clock")
         ps.create_table(totals, (P, 8), dtype="float64", consistency=dask_ps.SSP(0), aggregate="clock")
-    else:  # as decomposition._runs under the estimator's default SSP(2) with refresh
+    else:  # as decomposition._runs under the estimator's default SSP(2) with refresh: the totals the last row
         n_rows, width, dtype, fn = sizes["V"], K_LDA, "int32", _lda_cycle
-        ps.create_table(table, (n_rows, width), dtype=dtype, consistency=dask_ps.SSP(LDA_STALENESS, refresh=True))
-        ps.create_table(totals, (width,), dtype="int64", consistency=dask_ps.ASP())
+        ps.create_table(table, (n_rows + 1, width), dtype=dtype,
+                        consistency=dask_ps.SSP(LDA_STALENESS, refresh=True))
+        totals = None
     idle_w, idle_s = idle_rates(client)
     rows_out = []
     try:
         for U in sizes["U"]:
             U = int(min(U, n_rows))
-            parts = [{"rows": np.sort(rng.choice(n_rows, U, replace=False)).astype(np.int64), "width": width,
-                      "dtype": dtype} for _ in range(P)]
+            rows = [np.sort(rng.choice(n_rows, U, replace=False)).astype(np.int64) for _ in range(P)]
+            if totals is None:
+                rows = [np.append(r, n_rows) for r in rows]
+            parts = [{"rows": r, "width": width, "dtype": dtype} for r in rows]
             ps.run(fn, parts, table=table, totals=totals, reps=REPS_SHORT)  # warm: cache, pools
             got = {}
             for reps in (REPS_SHORT, REPS_LONG):
@@ -456,7 +459,8 @@ def cycle_costs(client, ps, P, workload, sizes, rng):
                 f"scheduler CPU {row['sched_cpu'] * 1e3:.2f} ms per cycle")
     finally:
         ps.drop_table(table)
-        ps.drop_table(totals)
+        if totals is not None:
+            ps.drop_table(totals)
     return rows_out
 
 
@@ -809,9 +813,9 @@ class Model:
     @staticmethod
     def messages(wl, P):
         """Server messages of one participant's cycle: one per server per
-        pull and per push (SGD: the stats row's push too; LDA: the totals'
-        pull and push)."""
-        return 2 * P + (2 if wl == "lda" else 1)
+        pull and per push (SGD: the stats row's push too; LDA's totals are
+        a row of its table)."""
+        return 2 * P + (1 if wl == "sgd" else 0)
 
     def worker_cpu(self, wl, P, U, knobs=False):
         a, b, c = self.cyc[wl]["cpu"]
