@@ -53,7 +53,7 @@ from dask_ps._handlers import InternalRPC
 from dask_ps._oplog import PushBuffer
 from dask_ps._routing import TableHandle
 from dask_ps._spec import check_row_request, check_rows_sorted, check_values
-from dask_ps._transport import Router, running_loop
+from dask_ps._transport import Router, running_loop, wait_on
 from dask_ps.consistency import ASP
 
 logger = logging.getLogger(__name__)
@@ -200,12 +200,7 @@ class Session(InFlight):
         coro = fn(*args, **kwargs)
         t0 = time.perf_counter()
         try:
-            future = asyncio.run_coroutine_threadsafe(coro, loop)
-        except RuntimeError:  # the worker's loop is closed
-            coro.close()
-            raise
-        try:
-            return future.result()
+            return wait_on(loop, coro)
         finally:
             self._blocked_seconds += time.perf_counter() - t0
 

@@ -74,12 +74,19 @@ def blocking_call(client, fn, *args, **kwargs):
     loop = client.loop.asyncio_loop
     if client.asynchronous or getattr(thread_state, "asynchronous", False) or running_loop() is loop:
         return client.sync(fn, *args, **kwargs)
-    coro = fn(*args, **kwargs)
+    return wait_on(loop, fn(*args, **kwargs))
+
+
+def wait_on(loop, coro):
+    """Run ``coro`` on ``loop`` (running in another thread) and wait for its
+    result; its error is raised here. A closed loop raises RuntimeError and
+    the coroutine is closed (never left unawaited). Awaitables that are not
+    coroutines are wrapped in one."""
     if not asyncio.iscoroutine(coro):
         coro = _awaited(coro)
     try:
         future = asyncio.run_coroutine_threadsafe(coro, loop)
-    except RuntimeError:  # the client's loop is closed
+    except RuntimeError:  # the loop is closed
         coro.close()
         raise
     return future.result()
