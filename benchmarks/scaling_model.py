@@ -26,12 +26,14 @@ threads_per_worker=1)``, P = 2 and, oversubscribed on 2 cores, P = 4 and 8):
   worker CPU per cycle = a + b * bytes + c * messages (messages = one per
   server per pull and per push, so 2P; bytes = U rows x (4-byte index +
   value)).
-- **Compute**, CPU seconds: SGD from the fits at P = 2, 4 and 8
+- **Compute**, CPU seconds: SGD from the fits of the smallest cluster
+  (P = 2; ``scaling_sgd``: the estimator's rounds, trained in place)
   (``metrics_``: the participant thread's ``cpu_seconds`` minus its calls'
-  CPU from the cycle, and the round-compaction thread's
-  ``round_prep_cpu_seconds``), fitted as setup per non-zero + per epoch
-  kernel per non-zero and per touched row of a round, compaction per
-  non-zero and per touched row; LDA: the participant's sweep (the
+  CPU from the cycle, and the background thread's
+  ``round_prep_cpu_seconds``), fitted as a constant a run + per epoch per
+  non-zero and per touched row of a round; the background thread (round
+  features, lazy regularization's counts) once a run, per non-zero and
+  per touched row; LDA: the participant's sweep (the
   estimator's sampler, ``dense`` at K < 128) and its row deltas on one
   partition, thread_time per token over the fit's iteration count, in the
   2 worker processes at once.
@@ -56,10 +58,11 @@ threads_per_worker=1)``, P = 2 and, oversubscribed on 2 cores, P = 4 and 8):
 The model (one participant per worker, one core each; the server's share
 runs on the same core):
 
-    SGD round   = max(k + L, k + q + C)    k: kernel CPU (m samples' non-zeros),
-                                            q: compaction CPU (first epoch only),
-                                            L: the cycle's wall time, C: its CPU
-    SGD fit     = F + setup + sum over epochs of R rounds
+    SGD round   = k + L                    k: compute CPU (in place: the round's non-zeros
+                                               and touched rows), L: the cycle's wall time
+    first round = max(k + L, k + q + C)    q: the background thread's CPU (once a run),
+                                               C: the cycle's worker CPU
+    SGD fit     = F + c0 + sum over epochs of the schedule's rounds
     LDA iter    = ssp_period(sweep + deltas + busy x L, noise, SSP(2))
     LDA fit     = F(tokens) + iterations x LDA iter
 
@@ -96,7 +99,6 @@ measurements (``--json``).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import os
@@ -110,6 +112,8 @@ import numpy as np
 HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
+
+import scaling_sgd  # noqa: E402
 
 D_SGD = 2**22  # the click-through set's hashed features (bench_sgd --full)
 BATCH = 2048  # bench_sgd's batch_size
@@ -134,25 +138,11 @@ def load():
 
 
 def sgd_schedule(n_p, P, config=None):
-    """Rounds of a participant with ``n_p`` samples among ``P``: ``(R,
-    samples per round)``, as ``linear_model._training._run_config`` cuts an
-    epoch (``ps.sgd.clock-samples``, ``ps.sgd.min-rounds-per-epoch``; the
-    compiled kernel)."""
-    import dask
-
-    importlib.import_module("dask_ps")  # its dask.config defaults
-
-    if P == 1:
-        return 1, n_p
-    config = config or {}
-    clock_samples = int(config.get("ps.sgd.clock-samples", dask.config.get("ps.sgd.clock-samples")))
-    min_rounds = max(1, int(config.get("ps.sgd.min-rounds-per-epoch", dask.config.get("ps.sgd.min-rounds-per-epoch"))))
-    steps = max(1, math.ceil(n_p / BATCH))
-    steps = max(steps, min(min_rounds, n_p))
-    b_local = max(1, n_p // steps)
-    every = max(1, clock_samples // b_local)
-    every = min(every, max(1, steps // min_rounds), steps)
-    return math.ceil(steps / every), every * b_local
+    """Samples of each round of an epoch of a participant with ``n_p``
+    samples among ``P``, as the estimator cuts it (``scaling_sgd.schedule``:
+    ``_training._run_config`` itself, ``ps.sgd.clock-samples``,
+    ``ps.sgd.min-rounds-per-epoch``)."""
+    return scaling_sgd.schedule(n_p, P, BATCH, D_SGD, config)
 
 
 def touched_rows(X, m, rounds=6, seed=0):
@@ -601,9 +591,9 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             SGDClassifier(loss="log_loss", alpha=1e-6, max_iter=2, tol=None, client=client).fit(Xw, yw)
-        # ... and a one-epoch fit of many rounds: rounds compacted into the arrays of trained ones (recycled)
-        # are another specialization of the compiled compaction, loaded at its first use (CPU seconds that
-        # landed in the first measured E=1 fit's compaction)
+        # ... and a one-epoch fit of many rounds (rounds not kept: another path of the round preparation,
+        # whose compiled specializations load at their first use; CPU seconds that once landed in the first
+        # measured E=1 fit)
         sgd_fit(client, X_sgd[: P * 50_000], y_sgd[: P * 50_000], 1, P)
         LatentDirichletAllocation(K_LDA, max_iter=2, client=client, random_state=0).fit(X_lda[:200])
         out["idle"] = idle_rates(client)  # the worker processes' and this process's CPU per second, idle
@@ -643,12 +633,13 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
             r["fits"] = [{k: f[k] for k in ("wall", "share_before", "share_after") if k in f} for f in fits]
             out["sgd"].append(r)
             log(f"P={P}: SGD ctr {X_sgd.shape[0]} rows E={E}: {r['wall']:.2f} s; per participant thread CPU "
-                + " ".join(f"{p['cpu_seconds']:.2f}" for p in r["participants"]) + ", compaction CPU "
+                + " ".join(f"{p['cpu_seconds']:.2f}" for p in r["participants"]) + ", round-prep thread CPU "
                 + " ".join(f"{p['round_prep_cpu_seconds']:.2f}" for p in r["participants"]))
         # Other round sizes at the same non-zeros: what separates the compute per non-zero from the
-        # compute per touched row (both fall with P at the default rounds)
+        # compute per touched row (both fall with P at the default rounds); at the smallest P only, whose
+        # fits calibrate the compute (scaling_sgd: oversubscribed, these loops' CPU stretches)
         out["sgd_rounds"] = []
-        if P <= 4:
+        if P == min(args.workers):
             import dask
 
             for config in ({"ps.sgd.min-rounds-per-epoch": 32}, {"ps.sgd.min-rounds-per-epoch": 2,
@@ -657,9 +648,10 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
                     r = sgd_fit(client, X_sgd, y_sgd, 1, P)
                 r["config"] = config
                 out["sgd_rounds"].append(r)
-                log(f"P={P}: SGD E=1 with {config}: {sgd_schedule(X_sgd.shape[0] // P, P, config)} (rounds, samples); "
+                rounds = sgd_schedule(X_sgd.shape[0] // P, P, config)
+                log(f"P={P}: SGD E=1 with {config}: {len(rounds)} rounds of up to {rounds.max()} samples; "
                     f"thread CPU " + " ".join(f"{p['cpu_seconds']:.2f}" for p in r["participants"])
-                    + ", compaction CPU " + " ".join(f"{p['round_prep_cpu_seconds']:.2f}" for p in r["participants"]))
+                    + ", round-prep thread CPU " + " ".join(f"{p['round_prep_cpu_seconds']:.2f}" for p in r["participants"]))
         out["cpu_share"] = min(out["cpu_share"], cpu_share(client))
         log(f"P={P}: a worker thread's share of a core while all spin: {out['cpu_share']:.2f}")
         if P == 2:
@@ -830,25 +822,36 @@ class Model:
         a, b = self.cyc[wl]["thread2"]
         return max(0.0, a + b * U)
 
-    # SGD compute: thread CPU = c0 + s * nnz + E * (kappa * nnz + rho * R * U) (+ the calls' CPU, removed);
-    # compaction = pi * nnz + chi * R * U (the first epoch)
+    # SGD compute (scaling_sgd): participant thread = c0 + E x (kappa x nnz + rho x rows touched an epoch),
+    # less its calls' CPU; background thread (round features, lazy regularization's counts) once a run
     def fit_sgd_compute(self):
-        A, b, Ap, bp = [], [], [], []
+        """From the fits of the smallest cluster measured (P = 2 here): the
+        default rounds at E = 1 and 2, other round sizes at E = 1, the tiny
+        fit (``scaling_sgd.fit_compute``)."""
         n = self.m["sgd_n"]
         nnz_row = self.m["sgd_nnz"] / n
-        for P, c in self.by_p.items():
-            for fit in c["sgd"] + c.get("sgd_rounds", []):
-                for p in fit["participants"]:
-                    n_p = p["samples"] / fit["E"]
-                    R, msz = sgd_schedule(int(n_p), P, fit.get("config"))
-                    U = self.U(msz)
-                    calls = fit["E"] * R * self.thread2("sgd", U)
-                    A.append([1.0, n_p * nnz_row, fit["E"] * n_p * nnz_row, fit["E"] * R * U])
-                    b.append(p["cpu_seconds"] - calls)
-                    Ap.append([n_p * nnz_row, R * U])  # one compaction of the run's rounds (kept for E > 1)
-                    bp.append(p["round_prep_cpu_seconds"])
-        self.sgd_c = lstsq(A, b)
-        self.sgd_q = lstsq(Ap, bp)
+        P = min(self.by_p)
+        c = self.by_p[P]
+        fits = []
+        for fit in c["sgd"] + c.get("sgd_rounds", []) + [c["sgd_tiny"]]:
+            n_p = fit["participants"][0]["samples"] / fit["E"]
+            fits.append({**fit, "n_p": n_p, "rounds": sgd_schedule(int(n_p), P, fit.get("config")),
+                         "nnz_row": fit["nnz"] / fit["n"] if "nnz" in fit else nnz_row})
+        self.sgd_c, self.sgd_q, self.sgd_compute_rows = scaling_sgd.fit_compute(
+            fits, self.U, lambda u: self.thread2("sgd", u), lstsq)
+        self.sgd_compute_P = P
+
+    def sgd_rounds(self, P, n_p, nnz_row, knobs=True):
+        """An epoch's rounds of a participant: ``(U, k, q)`` (touched rows
+        and compute CPU per round, background CPU of the run), under the
+        what-if knobs where ``knobs``."""
+        rounds = sgd_schedule(int(n_p), P)
+        kb = self.knobs if knobs else self.KNOBS
+        if kb["round_factor"] != 1.0 and P > 1:
+            rounds = scaling_sgd.rounds_scaled(rounds, kb["round_factor"])
+        rc = kb["row_cpu"] if P > 1 else 1.0
+        Us, k, q = scaling_sgd.round_costs(rounds, nnz_row, self.U, (self.sgd_c, self.sgd_q), rc)
+        return Us, k, q if P > 1 else 0.0  # alone: whole rounds on the CSR, nothing built ahead
 
     def U(self, m):
         """Touched rows of a round of m samples (interpolated in log-log on the measured curve)."""
@@ -920,17 +923,13 @@ class Model:
         return fit["worker_cpu"] - cluster["idle"][0] * fit["wall"]
 
     def sgd_cpu(self, P, n_p, nnz_row, E):
-        """CPU seconds of all worker processes in an SGD fit's rounds: the
-        participants' compute and compaction, and per round the cycle's
-        worker CPU (calls and serving), E x R rounds each."""
-        c0, s, kappa, rho = self.sgd_c
-        pi, chi = self.sgd_q
-        R, msz = sgd_schedule(int(n_p), P)
-        U = self.U(msz)
-        nnz_round = msz * nnz_row
-        k, q = kappa * nnz_round + rho * U, pi * nnz_round + chi * U
-        C, C1 = self.worker_cpu("sgd", P, U), self.worker_cpu("sgd", P, 1)
-        return P * (c0 + s * n_p * nnz_row + E * R * (k + C) + R * q + E * C1)
+        """CPU seconds of all worker processes in an SGD fit's rounds: each
+        participant's compute (its run's constant, E epochs of rounds, the
+        background thread's once), and per round the cycle's worker CPU
+        (calls and serving), E epochs each; each epoch's end reads a row."""
+        Us, k, q = self.sgd_rounds(P, n_p, nnz_row, knobs=False)
+        C = sum(self.worker_cpu("sgd", P, u) for u in Us)
+        return P * (self.sgd_c[0] + E * (k.sum() + C) + q + E * self.worker_cpu("sgd", P, 1))
 
     def lda_cpu(self, P, tokens, vocab, iters):
         lc = self.lda
@@ -973,34 +972,35 @@ class Model:
 
     def sgd_iterations(self, P, n_p, nnz_row, E, here=False, bandwidth=None, fixed=True):
         """Seconds of a P-participant SGD fit of E epochs, n_p samples each
-        (``fixed``: with the per-fit costs)."""
-        c0, s, kappa, rho = self.sgd_c
-        pi, chi = self.sgd_q
-        R, msz = sgd_schedule(int(n_p), P)
+        (``fixed``: with the per-fit costs).
+
+        Each round: the participant's compute k (CPU: in place over its
+        copy of the table), then the cycle L (push, clock, the next round's
+        read, started a round ahead but served once every participant has
+        pushed: under BSP nothing of it overlaps the compute). The
+        background thread's q (round features and counts, once a run) runs
+        on the worker's one core beside the first round's compute and the
+        cycle's CPU C: that round takes max(k + L, k + q + C). Once a run
+        the participant's constant c0; each epoch's end, the stopping
+        rule's read of its stats row (a cycle of one row)."""
+        Us, k, q = self.sgd_rounds(P, n_p, nnz_row)
         kb = self.knobs
-        if kb["round_factor"] != 1.0 and P > 1:
-            msz = int(min(n_p, msz * kb["round_factor"]))
-            R = math.ceil(n_p / msz)
-        U = self.U(msz)  # P = 1: the rows of the whole pass
-        nnz_round = msz * nnz_row
         stretch = 1.0 / self.share if here else 1.0
-        rc = kb["row_cpu"] if P > 1 else 1.0
-        k, q = stretch * (kappa * nnz_round + rc * rho * U), stretch * (pi * nnz_round + rc * chi * U)
-        c0, s = stretch * c0, stretch * s
-        L = self.sync("sgd", P, U, here, bandwidth)
-        C = stretch * self.worker_cpu("sgd", P, U, knobs=True) if P > 1 else 0.0
+        k, q, c0 = stretch * k, stretch * q, stretch * self.sgd_c[0]
+        L = np.array([self.sync("sgd", P, u, here, bandwidth) for u in Us])
+        C = np.array([stretch * self.worker_cpu("sgd", P, u, knobs=True) if P > 1 else 0.0 for u in Us])
         # BSP: each round waits for the slowest of P (round times with CV ``jitter``), against 2 measured
-        barrier = 0.0 if (here or P <= 2) else \
+        barrier = np.zeros_like(k) if (here or P <= 2) else \
             kb["barrier"] * self.jitter * (k + L) * (self.expected_max(P) - self.expected_max(2))
         if kb["overlap"] and P > 1:  # the sync of a round hidden behind the next one's compute
-            first = max(k + q + C, k, L) + barrier
-            later = max(k + C, L) + barrier
+            later = np.maximum(k + C, L) + barrier
+            first = max(k[0] + q + C[0], L[0]) + barrier[0]
         else:
-            first = max(k + L, k + q + C) + barrier
             later = k + L + barrier
+            first = max(k[0] + L[0], k[0] + q + C[0]) + barrier[0]
         # each epoch's end: the stopping rule reads its stats row (a sync of one row)
         ends = E * self.sync("sgd", P, 1, here, bandwidth) if P > 1 else 0.0
-        t = c0 + s * n_p * nnz_row + R * first + (E - 1) * R * later + ends
+        t = c0 + first + later[1:].sum() + (E - 1) * later.sum() + ends
         return t + (self.F("sgd", P, here) if fixed else 0.0)
 
     def lda_iter(self, P, tokens, vocab, iters, here=False, bandwidth=None, fit=None, waits=True):
@@ -1064,12 +1064,17 @@ def print_constants(mod: Model):
               f" x messages (bytes = U x {4 + 2 * mod.row_bytes(wl)}; messages = {mod.messages(wl, 2)} at P = 2, "
               f"2 per server); scheduler {mod.cyc[wl]['sched'] * 1e6:.0f} us CPU per clock message; "
               f"P = 2 wall L = {la * 1e3:.2f} ms + {lb * 1e6:.3f} us/row")
-    c0, s, kappa, rho = mod.sgd_c
-    pi, chi = mod.sgd_q
-    print(f"- SGD compute (thread CPU of the fits at P = {', '.join(str(p) for p in mod.by_p)}): "
-          f"{c0:.3f} s + setup {s * 1e9:.1f} ns/non-zero + per epoch: kernel {kappa * 1e9:.1f} ns/non-zero + "
-          f"{rho * 1e9:.0f} ns per touched row of each round; compaction (first epoch) {pi * 1e9:.1f} ns/non-zero + "
-          f"{chi * 1e9:.0f} ns per touched row of each round")
+    (c0, kappa, rho), (pi, chi) = mod.sgd_c, mod.sgd_q
+    print(f"- SGD compute (scaling_sgd; the fits at P = {mod.sgd_compute_P}, tiny and other round sizes "
+          f"included): participant thread, less its calls' CPU, {c0 * 1e3:.1f} ms a run + per epoch "
+          f"{kappa * 1e9:.2f} ns/non-zero + {rho * 1e9:.0f} ns per touched row of each round (in place: rows "
+          f"into the table's copy, the kernel, rows read back with the lazy regularization, the delta); "
+          f"background thread, once a run (round features, lazy regularization's counts) {pi * 1e9:.2f} "
+          f"ns/non-zero + {chi * 1e9:.0f} ns per touched row of an epoch's rounds. Per participant, measured "
+          "(model): " + "; ".join(
+              f"E={r['E']} {r['n_p']:.0f} samples, {r['R']} rounds of U={r['U']:.0f}: compute {r['compute']:.3f} s "
+              f"({c0 + r['E'] * (kappa * r['n_p'] * mod.m['sgd_nnz'] / mod.m['sgd_n'] + rho * r['R'] * r['U']):.3f}),"
+              f" background {r['prep']:.3f} s" for r in mod.sgd_compute_rows[::2]))
     lc = mod.lda
     if mod.lda_fits:
         U = mod.lda_fits[0]["busy"]["U"]
@@ -1195,22 +1200,7 @@ def predicted_vs_measured(mod: Model):
             pred = mod.fixed_cpu["lda", 2] + mod.lda_cpu(2, tokens, vocab, fit["iters"])
             got = mod.fit_cpu(c2, fit)
             print(f"| LDA {fit['iters']} iterations | {pred:.2f} | {got:.2f} | {100 * (pred - got) / got:+.1f}% |")
-    # where the SGD prediction's time goes
-    fit = c2["sgd"][0]
-    c0, s, kappa, rho = mod.sgd_c
-    pi, chi = mod.sgd_q
-    R, msz = sgd_schedule(n // 2, 2)
-    U = mod.U(msz)
-    k, q = kappa * msz * nnz_row + rho * U, pi * msz * nnz_row + chi * U
-    print(f"\nSGD at P = 2: {R} rounds of {msz} samples an epoch, U = {U:.0f} rows a round; per round kernel "
-          f"{k * 1e3:.1f} ms, compaction {q * 1e3:.1f} ms, cycle wall "
-          f"{mod.wall2('sgd', U) * 1e3:.1f} ms, cycle CPU {mod.worker_cpu('sgd', 2, U) * 1e3:.1f} ms; setup "
-          f"{s * (n // 2) * nnz_row:.2f} s; fixed {mod.F('sgd', 2, True):.2f} s. Measured per participant (E="
-          f"{fit['E']}): thread CPU " + " ".join(f"{p['cpu_seconds']:.2f}" for p in fit["participants"])
-          + f" (model {c0 + s * (n // 2) * nnz_row + R * (k + mod.thread2('sgd', U)):.2f}), compaction CPU "
-          + " ".join(f"{p['round_prep_cpu_seconds']:.2f}" for p in fit["participants"])
-          + f" (model {R * q:.2f}), setup wall "
-          + " ".join(f"{p['setup_seconds']:.2f}" for p in fit["participants"]))
+    print_sgd_terms(mod, c2, n, nnz_row)
     if "lda" in c2:
         fit = c2["lda"]
         sw = np.mean([p["sweep_seconds"] for p in fit["participants"]])
@@ -1222,6 +1212,42 @@ def predicted_vs_measured(mod: Model):
               + " s, of which clock wait " + " ".join(f"{p['clock_wait_seconds']:.2f}" for p in fit["participants"])
               + f" s; fixed {mod.F('lda', 2, True, tokens):.2f} s")
     return rows
+
+
+def print_sgd_terms(mod: Model, c2, n, nnz_row):
+    """Where a 2-worker SGD fit's time goes, by the model and by the fit's
+    ``metrics_`` (means over the participants; walls on the core share
+    measured around the fits)."""
+    print("\nSGD at P = 2, per term: the model (with the core share) against the median fit's metrics_ (participant "
+          "means). Compute: the participant thread's CPU less its calls' (measured) and the training's wall "
+          "(kernel_seconds + round_prep_seconds); sync: its calls' wall (ps_seconds); outside: the fit's wall less "
+          "the slowest participant's seconds (model: F, the tiny fit less its modelled rounds).\n")
+    print("| fit | rounds x samples, U | compute CPU (s) | background CPU (s) | compute wall (s) | sync wall (s) | "
+          "participant (s) | outside the run (s) | fit (s) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    mod.share = min(1.0, c2.get("cpu_share", 1.0))
+    for fit in c2["sgd"]:
+        E, n_p, ps = fit["E"], n // 2, fit["participants"]
+        Us, k, q = mod.sgd_rounds(2, n_p, nnz_row, knobs=False)
+        calls = E * sum(mod.thread2("sgd", u) for u in Us)
+        compute = mod.sgd_c[0] + E * k.sum()
+        run = mod.sgd_iterations(2, n_p, nnz_row, E, here=True, fixed=False)
+        F = mod.F("sgd", 2, True)
+
+        def got(key):
+            return float(np.mean([p[key] for p in ps]))
+
+        outside = fit["wall"] - max(p["seconds"] for p in ps)
+        print(f"| E={E} | {len(Us)} x {n_p / len(Us):.0f}, {Us.mean():.0f} | {compute:.3f} / "
+              f"{got('cpu_seconds') - calls:.3f} | {q:.3f} / {got('round_prep_cpu_seconds'):.3f} | "
+              f"{compute / mod.share:.3f} / {got('kernel_seconds') + got('round_prep_seconds'):.3f} | "
+              f"{run - compute / mod.share:.3f} / {got('ps_seconds'):.3f} | {run:.3f} / {got('seconds'):.3f} | "
+              f"{F:.3f} / {outside:.3f} | {run + F:.3f} / {fit['wall']:.3f} |")
+    mod.share = 1.0
+    L = [mod.wall2("sgd", u) for u in Us]
+    print(f"\n(model / measured; per round at the default rounds: compute {1e3 * k.mean():.1f} ms, cycle wall "
+          f"{1e3 * np.mean(L):.1f} ms, its worker CPU {1e3 * np.mean([mod.worker_cpu('sgd', 2, u) for u in Us]):.1f}"
+          f" ms; the background thread's {1e3 * q:.0f} ms beside the first round)")
 
 
 def extrapolate(mod: Model, sgd_n, lda_tokens, lda_iters, sgd_epochs=1):
@@ -1285,7 +1311,7 @@ WHAT_IFS = [
     ("per-message CPU / 4 (pull, push and clock coalesced: one message per server per clock)", {"per_message": 0.25}),
     ("no scheduler in the clock (the scheduler only at run start and end)", {"scheduler": 0.0}),
     ("bytes / 2 (float32 SGD weights; LDA: only changed entries of the rows)", {"bytes": 0.5}),
-    ("SGD: the participant's and the compaction's CPU per touched row / 4", {"row_cpu": 0.25}),
+    ("SGD: the participant's and the background thread's CPU per touched row / 4", {"row_cpu": 0.25}),
     ("overlap + latency / 2 + per-message / 4 + no scheduler clock",
      {"overlap": True, "barrier": 0.0, "latency": 0.5, "per_message": 0.25, "scheduler": 0.0}),
     ("... and SGD rounds 4x larger", {"overlap": True, "barrier": 0.0, "latency": 0.5, "per_message": 0.25,
@@ -1438,8 +1464,8 @@ def measure(args):
             "lda_tokens": int(X_lda.sum()), "lda_iters": args.lda_iters, "argv": sys.argv[1:],
             "commit": _commit()}
     # U(m): the round sizes of 1..64 workers on this data and on the model's
-    ms = sorted({sgd_schedule(int(n / P), P)[1] for n in (args.sgd_n, args.model_sgd_n) for P in WORKERS if P > 1}
-                | {1_000, 4_000, 16_000, 65_536, 131_072, 262_144, args.sgd_n})
+    ms = sorted({int(m) for n in (args.sgd_n, args.model_sgd_n) for P in WORKERS if P > 1
+                 for m in sgd_schedule(int(n / P), P)} | {1_000, 4_000, 16_000, 65_536, 131_072, 262_144, args.sgd_n})
     ms = [m for m in ms if m <= X_sgd.shape[0]]
     meas["sgd_U"] = {"m": ms, "U": [touched_rows(X_sgd, m) for m in ms]}
     vocab = {"P": [], "vocab_max": [], "tokens_max": []}
