@@ -635,6 +635,21 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
             log(f"P={P}: SGD ctr {X_sgd.shape[0]} rows E={E}: {r['wall']:.2f} s; per participant thread CPU "
                 + " ".join(f"{p['cpu_seconds']:.2f}" for p in r["participants"]) + ", round-prep thread CPU "
                 + " ".join(f"{p['round_prep_cpu_seconds']:.2f}" for p in r["participants"]))
+        if P == min(args.workers):
+            # The SGD round around a compute as long as the E=1 fit's (its thread CPU a round, less the
+            # cycle's), at the default round's rows: what one core per worker does beside the compute
+            rounds = sgd_schedule(X_sgd.shape[0] // P, P)
+            cyc = min(out["cycles"]["sgd"], key=lambda r: abs(r["U"] - 30_000))
+            cpu = float(np.median([p["cpu_seconds"] / len(rounds) for p in out["sgd"][0]["participants"]])) \
+                - cyc["thread_cpu"]
+            share = cpu_share(client)
+            out["sgd_busy"] = scaling_sgd.busy_costs(ps, P, touched_rows(X_sgd, int(rounds.max())), max(cpu, 1e-3),
+                                                     D_SGD)
+            out["sgd_busy"]["share"] = share
+            b = out["sgd_busy"]
+            log(f"P={P}: SGD round around a compute of {b['cpu'] * 1e3:.1f} ms CPU, {b['U']} rows: compute wall "
+                f"{b['compute_wall'] * 1e3:.1f} ms (stretch {b['stretch']:.2f}, core share before {share:.2f}), sync "
+                f"{b['sync_wall'] * 1e3:.1f} ms")
         # Other round sizes at the same non-zeros: what separates the compute per non-zero from the
         # compute per touched row (both fall with P at the default rounds); at the smallest P only, whose
         # fits calibrate the compute (scaling_sgd: oversubscribed, these loops' CPU stretches)
@@ -651,7 +666,8 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
                 rounds = sgd_schedule(X_sgd.shape[0] // P, P, config)
                 log(f"P={P}: SGD E=1 with {config}: {len(rounds)} rounds of up to {rounds.max()} samples; "
                     f"thread CPU " + " ".join(f"{p['cpu_seconds']:.2f}" for p in r["participants"])
-                    + ", round-prep thread CPU " + " ".join(f"{p['round_prep_cpu_seconds']:.2f}" for p in r["participants"]))
+                    + ", round-prep thread CPU "
+                    + " ".join(f"{p['round_prep_cpu_seconds']:.2f}" for p in r["participants"]))
         out["cpu_share"] = min(out["cpu_share"], cpu_share(client))
         log(f"P={P}: a worker thread's share of a core while all spin: {out['cpu_share']:.2f}")
         if P == 2:
@@ -765,6 +781,15 @@ class Model:
                                                   for f in self.lda_fits]))) if self.lda_fits else 1.0
         self.lda_spread = self.participant_spread()
         self.fit_sgd_compute()
+        # SGD's round around a compute (P = 2, after the fits): the compute's wall stretched by the worker's
+        # other work on its core beyond the machine's load (the spin's core share just before), and the sync
+        # beside the peers' compute against the cycle alone; 1 where not measured
+        self.sgd_busy = self.by_p[self.sgd_compute_P].get("sgd_busy")
+        self.sgd_serving, self.sgd_sync_busy = 1.0, 1.0
+        if self.sgd_busy:
+            b = self.sgd_busy
+            self.sgd_serving = max(1.0, b["stretch"] * min(1.0, b["share"]))
+            self.sgd_sync_busy = b["sync_wall"] / self.wall2("sgd", b["U"])
         # LDA compute: measured in the 2 worker processes at once where there (the fit's contention)
         self.lda = next((c["lda_compute"] for c in meas["clusters"] if "lda_compute" in c), meas["lda_compute"])
         self.fit_fixed()
@@ -950,7 +975,7 @@ class Model:
     def sync(self, wl, P, U, here=False, bandwidth=None):
         if P == 1:
             return 0.0
-        busy = self.lda_busy if wl == "lda" else 1.0
+        busy = self.lda_busy if wl == "lda" else self.sgd_sync_busy
         L = busy * self.wall2(wl, U)
         if here:
             return L
@@ -975,9 +1000,11 @@ class Model:
         (``fixed``: with the per-fit costs).
 
         Each round: the participant's compute k (CPU: in place over its
-        copy of the table), then the cycle L (push, clock, the next round's
-        read, started a round ahead but served once every participant has
-        pushed: under BSP nothing of it overlaps the compute). The
+        copy of the table; its wall stretched by what the worker's core
+        serves meanwhile, ``sgd_serving``), then the cycle L (push, clock,
+        the next round's read, started a round ahead but served once every
+        participant has pushed: under BSP its wait does not overlap the
+        compute; as measured beside the peers' compute, ``sgd_sync_busy``). The
         background thread's q (round features and counts, once a run) runs
         on the worker's one core beside the first round's compute and the
         cycle's CPU C: that round takes max(k + L, k + q + C). Once a run
@@ -986,7 +1013,7 @@ class Model:
         Us, k, q = self.sgd_rounds(P, n_p, nnz_row)
         kb = self.knobs
         stretch = 1.0 / self.share if here else 1.0
-        k, q, c0 = stretch * k, stretch * q, stretch * self.sgd_c[0]
+        k, q, c0 = stretch * self.sgd_serving * k, stretch * q, stretch * self.sgd_c[0]
         L = np.array([self.sync("sgd", P, u, here, bandwidth) for u in Us])
         C = np.array([stretch * self.worker_cpu("sgd", P, u, knobs=True) if P > 1 else 0.0 for u in Us])
         # BSP: each round waits for the slowest of P (round times with CV ``jitter``), against 2 measured
@@ -1075,6 +1102,13 @@ def print_constants(mod: Model):
               f"E={r['E']} {r['n_p']:.0f} samples, {r['R']} rounds of U={r['U']:.0f}: compute {r['compute']:.3f} s "
               f"({c0 + r['E'] * (kappa * r['n_p'] * mod.m['sgd_nnz'] / mod.m['sgd_n'] + rho * r['R'] * r['U']):.3f}),"
               f" background {r['prep']:.3f} s" for r in mod.sgd_compute_rows[::2]))
+    if mod.sgd_busy:
+        b = mod.sgd_busy
+        print(f"- SGD round around a compute (P = {mod.sgd_compute_P}, {b['U']} rows, {b['cpu'] * 1e3:.1f} ms of CPU a "
+              f"round, after the fits): compute wall / CPU {b['stretch']:.2f} with a core share of {b['share']:.2f} "
+              f"just before: the worker's other work on the core stretches the compute {mod.sgd_serving:.2f}x; sync "
+              f"{b['sync_wall'] * 1e3:.1f} ms against {mod.wall2('sgd', b['U']) * 1e3:.1f} ms alone "
+              f"({mod.sgd_sync_busy:.2f}x)")
     lc = mod.lda
     if mod.lda_fits:
         U = mod.lda_fits[0]["busy"]["U"]
@@ -1231,6 +1265,7 @@ def print_sgd_terms(mod: Model, c2, n, nnz_row):
         Us, k, q = mod.sgd_rounds(2, n_p, nnz_row, knobs=False)
         calls = E * sum(mod.thread2("sgd", u) for u in Us)
         compute = mod.sgd_c[0] + E * k.sum()
+        compute_wall = (mod.sgd_c[0] + E * mod.sgd_serving * k.sum()) / mod.share
         run = mod.sgd_iterations(2, n_p, nnz_row, E, here=True, fixed=False)
         F = mod.F("sgd", 2, True)
 
@@ -1240,8 +1275,8 @@ def print_sgd_terms(mod: Model, c2, n, nnz_row):
         outside = fit["wall"] - max(p["seconds"] for p in ps)
         print(f"| E={E} | {len(Us)} x {n_p / len(Us):.0f}, {Us.mean():.0f} | {compute:.3f} / "
               f"{got('cpu_seconds') - calls:.3f} | {q:.3f} / {got('round_prep_cpu_seconds'):.3f} | "
-              f"{compute / mod.share:.3f} / {got('kernel_seconds') + got('round_prep_seconds'):.3f} | "
-              f"{run - compute / mod.share:.3f} / {got('ps_seconds'):.3f} | {run:.3f} / {got('seconds'):.3f} | "
+              f"{compute_wall:.3f} / {got('kernel_seconds') + got('round_prep_seconds'):.3f} | "
+              f"{run - compute_wall:.3f} / {got('ps_seconds'):.3f} | {run:.3f} / {got('seconds'):.3f} | "
               f"{F:.3f} / {outside:.3f} | {run + F:.3f} / {fit['wall']:.3f} |")
     mod.share = 1.0
     L = [mod.wall2("sgd", u) for u in Us]

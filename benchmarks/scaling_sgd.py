@@ -38,6 +38,7 @@ background thread's.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
@@ -114,3 +115,88 @@ def rounds_scaled(rounds, factor):
     m = int(min(n, max(1, round(float(np.max(rounds)) * factor))))
     R = math.ceil(n / m)
     return np.array([m] * (R - 1) + [n - m * (R - 1)])
+
+
+# --- the cycle around a compute --------------------------------------------------------------------
+
+_TOUCH = None
+
+
+def _touch():
+    """A compiled loop like the in-place kernel's memory traffic: reads and
+    writes at random in a copy of the table, without the GIL (numba), so
+    that the worker's event loop runs beside it on the same core."""
+    global _TOUCH
+    if _TOUCH is None:
+        from numba import njit
+
+        @njit(nogil=True)
+        def touch(w, idx, n):
+            s = 0.0
+            mask = idx.shape[0] - 1
+            for i in range(n):
+                j = idx[i & mask]
+                w[j] = w[j] * 0.999999 + 1e-9
+                s += w[j]
+            return s
+
+        _TOUCH = touch
+    return _TOUCH
+
+
+def _busy_cycle(ctx, part, *, table, totals, reps, cpu):
+    """The SGD participant's round (``_participant``: the next round's read
+    started, the round trained, its rows and stats row pushed,
+    ``clock(wait=False)``, then the read's result) around a compute of
+    ``cpu`` thread seconds (``_touch`` over a table-sized array, as the
+    in-place kernel reads and writes); per round: the compute's wall and
+    CPU, the sync's wall (the push to the read's result)."""
+    rows, d = part["rows"], part["n_features"]
+    vals = np.full((rows.size, 1), 1e-6)
+    srow = np.zeros((1, 8))
+    where = np.array([ctx.rank])
+    touch = _touch()
+    w = np.zeros(d + 1)
+    idx = np.random.default_rng(ctx.rank).integers(0, d, 1 << 20)
+    touch(w, idx, 1 << 16)  # compiled
+    c = time.thread_time()
+    touch(w, idx, 1 << 21)
+    n = max(1, int(cpu / max(time.thread_time() - c, 1e-9) * (1 << 21)))
+    ctx.pull_rows(table, rows)
+    out = []
+    for _ in range(reps):
+        handle = ctx.prefetch_rows(table, rows, for_clock=ctx.current_clock + 1)
+        w0, c0 = time.perf_counter(), time.thread_time()
+        touch(w, idx, n)
+        w1, c1 = time.perf_counter(), time.thread_time()
+        ctx.push_rows(table, rows, vals)
+        ctx.push_rows(totals, where, srow)
+        ctx.clock(wait=False)
+        handle.result()
+        out.append((w1 - w0, c1 - c0, time.perf_counter() - w1))
+    ctx.clock()
+    return out
+
+
+def busy_costs(ps, P, U, cpu, n_features, reps=16):
+    """``_busy_cycle`` at ``U`` rows a participant and ``cpu`` seconds of
+    compute a round, on a table as the estimator's under BSP (medians over
+    the rounds after the first two): the compute's stretch (wall / CPU:
+    the core's other work, the worker's serving of its peers' reads and
+    pushes included) and the sync's wall beside the peers' compute."""
+    import dask_ps
+
+    table, totals = "scaling-sgd-busy", "scaling-sgd-busy-totals"
+    ps.create_table(table, (n_features + 1, 1), dtype="float64", consistency=dask_ps.BSP(), aggregate="clock")
+    ps.create_table(totals, (P, 8), dtype="float64", consistency=dask_ps.SSP(0), aggregate="clock")
+    rng = np.random.default_rng(1)
+    parts = [{"rows": np.sort(rng.choice(n_features, int(U), replace=False)).astype(np.int64),
+              "n_features": n_features} for _ in range(P)]
+    try:
+        res = ps.run(_busy_cycle, parts, table=table, totals=totals, reps=reps, cpu=cpu)
+    finally:
+        ps.drop_table(table)
+        ps.drop_table(totals)
+    c = np.array([r for per in res for r in per[2:]])
+    return {"U": int(U), "cpu": float(np.median(c[:, 1])), "compute_wall": float(np.median(c[:, 0])),
+            "stretch": float(np.median(c[:, 0] / c[:, 1])), "sync_wall": float(np.median(c[:, 2]))}
