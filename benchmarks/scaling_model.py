@@ -46,6 +46,12 @@ threads_per_worker=1)``, P = 2 and, oversubscribed on 2 cores, P = 4 and 8):
   iteration noise and a run-long spread, relative to their mean at each
   iteration, so that load slowing both at once does not count); the core
   share while both workers spin, just before and after each fit.
+- **SGD's round around a compute** (P = 2, after the SGD fits;
+  ``scaling_sgd.busy_costs``): the participant's round around a compiled
+  loop without the GIL as long as an E=1 round's compute: the compute's
+  wall against its CPU beyond the core share (the worker serving its peer
+  on the same core), the wait for the last push (the barrier) and the
+  sync after it, against the cycle alone.
 - **Fixed per-fit costs**: a fit of the same width on tiny data (P x 12k
   rows; LDA: P x 150 documents, one iteration) minus its modelled
   iterations: data placement, table creation, run start and end, the final
@@ -58,10 +64,11 @@ threads_per_worker=1)``, P = 2 and, oversubscribed on 2 cores, P = 4 and 8):
 The model (one participant per worker, one core each; the server's share
 runs on the same core):
 
-    SGD round   = k + L                    k: compute CPU (in place: the round's non-zeros
-                                               and touched rows), L: the cycle's wall time
-    first round = max(k + L, k + q + C)    q: the background thread's CPU (once a run),
-                                               C: the cycle's worker CPU
+    SGD round   = s k + b L + w            k: compute CPU (in place: the round's non-zeros
+                                               and touched rows), L: the cycle's wall time;
+                                               s, b, w: beside a compute (serving, sync, barrier)
+    first round = max(s k + b L, k + q + C) + w   q: the background thread's CPU (once a
+                                               run), C: the cycle's worker CPU
     SGD fit     = F + c0 + sum over epochs of the schedule's rounds
     LDA iter    = ssp_period(sweep + deltas + busy x L, noise, SSP(2))
     LDA fit     = F(tokens) + iterations x LDA iter
@@ -642,14 +649,12 @@ def measure_at(P, args, X_sgd, y_sgd, X_lda, rng):
             cyc = min(out["cycles"]["sgd"], key=lambda r: abs(r["U"] - 30_000))
             cpu = float(np.median([p["cpu_seconds"] / len(rounds) for p in out["sgd"][0]["participants"]])) \
                 - cyc["thread_cpu"]
-            share = cpu_share(client)
-            out["sgd_busy"] = scaling_sgd.busy_costs(ps, P, touched_rows(X_sgd, int(rounds.max())), max(cpu, 1e-3),
-                                                     D_SGD)
-            out["sgd_busy"]["share"] = share
-            b = out["sgd_busy"]
-            log(f"P={P}: SGD round around a compute of {b['cpu'] * 1e3:.1f} ms CPU, {b['U']} rows: compute wall "
-                f"{b['compute_wall'] * 1e3:.1f} ms (stretch {b['stretch']:.2f}, core share before {share:.2f}), sync "
-                f"{b['sync_wall'] * 1e3:.1f} ms")
+            out["sgd_busy"] = b = scaling_sgd.busy_costs(ps, P, touched_rows(X_sgd, int(rounds.max())),
+                                                         max(cpu, 1e-3), D_SGD)
+            log(f"P={P}: SGD round around a compute of {b['cpu'] * 1e3:.1f} ms CPU, {b['U']} rows: compute wall / CPU "
+                f"{b['stretch']:.2f} (alone {b['alone_stretch']:.2f}), the wait for the last push "
+                f"{b['barrier'] * 1e3:.1f} ms, then the sync {b['sync_net'] * 1e3:.1f} ms (alone "
+                f"{b['alone_sync'] * 1e3:.1f} ms)")
         # Other round sizes at the same non-zeros: what separates the compute per non-zero from the
         # compute per touched row (both fall with P at the default rounds); at the smallest P only, whose
         # fits calibrate the compute (scaling_sgd: oversubscribed, these loops' CPU stretches)
@@ -781,15 +786,17 @@ class Model:
                                                   for f in self.lda_fits]))) if self.lda_fits else 1.0
         self.lda_spread = self.participant_spread()
         self.fit_sgd_compute()
-        # SGD's round around a compute (P = 2, after the fits): the compute's wall stretched by the worker's
-        # other work on its core beyond the machine's load (the spin's core share just before), and the sync
-        # beside the peers' compute against the cycle alone; 1 where not measured
+        # SGD's round around a compute (P = 2, after the fits; scaling_sgd.busy_costs): the compute's wall
+        # stretched by the worker's serving on its core, and the sync beside it (from the last participant's
+        # push: the wait for it, the barrier, is the participants' differing compute, a share of the
+        # compute's wall here; on P machines the jitter's); 1 and 0 where not measured
         self.sgd_busy = self.by_p[self.sgd_compute_P].get("sgd_busy")
-        self.sgd_serving, self.sgd_sync_busy = 1.0, 1.0
+        self.sgd_serving, self.sgd_sync_busy, self.sgd_barrier_here = 1.0, 1.0, 0.0
         if self.sgd_busy:
             b = self.sgd_busy
-            self.sgd_serving = max(1.0, b["stretch"] * min(1.0, b["share"]))
-            self.sgd_sync_busy = b["sync_wall"] / self.wall2("sgd", b["U"])
+            self.sgd_serving = max(1.0, b["serving"])
+            self.sgd_sync_busy = b["sync_ratio"]
+            self.sgd_barrier_here = b["barrier_share"]
         # LDA compute: measured in the 2 worker processes at once where there (the fit's contention)
         self.lda = next((c["lda_compute"] for c in meas["clusters"] if "lda_compute" in c), meas["lda_compute"])
         self.fit_fixed()
@@ -1016,9 +1023,14 @@ class Model:
         k, q, c0 = stretch * self.sgd_serving * k, stretch * q, stretch * self.sgd_c[0]
         L = np.array([self.sync("sgd", P, u, here, bandwidth) for u in Us])
         C = np.array([stretch * self.worker_cpu("sgd", P, u, knobs=True) if P > 1 else 0.0 for u in Us])
-        # BSP: each round waits for the slowest of P (round times with CV ``jitter``), against 2 measured
-        barrier = np.zeros_like(k) if (here or P <= 2) else \
-            kb["barrier"] * self.jitter * (k + L) * (self.expected_max(P) - self.expected_max(2))
+        # BSP: each round waits for the slowest of P: here as measured around a compute (a share of it), on P
+        # machines from round times with CV ``jitter`` (against 2's, where the cycle was not measured beside
+        # a compute: then in L)
+        if here:
+            barrier = self.sgd_barrier_here * k
+        else:
+            base = 0.0 if self.sgd_busy else self.expected_max(2)
+            barrier = kb["barrier"] * self.jitter * (k + L) * max(0.0, self.expected_max(P) - base) * (P > 1)
         if kb["overlap"] and P > 1:  # the sync of a round hidden behind the next one's compute
             later = np.maximum(k + C, L) + barrier
             first = max(k[0] + q + C[0], L[0]) + barrier[0]
@@ -1105,10 +1117,11 @@ def print_constants(mod: Model):
     if mod.sgd_busy:
         b = mod.sgd_busy
         print(f"- SGD round around a compute (P = {mod.sgd_compute_P}, {b['U']} rows, {b['cpu'] * 1e3:.1f} ms of CPU a "
-              f"round, after the fits): compute wall / CPU {b['stretch']:.2f} with a core share of {b['share']:.2f} "
-              f"just before: the worker's other work on the core stretches the compute {mod.sgd_serving:.2f}x; sync "
-              f"{b['sync_wall'] * 1e3:.1f} ms against {mod.wall2('sgd', b['U']) * 1e3:.1f} ms alone "
-              f"({mod.sgd_sync_busy:.2f}x)")
+              f"round, after the fits, between the compute alone and the cycle alone): compute wall / CPU "
+              f"{b['stretch']:.2f} against {b['alone_stretch']:.2f} alone (the worker's serving on the core: "
+              f"{mod.sgd_serving:.2f}x); the wait for the last push {b['barrier'] * 1e3:.1f} ms "
+              f"({b['barrier_share']:.2f} of the compute's wall), then the sync {b['sync_net'] * 1e3:.1f} ms "
+              f"against {b['alone_sync'] * 1e3:.1f} ms alone ({mod.sgd_sync_busy:.2f}x)")
     lc = mod.lda
     if mod.lda_fits:
         U = mod.lda_fits[0]["busy"]["U"]

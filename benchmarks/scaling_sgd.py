@@ -144,13 +144,15 @@ def _touch():
     return _TOUCH
 
 
-def _busy_cycle(ctx, part, *, table, totals, reps, cpu):
+def _busy_cycle(ctx, part, *, table, totals, reps, cpu, sync=True):
     """The SGD participant's round (``_participant``: the next round's read
     started, the round trained, its rows and stats row pushed,
     ``clock(wait=False)``, then the read's result) around a compute of
     ``cpu`` thread seconds (``_touch`` over a table-sized array, as the
     in-place kernel reads and writes); per round: the compute's wall and
-    CPU, the sync's wall (the push to the read's result)."""
+    CPU, the sync's wall (the push to the read's result), and when the push
+    started and the result came (``perf_counter``: the machine's monotonic
+    clock, one for every process). ``sync=False``: the compute alone."""
     rows, d = part["rows"], part["n_features"]
     vals = np.full((rows.size, 1), 1e-6)
     srow = np.zeros((1, 8))
@@ -162,28 +164,41 @@ def _busy_cycle(ctx, part, *, table, totals, reps, cpu):
     c = time.thread_time()
     touch(w, idx, 1 << 21)
     n = max(1, int(cpu / max(time.thread_time() - c, 1e-9) * (1 << 21)))
-    ctx.pull_rows(table, rows)
+    if sync:
+        ctx.pull_rows(table, rows)
     out = []
     for _ in range(reps):
-        handle = ctx.prefetch_rows(table, rows, for_clock=ctx.current_clock + 1)
+        handle = ctx.prefetch_rows(table, rows, for_clock=ctx.current_clock + 1) if sync else None
         w0, c0 = time.perf_counter(), time.thread_time()
         touch(w, idx, n)
         w1, c1 = time.perf_counter(), time.thread_time()
-        ctx.push_rows(table, rows, vals)
-        ctx.push_rows(totals, where, srow)
-        ctx.clock(wait=False)
-        handle.result()
-        out.append((w1 - w0, c1 - c0, time.perf_counter() - w1))
-    ctx.clock()
+        if sync:
+            ctx.push_rows(table, rows, vals)
+            ctx.push_rows(totals, where, srow)
+            ctx.clock(wait=False)
+            handle.result()
+        w2 = time.perf_counter()
+        out.append((w1 - w0, c1 - c0, w2 - w1, w1, w2))
+    if sync:
+        ctx.clock()
     return out
 
 
-def busy_costs(ps, P, U, cpu, n_features, reps=16):
+def busy_costs(ps, P, U, cpu, n_features, reps=16, repeats=2):
     """``_busy_cycle`` at ``U`` rows a participant and ``cpu`` seconds of
-    compute a round, on a table as the estimator's under BSP (medians over
-    the rounds after the first two): the compute's stretch (wall / CPU:
-    the core's other work, the worker's serving of its peers' reads and
-    pushes included) and the sync's wall beside the peers' compute."""
+    compute a round, on a table as the estimator's under BSP, each time
+    between the same compute alone and the cycle alone (a compute of
+    nothing), so that the machine's other load, which moves within
+    seconds, divides out (the rounds after the first two; medians over
+    ``repeats``):
+
+    - ``stretch``: the compute's wall / CPU in the cycle against alone: the
+      worker's serving of its peers' reads and pushes on the same core;
+    - ``barrier``: the wait for the last participant's push (mean; the
+      participants' compute differs), as a share of the compute's wall
+      (``barrier_share``);
+    - ``sync``: from the last push to the read's result, against the cycle
+      alone (medians)."""
     import dask_ps
 
     table, totals = "scaling-sgd-busy", "scaling-sgd-busy-totals"
@@ -192,11 +207,26 @@ def busy_costs(ps, P, U, cpu, n_features, reps=16):
     rng = np.random.default_rng(1)
     parts = [{"rows": np.sort(rng.choice(n_features, int(U), replace=False)).astype(np.int64),
               "n_features": n_features} for _ in range(P)]
+
+    def run(c, sync=True):
+        res = ps.run(_busy_cycle, parts, table=table, totals=totals, reps=reps, cpu=c, sync=sync)
+        per = np.array([r[2:] for r in res])  # participant, round, field
+        last_push = per[:, :, 3].max(axis=0)
+        return {"compute_wall": float(np.median(per[:, :, 0])), "cpu": float(np.median(per[:, :, 1])),
+                "stretch": float(np.median(per[:, :, 0] / per[:, :, 1])), "sync_wall": float(np.median(per[:, :, 2])),
+                "sync_net": float(np.median(per[:, :, 4] - last_push[None, :])),
+                "barrier": float(np.mean(last_push[None, :] - per[:, :, 3]))}
+
+    got = []
     try:
-        res = ps.run(_busy_cycle, parts, table=table, totals=totals, reps=reps, cpu=cpu)
+        for _ in range(repeats):
+            alone, compute, busy = run(1e-5), run(cpu, sync=False), run(cpu)
+            got.append({**busy, "alone_sync": alone["sync_net"], "alone_stretch": compute["stretch"]})
     finally:
         ps.drop_table(table)
         ps.drop_table(totals)
-    c = np.array([r for per in res for r in per[2:]])
-    return {"U": int(U), "cpu": float(np.median(c[:, 1])), "compute_wall": float(np.median(c[:, 0])),
-            "stretch": float(np.median(c[:, 0] / c[:, 1])), "sync_wall": float(np.median(c[:, 2]))}
+    out = {k: float(np.median([g[k] for g in got])) for k in got[0]}
+    out.update(U=int(U), serving=float(np.median([g["stretch"] / g["alone_stretch"] for g in got])),
+               sync_ratio=float(np.median([g["sync_net"] / g["alone_sync"] for g in got])),
+               barrier_share=float(np.median([g["barrier"] / g["compute_wall"] for g in got])))
+    return out
