@@ -67,7 +67,7 @@ runs on the same core):
     SGD round   = s k + b L + w            k: compute CPU (in place: the round's non-zeros
                                                and touched rows), L: the cycle's wall time;
                                                s, b, w: beside a compute (serving, sync, barrier)
-    first round = max(s k + b L, k + q + C) + w   q: the background thread's CPU (once a
+    first round = max(s k + b L, s k + q + C) + w   q: the background thread's CPU (once a
                                                run), C: the cycle's worker CPU
     SGD fit     = F + c0 + sum over epochs of the schedule's rounds
     LDA iter    = ssp_period(sweep + deltas + busy x L, noise, SSP(2))
@@ -1014,9 +1014,10 @@ class Model:
         compute; as measured beside the peers' compute, ``sgd_sync_busy``). The
         background thread's q (round features and counts, once a run) runs
         on the worker's one core beside the first round's compute and the
-        cycle's CPU C: that round takes max(k + L, k + q + C). Once a run
-        the participant's constant c0; each epoch's end, the stopping
-        rule's read of its stats row (a cycle of one row)."""
+        cycle's CPU C: that round takes max(k + L, k + q + C). Each round
+        waits for the slowest participant's push (BSP). Once a run the
+        participant's constant c0; each epoch's end, the stopping rule's
+        read of its stats row (a cycle of one row)."""
         Us, k, q = self.sgd_rounds(P, n_p, nnz_row)
         kb = self.knobs
         stretch = 1.0 / self.share if here else 1.0
@@ -1113,7 +1114,7 @@ def print_constants(mod: Model):
           "(model): " + "; ".join(
               f"E={r['E']} {r['n_p']:.0f} samples, {r['R']} rounds of U={r['U']:.0f}: compute {r['compute']:.3f} s "
               f"({c0 + r['E'] * (kappa * r['n_p'] * mod.m['sgd_nnz'] / mod.m['sgd_n'] + rho * r['R'] * r['U']):.3f}),"
-              f" background {r['prep']:.3f} s" for r in mod.sgd_compute_rows[::2]))
+              f" background {r['prep']:.3f} s" for r in mod.sgd_compute_rows[::mod.sgd_compute_P]))
     if mod.sgd_busy:
         b = mod.sgd_busy
         print(f"- SGD round around a compute (P = {mod.sgd_compute_P}, {b['U']} rows, {b['cpu'] * 1e3:.1f} ms of CPU a "
