@@ -26,6 +26,12 @@ does (``dask_ps/linear_model/_rounds.py``, ``_round_prep.py``,
 - **Once a run** (``c0``): the copy of the table and the counts' first
   touch, the data's setup.
 
+And what one core per worker does beside that compute (``busy_costs``):
+the participant's round around a compiled loop that reads and writes at
+random in a table-sized array without the GIL, against the same loop and
+the cycle alone: the compute's stretch by the worker's serving of its
+peer, the wait for the last push (BSP), the sync after it.
+
 Calibrated (``fit_compute``) from the fits of the smallest cluster measured
 (P = 2: one worker per core; the oversubscribed P = 4 and 8 stretch the CPU
 of these memory-bound loops several-fold: the participants' copies of the
