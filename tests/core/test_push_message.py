@@ -72,3 +72,37 @@ def test_the_handler_reads_a_push_without_rows_as_whole_blocks():
     assert seqs == [1, 1]
     t = p.store.tables["t"]
     assert np.array_equal(t.blocks[0].data, np.full(4, 2)) and np.array_equal(t.blocks[1].data, np.arange(4))
+
+
+def test_the_pad_is_a_buffer_of_its_own_that_dask_does_not_deserialize(monkeypatch):
+    """The pad takes the place of a message's first buffer (the values then
+    arrive in one of their own, aligned), and is unpickled on arrival, not
+    deserialized through Dask's serializers as an ndarray was (half the cost
+    of decoding a push)."""
+    from distributed.protocol import core
+    from distributed.protocol.serialize import to_serialize
+
+    from dask_ps._wire import aligned
+
+    values = np.arange(1024, dtype=np.float32)
+    frames = core.dumps({"op": "ps_push", **aligned({"table": "t", "values": [to_serialize(values)]})})
+    buffers = [f for f in frames if isinstance(f, memoryview) and not isinstance(f.obj, bytes)]
+    assert len(buffers) == 2 and buffers[0].nbytes == 1 and buffers[1].nbytes == values.nbytes
+    assert struct_nosplit(frames) < values.nbytes  # the values are read into a buffer of their own
+
+    calls = []
+    real = core.merge_and_deserialize
+    monkeypatch.setattr(core, "merge_and_deserialize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    msg = core.loads([bytes(f) if isinstance(f, bytes) else bytearray(f) for f in frames])
+    assert len(calls) == 1  # the values only
+    assert np.array_equal(msg["values"][0], values) and "pad" in msg
+
+
+def struct_nosplit(frames) -> int:
+    """The bytes Dask's TCP comm reads into the header's buffer (after its length field)."""
+    import struct
+
+    from distributed.comm.tcp import _add_frames_header
+
+    out, _, _ = _add_frames_header(list(frames))
+    return struct.unpack("Q", bytes(memoryview(out[0])[:8]))[0]
