@@ -36,34 +36,49 @@ class WorkerGone(OSError):
 class Liveness:
     def __init__(self):
         self.dead: set[str] = set()
+        # The tasks with a call in flight to each address, and those that
+        # mark_dead cancelled for it (not yet back in ``call``).
         self._inflight: dict[str, set[asyncio.Task]] = defaultdict(set)
+        self._cancelled: set[asyncio.Task] = set()
 
     def mark_dead(self, addr: str) -> None:
         """Called on the event loop that runs the calls."""
         self.dead.add(addr)
         for task in self._inflight.pop(addr, ()):
+            self._cancelled.add(task)
             task.cancel()
 
     async def call(self, addr: str, make_call):
         """Await ``make_call()`` (a call to ``addr``) unless ``addr`` is or
-        becomes dead. A factory, so that nothing is created for a dead address."""
+        becomes dead. A factory, so that nothing is created for a dead address.
+
+        The call runs in the caller's task, which :meth:`mark_dead` cancels
+        if ``addr`` dies meanwhile; that cancellation is taken back here and
+        raised as :class:`WorkerGone` (a task of its own per call cost a
+        task and two turns of the event loop on every push and pull;
+        docs/benchmarks.md, KV)."""
         if addr in self.dead:
             raise WorkerGone(f"worker {addr} has left the cluster")
-        task = asyncio.ensure_future(make_call())
-        task.add_done_callback(_retrieve)
-        self._inflight[addr].add(task)
+        task = asyncio.current_task()
+        tasks = self._inflight[addr]
+        tasks.add(task)
         try:
-            return await task
+            return await make_call()
         except asyncio.CancelledError:
-            if addr in self.dead and task.cancelled():
-                raise WorkerGone(f"worker {addr} left the cluster during the call") from None
+            # mark_dead's cancellation is this call's failure; another
+            # cancellation of the caller's task stands.
+            if task in self._cancelled:
+                self._cancelled.discard(task)
+                if task.uncancel() == 0:
+                    raise WorkerGone(f"worker {addr} left the cluster during the call") from None
             raise
         finally:
-            tasks = self._inflight.get(addr)
-            if tasks is not None:
-                tasks.discard(task)
-                if not tasks:
-                    self._inflight.pop(addr, None)
+            tasks.discard(task)
+            if not tasks and self._inflight.get(addr) is tasks:
+                del self._inflight[addr]
+            if task in self._cancelled:  # the call swallowed the cancellation
+                self._cancelled.discard(task)
+                task.uncancel()
 
 
 class WorkerCalls:
@@ -109,13 +124,6 @@ class WorkerCalls:
         for r in results:
             if isinstance(r, Exception):
                 logger.debug("dask_ps: %s failed on a worker: %r", op, r)
-
-
-def _retrieve(task: asyncio.Task) -> None:
-    # The caller may have been cancelled first: mark the result as seen so
-    # asyncio does not log "Task exception was never retrieved".
-    if not task.cancelled():
-        task.exception()
 
 
 class Beacon:

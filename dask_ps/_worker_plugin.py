@@ -167,10 +167,13 @@ class PSWorkerPlugin(WorkerPlugin):
         return self.store.drop(name, table_id)
 
     @handler(CLIENT, tells_internal=True)
-    async def push(self, table=None, version=None, blocks=(), rows=(), values=(), raw=False, run=None,
+    async def push(self, table=None, version=None, blocks=(), rows=None, values=(), raw=False, run=None,
                    sender=None, msg_seq=None, replica=False, table_id=None, forwarder=None, bound=None,
                    internal=False):
         """Handler: apply one message of updates (all blocks or none).
+
+        ``rows`` left out: whole blocks (a dense push: a message of at most
+        ten fields is sized by Dask without sampling, ``Transport.push``).
 
         ``run = (run_id, clock)`` tags a participant's push (per-clock
         aggregation); ``sender``/``msg_seq`` number it so a re-sent message is
@@ -182,6 +185,8 @@ class PSWorkerPlugin(WorkerPlugin):
         ``bound``: an upper bound of every value's magnitude, which the
         sender's NaN/Inf check found; taken from an internal caller only.
         """
+        if rows is None and isinstance(blocks, (list, tuple)):
+            rows = [None] * len(blocks)
         rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
         if isinstance(values, (list, tuple)):
             values = unwire_values([_unwrap(v) for v in values], _config.get_bytes("max-push-bytes"), decode=False)
