@@ -318,8 +318,10 @@ def test_a_run_of_a_few_epochs_trains_in_place_bit_for_bit(client, monkeypatch, 
                                     average=True).fit(X, y)
         models[in_place] = (est.coef_, est.intercept_, calls["compact_rows"])
         calls["compact_rows"] = 0
-    assert models[False][2] == 18  # 2 participants x 9 rounds, compacted once and kept
-    assert models[True][2] == (0 if max_iter <= _rounds.IN_PLACE_EPOCHS else 18)
+        rounds = sum(m["clock"] for m in est.metrics_) // max_iter  # the participants' rounds of an epoch
+    assert rounds == 2 * 5  # 15k samples a participant: at least ps.sgd.bsp-min-rounds-per-epoch (4)
+    assert models[False][2] == rounds  # each compacted once and kept
+    assert models[True][2] == (0 if max_iter <= _rounds.IN_PLACE_EPOCHS else rounds)
     np.testing.assert_array_equal(models[True][0], models[False][0])
     np.testing.assert_array_equal(models[True][1], models[False][1])
 
@@ -423,11 +425,13 @@ def test_single_pass_trains_rounds_in_place_bit_for_bit(client, monkeypatch, kwa
         models[in_place] = (est.coef_, est.intercept_, dict(calls))
         calls.update(dict.fromkeys(calls, 0))
     l1 = kwargs.get("penalty") == "elasticnet"
-    # 2 participants x 9 rounds, whose features the lazy regularization counts after the first round
+    R = sum(m["clock"] for m in est.metrics_)  # the participants' rounds (one epoch)
+    assert R == 2 * 5  # 15k samples a participant: at least ps.sgd.bsp-min-rounds-per-epoch (4)
+    # 2 participants x 5 rounds, whose features the lazy regularization counts after the first round
     # is built (and in place, reuses): compacted first, that round's features are compact_rows'
-    assert models[True][2] == ({"compact_rows": 18, "round_features": 16} if l1 else
-                               {"compact_rows": 0, "round_features": 18})
-    assert models[False][2] == {"compact_rows": 18, "round_features": 16}
+    assert models[True][2] == ({"compact_rows": R, "round_features": R - 2} if l1 else
+                               {"compact_rows": 0, "round_features": R})
+    assert models[False][2] == {"compact_rows": R, "round_features": R - 2}
     np.testing.assert_array_equal(models[True][0], models[False][0])
     np.testing.assert_array_equal(models[True][1], models[False][1])
 
