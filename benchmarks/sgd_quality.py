@@ -143,6 +143,10 @@ def main():
     import dask
     from distributed import Client, LocalCluster
 
+    # Imported here, not first inside the dask.config.set block of --forced:
+    # leaving that block would drop the ps.* defaults the import registered.
+    import dask_ps  # noqa: F401
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--losses", nargs="+", default=list(CLASSIFIER_LOSSES + REGRESSOR_LOSSES))
     ap.add_argument("--schedules", nargs="+", default=list(SCHEDULES))
@@ -157,8 +161,6 @@ def main():
     args = ap.parse_args()
     extra = {}
     if args.consistency:
-        import dask_ps
-
         extra["consistency"] = {"bsp": dask_ps.BSP(), "ssp": dask_ps.SSP(2), "asp": dask_ps.ASP()}[args.consistency]
     seeds = range(args.seeds)
     sparse = [False] if args.dense_only else [False, True]

@@ -54,7 +54,9 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         refused.
     batch_size : int, default=256
         Samples per minibatch and participant: the unit of a pull and a push.
-        Each participant clocks every ``ps.sgd.clock-samples`` samples.
+        Each participant clocks every ``ps.sgd.clock-samples`` samples at
+        most, at least ``ps.sgd.bsp-min-rounds-per-epoch`` times an epoch
+        under BSP (``ps.sgd.min-rounds-per-epoch`` under the other models).
     consistency : dask_ps.Consistency, optional
         Consistency model of the weights table. None (the default):
         ``BSP()``, under which the model is the exact mean of the

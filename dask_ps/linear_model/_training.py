@@ -368,7 +368,8 @@ def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, si
     P = len(sizes)
     global_stop = P > 1 and staleness is not None
     steps = max(1, math.ceil(max(sizes) / est.batch_size))
-    min_rounds = max(1, int(setting("sgd", "min-rounds-per-epoch")))
+    bsp = staleness == 0
+    min_rounds = max(1, int(setting("sgd", "bsp-min-rounds-per-epoch" if bsp else "min-rounds-per-epoch")))
     if P > 1 and compiled:
         # The compiled kernel trains sample by sample (batch_size only cuts
         # the rounds): small inputs get their rounds too.
@@ -379,7 +380,10 @@ def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, si
         # At least ps.sgd.min-rounds-per-epoch rounds: a staleness bound of s
         # clocks must stay a small part of an epoch whatever the data's size
         # (with one round an epoch, SSP(2) let a participant train two epochs
-        # without the others' work).
+        # without the others' work). Under BSP a read misses nothing: the
+        # rounds only bound how far the models drift apart between averages,
+        # and ps.sgd.bsp-min-rounds-per-epoch (4) lets a large input's rounds
+        # grow to ps.sgd.clock-samples (fewer clocks, each ~9 ms of sync).
         clock_every = min(clock_every, max(1, steps // min_rounds))
     clock_every = min(clock_every, steps)
     clocks_per_epoch = math.ceil(steps / clock_every)

@@ -108,12 +108,12 @@ def test_fixed_rounds_are_blocks_of_consecutive_samples(n, S, m):
 # --- rounds compacted ahead ------------------------------------------------------------------
 
 
-def _config(est, X, P=2, n_total=None, max_iter=3):
+def _config(est, X, P=2, n_total=None, max_iter=3, staleness=2):
     hp = est._hyper(1, sp.issparse(X))
     est.t_ = 1.0
     n = X.shape[0]
     start = _training._Start(W0=np.zeros((X.shape[1] + 1, 1)), seeds=tuple(range(1, P + 1)), name="w")
-    return _training._run_config(est, hp, start, "s" if P > 1 else None, 2, X.shape[1], 1, n_total or n * P,
+    return _training._run_config(est, hp, start, "s" if P > 1 else None, staleness, X.shape[1], 1, n_total or n * P,
                                  [n] * P, max_iter, np.array([0, 1]), None, None, sp.issparse(X))
 
 
@@ -318,8 +318,10 @@ def test_a_run_of_a_few_epochs_trains_in_place_bit_for_bit(client, monkeypatch, 
                                     average=True).fit(X, y)
         models[in_place] = (est.coef_, est.intercept_, calls["compact_rows"])
         calls["compact_rows"] = 0
-    assert models[False][2] == 18  # 2 participants x 9 rounds, compacted once and kept
-    assert models[True][2] == (0 if max_iter <= _rounds.IN_PLACE_EPOCHS else 18)
+        rounds = sum(m["clock"] for m in est.metrics_) // max_iter  # the participants' rounds of an epoch
+    assert rounds == 2 * 5  # 15k samples a participant: at least ps.sgd.bsp-min-rounds-per-epoch (4)
+    assert models[False][2] == rounds  # each compacted once and kept
+    assert models[True][2] == (0 if max_iter <= _rounds.IN_PLACE_EPOCHS else rounds)
     np.testing.assert_array_equal(models[True][0], models[False][0])
     np.testing.assert_array_equal(models[True][1], models[False][1])
 
@@ -423,11 +425,13 @@ def test_single_pass_trains_rounds_in_place_bit_for_bit(client, monkeypatch, kwa
         models[in_place] = (est.coef_, est.intercept_, dict(calls))
         calls.update(dict.fromkeys(calls, 0))
     l1 = kwargs.get("penalty") == "elasticnet"
-    # 2 participants x 9 rounds, whose features the lazy regularization counts after the first round
+    R = sum(m["clock"] for m in est.metrics_)  # the participants' rounds (one epoch)
+    assert R == 2 * 5  # 15k samples a participant: at least ps.sgd.bsp-min-rounds-per-epoch (4)
+    # 2 participants x 5 rounds, whose features the lazy regularization counts after the first round
     # is built (and in place, reuses): compacted first, that round's features are compact_rows'
-    assert models[True][2] == ({"compact_rows": 18, "round_features": 16} if l1 else
-                               {"compact_rows": 0, "round_features": 18})
-    assert models[False][2] == {"compact_rows": 18, "round_features": 16}
+    assert models[True][2] == ({"compact_rows": R, "round_features": R - 2} if l1 else
+                               {"compact_rows": 0, "round_features": R})
+    assert models[False][2] == {"compact_rows": R, "round_features": R - 2}
     np.testing.assert_array_equal(models[True][0], models[False][0])
     np.testing.assert_array_equal(models[True][1], models[False][1])
 
@@ -486,11 +490,40 @@ def test_min_rounds_per_epoch():
         assert -(-cfg.steps_per_epoch // cfg.clock_every) >= 4
         solo = _config(est, X, P=1)
         assert solo.clock_every == solo.steps_per_epoch
-        big = _config(SGDClassifier(batch_size=2048), sp.random(450000, 5, density=0.2, format="csr",
-                                                                random_state=0))
-        assert big.clock_every == 65536 // 2048  # large inputs: rounds of ps.sgd.clock-samples as before
+        big_X = sp.random(450000, 5, density=0.2, format="csr", random_state=0)
+        big = _config(SGDClassifier(batch_size=2048), big_X)
+        assert big.steps_per_epoch == 220 and big.clock_every == 220 // 4  # 4 rounds of 112k samples
+        with dask.config.set({"ps.sgd.clock-samples": 65536}):
+            # large inputs: rounds of at most ps.sgd.clock-samples
+            assert _config(SGDClassifier(batch_size=2048), big_X).clock_every == 65536 // 2048
     with dask.config.set({"ps.sgd.min-rounds-per-epoch": 100}):
         assert _config(est, X).clock_every == 1
+
+
+def _rounds_per_epoch(cfg):
+    return -(-cfg.steps_per_epoch // cfg.clock_every)
+
+
+def test_bsp_min_rounds_per_epoch():
+    """Under BSP (staleness 0) an epoch has at least
+    ``ps.sgd.bsp-min-rounds-per-epoch`` rounds (4), not
+    ``ps.sgd.min-rounds-per-epoch`` (8: a staleness bound's reason), and a
+    round up to ``ps.sgd.clock-samples`` (131072) samples: a participant of
+    450k samples clocks 4 times an epoch instead of 9 (issue 23); small
+    inputs still get 4 rounds an epoch."""
+    big = sp.random(450000, 5, density=0.2, format="csr", random_state=0)
+    est = SGDClassifier(batch_size=2048)
+    assert _rounds_per_epoch(_config(est, big, staleness=0)) == 4
+    assert _rounds_per_epoch(_config(est, big, staleness=2)) == 9  # SSP(2): at least 8 rounds
+    small = sp.random(16000, 50, density=0.1, format="csr", random_state=0)
+    assert 4 <= _rounds_per_epoch(_config(SGDClassifier(batch_size=256), small, staleness=0)) < 8  # 63 minibatches
+    assert _rounds_per_epoch(_config(SGDClassifier(batch_size=20000), small, staleness=0)) == 4  # compiled
+    with dask.config.set({"ps.sgd.clock-samples": 32768}):  # a round never has more than clock-samples
+        cfg = _config(est, big, staleness=0)
+        assert cfg.clock_every * (450000 // cfg.steps_per_epoch) <= 32768 and _rounds_per_epoch(cfg) == 14
+    with dask.config.set({"ps.sgd.bsp-min-rounds-per-epoch": 8}):
+        assert _rounds_per_epoch(_config(est, big, staleness=0)) == 9
+    assert _config(est, big, P=1, staleness=0).clock_every == 220  # a lone participant: one round an epoch
 
 
 # --- the table is the exact mean of the participants' models ------------------------------
