@@ -157,17 +157,17 @@ def timed_fits(fit, cpu_seconds, epochs, repeat, scorer, Xte, yte, keep_model=Fa
     return out
 
 
-def run_sklearn(Xtr, ytr, Xte, yte, epochs, kw, scorer, repeat=1):
+def run_sklearn(Xtr, ytr, Xte, yte, epochs, kw, scorer, repeat=1, seed=0):
     from sklearn.linear_model import SGDClassifier
 
-    return timed_fits(lambda E: SGDClassifier(max_iter=E, tol=None, random_state=0, **kw).fit(Xtr, ytr),
+    return timed_fits(lambda E: SGDClassifier(max_iter=E, tol=None, random_state=seed, **kw).fit(Xtr, ytr),
                       time.process_time, epochs, repeat, scorer, Xte, yte)
 
 
-def run_dask_ps(client, dXtr, dytr, Xte, yte, epochs, kw, batch_size, scorer, n_jobs=2, repeat=1):
+def run_dask_ps(client, dXtr, dytr, Xte, yte, epochs, kw, batch_size, scorer, n_jobs=2, repeat=1, seed=0):
     from dask_ps.linear_model import SGDClassifier
 
-    return timed_fits(lambda E: SGDClassifier(max_iter=E, tol=None, random_state=0, batch_size=batch_size,
+    return timed_fits(lambda E: SGDClassifier(max_iter=E, tol=None, random_state=seed, batch_size=batch_size,
                                               client=client, n_jobs=n_jobs, **kw).fit(dXtr, dytr),
                       CPUClock(client).read, epochs, repeat, scorer, Xte, yte, keep_model=True)
 
@@ -265,7 +265,7 @@ def bench(label, X, y, client, args, kw, batch_size, scorer=accuracy, metric="ac
           + f"; load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
     res = {}
     t = time.perf_counter()
-    res["sklearn"] = run_sklearn(Xtr, ytr, Xte, yte, args.epochs, kw, scorer, args.repeat)
+    res["sklearn"] = run_sklearn(Xtr, ytr, Xte, yte, args.epochs, kw, scorer, args.repeat, args.random_state)
     target = max(r[2] for r in res["sklearn"]) - args.slack
     client.wait_for_workers(args.workers)
     # N threads a worker: N blocks on each worker, one participant each (n_jobs)
@@ -273,7 +273,7 @@ def bench(label, X, y, client, args, kw, batch_size, scorer=accuracy, metric="ac
     # One untimed fit on the persisted blocks first (worker-side imports, caches).
     run_dask_ps(client, dXtr, dytr, Xte, yte, [1], kw, batch_size, scorer, args.participants)
     res["dask_ps (2 workers)"] = run_dask_ps(client, dXtr, dytr, Xte, yte, args.epochs, kw, batch_size, scorer,
-                                             args.participants, args.repeat)
+                                             args.participants, args.repeat, args.random_state)
     if not args.no_dask_ml:
         try:
             import dask_ml  # noqa: F401
@@ -317,6 +317,9 @@ def main():
     ap.add_argument("--ctr-d", type=int, default=2**22)
     ap.add_argument("--epochs", type=int, nargs="+", default=[1, 2, 3, 5])
     ap.add_argument("--slack", type=float, default=0.005)
+    ap.add_argument("--random-state", type=int, default=0,
+                    help="both estimators' random_state (the data and the split stay seed 0): time to target "
+                         "on a flat score curve (hashed) moves by an epoch between seeds")
     ap.add_argument("--batch-size", type=int, default=2048)
     ap.add_argument("--full", action="store_true",
                     help="the issue's sizes: 1M x 100 dense, 1M x 2^20 sparse, 1M x 2^22 ctr")
