@@ -37,3 +37,17 @@ def client(cluster):
 @pytest.fixture
 def ps(client):
     yield from fresh_ps(client)
+
+
+@pytest.fixture(scope="module")
+def sm():
+    """``benchmarks/scaling_model.py`` loaded as a module (it is a script, not
+    part of the package)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "scaling_model.py"
+    spec = importlib.util.spec_from_file_location("scaling_model_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

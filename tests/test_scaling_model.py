@@ -4,21 +4,8 @@ model's LDA iteration that uses it."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import numpy as np
 import pytest
-
-PATH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "scaling_model.py"
-
-
-@pytest.fixture(scope="module")
-def sm():
-    spec = importlib.util.spec_from_file_location("scaling_model_under_test", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_equal_steady_work_does_not_wait(sm):

@@ -4,25 +4,12 @@ and the model's round on one core per worker."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import numpy as np
 import pytest
 
-PATH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "scaling_model.py"
-
-
-@pytest.fixture(scope="module")
-def sm():
-    spec = importlib.util.spec_from_file_location("scaling_model_under_test", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.mark.parametrize("n_p, P, config", [(250_000, 2, None), (62_500, 16, None), (12_000, 2, None),
-                                             (250_000, 2, {"ps.sgd.min-rounds-per-epoch": 32}),
+                                             (250_000, 2, {"ps.sgd.min-rounds-per-epoch": 32, "ps.sgd.bsp-min-rounds-per-epoch": 32}),
                                              (1_000_000, 1, None)])
 def test_schedule_is_the_rounds_a_participant_trains(sm, n_p, P, config):
     import dask

@@ -13,6 +13,15 @@ import pytest
 from dask_ps._liveness import Liveness, WorkerGone
 
 
+def _unanswered(started: asyncio.Event):
+    """A call to a worker that does not answer; sets ``started`` once sent."""
+    async def call():
+        started.set()
+        await asyncio.sleep(60)
+
+    return call
+
+
 def test_the_call_runs_in_the_callers_task():
     async def main():
         live = Liveness()
@@ -34,10 +43,7 @@ def test_a_worker_that_dies_mid_call_fails_it_and_the_caller_goes_on():
     async def main():
         live = Liveness()
         started = asyncio.Event()
-
-        async def call():
-            started.set()
-            await asyncio.sleep(60)
+        call = _unanswered(started)
 
         async def caller():
             with pytest.raises(WorkerGone, match="during the call"):
@@ -89,10 +95,7 @@ def test_a_cancellation_from_elsewhere_still_cancels_the_caller(worker_dies_too)
     async def main():
         live = Liveness()
         started = asyncio.Event()
-
-        async def call():
-            started.set()
-            await asyncio.sleep(60)
+        call = _unanswered(started)
 
         task = asyncio.ensure_future(live.call("tcp://a:1", call))
         await started.wait()
