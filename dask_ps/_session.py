@@ -347,26 +347,16 @@ class Session(InFlight):
         h = self._handle(name)
         given = values
         buf = self._buffer(h)
-        # Write-through: a large push where nothing of the table is buffered is
-        # sent now, uncopied, and acknowledged before this returns (a per-clock
-        # sum keeps a copy of what it sent anyway: buffered as before).
-        through = (copy and not buf and isinstance(values, np.ndarray) and h.spec.device == "cpu"
-                   and values.nbytes >= _config.get_bytes("push-through-bytes") and not self._summed_per_clock(h))
         # A copy goes straight into the buffer's array, in the NaN/Inf check's pass.
-        into = buf.copy_target() if copy and not through and h.spec.device == "cpu" \
-            and isinstance(values, np.ndarray) else None
+        into = buf.copy_target() if copy and h.spec.device == "cpu" and isinstance(values, np.ndarray) else None
         # On the table's device from here on: the buffer, the overlay of own
         # pushes on reads and the write-through add them to the table's arrays
         # (cupy refuses numpy operands, and numpy cupy ones).
         values, bound = check_values(h.spec, values, h.spec.shape, bound=True, out=into)
         values = _backend.to_device(values, h.spec.device)
         fresh = values is not given  # a copy, a cast or device copy: the buffer's own
-        lent = not fresh and (not copy or through)
-        buf.add_dense(values, keep=fresh or lent, borrowed=lent, bound=bound)
-        if through and lent:
-            self._flush_table(h.spec.name)  # the caller may write to its array on return
-        else:
-            self._after_push(h)
+        buf.add_dense(values, keep=fresh or not copy, borrowed=not fresh and not copy, bound=bound)
+        self._after_push(h)
 
     @ps_call
     def push_rows(self, name: str, rows, values, copy: bool = True) -> None:
