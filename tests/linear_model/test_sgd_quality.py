@@ -124,6 +124,7 @@ def test_quality_one_participant_per_worker_on_tiny_inputs(workers, forced, case
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a 200,000-row case: ~5 minutes on 2 cores (ten seeds, four schedules, E = 1-10)
 @pytest.mark.parametrize("n_rows", [1000, 20000, 200000])
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
 @pytest.mark.parametrize("loss", sgd_quality.CLASSIFIER_LOSSES + sgd_quality.REGRESSOR_LOSSES)
