@@ -17,9 +17,15 @@ it decorates them, to :func:`kernel_cache_dir`:
 
 numba keys its files by the source file's path and modification time, so
 installs and versions do not mix. A fresh install compiles each kernel once
-per signature (about 2 s for the SGD kernels, once per process: the embedded
-cluster's workers are threads of the caller); later processes load it.
-Other numba code in the program keeps numba's own settings.
+per signature (1.5-2 s of CPU for the SGD round kernel, once per process:
+the embedded cluster's workers are threads of the caller; worker processes
+of the same machine load what the first one wrote); later processes load
+it. Other numba code in the program keeps numba's own settings.
+
+A compile that lasts longer than ``ps.kernel-compile-notice`` (2 s) says
+so (:class:`CompileNotice`): a line on this module's logger at INFO, and
+under ``verbose`` a line of every estimator fit running in the process
+(``Progress.note``), naming the kernel, the types and the cache directory.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ import os
 import sys
 import tempfile
 import threading
+import time
+import weakref
 
 import dask
 
@@ -82,6 +90,121 @@ def kernel_cache_dir() -> str:
     return path
 
 
+def _types_text(args) -> str:
+    """The data's types in words (the first floating-point array's dtype
+    of numba's argument types, and its being read-only), e.g. ``float64 data``."""
+    for a in args:
+        dtype = getattr(a, "dtype", None)
+        if hasattr(a, "ndim") and dtype is not None and "float" in str(dtype):
+            return f"{dtype} data"
+    return "its arguments' types"
+
+
+class CompileNotice:
+    """Says what a long compile of a dask_ps kernel is: a listener of
+    numba's ``numba:compile`` events (fired for compiles only, not for
+    kernels loaded from the cache) that starts a timer at the outermost
+    dask_ps compile of a thread; past ``ps.kernel-compile-notice`` the
+    timer logs a line (INFO) and hands it to every registered sink (the
+    ``Progress.note`` of the verbose fits of the process), and the end of
+    the compile logs its duration. Installed once per process by
+    :func:`njit`."""
+
+    _installed = False
+    _lock = threading.Lock()
+    _sinks: weakref.WeakSet = weakref.WeakSet()
+
+    def __init__(self):
+        import numba.core.event as ev
+
+        class _Listener(ev.Listener):
+            def on_start(listener, event):
+                self._start(event.data)
+
+            def on_end(listener, event):
+                self._end(event.data)
+
+        self.listener = _Listener()
+        self._local = threading.local()
+
+    @classmethod
+    def install(cls) -> None:
+        with cls._lock:
+            if not cls._installed:
+                import numba.core.event as ev
+
+                ev.register("numba:compile", cls().listener)
+                cls._installed = True
+
+    @classmethod
+    def add_sink(cls, sink) -> None:
+        """``sink.note(text)`` is called with each notice while ``sink``
+        lives (an estimator's ``Progress`` with ``verbose``)."""
+        with cls._lock:
+            cls._sinks.add(sink)
+
+    @classmethod
+    def remove_sink(cls, sink) -> None:
+        with cls._lock:
+            cls._sinks.discard(sink)
+
+    def _start(self, data) -> None:
+        fn = getattr(data.get("dispatcher"), "py_func", None)
+        depth = getattr(self._local, "depth", 0)
+        if fn is None or not fn.__module__.startswith("dask_ps"):
+            return
+        self._local.depth = depth + 1
+        if depth:  # a kernel compiled inside another's compile: the outer one speaks
+            return
+        name = f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"
+        after = _notice_seconds()
+        state = {"name": name, "start": time.perf_counter(), "said": False}
+        text = (f"dask_ps: compiling the kernel {name} for {_types_text(data.get('args', ()))} (numba; once per "
+                f"install and set of types: later processes load it from {kernel_cache_dir()})")
+
+        def say():
+            state["said"] = True
+            self.say(f"{text}; {time.perf_counter() - state['start']:.1f} s so far")
+
+        state["timer"] = timer = threading.Timer(after, say)
+        timer.daemon = True
+        timer.start()
+        self._local.state = state
+
+    def _end(self, data) -> None:
+        fn = getattr(data.get("dispatcher"), "py_func", None)
+        if fn is None or not fn.__module__.startswith("dask_ps"):
+            return
+        self._local.depth = max(0, getattr(self._local, "depth", 1) - 1)
+        state = getattr(self._local, "state", None)
+        if self._local.depth or state is None:
+            return
+        self._local.state = None
+        state["timer"].cancel()
+        seconds = time.perf_counter() - state["start"]
+        if state["said"]:
+            self.say(f"dask_ps: compiled the kernel {state['name']} in {seconds:.1f} s")
+        else:
+            logger.debug("dask_ps: compiled the kernel %s in %.2f s", state["name"], seconds)
+
+    @classmethod
+    def say(cls, text: str) -> None:
+        logger.info(text)
+        with cls._lock:
+            sinks = list(cls._sinks)
+        for sink in sinks:
+            try:
+                sink.note(text)
+            except Exception:  # noqa: BLE001 - a notice never fails a compile
+                pass
+
+
+def _notice_seconds() -> float:
+    from dask.utils import parse_timedelta
+
+    return float(parse_timedelta(dask.config.get("ps.kernel-compile-notice", "2s")))
+
+
 def njit(*, cache=True, **options):
     """``numba.njit(cache=True, **options)``, caching in
     :func:`kernel_cache_dir` instead of the package directory
@@ -92,6 +215,8 @@ def njit(*, cache=True, **options):
     locator is made then), so it is set for the decoration only and put
     back: the rest of the program's numba code is left alone."""
     import numba
+
+    CompileNotice.install()
 
     def decorate(fn):
         if not cache:

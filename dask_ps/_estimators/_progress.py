@@ -74,6 +74,10 @@ class Progress:
         tqdm = _tqdm() if total is not None else None
         if tqdm is not None:
             self._bar = tqdm(total=int(total), unit=unit, desc=desc, leave=True, dynamic_ncols=True)
+        if self.verbose > 0:  # a long compile of a kernel during the fit says so (a note)
+            from dask_ps._compiled import CompileNotice
+
+            CompileNotice.add_sink(self)
 
     def __repr__(self):
         return f"<Progress verbose={self.verbose} logger={self.logger.name!r} bar={self._bar is not None}>"
@@ -119,7 +123,10 @@ class Progress:
             self._bar.update(n)
 
     def close(self) -> None:
-        """Close the bar (lines need no closing)."""
+        """Close the bar (lines need no closing) and stop the compile notices."""
+        from dask_ps._compiled import CompileNotice
+
+        CompileNotice.remove_sink(self)
         if self._bar is not None:
             self._bar.close()
             self._bar = None

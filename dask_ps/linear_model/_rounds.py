@@ -366,7 +366,7 @@ def _dense_round(c: _CompiledData, group) -> _Round:
         for a in range(0, idx.shape[0], c.chunk):
             part = idx[a:a + c.chunk]
             n = part.shape[0]
-            buf = c.mod.gather_rows(c.X, part, c.buf[:n])
+            buf = c.mod.gather_rows(c.mod.readonly(c.X), part, c.buf[:n])
             yield part, buf, [yk[part] for yk in c.Y], c.sw[part], c.arange_n(n)
 
     return _Round(None, chunks(), idx.shape[0])
@@ -441,7 +441,7 @@ def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train
             if hp.learning_rate in (ADAPTIVE, CONSTANT):
                 eta *= eta_scale
             icpt[k], aicpt[k], sumloss, dec, es, l1_u[k], _ = c.mod.sgd_round(
-                not c.sparse, Xd, xdata, xind, xptr, local, Yc[k], swc, W[:nw, k],
+                not c.sparse, c.mod.readonly(Xd), c.mod.readonly(xdata), xind, xptr, local, Yc[k], swc, W[:nw, k],
                 W[:nw, K + k] if hp.average else c.dummy_w, icpt[k], aicpt[k],
                 c.loss_id, c.thr, hp.penalty, hp.alpha, hp.l1_ratio, hp.learning_rate, eta, hp.eta0, hp.power_t,
                 c.optimal_init, bool(hp.fit_intercept), intercept_decay, float(cfg.cw_pos[k]),
@@ -588,6 +588,7 @@ class _CompiledRounds:
         t = time.perf_counter()
         sums = np.zeros((epoch1 - epoch0, K, 3))
         X = (c.X, c.data, c.ind, c.ptr) if c.sparse else (c.X, *c.csr_dummy)
+        X = (c.mod.readonly(X[0]), c.mod.readonly(X[1]), *X[2:])  # one specialization (_sgd_numba.readonly)
         end, bad = c.mod.lone_epochs(
             not c.sparse, *X, self.orders.ind, self.seeds, bool(hp.shuffle), self.orders.keep, self.rows_buf,
             self.Yt, c.sw, self.raw.T, bool(hp.average), self.kstate, self.l1_q, self.l1_u, c.loss_id, c.thr,

@@ -42,6 +42,20 @@ from dask_ps.linear_model._kernels import (  # noqa: F401  (LOSS_IDS: the ids sg
 )
 
 
+def readonly(a):
+    """A read-only view of ``a`` (``a`` itself if it is read-only): the
+    kernels take their samples so, whatever the input's flag, since numba
+    compiles a kernel once per argument type and an array's type includes
+    its read-only flag (a read-only input, e.g. a memory map, compiled each
+    kernel a second time: 4 specializations of the SGD kernels in
+    ``check_estimator`` instead of 2)."""
+    if not a.flags.writeable:
+        return a
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
 @njit(inline="always", error_model="numpy")
 def _log1pexp(x):
     if x <= -37.0:

@@ -1,0 +1,119 @@
+"""A new user's first fit (issue 35): a compile of a kernel says what it is,
+and an input's read-only flag compiles no kernel a second time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dask_ps.linear_model import SGDClassifier
+
+_FIRST_FIT = r"""
+import json, logging, sys
+import numpy as np
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record.getMessage())
+log = logging.getLogger("dask_ps._compiled")
+log.setLevel(logging.INFO)
+log.addHandler(Keep())
+from dask_ps.linear_model import SGDClassifier
+rng = np.random.RandomState(0)
+X = rng.randn(300, 6); y = (X[:, 0] > 0).astype(int)
+SGDClassifier(max_iter=3, tol=None, random_state=0, verbose=int(sys.argv[1])).fit(X, y)
+first = list(records)
+SGDClassifier(max_iter=3, tol=None, random_state=1, verbose=int(sys.argv[1])).fit(X, y)
+print("RESULT " + json.dumps({"first": first, "second": records[len(first):]}))
+"""
+
+
+def _first_fit(cache_dir, verbose):
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    # every compile is "long": the notice's content is tested, not the machine's speed
+    env.update(DASK_PS__KERNEL_CACHE_DIR=str(cache_dir), DASK_PS__KERNEL_COMPILE_NOTICE="0s")
+    out = subprocess.run([sys.executable, "-c", _FIRST_FIT, str(verbose)], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):]), out.stderr
+
+
+def test_a_compile_on_first_use_says_what_it_is(tmp_path):
+    """A fresh process with an empty kernel cache: the first fit's compile
+    is logged (the kernel, the data's type, where it is cached) and, with
+    ``verbose``, also written as a line of the fit (standard error, as the
+    fit's other notes); a second fit of the same types compiles nothing and
+    says nothing, nor does a later process that loads the kernel."""
+    result, stderr = _first_fit(tmp_path, verbose=1)
+    started = [m for m in result["first"] if m.startswith("dask_ps: compiling the kernel")]
+    assert started, result
+    assert "_sgd_numba.lone_epochs" in started[0] and "float64 data" in started[0], started
+    assert str(tmp_path) in started[0]
+    assert any(m.startswith("dask_ps: compiled the kernel _sgd_numba.lone_epochs in") for m in result["first"])
+    assert started[0].split(";")[0] in stderr  # the verbose line
+    assert result["second"] == []
+
+    again, stderr = _first_fit(tmp_path, verbose=1)  # the kernels are cached now
+    assert again == {"first": [], "second": []}
+    assert "compiling" not in stderr
+
+
+def test_no_compile_notice_without_verbose_on_standard_error(tmp_path):
+    """Without ``verbose`` the notice goes to the log only."""
+    result, stderr = _first_fit(tmp_path, verbose=0)
+    assert any(m.startswith("dask_ps: compiling the kernel") for m in result["first"])
+    assert "dask_ps: compiling" not in stderr
+
+
+def _kernels():
+    from dask_ps.linear_model import _sgd_numba
+
+    return {name: len(getattr(_sgd_numba, name).signatures)
+            for name in ("sgd_round", "lone_epochs", "gather_rows")}
+
+
+def _read_only(X):
+    if sp.issparse(X):
+        X = X.copy()
+        X.data.flags.writeable = False
+        return X
+    X = X.copy()
+    X.flags.writeable = False
+    return X
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_read_only_input_compiles_no_kernel_again(sparse, dtype):
+    """numba compiles a kernel once per argument type, and an array's read-only
+    flag is part of its type: a read-only input (a memory map; scikit-learn's
+    ``check_estimator`` fits some) compiled every kernel a second time. Both
+    fits here train in the calling process (a small input, no cluster)."""
+    rng = np.random.RandomState(0)
+    X = rng.randn(400, 6).astype(dtype)
+    y = (X[:, 0] > 0).astype(int)
+    if sparse:
+        X[np.abs(X) < 0.5] = 0
+        X = sp.csr_matrix(X)
+    SGDClassifier(max_iter=2, tol=None, random_state=0).fit(X, y)
+    before = _kernels()
+    SGDClassifier(max_iter=2, tol=None, random_state=0).fit(_read_only(X), y)
+    assert _kernels() == before
+
+
+def test_a_read_only_input_on_the_cluster_compiles_no_kernel_again(client):
+    """The same on the parameter server's path (rounds of gathered rows)."""
+    rng = np.random.RandomState(1)
+    X = rng.randn(6000, 5)
+    y = (X[:, 1] > 0).astype(int)
+    SGDClassifier(max_iter=2, tol=None, random_state=0, client=client).fit(X, y)
+    before = _kernels()
+    SGDClassifier(max_iter=2, tol=None, random_state=0, client=client).fit(_read_only(X), y)
+    assert _kernels() == before
