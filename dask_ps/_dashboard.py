@@ -18,6 +18,19 @@ Three parts, all on the scheduler:
   trained in the calling process (a lone SGD participant of a small input:
   no parameter-server run) is reported the same way by a :class:`LocalRun`
   when its process already has a client of such a scheduler.
+- When: as soon as the scheduler's process has imported dask_ps, before
+  any run (:func:`install_page`: ``dask scheduler --preload dask_ps``; an
+  import adds :data:`PRELOAD` to ``distributed.scheduler.preload`` for the
+  schedulers the process starts later, ``LocalCluster``'s included, and
+  installs the page on those already running: :func:`install_on_import`,
+  ``ps.dashboard.on-import``). Until a :class:`PSSchedulerPlugin` attaches
+  (a fit, ``ParameterServer(client)``) the page says what it will show
+  (:data:`ABOUT`) and lists the workers and the fits trained in the
+  calling process.
+- Progress is counted in the estimator's units (``run_info``'s ``unit``:
+  epochs, iterations), not in clocks, and each run's loss (named by
+  ``loss_name``) and progress are charted over time; a finished run keeps
+  its series (:meth:`PSDashboard.run_ended`).
 - The pages: ``/ps`` is a Bokeh document in Dask's own dashboard, linked
   from its navigation bar (``_dashboard_bokeh``; distributed has no
   registry for third-party pages: the document is served by a Bokeh
@@ -54,7 +67,16 @@ JSON_ROUTE = "/ps/status.json"
 REPORT_TOPIC = "ps-run-report"  # Dask event topic of report_progress
 LOCAL_RUN_TOPIC = "ps-local-run"  # Dask event topic of LocalRun (a fit trained in the calling process)
 INFO_TIMEOUT = 2.0  # seconds a shard server may take to answer ps_info
-RUN_INFO_KEYS = {"name", "params", "planned_clocks"}
+RUN_INFO_KEYS = {"name", "params", "planned_clocks", "unit", "clocks_per_unit", "first_unit", "total_units",
+                 "lead_clocks", "loss_name"}
+UNIT_KEYS = ("unit", "clocks_per_unit", "first_unit", "total_units", "lead_clocks", "loss_name")
+SERIES_POINTS = 600  # points of a finished run's series kept (progress and loss over time)
+ABOUT = ("No parameter-server run on this cluster yet. When a dask_ps estimator fits here (or "
+         "ParameterServer(client) attaches), this page shows each run: its estimator and parameters, its "
+         "progress in the estimator's units (epochs for SGD, iterations for LDA), its loss over time, the "
+         "staleness of its participants, its tables and where their blocks live, and the push and read "
+         "traffic of every worker; finished runs stay listed with their charts. Fits trained in the calling "
+         "process show here too once they end.")
 TRAFFIC_KEYS = ("pushes", "bytes_pushed", "pulls", "bytes_pulled")
 
 
@@ -87,6 +109,28 @@ def check_run_info(run_info) -> dict:
         if not (isinstance(planned, int) and not isinstance(planned, bool) and planned >= 0):
             raise PSValueError(f"run_info['planned_clocks'] must be an int >= 0, got {planned!r}")
         out["planned_clocks"] = planned
+    out.update(_check_units(run_info))
+    return out
+
+
+def _check_units(run_info: dict) -> dict:
+    """``run_info``'s progress units: ``unit`` (str: "epoch", "iteration"),
+    ``clocks_per_unit`` (int >= 1), ``first_unit`` (the units done before
+    this run), ``total_units`` (the fit's), ``lead_clocks`` (clocks before
+    the first unit, e.g. LDA's starting counts) (ints >= 0), ``loss_name``
+    (str: what the reported loss is, with its unit)."""
+    out = {}
+    for key in ("unit", "loss_name"):
+        if key in run_info:
+            if not isinstance(run_info[key], str):
+                raise PSValueError(f"run_info[{key!r}] must be a str, got {run_info[key]!r}")
+            out[key] = run_info[key][:100]
+    for key, least in (("clocks_per_unit", 1), ("first_unit", 0), ("total_units", 0), ("lead_clocks", 0)):
+        if key in run_info:
+            v = run_info[key]
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= least):
+                raise PSValueError(f"run_info[{key!r}] must be an int >= {least}, got {v!r}")
+            out[key] = v
     return out
 
 
@@ -247,10 +291,13 @@ def _mean(values):
 
 
 class PSDashboard:
-    """What ``/ps`` shows, for one :class:`~dask_ps._scheduler_plugin.PSSchedulerPlugin`."""
+    """What ``/ps`` shows, for one :class:`~dask_ps._scheduler_plugin.PSSchedulerPlugin`
+    (``plugin``; None until one attaches: the page of a scheduler whose
+    process imported dask_ps, :func:`install`)."""
 
-    def __init__(self, plugin):
+    def __init__(self, plugin, scheduler=None):
         self.plugin = plugin
+        self.scheduler = scheduler if scheduler is not None else plugin.scheduler
         self.history: deque[dict] = deque(maxlen=int(_config.get("dashboard.history")))
         self.finished: deque[dict] = deque(maxlen=int(_config.get("dashboard.finished-runs")))
         self.reports: dict[str, dict[int, dict]] = {}  # run -> rank -> last values reported
@@ -282,6 +329,8 @@ class PSDashboard:
 
     async def _served(self) -> dict[str, dict]:
         """Per member: ``ps_info(served=True)``, or ``{"error": ...}``."""
+        if self.plugin is None:
+            return {}
         members = sorted(self.plugin.members)
 
         async def one(worker):
@@ -312,21 +361,28 @@ class PSDashboard:
             dt = now - prev["time"]
             rates = {k: max(0.0, (totals[k] - prev["totals"].get(k, 0)) / dt) for k in TRAFFIC_KEYS}
         runs = {}
-        for run_id, run in self.plugin.runs.items():
+        for run_id, run in self._live_runs().items():
             done = self._clocks_done(run)
             live = [c for r, c in enumerate(done) if r not in run.done] or done
-            runs[run_id] = {"min": min(live), "max": max(live), "spread": max(live) - min(live)}
+            d = self._describe(run)
+            runs[run_id] = {"min": min(live), "max": max(live), "spread": max(live) - min(live),
+                            "units": d.get("units_done"), "loss": d["loss"]}
         for run_id, msg in self.local_runs.items():
-            runs[run_id] = {"min": msg["clocks"], "max": msg["clocks"], "spread": 0}
+            d = self._describe_local(msg)
+            runs[run_id] = {"min": msg["clocks"], "max": msg["clocks"], "spread": 0, "units": d.get("units_done"),
+                            "loss": d["loss"]}
         sample = {"time": now, "totals": totals, "per_second": rates, "runs": runs}
         self.history.append(sample)
         return sample
 
     # --- runs ----------------------------------------------------------------------------
+    def _live_runs(self) -> dict:
+        return self.plugin.runs if self.plugin is not None else {}
+
     def on_report(self, msg: dict) -> None:
         run_id, rank, values = msg.get("run_id"), msg.get("rank"), msg.get("values")
         if isinstance(run_id, str) and isinstance(rank, int) and isinstance(values, dict):
-            if run_id in self.plugin.runs or any(f["run"] == run_id for f in self.finished):
+            if run_id in self._live_runs() or any(f["run"] == run_id for f in self.finished):
                 self.reports.setdefault(run_id, {}).setdefault(rank, {}).update(values)
                 for f in self.finished:  # a report that arrived after the run's end
                     if f["run"] == run_id:
@@ -334,7 +390,9 @@ class PSDashboard:
                         if "clock" in values:
                             done = max(int(values["clock"]), f["clocks_done"])  # one participant's
                             if f["participants"] == 1 and done != f["clocks_done"]:
-                                f.update(self._progress(done, f["planned_clocks"]))
+                                f.update(self._progress(done, f["planned_clocks"], f.get("info")))
+                        if f["series"]:  # the series ends at the run's final state
+                            f["series"][-1] = [f["series"][-1][0], f.get("units_done"), f["loss"]]
 
     def on_local_run(self, msg: dict) -> None:
         """A :class:`LocalRun`'s message: a live run, or (``event: "end"``) a finished one."""
@@ -366,7 +424,17 @@ class PSDashboard:
         if not isinstance(seconds, numbers.Real):
             seconds = time.time() - float(msg.get("started") or time.time())
         record.update(seconds=round(float(seconds), 2), ended=time.time(), result=result)
+        record["series"] = self._series(record)
         self.finished.append(record)
+
+    def _series(self, record: dict) -> list[list]:
+        """A run's ``[time, units done, loss]`` over time, from the samples,
+        ending at its final state: kept with the finished run (its charts)."""
+        run_id = record["run"]
+        points = [[h["time"], h["runs"][run_id].get("units"), h["runs"][run_id].get("loss")]
+                  for h in self.history if run_id in h["runs"]]
+        points.append([record["ended"], record.get("units_done"), record["loss"]])
+        return points[-SERIES_POINTS:]
 
     def _clocks_done(self, run) -> list[int]:
         """Per participant: clocks completed, or reported (``report_progress(clock=)``)."""
@@ -377,9 +445,26 @@ class PSDashboard:
         return _mean(r.get("loss") for r in self.reports.get(run_id, {}).values())
 
     @staticmethod
-    def _progress(done: int, planned) -> dict:
-        return {"clocks_done": done, "planned_clocks": planned,
-                "progress": (min(1.0, done / planned) if planned else None)}
+    def _progress(done: int, planned, info=None) -> dict:
+        """Progress: clocks done of planned, and where ``run_info`` names a
+        unit, the units done (e.g. epochs, fractional within one) of the
+        fit's ``total_units``, which the fraction ``progress`` then counts."""
+        out = {"clocks_done": done, "planned_clocks": planned,
+               "progress": (min(1.0, done / planned) if planned else None)}
+        info = info or {}
+        if info.get("unit"):
+            span = max(0, done - info.get("lead_clocks", 0))
+            if planned:
+                span = min(span, max(0, planned - info.get("lead_clocks", 0)))
+            units = info.get("first_unit", 0) + span / info.get("clocks_per_unit", 1)
+            total = info.get("total_units")
+            out.update(unit=info["unit"], units_done=units, total_units=total,
+                       progress=min(1.0, units / total) if total else out["progress"])
+        return out
+
+    @staticmethod
+    def _units_info(info: dict) -> dict:
+        return {k: info[k] for k in (*UNIT_KEYS, "planned_clocks") if k in info}
 
     @staticmethod
     def _named(run_id: str, function: str, info: dict) -> dict:
@@ -392,15 +477,16 @@ class PSDashboard:
     def _describe(self, run) -> dict:
         info = getattr(run, "info", None) or {}
         return {**self._named(run.run_id, run.name, info), "participants": run.n, "in_process": False,
-                **self._progress(min(self._clocks_done(run)), info.get("planned_clocks")),
-                "loss": self._loss(run.run_id)}
+                **self._progress(min(self._clocks_done(run)), info.get("planned_clocks"), info),
+                "loss": self._loss(run.run_id), "loss_name": info.get("loss_name"), "info": self._units_info(info)}
 
     def _describe_local(self, msg: dict) -> dict:
         """A :class:`LocalRun` as :meth:`_describe` describes a run."""
         info, loss = msg["info"], msg["values"].get("loss")
         return {**self._named(msg["run_id"], str(msg.get("function", "")), info), "participants": 1,
-                "in_process": True, **self._progress(msg["clocks"], info.get("planned_clocks")),
-                "loss": loss if isinstance(loss, numbers.Real) and math.isfinite(loss) else None}
+                "in_process": True, **self._progress(msg["clocks"], info.get("planned_clocks"), info),
+                "loss": loss if isinstance(loss, numbers.Real) and math.isfinite(loss) else None,
+                "loss_name": info.get("loss_name"), "info": self._units_info(info)}
 
     def run_ended(self, run, copies_disagree=False) -> None:
         """Called by the plugin's ``run_end``: the run joins :attr:`finished`."""
@@ -413,6 +499,7 @@ class PSDashboard:
         elif any(r["table"] in run.tables for r in run.rollbacks):
             result = "rolled back (RolledBackError)"
         record.update(seconds=round(time.time() - run.started, 2), ended=time.time(), result=result)
+        record["series"] = self._series(record)
         self.finished.append(record)
         live = set(self.plugin.runs) | {f["run"] for f in self.finished}
         for run_id in [r for r in self.reports if r not in live]:
@@ -420,6 +507,8 @@ class PSDashboard:
 
     # --- snapshots ----------------------------------------------------------------------
     def _tables(self) -> list[dict]:
+        if self.plugin is None:
+            return []
         used_by: dict[str, list[str]] = {}  # table -> labels of the live runs that use it
         for run in self.plugin.runs.values():
             for name in run.tables:
@@ -448,7 +537,7 @@ class PSDashboard:
     def _runs(self) -> list[dict]:
         now = time.time()
         out = []
-        for run in self.plugin.runs.values():
+        for run in self._live_runs().values():
             done = self._clocks_done(run)
             live = [c for r, c in enumerate(done) if r not in run.done]
             d = self._describe(run)
@@ -479,10 +568,11 @@ class PSDashboard:
         """Every worker of the scheduler: memory and CPU from its heartbeats
         (``WorkerState.metrics``) and, for shard servers, what they hold and serve."""
         out = []
-        for addr, ws in sorted(self.plugin.scheduler.workers.items()):
+        members = self.plugin.members if self.plugin is not None else ()
+        for addr, ws in sorted(self.scheduler.workers.items()):
             info = self.served.get(addr, {})
             served = info.get("served", {})
-            state = ("error" if "error" in info else "ok") if addr in self.plugin.members else "not a server"
+            state = ("error" if "error" in info else "ok") if addr in members else "not a server"
             out.append({
                 "worker": addr, "name": str(ws.name), "nthreads": ws.nthreads,
                 "memory": int(ws.metrics.get("memory", 0) or 0), "memory_limit": int(ws.memory_limit or 0),
@@ -505,6 +595,8 @@ class PSDashboard:
                                                        "per_second": dict.fromkeys(TRAFFIC_KEYS, 0.0)}
         return {
             "time": time.time(),
+            "parameter_server": self.plugin is not None,  # a PSSchedulerPlugin attached
+            "about": ABOUT,
             "servers": {w: ("error" if "error" in info else "ok") for w, info in self.served.items()},
             "workers": self._workers(),
             "tables": self._tables(),
@@ -536,20 +628,26 @@ def _bokeh_prefix(scheduler) -> str | None:
     return None
 
 
-def install(scheduler, plugin) -> PSDashboard | None:
+def install(scheduler, plugin=None) -> PSDashboard | None:
     """Add ``/ps`` and ``/ps/status.json`` to the scheduler's HTTP server
-    (if it has one) and start sampling."""
+    (if it has one) and start sampling. ``plugin``: the
+    :class:`PSSchedulerPlugin` whose state the page shows (None: the page
+    before one attaches, :func:`dask_setup`); installing it again hands the
+    page to another plugin."""
     app = getattr(scheduler, "http_application", None)
     if app is None:
-        logger.info("dask_ps: the scheduler has no HTTP server; no dashboard page")
+        if plugin is not None:
+            logger.info("dask_ps: the scheduler has no HTTP server; no dashboard page")
         return None
     dashboard = getattr(app, "_ps_dashboard", None)
-    if dashboard is not None:  # the plugin registered again: the routes exist
-        dashboard.plugin = plugin
-        dashboard.history.clear()
-        dashboard.start(scheduler)
+    if dashboard is not None:  # the routes exist
+        if plugin is not None and plugin is not dashboard.plugin:
+            if dashboard.plugin is not None:  # another plugin instance: none of the samples are its runs
+                dashboard.history.clear()
+            dashboard.plugin = plugin
+            dashboard.start(scheduler)
         return dashboard
-    dashboard = app._ps_dashboard = PSDashboard(plugin)
+    dashboard = app._ps_dashboard = PSDashboard(plugin, scheduler)
     scheduler.add_plugin(_ReportListener(dashboard), name=_ReportListener.name, idempotent=True)
     kwargs = {"dashboard": dashboard}
     routes = [(JSON_ROUTE, StatusJSON, kwargs)]
@@ -566,3 +664,45 @@ def install(scheduler, plugin) -> PSDashboard | None:
     app.add_handlers(r".*", routes)
     dashboard.start(scheduler)
     return dashboard
+
+
+# --- the page before any run -------------------------------------------------------
+PRELOAD = "dask_ps._dashboard"  # what an import adds to distributed.scheduler.preload
+
+
+def install_page(server) -> None:
+    """``/ps`` on a scheduler from its start, before any plugin attaches
+    (``dask scheduler --preload dask_ps``: ``dask_ps.dask_setup``); a
+    worker gets nothing from it."""
+    from distributed import Scheduler
+
+    if isinstance(server, Scheduler):
+        install(server)
+
+
+def dask_setup(server) -> None:
+    """Preloaded (:data:`PRELOAD`) by the schedulers a process starts after
+    importing dask_ps: the page, unless ``ps.dashboard.on-import`` is off
+    (read when the scheduler starts)."""
+    if _config.get("dashboard.on-import"):
+        install_page(server)
+
+
+def install_on_import() -> None:
+    """At ``import dask_ps`` (``ps.dashboard.on-import``): every scheduler
+    the process starts afterwards preloads :data:`PRELOAD` (added to
+    ``distributed.scheduler.preload``), and those already running get the
+    page now."""
+    import dask
+    from distributed import Scheduler
+    from distributed.core import Status
+
+    if not _config.get("dashboard.on-import"):
+        return
+    preload = dask.config.get("distributed.scheduler.preload", None) or []
+    preload = [preload] if isinstance(preload, str) else list(preload)
+    if PRELOAD not in preload:
+        dask.config.set({"distributed.scheduler.preload": [*preload, PRELOAD]})
+    for scheduler in list(Scheduler._instances):
+        if scheduler.status == Status.running:
+            scheduler.loop.add_callback(install, scheduler)

@@ -18,6 +18,7 @@ state on the scheduler's event loop every second: no call to the workers
 
 from __future__ import annotations
 
+import html
 import logging
 from functools import partial
 
@@ -62,12 +63,13 @@ class PSPage:
         self.dashboard = dashboard
         columns = {
             "traffic": ("time", "pushes", "pulls"),
-            "clocks": ("xs", "ys", "color", "label"),
+            "units": ("xs", "ys", "color", "label"),
+            "loss": ("xs", "ys", "color", "label"),
             "spread": ("xs", "ys", "color", "label"),
             "progress": ("label", "fraction", "text", "color"),
-            "runs": ("run", "label", "progress", "loss", "participants", "clocks", "spread", "waiting", "seconds",
-                     "state"),
-            "finished": ("label", "result", "seconds", "progress", "loss"),
+            "runs": ("run", "label", "progress", "loss", "loss_name", "participants", "clocks", "spread", "waiting",
+                     "seconds", "state"),
+            "finished": ("label", "result", "seconds", "progress", "loss", "loss_name"),
             "workers": ("worker", "memory", "memory_limit", "cpu", "server", "ps_bytes", "pushes", "pulls"),
             "tables": ("name", "used_by", "shape", "dtype", "rule", "consistency", "copies", "blocks", "bytes"),
         }
@@ -82,23 +84,29 @@ class PSPage:
         r_pull = traffic.line("time", "pulls", source=s["traffic"], color=COLORS[1], line_width=2)
         traffic.add_layout(Legend(items=[LegendItem(label="pushes", renderers=[r_push]),
                                          LegendItem(label="reads", renderers=[r_pull])], location="top_left"))
-        clocks = _chart("Clocks: the slowest participant of each run", "clock")
-        clocks.multi_line("xs", "ys", color="color", source=s["clocks"], line_width=2)
+        units = _chart("Progress: epochs (SGD) or iterations (LDA) done, the slowest participant of each run",
+                       "epochs / iterations")
+        units.multi_line("xs", "ys", color="color", legend_field="label", source=s["units"], line_width=2)
+        loss = _chart("Loss over time: each run's reported loss (its unit in the run's label)", "loss")
+        loss.multi_line("xs", "ys", color="color", legend_field="label", source=s["loss"], line_width=2)
+        for fig in (units, loss):
+            fig.legend.location = "top_left"
+            fig.legend.label_text_font_size = "10px"
         spread = _chart("Staleness: clock spread (fastest minus slowest) of each run", "clocks")
         spread.multi_line("xs", "ys", color="color", source=s["spread"], line_width=2)
-        progress = figure(title="Progress: clocks done of clocks planned", y_range=[], x_range=(0, 1),
+        progress = figure(title="Progress: done of planned, in each estimator's units", y_range=[], x_range=(0, 1),
                           height=160, sizing_mode="stretch_width", tools="", toolbar_location=None)
         progress.hbar(y="label", right="fraction", height=0.6, color="color", source=s["progress"])
         progress.text(x=0.01, y="label", text="text", source=s["progress"], text_baseline="middle",
                       text_font_size="11px")
         self.progress_figure = progress
-        self.figures = {"traffic": traffic, "clocks": clocks, "spread": spread, "progress": progress}
+        self.figures = {"traffic": traffic, "units": units, "loss": loss, "spread": spread, "progress": progress}
         self.tables = {  # HTML tables of the sources (BokehJS 3.9's DataTable kept its first rows)
-            "runs": [("label", "run"), ("progress", "progress"), ("loss", "last loss"),
+            "runs": [("label", "run"), ("progress", "progress"), ("loss", "last loss"), ("loss_name", "loss is"),
                      ("participants", "participants"), ("clocks", "clocks (min-max)"), ("spread", "spread"),
                      ("waiting", "waiting now"), ("seconds", "age s"), ("state", "state")],
             "finished": [("label", "run"), ("result", "result"), ("seconds", "duration s"),
-                         ("progress", "progress"), ("loss", "last loss")],
+                         ("progress", "progress"), ("loss", "last loss"), ("loss_name", "loss is")],
             "workers": [("worker", "worker"), ("memory", "memory"), ("memory_limit", "limit"), ("cpu", "CPU %"),
                         ("server", "parameter server"), ("ps_bytes", "table bytes"), ("pushes", "pushes"),
                         ("pulls", "reads")],
@@ -112,7 +120,7 @@ class PSPage:
         heading = partial(Div, sizing_mode="stretch_width")
         return column(
             self.summary, progress, heading(text="<b>Runs</b>"), runs,
-            row(clocks, spread, sizing_mode="stretch_width"), traffic,
+            row(units, loss, sizing_mode="stretch_width"), row(spread, traffic, sizing_mode="stretch_width"),
             heading(text="<b>Workers</b>"), workers, heading(text="<b>Finished runs</b>"), finished,
             heading(text="<b>Tables</b>"), tables, sizing_mode="stretch_width",
         )
@@ -130,16 +138,11 @@ class PSPage:
                              "pushes": [h["per_second"]["pushes"] for h in history],
                              "pulls": [h["per_second"]["pulls"] for h in history]}
         runs = st["runs"]
-        color = {r["run"]: COLORS[i % len(COLORS)] for i, r in enumerate(runs)}
-        lines = {k: {"xs": [], "ys": [], "color": [], "label": []} for k in ("clocks", "spread")}
-        for r in runs:
-            pts = [(h["time"], h["runs"][r["run"]]) for h in history if r["run"] in h["runs"]]
-            for key, field in (("clocks", "min"), ("spread", "spread")):
-                lines[key]["xs"].append([_ms(t) for t, _ in pts])
-                lines[key]["ys"].append([p[field] for _, p in pts])
-                lines[key]["color"].append(color[r["run"]])
-                lines[key]["label"].append(r["label"])
-        s["clocks"].data, s["spread"].data = lines["clocks"], lines["spread"]
+        fin = st["finished"]
+        color = _colors(runs, fin)
+        lines = _lines(history, runs, fin, color)
+        for key in ("units", "loss", "spread"):
+            s[key].data = lines[key]
         labels = [f"{r['label'][:60]} [{r['run'][:6]}]" for r in runs]
         self.progress_figure.y_range.factors = labels
         s["progress"].data = {"label": labels, "fraction": [r["progress"] or 0.0 for r in runs],
@@ -147,15 +150,16 @@ class PSPage:
         self._set(s["runs"], {
             "run": [r["run"] for r in runs], "label": [r["label"] for r in runs],
             "progress": [fmt_progress(r) for r in runs], "loss": [fmt_loss(r["loss"]) for r in runs],
+            "loss_name": [r.get("loss_name") or "-" for r in runs],
             "participants": [r["participants"] for r in runs],
             "clocks": [f"{r['min_clock']}-{r['max_clock']}" for r in runs], "spread": [r["spread"] for r in runs],
             "waiting": [r["waiting"] for r in runs], "seconds": [r["seconds"] for r in runs],
             "state": [r["state"] for r in runs],
         })
-        fin = st["finished"]
         self._set(s["finished"], {"label": [r["label"] for r in fin], "result": [fmt_result(r) for r in fin],
                                "seconds": [r["seconds"] for r in fin], "progress": [fmt_progress(r) for r in fin],
-                               "loss": [fmt_loss(r["loss"]) for r in fin]})
+                               "loss": [fmt_loss(r["loss"]) for r in fin],
+                               "loss_name": [r.get("loss_name") or "-" for r in fin]})
         ws = st["workers"]
         self._set(s["workers"], {
             "worker": [w["worker"] for w in ws], "memory": [fmt_bytes(w["memory"]) for w in ws],
@@ -177,12 +181,55 @@ class PSPage:
             self.divs[key].text = html_table([t for _, t in columns], rows)
         rate = st["traffic"]["per_second"]
         n_ok = sum(v == "ok" for v in st["servers"].values())
+        if not (runs or fin or st["parameter_server"]):
+            self.summary.text = f"<b>dask_ps parameter server</b>: {html.escape(st['about'])}"
+            return
         self.summary.text = (
             f"<b>dask_ps parameter server</b>: {n_ok} of {len(st['servers'])} shard servers answering, "
             f"{len(tb)} tables, {len(runs)} running, {len(fin)} finished; "
             f"{rate['pushes']:.1f} pushes/s ({fmt_bytes(rate['bytes_pushed'])}/s), "
             f"{rate['pulls']:.1f} reads/s ({fmt_bytes(rate['bytes_pulled'])}/s)"
         )
+
+
+def _colors(runs, finished) -> dict:
+    """A color per run, kept while it lives and after it ends (by start)."""
+    order = sorted([(r.get("series") or [[r.get("ended", 0)]])[0][0], r["run"]] for r in finished)
+    ids = [run for _, run in order] + [r["run"] for r in runs]
+    return {run: COLORS[i % len(COLORS)] for i, run in enumerate(ids)}
+
+
+def _lines(history, runs, finished, color) -> dict:
+    """The multi-line sources: per run, its units done, loss and clock
+    spread over time; a live run's from the samples, a finished run's from
+    the series it kept (no spread: one value at its end)."""
+    lines = {k: {"xs": [], "ys": [], "color": [], "label": []} for k in ("units", "loss", "spread")}
+
+    def add(key, run, label, pts):
+        pts = [(t, v) for t, v in pts if v is not None]
+        if pts:
+            lines[key]["xs"].append([_ms(t) for t, _ in pts])
+            lines[key]["ys"].append([v for _, v in pts])
+            lines[key]["color"].append(color[run])
+            lines[key]["label"].append(label)
+
+    def name(r):  # a legend entry's run: the estimator and its parameters, cut
+        return r["label"] if len(r["label"]) <= 60 else r["label"][:57] + "..."
+
+    for r in runs:
+        samples = [(h["time"], h["runs"][r["run"]]) for h in history if r["run"] in h["runs"]]
+        unit = r.get("unit") or "clock"
+        add("units", r["run"], f"{name(r)} ({unit}s)",
+            [(t, p.get("units") if r.get("unit") else p["min"]) for t, p in samples])
+        add("loss", r["run"], f"{name(r)}: {r.get('loss_name') or 'loss'}", [(t, p.get("loss")) for t, p in samples])
+        add("spread", r["run"], name(r), [(t, p["spread"]) for t, p in samples])
+    for r in finished:
+        series = r.get("series") or []
+        unit = r.get("unit") or "clock"
+        add("units", r["run"], f"{name(r)} ({unit}s, finished)", [(t, u) for t, u, _ in series])
+        add("loss", r["run"], f"{name(r)}: {r.get('loss_name') or 'loss'} (finished)",
+            [(t, x) for t, _, x in series])
+    return lines
 
 
 def ps_doc(dashboard, scheduler, extra, doc):

@@ -40,7 +40,15 @@ def fmt_bytes(n: float) -> str:
 
 
 def fmt_progress(r: dict) -> str:
-    """``"106 of 400 clocks (26%)"``, or ``"106 clocks"`` when none are planned."""
+    """In the estimator's units where the run names one: ``"12 of 60
+    epochs (20%)"`` (whole units done), ``"12 epochs"`` when no total is
+    known; else ``"106 of 400 clocks (26%)"``, or ``"106 clocks"`` when none
+    are planned."""
+    if r.get("unit"):
+        done = int(r["units_done"] + 1e-9)
+        if r.get("total_units"):
+            return f"{done} of {r['total_units']} {r['unit']}s ({100 * (r['progress'] or 0):.0f}%)"
+        return f"{done} {r['unit']}s"
     if r.get("planned_clocks"):
         return f"{r['clocks_done']} of {r['planned_clocks']} clocks ({100 * (r['progress'] or 0):.0f}%)"
     return f"{r['clocks_done']} clocks"
@@ -88,7 +96,9 @@ def render_sections(snap: dict) -> str:
                     for w, d in sorted(x["placement"].items()))]
          for x in snap["tables"]],
     )
-    return (f"<p class='note'>{html.escape(missing())}</p><h2>Runs</h2>{runs}<h2>Finished runs</h2>{finished}"
+    about = ("" if snap["runs"] or snap["finished"] or snap.get("parameter_server", True)
+             else f"<p>{html.escape(snap['about'])}</p>")
+    return (f"<p class='note'>{html.escape(missing())}</p>{about}<h2>Runs</h2>{runs}<h2>Finished runs</h2>{finished}"
             f"<h2>Workers</h2>{workers}<h2>Traffic</h2>{traffic}<h2>Tables</h2>{tables}")
 
 

@@ -206,18 +206,21 @@ def _defaults(cls) -> dict:
             if p.default is not inspect.Parameter.empty}
 
 
-def run_info(est, planned_clocks: int) -> dict:
+def run_info(est, planned_clocks: int, **units) -> dict:
     """``run_info`` of the estimator's runs (``ParameterServer.run``), for
     the dashboard's ``/ps`` page: its class name, the parameters set to
     something else than their defaults (as scikit-learn's ``repr`` shows
-    them; not ``client``) and the clocks each participant will complete."""
+    them; not ``client``), the clocks each participant will complete and
+    ``units``: how the page counts progress in the estimator's units and
+    names its loss (``unit``, ``clocks_per_unit``, ``first_unit``,
+    ``total_units``, ``lead_clocks``, ``loss_name``: ``_dashboard.check_run_info``)."""
     defaults = _defaults(type(est))
     params = {k: v for k, v in est.get_params(deep=False).items()
               if k != "client" and (k not in defaults or not _same(v, defaults[k]))}
-    return {"name": type(est).__name__, "params": params, "planned_clocks": max(0, int(planned_clocks))}
+    return {"name": type(est).__name__, "params": params, "planned_clocks": max(0, int(planned_clocks)), **units}
 
 
-def dashboard_run(est, planned_clocks: int, function: str):
+def dashboard_run(est, planned_clocks: int, function: str, **units):
     """A :class:`dask_ps._dashboard.LocalRun` showing a fit of ``est``
     trained in the calling process on the ``/ps`` page of the cluster this
     process already has a client of (:func:`dask_ps._client.existing_client`),
@@ -229,4 +232,4 @@ def dashboard_run(est, planned_clocks: int, function: str):
         return None
     from dask_ps._dashboard import LocalRun
 
-    return LocalRun(client, run_info(est, planned_clocks), function)
+    return LocalRun(client, run_info(est, planned_clocks, **units), function)

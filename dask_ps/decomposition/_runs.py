@@ -383,7 +383,9 @@ class GibbsRuns:
                 monitor = self._create_tables(cfg, tables)
                 # the starting counts, then a sweep each (a lone participant
                 # reports those it never clocks: _lone_iterations)
-                info = dict(self.info, planned_clocks=1 + stop - start)
+                info = dict(self.info, planned_clocks=1 + stop - start, unit="iteration", clocks_per_unit=1,
+                            first_unit=int(start), total_units=int(plan.max_iter), lead_clocks=1,
+                            loss_name="-log p(words, topics) per token, nats")
                 self.results = self.ps.run(_gibbs_participant, self.parts.futures, cfg=cfg, run_info=info)
                 if stop >= plan.max_iter:
                     counts = np.maximum(arrays.to_numpy(self.ps.pull(cfg.nwk_name)), 0)

@@ -325,6 +325,12 @@ def _monitored_in_process(session: InProcessSession, cfg: _RunConfig, start: _St
         monitor.stop()
 
 
+def _epochs(est, clocks_per_epoch, first, total) -> dict:
+    """``run_info``'s units of an SGD run: epochs (``/ps`` counts them, not clocks)."""
+    return {"unit": "epoch", "clocks_per_unit": max(1, int(clocks_per_epoch)), "first_unit": int(first),
+            "total_units": int(total), "loss_name": f"mean {est.loss} loss per sample"}
+
+
 @contextlib.contextmanager
 def _shown_on_dashboard(est, session: InProcessSession, cfg: _RunConfig):
     """A fit trained in this process shows on the ``/ps`` page of the
@@ -334,8 +340,10 @@ def _shown_on_dashboard(est, session: InProcessSession, cfg: _RunConfig):
     ``run_info``, clocks and loss (``_dashboard.LocalRun``: its messages
     never block the fit). Where there is none, nothing is reported: no
     cluster is started for the page."""
-    clocks = cfg.max_iter * -(-cfg.steps_per_epoch // cfg.clock_every)  # as _run_chunks plans a run's
-    run = session.local_run = dashboard_run(est, clocks, _sgd_participant.__name__)
+    per_epoch = -(-cfg.steps_per_epoch // cfg.clock_every)
+    clocks = cfg.max_iter * per_epoch  # as _run_chunks plans a run's
+    run = session.local_run = dashboard_run(est, clocks, _sgd_participant.__name__,
+                                            **_epochs(est, per_epoch, 0, cfg.max_iter))
     if run is None:
         yield
         return
@@ -468,8 +476,9 @@ def _run_chunks(est, ps, parts, cfg: _RunConfig, start: _Start, checkpoint, reco
             run_cfg = dataclasses.replace(run_cfg, start_table=starts.before_run(run_cfg, first=first))
         t = time.perf_counter()
         try:
-            clocks = (end - epoch) * -(-run_cfg.steps_per_epoch // run_cfg.clock_every)  # R rounds an epoch
-            results = ps.run(_sgd_participant, parts.futures, cfg=run_cfg, run_info=run_info(est, clocks))
+            per_epoch = -(-run_cfg.steps_per_epoch // run_cfg.clock_every)  # R rounds an epoch
+            results = ps.run(_sgd_participant, parts.futures, cfg=run_cfg,
+                             run_info=run_info(est, (end - epoch) * per_epoch, **_epochs(est, per_epoch, epoch, max_iter)))
         finally:
             timing["run_seconds"] = timing.get("run_seconds", 0.0) + time.perf_counter() - t
         if checkpoint is not None:  # restored as the run ended: not saved, trained again

@@ -1,7 +1,10 @@
-"""The ``/ps`` page of the Dask dashboard (issue 24): a Bokeh document of
-Dask's dashboard, linked from its navigation bar, with charts over time
-(clocks, spread, traffic), progress as clocks done of clocks planned, runs
-named by their estimator, parameters and last loss, memory and CPU per
+"""The ``/ps`` page of the Dask dashboard (issues 24, 35): a Bokeh document of
+Dask's dashboard, linked from its navigation bar as soon as the scheduler's
+process imported dask_ps (before any run, saying what it will show; also
+``dask scheduler --preload dask_ps``), with charts over time (progress in
+the estimator's units, loss, spread, traffic) that finished runs keep,
+progress in epochs (SGD) or iterations (LDA), runs named by their
+estimator, parameters and last loss (its unit named), memory and CPU per
 worker, finished runs; ``/ps/status.json``; the plain page without bokeh.
 
 The browser test is ``test_dashboard_browser.py`` (``-m slow``)."""
@@ -21,7 +24,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 import dask_ps
-from dask_ps import _dashboard
+from dask_ps import _dashboard, _dashboard_html
 from dask_ps._dashboard_html import NO_BOKEH, NO_DASHBOARD
 
 
@@ -158,8 +161,8 @@ def _pull(base):
         out = {f"ps-{k}": _columns(doc.get_model_by_name(f"ps-{k}-table").text)
                for k in ("runs", "finished", "workers", "tables")}
         out["progress"] = dict(_source_of(doc, "progress").data)
-        out.update(clocks=dict(_source_of(doc, "clocks").data), traffic=dict(_source_of(doc, "traffic").data),
-                   summary=doc.get_model_by_name("ps-summary").text)
+        out.update(units=dict(_source_of(doc, "units").data), loss=dict(_source_of(doc, "loss").data),
+                   traffic=dict(_source_of(doc, "traffic").data), summary=doc.get_model_by_name("ps-summary").text)
         return out
 
 
@@ -180,9 +183,10 @@ def _source_of(doc, key):
 def test_bokeh_document_fills_during_an_estimator_fit(dash_cluster):
     """The document Dask's dashboard serves, pulled through Bokeh's
     websocket protocol (bokeh.client) during an SGDClassifier fit: the run
-    is named by the estimator and its parameters, with progress as clocks
-    done of planned, a loss, its clocks over time; memory per worker; then
-    the finished run."""
+    is named by the estimator and its parameters, with progress in epochs
+    (not clocks: 90 epochs are 90 x rounds-per-epoch clocks), a loss named
+    with its unit, its epochs and loss over time; memory per worker; then the
+    finished run, which keeps its lines on both charts."""
     from sklearn.datasets import make_classification
 
     from dask_ps.linear_model import SGDClassifier
@@ -201,20 +205,19 @@ def test_bokeh_document_fills_during_an_estimator_fit(dash_cluster):
                 return None
             labels = d["ps-runs"].get("run")
             ok = labels and labels[0].startswith("SGDClassifier(") and d["ps-runs"]["last loss"][0] != "-"
-            # the clocks line comes from the periodic samples (ps.dashboard.interval), the loss from reports
-            sampled = d.get("clocks", {}).get("xs") and len(d["clocks"]["xs"][0]) >= 1
+            # the lines come from the periodic samples (ps.dashboard.interval), the loss from reports
+            sampled = d["units"]["xs"] and d["loss"]["xs"] and len(d["loss"]["xs"][0]) >= 1
             return d if ok and sampled else None
         d = _until(running, "the SGD run with a loss and a sampled clock on the Bokeh document")
     finally:
         fit.join(300)
     runs = d["ps-runs"]
     assert runs["run"][0] == "SGDClassifier(alpha=0.001, max_iter=90, random_state=0, tol=None)"
-    assert " of " in runs["progress"][0] and runs["progress"][0].endswith("%)")
-    planned = int(runs["progress"][0].split(" of ")[1].split()[0])
-    assert planned % 90 == 0  # epochs x rounds per epoch
-    assert float(runs["last loss"][0]) > 0
+    assert re.fullmatch(r"\d+ of 90 epochs \(\d+%\)", runs["progress"][0]), runs["progress"]
+    assert float(runs["last loss"][0]) > 0 and runs["loss is"][0] == "mean hinge loss per sample"
     assert d["progress"]["text"] == runs["progress"] and 0 < d["progress"]["fraction"][0] <= 1
-    assert d["clocks"]["xs"] and len(d["clocks"]["xs"][0]) == len(d["clocks"]["ys"][0]) >= 1
+    assert len(d["units"]["xs"][0]) == len(d["units"]["ys"][0]) >= 1 and max(d["units"]["ys"][0]) <= 90
+    assert d["units"]["label"][0].endswith("(epochs)") and "mean hinge loss per sample" in d["loss"]["label"][0]
     assert len(d["traffic"]["time"]) >= 1
     workers = d["ps-workers"]
     assert len(workers["worker"]) == 2 and all(m.endswith("iB") and not m.startswith("0 ") for m in workers["memory"])
@@ -225,7 +228,11 @@ def test_bokeh_document_fills_during_an_estimator_fit(dash_cluster):
     fin = d["ps-finished"]
     i = fin["run"].index(runs["run"][0])
     assert fin["result"][i] == "done" and float(fin["duration s"][i]) > 0
-    assert fin["progress"][i] == f"{planned} of {planned} clocks (100%)"  # tol=None: every epoch ran
+    assert fin["progress"][i] == "90 of 90 epochs (100%)"  # tol=None: every epoch ran
+    # the finished run keeps its lines: epochs up to 90, and its loss
+    (k,) = [k for k, label in enumerate(d["units"]["label"]) if label.endswith("(epochs, finished)")]
+    assert d["units"]["ys"][k][-1] == 90 and len(d["units"]["ys"][k]) >= 2
+    assert [label for label in d["loss"]["label"] if label.endswith("(finished)")]
 
 
 def test_plain_page_without_a_bokeh_dashboard(ps):
@@ -247,6 +254,9 @@ def test_plain_page_without_a_bokeh_dashboard(ps):
     ({"params": [1]}, r"run_info\['params'\] must be a dict"),
     ({"planned_clocks": -1}, r"must be an int >= 0"),
     ({"planned_clocks": 2.5}, r"must be an int >= 0"),
+    ({"unit": 3}, r"run_info\['unit'\] must be a str"),
+    ({"clocks_per_unit": 0}, r"run_info\['clocks_per_unit'\] must be an int >= 1"),
+    ({"total_units": np.int64(3)}, r"run_info\['total_units'\] must be an int >= 0"),
 ])
 def test_run_info_is_checked(bad, match):
     with pytest.raises(dask_ps.PSValueError, match=match):
@@ -295,10 +305,16 @@ def test_estimator_runs_are_named_with_planned_clocks_and_loss(ps):
     assert lda["label"] == ("LatentDirichletAllocation(evaluate_every=1, max_iter=5, n_components=3, n_jobs=2, "
                             "random_state=0)") and lda["participants"] == 2
     assert lda["planned_clocks"] == lda["clocks_done"] == 6 and lda["result"] == "done"
-    assert lda["loss"] > 0  # minus the log-likelihood per token
+    # in iterations, not clocks (the starting counts' clock is no iteration)
+    assert lda["unit"] == "iteration" and lda["units_done"] == lda["total_units"] == 5 and lda["progress"] == 1.0
+    assert lda["loss"] > 0 and lda["loss_name"] == "-log p(words, topics) per token, nats"
+    assert lda["series"][-1][1:] == [5, lda["loss"]]  # its chart ends at its final state
     sgd = _until(lambda: finished("SGDRegressor("), "the SGD run's loss", timeout=30)
     assert sgd["label"] == "SGDRegressor(max_iter=3, random_state=0, tol=None)"
     assert sgd["planned_clocks"] == sgd["clocks_done"] and sgd["planned_clocks"] % 3 == 0 and sgd["loss"] > 0
+    assert sgd["unit"] == "epoch" and sgd["units_done"] == sgd["total_units"] == 3
+    assert sgd["loss_name"] == "mean squared_error loss per sample"
+    assert _dashboard_html.fmt_progress(sgd) == "3 of 3 epochs (100%)"
 
 
 @pytest.mark.parametrize("interval", ["0s", "250ms"])
@@ -380,8 +396,8 @@ def test_fits_trained_in_the_calling_process_show_on_the_page(dash_cluster, monk
     i, j = fin["run"].index("SGDClassifier(alpha=0.01, random_state=0)"), fin["run"].index(
         "SGDRegressor(max_iter=7, random_state=0, tol=None)")
     assert fin["result"][i] == fin["result"][j] == "done (trained in the calling process)"
-    assert fin["progress"][i] == "1 of 1 clocks (100%)"  # partial_fit: one epoch
-    assert fin["progress"][j] == "7 of 7 clocks (100%)"  # a clock per epoch, every epoch ran (tol=None)
+    assert fin["progress"][i] == "1 of 1 epochs (100%)"  # partial_fit: one epoch
+    assert fin["progress"][j] == "7 of 7 epochs (100%)"  # every epoch ran (tol=None)
     assert float(fin["last loss"][i]) > 0 and float(fin["last loss"][j]) > 0 and float(fin["duration s"][j]) >= 0
 
     # no cluster at all: nothing to report to, and none started for it
