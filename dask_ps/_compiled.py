@@ -22,7 +22,7 @@ the embedded cluster's workers are threads of the caller; worker processes
 of the same machine load what the first one wrote); later processes load
 it. Other numba code in the program keeps numba's own settings.
 
-A compile that lasts longer than ``ps.kernel-compile-notice`` (2 s) says
+A compile that lasts longer than ``ps.compile-notice`` (2 s) says
 so (:class:`CompileNotice`): a line on this module's logger at INFO, and
 under ``verbose`` a line of every estimator fit running in the process
 (``Progress.note``), naming the kernel, the types and the cache directory.
@@ -104,7 +104,7 @@ class CompileNotice:
     """Says what a long compile of a dask_ps kernel is: a listener of
     numba's ``numba:compile`` events (fired for compiles only, not for
     kernels loaded from the cache) that starts a timer at the outermost
-    dask_ps compile of a thread; past ``ps.kernel-compile-notice`` the
+    dask_ps compile of a thread; past ``ps.compile-notice`` the
     timer logs a line (INFO) and hands it to every registered sink (the
     ``Progress.note`` of the verbose fits of the process), and the end of
     the compile logs its duration. Installed once per process by
@@ -202,7 +202,7 @@ class CompileNotice:
 def _notice_seconds() -> float:
     from dask.utils import parse_timedelta
 
-    return float(parse_timedelta(dask.config.get("ps.kernel-compile-notice", "2s")))
+    return float(parse_timedelta(dask.config.get("ps.compile-notice", "2s")))
 
 
 def njit(*, cache=True, **options):

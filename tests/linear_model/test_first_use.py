@@ -37,7 +37,7 @@ print("RESULT " + json.dumps({"first": first, "second": records[len(first):]}))
 def _first_fit(cache_dir, verbose):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     # every compile is "long": the notice's content is tested, not the machine's speed
-    env.update(DASK_PS__KERNEL_CACHE_DIR=str(cache_dir), DASK_PS__KERNEL_COMPILE_NOTICE="0s")
+    env.update(DASK_PS__KERNEL_CACHE_DIR=str(cache_dir), DASK_PS__COMPILE_NOTICE="0s")
     out = subprocess.run([sys.executable, "-c", _FIRST_FIT, str(verbose)], env=env, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
