@@ -53,8 +53,13 @@ import numpy as np, scipy.sparse as sp
 
 COMPILES = []  # (kernel, seconds) of the outermost dask_ps compiles of this process
 
-def record_compiles():
+def record_compiles(dask_worker=None):
+    # in a worker process (client.run), the list is the worker's attribute:
+    # this function travels by value, with a copy of this module's globals
     import numba.core.event as ev
+    compiles = COMPILES if dask_worker is None else []
+    if dask_worker is not None:
+        dask_worker.bench_compiles = compiles
     local = threading.local()
     class Listener(ev.Listener):
         def on_start(self, event):
@@ -68,11 +73,11 @@ def record_compiles():
             if fn.__module__.startswith("dask_ps"):
                 local.depth -= 1
                 if local.depth == 0:
-                    COMPILES.append((fn.__name__, time.perf_counter() - local.t))
+                    compiles.append((fn.__name__, time.perf_counter() - local.t))
     ev.register("numba:compile", Listener())
 
-def worker_compiles(dask_worker=None):
-    return list(COMPILES)
+def worker_compiles(dask_worker):
+    return list(dask_worker.bench_compiles)
 
 est_name, n, sparse, layout, sklearn = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "sparse", sys.argv[4], sys.argv[5]
 if est_name == "lda":
