@@ -448,13 +448,9 @@ class ParameterServer:
             to ``fn``): ``name`` (e.g. the estimator's class), ``params``
             (a dict shown next to it) and ``planned_clocks`` (the clocks
             each participant will complete: progress is shown as clocks
-            done of these); to show progress in your own units instead,
-            ``unit`` (e.g. ``"epoch"``), ``clocks_per_unit``,
-            ``total_units``, ``first_unit`` (units done before this run)
-            and ``lead_clocks`` (clocks before the first unit); and
-            ``loss_name`` (what the reported loss is, with its unit).
-            Participants report their loss with
-            :func:`dask_ps.report_progress`.
+            done of these; in your units with ``unit``, ``clocks_per_unit``,
+            ``total_units``..., ``loss_name``: ``_dashboard.check_run_info``).
+            Participants report their loss with :func:`dask_ps.report_progress`.
 
         Returns
         -------
