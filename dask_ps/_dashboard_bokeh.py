@@ -36,6 +36,7 @@ ROUTE = "/ps"
 PAGE = "ps"  # in the navigation bar
 UPDATE_MS = 1000
 COLORS = Category10[10]
+CHARTED_FINISHED = 10  # the latest finished runs whose lines stay on the charts (all stay in the table)
 
 
 def _ms(t: float) -> float:
@@ -223,7 +224,7 @@ def _lines(history, runs, finished, color) -> dict:
             [(t, p.get("units") if r.get("unit") else p["min"]) for t, p in samples])
         add("loss", r["run"], f"{name(r)}: {r.get('loss_name') or 'loss'}", [(t, p.get("loss")) for t, p in samples])
         add("spread", r["run"], name(r), [(t, p["spread"]) for t, p in samples])
-    for r in finished:
+    for r in finished[:CHARTED_FINISHED]:  # the latest first
         series = r.get("series") or []
         unit = r.get("unit") or "clock"
         add("units", r["run"], f"{name(r)} ({unit}s, finished)", [(t, u) for t, u, _ in series])
