@@ -87,6 +87,19 @@ def test_the_page_is_there_before_any_run(processes):
         assert "shard servers answering" in _summary(base)
 
 
+def test_without_a_bokeh_dashboard_the_plain_page_says_what_it_will_show():
+    """A scheduler without Dask's Bokeh dashboard: ``/ps`` is the plain page,
+    there before any run too, with the same sentence."""
+    import html
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0",
+                      scheduler_kwargs={"dashboard": False}) as cluster:
+        base = f"http://127.0.0.1:{cluster.scheduler.http_server.port}"
+        page = _get(base, "/ps")
+        assert html.escape(_dashboard.ABOUT) in page and "bokeh.min.js" not in page
+        assert _status(base)["parameter_server"] is False
+
+
 def test_a_scheduler_already_running_gets_the_page_and_the_setting_turns_it_off():
     """With ``ps.dashboard.on-import: false`` a new scheduler serves no
     ``/ps`` (until a parameter server attaches); :func:`install_on_import`
