@@ -19,8 +19,9 @@ numba keys its files by the source file's path and modification time, so
 installs and versions do not mix. A fresh install compiles each kernel once
 per signature (1.5-2 s of CPU for the SGD round kernel, once per process:
 the embedded cluster's workers are threads of the caller; worker processes
-of the same machine load what the first one wrote); later processes load
-it. Other numba code in the program keeps numba's own settings.
+each compile what they need, at the same time, unless the cache holds it);
+later processes load it. Other numba code in the program keeps numba's own
+settings.
 
 A compile that lasts longer than ``ps.compile-notice`` (2 s) says
 so (:class:`CompileNotice`): a line on this module's logger at INFO, and
