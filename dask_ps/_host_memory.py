@@ -18,13 +18,18 @@ process the nanny started, sets the mmap threshold to the setting and the
 trim threshold to twice that (glibc's own dynamic rule): blocks up to the
 threshold are reused from the heap, and at most twice that of free heap is
 kept before it is returned to the system.
+
+:func:`freeze_before_exit`, called by the worker plugin's teardown when a
+nanny's worker closes, keeps the process's exit short (see there).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
+import multiprocessing
 import os
 
 from dask.utils import parse_bytes
@@ -56,4 +61,29 @@ def raise_mmap_threshold(threshold, environ=os.environ) -> bool:
     if mallopt(M_MMAP_THRESHOLD, size) != 1 or mallopt(M_TRIM_THRESHOLD, 2 * size) != 1:
         logger.warning("mallopt refused an mmap threshold of %d bytes (glibc allows at most 32 MiB)", size)
         return False
+    return True
+
+
+def freeze_before_exit(worker) -> bool:
+    """``gc.freeze()`` in a worker process that a nanny started and that is
+    closing (not a plugin unregistered from a running worker, not a worker
+    of the caller's own process); returns whether it did.
+
+    Such a process exits next, through ``sys.exit``: interpreter shutdown
+    runs full garbage collections over every object still alive, and with
+    scikit-learn, scipy and numba imported (a fit's kernels) that took
+    1.0-1.9 s at load 14-16 against 0.2 s with the objects frozen (a
+    process that only imports ``dask_ps.linear_model``). Close of a
+    ``LocalCluster`` of worker processes gives the nanny 4 s (0.8 of its
+    5 s) before it kills the process with "Worker process still alive after
+    4.0 seconds, killing": on a busy machine every close of a cluster that
+    ran a fit printed it, once per worker. Frozen objects are still freed
+    by reference counting; only cycles among them are left to the exit.
+    """
+    from distributed.core import Status
+
+    if worker.status != Status.closing or not getattr(worker, "nanny", None) \
+            or multiprocessing.parent_process() is None:
+        return False
+    gc.freeze()
     return True

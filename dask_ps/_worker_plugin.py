@@ -32,7 +32,7 @@ from dask_ps._exceptions import (
     UnknownTableError,
 )
 from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, handler, reply_errors
-from dask_ps._host_memory import raise_mmap_threshold
+from dask_ps._host_memory import freeze_before_exit, raise_mmap_threshold
 from dask_ps._liveness import Beacon, Liveness, PauseGuard, WorkerGone
 from dask_ps._shard import ShardStore, _wire_clock
 from dask_ps._spec import TableSpec
@@ -138,6 +138,7 @@ class PSWorkerPlugin(WorkerPlugin):
         self.store.tables.clear()
         if _IN_PROCESS.get(worker.address) is self:
             del _IN_PROCESS[worker.address]
+        freeze_before_exit(worker)  # a closing nanny's worker: a short exit, not a kill
 
     @property
     def scheduler(self) -> InternalRPC:
