@@ -116,3 +116,34 @@ def test_cli_scheduler_and_workers_over_tls(tmp_path):
             fit_and_check(client)
             assert all(w.startswith("tls://") for w in client.scheduler_info()["workers"])
     assert_quiet(logs)
+
+
+@pytest.mark.slow
+def test_wheel_installs_and_imports(tmp_path):
+    """``pip wheel --no-deps -w dist .`` (docs/deployment.rst) gives a wheel
+    that holds the package and its settings, and a fresh environment that
+    installs it imports it from there, settings included (the dependencies
+    come from this environment: --system-site-packages)."""
+    import shutil
+    import venv
+    import zipfile
+
+    src, dist = tmp_path / "src", tmp_path / "dist"  # a copy: the build leaves build/ and *.egg-info behind
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "__pycache__", "build", "*.egg-info", "_build"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(src)],
+                   check=True, cwd=tmp_path, timeout=300)
+    [wheel] = dist.glob("dask_ps-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "dask_ps/ps.yaml" in names and "dask_ps/linear_model/__init__.py" in names
+    env_dir = tmp_path / "env"
+    venv.create(env_dir, system_site_packages=True, with_pip=False)
+    python = env_dir / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--force-reinstall", "-q", str(wheel)],
+                   check=True, cwd=tmp_path, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([str(python), "-c", "import dask, dask_ps; print(dask_ps.__file__); "
+                          "print(dask.config.get('ps.block-bytes'))"],
+                         capture_output=True, text=True, check=True, cwd=tmp_path, env=env, timeout=120)
+    where, block_bytes = out.stdout.split()
+    assert where.startswith(str(env_dir)), where
+    assert block_bytes
