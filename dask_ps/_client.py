@@ -28,6 +28,7 @@ from dask_ps._exceptions import (
 from dask_ps._routing import coalesce_rows
 from dask_ps._scheduler_plugin import PSSchedulerPlugin
 from dask_ps._transport import Router, Transport, blocking_call
+from dask_ps._waiting import gather_outside_the_pool, keep_until_done
 
 logger = logging.getLogger(__name__)
 
@@ -507,8 +508,10 @@ class ParameterServer:
                 )
             futures.append(fut)
         try:
-            results = _gather_outside_the_pool(self.client, futures)
+            results = gather_outside_the_pool(self.client, futures)
         except BaseException as e:
+            if not isinstance(e, Exception):  # Ctrl-C: the participants end at their next clock
+                keep_until_done(futures)
             self._check_scheduler(e)  # the participants' futures were cancelled: say why
             try:
                 self._sync(self._scheduler.ps_run_abort, run_id=run_id, reason=f"{type(e).__name__}: {e}")
@@ -706,24 +709,6 @@ class _AttachedScheduler:
 def _rollback_record(record: dict) -> dict:
     """A rollback record as sent, with lists again (msgpack gives tuples)."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in record.items()}
-
-
-def _gather_outside_the_pool(client, futures):
-    """``client.gather(futures)``; called from inside a Dask task (a fit run
-    by joblib's dask backend or a dask-ml search), the waiting thread first
-    secedes from the worker's pool, whose threads the participants need,
-    and rejoins it afterwards (as ``distributed.worker_client`` does)."""
-    from distributed import get_worker, rejoin, secede
-
-    try:
-        get_worker()
-    except ValueError:
-        return client.gather(futures)
-    secede()
-    try:
-        return client.gather(futures)
-    finally:
-        rejoin()
 
 
 # --- the parameter server an estimator uses with client=None ---------------------------

@@ -192,3 +192,48 @@ def test_freeze_before_exit_only_in_a_closing_nanny_worker():
     # this test process has no multiprocessing parent: not a nanny's worker either
     assert not freeze_before_exit(SimpleNamespace(status=Status.closing, nanny="tcp://127.0.0.1:1"))
     assert gc.get_freeze_count() == before
+
+
+def test_ctrl_c_during_a_run_prints_nothing():
+    """Ctrl-C while the caller waits for a run's participants: the caller
+    gets its KeyboardInterrupt and nothing else is printed. Before, each
+    participant ended with RunAbortedError, logged by Dask ("Compute
+    Failed"), and the interrupted gather left one "Task exception was never
+    retrieved ... AllExit" traceback per participant (issue 35)."""
+    out = _run("""
+        import gc, os, signal, threading, time
+        import numpy as np
+        from distributed import Client, LocalCluster
+        import dask_ps
+
+        def forever(ctx, _):
+            while True:
+                ctx.push("t", np.ones(4))
+                ctx.clock()
+
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None,
+                          scheduler_kwargs={"dashboard": False, "dashboard_address": ":0"}) as cluster, \\
+                Client(cluster) as client:
+            ps = dask_ps.ParameterServer(client)
+            ps.create_table("t", shape=(4,))
+
+            def interrupt_once_running():
+                while ps.pull("t").sum() < 8:  # both participants have pushed
+                    time.sleep(0.01)
+                os.kill(os.getpid(), signal.SIGINT)
+
+            threading.Thread(target=interrupt_once_running, daemon=True).start()
+            try:
+                ps.run(forever, [0, 1])
+            except KeyboardInterrupt:
+                print("interrupted")
+            deadline = time.monotonic() + 60
+            while any(client.processing().values()) and time.monotonic() < deadline:
+                time.sleep(0.05)  # the participants end at their next clock
+            assert not any(client.processing().values())
+            gc.collect()
+            ps.close()
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "interrupted"
+    assert out.stderr == ""
