@@ -768,6 +768,12 @@ class _EmbeddedNanny(Nanny):
 
     EXIT_WAIT_SECONDS = 30
 
+    def __init__(self, *args, **kwargs):
+        # Its worker processes ignore Ctrl-C (the user's program gets it): _embedded_worker.
+        preload = kwargs.get("preload") or dask.config.get("distributed.worker.preload") or []
+        kwargs["preload"] = [*([preload] if isinstance(preload, str) else preload), "dask_ps._embedded_worker"]
+        super().__init__(*args, **kwargs)
+
     async def close(self, timeout: float = 5, reason: str = "nanny-close"):  # type: ignore[override]
         return await super().close(timeout=max(timeout, self.EXIT_WAIT_SECONDS), reason=reason)
 

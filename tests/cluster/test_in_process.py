@@ -279,6 +279,7 @@ def test_in_process_workers_count_the_process_against_their_summed_memory_limit(
     import psutil
 
     from distributed.core import Status
+    from distributed.system import MEMORY_LIMIT
 
     from dask_ps._host_memory import pool_in_process_memory_limits
     from dask_ps.linear_model import SGDClassifier
@@ -291,9 +292,12 @@ def test_in_process_workers_count_the_process_against_their_summed_memory_limit(
                       dashboard_address=None) as cluster, Client(cluster, set_as_default=False) as client:
         est = SGDClassifier(max_iter=2, tol=None, random_state=0, client=client).fit(X, y)
         assert est.score(X, y) > 0.9
-        limits = [w.memory_manager.memory_limit for w in cluster.workers.values()]
-        assert limits == [4 * each] * 4
-        assert pool_in_process_memory_limits(next(iter(cluster.workers.values()))) == 4 * each  # unchanged
+        # the sum of the four (plus other in-process workers of this test
+        # process: the shared threads cluster's), at most the machine's memory
+        limits = {w.memory_manager.memory_limit for w in cluster.workers.values()}
+        assert len(limits) == 1 and min(4 * each, MEMORY_LIMIT) <= limits.pop() <= MEMORY_LIMIT
+        w0 = next(iter(cluster.workers.values()))
+        assert pool_in_process_memory_limits(w0) == w0.memory_manager.memory_limit  # pooled once
         assert all(w.status == Status.running for w in cluster.workers.values())
 
 

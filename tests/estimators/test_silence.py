@@ -41,11 +41,14 @@ def port_8787_taken():
     s.close()
 
 
-def _run(*parts: str, timeout=240) -> subprocess.CompletedProcess:
+def _run(*parts: str, timeout=240, own_session=False) -> subprocess.CompletedProcess:
+    """The script in a fresh process (``own_session``: in a process group
+    of its own, which a script's Ctrl-C to its group reaches alone)."""
     script = "".join(textwrap.dedent(p) for p in parts)
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", script],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO,
+                          start_new_session=own_session)
 
 
 # A fit that starts the embedded cluster: a small one with no cluster chosen
@@ -236,4 +239,45 @@ def test_ctrl_c_during_a_run_prints_nothing():
     """)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "interrupted"
+    assert out.stderr == ""
+
+
+def test_ctrl_c_in_a_terminal_leaves_the_embedded_worker_processes_running():
+    """Ctrl-C in a terminal reaches the whole process group: the embedded
+    cluster's worker processes too. They ignore it (the program gets its
+    KeyboardInterrupt), so the next run has its workers and nothing is
+    printed. Before, each died with a KeyboardInterrupt traceback, the
+    interrupted gather printed "Task exception was never retrieved ...
+    AllExit" per participant, and the next fit waited 30 s for workers and
+    raised NoWorkersError (issue 35)."""
+    out = _run("""
+        import gc, os, signal, threading, time
+        import dask
+        import numpy as np
+        dask.config.set({"ps.embedded-cluster.processes": True, "ps.embedded-cluster.n-workers": 2})
+        from dask_ps._client import get_parameter_server
+
+        def forever(ctx, _):
+            while True:
+                ctx.push("t", np.ones(4))
+                ctx.clock()
+
+        ps = get_parameter_server()
+        ps.create_table("t", shape=(4,))
+
+        def ctrl_c_once_running():
+            while ps.pull("t").sum() < 8:  # both participants have pushed
+                time.sleep(0.01)
+            os.killpg(os.getpgid(0), signal.SIGINT)  # what a terminal's Ctrl-C does
+
+        threading.Thread(target=ctrl_c_once_running, daemon=True).start()
+        try:
+            ps.run(forever, [0, 1])
+        except KeyboardInterrupt:
+            print("interrupted")
+        print(ps.run(lambda ctx, _: ctx.rank, [0, 1]))  # the same workers
+        gc.collect()
+    """, own_session=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["interrupted", "[0, 1]"]
     assert out.stderr == ""
