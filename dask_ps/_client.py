@@ -764,7 +764,8 @@ class _EmbeddedNanny(Nanny):
     numba's compiled kernels took 1-1.5 s on an idle 2-core machine, and
     more than 4 s on a busy one, so a script with ``processes: true`` printed
     that warning twice at exit after a fit (issue 24). The process is not
-    stuck, only finalizing: waiting is the quiet way to the same end."""
+    stuck, only finalizing: waiting is the quiet way to the same end. Its
+    worker processes ignore Ctrl-C (``_embedded_worker``)."""
 
     EXIT_WAIT_SECONDS = 30
 
