@@ -28,6 +28,7 @@ from dask_ps._exceptions import (
 from dask_ps._routing import coalesce_rows
 from dask_ps._scheduler_plugin import PSSchedulerPlugin
 from dask_ps._transport import Router, Transport, blocking_call
+from dask_ps._waiting import gather_outside_the_pool, keep_until_done
 
 logger = logging.getLogger(__name__)
 
@@ -508,8 +509,10 @@ class ParameterServer:
                 )
             futures.append(fut)
         try:
-            results = _gather_outside_the_pool(self.client, futures)
+            results = gather_outside_the_pool(self.client, futures)
         except BaseException as e:
+            if not isinstance(e, Exception):  # Ctrl-C: the participants end at their next clock
+                keep_until_done(futures)
             self._check_scheduler(e)  # the participants' futures were cancelled: say why
             try:
                 self._sync(self._scheduler.ps_run_abort, run_id=run_id, reason=f"{type(e).__name__}: {e}")
@@ -709,24 +712,6 @@ def _rollback_record(record: dict) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in record.items()}
 
 
-def _gather_outside_the_pool(client, futures):
-    """``client.gather(futures)``; called from inside a Dask task (a fit run
-    by joblib's dask backend or a dask-ml search), the waiting thread first
-    secedes from the worker's pool, whose threads the participants need,
-    and rejoins it afterwards (as ``distributed.worker_client`` does)."""
-    from distributed import get_worker, rejoin, secede
-
-    try:
-        get_worker()
-    except ValueError:
-        return client.gather(futures)
-    secede()
-    try:
-        return client.gather(futures)
-    finally:
-        rejoin()
-
-
 # --- the parameter server an estimator uses with client=None ---------------------------
 def embedded_cluster_kwargs(overrides: dict | None = None) -> dict:
     """``LocalCluster`` arguments of the embedded cluster (``ps.embedded-cluster``).
@@ -780,9 +765,16 @@ class _EmbeddedNanny(Nanny):
     numba's compiled kernels took 1-1.5 s on an idle 2-core machine, and
     more than 4 s on a busy one, so a script with ``processes: true`` printed
     that warning twice at exit after a fit (issue 24). The process is not
-    stuck, only finalizing: waiting is the quiet way to the same end."""
+    stuck, only finalizing: waiting is the quiet way to the same end. Its
+    worker processes ignore Ctrl-C (``_embedded_worker``)."""
 
     EXIT_WAIT_SECONDS = 30
+
+    def __init__(self, *args, **kwargs):
+        # Its worker processes ignore Ctrl-C (the user's program gets it): _embedded_worker.
+        preload = kwargs.get("preload") or dask.config.get("distributed.worker.preload") or []
+        kwargs["preload"] = [*([preload] if isinstance(preload, str) else preload), "dask_ps._embedded_worker"]
+        super().__init__(*args, **kwargs)
 
     async def close(self, timeout: float = 5, reason: str = "nanny-close"):  # type: ignore[override]
         return await super().close(timeout=max(timeout, self.EXIT_WAIT_SECONDS), reason=reason)

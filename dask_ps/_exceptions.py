@@ -157,6 +157,12 @@ class RunAbortedError(PSError):
     """The run this participant belongs to was aborted."""
 
 
+class RunEndedError(RunAbortedError):
+    """The run has ended, or its caller aborted it: nobody waits for this
+    participant's result (Ctrl-C, or another participant's error already
+    raised to the caller), so it ends quietly (``_session.participant``)."""
+
+
 class SchedulerLostError(PSError):
     """The client lost its Dask scheduler (killed, closed, or replaced by a
     new one). The scheduler held every table's metadata and clocks, and Dask

@@ -514,8 +514,12 @@ class PauseGuard:
         limit = _config.get_seconds("timeouts.hung") / 2
         if limit and gap > limit and self._confirming is None:
             self._gap = gap
-            logger.warning("dask_ps: this worker did not run for %.1f s; its copies serve nothing until the "
-                           "scheduler says whether it was fenced out", gap)
+            # Debug, not a warning: a healthy worker on a busy machine (load
+            # 17-35, or a long GIL-holding import) goes this long unscheduled
+            # during ordinary fits, and the scheduler then says it was not
+            # fenced out. The warning is for a worker that was (_confirm).
+            logger.debug("dask_ps: this worker did not run for %.1f s; its copies serve nothing until the "
+                         "scheduler says whether it was fenced out", gap)
             self._confirming = asyncio.ensure_future(self._confirm())
 
     async def _confirm(self) -> None:
@@ -523,7 +527,10 @@ class PauseGuard:
             try:
                 if not await self._fenced_out():
                     self._confirming = None
-                # else: ps_evicted will come (the scheduler resends it) and clear()
+                    logger.debug("dask_ps: not fenced out after %.1f s without running; serving again", self._gap)
+                else:  # ps_evicted will come (the scheduler resends it) and clear()
+                    logger.warning("dask_ps: this worker did not run for %.1f s and was fenced out as hung; its "
+                                   "copies serve nothing until it has dropped them and joined again", self._gap)
                 return
             except asyncio.CancelledError:
                 raise

@@ -30,6 +30,7 @@ from dask_ps._exceptions import (
     PSError,
     PSValueError,
     RunAbortedError,
+    RunEndedError,
     SchedulerLostError,
     TableExistsError,
     UnknownTableError,
@@ -123,6 +124,7 @@ class RunState:
     where: dict[int, str] = field(default_factory=dict)
     attempts: dict[int, int] = field(default_factory=dict)
     aborted: str | None = None
+    by_caller: bool = False  # aborted by ParameterServer.run (run_abort): its caller no longer waits
     metrics: dict[int, dict] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     notify: bool = False  # tell servers when min_clock grows (ESSP, aggregate="clock")
@@ -729,9 +731,9 @@ class PSSchedulerPlugin(SchedulerPlugin):
     def _run(self, run_id) -> RunState:
         run = self.runs.get(run_id)
         if run is None:
-            raise RunAbortedError(f"run {run_id} has ended or was aborted")
+            raise RunEndedError(f"run {run_id} has ended or was aborted")
         if run.aborted:
-            raise RunAbortedError(f"run {run_id} was aborted: {run.aborted}")
+            raise (RunEndedError if run.by_caller else RunAbortedError)(f"run {run_id} was aborted: {run.aborted}")
         return run
 
     @staticmethod
@@ -842,7 +844,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         run = self.runs.get(run_id)
         if run is None:
             return
-        run.aborted = reason or "aborted"
+        run.aborted, run.by_caller = reason or "aborted", True
         async with run.cond:
             run.cond.notify_all()
 

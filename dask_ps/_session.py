@@ -48,6 +48,7 @@ from distributed import get_worker, secede
 
 from dask_ps import _backend, _config, _process_cache, _routing
 from dask_ps._cache import CacheEntry, ReadCache
+from dask_ps._exceptions import RunEndedError
 from dask_ps._flights import InFlight, PullHandle, PushHandle, _result_of
 from dask_ps._handlers import InternalRPC
 from dask_ps._oplog import PushBuffer
@@ -725,5 +726,11 @@ def participant(run_id, rank, n, fn, part, kwargs):
         result = fn(ctx, part, **kwargs)
         ok = True
         return result
+    except RunEndedError:
+        # Nobody waits for this result (Ctrl-C, or another participant's
+        # error already raised to the caller): an error here was logged by
+        # Dask ("Compute Failed"), and a Ctrl-C'd gather left it unretrieved
+        # ("Task exception was never retrieved ... AllExit", issue 35).
+        return None
     finally:
         ctx._leave(ok)

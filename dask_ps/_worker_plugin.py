@@ -32,7 +32,7 @@ from dask_ps._exceptions import (
     UnknownTableError,
 )
 from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, handler, reply_errors
-from dask_ps._host_memory import raise_mmap_threshold
+from dask_ps._host_memory import freeze_before_exit, pool_in_process_memory_limits, raise_mmap_threshold
 from dask_ps._liveness import Beacon, Liveness, PauseGuard, WorkerGone
 from dask_ps._shard import ShardStore, _wire_clock
 from dask_ps._spec import TableSpec
@@ -104,6 +104,7 @@ class PSWorkerPlugin(WorkerPlugin):
         _IN_PROCESS[worker.address] = self
         _backend.setup_device_memory(_config.get("rmm-pool-size"))  # GPU workers: an rmm pool, if asked
         raise_mmap_threshold(_config.get("worker-mmap-threshold"))  # a nanny's worker: large blocks reused
+        pool_in_process_memory_limits(worker)  # in-process workers: one process, one (summed) limit
         # Every ps_* handler, behind the check of its access level.
         WORKER_HANDLERS.install(self, worker.handlers, lambda: self.internal_token)
         worker.extensions[PLUGIN_NAME] = self
@@ -138,6 +139,7 @@ class PSWorkerPlugin(WorkerPlugin):
         self.store.tables.clear()
         if _IN_PROCESS.get(worker.address) is self:
             del _IN_PROCESS[worker.address]
+        freeze_before_exit(worker)  # a closing nanny's worker: a short exit, not a kill
 
     @property
     def scheduler(self) -> InternalRPC:

@@ -82,3 +82,19 @@ nitpick_ignore = [
     ("py:class", "dask_ps._estimators._params.PSEstimatorMixin"),
     ("py:mod", "dask_ps.linear_model._stochastic_gradient"),
 ]
+
+
+def _skip_metadata_request_setters(app, what, name, obj, skip, options):
+    """scikit-learn generates ``set_<method>_request`` for methods with
+    arguments beyond X and y (LDA's ``transform(normalize=)``). Their
+    docstrings cite scikit-learn's glossary and user guide
+    (:term:`meta-estimator`, :ref:`metadata_routing`), which this build
+    cannot resolve (two warnings); they are scikit-learn's API, documented
+    there."""
+    if name.startswith("set_") and name.endswith("_request"):
+        return True
+    return skip
+
+
+def setup(app):
+    app.connect("autodoc-skip-member", _skip_metadata_request_setters)

@@ -31,7 +31,7 @@ import warnings
 
 import numpy as np
 
-from dask_ps import PSError, RolledBackError, UnknownTableError, checkpoint_metadata  # noqa: F401 (re-exported)
+from dask_ps import PSError, RolledBackError, SchedulerLostError, UnknownTableError, checkpoint_metadata  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
 
@@ -207,6 +207,11 @@ class TemporaryTables:
                 self.ps.drop_table(name)
             except UnknownTableError:
                 pass  # recorded before it was created, and never was
+            except SchedulerLostError:
+                # The tables went with the scheduler, and the fit raises this
+                # same error: a traceback per table was noise (Ctrl-C on a CLI
+                # cluster during a fit printed two).
+                logger.debug("table %r went with the scheduler", name)
             except Exception:  # pragma: no cover - cluster going away
                 logger.warning("could not drop table %r", name, exc_info=True)
 

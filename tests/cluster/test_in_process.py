@@ -267,3 +267,46 @@ def test_replies_from_another_process_are_the_readers_own(processes):
         assert ("another process" in {w for w, _, _ in results}) == processes
         assert ps.pull("recv-t").tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
         ps.drop_table("recv-t")
+
+
+def test_in_process_workers_count_the_process_against_their_summed_memory_limit():
+    """Dask compares the whole process's memory with each in-process
+    worker's own limit: four workers given a limit each of what the process
+    already uses were all paused, and a fit failed with Dask's "No valid
+    workers found" after 30 s (issue 35, with ``n_workers=16`` and
+    ``"auto"`` limits). Once dask_ps is on them, the limits are their sum:
+    they resume and the fit runs."""
+    import psutil
+
+    from distributed.core import Status
+    from distributed.system import MEMORY_LIMIT
+
+    from dask_ps._host_memory import pool_in_process_memory_limits
+    from dask_ps.linear_model import SGDClassifier
+
+    rng = np.random.RandomState(0)
+    X = rng.randn(2000, 5)
+    y = (X[:, 0] > 0).astype(int)
+    each = psutil.Process().memory_info().rss  # above Dask's pause fraction (0.8) of one limit, far below 4
+    with LocalCluster(n_workers=4, threads_per_worker=1, processes=False, memory_limit=each,
+                      dashboard_address=None) as cluster, Client(cluster, set_as_default=False) as client:
+        est = SGDClassifier(max_iter=2, tol=None, random_state=0, client=client).fit(X, y)
+        assert est.score(X, y) > 0.9
+        # the sum of the four (plus other in-process workers of this test
+        # process: the shared threads cluster's), at most the machine's memory
+        limits = {w.memory_manager.memory_limit for w in cluster.workers.values()}
+        assert len(limits) == 1 and min(4 * each, MEMORY_LIMIT) <= limits.pop() <= MEMORY_LIMIT
+        w0 = next(iter(cluster.workers.values()))
+        assert pool_in_process_memory_limits(w0) == w0.memory_manager.memory_limit  # pooled once
+        assert all(w.status == Status.running for w in cluster.workers.values())
+
+
+def test_a_nanny_worker_or_one_without_a_limit_keeps_its_limit():
+    from types import SimpleNamespace
+
+    from dask_ps._host_memory import pool_in_process_memory_limits
+
+    assert pool_in_process_memory_limits(SimpleNamespace(nanny="tcp://127.0.0.1:1",
+                                                         memory_manager=SimpleNamespace(memory_limit=100))) is None
+    assert pool_in_process_memory_limits(SimpleNamespace(nanny=None,
+                                                         memory_manager=SimpleNamespace(memory_limit=None))) is None

@@ -182,7 +182,9 @@ def test_lost_block_restored_from_checkpoint_or_reported(tmp_path):
         victim = ps.placement("ck")[0].worker
         lost_rows = [p for p in ps.placement("ck") if p.worker == victim]
         os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60  # the scheduler has removed it (not a fixed 0.5 s: load)
+        while victim in client.scheduler_info(n_workers=-1)["workers"] and time.monotonic() < deadline:
+            time.sleep(0.05)
         ps.wait_for_placement()
         # The client's push since the checkpoint is gone from the restored
         # blocks: its next call on the table says so, once (issue 22).

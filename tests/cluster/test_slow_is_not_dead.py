@@ -103,11 +103,20 @@ def test_busy_workers_are_not_fenced_out():
         check_exact(ps, "w", counts)
 
 
+@pytest.mark.slow
 def test_a_stopped_worker_is_still_fenced_out():
     """SIGSTOP of a shard host for 12 s: fenced out while it is stopped (the
     limit is 6 s of silence of its beacon thread; how soon, is measured by
     benchmarks/bench_chaos.py), the pushes go on, and after SIGCONT it drops
-    its old copies, joins again and every copy is exact."""
+    its old copies, joins again and every copy is exact.
+
+    ``-m slow`` (31 s alone at load 29, and it failed once in a run of this
+    file there): the default run keeps the property with
+    test_failover.py::test_a_hung_shard_host_is_fenced_out_and_the_run_goes_on
+    (SIGSTOP mid-run: fenced out, the run finishes, after SIGCONT the host
+    drops its copies and joins again, every copy exact) and
+    tests/core/test_liveness_detector.py (a stopped beacon is fenced after
+    the limit, a busy loop with a beating beacon is not)."""
     with cluster(3) as c, Client(c) as client:
         ps = dask_ps.ParameterServer(client)
         ps.create_table("w", shape=(N_ROWS,), block_rows=BLOCK_ROWS, replication=2)

@@ -104,3 +104,64 @@ def test_the_beacon_keeps_beating_while_another_thread_holds_the_event_loop():
     beacon.stop()
     th.join(2)
     assert len(sent) > 10 and gap < 0.5, (len(sent), gap)
+
+
+class _GapBeacon:
+    """A beacon whose thread went ``gap`` seconds without running, once."""
+
+    running = True
+
+    def __init__(self, gap):
+        self._gaps = [gap]
+
+    def take_gap(self):
+        return self._gaps.pop() if self._gaps else 0.0
+
+
+def _pause_guard_after_a_gap(fenced, caplog):
+    """A PauseGuard whose beacon missed 5.4 s (more than half the 6 s hung
+    limit) and whose scheduler answers ``fenced``; returns (refused at first,
+    refused after the answer, the WARNING records)."""
+    import asyncio
+    import logging
+
+    from dask_ps._exceptions import StaleVersionError
+    from dask_ps._liveness import PauseGuard
+
+    async def fenced_out():
+        return fenced
+
+    async def main():
+        guard = PauseGuard(fenced_out, _GapBeacon(5.4))
+        guard.start(period=3600)  # observed by check() only
+        refused = []
+        for _ in range(2):
+            try:
+                guard.check()
+                refused.append(False)
+            except StaleVersionError:
+                refused.append(True)
+            await asyncio.sleep(0.05)  # the scheduler's answer
+        guard.stop()
+        return refused
+
+    with caplog.at_level(logging.DEBUG, logger="dask_ps"):
+        refused = asyncio.run(main())
+    return refused, [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_healthy_worker_that_did_not_run_for_a_while_says_nothing(caplog):
+    """A worker unscheduled for 5.4 s on a busy machine but not fenced out
+    (the scheduler heard it): it refuses while it asks, then serves again,
+    with no warning (issue 35: one appeared during ordinary fits)."""
+    refused, warnings_ = _pause_guard_after_a_gap(False, caplog)
+    assert refused == [True, False]
+    assert warnings_ == []
+    assert "did not run for 5.4 s" in caplog.text  # at debug level
+
+
+def test_a_fenced_out_worker_warns_and_keeps_refusing(caplog):
+    refused, warnings_ = _pause_guard_after_a_gap(True, caplog)
+    assert refused == [True, True]
+    [w] = warnings_
+    assert "did not run for 5.4 s and was fenced out" in w.getMessage()

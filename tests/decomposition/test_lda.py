@@ -429,14 +429,26 @@ def test_staleness_reaches_bsp_loglik(lda_client, corpus, model):
 
 
 def test_dask_array_input_stays_on_workers(lda_client, corpus):
+    """A dask array's row chunks are the partitions, prepared where Dask
+    holds them: under BSP the fit equals the in-memory fit split the same
+    way (reproducible whatever the placement and timing). The fit's quality
+    is the ``fitted`` fixture's (judged there on the in-memory input);
+    comparing the two fits asserts what holds for every seed, where a
+    cosine threshold on one fit under staleness failed by chance (one run in
+    about ten: cosine 0.77, a merged-topics mode)."""
     da = pytest.importorskip("dask.array")
     X, topics = corpus
     dX = da.from_array(X, chunks=(100, X.shape[1]), asarray=False)  # scipy.sparse chunks
-    m = LatentDirichletAllocation(5, doc_topic_prior=0.3, topic_word_prior=0.05, max_iter=40,
-                                  consistency=dask_ps.SSP(1), client=lda_client, random_state=0).fit(dX)
+    kw = dict(doc_topic_prior=0.3, topic_word_prior=0.05, max_iter=20, consistency=dask_ps.BSP(),
+              client=lda_client, random_state=0)
+    m = LatentDirichletAllocation(5, **kw).fit(dX)
     assert len(m.metrics_) == 4  # one participant per row chunk
     assert m.n_features_in_ == X.shape[1]
-    assert matched_cosine(m.components_, topics) >= 0.9
+    # the in-memory input cut into the same 4 row ranges (equal token counts)
+    ref = LatentDirichletAllocation(5, n_partitions=4, **kw).fit(X)
+    np.testing.assert_array_equal(m.components_, ref.components_)
+    # (iteration, seconds, log-likelihood): all but the seconds
+    assert [(h[0], h[2]) for h in m.loglik_history_] == [(h[0], h[2]) for h in ref.loglik_history_]
     dense = da.from_array(X.toarray(), chunks=(150, 100))  # numpy chunks, split columns
     theta = m.transform(dense)
     assert isinstance(theta, da.Array)
