@@ -126,7 +126,7 @@ def _gradient(loss_id, thr, y, p):
 @njit(nogil=True, error_model="numpy")
 def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercept,
               loss_id, thr, penalty, alpha, l1_ratio, learning_rate, eta, eta0, power_t, optimal_init,
-              fit_intercept, intercept_decay, cw_pos, cw_neg, average, t, step, wscale_min, q, u, eta_scale,
+              fit_intercept, intercept_decay, cw_pos, cw_neg, average, t, step, wscale_min, q, u, max_scale,
               state, keep, touched):
     """Train ``w`` (and ``aw`` if ``average > 0``) in place on the samples
     ``rows``, in that order; returns ``(intercept, aintercept, sumloss,
@@ -134,9 +134,14 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
 
     ``q``, ``u``: Tsuruoka's cumulative L1 penalty state (per weight, and
     the total so far), carried by the caller across calls over one round's
-    chunks (``q`` may be a dummy without an L1 penalty). ``eta_scale``
-    multiplies every learning rate but the passive-aggressive steps
-    (``_Hyper.eta_scale``). ``keep``: the weight vector's scale and
+    chunks (``q`` may be a dummy without an L1 penalty). ``max_scale``
+    (``P`` with ``P`` participants, 1 alone): sample ``i``'s learning rate
+    is ``f_i`` times scikit-learn's, ``f_i = min(P, max(1, 1 / s_i))``,
+    ``s_i = eta * cw * sw * |x_i|^2`` its own step on its margin
+    (``_kernels.sample_scale``; the passive-aggressive steps are not
+    scaled); ``step``: the global samples each sample stands for (the
+    schedule's ``t`` advances by it: ``n / n_p``).
+    ``keep``: the weight vector's scale and
     averaging state (``wscale``, ``average_a``, ``average_b``) start from
     ``state`` and are left there, ``w``/``aw`` unscaled, as scikit-learn's
     ``WeightVector`` over a whole fit (a lone participant's rounds);
@@ -170,6 +175,7 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
         sq_norm = state[3]
         l1_norm = state[4]
     use_l1 = penalty == L1 or penalty == ELASTICNET
+    scaled = max_scale > 1.0 and learning_rate != PA1 and learning_rate != PA2
     # scikit-learn adds the penalty to the objective except for the passive-aggressive rules
     penalized = keep and penalty > 0 and learning_rate != PA1 and learning_rate != PA2
     sumloss = 0.0
@@ -180,18 +186,35 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
         r = rows[i]
         # p = w . x + intercept
         acc = 0.0
+        sqx = 0.0  # |x|^2, for the sample's own step (max_scale > 1 only)
         if dense:
-            for j in range(n_w):
-                acc += w[j] * X[r, j]
+            if scaled:
+                for j in range(n_w):
+                    z = float(X[r, j])
+                    acc += w[j] * z
+                    sqx += z * z
+            else:
+                for j in range(n_w):
+                    acc += w[j] * X[r, j]
         else:
-            for jj in range(ptr[r], ptr[r + 1]):
-                acc += w[ind[jj]] * data[jj]
+            if scaled:
+                for jj in range(ptr[r], ptr[r + 1]):
+                    z = float(data[jj])
+                    acc += w[ind[jj]] * z
+                    sqx += z * z
+            else:
+                for jj in range(ptr[r], ptr[r + 1]):
+                    acc += w[ind[jj]] * data[jj]
         p = acc * wscale + intercept
         if learning_rate == OPTIMAL:
-            eta = eta_scale / (alpha * (optimal_init + t - 1.0))
+            eta = 1.0 / (alpha * (optimal_init + t - 1.0))
         elif learning_rate == INVSCALING:
-            eta = eta_scale * eta0 / t**power_t
+            eta = eta0 / t**power_t
         yi = y[r]
+        cw = cw_pos if yi > 0.0 else cw_neg
+        eta_i = eta
+        if scaled:
+            eta_i = eta * _sample_scale(eta * cw * sw[r] * sqx, max_scale)
         loss_value = _loss(loss_id, thr, yi, p)
         sumloss += loss_value
         if keep:
@@ -199,7 +222,6 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
             if penalized:
                 norm = math.sqrt(sq_norm)
                 objective += alpha * ((1.0 - l1_ratio) * 0.5 * (norm * norm) + l1_ratio * l1_norm)
-        cw = cw_pos if yi > 0.0 else cw_neg
         if learning_rate == PA1 or learning_rate == PA2:
             sq = 0.0  # the sample's squared norm
             if dense:
@@ -226,11 +248,11 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
                 dloss = -MAX_DLOSS
             elif dloss > MAX_DLOSS:
                 dloss = MAX_DLOSS
-            update = -eta * dloss
+            update = -eta_i * dloss
         update *= cw * sw[r]
-        eta_sum += eta
+        eta_sum += eta_i
         if penalty >= L2:
-            c = max(0.0, 1.0 - ((1.0 - l1_ratio) * eta * alpha))
+            c = max(0.0, 1.0 - ((1.0 - l1_ratio) * eta_i * alpha))
             decay_prod *= c
             wscale *= c
             sq_norm *= c * c
@@ -282,7 +304,7 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
             avg_a += mu * avg_b * wscale
             aintercept += (intercept - aintercept) / num_iter
         if use_l1:
-            u += l1_ratio * eta * alpha
+            u += l1_ratio * eta_i * alpha
             if dense:
                 for j in range(n_w):
                     _l1(w, q, j, wscale, u)
@@ -305,6 +327,17 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
         j = touched[jt] if n_t > 0 else jt
         w[j] *= wscale
     return intercept, aintercept, sumloss, decay_prod, eta_sum, u, objective
+
+
+@njit(inline="always", error_model="numpy")
+def _sample_scale(own_step, max_scale):
+    """``_kernels.sample_scale``, compiled: the factor of a sample's
+    learning rate whose own step on its margin is ``own_step``."""
+    if own_step * max_scale <= 1.0:
+        return max_scale
+    if own_step >= 1.0:
+        return 1.0
+    return 1.0 / own_step
 
 
 @njit(inline="always", error_model="numpy")
