@@ -217,10 +217,11 @@ def _batch_loss(hp: _Hyper, W, X, Y, xp):
 
 
 def _minibatch_kernel(hp: _Hyper, W, A, X, Y, sw, cw_pos, cw_neg, ts, eta_k, active, intercept_decay,
-                      etas=None):
+                      etas=None, step=1.0):
     """Array-API minibatch step (numpy or cupy): the sum of scikit-learn's
     per-sample updates evaluated at ``W``, at the rates ``etas``
-    (``sample_etas``; default: scikit-learn's)."""
+    (``sample_etas``; default: scikit-learn's); each sample stands for
+    ``step`` global samples (the average's weights)."""
     xp = arrays.namespace(W)
     d = W.shape[0] - 1
     act = xp.asarray(active)
@@ -255,10 +256,11 @@ def _minibatch_kernel(hp: _Hyper, W, A, X, Y, sw, cw_pos, cw_neg, ts, eta_k, act
     new[d] = W[d] + (xp.sum(upd, axis=0) * intercept_decay if hp.fit_intercept else 0.0)
     new_a = None
     if A is not None:
-        # Averaging from sample t >= average: avg += (w - avg) / (t - average + 1)
-        # per sample, with w taken at the end of the minibatch.
-        steps = ts - hp.average + 1.0
-        keep = xp.prod(xp.where(steps >= 1.0, 1.0 - 1.0 / xp.maximum(steps, 1.0), 1.0))
+        # Averaging from sample t >= average: avg += (w - avg) * step / num_iter
+        # per sample (num_iter = t - average + step: the sample stands for
+        # ``step`` of all participants'), with w taken at the end of the minibatch.
+        num = ts - hp.average + step
+        keep = xp.prod(xp.where(num >= 1.0, 1.0 - step / xp.maximum(num, step), 1.0))
         frac = (1.0 - keep) * act
         new_a = A + (new - A) * frac[None, :]
     return new, new_a

@@ -777,7 +777,7 @@ class _MinibatchRounds:
         loss_sum += _batch_loss(hp, Wk, Xb, Yb, xp)
         etas = sample_etas(hp, ts, stop.eta, Xb, Yb, swb, self.cw_pos, self.cw_neg, xp)
         new, new_a = _minibatch_kernel(hp, Wk, Ak, Xb, Yb, swb, self.cw_pos, self.cw_neg, ts, stop.eta,
-                                       active, self.intercept_decay, etas=etas)
+                                       active, self.intercept_decay, etas=etas, step=step)
         if self.sparse and iq is not None:
             new = _lazy_regularization(hp, new, iq[arrays.to_numpy(ub)], etas, active, xp)
         check_finite(new, epoch)

@@ -140,7 +140,7 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
     ``s_i = eta * cw * sw * |x_i|^2`` its own step on its margin
     (``_kernels.sample_scale``; the passive-aggressive steps are not
     scaled); ``step``: the global samples each sample stands for (the
-    schedule's ``t`` advances by it: ``n / n_p``).
+    schedule's ``t`` and the average's weight advance by it: ``n / n_p``).
     ``keep``: the weight vector's scale and
     averaging state (``wscale``, ``average_a``, ``average_b``) start from
     ``state`` and are left there, ``w``/``aw`` unscaled, as scikit-learn's
@@ -289,9 +289,20 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
                 l1_norm = acc1 * wscale
         if fit_intercept and update != 0.0:
             intercept += update * intercept_decay
-        if 0 < average <= t:
-            num_iter = t - average + 1.0
-            mu = 1.0 / num_iter
+        if 0 < average <= t + step - 1.0:
+            # The average over the pass's iterates of all participants: this
+            # sample's iterate stands for the ``step`` samples (of every
+            # participant) around it. Alone (step 1): scikit-learn's 1 / num_iter.
+            num_iter = t - average + step
+            mu = step / num_iter if num_iter > step else 1.0
+            if mu == 1.0 and not keep:
+                # The average starts here: whatever a participant read (another's
+                # start) is replaced by this iterate, as a lone fit's zeros are.
+                for jt in range(n_scaled):
+                    aw[touched[jt] if n_t > 0 else jt] = 0.0
+                avg_a = 0.0
+                avg_b = 1.0
+                aintercept = 0.0
             ca = -update / wscale  # scikit-learn's order: (average_a * x) * (-c / wscale)
             if dense:
                 for j in range(n_w):
@@ -299,10 +310,13 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
             else:
                 for jj in range(ptr[r], ptr[r + 1]):
                     aw[ind[jj]] += avg_a * data[jj] * ca
-            if num_iter > 1.0:
+            if num_iter > step:
                 avg_b /= 1.0 - mu
             avg_a += mu * avg_b * wscale
-            aintercept += (intercept - aintercept) / num_iter
+            if num_iter > step:
+                aintercept += (intercept - aintercept) * step / num_iter
+            else:
+                aintercept += intercept - aintercept
         if use_l1:
             u += l1_ratio * eta_i * alpha
             if dense:
