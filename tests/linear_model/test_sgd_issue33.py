@@ -64,13 +64,13 @@ def _assert_as_good(name, client, seeds=(0, 1)):
         f"{name}: dask_ps {np.round(got, 4).tolist()} against scikit-learn's {np.round(ref, 4).tolist()}")
 
 
-@pytest.mark.parametrize("name", ["average_huber", "heavy"])
+@pytest.mark.parametrize("name", ["average_huber", "heavy", "sorted", "sorted_default"])
 def test_issue33_cases_on_two_participants(two, name):
     _assert_as_good(name, two)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["average_eps", "average_huber", "heavy"])
+@pytest.mark.parametrize("name", ["average_eps", "average_huber", "heavy", "sorted"])
 def test_issue33_cases_on_four_participants(four, name):
     _assert_as_good(name, four)
 
