@@ -107,7 +107,7 @@ def test_quality_step_limited_fits_under_the_default(workers, case):
 
 # Tiny parts: a participant's round is a few dozen samples, where a model
 # trained on 1/P of them and averaged makes 1/P of the progress unless its
-# steps are P times larger (round_eta_scale). Under BSP: under SSP(2) rounds
+# steps are P times larger (_kernels.sample_scale). Under BSP: under SSP(2) rounds
 # that short read the others' last round late and progress less
 # (docs/architecture.rst, "what a read may miss").
 TINY = [
