@@ -23,7 +23,6 @@ from scipy.linalg.blas import get_blas_funcs
 from dask_ps._estimators import arrays, setting, setting_bytes
 from dask_ps.linear_model._kernels import (
     ADAPTIVE,
-    CONSTANT,
     ELASTICNET,
     HINGE_THRESHOLDS,
     L1,
