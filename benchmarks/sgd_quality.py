@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import logging
 import time
 import warnings
 from dataclasses import dataclass
@@ -30,6 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+import sgd_data
+
+logger = logging.getLogger("sgd_quality")
 SLACK = 0.02
 CLASSIFIER_LOSSES = ("hinge", "log_loss", "modified_huber")
 REGRESSOR_LOSSES = ("squared_error", "huber")
@@ -139,6 +143,402 @@ def run_case(case: Case, seeds, client, **extra) -> dict:
             "ok": (not judged) or min(got) >= worst - SLACK, "judged": bool(judged)}
 
 
+# --- the sweep over the whole space (issue 33) ------------------------------------------------
+#
+# A Setting is one estimator configuration on one data shape (sgd_data.py);
+# a cell is a setting at P participants under one consistency model. Every
+# fit of a cell is judged against scikit-learn's worst seed on the same data
+# (bad: below it minus SLACK), and its epochs (n_iter_) are recorded.
+
+ALL_CLASSIFIER_LOSSES = ("hinge", "log_loss", "modified_huber", "squared_hinge", "perceptron", "squared_error",
+                         "huber", "epsilon_insensitive", "squared_epsilon_insensitive")
+ALL_REGRESSOR_LOSSES = ("squared_error", "huber", "epsilon_insensitive", "squared_epsilon_insensitive")
+PARTICIPANTS = (1, 2, 4, 16, 64)
+CONSISTENCY_NAMES = ("bsp", "ssp1", "ssp3")
+STOP_SLACK = 2  # epochs: a fit with a stopping rule stops within this many of scikit-learn's range
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One estimator configuration (``params``, sorted pairs) on one data
+    shape; ``weighted``: fitted with sample weights (exponential, seed 7)."""
+
+    axis: str
+    shape: str
+    classifier: bool
+    params: tuple = ()
+    weighted: bool = False
+
+    def kwargs(self) -> dict:
+        return dict(self.params)
+
+    @property
+    def metric(self) -> str:
+        if not self.classifier:
+            return "r2"
+        if "class_weight" in self.kwargs():
+            return "balanced_accuracy"
+        return "roc_auc" if self.shape == "ctr" else "accuracy"
+
+    @property
+    def stops(self) -> bool:
+        """Whether a stopping rule decides the epochs (not ``tol=None``)."""
+        kw = self.kwargs()
+        return kw.get("tol", 1e-3) is not None or bool(kw.get("early_stopping", False))
+
+    @property
+    def name(self) -> str:
+        kw = self.kwargs()
+        parts = [f"{k}={v}" for k, v in kw.items() if k != "tol"]
+        if kw.get("tol", 1e-3) is not None and "max_iter" not in kw:
+            parts.append("tol=1e-3")
+        return (f"{'C' if self.classifier else 'R'} {self.shape:10s} " + " ".join(parts)
+                + (" sample_weight" if self.weighted else ""))
+
+
+def S(axis, shape, classifier, weighted=False, **params) -> Setting:
+    """A ``Setting``; a non-'optimal' schedule gets ``eta0=0.01`` unless given."""
+    if params.get("learning_rate", "optimal") != "optimal":
+        params.setdefault("eta0", 0.01)
+    return Setting(axis, shape, classifier, tuple(sorted(params.items())), weighted)
+
+
+def _fixed(E=5):
+    return {"max_iter": E, "tol": None}
+
+
+def settings(full: bool) -> list[Setting]:
+    """The sweep's settings: every loss x schedule, penalty, alpha,
+    ``average``, ``class_weight``, ``sample_weight``, ``early_stopping``,
+    the default stopping rule and every data shape (``full``), or
+    :func:`quick_settings`."""
+    if not full:
+        return quick_settings()
+    out = []
+    for shape in ("dense", "text"):
+        for loss in ALL_CLASSIFIER_LOSSES:
+            out += [S("loss", shape, True, loss=loss, learning_rate=s, **_fixed()) for s in SCHEDULES]
+        for loss in ALL_REGRESSOR_LOSSES:
+            out += [S("loss", shape, False, loss=loss, learning_rate=s, **_fixed()) for s in SCHEDULES]
+        for clf in (True, False):
+            out += [S("penalty", shape, clf, penalty=p, **_fixed()) for p in ("l1", None)]
+            out += [S("penalty", shape, clf, penalty="elasticnet", l1_ratio=r, **_fixed()) for r in (0.15, 0.5)]
+            out += [S("alpha", shape, clf, alpha=a, **_fixed()) for a in (1e-6, 1e-5, 1e-3, 1e-2)]
+            losses = ("hinge", "log_loss", "modified_huber") if clf else ALL_REGRESSOR_LOSSES
+            out += [S("average", shape, clf, loss=loss, learning_rate=s, average=True, **_fixed())
+                    for loss in losses for s in ("optimal", "constant")]
+            out.append(S("average", shape, clf, average=10, **_fixed()))
+            out.append(S("sample_weight", shape, clf, weighted=True, **_fixed()))
+            out.append(S("early_stopping", shape, clf, early_stopping=True))
+            out += [S("stopping", shape, clf, loss=loss) for loss in (losses if clf else ALL_REGRESSOR_LOSSES)]
+    out += [S("class_weight", "imbalanced", True, loss=loss, learning_rate=s, class_weight="balanced", **_fixed())
+            for loss in ("hinge", "log_loss", "modified_huber") for s in ("optimal", "constant")]
+    for shape in ("tfidf", "heavy", "sorted", "imbalanced", "ctr", "dense3"):
+        out += [S("data", shape, True, **_fixed(E)) for E in (1, 5)] + [S("data", shape, True)]
+        if shape in sgd_data.REGRESSION_SHAPES:
+            out += [S("data", shape, False, **_fixed(E)) for E in (1, 5)] + [S("data", shape, False)]
+            out.append(S("data", shape, False, learning_rate="constant", **_fixed(10)))
+    out.append(S("data", "ctr", True, loss="hinge", **_fixed(3)))
+    return list(dict.fromkeys(out))
+
+
+def quick_settings() -> list[Setting]:
+    """Each axis and data shape at least once (every loss; the cases of
+    issue 33's table), for a run of minutes."""
+    T, F = True, False
+    out = [S("loss", "text", T, loss=loss, **_fixed()) for loss in ALL_CLASSIFIER_LOSSES]
+    out += [S("loss", "text", F, loss=loss, learning_rate="constant", **_fixed()) for loss in ALL_REGRESSOR_LOSSES]
+    out += [S("loss", "text", F, loss=loss, **_fixed()) for loss in ("huber", "epsilon_insensitive")]
+    out += [S("schedule", "dense", T, learning_rate=s, **_fixed()) for s in SCHEDULES[1:3]]
+    out += [S("schedule", "dense", F, loss="huber", learning_rate=s, **_fixed()) for s in ("invscaling", "adaptive")]
+    out += [S("penalty", "text", T, penalty="l1", **_fixed()),
+            S("penalty", "text", T, penalty="elasticnet", l1_ratio=0.5, **_fixed()),
+            S("penalty", "text", F, penalty=None, learning_rate="constant", **_fixed())]
+    out += [S("alpha", "dense", F, alpha=a, **_fixed()) for a in (1e-6, 1e-3, 1e-2)]
+    out += [S("alpha", "text", T, alpha=a, **_fixed()) for a in (1e-6, 1e-2)]
+    out += [S("average", "dense", F, loss="epsilon_insensitive", average=True, **_fixed()),
+            S("average", "dense", F, loss="huber", average=True, **_fixed()),
+            S("average", "text", T, loss="log_loss", average=True, **_fixed()),
+            S("average", "text", F, learning_rate="constant", average=10, **_fixed())]
+    out += [S("class_weight", "imbalanced", T, loss="modified_huber", learning_rate="constant",
+              class_weight="balanced", **_fixed()),
+            S("class_weight", "imbalanced", T, class_weight="balanced", **_fixed())]
+    out += [S("sample_weight", "text", T, weighted=True, **_fixed()),
+            S("sample_weight", "text", F, weighted=True, learning_rate="constant", **_fixed())]
+    out += [S("early_stopping", "dense", T, early_stopping=True),
+            S("early_stopping", "text", F, early_stopping=True)]
+    out += [S("stopping", "text", T), S("stopping", "text", F, loss="epsilon_insensitive")]
+    out += [S("data", shape, T, **_fixed(1)) for shape in ("tfidf", "heavy", "sorted", "ctr", "dense3")]
+    out += [S("data", "sorted", T), S("data", "ctr", T, loss="hinge", **_fixed(3)),
+            S("data", "heavy", F, learning_rate="constant", **_fixed(10)), S("data", "tfidf", F, **_fixed(5)),
+            S("data", "sorted", F, **_fixed(1))]
+    return out
+
+
+def _sample_weight(n):
+    return np.random.RandomState(7).exponential(1.0, n)
+
+
+def score_of(setting: Setting, est, X, y) -> float:
+    from sklearn.metrics import balanced_accuracy_score, r2_score, roc_auc_score
+
+    if setting.metric == "roc_auc":
+        d = est.decision_function(X)
+        return float(roc_auc_score(y, d)) if np.all(np.isfinite(d)) else 0.5
+    p = est.predict(X)
+    if setting.metric == "r2":
+        return float(r2_score(y, p)) if np.all(np.isfinite(p)) else -np.inf
+    if setting.metric == "balanced_accuracy":
+        return float(balanced_accuracy_score(y, p))
+    return float(np.mean(p == y))
+
+
+def sklearn_reference(setting: Setting, n_rows: int, seeds) -> dict:
+    """scikit-learn's scores and epochs over ``seeds``."""
+    from sklearn.linear_model import SGDClassifier, SGDRegressor
+
+    X, y, Xt, yt = sgd_data.make(setting.shape, setting.classifier, n_rows)
+    sw = _sample_weight(X.shape[0]) if setting.weighted else None
+    cls = SGDClassifier if setting.classifier else SGDRegressor
+    scores, epochs = [], []
+    for s in seeds:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est = cls(random_state=s, **setting.kwargs()).fit(X, y, sample_weight=sw)
+        scores.append(score_of(setting, est, Xt, yt))
+        epochs.append(int(est.n_iter_))
+    return {"scores": scores, "epochs": epochs}
+
+
+def dask_ps_fit(setting: Setting, n_rows: int, seed: int, P: int, consistency: str, client=None):
+    """One dask_ps fit of ``setting`` by ``P`` participants: simulated
+    (``sgd_sim``) without ``client``, else on ``client``'s cluster (one
+    participant per worker); returns ``(score, n_iter_)``."""
+    import dask
+
+    import dask_ps.linear_model
+    import sgd_sim
+
+    X, y, Xt, yt = sgd_data.make(setting.shape, setting.classifier, n_rows)
+    sw = _sample_weight(X.shape[0]) if setting.weighted else None
+    cls = dask_ps.linear_model.SGDClassifier if setting.classifier else dask_ps.linear_model.SGDRegressor
+    est = cls(random_state=seed, consistency=sgd_sim.consistency_of(consistency), **setting.kwargs())
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if client is None:
+                est = sgd_sim.simulate_fit(est, X, y, n_participants=P, sample_weight=sw)
+            else:
+                with dask.config.set({"ps.sgd.min-samples-per-participant": max(1, X.shape[0] // P)}):
+                    est.set_params(client=client).fit(X, y, sample_weight=sw)
+                assert len(est.metrics_) == P, (len(est.metrics_), P)
+    except Exception as e:  # noqa: BLE001 - a failed fit is a bad one, said in the log
+        logger.warning("%s, P=%d %s, seed %d: the fit failed: %r", setting.name.strip(), P, consistency, seed, e)
+        return -np.inf, -1
+    return score_of(setting, est, Xt, yt), int(est.n_iter_)
+
+
+def judge(setting: Setting, ref: dict, scores, epochs) -> dict:
+    """The cell's verdict: bad fits (below scikit-learn's worst minus
+    SLACK; a regressor whose scikit-learn fits reach R^2 <= 0 is not judged)
+    and, under a stopping rule, fits that stopped more than STOP_SLACK
+    epochs outside scikit-learn's range."""
+    worst = min(ref["scores"])
+    judged = np.isfinite(worst) and (setting.classifier or worst > 0)
+    bad = sum(s < worst - SLACK for s in scores) if judged else 0
+    lo, hi = min(ref["epochs"]), max(ref["epochs"])
+    off = sum(not (lo - STOP_SLACK <= e <= hi + STOP_SLACK) for e in epochs) if setting.stops else 0
+    return {"bad": int(bad), "stop_off": int(off), "n": len(scores), "judged": bool(judged),
+            "min": float(min(scores)), "scores": [float(s) for s in scores], "epochs": [int(e) for e in epochs]}
+
+
+def cells(ps, consistencies, ssp_at=None):
+    """``(P, consistency)`` pairs: one participant has no staleness (BSP
+    only); ``ssp_at``: the only P with the other models (None: all)."""
+    return [(P, c) for P in ps for c in consistencies
+            if c == "bsp" or (P > 1 and (ssp_at is None or P in ssp_at))]
+
+
+def run_sweep(sets, n_rows, cols, seeds, ref_seeds, clients=None, out=print) -> list[dict]:
+    """Every cell of every setting (``clients``: P -> a client whose cluster
+    runs that P; the others simulated); prints a line per setting."""
+    results = []
+    for st in sets:
+        t = time.perf_counter()
+        ref = sklearn_reference(st, n_rows, range(ref_seeds))
+        row = {"setting": st, "ref": ref, "cells": {}}
+        for P, c in cols:
+            fits = [dask_ps_fit(st, n_rows, s, P, c, (clients or {}).get(P)) for s in seeds]
+            row["cells"][(P, c)] = judge(st, ref, [f[0] for f in fits], [f[1] for f in fits])
+        results.append(row)
+        out(_setting_line(row) + f"  {time.perf_counter() - t:.1f}s")
+    return results
+
+
+def _setting_line(row) -> str:
+    st, ref = row["setting"], row["ref"]
+    worst = min(ref["scores"])
+    head = f"{st.name:72s} sk {worst:7.4f}"
+    if st.stops:
+        head += f" ({min(ref['epochs'])}-{max(ref['epochs'])} ep)"
+    cells_txt = []
+    for (P, c), v in row["cells"].items():
+        mark = f"{v['bad']}" + (f"/{v['stop_off']}s" if v["stop_off"] else "")
+        cells_txt.append(f"P{P}{'' if c == 'bsp' else c[3:] and 's' + c[3:]}:{mark}{'!' if v['bad'] else ''}"
+                         f"({v['min']:.3f})")
+    return head + "  " + " ".join(cells_txt)
+
+
+def summary_table(results, cols) -> str:
+    """Bad fits per axis (rows) and cell (columns), out of the fits judged;
+    a last row for the stopping rule's fits more than STOP_SLACK epochs off."""
+    head = "| axis | settings | " + " | ".join(f"P={P} {c.upper()}" for P, c in cols) + " |"
+    lines = [head, "|" + " --- |" * (len(cols) + 2)]
+    axes = list(dict.fromkeys(r["setting"].axis for r in results))
+    total = {k: [0, 0] for k in cols}
+    stop = {k: [0, 0] for k in cols}
+    for axis in axes + ["all"]:
+        rows = [r for r in results if axis == "all" or r["setting"].axis == axis]
+        txt = []
+        for k in cols:
+            bad = sum(r["cells"][k]["bad"] for r in rows if k in r["cells"])
+            n = sum(r["cells"][k]["n"] for r in rows if k in r["cells"] and r["cells"][k]["judged"])
+            txt.append(f"**{bad}**/{n}" if bad else f"0/{n}")
+            if axis != "all":
+                total[k][0] += bad
+                total[k][1] += n
+                s_rows = [r for r in rows if r["setting"].stops and k in r["cells"]]
+                stop[k][0] += sum(r["cells"][k]["stop_off"] for r in s_rows)
+                stop[k][1] += sum(r["cells"][k]["n"] for r in s_rows)
+        lines.append(f"| {axis} | {len(rows)} | " + " | ".join(txt) + " |")
+    lines.append("| stopped > 2 epochs off | " + str(sum(r["setting"].stops for r in results)) + " | "
+                 + " | ".join(f"{a}/{b}" for a, b in (stop[k] for k in cols)) + " |")
+    return "\n".join(lines)
+
+
+def epochs_table(results, ps) -> str:
+    """Under a stopping rule: scikit-learn's epochs (min-max over its seeds)
+    against dask_ps's at each P (BSP), per setting."""
+    lines = ["| setting | scikit-learn | " + " | ".join(f"P={P}" for P in ps) + " |",
+             "|" + " --- |" * (len(ps) + 2)]
+    for r in results:
+        if not r["setting"].stops:
+            continue
+        ref = r["ref"]["epochs"]
+        txt = []
+        for P in ps:
+            v = r["cells"].get((P, "bsp"))
+            txt.append("-" if v is None else f"{min(v['epochs'])}-{max(v['epochs'])}")
+        lines.append(f"| {r['setting'].name.strip()} | {min(ref)}-{max(ref)} | " + " | ".join(txt) + " |")
+    return "\n".join(lines)
+
+
+# --- time to quality: the epochs each tool needs --------------------------------------------
+
+TTQ_SETTINGS = (
+    S("ttq", "dense", True),
+    S("ttq", "text", True),
+    S("ttq", "tfidf", True),
+    S("ttq", "ctr", True),
+    S("ttq", "heavy", True, loss="modified_huber"),
+    S("ttq", "text", True, learning_rate="constant"),
+    S("ttq", "text", False),
+    S("ttq", "dense", False, loss="huber", learning_rate="invscaling"),
+)
+TTQ_MARGIN = 0.005
+
+
+def time_to_quality(setting: Setting, n_rows, epochs_grid, cols, seeds) -> dict:
+    """The fewest epochs (of ``epochs_grid``, ``tol=None``) at which the mean
+    score over ``seeds`` reaches scikit-learn's best mean over the grid minus
+    TTQ_MARGIN, for scikit-learn and for each cell (None: not within the grid)."""
+    base = {k: v for k, v in setting.kwargs().items() if k not in ("max_iter", "tol")}
+    curves = {"sklearn": []}
+    for E in epochs_grid:
+        st = S(setting.axis, setting.shape, setting.classifier, setting.weighted, **base, **_fixed(E))
+        curves["sklearn"].append(float(np.mean(sklearn_reference(st, n_rows, seeds)["scores"])))
+        for P, c in cols:
+            s = [dask_ps_fit(st, n_rows, seed, P, c)[0] for seed in seeds]
+            curves.setdefault(f"P={P} {c.upper()}", []).append(float(np.mean(s)))
+    target = max(curves["sklearn"]) - TTQ_MARGIN
+    need = {k: next((E for E, v in zip(epochs_grid, curve) if v >= target), None) for k, curve in curves.items()}
+    return {"setting": setting, "target": target, "curves": curves, "epochs": need}
+
+
+def ttq_table(rows, epochs_grid) -> str:
+    keys = list(rows[0]["curves"]) if rows else []
+    lines = ["| setting | target | " + " | ".join(keys) + " |", "|" + " --- |" * (len(keys) + 2)]
+    for r in rows:
+        txt = [("%d" % r["epochs"][k]) if r["epochs"][k] is not None else f">{epochs_grid[-1]}" for k in keys]
+        lines.append(f"| {r['setting'].name.strip()} | {r['target']:.4f} | " + " | ".join(txt) + " |")
+    return "\n".join(lines)
+
+
+def _to_json(results, ttq, args) -> dict:
+    def st(s):
+        return {"axis": s.axis, "shape": s.shape, "classifier": s.classifier, "params": s.kwargs(),
+                "weighted": s.weighted, "name": s.name.strip()}
+
+    return {
+        "args": vars(args),
+        "sweep": [{"setting": st(r["setting"]), "ref": r["ref"],
+                   "cells": {f"{P}-{c}": v for (P, c), v in r["cells"].items()}} for r in results],
+        "time_to_quality": [{"setting": st(r["setting"]), "target": r["target"], "curves": r["curves"],
+                             "epochs": r["epochs"]} for r in ttq],
+    }
+
+
+def sweep_main(args):
+    """``--quick`` / ``--full``: the sweep, its tables and time to quality."""
+    import contextlib
+    import json
+
+    from distributed import Client, LocalCluster
+
+    full = args.full
+    n_rows = args.rows[0] if args.rows else (20000 if full else 8000)
+    ps = tuple(args.participants or PARTICIPANTS)
+    cons = tuple(args.consistencies or CONSISTENCY_NAMES)
+    ssp_at = None if full or args.participants else (4, 64)  # quick: SSP cells at 4 and 64 participants
+    seeds = range(args.seeds or (5 if full else 2))
+    ref_seeds = args.ref_seeds or (REFERENCE_SEEDS if full else 10)
+    sets = [s for s in settings(full) if (not args.axes or s.axis in args.axes)
+            and (not args.shapes or s.shape in args.shapes)]
+    cols = cells(ps, cons, ssp_at)
+    print(f"{len(sets)} settings x {len(cols)} cells x {len(seeds)} seeds, {n_rows} rows, "
+          f"scikit-learn's worst of {ref_seeds} seeds - {SLACK}; layout {args.layout}", flush=True)
+    with contextlib.ExitStack() as stack:
+        clients = {}
+        if args.layout != "sim":  # P <= 4 on a cluster of P workers, more simulated
+            for P in (p for p in ps if 2 <= p <= 4):
+                cluster = stack.enter_context(LocalCluster(
+                    n_workers=P, threads_per_worker=1, processes=args.layout == "processes", memory_limit=0,
+                    dashboard_address=None))
+                clients[P] = stack.enter_context(Client(cluster, set_as_default=False))
+        t = time.perf_counter()
+        results = [] if args.ttq_only else run_sweep(sets, n_rows, cols, seeds, ref_seeds, clients,
+                                                     out=lambda s: print(s, flush=True))
+    sweep_seconds = time.perf_counter() - t
+    ttq = []
+    if not args.no_ttq:
+        grid = (1, 2, 3, 5, 8, 13, 20) if full else (1, 2, 4, 8)
+        for st in TTQ_SETTINGS if full else TTQ_SETTINGS[:6]:
+            ttq_cols = [(P, c) for P, c in cols if c == "bsp" or (full and c == "ssp1")]
+            ttq.append(time_to_quality(st, n_rows, grid, ttq_cols, seeds))
+            print(f"ttq {st.name.strip()}: {ttq[-1]['epochs']}", flush=True)
+    if results:
+        print(f"\nBad fits (below scikit-learn's worst - {SLACK}) per cell, {sweep_seconds:.0f}s:\n")
+        print(summary_table(results, cols))
+        print("\nEpochs under a stopping rule (scikit-learn's seeds; dask_ps BSP):\n")
+        print(epochs_table(results, ps))
+    if ttq:
+        print(f"\nEpochs to reach scikit-learn's best mean - {TTQ_MARGIN} (tol=None, mean of {len(seeds)} seeds):\n")
+        print(ttq_table(ttq, grid))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(_to_json(results, ttq, args), f, indent=1, default=float)
+
+
 def main():
     import dask
     from distributed import Client, LocalCluster
@@ -148,17 +548,33 @@ def main():
     import dask_ps  # noqa: F401
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the sweep of issue 33, a subset (minutes)")
+    ap.add_argument("--full", action="store_true", help="the sweep of issue 33, all of it")
+    ap.add_argument("--participants", nargs="+", type=int, help="the sweep's P (default 1 2 4 16 64)")
+    ap.add_argument("--consistencies", nargs="+", choices=["bsp", "ssp1", "ssp2", "ssp3"])
+    ap.add_argument("--ref-seeds", type=int, help="the sweep's scikit-learn seeds (10 quick, 30 full)")
+    ap.add_argument("--layout", choices=["sim", "threads", "processes"], default="sim",
+                    help="the sweep: P <= 4 on a cluster of threads or processes workers (default: simulated)")
+    ap.add_argument("--axes", nargs="+", help="the sweep: only these axes (loss, penalty, alpha, average, ...)")
+    ap.add_argument("--shapes", nargs="+", help="the sweep: only these data shapes")
+    ap.add_argument("--no-ttq", action="store_true", help="the sweep without time to quality")
+    ap.add_argument("--ttq-only", action="store_true", help="time to quality only")
+    ap.add_argument("--json", help="the sweep's results written here")
     ap.add_argument("--losses", nargs="+", default=list(CLASSIFIER_LOSSES + REGRESSOR_LOSSES))
     ap.add_argument("--schedules", nargs="+", default=list(SCHEDULES))
-    ap.add_argument("--rows", nargs="+", type=int, default=[1000, 20000, 200000])
+    ap.add_argument("--rows", nargs="+", type=int, default=None)
     ap.add_argument("--workers", nargs="+", type=int, default=[2, 4])
     ap.add_argument("--max-iter", nargs="+", type=int, default=list(range(1, 11)))
-    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--seeds", type=int, default=None)
     ap.add_argument("--dense-only", action="store_true")
     ap.add_argument("--consistency", default=None, help="bsp, ssp, asp (default: the configured default)")
     ap.add_argument("--processes", action="store_true", help="worker processes (default: threads)")
     ap.add_argument("--forced", action="store_true", help="one participant per worker whatever the size")
     args = ap.parse_args()
+    if args.quick or args.full:
+        return sweep_main(args)
+    args.rows = args.rows or [1000, 20000, 200000]
+    args.seeds = args.seeds or 10
     extra = {}
     if args.consistency:
         extra["consistency"] = {"bsp": dask_ps.BSP(), "ssp": dask_ps.SSP(2), "asp": dask_ps.ASP()}[args.consistency]

@@ -118,9 +118,8 @@ class _Hyper:
     validation_fraction: float
     shuffle: bool
     classifier: bool
-    # The learning rate's factor (the passive-aggressive steps are not
-    # scaled): what a round trains with, ``round_eta_scale``; in a run's
-    # configuration, the most it may be (P with P participants).
+    # The most a sample's learning rate is scaled by: ``P`` with ``P``
+    # participants (``sample_scale``), 1 alone.
     eta_scale: float = 1.0
 
     @property
@@ -137,51 +136,53 @@ class _Hyper:
 
 
 def _learning_rates(hp: _Hyper, ts, eta_k, xp):
-    """Per-sample, per-output learning rates at global sample counts ``ts``: (n, K)."""
+    """scikit-learn's per-sample, per-output learning rates at global sample
+    counts ``ts``: (n, K)."""
     n = ts.shape[0]
-    f = hp.eta_scale
     if hp.learning_rate == OPTIMAL:
-        eta = f / (hp.alpha * (hp.optimal_init() + ts - 1.0))
+        eta = 1.0 / (hp.alpha * (hp.optimal_init() + ts - 1.0))
     elif hp.learning_rate == INVSCALING:
-        eta = f * hp.eta0 / ts**hp.power_t
+        eta = hp.eta0 / ts**hp.power_t
     elif hp.learning_rate == ADAPTIVE:
-        return xp.broadcast_to(f * xp.asarray(eta_k)[None, :], (n, hp.n_outputs))
-    elif hp.learning_rate == CONSTANT:
-        eta = xp.full(n, f * hp.eta0)
-    else:  # pa1, pa2: eta0 is C, not a rate
+        return xp.broadcast_to(xp.asarray(eta_k)[None, :], (n, hp.n_outputs))
+    else:  # constant; pa1, pa2: eta0 is C, not a rate
         eta = xp.full(n, hp.eta0)
     return xp.broadcast_to(eta[:, None], (n, hp.n_outputs))
 
 
-def round_eta_scale(hp: _Hyper, t: float, eta_k, sq_norm: float) -> float:
-    """The learning rates' factor for a round starting at global sample
-    count ``t``, with ``P = hp.eta_scale`` participants whose table is the
-    mean of their models (docs/architecture.rst, "Estimators: SGD").
+def sample_scale(own_step, max_scale, xp=np):
+    """The factor of a sample's learning rate with ``max_scale = P``
+    participants whose table is the mean of their models (docs/architecture.rst,
+    "Estimators: SGD"): ``f = min(P, max(1, 1 / s))``, ``s`` the sample's own
+    step on its margin at scikit-learn's rate (``eta * cw * sw * |x|^2``).
 
-    Where a sample's own step moves its margin little (``eta * |x|^2``
-    small: ``sq_norm`` is the mean squared norm of the participant's
-    samples), a model trained on 1/P of the samples and averaged with the
-    others makes 1/P of a sequential pass's progress: the rate is P times
-    scikit-learn's, so that the mean of the P models makes, to first order,
-    every sample's full step. Where a step is large (``eta * |x|^2 >= 1``:
-    each local model fits its own data within a round, and their mean is
-    the fit of all of it) a larger rate only adds noise and can diverge:
-    the rate is scikit-learn's. In between, ``1 / (eta * |x|^2)``."""
-    P = float(hp.eta_scale)
-    if P <= 1.0 or hp.learning_rate in (PA1, PA2):
-        return 1.0
-    if hp.learning_rate == OPTIMAL:
-        eta = 1.0 / (hp.alpha * (hp.optimal_init() + t - 1.0))
-    elif hp.learning_rate == INVSCALING:
-        eta = hp.eta0 / t**hp.power_t
-    elif hp.learning_rate == ADAPTIVE:
-        eta = float(np.max(eta_k))
-    else:
-        eta = hp.eta0
-    step = eta * sq_norm
-    if step <= 0.0:
-        return P
-    return float(min(P, max(1.0, 1.0 / step)))
+    A sample whose step moves its margin little (``P s <= 1``) makes, in
+    the mean of ``P`` models, ``1/P`` of its step: it trains at ``P`` times
+    scikit-learn's rate, so that the mean moves by its full step (to first
+    order, a sequential pass). A sample whose own step already fits it
+    (``s >= 1``) trains at scikit-learn's rate: a larger one overshoots its
+    margin and diverges. Between, ``1/s``: the local step on the margin is
+    at most 1 (never more than scikit-learn's own). Per sample, so a long
+    row in a set of short ones is bounded by its own norm, not the mean's."""
+    s = xp.asarray(own_step, dtype=np.float64)
+    return xp.where(s * max_scale <= 1.0, max_scale, xp.where(s >= 1.0, 1.0, 1.0 / xp.maximum(s, 1e-300)))
+
+
+def _row_sq_norms(X, xp):
+    if sp.issparse(X) or hasattr(X, "multiply"):
+        return xp.asarray(X.multiply(X).sum(axis=1)).ravel()
+    return xp.sum(X * X, axis=1)
+
+
+def sample_etas(hp: _Hyper, ts, eta_k, X, Y, sw, cw_pos, cw_neg, xp):
+    """The learning rates a minibatch trains with: scikit-learn's, each
+    sample's times its ``sample_scale`` (with several participants): (n, K)."""
+    etas = _learning_rates(hp, ts, eta_k, xp)
+    if hp.eta_scale <= 1.0 or hp.learning_rate in (PA1, PA2):
+        return etas
+    cw = xp.where(Y > 0, xp.asarray(cw_pos)[None, :], xp.asarray(cw_neg)[None, :])
+    own = etas * cw * (sw * _row_sq_norms(X, xp))[:, None]
+    return etas * sample_scale(own, float(hp.eta_scale), xp)
 
 
 def _l2_decay(hp: _Hyper, etas, xp):
@@ -215,19 +216,20 @@ def _batch_loss(hp: _Hyper, W, X, Y, xp):
     return xp.sum(_loss_value(hp.loss, Y, p, hp.epsilon, xp), axis=0)
 
 
-def _minibatch_kernel(hp: _Hyper, W, A, X, Y, sw, cw_pos, cw_neg, ts, eta_k, active, intercept_decay):
+def _minibatch_kernel(hp: _Hyper, W, A, X, Y, sw, cw_pos, cw_neg, ts, eta_k, active, intercept_decay,
+                      etas=None, step=1.0):
     """Array-API minibatch step (numpy or cupy): the sum of scikit-learn's
-    per-sample updates evaluated at ``W``."""
+    per-sample updates evaluated at ``W``, at the rates ``etas``
+    (``sample_etas``; default: scikit-learn's); each sample stands for
+    ``step`` global samples (the average's weights)."""
     xp = arrays.namespace(W)
     d = W.shape[0] - 1
     act = xp.asarray(active)
-    etas = _learning_rates(hp, ts, eta_k, xp)
+    if etas is None:
+        etas = sample_etas(hp, ts, eta_k, X, Y, sw, cw_pos, cw_neg, xp)
     p = _decision(W, X, xp)
     if hp.learning_rate in (PA1, PA2):
-        if sp.issparse(X) or hasattr(X, "multiply"):
-            sq = xp.asarray(X.multiply(X).sum(axis=1)).ravel()
-        else:
-            sq = xp.sum(X * X, axis=1)
+        sq = _row_sq_norms(X, xp)
         lv = _loss_value(hp.loss, Y, p, hp.epsilon, xp)
         if hp.learning_rate == PA1:
             safe = xp.where(sq == 0, 1.0, sq)[:, None]
@@ -254,10 +256,11 @@ def _minibatch_kernel(hp: _Hyper, W, A, X, Y, sw, cw_pos, cw_neg, ts, eta_k, act
     new[d] = W[d] + (xp.sum(upd, axis=0) * intercept_decay if hp.fit_intercept else 0.0)
     new_a = None
     if A is not None:
-        # Averaging from sample t >= average: avg += (w - avg) / (t - average + 1)
-        # per sample, with w taken at the end of the minibatch.
-        steps = ts - hp.average + 1.0
-        keep = xp.prod(xp.where(steps >= 1.0, 1.0 - 1.0 / xp.maximum(steps, 1.0), 1.0))
+        # Averaging from sample t >= average: avg += (w - avg) * step / num_iter
+        # per sample (num_iter = t - average + step: the sample stands for
+        # ``step`` of all participants'), with w taken at the end of the minibatch.
+        num = ts - hp.average + step
+        keep = xp.prod(xp.where(num >= 1.0, 1.0 - step / xp.maximum(num, step), 1.0))
         frac = (1.0 - keep) * act
         new_a = A + (new - A) * frac[None, :]
     return new, new_a
@@ -310,12 +313,12 @@ def _unique_inverse(idx, stamp, lookup, xp):
     return uniq, lookup[idx]
 
 
-def _lazy_regularization(hp, new, inv_q, ts, eta_k, active, xp):
+def _lazy_regularization(hp, new, inv_q, etas, active, xp):
     """Give the rows a sparse minibatch touched the regularization of the
-    minibatches that did not touch them (see ``_sgd_participant``)."""
+    minibatches that did not touch them (see ``_sgd_participant``), at the
+    minibatch's rates ``etas`` (``sample_etas``)."""
     d = new.shape[0] - 1
     extra = xp.asarray(inv_q - 1.0)[:, None]  # (d, 1), >= 0
-    etas = _learning_rates(hp, ts, eta_k, xp)
     act = xp.asarray(active)[None, :]
     coef = new[:d]
     if hp.penalty >= L2:

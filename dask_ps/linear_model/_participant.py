@@ -21,7 +21,6 @@ from dask_ps.linear_model._kernels import (
     _decision,
     _penalty_value,
     compact_rows_xp,
-    round_eta_scale,
 )
 from dask_ps.linear_model._rounds import (
     _epoch_rounds,
@@ -35,12 +34,10 @@ from dask_ps.linear_model._rounds import (
 
 
 class _PartData:
-    """One participant's data: X (n, d), y (n,), sample weights (n,);
-    ``sq_sum``: the sum of the squares of X's values where the part's
-    validation found it (``_data._checked_X``), else None."""
+    """One participant's data: X (n, d), y (n,), sample weights (n,)."""
 
-    def __init__(self, X, y, sw, sq_sum=None):
-        self.X, self.y, self.sw, self.sq_sum = X, y, sw, sq_sum
+    def __init__(self, X, y, sw):
+        self.X, self.y, self.sw = X, y, sw
 
     def __len__(self):
         return self.X.shape[0]
@@ -293,20 +290,6 @@ class _Participant:
         # (own_model, the objective's penalty term): built at first use.
         self._own_rows = None
         self._val_rows = None  # early stopping, sparse: (rows read, validation X over them)
-        # The mean squared norm of the training samples (round_eta_scale).
-        self.sq_norm = 0.0
-        if not self.solo and self.n_train:
-            if self.n_train == X.shape[0] and getattr(part, "sq_sum", None) is not None:
-                sq = part.sq_sum  # found by the part's validation, the same vdot
-            else:
-                Xt = X[self.train_idx] if self.n_train < X.shape[0] else X
-                # No squared copy; vdot, not dot: a block received from another
-                # process may be unaligned (a view into the message's frame), and
-                # numpy's dot then leaves BLAS for a loop 100x slower (2.2 s for
-                # a 450k x 100 float64 part; vdot 0.02 s).
-                v = Xt.data if self.sparse else Xt.reshape(-1)
-                sq = self.xp.vdot(v, v)
-            self.sq_norm = float(sq) / self.n_train
         self.stats_pad = None if self.solo else np.zeros(1 + self.K + 3)  # a round's row: its loss sums only
         # The session's background reads and clocks (ps-lite's ZPull/Wait):
         # the next round's weights are read while this one trains, and a
@@ -567,11 +550,9 @@ class _Participant:
         return self._own_rows
 
     def eta_scale(self, epoch, seen) -> float:
-        """The learning rates' factor for a round starting at sample ``seen``
-        of ``epoch`` (``round_eta_scale``)."""
-        cfg = self.cfg
-        t = cfg.t0 + epoch * cfg.n_total + seen * cfg.n_total / max(self.n_train, 1)
-        return round_eta_scale(self.hp, t, self.stop.eta, self.sq_norm)
+        """The most a sample's learning rate is scaled by in a round
+        (``_kernels.sample_scale``): ``P`` with ``P`` participants, 1 alone."""
+        return 1.0 if self.solo else float(self.hp.eta_scale)
 
     def end_epoch(self, epoch, loss_sum, W, seconds):
         """Epoch end: objective (and validation) sums, the epoch's last clock,

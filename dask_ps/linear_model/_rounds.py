@@ -23,7 +23,6 @@ from scipy.linalg.blas import get_blas_funcs
 from dask_ps._estimators import arrays, setting, setting_bytes
 from dask_ps.linear_model._kernels import (
     ADAPTIVE,
-    CONSTANT,
     ELASTICNET,
     HINGE_THRESHOLDS,
     L1,
@@ -38,6 +37,7 @@ from dask_ps.linear_model._kernels import (
     _unique_inverse,
     check_finite,
     compact_rows_xp,
+    sample_etas,
 )
 from dask_ps.linear_model._lone import SklearnOrders, scaled
 from dask_ps.linear_model._round_prep import _DENSE_COUNTS_PER_NONZERO, _Round, _RoundPrep  # noqa: F401
@@ -384,7 +384,8 @@ def _compiled_round(cfg: _RunConfig, c: _CompiledData, rnd: _Round, W0, epoch, s
     """Train round ``rnd`` with the compiled kernel from the weights ``W0``
     it read (sparse data: its touched rows): every active output over the
     round's samples in one call each, then the touched rows' lazy
-    regularization, at ``eta_scale`` times the learning rates; returns the
+    regularization, each sample's rate scaled as ``_kernels.sample_scale``
+    says with ``eta_scale`` participants; returns the
     new weights and adds the round's loss sums to ``loss_sum``."""
     n_train_step = cfg.n_total / max(c.n_train, 1)
     t = cfg.t0 + epoch * cfg.n_total + seen * n_train_step
@@ -438,8 +439,6 @@ def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train
         Xd, (xdata, xind, xptr) = (c.X, Xc) if c.sparse else (Xc, c.csr_dummy)
         for k in outs:
             eta = float(stop.eta[k]) if hp.learning_rate == ADAPTIVE else hp.eta0
-            if hp.learning_rate in (ADAPTIVE, CONSTANT):
-                eta *= eta_scale
             icpt[k], aicpt[k], sumloss, dec, es, l1_u[k], _ = c.mod.sgd_round(
                 not c.sparse, c.mod.readonly(Xd), c.mod.readonly(xdata), xind, xptr, local, Yc[k], swc, W[:nw, k],
                 W[:nw, K + k] if hp.average else c.dummy_w, icpt[k], aicpt[k],
@@ -776,10 +775,11 @@ class _MinibatchRounds:
         Wk = Wb[:, :K]
         Ak = Wb[:, K:] if hp.average else None
         loss_sum += _batch_loss(hp, Wk, Xb, Yb, xp)
+        etas = sample_etas(hp, ts, stop.eta, Xb, Yb, swb, self.cw_pos, self.cw_neg, xp)
         new, new_a = _minibatch_kernel(hp, Wk, Ak, Xb, Yb, swb, self.cw_pos, self.cw_neg, ts, stop.eta,
-                                       active, self.intercept_decay)
+                                       active, self.intercept_decay, etas=etas, step=step)
         if self.sparse and iq is not None:
-            new = _lazy_regularization(hp, new, iq[arrays.to_numpy(ub)], ts, stop.eta, active, xp)
+            new = _lazy_regularization(hp, new, iq[arrays.to_numpy(ub)], etas, active, xp)
         check_finite(new, epoch)
         where = sel if self.sparse else slice(None)
         W[where, :K] = new

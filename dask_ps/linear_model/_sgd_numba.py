@@ -140,7 +140,7 @@ def _gradient(loss_id, thr, y, p):
 @njit(nogil=True, error_model="numpy")
 def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercept,
               loss_id, thr, penalty, alpha, l1_ratio, learning_rate, eta, eta0, power_t, optimal_init,
-              fit_intercept, intercept_decay, cw_pos, cw_neg, average, t, step, wscale_min, q, u, eta_scale,
+              fit_intercept, intercept_decay, cw_pos, cw_neg, average, t, step, wscale_min, q, u, max_scale,
               state, keep, touched):
     """Train ``w`` (and ``aw`` if ``average > 0``) in place on the samples
     ``rows``, in that order; returns ``(intercept, aintercept, sumloss,
@@ -148,9 +148,14 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
 
     ``q``, ``u``: Tsuruoka's cumulative L1 penalty state (per weight, and
     the total so far), carried by the caller across calls over one round's
-    chunks (``q`` may be a dummy without an L1 penalty). ``eta_scale``
-    multiplies every learning rate but the passive-aggressive steps
-    (``_Hyper.eta_scale``). ``keep``: the weight vector's scale and
+    chunks (``q`` may be a dummy without an L1 penalty). ``max_scale``
+    (``P`` with ``P`` participants, 1 alone): sample ``i``'s learning rate
+    is ``f_i`` times scikit-learn's, ``f_i = min(P, max(1, 1 / s_i))``,
+    ``s_i = eta * cw * sw * |x_i|^2`` its own step on its margin
+    (``_kernels.sample_scale``; the passive-aggressive steps are not
+    scaled); ``step``: the global samples each sample stands for (the
+    schedule's ``t`` and the average's weight advance by it: ``n / n_p``).
+    ``keep``: the weight vector's scale and
     averaging state (``wscale``, ``average_a``, ``average_b``) start from
     ``state`` and are left there, ``w``/``aw`` unscaled, as scikit-learn's
     ``WeightVector`` over a whole fit (a lone participant's rounds);
@@ -184,6 +189,7 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
         sq_norm = state[3]
         l1_norm = state[4]
     use_l1 = penalty == L1 or penalty == ELASTICNET
+    scaled = max_scale > 1.0 and learning_rate != PA1 and learning_rate != PA2
     # scikit-learn adds the penalty to the objective except for the passive-aggressive rules
     penalized = keep and penalty > 0 and learning_rate != PA1 and learning_rate != PA2
     sumloss = 0.0
@@ -194,18 +200,35 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
         r = rows[i]
         # p = w . x + intercept
         acc = 0.0
+        sqx = 0.0  # |x|^2, for the sample's own step (max_scale > 1 only)
         if dense:
-            for j in range(n_w):
-                acc += w[j] * X[r, j]
+            if scaled:
+                for j in range(n_w):
+                    z = float(X[r, j])
+                    acc += w[j] * z
+                    sqx += z * z
+            else:
+                for j in range(n_w):
+                    acc += w[j] * X[r, j]
         else:
-            for jj in range(ptr[r], ptr[r + 1]):
-                acc += w[ind[jj]] * data[jj]
+            if scaled:
+                for jj in range(ptr[r], ptr[r + 1]):
+                    z = float(data[jj])
+                    acc += w[ind[jj]] * z
+                    sqx += z * z
+            else:
+                for jj in range(ptr[r], ptr[r + 1]):
+                    acc += w[ind[jj]] * data[jj]
         p = acc * wscale + intercept
         if learning_rate == OPTIMAL:
-            eta = eta_scale / (alpha * (optimal_init + t - 1.0))
+            eta = 1.0 / (alpha * (optimal_init + t - 1.0))
         elif learning_rate == INVSCALING:
-            eta = eta_scale * eta0 / t**power_t
+            eta = eta0 / t**power_t
         yi = y[r]
+        cw = cw_pos if yi > 0.0 else cw_neg
+        eta_i = eta
+        if scaled:
+            eta_i = eta * _sample_scale(eta * cw * sw[r] * sqx, max_scale)
         loss_value = _loss(loss_id, thr, yi, p)
         sumloss += loss_value
         if keep:
@@ -213,7 +236,6 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
             if penalized:
                 norm = math.sqrt(sq_norm)
                 objective += alpha * ((1.0 - l1_ratio) * 0.5 * (norm * norm) + l1_ratio * l1_norm)
-        cw = cw_pos if yi > 0.0 else cw_neg
         if learning_rate == PA1 or learning_rate == PA2:
             sq = 0.0  # the sample's squared norm
             if dense:
@@ -240,11 +262,11 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
                 dloss = -MAX_DLOSS
             elif dloss > MAX_DLOSS:
                 dloss = MAX_DLOSS
-            update = -eta * dloss
+            update = -eta_i * dloss
         update *= cw * sw[r]
-        eta_sum += eta
+        eta_sum += eta_i
         if penalty >= L2:
-            c = max(0.0, 1.0 - ((1.0 - l1_ratio) * eta * alpha))
+            c = max(0.0, 1.0 - ((1.0 - l1_ratio) * eta_i * alpha))
             decay_prod *= c
             wscale *= c
             sq_norm *= c * c
@@ -281,9 +303,20 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
                 l1_norm = acc1 * wscale
         if fit_intercept and update != 0.0:
             intercept += update * intercept_decay
-        if 0 < average <= t:
-            num_iter = t - average + 1.0
-            mu = 1.0 / num_iter
+        if 0 < average <= t + step - 1.0:
+            # The average over the pass's iterates of all participants: this
+            # sample's iterate stands for the ``step`` samples (of every
+            # participant) around it. Alone (step 1): scikit-learn's 1 / num_iter.
+            num_iter = t - average + step
+            mu = step / num_iter if num_iter > step else 1.0
+            if mu == 1.0 and not keep:
+                # The average starts here: whatever a participant read (another's
+                # start) is replaced by this iterate, as a lone fit's zeros are.
+                for jt in range(n_scaled):
+                    aw[touched[jt] if n_t > 0 else jt] = 0.0
+                avg_a = 0.0
+                avg_b = 1.0
+                aintercept = 0.0
             ca = -update / wscale  # scikit-learn's order: (average_a * x) * (-c / wscale)
             if dense:
                 for j in range(n_w):
@@ -291,12 +324,15 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
             else:
                 for jj in range(ptr[r], ptr[r + 1]):
                     aw[ind[jj]] += avg_a * data[jj] * ca
-            if num_iter > 1.0:
+            if num_iter > step:
                 avg_b /= 1.0 - mu
             avg_a += mu * avg_b * wscale
-            aintercept += (intercept - aintercept) / num_iter
+            if num_iter > step:
+                aintercept += (intercept - aintercept) * step / num_iter
+            else:
+                aintercept += intercept - aintercept
         if use_l1:
-            u += l1_ratio * eta * alpha
+            u += l1_ratio * eta_i * alpha
             if dense:
                 for j in range(n_w):
                     _l1(w, q, j, wscale, u)
@@ -319,6 +355,17 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
         j = touched[jt] if n_t > 0 else jt
         w[j] *= wscale
     return intercept, aintercept, sumloss, decay_prod, eta_sum, u, objective
+
+
+@njit(inline="always", error_model="numpy")
+def _sample_scale(own_step, max_scale):
+    """``_kernels.sample_scale``, compiled: the factor of a sample's
+    learning rate whose own step on its margin is ``own_step``."""
+    if own_step * max_scale <= 1.0:
+        return max_scale
+    if own_step >= 1.0:
+        return 1.0
+    return 1.0 / own_step
 
 
 @njit(inline="always", error_model="numpy")

@@ -399,7 +399,7 @@ def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, si
     eta_init = getattr(est, "_adaptive_eta", None)
     if eta_init is None or len(eta_init) != K:
         eta_init = [float(est.eta0)] * K
-    if P > 1:  # the most a round's learning rates are scaled by (round_eta_scale)
+    if P > 1:  # the most a sample's learning rate is scaled by (_kernels.sample_scale)
         hp = dataclasses.replace(hp, eta_scale=float(P))
     return _RunConfig(
         table=start.name, stats_table=stats, hp=hp, n_features=d, n_cols=n_cols,

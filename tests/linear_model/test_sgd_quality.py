@@ -36,6 +36,7 @@ import dask_ps
 from dask_ps.linear_model import SGDClassifier, SGDRegressor
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+import sgd_data  # noqa: E402
 import sgd_quality  # noqa: E402
 from sgd_quality import Case  # noqa: E402
 
@@ -106,7 +107,7 @@ def test_quality_step_limited_fits_under_the_default(workers, case):
 
 # Tiny parts: a participant's round is a few dozen samples, where a model
 # trained on 1/P of them and averaged makes 1/P of the progress unless its
-# steps are P times larger (round_eta_scale). Under BSP: under SSP(2) rounds
+# steps are P times larger (_kernels.sample_scale). Under BSP: under SSP(2) rounds
 # that short read the others' last round late and progress less
 # (docs/architecture.rst, "what a read may miss").
 TINY = [
@@ -185,3 +186,68 @@ def test_bsp_fits_are_reproducible(workers, forced, estimator, sparse):
     for f in fits[1:]:
         assert f.coef_.tobytes() == fits[0].coef_.tobytes()
         assert f.intercept_.tobytes() == fits[0].intercept_.tobytes()
+
+
+# --- the sweep over the space (issue 33; benchmarks/sgd_quality.py --quick / --full) ---------
+
+
+def _options(cls, name):
+    (opt,) = [c for c in cls._parameter_constraints[name] if hasattr(c, "options")]
+    return set(opt.options)
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["quick", "full"])
+def test_the_sweep_covers_the_space(full):
+    """Every loss of scikit-learn's SGD (its own list: a loss it adds fails
+    this), penalty, schedule, alpha 1e-6..1e-2, average, class_weight,
+    sample_weight, early_stopping, the default stopping rule, every data
+    shape; the full sweep every loss under every schedule."""
+    from sklearn.linear_model import SGDClassifier as SkC
+    from sklearn.linear_model import SGDRegressor as SkR
+
+    sets = sgd_quality.settings(full)
+    kw = [s.kwargs() for s in sets]
+    assert {k.get("loss", "hinge") for s, k in zip(sets, kw) if s.classifier} == _options(SkC, "loss")
+    assert {k.get("loss", "squared_error") for s, k in zip(sets, kw) if not s.classifier} == _options(SkR, "loss")
+    assert {k.get("penalty", "l2") for k in kw} == _options(SkC, "penalty") | {None}
+    assert {k.get("learning_rate", "optimal") for k in kw} >= _options(SkC, "learning_rate") - {"pa1", "pa2"}
+    assert {k.get("alpha", 1e-4) for k in kw} >= {1e-6, 1e-4, 1e-2}
+    assert {k.get("average") for k in kw} >= {True, 10}
+    assert any(k.get("class_weight") == "balanced" for k in kw) and any(s.weighted for s in sets)
+    assert any(k.get("early_stopping") for k in kw) and any(s.stops and "max_iter" not in k for s, k in zip(sets, kw))
+    assert {s.shape for s in sets} == set(sgd_data.SHAPES)
+    if full:
+        grid = {(s.classifier, k.get("loss"), k.get("learning_rate")) for s, k in zip(sets, kw) if s.axis == "loss"}
+        assert len(grid) == 4 * (len(_options(SkC, "loss")) + len(_options(SkR, "loss")))
+    assert sgd_quality.PARTICIPANTS == (1, 2, 4, 16, 64)
+
+
+def test_the_verdict():
+    """Bad: below scikit-learn's worst - SLACK; a regressor whose
+    scikit-learn fits reach R^2 <= 0 is not judged; under a stopping rule,
+    epochs outside scikit-learn's range +- STOP_SLACK are counted."""
+    st = sgd_quality.S("stopping", "text", True)
+    ref = {"scores": [0.70, 0.72], "epochs": [10, 14]}
+    v = sgd_quality.judge(st, ref, [0.69, 0.679, 0.75], [8, 17, 7])
+    assert (v["bad"], v["stop_off"], v["judged"]) == (1, 2, True)
+    r = sgd_quality.S("loss", "text", False, **sgd_quality._fixed())
+    v = sgd_quality.judge(r, {"scores": [-3.0, 0.2], "epochs": [5, 5]}, [-9.0], [5])
+    assert (v["bad"], v["stop_off"], v["judged"]) == (0, 0, False)
+
+
+def test_data_shapes_are_what_they_say():
+    X, y, Xt, yt = sgd_data.make("sorted", True, 2000)
+    assert np.all(np.diff(y) >= 0) and not np.all(np.diff(yt) >= 0)
+    X, y, _, _ = sgd_data.make("heavy", True, 2000)
+    sq = np.asarray(X.multiply(X).sum(axis=1)).ravel()
+    assert np.percentile(sq, 99) / np.percentile(sq, 1) > 20  # squared row norms over decades
+    X, y, _, _ = sgd_data.make("tfidf", False, 2000)
+    assert np.allclose(np.asarray(X.multiply(X).sum(axis=1)).ravel(), 1.0)
+    X, y, _, _ = sgd_data.make("imbalanced", True, 2000)
+    assert 0.03 < y.mean() < 0.08
+    X, y, _, _ = sgd_data.make("ctr", True, 2000)
+    assert X.shape[1] == 2 ** 18 and np.all(np.diff(X.indptr) <= 16) and 0.05 < y.mean() < 0.3
+    a = sgd_data.make("text", False, 2000)
+    sgd_data._CACHE.clear()
+    b = sgd_data.make("text", False, 2000)
+    assert (a[0] != b[0]).nnz == 0 and np.array_equal(a[1], b[1])
