@@ -1,0 +1,96 @@
+"""The scheduler's CPU per participant-clock (issue 36).
+
+A separate ``dask scheduler`` process and two ``dask worker`` processes
+(one thread each); a ``ParameterServer.run`` of two participants, each
+doing ``--clocks`` iterations of: read its rows of a BSP table (spread over
+both workers), push to them, ``ctx.clock()``. The scheduler process's CPU
+time (psutil, user + system) is read before and after the run and over an
+idle stretch of the same length before it; the figure is the run's CPU
+beyond the idle rate, divided by participants x clocks. The same script
+runs on older code (``PYTHONPATH`` picks the checkout)::
+
+    python benchmarks/bench_sched_clock.py --clocks 300 --repeat 3
+
+Also printed: the participants' message counts per clock where the code
+reports them (``metrics()["messages"]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def participant(ctx, part, clocks):
+    rows = np.arange(ctx.rank, 64, 2)
+    for _ in range(clocks):
+        ctx.pull_rows("w", rows)
+        ctx.push_rows("w", rows, np.ones(rows.size))
+        ctx.clock()
+    return ctx.metrics().get("messages")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clocks", type=int, default=300)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+
+    import psutil
+    from distributed import Client
+
+    import dask_ps
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    port = _free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    procs = [subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        time.sleep(2.0)
+        for _ in range(2):
+            procs.append(subprocess.Popen(["dask", "worker", addr, "--nthreads", "1", "--no-dashboard"], env=env,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        sched = psutil.Process(procs[0].pid)
+        cpu = lambda: sum(sched.cpu_times()[:2])  # noqa: E731
+        with Client(addr, timeout=60) as client:
+            client.wait_for_workers(2, timeout=60)
+            ps = dask_ps.ParameterServer(client)
+            ps.create_table("w", shape=(64,), block_rows=32, consistency=dask_ps.BSP())
+            ps.run(participant, range(2), clocks=5)  # warm up (imports, connections)
+            for i in range(args.repeat):
+                c0, t0 = cpu(), time.perf_counter()
+                msgs = ps.run(participant, range(2), clocks=args.clocks)
+                c1, t1 = cpu(), time.perf_counter()
+                time.sleep(min(t1 - t0, 5.0))  # idle, as long as the run (at most 5 s)
+                c2, t2 = cpu(), time.perf_counter()
+                idle = (c2 - c1) / (t2 - t1)
+                per = ((c1 - c0) - idle * (t1 - t0)) / (2 * args.clocks)
+                print(f"run {i}: {t1 - t0:.2f} s, scheduler CPU {c1 - c0:.3f} s, idle {idle * 1e3:.1f} ms/s, "
+                      f"{per * 1e6:.0f} us per participant-clock, {(t1 - t0) / args.clocks * 1e3:.2f} ms per clock")
+                if msgs and msgs[0]:
+                    print(f"  messages of participant 0 per clock: {msgs[0]}")
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
