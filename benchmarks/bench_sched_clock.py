@@ -4,12 +4,15 @@ A separate ``dask scheduler`` process and two ``dask worker`` processes
 (one thread each); a ``ParameterServer.run`` of two participants, each
 doing ``--clocks`` iterations of: read its rows of a BSP table (spread over
 both workers), push to them, ``ctx.clock()``. The scheduler process's CPU
-time (psutil, user + system) is read before and after the run and over an
-idle stretch of the same length before it; the figure is the run's CPU
-beyond the idle rate, divided by participants x clocks. The same script
-runs on older code (``PYTHONPATH`` picks the checkout)::
+time (psutil, user + system; 10 ms ticks) is read around a run of
+``--clocks`` clocks and around one of ``--short`` clocks, each followed by
+an idle stretch as long as the run; the figure is the difference of the
+two runs' CPU beyond the idle rate, divided by participants x the
+difference in clocks (a run's fixed costs, its start, joins, leaves and
+end, cancel out). The same script runs on older code (``PYTHONPATH`` picks
+the checkout)::
 
-    python benchmarks/bench_sched_clock.py --clocks 300 --repeat 3
+    python benchmarks/bench_sched_clock.py --clocks 1000 --repeat 3
 
 Also printed: the participants' message counts per clock where the code
 reports them (``metrics()["messages"]``).
@@ -44,7 +47,8 @@ def participant(ctx, part, clocks):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clocks", type=int, default=300)
+    ap.add_argument("--clocks", type=int, default=1000)
+    ap.add_argument("--short", type=int, default=100)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
 
@@ -70,18 +74,24 @@ def main() -> None:
             ps = dask_ps.ParameterServer(client)
             ps.create_table("w", shape=(64,), block_rows=32, consistency=dask_ps.BSP())
             ps.run(participant, range(2), clocks=5)  # warm up (imports, connections)
-            for i in range(args.repeat):
+            def measured(clocks):
                 c0, t0 = cpu(), time.perf_counter()
-                msgs = ps.run(participant, range(2), clocks=args.clocks)
+                msgs = ps.run(participant, range(2), clocks=clocks)
                 c1, t1 = cpu(), time.perf_counter()
-                time.sleep(min(t1 - t0, 5.0))  # idle, as long as the run (at most 5 s)
-                c2, t2 = cpu(), time.perf_counter()
-                idle = (c2 - c1) / (t2 - t1)
-                per = ((c1 - c0) - idle * (t1 - t0)) / (2 * args.clocks)
-                print(f"run {i}: {t1 - t0:.2f} s, scheduler CPU {c1 - c0:.3f} s, idle {idle * 1e3:.1f} ms/s, "
-                      f"{per * 1e6:.0f} us per participant-clock, {(t1 - t0) / args.clocks * 1e3:.2f} ms per clock")
+                time.sleep(t1 - t0)  # idle, as long as the run
+                idle = (cpu() - c1) / (time.perf_counter() - t1)
+                return (c1 - c0) - idle * (t1 - t0), t1 - t0, idle, msgs
+
+            for i in range(args.repeat):
+                long_cpu, long_s, idle, msgs = measured(args.clocks)
+                short_cpu, short_s, _, _ = measured(args.short)
+                per = (long_cpu - short_cpu) / (2 * (args.clocks - args.short))
+                print(f"run {i}: {args.clocks} clocks in {long_s:.2f} s ({long_s / args.clocks * 1e3:.2f} ms a clock), "
+                      f"scheduler CPU beyond idle ({idle * 1e3:.0f} ms/s) {long_cpu:.3f} s; {args.short} clocks "
+                      f"{short_cpu:.3f} s: {per * 1e6:.0f} us per participant-clock")
                 if msgs and msgs[0]:
-                    print(f"  messages of participant 0 per clock: {msgs[0]}")
+                    print(f"  requests of participant 0 per clock: "
+                          f"{ {k: round(v / args.clocks, 2) for k, v in msgs[0].items() if 'bytes' not in k} }")
     finally:
         for p in reversed(procs):
             p.terminate()

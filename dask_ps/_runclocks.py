@@ -171,6 +171,8 @@ class RunClocks:
             raise PSValueError(f"run {rec.run_id}: rank {rank!r} is not one of its participants 0..{rec.n - 1}")
         if not _is_count(clock):
             raise PSValueError(f"run {rec.run_id}: rank {rank} reported clock {clock!r}, not a count >= 0")
+        if rec.aborted:  # every participant learns of it at its next clock
+            raise RunAbortedError(f"run {rec.run_id} was aborted: {rec.aborted}")
         if clock > rec.clocks[rank]:
             rec.clocks[rank] = clock
             self._changed(rec)
