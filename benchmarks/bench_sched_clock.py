@@ -13,6 +13,11 @@ end, cancel out). The same script runs on older code (``PYTHONPATH`` picks
 the checkout)::
 
     python benchmarks/bench_sched_clock.py --clocks 1000 --repeat 3
+    python benchmarks/bench_sched_clock.py --sgd --repeat 3
+
+``--sgd``: the same over two ``SGDClassifier`` fits (2 participants, dense
+40,000 x 20, ``--epochs`` apart), the clocks being those the participants
+report in ``metrics_``.
 
 Also printed: the participants' message counts per clock where the code
 reports them (``metrics()["messages"]``).
@@ -50,6 +55,8 @@ def main() -> None:
     ap.add_argument("--clocks", type=int, default=1000)
     ap.add_argument("--short", type=int, default=100)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--sgd", action="store_true", help="SGDClassifier fits instead of a ps.run loop")
+    ap.add_argument("--epochs", type=int, nargs=2, default=[2, 10])
     args = ap.parse_args()
 
     import psutil
@@ -82,6 +89,8 @@ def main() -> None:
                 idle = (cpu() - c1) / (time.perf_counter() - t1)
                 return (c1 - c0) - idle * (t1 - t0), t1 - t0, idle, msgs
 
+            if args.sgd:
+                return _sgd(client, cpu, args)
             for i in range(args.repeat):
                 long_cpu, long_s, idle, msgs = measured(args.clocks)
                 short_cpu, short_s, _, _ = measured(args.short)
@@ -100,6 +109,39 @@ def main() -> None:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def _sgd(client, cpu, args) -> None:
+    import dask.array as da
+
+    from dask_ps.linear_model import SGDClassifier
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40_000, 20))
+    y = (X @ rng.normal(size=20) > 0).astype(int)
+    dX, dy = da.from_array(X, chunks=(20_000, 20)), da.from_array(y, chunks=20_000)
+
+    def fit(epochs):
+        c0, t0 = cpu(), time.perf_counter()
+        m = SGDClassifier(max_iter=epochs, tol=None, random_state=0, client=client, n_jobs=2).fit(dX, dy)
+        c1, t1 = cpu(), time.perf_counter()
+        time.sleep(t1 - t0)
+        idle = (cpu() - c1) / (time.perf_counter() - t1)
+        clocks = sum(int(p.get("clock", 0)) for p in m.metrics_)
+        return (c1 - c0) - idle * (t1 - t0), t1 - t0, idle, clocks, m.metrics_[0].get("messages_per_clock")
+
+    fit(2)  # warm up
+    lo, hi = args.epochs
+    for i in range(args.repeat):
+        long_cpu, long_s, idle, long_clocks, per = fit(hi)
+        short_cpu, _, _, short_clocks, _ = fit(lo)
+        us = (long_cpu - short_cpu) / max(1, long_clocks - short_clocks) * 1e6
+        print(f"sgd {i}: {hi} epochs {long_s:.2f} s, {long_clocks} participant-clocks, scheduler CPU beyond idle "
+              f"({idle * 1e3:.0f} ms/s) {long_cpu:.3f} s; {lo} epochs {short_clocks} clocks {short_cpu:.3f} s: "
+              f"{us:.0f} us per participant-clock")
+        if per:
+            print(f"  requests of participant 0 per clock: "
+                  f"{ {k: round(v, 2) for k, v in per.items() if 'bytes' not in k} }")
 
 
 if __name__ == "__main__":

@@ -686,6 +686,8 @@ class PSWorkerPlugin(WorkerPlugin):
         are any: a clock report's reply does not wait for them)."""
         if self.subscriptions.get(run_id) or any(t.pending for t in self.store.tables.values()):
             asyncio.ensure_future(self.clock_advance(run_id, None if math.isinf(m) else m))
+        elif run_id not in self._ended_runs:  # nothing to apply: noted for blocks installed later
+            self._min_clock[run_id] = max(m, self._min_clock.get(run_id, -1))
 
     @handler(INTERNAL)
     def run_update(self, record: dict) -> None:
