@@ -22,8 +22,10 @@ participant's thread waits only when it needs the result:
 What keeps every consistency guarantee (docs/architecture.rst, "Overlap"):
 
 * A write reaches its servers before the writer's clock is reported past
-  it: a clock report awaits every flush started before it, and is not sent
-  when one failed (its error is raised at the next call of the session).
+  it (to every server of the run, which count the clocks:
+  :mod:`dask_ps._runclocks`): a clock report awaits every flush started
+  before it, and is not sent when one failed (its error is raised at the
+  next call of the session).
 * One table's flushes go out in order, each after the one before was
   acknowledged (rules other than a sum depend on the order), and a read of
   a table waits for that table's flushes in flight, so own writes are in

@@ -18,6 +18,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from dask_ps import _config
 from dask_ps._exceptions import PSValueError, RunAbortedError
 
 logger = logging.getLogger(__name__)
@@ -101,7 +102,11 @@ class Runs:
     async def announce(self, run: RunState, new: bool = False) -> None:
         """Send ``run``'s membership to every server (a newer epoch each time)."""
         run.epoch += 1
-        await self.calls.broadcast("ps_run_update", record=self.record(run, new))
+        sent = asyncio.ensure_future(self.calls.broadcast("ps_run_update", record=self.record(run, new)))
+        try:  # a hung server (fenced out later) does not hold a join or leave: it goes on in the background
+            await asyncio.wait_for(asyncio.shield(sent), _config.get_seconds("timeouts.rpc"))
+        except asyncio.TimeoutError:
+            logger.info("dask_ps: run %s: a server has not taken its membership record yet", run.run_id)
 
     async def start(self, run_id: str, n: int, name: str, info: dict) -> None:
         run = self.runs[run_id] = RunState(run_id, n, [0] * n, name=name, info=info)
@@ -160,7 +165,9 @@ class Runs:
         """Per participant, the highest clock any server has of it (rare: a
         retried participant's join)."""
         out = list(run.clocks)
-        got = await asyncio.gather(*(self.calls.call_once(w, "ps_run_clocks", run_id=run.run_id)
+        rpc_timeout = _config.get_seconds("timeouts.rpc")  # a hung server does not hold the join
+        got = await asyncio.gather(*(asyncio.wait_for(self.calls.call_once(w, "ps_run_clocks", run_id=run.run_id),
+                                                      rpc_timeout)
                                      for w in sorted(self.members)), return_exceptions=True)
         for g in got:
             if isinstance(g, dict) and isinstance(g.get("clocks"), (list, tuple)) and len(g["clocks"]) == run.n:

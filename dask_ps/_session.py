@@ -150,7 +150,7 @@ class Session(InFlight):
         self.rank = rank
         self.n_participants = n_participants
         self._plugin = plugin = self.worker.extensions.get("ps")
-        # The scheduler's run handlers (join, clock, leave, ...) are internal:
+        # The scheduler's run handlers (join, leave, ...) and the servers' clock ones are internal:
         # a participant's calls carry the cluster's internal token.
         # Every message this session sends, by kind (metrics()["messages"]);
         # the scheduler's calls counted as "scheduler" (none per clock).
