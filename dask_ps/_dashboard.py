@@ -347,6 +347,7 @@ class PSDashboard:
         sample, and each live run's clocks; appended to :attr:`history`."""
         try:
             self.served = await self._served()
+            self.plugin.run_book.sampled(self.served)  # the runs' clocks, counted by the servers
         except Exception as e:  # noqa: BLE001 - the page shows the last sample instead
             logger.debug("dask_ps dashboard: sampling failed: %r", e)
             return self.history[-1] if self.history else {}

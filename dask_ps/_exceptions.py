@@ -165,7 +165,7 @@ class RunEndedError(RunAbortedError):
 
 class SchedulerLostError(PSError):
     """The client lost its Dask scheduler (killed, closed, or replaced by a
-    new one). The scheduler held every table's metadata and clocks, and Dask
+    new one). The scheduler held every table's metadata and the runs, and Dask
     workers close when their scheduler connection breaks, so the tables are
     gone: start a new scheduler and workers, then ``ps.load`` a checkpoint
     (see ``docs/reliability.rst``, "Losing the scheduler")."""

@@ -22,8 +22,10 @@ participant's thread waits only when it needs the result:
 What keeps every consistency guarantee (docs/architecture.rst, "Overlap"):
 
 * A write reaches its servers before the writer's clock is reported past
-  it: a clock report awaits every flush started before it, and is not sent
-  when one failed (its error is raised at the next call of the session).
+  it (to every server of the run, which count the clocks:
+  :mod:`dask_ps._runclocks`): a clock report awaits every flush started
+  before it, and is not sent when one failed (its error is raised at the
+  next call of the session).
 * One table's flushes go out in order, each after the one before was
   acknowledged (rules other than a sum depend on the order), and a read of
   a table waits for that table's flushes in flight, so own writes are in
@@ -43,18 +45,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
 import time
 import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
+from distributed.comm import CommClosedError
 
 from dask_ps import _backend, _config, _routing
 from dask_ps._cache import CacheEntry, add_into
-from dask_ps._exceptions import PSValueError
+from dask_ps._exceptions import PSError, PSValueError
+from dask_ps._liveness import WorkerGone
 from dask_ps._oplog import PushBuffer
 from dask_ps._routing import TableHandle
 from dask_ps._transport import gather_settled
+
+_GONE = object()  # a server that left the cluster while a clock call was made to it
 
 logger = logging.getLogger(__name__)
 
@@ -320,11 +327,61 @@ class InFlight:
                 # A write that did not reach its server: the clock must not count.
                 raise RuntimeError(f"clock {clock} not reported: a flush before it failed")
         t0 = time.perf_counter()
-        m = await self._scheduler.ps_clock(
-            run_id=self.run_id, rank=self.rank, clock=clock, wait_for=wait_for,
-            timeout=_config.get_seconds("timeouts.clock"),
-        )
+        m = await self._to_servers("run_clock", clock=clock, wait_for=wait_for)
         return m, time.perf_counter() - t0
+
+    async def _to_servers(self, op: str, clock: int, wait_for=None) -> float:
+        """Report ``clock`` to every server of the run (``op="run_clock"``;
+        the servers count the clocks, issue 36), or park until the run's
+        minimum reaches ``clock`` (``op="run_wait"``). A wait (``wait_for``
+        of a report, SSP) goes to one server: this worker's own if it is
+        one (no message), since any server's minimum bounds the whole run's
+        (``_runclocks``). Returns the highest minimum a server answered."""
+        rec = await self._plugin.runs.get(self.run_id)
+        me, dead = self.worker.address, self._router.transport.liveness.dead
+        servers = [a for a in rec.servers if a not in dead] or [me]
+        waiter = me if me in servers else servers[0]
+        if op == "run_clock":
+            targets = servers
+            calls = [self._to_server(a, op, clock=clock, wait_for=wait_for if a == waiter else None, rank=self.rank)
+                     for a in servers]
+            need = wait_for
+        else:
+            targets, calls, need = [waiter], [self._to_server(waiter, op, clock=clock)], clock
+        results = await gather_settled(calls)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        m = max([math.inf if r is None else r for r in results if r is not _GONE], default=0)
+        if need is not None and results[targets.index(waiter)] is _GONE:  # it left: wait at another
+            m = max(m, await self._to_servers("run_wait", clock=need))
+        return m
+
+    async def _to_server(self, addr: str, op: str, **msg):
+        """One clock call, retried until it is answered, the server leaves
+        (``_GONE``) or ``ps.timeouts.failover`` passes: a live server that
+        missed a clock would hold every read that waits on it."""
+        clock_timeout, rpc_timeout = _config.get_seconds("timeouts.clock"), _config.get_seconds("timeouts.rpc")
+        waits = op == "run_wait" or msg.get("wait_for") is not None
+        seconds = clock_timeout + rpc_timeout if waits else rpc_timeout
+        deadline = time.monotonic() + _config.get_seconds("timeouts.failover")
+        delay = 0.02
+        while True:
+            try:
+                return await self._router.transport.run_call(addr, op, seconds, run_id=self.run_id,
+                                                              timeout=clock_timeout, **msg)
+            except WorkerGone:
+                return _GONE
+            except PSError:  # the server's answer (a timeout of the wait, an aborted run): no retry
+                raise
+            except (OSError, CommClosedError, TimeoutError) as e:  # a connection lost or slow: again
+                if addr in self._router.transport.liveness.dead:
+                    return _GONE
+                if time.monotonic() > deadline:
+                    raise PSError(f"{self!r}: server {addr} did not answer its {op} for "
+                                  f"ps.timeouts.failover: {e!r}") from e
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 0.5)
 
     def _finish_clock(self) -> None:
         """Wait for the clock reported in the background (flush errors first)."""
@@ -392,9 +449,7 @@ class InFlight:
         the bound of the clock the read is for), then read."""
         await _after(previous)  # own flushes in flight are in what it reads
         if need_at is not None and max(p.tag, self._known_min) < need_at:
-            m = await self._scheduler.ps_wait_clock(
-                run_id=self.run_id, clock=int(need_at), timeout=_config.get_seconds("timeouts.clock"))
-            p.tag = float("inf") if m is None else max(p.tag, m)
+            p.tag = max(p.tag, await self._to_servers("run_wait", clock=int(need_at)))
         # What the reply is: a server read in the reader's clock of now, with
         # every update of the clocks below the min clock known now.
         p.tag, p.clock = max(p.tag, self._known_min), self._clock

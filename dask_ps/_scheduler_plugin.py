@@ -1,8 +1,9 @@
 """The scheduler half of dask_ps: metadata only.
 
 Holds which tables exist (their specs), where each row block lives, which
-workers serve shards, and the clocks of running participants. It never holds
-parameter data: values move between workers (and the client) directly.
+workers serve shards, and the runs' membership (``_runs.Runs``; the servers
+count the clocks, ``_runclocks``). It never holds parameter data: values
+move between workers (and the client) directly.
 Placement changes (repair, evacuate, rebalance, resync) are
 ``_rebalance.PlacementChanger``; calls to workers go through
 ``_liveness.WorkerCalls``.
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 import uuid
 from collections import Counter, OrderedDict, deque
@@ -25,12 +25,9 @@ from distributed.protocol.pickle import dumps, loads
 
 from dask_ps import _config, _dashboard
 from dask_ps._exceptions import (
-    ClockTimeoutError,
     DataLostError,
     PSError,
     PSValueError,
-    RunAbortedError,
-    RunEndedError,
     SchedulerLostError,
     TableExistsError,
     UnknownTableError,
@@ -39,6 +36,7 @@ from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, Inte
 from dask_ps._liveness import HungWorkers, Liveness, WorkerCalls
 from dask_ps._placement import place_blocks
 from dask_ps._rebalance import PlacementChanger
+from dask_ps._runs import Runs
 from dask_ps._spec import TableSpec
 from dask_ps._worker_plugin import PLUGIN_NAME, PSWorkerPlugin
 
@@ -111,54 +109,8 @@ class SchedulerTableState:
         return self.holders() | {w for ws in (self.changing_from or ()) for w in ws}
 
 
-@dataclass
-class RunState:
-    """Clocks of one ``ParameterServer.run``: ``clocks[rank]`` is the number
-    of ``clock()`` calls that participant has completed."""
-
-    run_id: str
-    n: int
-    clocks: list[int]
-    cond: asyncio.Condition = field(default_factory=asyncio.Condition)
-    done: set[int] = field(default_factory=set)
-    where: dict[int, str] = field(default_factory=dict)
-    attempts: dict[int, int] = field(default_factory=dict)
-    aborted: str | None = None
-    by_caller: bool = False  # aborted by ParameterServer.run (run_abort): its caller no longer waits
-    metrics: dict[int, dict] = field(default_factory=dict)
-    started: float = field(default_factory=time.time)
-    notify: bool = False  # tell servers when min_clock grows (ESSP, aggregate="clock")
-    tables: set[str] = field(default_factory=set)  # tables its participants used
-    rollbacks: list[dict] = field(default_factory=list)  # restores from a checkpoint while it ran
-    notified: float = 0  # the last min clock sent to servers
-    name: str = ""  # the participant function's name (the dashboard)
-    info: dict = field(default_factory=dict)  # run_info: name, params, planned_clocks (the dashboard)
-    waiting: int = 0  # participants waiting in ps_clock/ps_wait_clock now
-    wait_seconds: float = 0.0  # seconds participants spent waiting there
-
-    def __repr__(self):
-        return f"<RunState {self.run_id} clocks={self.clocks} done={sorted(self.done)}>"
-
-    @property
-    def min_clock(self) -> float:
-        live = [c for r, c in enumerate(self.clocks) if r not in self.done]
-        return min(live) if live else math.inf
-
-    def behind(self, clock: int) -> list[str]:
-        return [
-            f"participant {r} at clock {c} on {self.where.get(r, '?')}"
-            for r, c in enumerate(self.clocks)
-            if r not in self.done and c < clock
-        ]
-
-
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _num(x: float):
-    """Clock values cross the wire as msgpack; ``inf`` means "no one left"."""
-    return None if math.isinf(x) else int(x)
 
 
 class PSSchedulerPlugin(SchedulerPlugin):
@@ -175,7 +127,6 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self.scheduler = None
         self.members: set[str] = set()
         self.tables: dict[str, SchedulerTableState] = {}
-        self.runs: dict[str, RunState] = {}
         self._table_locks: dict[str, asyncio.Lock] = {}
         self._servers_changed = None
         self._background: set[asyncio.Task] = set()
@@ -184,6 +135,8 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self.liveness = Liveness()
         self.internal_token = None  # the workers' (set in start); internal handlers require it
         self.calls = WorkerCalls(self.worker_rpc, self.liveness, self._retiring, self.members)
+        self.run_book = Runs(self.calls, self.members, self.in_background)  # membership; servers count clocks
+        self.runs = self.run_book.runs
         self.placement = PlacementChanger(self)  # repair, evacuate, rebalance, resync
         self.hung = HungWorkers(self)  # fences out members that stop answering
         self._saves: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()  # (path, data) -> {table: id}
@@ -288,6 +241,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         # retry for distributed.comm.timeouts.connect).
         self.scheduler.log_event("ps-worker-left", {"address": worker})
         self._in_background(self.calls.broadcast("ps_worker_left", address=worker))
+        self.run_book.servers_changed()  # the participants stop reporting clocks to it
         for t in list(self.tables.values()):
             if worker in t.listed():
                 self._in_background(self.placement.repair(t.spec.name, gone={worker}, reason=f"{worker} left ({stimulus_id})"))
@@ -322,6 +276,8 @@ class PSSchedulerPlugin(SchedulerPlugin):
             self._in_background(self.calls.broadcast("ps_worker_joined", address=address))
         async with self._servers_changed:
             self._servers_changed.notify_all()
+        if new:
+            self.run_book.servers_changed()  # it counts the runs' clocks from now on
         if new and self.tables:
             for name in list(self.tables):
                 self._in_background(self.placement.rebalance(name))
@@ -721,132 +677,45 @@ class PSSchedulerPlugin(SchedulerPlugin):
             return_exceptions=True,
         )
 
-    # --- runs and clocks ------------------------------------------------------------
+    # --- runs (membership; the servers count the clocks: _runs, _runclocks) -----------------
     @handler(CLIENT)
-    def run_start(self, run_id: str, n: int, name: str = "", info: dict | None = None) -> None:
+    async def run_start(self, run_id: str, n: int, name: str = "", info: dict | None = None) -> None:
         if not (isinstance(run_id, str) and _is_int(n) and n >= 1):
             raise PSValueError(f"a run needs a str id and n >= 1 participants, got {run_id!r}, {n!r}")
-        self.runs[run_id] = RunState(run_id, n, [0] * n, name=str(name)[:200], info=_dashboard.check_run_info(info))
+        await self.run_book.start(run_id, n, str(name)[:200], _dashboard.check_run_info(info))
 
-    def _run(self, run_id) -> RunState:
+    def _run(self, run_id):
+        return self.run_book.get(run_id)
+
+    @handler(INTERNAL)
+    def run_record(self, run_id: str) -> dict | None:
+        """Handler (a worker that has not heard of a run): its membership record."""
         run = self.runs.get(run_id)
-        if run is None:
-            raise RunEndedError(f"run {run_id} has ended or was aborted")
-        if run.aborted:
-            raise (RunEndedError if run.by_caller else RunAbortedError)(f"run {run_id} was aborted: {run.aborted}")
-        return run
-
-    @staticmethod
-    def _check_rank(run: RunState, rank, clock=0) -> None:
-        """Only the run's participants report, with a clock count: a rank
-        outside ``[0, n)`` (``-1`` indexed the last participant's clock) or
-        a clock that is not a count is refused, and nothing changes."""
-        if not (_is_int(rank) and 0 <= rank < run.n):
-            raise PSValueError(f"run {run.run_id}: rank {rank!r} is not one of its participants 0..{run.n - 1}")
-        if not (_is_int(clock) and clock >= 0):
-            raise PSValueError(f"run {run.run_id}: rank {rank} reported clock {clock!r}, not a count >= 0")
+        return None if run is None else self.run_book.record(run)
 
     @handler(INTERNAL)
     async def run_join(self, run_id: str, rank: int, address: str, with_attempt: bool = False):
         """Handler: a participant starts (or restarts); returns its clock so a
-        retried task resumes at the clock the run recorded for it
+        retried task resumes at the clock the servers have of it
         (``with_attempt``: ``[clock, attempt]``, attempt 1 for the first)."""
-        run = self._run(run_id)
-        self._check_rank(run, rank)
-        run.where[rank] = address
-        run.attempts[rank] = run.attempts.get(rank, 0) + 1
-        if rank in run.done:  # a retried task that had already left
-            run.done.discard(rank)
-        if with_attempt:
-            return [run.clocks[rank], run.attempts[rank]]
-        return run.clocks[rank]
+        clock, attempt = await self.run_book.join(run_id, rank, address)
+        return [clock, attempt] if with_attempt else clock
 
     @handler(INTERNAL)
     def run_notify(self, run_id: str) -> None:
-        """Handler: a participant uses a table whose servers must hear of clock
-        advances (ESSP pushes, per-clock aggregation)."""
+        """Handler: a participant uses a table whose servers act on clock
+        advances (ESSP pushes, per-clock aggregation): the run's end waits
+        for them to apply what it left."""
         self._run(run_id).notify = True
-
-    def _clock_changed(self, run: RunState) -> None:
-        m = run.min_clock
-        if run.notify and m > run.notified:
-            run.notified = m
-            # In the background: the participant's clock call does not wait
-            # for servers to push fresh rows.
-            task = asyncio.ensure_future(self.calls.broadcast("ps_clock_advance", run_id=run.run_id, min_clock=_num(m)))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
-    @handler(INTERNAL)
-    async def clock(self, run_id: str, rank: int, clock: int, wait_for=None, timeout=None):
-        """Handler: ``rank`` completed ``clock`` clocks; returns the run's min
-        clock, after waiting (as :meth:`wait_clock`) until it is at least
-        ``wait_for`` if given. Taking the max makes a repeated report (a
-        retried task) count once."""
-        run = self._run(run_id)
-        self._check_rank(run, rank, clock)
-        if clock > run.clocks[rank]:
-            run.clocks[rank] = clock
-            self._clock_changed(run)
-            async with run.cond:
-                run.cond.notify_all()
-        if wait_for is not None:
-            return await self.wait_clock(run_id, wait_for, timeout)
-        return _num(run.min_clock)
-
-    @handler(INTERNAL)
-    async def wait_clock(self, run_id: str, clock: int, timeout: float | None = None):
-        """Handler: wait until every live participant completed ``clock``
-        clocks; returns the min clock. Awaited, so the loop stays free."""
-        run = self._run(run_id)
-        if run.min_clock >= clock:
-            return _num(run.min_clock)
-        t0 = time.monotonic()
-        run.waiting += 1
-        try:
-            async with run.cond:
-                try:
-                    await asyncio.wait_for(
-                        run.cond.wait_for(lambda: run.aborted or run.min_clock >= clock), timeout
-                    )
-                except asyncio.TimeoutError:
-                    raise ClockTimeoutError(
-                        f"run {run_id}: waited {time.monotonic() - t0:.1f}s for every participant to "
-                        f"reach clock {clock}; behind: {'; '.join(run.behind(clock))}"
-                    ) from None
-        finally:
-            run.waiting -= 1
-            run.wait_seconds += time.monotonic() - t0
-        self._run(run_id)  # raises if aborted meanwhile
-        return _num(run.min_clock)
 
     @handler(INTERNAL)
     async def run_leave(self, run_id: str, rank: int, metrics: dict | None = None) -> None:
         """Handler: a participant returned or raised; it no longer holds others."""
-        run = self.runs.get(run_id)
-        if run is None:
-            return
-        self._check_rank(run, rank)
-        run.done.add(rank)
-        if metrics is not None:
-            run.metrics[rank] = metrics
-            self.totals["wait_seconds"] += metrics.get("clock_wait_seconds", 0.0)
-            for t in metrics.get("tables", {}).values():
-                for key in ("reads", "cache_hits", "wait_seconds", "bytes_pushed", "bytes_pulled"):
-                    self.totals[key] += t.get(key, 0)
-            logger.debug("dask_ps: run %s participant %d metrics %s", run_id, rank, metrics)
-        self._clock_changed(run)
-        async with run.cond:
-            run.cond.notify_all()
+        await self.run_book.leave(run_id, rank, metrics, self.totals)
 
     @handler(CLIENT)
     async def run_abort(self, run_id: str, reason: str) -> None:
-        run = self.runs.get(run_id)
-        if run is None:
-            return
-        run.aborted, run.by_caller = reason or "aborted", True
-        async with run.cond:
-            run.cond.notify_all()
+        await self.run_book.abort(run_id, reason)
 
     @handler(CLIENT)
     async def run_end(self, run_id: str) -> dict | None:

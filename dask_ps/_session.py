@@ -151,10 +151,13 @@ class Session(InFlight):
         self.rank = rank
         self.n_participants = n_participants
         self._plugin = plugin = self.worker.extensions.get("ps")
-        # The scheduler's run handlers (join, clock, leave, ...) are internal:
+        # The scheduler's run handlers (join, leave, ...) and the servers' clock ones are internal:
         # a participant's calls carry the cluster's internal token.
-        self._scheduler = (InternalRPC(self.worker.scheduler, plugin.internal_token) if plugin is not None
-                           else self.worker.scheduler)
+        # Every message this session sends, by kind (metrics()["messages"]);
+        # the scheduler's calls counted as "scheduler" (none per clock).
+        self._sent: Counter = Counter()
+        self._scheduler = _Counted((InternalRPC(self.worker.scheduler, plugin.internal_token) if plugin is not None
+                                    else self.worker.scheduler), self._sent)
         # The sender id is stable across retries of this participant's task, and
         # flushes are numbered by (clock, n-th flush in the clock): a retried
         # participant that repeats a clock's pushes has them applied once.
@@ -164,6 +167,7 @@ class Session(InFlight):
             sender=f"{run_id}-{rank}",
             latest_versions=plugin.latest_versions if plugin is not None else None,
         )
+        self._router.transport.sent = self._sent
         self._flushes_this_clock = 0
         self._key = f"{run_id}-{rank}-{uuid.uuid4().hex[:8]}"  # ESSP mailbox of this session
         self._notifying = False
@@ -230,6 +234,10 @@ class Session(InFlight):
         # In that clock this session cannot tell its new writes from old
         # ones, so it reads what the servers have instead of adding its own.
         self._resumed_clock = self._clock if attempt > 1 else None
+        if attempt > 1 and self._clock > 0:
+            # The clock the run has of it may have reached some servers only
+            # (the task stopped while reporting it): every server gets it.
+            self._sync(self._to_servers, "run_clock", clock=self._clock)
         self._known_min = 0
         if _config.get_seconds("process-read-window") > 0:
             self._router.transport.combiner = _process_cache.acquire(self.run_id)
@@ -270,9 +278,17 @@ class Session(InFlight):
         clocks, prefetch results), of which ``ps_blocked_seconds`` waiting
         on the network, the servers or other participants, and
         ``compute_seconds`` everything else since it joined the run (its own
-        code); ``clock_wait_seconds``: blocked in ``clock``."""
+        code); ``clock_wait_seconds``: blocked in ``clock``; ``messages``:
+        the requests it sent by kind (``push``, ``pull``, ``clock``,
+        ``wait``: to servers through the comm; ``..._local``: direct calls
+        to a server in this process; ``scheduler``) and ``bytes_pushed`` /
+        ``bytes_pulled``, with ``messages_per_clock`` the same divided by
+        the clocks completed."""
         elapsed = time.perf_counter() - self._started
+        sent = dict(self._sent)
         return {
+            "messages": sent,
+            "messages_per_clock": {k: v / self._clock for k, v in sent.items()} if self._clock else {},
             "clock": self._clock,
             "clock_wait_seconds": self._clock_wait,
             "compute_seconds": max(0.0, elapsed - self._ps_seconds),
@@ -322,13 +338,10 @@ class Session(InFlight):
         if self._known_min >= need:
             return
         t0 = time.perf_counter()
-        m = self._sync(
-            self._scheduler.ps_wait_clock,
-            run_id=self.run_id,
-            clock=int(need),
-            timeout=_config.get_seconds("timeouts.clock"),
-        )
-        self._known_min = float("inf") if m is None else max(self._known_min, m)
+        # Parked at a server until the run's minimum there reaches ``need``
+        # (the servers count the clocks: nothing asks the scheduler).
+        m = self._sync(self._to_servers, "run_wait", clock=int(need))
+        self._known_min = max(self._known_min, m)
         dt = time.perf_counter() - t0
         if metrics is not None:
             metrics.wait_seconds += dt
@@ -714,6 +727,24 @@ class Session(InFlight):
     def _record_staleness(self, m: TableMetrics, tag: float) -> None:
         # How many clocks behind the reader the guaranteed-visible state is.
         m.staleness[int(max(0, self._clock - min(tag, self._clock)))] += 1
+
+
+class _Counted:
+    """An rpc whose calls are counted in ``sent["scheduler"]``."""
+
+    def __init__(self, rpc, sent: Counter):
+        self._rpc, self._sent = rpc, sent
+
+    def __getattr__(self, op):
+        if op.startswith("_"):
+            raise AttributeError(op)
+        call = getattr(self._rpc, op)
+
+        def counted(**msg):
+            self._sent["scheduler"] += 1
+            return call(**msg)
+
+        return counted
 
 
 def participant(run_id, rank, n, fn, part, kwargs):

@@ -24,6 +24,7 @@ import itertools
 import time
 import uuid
 import zlib
+from collections import Counter
 
 import numpy as np
 from distributed.protocol.serialize import to_serialize
@@ -132,6 +133,10 @@ class Transport:
         # int32 arrays free to carry rows of messages (_wire_rows); used and
         # given back on the event loop only.
         self._row_scratch: list[np.ndarray] = []
+        # Requests sent and the bytes of values they carried, by kind ("push",
+        # "pull", "clock"; "..._local": a direct call, no message on the
+        # comm): a session's ``metrics()["messages"]``.
+        self.sent: Counter = Counter()
 
     def __repr__(self):
         return f"<Transport local={self.local_address}>"
@@ -209,6 +214,8 @@ class Transport:
         check found it (sent with the internal token only: the server's
         overflow check then trusts it instead of measuring the values)."""
         target = self._direct(addr)
+        self.sent["push" if target is None else "push_local"] += 1
+        self.sent["bytes_pushed"] += sum(int(getattr(v, "nbytes", 0)) for _, _, v in items)
         if target is not None:
             items = [(b, _routing.wire_rows(r), v) for b, r, v in items]
             return await self._call_direct(target, target.local_push(
@@ -244,11 +251,25 @@ class Transport:
         self._give_back(taken)
         return reply
 
+    async def run_call(self, addr: str, op: str, seconds: float, **msg):
+        """A participant's clock call to a server: ``run_clock`` (report a
+        clock) or ``run_wait`` (park until the run's minimum reaches a
+        clock), within ``seconds``; directly where the server is in this
+        process (its own worker: no message at all)."""
+        target = self._direct(addr)
+        kind = "clock" if op == "run_clock" else "wait"
+        self.sent[kind if target is None else f"{kind}_local"] += 1
+        if target is not None:
+            return await _within(seconds, getattr(target, op)(**msg))
+        return await self.liveness.call(addr, lambda: _within(
+            seconds, getattr(self.rpc(addr), f"ps_{op}")(**msg, **self._trusted)))
+
     async def pull(self, addr: str, h: TableHandle, reqs, **extra) -> dict:
         """``{"seqs": [...], "values": [...]}`` for ``(block, rows)`` requests.
         ``extra``: ``run``/``subscribe`` of a participant (see ``ps_pull``)."""
         blocks = [b for b, _ in reqs]
         target = self._direct(addr)
+        self.sent["pull" if target is None else "pull_local"] += 1
         if target is not None:
             # Another worker's replies are shared read-only, as the in-process
             # comm hands them over; this worker's own session gets copies.
@@ -276,6 +297,7 @@ class Transport:
             if not addr.startswith("inproc://"):
                 values = [_backend.received(v) for v in values]  # buffers only this reader holds
             reply["values"] = values
+            self.sent["bytes_pulled"] += sum(int(getattr(v, "nbytes", 0)) for v in values)
         return reply
 
 

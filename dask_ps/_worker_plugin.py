@@ -34,6 +34,7 @@ from dask_ps._exceptions import (
 from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, handler, reply_errors
 from dask_ps._host_memory import freeze_before_exit, pool_in_process_memory_limits, raise_mmap_threshold
 from dask_ps._liveness import Beacon, Liveness, PauseGuard, WorkerGone
+from dask_ps._runclocks import RunClocks, push_fresh_rows
 from dask_ps._shard import ShardStore, _wire_clock
 from dask_ps._spec import TableSpec
 from dask_ps._wire import aligned, unwire_values, wire_values, wired_nbytes
@@ -78,6 +79,10 @@ class PSWorkerPlugin(WorkerPlugin):
         # The latest runs ended here (refused without asking the scheduler;
         # bounded: an older one is refused because the scheduler no longer has it).
         self._ended_runs: OrderedDict[str, None] = OrderedDict()
+        # The runs' clocks, counted here (issue 36): participants report their
+        # clocks to every server; the scheduler only sends membership changes.
+        self.runs = RunClocks(self._run_record, self._peer_clocks, self._on_advance,
+                              me=self._address, ended=self._ended_runs)
         self.latest_versions: dict[str, int] = {}  # table -> newest placement version announced
         self.liveness = Liveness()  # workers the scheduler removed: do not wait on them
         self._evictions: set[str] = set()  # ps_evicted ids handled (a resent one is a no-op)
@@ -595,6 +600,7 @@ class PSWorkerPlugin(WorkerPlugin):
         run_id = None
         if run is not None:
             run_id, min_clock = _check_run(run)
+            self.runs.note_floor(run_id, min_clock)  # learnt from a server: a floor here too
             await self._advance(run_id, min_clock)
         # Not while an update is applied in place on the offload thread.
         async with self._all_locks(t.spec.name):
@@ -664,46 +670,67 @@ class PSWorkerPlugin(WorkerPlugin):
         for items in self.store.due(t, run_id, m):
             await self._apply(t, items, check=False)  # checked when they were pushed (accumulate)
 
+    # --- run clocks (issue 36: counted here, not by the scheduler) -----------------------
+    def _address(self) -> str | None:
+        return self.worker.address if self.worker is not None else None
+
+    async def _run_record(self, run_id: str):
+        return await asyncio.wait_for(self.scheduler.ps_run_record(run_id=run_id), _config.get_seconds("timeouts.rpc"))
+
+    async def _peer_clocks(self, peer: str, run_id: str):
+        return await self.liveness.call(peer, lambda: asyncio.wait_for(
+            self.worker.rpc(peer).ps_run_clocks(run_id=run_id, token=self.internal_token),
+            _config.get_seconds("timeouts.rpc")))
+
+    def _on_advance(self, run_id: str, m: float) -> None:
+        """A run's minimum grew here: apply its due per-clock sums and push
+        fresh rows to its ESSP readers, in the background (only if there
+        are any: a clock report's reply does not wait for them)."""
+        if self.subscriptions.get(run_id) or any(t.pending for t in self.store.tables.values()):
+            asyncio.ensure_future(self.clock_advance(run_id, None if math.isinf(m) else m))
+        elif run_id not in self._ended_runs:  # nothing to apply: noted for blocks installed later
+            self._min_clock[run_id] = max(m, self._min_clock.get(run_id, -1))
+
     @handler(INTERNAL)
+    def run_update(self, record: dict) -> None:
+        """Handler (scheduler): a run's membership (started, a participant
+        joined, left or the run was aborted, its servers changed)."""
+        if not isinstance(record, dict):
+            raise PSValueError(f"run_update needs a record, got {record!r}")
+        self.runs.update(record)
+
+    @handler(INTERNAL)
+    async def run_clock(self, run_id: str, rank: int, clock: int, wait_for=None, timeout=None):
+        """Handler (a participant, after every push of its clocks before
+        ``clock`` was acknowledged): ``rank`` completed ``clock`` clocks.
+        Returns the run's minimum here, after waiting (``wait_for``, SSP)
+        until it is at least that."""
+        rec = await self.runs.get(run_id)
+        self.runs.clock(rec, rank, clock)
+        if wait_for is not None:
+            return _wire_clock(await self.runs.wait(rec, int(wait_for), timeout))
+        return _wire_clock(rec.min_clock)
+
+    @handler(INTERNAL)
+    async def run_wait(self, run_id: str, clock: int, timeout=None):
+        """Handler (a participant's read): park until every live participant
+        completed ``clock`` clocks; returns the minimum."""
+        rec = await self.runs.get(run_id)
+        return _wire_clock(await self.runs.wait(rec, int(clock), timeout))
+
+    @handler(INTERNAL)
+    def run_clocks(self, run_id: str) -> dict | None:
+        """Handler (a peer that joins a run late, the scheduler at a retried
+        participant's join): this worker's clocks of ``run_id``."""
+        rec = self.runs.records.get(run_id)
+        return None if rec is None else {"clocks": list(rec.clocks), "min": _wire_clock(rec.min_clock)}
+
     async def clock_advance(self, run_id: str, min_clock=None) -> None:
-        """Handler (scheduler, when a run's min clock grows): apply due
+        """When a run's min clock grows here (``_on_advance``): apply due
         per-clock sums, then push fresh rows to ESSP subscribers."""
         await self._advance(run_id, min_clock)
-        subs = self.subscriptions.get(run_id)
-        if not subs or min_clock is None:
-            return
-        sends = []
-        for session, (address, tables) in list(subs.items()):
-            for name, blocks in tables.items():
-                t = self.store.tables.get(name)
-                if t is None:
-                    continue
-                async with self._all_locks(name):
-                    if self.store.tables.get(name) is not t:
-                        continue
-                    summed = None
-                    if t.spec.aggregate == "clock":  # as a read would (see _read)
-                        await self._apply_due(t, run_id, max(min_clock, self._min_clock.get(run_id, -1)))
-                    # Not from a copy that missed a push (checked under the
-                    # lock: a fence may arrive while we wait for it).
-                    reqs = [(b, r) for b, r in blocks.items() if b in t.blocks and b not in t.missed]
-                    dev_reqs = [(b, None if r is None else _backend.to_device(r, t.spec.device)) for b, r in reqs]
-                    seqs, values = self.store.read(t, dev_reqs, copy=address == self.worker.address)
-                    if t.spec.aggregate == "clock":
-                        summed = [_wire_clock(self.store.summed_below_of(t, b, run_id)) for b, _ in reqs]
-                fill = dict(
-                    run_id=run_id, session=session, table=name, version=t.version, tag=min_clock,
-                    summed_below=summed, blocks=[b for b, _ in reqs], seqs=seqs,
-                    rows=[None if r is None else to_serialize(r) for _, r in reqs],
-                    values=[to_serialize(v) for v in values],
-                )
-                if address == self.worker.address:
-                    self.cache_fill(**{**fill, "rows": [r for _, r in reqs], "values": values})
-                else:
-                    sends.append(self.worker.rpc(address).ps_cache_fill(**aligned(fill), token=self.internal_token))
-        for r in await asyncio.gather(*sends, return_exceptions=True):
-            if isinstance(r, Exception):
-                logger.debug("dask_ps: ESSP push failed: %r", r)
+        if self.subscriptions.get(run_id) and min_clock is not None:
+            await push_fresh_rows(self, run_id, min_clock)
 
     @handler(INTERNAL)
     def cache_fill(self, session, table, version, tag, blocks, seqs, rows, values, summed_below=None,
@@ -740,6 +767,7 @@ class PSWorkerPlugin(WorkerPlugin):
         for session in [k for k in self.mailboxes if k.startswith(run_id)]:
             self.mailboxes.pop(session, None)
         self._min_clock.pop(run_id, None)
+        self.runs.end(run_id)
         self.store.forget_run(run_id)
 
     @handler(READ_ONLY)
@@ -762,7 +790,7 @@ class PSWorkerPlugin(WorkerPlugin):
         """Handler: which blocks of which tables live here, and their bytes;
         ``served=True``: also the pushes and reads served (the dashboard)."""
         if served:
-            return {"tables": self.info(), "served": dict(self.served)}
+            return {"tables": self.info(), "served": dict(self.served), "runs": self.runs.info()}
         return {
             name: {"version": t.version, "blocks": sorted(t.blocks), "nbytes": t.nbytes,
                    "missed": sorted(t.missed), "reads": dict(t.reads)}

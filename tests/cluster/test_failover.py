@@ -260,9 +260,10 @@ def test_a_hung_shard_host_is_fenced_out_and_the_run_goes_on():
 
 
 def test_scheduler_refuses_clock_reports_from_outside_the_run():
-    """Clock reports (and joins, leaves) must come from one of the run's
-    ranks ``0..n-1`` with a clock count. Before the fix (checked on the
-    previous commit) ``rank=-1`` moved the last participant's clock to 50."""
+    """Clock reports (to the servers, which count them: issue 36), joins and
+    leaves must come from one of the run's ranks ``0..n-1`` with a clock
+    count. Before the fix (checked on the scheduler's old ``ps_clock``)
+    ``rank=-1`` moved the last participant's clock to 50."""
     from dask_ps import PSValueError
 
     with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as c, Client(c) as client:
@@ -273,12 +274,15 @@ def test_scheduler_refuses_clock_reports_from_outside_the_run():
 
         token = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.extensions["ps"].internal_token)
         scheduler = InternalRPC(client.scheduler, token)
+        (worker,) = client.scheduler_info()["workers"]
+        server = InternalRPC(client.rpc(worker), token)
         client.sync(scheduler.ps_run_start, run_id="r", n=2)
-        clocks = lambda: client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.extensions["ps"].runs["r"].clocks))  # noqa: E731
+        clocks = lambda: client.run(  # noqa: E731
+            lambda dask_worker: list(dask_worker.extensions["ps"].runs.records["r"].clocks))[worker]
         for bad in (dict(rank=-1, clock=50), dict(rank=2, clock=1), dict(rank=True, clock=1),
                     dict(rank=0, clock=-3), dict(rank=0, clock=1.5)):
             with pytest.raises(PSValueError, match="run r"):
-                client.sync(scheduler.ps_clock, run_id="r", **bad)
+                client.sync(server.ps_run_clock, run_id="r", **bad)
         with pytest.raises(PSValueError):
             client.sync(scheduler.ps_run_join, run_id="r", rank=-1, address="x")
         with pytest.raises(PSValueError):
@@ -286,6 +290,6 @@ def test_scheduler_refuses_clock_reports_from_outside_the_run():
         with pytest.raises(PSValueError):
             client.sync(scheduler.ps_run_start, run_id="s", n=-1)
         assert clocks() == [0, 0]
-        assert client.sync(scheduler.ps_clock, run_id="r", rank=1, clock=1) == 0  # a real report still counts
+        assert client.sync(server.ps_run_clock, run_id="r", rank=1, clock=1) == 0  # a real report still counts
         assert clocks() == [0, 1]
         client.sync(scheduler.ps_run_end, run_id="r")

@@ -54,11 +54,13 @@ def test_every_installed_handler_is_registered_with_an_access_level(ps, client):
         unexpected = set(registry.ops(CLIENT)) - CLIENT_OPS[side]
         assert not unexpected, f"new client-level {side} handlers: {unexpected} (internal or read-only?)"
     # The handlers the trust model calls internal (issue 22 found them open).
-    for op in ("ps_clock", "ps_register_server", "ps_evacuate", "ps_replica_missed", "ps_run_join",
-               "ps_run_leave", "ps_wait_clock"):
+    for op in ("ps_register_server", "ps_evacuate", "ps_replica_missed", "ps_run_join",
+               "ps_run_leave", "ps_run_record"):
         assert SCHEDULER_HANDLERS.access(op) == INTERNAL, op
+    # Clocks are counted by the servers (issue 36): reports, waits and
+    # membership records are internal there.
     for op in ("ps_save_blocks", "ps_load_blocks", "ps_install_loaded", "ps_set_placement", "ps_evicted",
-               "ps_cache_fill"):
+               "ps_cache_fill", "ps_run_clock", "ps_run_wait", "ps_run_update", "ps_run_clocks"):
         assert WORKER_HANDLERS.access(op) == INTERNAL, op
 
 
@@ -178,18 +180,21 @@ def _bsp_reader(ctx, _):
 def test_a_forged_clock_does_not_release_a_bsp_participant(ps, client):
     """Issue 22: a client's ``ps_clock`` with a forged clock released a BSP
     participant early (it read 0, 1, 2 instead of 0, 2, 4). Now the forged
-    reports are refused and both participants read every clock complete."""
+    reports (to the servers, which count the clocks: ``ps_run_clock``) are
+    refused and both participants read every clock complete."""
     import threading
 
     ps.create_table("b", shape=(1,), consistency=dask_ps.BSP())
     forged = threading.Event()
 
+    workers = list(client.scheduler_info()["workers"])
+
     def forge():
         while not forged.is_set():
             for run_id in client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.extensions["ps"].runs)):
-                for rank in (0, 1):
+                for rank, w in ((0, workers[0]), (1, workers[-1])):
                     try:
-                        client.sync(ps._scheduler.ps_clock, run_id=run_id, rank=rank, clock=10)
+                        client.sync(client.rpc(w).ps_run_clock, run_id=run_id, rank=rank, clock=10)
                     except PermissionError:
                         pass
             forged.wait(0.01)

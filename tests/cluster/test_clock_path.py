@@ -1,0 +1,85 @@
+"""The clock path (issue 36): the servers count the clocks, the scheduler
+is on no clock's path.
+
+Counted from each participant's ``metrics()["messages"]`` between two
+clocks of a steady run (after its tables were looked up), on both layouts
+(worker processes: requests through the comm; in-process: direct calls).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import dask_ps
+
+CLOCKS = 12
+STEADY = (2, 10)  # clocks between which the requests are counted
+
+
+def _counting(ctx, _, table, use_rows):
+    snaps = {}
+    rows = np.arange(ctx.rank, 40, ctx.n_participants)
+    for c in range(CLOCKS):
+        if c in STEADY:
+            snaps[c] = dict(ctx.metrics()["messages"])
+        if use_rows:
+            ctx.pull_rows(table, rows)
+            ctx.push_rows(table, rows, np.ones(rows.size))
+        else:
+            ctx.pull(table)
+            ctx.push(table, np.ones(40))
+        ctx.clock()
+    before, after = snaps[STEADY[0]], snaps[STEADY[1]]
+    return {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after)}
+
+
+@pytest.mark.parametrize("consistency", [dask_ps.BSP(), dask_ps.SSP(1), dask_ps.ESSP(1)], ids=repr)
+@pytest.mark.parametrize("use_rows", [False, True])
+def test_one_clock_request_per_server_per_clock_and_none_to_the_scheduler(ps, client, consistency, use_rows):
+    """Per steady clock a participant sends each server one clock report
+    (its own worker's as a direct call), one push per table it wrote there
+    and at most one read; nothing to the scheduler. The old path sent every
+    clock to the scheduler (``ps_clock``, plus ``ps_wait_clock`` per
+    read that waited)."""
+    ps.create_table("c", shape=(40,), block_rows=20, consistency=consistency)
+    servers = {o.worker for o in ps.placement("c")}
+    assert len(servers) == 2  # one block on each worker (consistent hashing of 2 blocks over 2)
+    n = STEADY[1] - STEADY[0]
+    for got in ps.run(_counting, range(2), table="c", use_rows=use_rows):
+        assert got.get("scheduler", 0) == 0, got
+        assert got.get("clock", 0) + got.get("clock_local", 0) == len(servers) * n, got
+        assert got.get("push", 0) + got.get("push_local", 0) == len(servers) * n, got
+        assert got.get("pull", 0) + got.get("pull_local", 0) <= len(servers) * n, got
+        assert got.get("wait", 0) + got.get("wait_local", 0) <= n, got  # a read parked at most once a clock
+    (run,) = [r for r in ps.metrics().values() if r["participants"]][-1:]
+    per_clock = run["participants"][0]["messages_per_clock"]
+    assert per_clock.get("clock", 0) + per_clock.get("clock_local", 0) == pytest.approx(len(servers))
+
+
+def test_a_server_that_joins_a_run_takes_the_clocks_from_a_peer(ps, client):
+    """A worker that hears of a run late (not at its start) takes a peer's
+    clocks: sound, since a participant reports a clock to a server only
+    after all of its earlier pushes were acknowledged everywhere."""
+    ps.create_table("j", shape=(4,), consistency=dask_ps.BSP())
+
+    def train(ctx, _):
+        for _ in range(3):
+            ctx.push("j", np.ones(4))
+            ctx.clock()
+        # Forget the run on this worker, then hear of it again (as a server
+        # that joined mid-run does): its clocks come back from the peer.
+        plugin = ctx._plugin
+        record = plugin.runs.records.pop(ctx.run_id)
+        rec = ctx._sync(plugin.runs.get, ctx.run_id)  # from the scheduler, then the peer's clocks
+        import time
+
+        deadline = time.monotonic() + 30  # a wait loop, not a timing assertion
+        while min(rec.clocks) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return record.clocks, rec.clocks
+
+    if len(client.scheduler_info()["workers"]) < 2:
+        pytest.skip("needs two servers")
+    for old, new in ps.run(train, range(1)):
+        assert old == [3] and new == [3]
