@@ -354,7 +354,7 @@ class ParameterServer:
             if callable(init):
                 init = init(spec.shape, spec.dtype)
             if np.ndim(init) == 0 and not hasattr(init, "shape"):
-                values = np.full(spec.shape, init, dtype=spec.dtype)
+                values = np.full(spec.shape, _spec.check_scalar(spec, init), dtype=spec.dtype)
             else:
                 values = _spec.check_values(spec, init, spec.shape, what="init")
         handle = self._sync(self._scheduler.ps_create_table, spec=spec.to_msg())

@@ -28,7 +28,9 @@ from dask_ps import _backend, _config
 from dask_ps._exceptions import PSValueError, StaleVersionError, UnknownTableError
 from dask_ps import _sparse_rows
 from dask_ps._sparse_rows import DenseRows, EncodedRows, RowsToAdd
-from dask_ps._spec import CASTING, TableSpec, refuse_masked, strictly_increasing
+from dask_ps._spec import CASTING, TableSpec, check_int_range, refuse_masked, strictly_increasing
+from dask_ps._sums import (_check_pending_sums, _check_results, _check_sums, _checks_results, _in_sender_order,
+                           _bound_of, _pushes_in_sender_order, _snapshot)
 from dask_ps.rules import Assign, Sum
 
 
@@ -48,6 +50,9 @@ class Block:
     # max|data| (None: not known), kept up to date by every sum applied, so
     # a push's overflow check reads only the push (``_check_sums``)
     bound: float | None = None
+    # bounds of pushes held here by a two-phase push (``hold``), not applied
+    # yet: every overflow check counts them
+    held: float = 0.0
 
     def __repr__(self):
         return f"<Block {self.data.shape} {self.data.dtype} shared={self.shared}>"
@@ -402,6 +407,8 @@ class ShardStore:
                     spec.name,
                 )
             found = bound
+            if check_finite:
+                check_int_range(spec, v)
             if check_finite and not spec.allow_nonfinite:
                 if v.size > _backend.SMALL and v.dtype.kind in "fc":
                     found = _backend.abs_bound(v)  # not finite: a NaN/Inf is in the values
@@ -646,200 +653,6 @@ class ShardStore:
     @staticmethod
     def seqs(t: TableShards, items) -> list[int]:
         return [t.blocks[b].seq for b, *_ in items]
-
-
-# --- sums and steps that would leave a finite table non-finite (issue 22) ------------------
-
-_BUILTIN_STATE_RULES = ("sgd", "momentum", "adagrad", "adam")  # state arrays shaped like the block
-
-
-def _checks_results(spec: TableSpec, rule) -> bool:
-    """Whether a push's result is checked for NaN/Inf: a float table that
-    forbids them, and a rule that computes (``assign`` stores the pushed
-    values, which are checked already)."""
-    return not spec.allow_nonfinite and spec.dtype.kind in "fc" and not isinstance(rule, Assign)
-
-
-def _overflow_error(t: TableShards, b: int, what: str = "the push") -> PSValueError:
-    name = t.spec.name
-    return PSValueError(
-        f"table {name!r}: {what} would make block {b}'s values NaN or Inf (the result overflows "
-        f"{t.spec.dtype}) and the table does not allow non-finite values; nothing was applied", name)
-
-
-def _rows_of(arr, rows):
-    """The rows of a block a push touches (a copy for an index array)."""
-    if rows is None:
-        return arr
-    if isinstance(rows, slice):
-        return arr[rows]
-    return _backend.take_rows(arr, rows)
-
-
-def _finite_sum(*terms) -> bool:
-    """Whether ``terms[0] + terms[1] + ...`` (finite arrays) is finite, added in that order."""
-    xp = _backend.namespace(*terms)
-    with np.errstate(over="ignore", invalid="ignore"):
-        total = terms[0].copy()
-        for x in terms[1:]:
-            total += x
-        return bool(xp.isfinite(total).all())
-
-
-def _data_bound(blk: Block) -> float:
-    """``blk.bound``, measured (one pass over the block) when not known."""
-    if blk.bound is None:
-        blk.bound = _backend.abs_bound(blk.data)
-    return blk.bound
-
-
-def _bound_of(vals, bounds: dict | None) -> float:
-    """The bound of a push's values: known (``bounds``), else measured."""
-    known = bounds.get(id(vals)) if bounds else None
-    return _backend.abs_bound(vals) if known is None else known
-
-
-def _check_sums(t: TableShards, items: list[PushItem], bounds: dict | None = None) -> None:
-    """Rule "sum": raise before anything changes if a stored row plus the
-    push overflows. The block's bound (``Block.bound``) and the push's
-    (``_backend.abs_bound``: one BLAS pass over the push) settle it unless
-    they come within half of the dtype's range; then the touched rows are
-    measured, and only if that does not settle it either is the sum made.
-    The block's bound grows by the push's."""
-    limit = _backend.overflow_limit(t.spec.dtype)
-    by_block: dict[int, list] = {}
-    for b, rows, vals in items:
-        by_block.setdefault(b, []).append((rows, vals, _bound_of(vals, bounds)))
-    for b, its in by_block.items():
-        blk = t.blocks[b]
-        pushed = sum(bv for _, _, bv in its)
-        if _data_bound(blk) + pushed <= limit:
-            blk.bound += pushed
-            continue
-        blk.bound = _backend.abs_bound(blk.data)  # measured again: it may have been loose
-        if blk.bound + pushed <= limit:
-            blk.bound += pushed
-            continue
-        if len(its) == 1:
-            rows, vals, _ = its[0]
-            ok = _finite_sum(_rows_of(blk.data, rows), vals)
-        else:  # one block twice in a message: its sum, made whole
-            whole = blk.data.copy()
-            with np.errstate(over="ignore", invalid="ignore"):
-                for rows, vals, _ in its:
-                    Sum().apply(whole, vals, {}, rows)
-            ok = _backend.all_finite(whole)
-        if not ok:
-            raise _overflow_error(t, b)
-        blk.bound = None  # near the range: measured again at the next push
-
-
-def _snapshot(t: TableShards, b: int, rows, in_place: bool) -> tuple:
-    """What a rule's step may change in block ``b`` (its rows, or the whole
-    block; the rule's state), to put back if the result is not finite.
-    ``in_place=False``: the step writes a fresh array, the block stays."""
-    blk = t.blocks[b]
-    take = (lambda a: a.copy()) if rows is None else (lambda a: a[rows])  # index rows: a copy
-    data = take(blk.data) if in_place else None
-    if t.spec.rule.name in _BUILTIN_STATE_RULES:
-        state = {k: take(v) for k, v in blk.state.items()}
-    else:  # a custom rule may change any of its state
-        state = {k: v.copy() if _backend.is_array(v) else v for k, v in blk.state.items()}
-    return data, state
-
-
-def _check_results(t: TableShards, items: list[PushItem], fresh: dict, undo: list) -> None:
-    """After a rule's steps: the rows they wrote (and a built-in rule's
-    state there) must be finite, else everything is put back and the push
-    raises."""
-    builtin = t.spec.rule.name in _BUILTIN_STATE_RULES
-    for b, rows, _ in items:
-        blk = t.blocks[b]
-        arrays = [fresh.get(b, blk.data)] + (list(blk.state.values()) if builtin else [])
-        bad = [a for a in arrays if a.dtype.kind in "fc" and not _backend.all_finite(a if rows is None else a[rows])]
-        if bad:
-            break
-    else:
-        return
-    for (b, rows, _), (data, state) in reversed(list(zip(items, undo))):
-        blk = t.blocks[b]
-        blk.seq -= 1
-        if data is not None:
-            blk.data[... if rows is None else rows] = data
-        if builtin:
-            for k, v in state.items():
-                blk.state[k][... if rows is None else rows] = v
-        else:
-            blk.state.clear()
-            blk.state.update(state)
-    fresh.clear()
-    raise _overflow_error(t, b)
-
-
-def _pending_bound(t: TableShards, key, b: int) -> float:
-    bound = t.pending_bound.get(key, {}).get(b)
-    if bound is None:  # installed from another worker: measured once
-        bound = sum(_backend.abs_bound(v) for _, v in _pushes_in_sender_order(t.pending[key][b]))
-        t.pending_bound.setdefault(key, {})[b] = bound
-    return bound
-
-
-def _check_pending_sums(t: TableShards, key, items: list[PushItem]) -> dict[int, float]:
-    """aggregate="clock": raise if adding ``items`` to the pending sums could
-    make a value non-finite when they are applied (rule "sum": the stored
-    rows plus every pending sum of the block plus this push; another rule:
-    the sums themselves). Bounds settle it (``pending_bound``); near the
-    dtype's range the sums are made. Returns the push's bound per block."""
-    limit = _backend.overflow_limit(t.spec.dtype)
-    additive = isinstance(t.spec.rule, Sum)
-    added: dict[int, float] = {}
-    earlier: dict[int, list] = {}  # this push's earlier items, by block
-    for b, rows, vals in items:
-        pend = sorted(k for k in t.pending if b in t.pending[k])
-        bound = _backend.abs_bound(vals)
-        total = (bound + added.get(b, 0.0) + sum(_pending_bound(t, k, b) for k in pend)
-                 + (_data_bound(t.blocks[b]) if additive else 0.0))
-        added[b] = added.get(b, 0.0) + bound
-        earlier.setdefault(b, []).append((rows, vals))
-        if total <= limit:
-            continue
-        # Near the range: the sums as they would be applied, made whole.
-        base = t.blocks[b].data.copy() if additive else _backend.namespace(vals).zeros_like(t.blocks[b].data)
-        terms = [base] + [_in_sender_order(t.pending[k][b], base) for k in pend]
-        for r, v in earlier[b]:
-            extra = _backend.namespace(v).zeros_like(base)
-            Sum().apply(extra, v, {}, r)
-            terms.append(extra)
-        if not _finite_sum(*terms):
-            raise _overflow_error(t, b, "the push, summed with its clock's other pushes,")
-    return added
-
-
-def _sender_key(sender: str):
-    """Senders are ``f"{run_id}-{rank}"``: by rank (a sum carried over from
-    another worker, ``""``, first)."""
-    tail = sender.rsplit("-", 1)[-1]
-    return (0, int(tail), "") if tail.isdigit() else (-1, 0, sender)
-
-
-def _pushes_in_sender_order(by_sender: dict) -> list:
-    """One clock's pushes ``(rows, values)`` to one block, in the senders'
-    order (each sender's in the order they came): applied so, the result has
-    the same bits whatever order the pushes arrived in (BSP fits
-    reproducible)."""
-    return [p for k in sorted(by_sender, key=_sender_key) for p in by_sender[k]]
-
-
-def _in_sender_order(by_sender: dict, like):
-    """One clock's pushes to one block summed into a new array shaped as
-    ``like`` (the block), in the senders' order."""
-    total = _backend.namespace(like).zeros_like(like)
-    for rows, vals in _pushes_in_sender_order(by_sender):
-        if rows is None:
-            total += vals
-        else:
-            _backend.add_rows(total, rows, vals)  # rows are unique within a push
-    return total
 
 
 def _wire_clock(c: float):

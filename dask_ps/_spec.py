@@ -340,6 +340,7 @@ def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "p
             f"table {spec.name!r}: {what} values must have shape {tuple(shape)}, got {tuple(values.shape)}",
             spec.name,
         )
+    check_int_range(spec, values, what)
     limit = _config.get_bytes("max-push-bytes")
     if values.size * spec.dtype.itemsize > limit:
         raise PSValueError(
@@ -372,6 +373,48 @@ def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "p
                 spec.name,
             )
     return (values, found) if bound else values
+
+
+def check_int_range(spec: TableSpec, values, what: str = "push") -> None:
+    """Integer values for an integer table must fit its dtype: numpy's
+    ``same_kind`` cast would wrap them (-1 into uint8 is 255). One pass
+    (min and max) only where the values' dtype does not fit safely."""
+    if spec.dtype.kind not in "iu" or values.dtype.kind not in "iu" or values.size == 0:
+        return
+    if np.can_cast(values.dtype, spec.dtype, casting="safe"):
+        return
+    info, lo, hi = np.iinfo(spec.dtype), int(values.min()), int(values.max())
+    if lo < info.min or hi > info.max:
+        raise PSValueError(
+            f"table {spec.name!r}: {what} values range over [{lo}, {hi}], which does not fit the table "
+            f"dtype {spec.dtype} [{info.min}, {info.max}]; nothing was applied",
+            spec.name,
+        )
+
+
+def check_scalar(spec: TableSpec, x, what: str = "init"):
+    """A scalar to fill a table with: a real number that the table dtype
+    represents (an integer table: an integer in its range, not NaN/Inf or
+    1e30, which numpy stores as INT_MIN; a float table: finite unless the
+    table allows NaN/Inf, and finite where it was, not overflowed by the
+    cast)."""
+    if isinstance(x, (str, bytes)) or not np.isscalar(x) or np.iscomplexobj(x) and spec.dtype.kind != "c":
+        raise PSValueError(f"table {spec.name!r}: {what} must be a real number or an array, got {x!r}",
+                           spec.name)
+    if spec.dtype.kind in "iu":
+        info = np.iinfo(spec.dtype)
+        ok = isinstance(x, (bool, int, np.bool_, np.integer)) or (math.isfinite(x) and float(x).is_integer())
+        if not ok or not info.min <= int(x) <= info.max:
+            raise PSValueError(f"table {spec.name!r}: {what}={x!r} cannot be stored in {spec.dtype} "
+                               f"(an integer in [{info.min}, {info.max}] is needed)", spec.name)
+        return x
+    with np.errstate(over="ignore", invalid="ignore"):
+        stored = np.asarray(x).astype(spec.dtype)
+    finite_in = bool(np.isfinite(x))
+    if (not spec.allow_nonfinite or finite_in) and not np.isfinite(stored):
+        raise PSValueError(f"table {spec.name!r}: {what}={x!r} cannot be stored in {spec.dtype} "
+                           f"(a finite number within its range is needed)", spec.name)
+    return x
 
 
 def refuse_masked(name: str, x, what: str) -> None:
