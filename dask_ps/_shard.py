@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -59,6 +60,19 @@ class Block:
 
 
 @dataclass
+class Hold:
+    """A push checked by phase 1 of a two-phase push, not applied: its
+    items (None: the commit brings the values again), ``id(values) ->
+    bound`` of them, and the bound it reserves per block (``Block.held``)."""
+
+    expires: float
+    items: list | None
+    bounds: dict
+    reserved: dict[int, float]
+    checked: bool  # the check apply/accumulate would make was made (the commit skips it)
+
+
+@dataclass
 class TableShards:
     spec: TableSpec
     version: int
@@ -86,6 +100,10 @@ class TableShards:
     # Reads answered here, by the role this worker had for the block
     # (tests and benchmarks check that replicas serve reads).
     reads: dict[str, int] = field(default_factory=lambda: {"primary": 0, "replica": 0})
+
+    # Pushes checked and held by phase 1 of a two-phase push, by hold id,
+    # until the sender commits (applies) or aborts them (``ShardStore.hold``).
+    holds: dict[str, Hold] = field(default_factory=dict)
 
     def __repr__(self):
         return f"<TableShards {self.spec.name!r} v{self.version} blocks={sorted(self.blocks)}>"
@@ -153,6 +171,8 @@ class ShardStore:
         # A whole placement, checked before anything changes: a malformed one
         # (e.g. no owners at all) must not make this worker drop its blocks.
         owners = check_owners(t.spec, owners)
+        for hold_id in list(t.holds):  # a commit after a placement change sends its push again
+            self.release(t, hold_id)
         t.version = version
         t.frozen = False
         t.owners = [list(o) for o in owners]
@@ -514,16 +534,57 @@ class ShardStore:
                 fresh[b] = new
 
     @staticmethod
-    def accumulate(t: TableShards, run_id: str, clock: int, items: list[PushItem], sender: str | None = None) -> None:
+    def hold(t: TableShards, hold_id: str, items: list[PushItem], bounds: dict, run=None, keep: bool = True) -> None:
+        """Phase 1 of a push over several servers: check ``items`` as
+        :meth:`apply` (or :meth:`accumulate`, ``run = (run_id, clock)``)
+        would, raising :class:`PSValueError` if they would be refused, but
+        apply nothing: the push is held, and its bound reserved in every
+        later check (``Block.held``), until :meth:`release` (the commit
+        applies it unchecked, or an abort drops it). ``keep=False``: the
+        commit brings the values again (a push in several rounds)."""
+        now = time.monotonic()
+        for k in [k for k, h in t.holds.items() if h.expires < now]:  # a sender that never came back
+            ShardStore.release(t, k)
+        if hold_id in t.holds:  # phase 1 sent again
+            return
+        checks = _checks_results(t.spec, t.spec.rule)
+        checked = checks and (run is not None and t.spec.aggregate == "clock" or isinstance(t.spec.rule, Sum))
+        if not checked:  # no check, or one only the result can settle (another rule): at the commit
+            reserved = {}
+        elif run is not None and t.spec.aggregate == "clock":
+            reserved = _check_pending_sums(t, (run[0], int(run[1])), items)
+        else:
+            reserved = _check_sums(t, items, bounds, grow=False)
+        for b, x in reserved.items():
+            t.blocks[b].held += x
+        ttl = _config.get_seconds("timeouts.failover")
+        t.holds[hold_id] = Hold(now + ttl, items if keep else None, bounds, reserved, checked)
+
+    @staticmethod
+    def release(t: TableShards, hold_id) -> Hold | None:
+        """Take a held push out (None if it is not held here: dropped by a
+        placement change, or expired); its reservation ends."""
+        h = t.holds.pop(hold_id, None) if isinstance(hold_id, str) else None
+        for b, x in (h.reserved if h is not None else {}).items():
+            if b in t.blocks:
+                t.blocks[b].held = max(0.0, t.blocks[b].held - x)
+        return h
+
+    @staticmethod
+    def accumulate(t: TableShards, run_id: str, clock: int, items: list[PushItem], sender: str | None = None,
+                   checked: dict | None = None) -> None:
         """aggregate="clock": add validated items to ``sender``'s sum of their clock.
 
         In a float table that forbids NaN/Inf, a push that would make a
         pending sum, or (rule "sum") the stored rows plus every pending sum,
         non-finite raises :class:`PSValueError` first and changes nothing:
         the sums are applied when their clock completes, long after the push
-        was acknowledged (they are not checked again then)."""
+        was acknowledged (they are not checked again then). ``checked``: the
+        push was checked when it was held (``hold``), these are its bounds."""
         key = (run_id, int(clock))
-        bounds = _check_pending_sums(t, key, items) if _checks_results(t.spec, t.spec.rule) else None
+        bounds = checked
+        if bounds is None and _checks_results(t.spec, t.spec.rule):
+            bounds = _check_pending_sums(t, key, items)
         acc = t.pending.setdefault(key, {})
         if bounds is not None:
             have = t.pending_bound.setdefault(key, {})

@@ -37,6 +37,15 @@ def _checks_results(spec, rule) -> bool:
     return not spec.allow_nonfinite and spec.dtype.kind in "fc" and not isinstance(rule, Assign)
 
 
+def held_first(spec) -> bool:
+    """Whether a push over several servers is held at every one of them
+    (checked, nothing applied) before any applies it (``Router.send``): a
+    server may refuse it for what it would make of its stored values (a
+    sum that overflows). Another rule's result is known only once made:
+    its servers check it when they apply."""
+    return _checks_results(spec, spec.rule) and (isinstance(spec.rule, Sum) or spec.aggregate == "clock")
+
+
 def _overflow_error(t, b: int, what: str = "the push") -> PSValueError:
     name, dtype = t.spec.name, t.spec.dtype
     if dtype.kind in "iu":
@@ -118,26 +127,29 @@ def _near_held(t, b: int) -> None:
         raise StaleVersionError(f"table {t.spec.name!r}: a push to block {b} is being committed; retry")
 
 
-def _check_sums(t, items: list, bounds: dict | None = None) -> None:
+def _check_sums(t, items: list, bounds: dict | None = None, grow: bool = True) -> dict[int, float]:
     """Rule "sum": raise before anything changes if a stored row plus the
     push overflows. The block's bound (``Block.bound``), held pushes'
     (``Block.held``) and the push's (``push_bound``: one BLAS pass over a
     float push) settle it unless they come within half of the dtype's
     range; then the touched rows are measured, and only if that does not
-    settle it either is the sum made. The block's bound grows by the push's."""
+    settle it either is the sum made. The block's bound grows by the push's
+    (not if ``grow`` is false: a held push, see ``ShardStore.hold``).
+    Returns the push's bound per block."""
     limit = overflow_limit(t.spec.dtype)
     by_block: dict[int, list] = {}
     for b, rows, vals in items:
         by_block.setdefault(b, []).append((rows, vals, _bound_of(vals, bounds)))
+    out = {}
     for b, its in by_block.items():
         blk = t.blocks[b]
-        pushed = sum(bv for _, _, bv in its)
+        pushed = out[b] = sum(bv for _, _, bv in its)
         if _data_bound(blk) + blk.held + pushed <= limit:
-            blk.bound += pushed
+            blk.bound += pushed if grow else 0.0
             continue
         blk.bound = push_bound(blk.data)  # measured again: it may have been loose
         if blk.bound + blk.held + pushed <= limit:
-            blk.bound += pushed
+            blk.bound += pushed if grow else 0.0
             continue
         _near_held(t, b)
         if len(its) == 1:
@@ -153,6 +165,7 @@ def _check_sums(t, items: list, bounds: dict | None = None) -> None:
         if not ok:
             raise _overflow_error(t, b)
         blk.bound = None  # near the range: measured again at the next push
+    return out
 
 
 def _rows_of(arr, rows):

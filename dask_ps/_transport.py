@@ -33,6 +33,7 @@ from dask_ps import _backend, _config, _routing
 from dask_ps._exceptions import PSError, StaleVersionError, UnknownTableError
 from dask_ps._liveness import Liveness, WorkerGone
 from dask_ps._routing import TableHandle
+from dask_ps._sums import held_first
 from dask_ps._wire import aligned, unwire_values, wire_values
 from dask_ps._worker_plugin import in_process_peer
 
@@ -203,17 +204,19 @@ class Transport:
         return await _within(_config.get_seconds("timeouts.rpc"), call)
 
     async def push(self, addr: str, h: TableHandle, items, raw=False, run=None, sender=None, msg_seq=None,
-                   bound=None):
+                   bound=None, **phase):
         """Apply ``items`` on ``addr``; returns each block's sequence number after it.
         ``bound``: of every value's magnitude, as the session's NaN/Inf
         check found it (sent with the internal token only: the server's
-        overflow check then trusts it instead of measuring the values)."""
+        overflow check then trusts it instead of measuring the values).
+        ``phase``: ``hold=id`` or ``commit=(id, apply)`` of a two-phase push
+        (``Router.send``); ``items``' values are None in a commit of held ones."""
         target = self._direct(addr)
         if target is not None:
             items = [(b, _routing.wire_rows(r), v) for b, r, v in items]
             return await self._call_direct(target, target.local_push(
                 h.spec.name, h.version, items, raw=raw, run=run, sender=sender, msg_seq=msg_seq,
-                table_id=h.spec.table_id, bound=bound))
+                table_id=h.spec.table_id, bound=bound, **phase))
         taken: list = []
         sparse = self._sparse(h, addr)
         msg = aligned(dict(
@@ -239,10 +242,27 @@ class Transport:
             msg["run"] = run
         if bound is not None and self._trusted:
             msg["bound"] = bound
+        msg.update(phase)
         reply = await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"), self.rpc(addr).ps_push(**msg)))
         self._give_back(taken)
         return reply
+
+    async def commit(self, addr: str, h: TableHandle, hold_id: str, apply: bool = True, run=None, sender=None,
+                     msg_seq=None):
+        """Phase 2 of a two-phase push: apply (or drop, ``apply=False``) the
+        push held at ``addr`` as ``hold_id``; returns its blocks' sequence numbers."""
+        target = self._direct(addr)
+        if target is not None:
+            return await self._call_direct(target, target.local_push(
+                h.spec.name, h.version, [], run=run, sender=sender, msg_seq=msg_seq, table_id=h.spec.table_id,
+                commit=(hold_id, apply)))
+        msg = dict(table=h.spec.name, table_id=h.spec.table_id, version=h.version, values=[], sender=sender,
+                   msg_seq=msg_seq, commit=[hold_id, apply], **self._trusted)
+        if run is not None:
+            msg["run"] = run
+        return await self.liveness.call(addr, lambda: _within(
+            _config.get_seconds("timeouts.rpc"), self.rpc(addr).ps_push(**msg)))
 
     async def pull(self, addr: str, h: TableHandle, reqs, **extra) -> dict:
         """``{"seqs": [...], "values": [...]}`` for ``(block, rows)`` requests.
@@ -316,7 +336,7 @@ class Router:
     def forget(self, name: str) -> None:
         self.handles.pop(name, None)
 
-    async def _with_failover(self, name: str, by_addr: dict, call):
+    async def _with_failover(self, name: str, by_addr: dict, call, note: bool = True):
         """Run ``call(h, addr, entries)`` for every server at once; re-route the
         entries of failed servers after a placement refresh, until
         ``ps.timeouts.failover``. Entries start with their block number.
@@ -335,8 +355,9 @@ class Router:
             for a, r in zip(addrs, results):
                 if isinstance(r, BaseException):
                     if not _retryable(r):
-                        _note_done(r, out + [(by_addr[x], y) for x, y in zip(addrs, results)
-                                             if not isinstance(y, BaseException)], by_addr[a])
+                        if note:
+                            _note_done(r, out + [(by_addr[x], y) for x, y in zip(addrs, results)
+                                                 if not isinstance(y, BaseException)], by_addr[a])
                         raise r
                     failed.extend(by_addr[a])
                     error = r
@@ -374,6 +395,8 @@ class Router:
         ``bound``: of every value's magnitude (see ``Transport.push``)."""
         if msg_seq is None:
             msg_seq = next(self._msg_seq)
+        if not raw and len(msgs) > 1 and held_first((await self.handle(name)).spec):
+            return await self._send_held(name, [msgs], run, msg_seq, bound)
 
         async def call(h, addr, items):
             reply = await self.transport.push(addr, h, items, raw, run, self.sender, msg_seq, bound)
@@ -386,6 +409,68 @@ class Router:
             for (b, *_), s in zip(items, reply):
                 seqs[b] = max(seqs.get(b, 0), s)
         return seqs
+
+    async def _send_held(self, name: str, rounds: list, run, msg_seq: int, bound) -> dict[int, int]:
+        """A push over several servers, all or nothing (issue 34): phase 1
+        holds it at every server, checked as it would be applied (a sum
+        that would overflow is refused there) but not applied, its bound
+        reserved against other pushes; phase 2 applies the held parts (a
+        message of the blocks only). A refusal in phase 1 drops what was
+        held: nothing was applied. Rounds (a large dense push) are all held
+        first; their values are sent again with the commit, not kept."""
+        keep, base, n = len(rounds) == 1, uuid.uuid4().hex, itertools.count()
+        held: list[tuple[str, str, list]] = []  # (address, hold id, items)
+
+        async def hold(h, addr, items):
+            hold_id = f"{base}-{next(n)}"
+            if await self.transport.push(addr, h, items, False, run, self.sender, msg_seq, bound,
+                                         hold=hold_id) is None:
+                raise WorkerGone(f"worker {addr} does not serve dask_ps")
+            held.append((addr, hold_id, items))
+            return []
+
+        try:
+            for msgs in rounds:
+                await self._with_failover(name, dict(msgs), hold, note=False)  # held is not applied
+        except BaseException:
+            h = self.handles.get(name)
+            if h is not None:  # what is not dropped now expires (ps.timeouts.failover)
+                await gather_settled([self.transport.commit(a, h, i, False) for a, i, _ in held])
+            raise
+        seqs: dict[int, int] = {}
+        results = await gather_settled([self._commit(name, *x, keep, run, msg_seq, bound) for x in held])
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+            for b, s in r.items():
+                seqs[b] = max(seqs.get(b, 0), s)
+        return seqs
+
+    async def _commit(self, name, addr, hold_id, items, keep, run, msg_seq, bound) -> dict[int, int]:
+        """Phase 2 at one server; where its hold is gone (a placement change
+        dropped it) or the server is, the part is sent again as a push."""
+        h = await self.handle(name)
+        try:
+            if keep:
+                reply = await self.transport.commit(addr, h, hold_id, True, run, self.sender, msg_seq)
+            else:
+                reply = await self.transport.push(addr, h, items, False, run, self.sender, msg_seq, bound,
+                                                  commit=(hold_id, True))
+            if reply is None:
+                raise WorkerGone(f"worker {addr} does not serve dask_ps")
+            return {b: s for (b, *_), s in zip(items, reply)}
+        except Exception as e:
+            if not _retryable(e):
+                raise
+
+        async def call(h, a, its):
+            return await self.transport.push(a, h, its, False, run, self.sender, msg_seq, bound)
+
+        by_addr: dict[str, list] = {}
+        for it in items:
+            by_addr.setdefault(h.primary(it[0]), []).append(it)
+        return {b: s for its, reply in await self._with_failover(name, by_addr, call)
+                for (b, *_), s in zip(its, reply)}
 
     def read_from(self, h: TableHandle, block: int, replicas: bool = True) -> str:
         """The worker a read of ``block`` goes to first (see
@@ -432,9 +517,11 @@ class Router:
         ``ps.dense-push-message-bytes`` per server (``_routing.in_rounds``),
         one after the other; returns every block's sequence number."""
         h = await self.handle(name)
+        rounds = _routing.in_rounds(_routing.split_dense(h, values), _config.get_bytes("dense-push-message-bytes"))
+        if not raw and len(rounds) > 1 and held_first(h.spec):
+            return await self._send_held(name, rounds, None, next(self._msg_seq), None)
         seqs: dict[int, int] = {}
-        for msgs in _routing.in_rounds(_routing.split_dense(h, values),
-                                       _config.get_bytes("dense-push-message-bytes")):
+        for msgs in rounds:
             seqs.update(await self.send(name, msgs, raw))
         return seqs
 

@@ -169,7 +169,7 @@ class PSWorkerPlugin(WorkerPlugin):
     @handler(CLIENT, tells_internal=True)
     async def push(self, table=None, version=None, blocks=(), rows=None, values=(), raw=False, run=None,
                    sender=None, msg_seq=None, replica=False, table_id=None, forwarder=None, bound=None,
-                   internal=False):
+                   hold=None, commit=None, internal=False):
         """Handler: apply one message of updates (all blocks or none).
 
         ``rows`` left out: whole blocks (a dense push: a message of at most
@@ -184,6 +184,9 @@ class PSWorkerPlugin(WorkerPlugin):
         (``internal`` is set by the handler's guard, never by the message).
         ``bound``: an upper bound of every value's magnitude, which the
         sender's NaN/Inf check found; taken from an internal caller only.
+        ``hold``/``commit``: a push over several servers in two phases
+        (``Router.send``): ``hold=id`` checks and holds it, ``commit=(id,
+        apply)`` applies (values left out: the held ones) or drops it.
         """
         if rows is None and isinstance(blocks, (list, tuple)):
             rows = [None] * len(blocks)
@@ -195,11 +198,14 @@ class PSWorkerPlugin(WorkerPlugin):
         if bound is not None and not internal:
             # A bound too small would let a sum overflow past the check.
             raise InternalOnlyError("a push's bound= may come only from a participant's session or a primary")
+        if replica and (hold is not None or commit is not None):
+            raise PSValueError("a forwarded push is neither held nor committed")
         return await self._push(table, version, blocks, rows, values, bool(raw), run, sender, msg_seq,
-                                bool(replica), table_id, forwarder, trusted=internal, bound=bound)
+                                bool(replica), table_id, forwarder, trusted=internal, bound=bound, hold=hold,
+                                commit=commit)
 
     async def _push(self, table, version, blocks, rows, values, raw, run, sender, msg_seq, replica, table_id=None,
-                    forwarder=None, trusted=False, bound=None):
+                    forwarder=None, trusted=False, bound=None, hold=None, commit=None):
         """(``trusted``: the message carries the cluster's internal token, so
         it comes from a dask_ps session in a worker, which checked every
         value for NaN/Inf before sending it, or from a primary that checked
@@ -220,11 +226,17 @@ class PSWorkerPlugin(WorkerPlugin):
         # replicas, and replicas apply under the other one, so two primaries
         # forwarding to each other cannot deadlock.
         async with (self._replica_locks[key] if replica else self._locks[key]):
-            # A forwarded push follows the primary's placement, not the sender's.
-            bounds: dict[int, float] = {}
-            t, items = self.store.validate_push(table, None if replica else version, blocks, rows, values,
-                                                table_id, frozen_ok=replica, check_finite=not trusted,
-                                                bound=bound if trusted else None, bounds=bounds)
+            held = self._held(table, version, table_id, commit)
+            if commit is not None and not commit[1]:  # phase 1 was refused elsewhere: nothing applies
+                return []
+            if held is not None and held.items is not None:
+                t, items, bounds = self.store.get(table, version, table_id), held.items, held.bounds
+            else:
+                # A forwarded push follows the primary's placement, not the sender's.
+                bounds: dict[int, float] = {}
+                t, items = self.store.validate_push(table, None if replica else version, blocks, rows, values,
+                                                    table_id, frozen_ok=replica, check_finite=not trusted,
+                                                    bound=bound if trusted else None, bounds=bounds)
             if replica:
                 self._check_forwarder(t, [b for b, _, _ in items], version, forwarder)
             else:
@@ -235,22 +247,41 @@ class PSWorkerPlugin(WorkerPlugin):
                     raise StaleVersionError(
                         f"table {t.spec.name!r}: this worker is not the primary of block(s) {wrong}"
                     )
+            if hold is not None:  # phase 1: checked, nothing applied until the commit
+                self.store.hold(t, hold, items, bounds, run if not raw else None, keep=bool(values))
+                return []
             todo = self.store.unapplied(t, items, sender, msg_seq)
             if not replica:
                 self.served["pushes"] += 1
                 self.served["bytes_pushed"] += sum(getattr(v, "nbytes", 0) for _, _, v in items)
             try:  # a sum that would overflow is refused (PSValueError): nothing changed
+                checked = held is not None and held.checked  # when it was held
                 if run is not None and t.spec.aggregate == "clock" and not raw:
                     run_id, clock = _check_run(run)
-                    self.store.accumulate(t, run_id, clock, todo, sender)
+                    self.store.accumulate(t, run_id, clock, todo, sender, held.reserved if checked else None)
                 elif todo:
-                    await self._apply(t, todo, raw=raw, bounds=bounds)
+                    await self._apply(t, todo, raw=raw, bounds=bounds, check=not checked)
             except PSValueError:
                 self.store.unmark(t, todo, sender, msg_seq)  # not applied: a re-send is not a duplicate
                 raise
             if not replica:
                 await self._forward(t, items, raw, run, sender, msg_seq, bounds)
             return self.store.seqs(t, items)
+
+    def _held(self, table, version, table_id, commit):
+        """The push that ``commit = (hold id, apply)`` names, taken out of
+        its table (None: not a commit). One not held here (a placement
+        change dropped it) raises a retryable error: the sender then sends
+        the push again, whole."""
+        if commit is None:
+            return None
+        if not (isinstance(commit, (list, tuple)) and len(commit) == 2 and isinstance(commit[0], str)):
+            raise PSValueError(f"a push's commit must be [hold id, apply], got {commit!r}")
+        t = self.store.get(table, None if not commit[1] else version, table_id, frozen_ok=not commit[1])
+        held = self.store.release(t, commit[0])
+        if held is None and commit[1]:
+            raise StaleVersionError(f"table {t.spec.name!r}: the push to commit is not held here; send it again")
+        return held
 
     def _check_forwarder(self, t, blocks, version, forwarder) -> None:
         """Only a block's primary forwards its pushes to its replicas. Under
@@ -769,10 +800,10 @@ class PSWorkerPlugin(WorkerPlugin):
 
     # --- same-process access (a participant on this worker) -------------------------
     async def local_push(self, table, version, items, raw=False, run=None, sender=None, msg_seq=None, table_id=None,
-                         bound=None):
+                         bound=None, hold=None, commit=None):
         blocks, rows, values = zip(*items) if items else ((), (), ())
         return await self._push(table, version, list(blocks), list(rows), list(values), raw, run,
-                                sender, msg_seq, False, table_id, trusted=True, bound=bound)
+                                sender, msg_seq, False, table_id, trusted=True, bound=bound, hold=hold, commit=commit)
 
     async def local_pull(self, table, version, blocks, rows, run=None, subscribe=None, table_id=None, sender=None,
                          copy=True):
