@@ -487,10 +487,10 @@ class ParameterServer:
         if n == 0:
             return []
         run_info = check_run_info(run_info)  # PSValueError before anything starts
-        run_id = uuid.uuid4().hex[:12]
+        run_id, owner = uuid.uuid4().hex[:12], uuid.uuid4().hex  # owner: the run's secret (docs/security.rst)
         servers = self.wait_for_servers()  # NoWorkersError after ps.timeouts.no-workers without any
         name = getattr(fn, "__name__", "fn")
-        self._sync(self._scheduler.ps_run_start, run_id=run_id, n=n, name=name, info=run_info)
+        self._sync(self._scheduler.ps_run_start, run_id=run_id, n=n, name=name, info=run_info, owner=owner)
         futures = []
         for rank, part in enumerate(parts):
             key = f"ps-run-{name}-{rank}-{run_id}"
@@ -499,10 +499,10 @@ class ParameterServer:
             if isinstance(part, Future) or futures_of(part):
                 # Let Dask place the participant where its data is (futures
                 # anywhere in the part, e.g. a tuple (X_future, y_future)).
-                fut = self.client.submit(participant, run_id, rank, n, fn, part, kwargs, key=key, pure=False)
+                fut = self.client.submit(participant, run_id, rank, n, fn, part, kwargs, owner, key=key, pure=False)
             else:
                 fut = self.client.submit(
-                    participant, run_id, rank, n, fn, part, kwargs, key=key, pure=False,
+                    participant, run_id, rank, n, fn, part, kwargs, owner, key=key, pure=False,
                     workers=[servers[rank % len(servers)]], allow_other_workers=True,
                 )
             futures.append(fut)
@@ -511,13 +511,14 @@ class ParameterServer:
         except BaseException as e:
             self._check_scheduler(e)  # the participants' futures were cancelled: say why
             try:
-                self._sync(self._scheduler.ps_run_abort, run_id=run_id, reason=f"{type(e).__name__}: {e}")
+                self._sync(self._scheduler.ps_run_abort, run_id=run_id, reason=f"{type(e).__name__}: {e}",
+                           owner=owner)
             finally:
-                rolled_back = self._end_run(run_id)
+                rolled_back = self._end_run(run_id, owner)
                 if rolled_back:
                     e.add_note(f"dask_ps: {RolledBackError.from_run(run_id, rolled_back)}")
             raise
-        rolled_back = self._end_run(run_id)
+        rolled_back = self._end_run(run_id, owner)
         if rolled_back:
             # Never only a log line: acknowledged updates are gone.
             raise RolledBackError.from_run(run_id, rolled_back, results)
@@ -534,9 +535,9 @@ class ParameterServer:
                 "again; redo the run.", {d["table"]: d["copies"] for d in disagree}, results)
         return results
 
-    def _end_run(self, run_id: str) -> list[dict]:
+    def _end_run(self, run_id: str, owner: str) -> list[dict]:
         """Forget the run on the scheduler, keep its metrics; returns its rollbacks."""
-        metrics = self._sync(self._scheduler.ps_run_end, run_id=run_id)
+        metrics = self._sync(self._scheduler.ps_run_end, run_id=run_id, owner=owner)
         if metrics is None:
             return []
         metrics["rolled_back"] = [_rollback_record(r) for r in metrics.get("rolled_back", ())]

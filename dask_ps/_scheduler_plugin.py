@@ -24,17 +24,9 @@ from distributed.core import error_message
 from distributed.protocol.pickle import dumps, loads
 
 from dask_ps import _config, _dashboard
-from dask_ps._exceptions import (
-    ClockTimeoutError,
-    DataLostError,
-    PSError,
-    PSValueError,
-    RunAbortedError,
-    SchedulerLostError,
-    TableExistsError,
-    UnknownTableError,
-)
-from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, handler
+from dask_ps._exceptions import (ClockTimeoutError, DataLostError, PSError, PSValueError, RunAbortedError,
+                                 SchedulerLostError, TableExistsError, UnknownTableError)
+from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, check_owner, handler
 from dask_ps._liveness import HungWorkers, Liveness, WorkerCalls
 from dask_ps._placement import place_blocks
 from dask_ps._rebalance import PlacementChanger
@@ -133,6 +125,7 @@ class RunState:
     info: dict = field(default_factory=dict)  # run_info: name, params, planned_clocks (the dashboard)
     waiting: int = 0  # participants waiting in ps_clock/ps_wait_clock now
     wait_seconds: float = 0.0  # seconds participants spent waiting there
+    owner: str | None = field(default=None, repr=False)  # the starting client's secret (issue 34)
 
     def __repr__(self):
         return f"<RunState {self.run_id} clocks={self.clocks} done={sorted(self.done)}>"
@@ -721,10 +714,13 @@ class PSSchedulerPlugin(SchedulerPlugin):
 
     # --- runs and clocks ------------------------------------------------------------
     @handler(CLIENT)
-    def run_start(self, run_id: str, n: int, name: str = "", info: dict | None = None) -> None:
-        if not (isinstance(run_id, str) and _is_int(n) and n >= 1):
+    def run_start(self, run_id: str, n: int, name: str = "", info: dict | None = None, owner=None) -> None:
+        if not (isinstance(run_id, str) and _is_int(n) and n >= 1 and isinstance(owner, (str, type(None)))):
             raise PSValueError(f"a run needs a str id and n >= 1 participants, got {run_id!r}, {n!r}")
-        self.runs[run_id] = RunState(run_id, n, [0] * n, name=str(name)[:200], info=_dashboard.check_run_info(info))
+        if run_id in self.runs:  # another client's, or a re-run cell: it must not take that run over
+            raise PSValueError(f"run {run_id} is active already; a run id is started once")
+        self.runs[run_id] = RunState(run_id, n, [0] * n, name=str(name)[:200], info=_dashboard.check_run_info(info),
+                                     owner=owner)
 
     def _run(self, run_id) -> RunState:
         run = self.runs.get(run_id)
@@ -838,21 +834,23 @@ class PSSchedulerPlugin(SchedulerPlugin):
             run.cond.notify_all()
 
     @handler(CLIENT)
-    async def run_abort(self, run_id: str, reason: str) -> None:
+    async def run_abort(self, run_id: str, reason: str, owner=None) -> None:
         run = self.runs.get(run_id)
         if run is None:
             return
+        check_owner(run, owner)
         run.aborted = reason or "aborted"
         async with run.cond:
             run.cond.notify_all()
 
     @handler(CLIENT)
-    async def run_end(self, run_id: str) -> dict | None:
+    async def run_end(self, run_id: str, owner=None) -> dict | None:
         """Handler: forget a run; returns its per-participant metrics. Servers
         apply what the run left (per-clock sums) before this returns."""
         run = self.runs.get(run_id)
         if run is None:
             return None
+        check_owner(run, owner)
         # A repair of a table it used that is in progress (a worker died just
         # before the end) may restore blocks from a checkpoint: let it finish
         # so that the run reports the rollback.
