@@ -650,7 +650,8 @@ class ParameterServer:
         FileNotFoundError
             No checkpoint at ``path``.
         TableExistsError
-            A table exists already (``overwrite=True`` drops it first).
+            A table exists already (``overwrite=True`` drops it first, unless
+            an active run uses it: ``RuntimeError``, as :meth:`save`).
         """
         from dask_ps import _checkpoint
 
@@ -665,6 +666,7 @@ class ParameterServer:
             if name in existing:
                 if not overwrite:
                     raise TableExistsError(f"table {name!r} exists; pass overwrite=True to replace it", name)
+                _checkpoint.refuse_overwrite(name, self._sync(self._scheduler.ps_active_runs, tables=[name]))
                 self.drop_table(name)
         path = _checkpoint.resolve(path)
         for name in names:

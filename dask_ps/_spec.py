@@ -70,6 +70,7 @@ class TableSpec:
         """Validate user arguments and build a spec (``ParameterServer.create_table``)."""
         if not isinstance(name, str) or not name:
             raise TypeError(f"table name must be a non-empty str, got {name!r}")
+        check_name(name)
         try:
             shape = (operator.index(shape),) if np.ndim(shape) == 0 else tuple(
                 operator.index(s) for s in shape
@@ -176,6 +177,7 @@ class TableSpec:
 
     @classmethod
     def from_msg(cls, msg: dict) -> "TableSpec":
+        check_name(msg["name"])  # a message from any client
         try:
             rule = rule_from_msg(msg["rule"])
         except PSValueError as e:  # e.g. a pickled rule where they are refused
@@ -373,6 +375,20 @@ def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "p
                 spec.name,
             )
     return (values, found) if bound else values
+
+
+def check_name(name) -> None:
+    """A table name is also a directory name in a checkpoint (``ps.save``):
+    no path separator, not ``.`` or ``..``, no control character, at most
+    200 characters. Refused at ``create_table`` (issue 34: ``'../x'`` was
+    accepted and refused only by a later save)."""
+    if not isinstance(name, str) or not name:
+        raise PSValueError(f"a table name must be a non-empty str, got {name!r}")
+    if (name in (".", "..") or "/" in name or "\\" in name or len(name) > 200
+            or any(ord(c) < 32 or ord(c) == 127 for c in name)):
+        raise PSValueError(f"table name {name!r} is not allowed: names are also checkpoint directory names "
+                           "(no '/' or '\\', not '.' or '..', no control characters, at most 200 characters)",
+                           name)
 
 
 def check_int_range(spec: TableSpec, values, what: str = "push") -> None:
