@@ -230,18 +230,18 @@ class ParameterServer:
             "(docs/reliability.rst, 'Losing the scheduler')."
         )
 
-    def _servers(self, n: int = 0, timeout: float = 0) -> list[str]:
-        return self._sync(self._scheduler.ps_servers, n=n, timeout=timeout)
+    def _servers(self, n: int = 0, timeout: float = 0, running: bool = True) -> list[str]:
+        return self._sync(self._scheduler.ps_servers, n=n, timeout=timeout, running=running)
 
     @property
     def servers(self) -> list[str]:
         """Addresses of the workers that host shards."""
-        return self._servers()
+        return self._servers(running=False)
 
     def wait_for_servers(self, n: int = 1, timeout: float | str | None = None) -> list[str]:
-        """The shard servers, once at least ``n`` workers serve the
-        parameter server; waits up to ``timeout`` (default
-        ``ps.timeouts.no-workers``, 30 s) while there are fewer.
+        """The shard servers (not those Dask's memory monitor paused, while
+        others run), once at least ``n`` serve the parameter server; waits
+        up to ``timeout`` (default ``ps.timeouts.no-workers``, 30 s) while there are fewer.
 
         Raises
         ------

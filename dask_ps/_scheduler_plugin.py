@@ -552,9 +552,11 @@ class PSSchedulerPlugin(SchedulerPlugin):
         await self.placement.replica_missed(table, table_id, replica, blocks)
 
     @handler(READ_ONLY)
-    async def servers(self, n: int = 0, timeout: float = 0) -> list[str]:
+    async def servers(self, n: int = 0, timeout: float = 0, running: bool = False) -> list[str]:
         """Handler: current shard servers; with ``n``, wait up to ``timeout``
-        seconds until at least ``n`` have registered."""
+        seconds until at least ``n`` have registered. ``running``: only
+        those Dask runs tasks on, if any (where work is placed: a worker
+        paused by its memory monitor starts none, issue 34)."""
         if n and len(self.members) < n:
             async with self._servers_changed:
                 try:
@@ -563,7 +565,9 @@ class PSSchedulerPlugin(SchedulerPlugin):
                     )
                 except asyncio.TimeoutError:
                     pass
-        return list(sorted(self.members))
+        ws = self.scheduler.workers
+        live = [a for a in sorted(self.members) if a in ws and ws[a].status.name == "running"] if running else []
+        return live or sorted(self.members)
 
     # --- tables -------------------------------------------------------------------
     @handler(CLIENT)

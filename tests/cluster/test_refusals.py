@@ -68,3 +68,37 @@ def test_create_table_refuses_a_name_that_would_leave_a_checkpoint(ps):
     with pytest.raises(dask_ps.PSValueError, match="'../x' is not allowed"):
         ps.create_table("../x", shape=(4,))
     assert "../x" not in ps.tables()
+
+
+def _pause(dask_worker):
+    """What Dask's memory monitor does to a worker over its pause fraction."""
+    mm = dask_worker.memory_manager
+    mm.memory_spill_fraction = mm.memory_target_fraction = False
+    mm.memory_pause_fraction = 1e-9
+
+
+def test_a_fit_runs_on_the_running_workers_while_one_is_paused():
+    """A worker paused by Dask's memory monitor before a fit made the fit
+    fail after 31 s with Dask's "No valid workers found" (a part was
+    scattered to it) although 2 of 3 workers ran."""
+    import time
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    from dask_ps.linear_model import SGDClassifier
+
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        paused = sorted(client.scheduler_info()["workers"])[0]  # the first server: part 0's worker
+        client.run(_pause, workers=[paused])
+        while client.run(lambda dask_worker: dask_worker.status.name, workers=[paused])[paused] != "paused":
+            time.sleep(0.05)
+        rng = np.random.default_rng(0)
+        X = rng.normal(size=(600, 5))
+        y = (X[:, 0] > 0).astype(int)
+        with dask.config.set({"ps.sgd.scatter-bytes": 0, "ps.sgd.min-samples-per-participant": 100}):
+            est = SGDClassifier(client=client, max_iter=3, random_state=0).fit(X, y)
+        assert est.score(X, y) > 0.9
+        ps = dask_ps.get_parameter_server(client)
+        assert paused in ps.servers and paused not in ps.wait_for_servers()
