@@ -102,3 +102,51 @@ def test_a_fit_runs_on_the_running_workers_while_one_is_paused():
         assert est.score(X, y) > 0.9
         ps = dask_ps.get_parameter_server(client)
         assert paused in ps.servers and paused not in ps.wait_for_servers()
+
+
+def _close_workers_and_log(caplog, n_close):
+    """A 3-worker cluster with a replication-1 and a replication-2 table;
+    ``n_close`` workers closed one after the other (as a closing
+    LocalCluster's nannies do: no retirement, the scheduler still up, the
+    first removal seen while the others still run), then the dask_ps log
+    records of WARNING and above once ps.timeouts.lost-report has passed
+    (5 s: the closes take well under that)."""
+    import logging
+    import time
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    with dask.config.set({"ps.timeouts.lost-report": "5s"}), \
+            LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        ps = dask_ps.ParameterServer(client)
+        for r in (1, 2):
+            ps.create_table(f"t{r}", shape=(64,), block_rows=4, replication=r)
+            ps.push(f"t{r}", np.ones(64))
+        workers = sorted(cluster.workers.values(), key=lambda w: w.address)
+        with caplog.at_level(logging.INFO, logger="dask_ps"):
+            for w in workers[:n_close]:
+                client.sync(w.close)
+            time.sleep(7)  # past the 5 s the report waits
+            records = [r for r in caplog.records if r.name.startswith("dask_ps") and r.levelno >= logging.WARNING]
+        return records
+
+
+def test_closing_every_worker_does_not_read_as_data_loss(caplog):
+    """Closing a cluster logged ERROR "lost block(s) ... and has no
+    checkpoint" and "no copy of block N could be read" (up to ~25 lines):
+    the first worker to go looked lost while the others still ran."""
+    import logging
+
+    records = _close_workers_and_log(caplog, 3)
+    assert [r.getMessage() for r in records if r.levelno >= logging.ERROR] == []
+    assert "could be read" not in caplog.text
+
+
+def test_a_worker_lost_while_the_others_run_still_reads_as_data_loss(caplog):
+    import logging
+
+    records = _close_workers_and_log(caplog, 1)
+    errors = [r.getMessage() for r in records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "table 't1' lost block(s)" in errors[0] and "no checkpoint" in errors[0], errors
