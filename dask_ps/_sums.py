@@ -85,10 +85,11 @@ def _dense(vals):
     return vals.toarray() if hasattr(vals, "toarray") and not _backend.is_array(vals) else vals
 
 
-def _finite_sum(*terms) -> bool:
+def _finite_sum(*terms, slack: float = 0.0) -> bool:
     """Whether ``terms[0] + terms[1] + ...`` is finite (float arrays, added
     in that order) or in range (integers: the exact sum; a sum that wraps
-    and comes back is the exact one, so only the total matters)."""
+    and comes back is the exact one, so only the total matters), with room
+    for ``slack`` more in magnitude (what leases may still push unchecked)."""
     terms = [_dense(x) for x in terms]
     kind = terms[0].dtype.kind
     if kind in "iu":
@@ -97,13 +98,30 @@ def _finite_sum(*terms) -> bool:
         total = np.asarray(terms[0]).astype(wide)
         for x in terms[1:]:
             total = total + np.asarray(x).astype(wide)
-        return total.size == 0 or (info.min <= total.min() and total.max() <= info.max)
+        if total.size == 0:
+            return True
+        lo, hi = int(total.min()), int(total.max())
+        return info.min + math.ceil(slack) <= lo and hi + math.ceil(slack) <= info.max
     xp = _backend.namespace(*terms)
     with np.errstate(over="ignore", invalid="ignore"):
         total = terms[0].copy()
         for x in terms[1:]:
             total += x
-        return bool(xp.isfinite(total).all())
+        if not slack or total.size == 0:
+            return bool(xp.isfinite(total).all())
+        return float(xp.max(xp.abs(total))) + slack <= float(np.finfo(total.dtype).max)
+
+
+def _headroom(t, b: int) -> float:
+    """What no bound takes of block ``b``'s range yet: its values', its
+    pending per-clock sums', held pushes' and leases'. Measured again
+    where the values' bound is loose (it grows by every push's)."""
+    blk, limit = t.blocks[b], overflow_limit(t.spec.dtype)
+    pending = sum(_pending_bound(t, k, b) for k in t.pending if b in t.pending[k])
+    taken = pending + blk.held + blk.leased
+    if _data_bound(blk) + taken > limit / 2:
+        blk.bound = push_bound(blk.data)
+    return max(0.0, limit - blk.bound - taken)
 
 
 def _data_bound(blk) -> float:
@@ -144,24 +162,24 @@ def _check_sums(t, items: list, bounds: dict | None = None, grow: bool = True) -
     for b, its in by_block.items():
         blk = t.blocks[b]
         pushed = out[b] = sum(bv for _, _, bv in its)
-        if _data_bound(blk) + blk.held + pushed <= limit:
+        if _data_bound(blk) + blk.held + blk.leased + pushed <= limit:
             blk.bound += pushed if grow else 0.0
             continue
         blk.bound = push_bound(blk.data)  # measured again: it may have been loose
-        if blk.bound + blk.held + pushed <= limit:
+        if blk.bound + blk.held + blk.leased + pushed <= limit:
             blk.bound += pushed if grow else 0.0
             continue
         _near_held(t, b)
         if len(its) == 1:
             rows, vals, _ = its[0]
-            ok = _finite_sum(_rows_of(blk.data, rows), vals)
+            ok = _finite_sum(_rows_of(blk.data, rows), vals, slack=blk.leased)
         else:  # one block twice in a message: its sum, made whole
             wide = blk.data.dtype.kind in "iu"
             whole = blk.data.astype(object if blk.data.dtype.itemsize >= 8 else np.int64) if wide else blk.data.copy()
             with np.errstate(over="ignore", invalid="ignore"):
                 for rows, vals, _ in its:
                     Sum().apply(whole, _dense(vals).astype(whole.dtype), {}, rows)
-            ok = _finite_sum(np.zeros(whole.shape, blk.data.dtype), whole) if wide else _backend.all_finite(whole)
+            ok = _finite_sum(np.zeros(whole.shape, blk.data.dtype), whole, slack=blk.leased)
         if not ok:
             raise _overflow_error(t, b)
         blk.bound = None  # near the range: measured again at the next push
@@ -241,7 +259,7 @@ def _check_pending_sums(t, key, items: list) -> dict[int, float]:
         pend = sorted(k for k in t.pending if b in t.pending[k])
         bound = push_bound(vals)
         total = (bound + added.get(b, 0.0) + sum(_pending_bound(t, k, b) for k in pend)
-                 + (_data_bound(t.blocks[b]) + t.blocks[b].held if additive else 0.0))
+                 + (_data_bound(t.blocks[b]) + t.blocks[b].held + t.blocks[b].leased if additive else 0.0))
         added[b] = added.get(b, 0.0) + bound
         earlier.setdefault(b, []).append((rows, vals))
         if total <= limit:
@@ -254,7 +272,7 @@ def _check_pending_sums(t, key, items: list) -> dict[int, float]:
             extra = _backend.namespace(v).zeros_like(base)
             Sum().apply(extra, _dense(v), {}, r)
             terms.append(extra)
-        if not _finite_sum(*terms):
+        if not _finite_sum(*terms, slack=t.blocks[b].leased if additive else 0.0):
             raise _overflow_error(t, b, "the push, summed with its clock's other pushes,")
     return added
 

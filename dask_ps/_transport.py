@@ -33,7 +33,7 @@ from dask_ps import _backend, _config, _routing
 from dask_ps._exceptions import PSError, StaleVersionError, UnknownTableError
 from dask_ps._liveness import Liveness, WorkerGone
 from dask_ps._routing import TableHandle
-from dask_ps._sums import held_first
+from dask_ps._sums import held_first, push_bound
 from dask_ps._wire import aligned, unwire_values, wire_values
 from dask_ps._worker_plugin import in_process_peer
 
@@ -256,9 +256,9 @@ class Transport:
         if target is not None:
             return await self._call_direct(target, target.local_push(
                 h.spec.name, h.version, [], run=run, sender=sender, msg_seq=msg_seq, table_id=h.spec.table_id,
-                commit=(hold_id, apply)))
+                commit=(hold_id, apply), lease=apply))
         msg = dict(table=h.spec.name, table_id=h.spec.table_id, version=h.version, values=[], sender=sender,
-                   msg_seq=msg_seq, commit=[hold_id, apply], **self._trusted)
+                   msg_seq=msg_seq, commit=[hold_id, apply], lease=apply, **self._trusted)
         if run is not None:
             msg["run"] = run
         return await self.liveness.call(addr, lambda: _within(
@@ -312,6 +312,8 @@ class Router:
         self.latest_versions = latest_versions if latest_versions is not None else {}
         self.sender = sender or uuid.uuid4().hex
         self._msg_seq = itertools.count()
+        # (table, server) -> (trusted until, {block: bound it may push unchecked}): see _leased
+        self._leases: dict[tuple[str, str], tuple[float, dict[int, float]]] = {}
         # Called after a failed attempt (the client's: raises if the scheduler
         # is gone, so a retry does not wait for connects to a dead address).
         self.lost_check = None
@@ -395,20 +397,51 @@ class Router:
         ``bound``: of every value's magnitude (see ``Transport.push``)."""
         if msg_seq is None:
             msg_seq = next(self._msg_seq)
+        lease = {}
         if not raw and len(msgs) > 1 and held_first((await self.handle(name)).spec):
-            return await self._send_held(name, [msgs], run, msg_seq, bound)
+            if not self._leased(name, msgs, bound):
+                return await self._send_held(name, [msgs], run, msg_seq, bound)
+            lease = {"lease": True}  # every server's part fits this sender's lease there: one phase
 
         async def call(h, addr, items):
-            reply = await self.transport.push(addr, h, items, raw, run, self.sender, msg_seq, bound)
+            reply = await self.transport.push(addr, h, items, raw, run, self.sender, msg_seq, bound, **lease)
             if reply is None:  # a worker without dask_ps handlers (closing): re-route
                 raise WorkerGone(f"worker {addr} does not serve dask_ps")
-            return reply
+            return self._lease_reply(name, addr, reply)
 
         seqs: dict[int, int] = {}
         for items, reply in await self._with_failover(name, dict(msgs), call):
             for (b, *_), s in zip(items, reply):
                 seqs[b] = max(seqs.get(b, 0), s)
         return seqs
+
+    def _leased(self, name: str, msgs, bound) -> bool:
+        """Whether this sender's leases (``ShardStore.top_up``: bounds each
+        server reserved for its next pushes) cover every part of a push;
+        then the push goes in one phase, drawn from them here as the
+        servers will (their replies bring the leases up to date)."""
+        now, need = time.monotonic(), {}
+        for addr, items in msgs.items():
+            have = self._leases.get((name, addr))
+            if have is None or have[0] < now:
+                return False
+            for b, _, v in items:
+                x = (bound if bound is not None else push_bound(v)) * (1 + 1e-6)  # the server measures alike
+                need[(addr, b)] = need.get((addr, b), 0.0) + x
+                if have[1].get(b, 0.0) < need[(addr, b)]:
+                    return False
+        for (addr, b), x in need.items():
+            self._leases[(name, addr)][1][b] -= x
+        return True
+
+    def _lease_reply(self, name: str, addr: str, reply):
+        """A push's reply: its sequence numbers; a server's lease for the
+        next push is noted (trusted for half of its life at the server)."""
+        if not isinstance(reply, dict):
+            return reply
+        life = _config.get_seconds("timeouts.failover") / 2
+        self._leases[(name, addr)] = (time.monotonic() + life, {int(b): float(x) for b, x in reply.get("lease") or ()})
+        return reply["seqs"]
 
     async def _send_held(self, name: str, rounds: list, run, msg_seq: int, bound) -> dict[int, int]:
         """A push over several servers, all or nothing (issue 34): phase 1
@@ -455,10 +488,10 @@ class Router:
                 reply = await self.transport.commit(addr, h, hold_id, True, run, self.sender, msg_seq)
             else:
                 reply = await self.transport.push(addr, h, items, False, run, self.sender, msg_seq, bound,
-                                                  commit=(hold_id, True))
+                                                  commit=(hold_id, True), lease=True)
             if reply is None:
                 raise WorkerGone(f"worker {addr} does not serve dask_ps")
-            return {b: s for (b, *_), s in zip(items, reply)}
+            return {b: s for (b, *_), s in zip(items, self._lease_reply(name, addr, reply))}
         except Exception as e:
             if not _retryable(e):
                 raise

@@ -169,7 +169,7 @@ class PSWorkerPlugin(WorkerPlugin):
     @handler(CLIENT, tells_internal=True)
     async def push(self, table=None, version=None, blocks=(), rows=None, values=(), raw=False, run=None,
                    sender=None, msg_seq=None, replica=False, table_id=None, forwarder=None, bound=None,
-                   hold=None, commit=None, internal=False):
+                   hold=None, commit=None, lease=False, internal=False):
         """Handler: apply one message of updates (all blocks or none).
 
         ``rows`` left out: whole blocks (a dense push: a message of at most
@@ -186,7 +186,8 @@ class PSWorkerPlugin(WorkerPlugin):
         sender's NaN/Inf check found; taken from an internal caller only.
         ``hold``/``commit``: a push over several servers in two phases
         (``Router.send``): ``hold=id`` checks and holds it, ``commit=(id,
-        apply)`` applies (values left out: the held ones) or drops it.
+        apply)`` applies (values left out: the held ones) or drops it;
+        ``lease``: draw on the sender's lease and reply ``{"seqs", "lease"}``.
         """
         if rows is None and isinstance(blocks, (list, tuple)):
             rows = [None] * len(blocks)
@@ -202,10 +203,10 @@ class PSWorkerPlugin(WorkerPlugin):
             raise PSValueError("a forwarded push is neither held nor committed")
         return await self._push(table, version, blocks, rows, values, bool(raw), run, sender, msg_seq,
                                 bool(replica), table_id, forwarder, trusted=internal, bound=bound, hold=hold,
-                                commit=commit)
+                                commit=commit, lease=bool(lease) and not replica)
 
     async def _push(self, table, version, blocks, rows, values, raw, run, sender, msg_seq, replica, table_id=None,
-                    forwarder=None, trusted=False, bound=None, hold=None, commit=None):
+                    forwarder=None, trusted=False, bound=None, hold=None, commit=None, lease=False):
         """(``trusted``: the message carries the cluster's internal token, so
         it comes from a dask_ps session in a worker, which checked every
         value for NaN/Inf before sending it, or from a primary that checked
@@ -226,7 +227,7 @@ class PSWorkerPlugin(WorkerPlugin):
         # replicas, and replicas apply under the other one, so two primaries
         # forwarding to each other cannot deadlock.
         async with (self._replica_locks[key] if replica else self._locks[key]):
-            held = self._held(table, version, table_id, commit)
+            held = self.store.take_hold(table, version, table_id, commit)
             if commit is not None and not commit[1]:  # phase 1 was refused elsewhere: nothing applies
                 return []
             if held is not None and held.items is not None:
@@ -250,38 +251,28 @@ class PSWorkerPlugin(WorkerPlugin):
             if hold is not None:  # phase 1: checked, nothing applied until the commit
                 self.store.hold(t, hold, items, bounds, run if not raw else None, keep=bool(values))
                 return []
+            per_clock = run is not None and t.spec.aggregate == "clock" and not raw
+            # What proves the push fits (applied unchecked): its hold's check, or the sender's lease.
+            checked = (held.reserved if held is not None and held.checked else None) if held is not None else (
+                self.store.spend(t, sender, items, bounds, per_clock) if lease and not raw else None)
             todo = self.store.unapplied(t, items, sender, msg_seq)
             if not replica:
                 self.served["pushes"] += 1
                 self.served["bytes_pushed"] += sum(getattr(v, "nbytes", 0) for _, _, v in items)
             try:  # a sum that would overflow is refused (PSValueError): nothing changed
-                checked = held is not None and held.checked  # when it was held
-                if run is not None and t.spec.aggregate == "clock" and not raw:
+                if per_clock:
                     run_id, clock = _check_run(run)
-                    self.store.accumulate(t, run_id, clock, todo, sender, held.reserved if checked else None)
+                    self.store.accumulate(t, run_id, clock, todo, sender, checked)
                 elif todo:
-                    await self._apply(t, todo, raw=raw, bounds=bounds, check=not checked)
+                    await self._apply(t, todo, raw=raw, bounds=bounds, check=checked is None)
             except PSValueError:
                 self.store.unmark(t, todo, sender, msg_seq)  # not applied: a re-send is not a duplicate
                 raise
             if not replica:
                 await self._forward(t, items, raw, run, sender, msg_seq, bounds)
+            if lease:
+                return {"seqs": self.store.seqs(t, items), "lease": self.store.top_up(t, sender, [b for b, *_ in items])}
             return self.store.seqs(t, items)
-
-    def _held(self, table, version, table_id, commit):
-        """The push that ``commit = (hold id, apply)`` names, taken out of
-        its table (None: not a commit). One not held here (a placement
-        change dropped it) raises a retryable error: the sender then sends
-        the push again, whole."""
-        if commit is None:
-            return None
-        if not (isinstance(commit, (list, tuple)) and len(commit) == 2 and isinstance(commit[0], str)):
-            raise PSValueError(f"a push's commit must be [hold id, apply], got {commit!r}")
-        t = self.store.get(table, None if not commit[1] else version, table_id, frozen_ok=not commit[1])
-        held = self.store.release(t, commit[0])
-        if held is None and commit[1]:
-            raise StaleVersionError(f"table {t.spec.name!r}: the push to commit is not held here; send it again")
-        return held
 
     def _check_forwarder(self, t, blocks, version, forwarder) -> None:
         """Only a block's primary forwards its pushes to its replicas. Under
@@ -800,10 +791,11 @@ class PSWorkerPlugin(WorkerPlugin):
 
     # --- same-process access (a participant on this worker) -------------------------
     async def local_push(self, table, version, items, raw=False, run=None, sender=None, msg_seq=None, table_id=None,
-                         bound=None, hold=None, commit=None):
+                         bound=None, hold=None, commit=None, lease=False):
         blocks, rows, values = zip(*items) if items else ((), (), ())
         return await self._push(table, version, list(blocks), list(rows), list(values), raw, run,
-                                sender, msg_seq, False, table_id, trusted=True, bound=bound, hold=hold, commit=commit)
+                                sender, msg_seq, False, table_id, trusted=True, bound=bound, hold=hold, commit=commit,
+                                lease=lease)
 
     async def local_pull(self, table, version, blocks, rows, run=None, subscribe=None, table_id=None, sender=None,
                          copy=True):

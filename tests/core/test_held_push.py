@@ -71,3 +71,26 @@ def test_holds_of_a_sender_that_never_commits_expire_and_a_placement_change_drop
     assert "gone" not in t.holds and t.blocks[0].held == 0
     st.set_placement("t", t.spec.table_id, 2, [["a"], ["a"]], "a")
     assert not t.holds and t.blocks[1].held == 0
+
+
+def test_a_lease_is_drawn_on_by_one_phase_pushes_and_keeps_room_for_them():
+    """After a sender's first two-phase push, a server leases it a bound it
+    may push unchecked (``top_up``); pushes within it go in one phase
+    (``spend``). Others' pushes keep room for what leases may still add, so
+    a push drawn from a lease can never overflow."""
+    st, t = store()
+    (b0, lease0), (b1, lease1) = st.top_up(t, "run-s3cret-0", [0, 1])
+    assert (b0, b1) == (0, 1) and lease0 > 1e306 and t.blocks[0].leased == lease0
+    items, bounds = validated(st, [0], [None], [np.ones(4)])
+    need = st.spend(t, "run-s3cret-0", items, bounds, per_clock=False)
+    assert need == {0: pytest.approx(2.0)} and t.blocks[0].leased == lease0 - need[0]  # |ones(4)|: 2
+    assert st.spend(t, "another", items, bounds, per_clock=False) is None  # no lease: checked as usual
+    too_big, tb = validated(st, [0], [None], [np.full(4, 1e308)])
+    assert st.spend(t, "run-s3cret-0", too_big, tb, per_clock=False) is None
+    # Another sender pushes near the range: refused where the lease's room would not be left.
+    with pytest.raises(PSValueError, match="overflows"):
+        st.apply(t, *validated(st, [0], [None], [np.full(4, 1.79e308)])[:1])
+    st.commit(t, st.apply(t, *validated(st, [0], [None], [np.full(4, 1.5e308)])[:1]))
+    assert np.isfinite(t.blocks[0].data + t.blocks[0].leased).all()
+    st.forget_run("run")
+    assert not t.leases and t.blocks[0].leased == 0 and t.blocks[1].leased == 0
