@@ -2,12 +2,13 @@
 
 A push whose blocks lie on several servers of a table whose servers may
 refuse it for its result (a ``sum`` table that forbids NaN/Inf, an integer
-``sum`` table) is held at every server first and applied by a second, small
-message (``Router._send_held``). This measures that push against the one
-message per server it replaces, in the same cluster, interleaved: the
-one-phase push is the same code with ``_transport.held_first`` patched to
-answer False (client and workers), so the servers' checks are the same in
-both and only the protocol differs.
+``sum`` table) goes in one message per server when every part fits the
+sender's leases there, else is held at every server first and applied by a
+second, small message (``Router.send``, ``Router._send_held``). This
+measures it against the push it replaced (one message per server, each
+server checking its part alone), in the same cluster, interleaved: the old
+push is the same code with ``_transport.held_first`` patched to answer
+False (client and workers), so the servers' checks are the same in both.
 
 ``LocalCluster(n_workers=2, threads_per_worker=1, processes=True)``; a
 float32 table of 8 blocks over both workers; per size:
@@ -16,8 +17,8 @@ float32 table of 8 blocks over both workers; per size:
 * ``client rows``: ``ps.push_rows`` of two rows, one in a block of each worker;
 * ``participant dense``: a participant's ``ctx.push(name, x); ctx.flush()``.
 
-Reported: median milliseconds per push of each protocol over ``--rounds``
-interleaved rounds of ``--reps`` pushes, and the ratio two-phase / one-phase.
+Reported: median milliseconds per push of each over ``--rounds``
+interleaved rounds of ``--reps`` pushes, and the ratio new / old.
 
 Usage::
 
@@ -89,7 +90,7 @@ def main(argv=None) -> None:
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         ps = dask_ps.ParameterServer(client)
-        print(f"{'size':>8} {'operation':<18} {'one phase ms':>12} {'two phases ms':>13} {'ratio':>6}")
+        print(f"{'size':>8} {'operation':<18} {'old ms':>12} {'new ms':>13} {'ratio':>6}")
         for label in a.sizes:
             n = parse_bytes(label) // 4
             name, starts = _spread_table(ps, f"phases-{label}", n)
