@@ -399,9 +399,9 @@ class ParameterServer:
         # One block goes to one server in one message, whose NaN/Inf check
         # (fused with its overflow check's pass) refuses it whole: no pass
         # here. Blocks on several servers are checked here, before any is sent.
-        values = _spec.check_values(h.spec, values, h.spec.shape, check_finite=h.spec.n_blocks > 1)
+        values, found = _spec.check_values(h.spec, values, h.spec.shape, check_finite=h.spec.n_blocks > 1, bound=True)
         self._raise_if_rolled_back(name)
-        self._sync(self._router.push_dense, name, values)
+        self._sync(self._router.push_dense, name, values, False, found)  # found: for the leases (Router.send)
 
     def push_rows(self, name: str, rows, values) -> None:
         """Update only ``rows``.

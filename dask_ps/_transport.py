@@ -545,17 +545,18 @@ class Router:
         return out
 
     # --- whole-table and row operations for the client ------------------------------
-    async def push_dense(self, name: str, values, raw: bool = False):
+    async def push_dense(self, name: str, values, raw: bool = False, bound: float | None = None):
         """The whole table's values, in rounds of at most
         ``ps.dense-push-message-bytes`` per server (``_routing.in_rounds``),
-        one after the other; returns every block's sequence number."""
+        one after the other; returns every block's sequence number.
+        ``bound``: of the values' magnitudes, if the caller's check found it."""
         h = await self.handle(name)
         rounds = _routing.in_rounds(_routing.split_dense(h, values), _config.get_bytes("dense-push-message-bytes"))
         if not raw and len(rounds) > 1 and held_first(h.spec):
-            return await self._send_held(name, rounds, None, next(self._msg_seq), None)
+            return await self._send_held(name, rounds, None, next(self._msg_seq), bound)
         seqs: dict[int, int] = {}
         for msgs in rounds:
-            seqs.update(await self.send(name, msgs, raw))
+            seqs.update(await self.send(name, msgs, raw, bound=bound))
         return seqs
 
     async def push_rows(self, name: str, rows, values):

@@ -199,8 +199,8 @@ class PSWorkerPlugin(WorkerPlugin):
         if bound is not None and not internal:
             # A bound too small would let a sum overflow past the check.
             raise InternalOnlyError("a push's bound= may come only from a participant's session or a primary")
-        if replica and (hold is not None or commit is not None):
-            raise PSValueError("a forwarded push is neither held nor committed")
+        if (replica and (hold is not None or commit is not None)) or not isinstance(hold, (str, type(None))):
+            raise PSValueError(f"a push's hold must be an id (str) and a forwarded push is not held, got {hold!r}")
         return await self._push(table, version, blocks, rows, values, bool(raw), run, sender, msg_seq,
                                 bool(replica), table_id, forwarder, trusted=internal, bound=bound, hold=hold,
                                 commit=commit, lease=bool(lease) and not replica)
