@@ -312,7 +312,7 @@ class ShardStore:
 
     def forget_run(self, run_id: str) -> None:
         """A run ended: free what blocks keep for it (the exactly-once windows
-        of its participants, ``f"{run_id}-{rank}"``, and its per-clock sum
+        of its participants, ``f"{run_id}-{secret}-{rank}"``, their leases, and its per-clock sum
         bookkeeping). The worker refuses the run's pushes from now on, so no
         re-sent one can count twice."""
         prefix = f"{run_id}-"

@@ -278,7 +278,7 @@ def _check_pending_sums(t, key, items: list) -> dict[int, float]:
 
 
 def _sender_key(sender: str):
-    """Senders are ``f"{run_id}-{rank}"``: by rank (a sum carried over from
+    """Senders are ``f"{run_id}-{secret}-{rank}"``: by rank (a sum carried over from
     another worker, ``""``, first)."""
     tail = sender.rsplit("-", 1)[-1]
     return (0, int(tail), "") if tail.isdigit() else (-1, 0, sender)

@@ -209,8 +209,8 @@ class Transport:
         ``bound``: of every value's magnitude, as the session's NaN/Inf
         check found it (sent with the internal token only: the server's
         overflow check then trusts it instead of measuring the values).
-        ``phase``: ``hold=id`` or ``commit=(id, apply)`` of a two-phase push
-        (``Router.send``); ``items``' values are None in a commit of held ones."""
+        ``phase``: ``hold=id`` or ``commit=(id, apply)`` of a two-phase push,
+        ``lease=True`` (``Router.send``; the reply is then ``{"seqs", "lease"}``)."""
         target = self._direct(addr)
         if target is not None:
             items = [(b, _routing.wire_rows(r), v) for b, r, v in items]
