@@ -162,3 +162,15 @@ def table_dir(path: str, data: str, table: str) -> str:
     if not joined.startswith(base + "/") or table.startswith("/"):
         raise ValueError(f"table name {table!r} would leave the checkpoint's directory {base}")
     return f"{proto}://{joined}" if proto else joined
+
+
+def refuse_overwrite(name: str, active_runs: list) -> None:
+    """``ps.load(overwrite=True)`` of a table that active runs use would
+    replace what they pushed (and fail them with ``StaleVersionError``):
+    refused, naming the table and the runs, as ``ps.save`` refuses during
+    a run (issue 34)."""
+    if active_runs:
+        raise RuntimeError(
+            f"ps.load: table {name!r} is in use by active run(s) {list(active_runs)}; overwriting it would "
+            "replace what they pushed. Load it after they end"
+        )

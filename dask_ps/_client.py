@@ -231,18 +231,18 @@ class ParameterServer:
             "(docs/reliability.rst, 'Losing the scheduler')."
         )
 
-    def _servers(self, n: int = 0, timeout: float = 0) -> list[str]:
-        return self._sync(self._scheduler.ps_servers, n=n, timeout=timeout)
+    def _servers(self, n: int = 0, timeout: float = 0, running: bool = True) -> list[str]:
+        return self._sync(self._scheduler.ps_servers, n=n, timeout=timeout, running=running)
 
     @property
     def servers(self) -> list[str]:
         """Addresses of the workers that host shards."""
-        return self._servers()
+        return self._servers(running=False)
 
     def wait_for_servers(self, n: int = 1, timeout: float | str | None = None) -> list[str]:
-        """The shard servers, once at least ``n`` workers serve the
-        parameter server; waits up to ``timeout`` (default
-        ``ps.timeouts.no-workers``, 30 s) while there are fewer.
+        """The shard servers (not those Dask's memory monitor paused, while
+        others run), once at least ``n`` serve the parameter server; waits
+        up to ``timeout`` (default ``ps.timeouts.no-workers``, 30 s) while there are fewer.
 
         Raises
         ------
@@ -355,7 +355,7 @@ class ParameterServer:
             if callable(init):
                 init = init(spec.shape, spec.dtype)
             if np.ndim(init) == 0 and not hasattr(init, "shape"):
-                values = np.full(spec.shape, init, dtype=spec.dtype)
+                values = np.full(spec.shape, _spec.check_scalar(spec, init), dtype=spec.dtype)
             else:
                 values = _spec.check_values(spec, init, spec.shape, what="init")
         handle = self._sync(self._scheduler.ps_create_table, spec=spec.to_msg())
@@ -400,9 +400,9 @@ class ParameterServer:
         # One block goes to one server in one message, whose NaN/Inf check
         # (fused with its overflow check's pass) refuses it whole: no pass
         # here. Blocks on several servers are checked here, before any is sent.
-        values = _spec.check_values(h.spec, values, h.spec.shape, check_finite=h.spec.n_blocks > 1)
+        values, found = _spec.check_values(h.spec, values, h.spec.shape, check_finite=h.spec.n_blocks > 1, bound=True)
         self._raise_if_rolled_back(name)
-        self._sync(self._router.push_dense, name, values)
+        self._sync(self._router.push_dense, name, values, False, found)  # found: for the leases (Router.send)
 
     def push_rows(self, name: str, rows, values) -> None:
         """Update only ``rows``.
@@ -489,10 +489,10 @@ class ParameterServer:
         if n == 0:
             return []
         run_info = check_run_info(run_info)  # PSValueError before anything starts
-        run_id = uuid.uuid4().hex[:12]
+        run_id, owner = uuid.uuid4().hex[:12], uuid.uuid4().hex  # owner: the run's secret (docs/security.rst)
         servers = self.wait_for_servers()  # NoWorkersError after ps.timeouts.no-workers without any
         name = getattr(fn, "__name__", "fn")
-        self._sync(self._scheduler.ps_run_start, run_id=run_id, n=n, name=name, info=run_info)
+        self._sync(self._scheduler.ps_run_start, run_id=run_id, n=n, name=name, info=run_info, owner=owner)
         futures = []
         for rank, part in enumerate(parts):
             key = f"ps-run-{name}-{rank}-{run_id}"
@@ -501,10 +501,10 @@ class ParameterServer:
             if isinstance(part, Future) or futures_of(part):
                 # Let Dask place the participant where its data is (futures
                 # anywhere in the part, e.g. a tuple (X_future, y_future)).
-                fut = self.client.submit(participant, run_id, rank, n, fn, part, kwargs, key=key, pure=False)
+                fut = self.client.submit(participant, run_id, rank, n, fn, part, kwargs, owner, key=key, pure=False)
             else:
                 fut = self.client.submit(
-                    participant, run_id, rank, n, fn, part, kwargs, key=key, pure=False,
+                    participant, run_id, rank, n, fn, part, kwargs, owner, key=key, pure=False,
                     workers=[servers[rank % len(servers)]], allow_other_workers=True,
                 )
             futures.append(fut)
@@ -515,13 +515,14 @@ class ParameterServer:
                 keep_until_done(futures)
             self._check_scheduler(e)  # the participants' futures were cancelled: say why
             try:
-                self._sync(self._scheduler.ps_run_abort, run_id=run_id, reason=f"{type(e).__name__}: {e}")
+                self._sync(self._scheduler.ps_run_abort, run_id=run_id, reason=f"{type(e).__name__}: {e}",
+                           owner=owner)
             finally:
-                rolled_back = self._end_run(run_id)
+                rolled_back = self._end_run(run_id, owner)
                 if rolled_back:
                     e.add_note(f"dask_ps: {RolledBackError.from_run(run_id, rolled_back)}")
             raise
-        rolled_back = self._end_run(run_id)
+        rolled_back = self._end_run(run_id, owner)
         if rolled_back:
             # Never only a log line: acknowledged updates are gone.
             raise RolledBackError.from_run(run_id, rolled_back, results)
@@ -538,9 +539,9 @@ class ParameterServer:
                 "again; redo the run.", {d["table"]: d["copies"] for d in disagree}, results)
         return results
 
-    def _end_run(self, run_id: str) -> list[dict]:
+    def _end_run(self, run_id: str, owner: str) -> list[dict]:
         """Forget the run on the scheduler, keep its metrics; returns its rollbacks."""
-        metrics = self._sync(self._scheduler.ps_run_end, run_id=run_id)
+        metrics = self._sync(self._scheduler.ps_run_end, run_id=run_id, owner=owner)
         if metrics is None:
             return []
         metrics["rolled_back"] = [_rollback_record(r) for r in metrics.get("rolled_back", ())]
@@ -653,7 +654,8 @@ class ParameterServer:
         FileNotFoundError
             No checkpoint at ``path``.
         TableExistsError
-            A table exists already (``overwrite=True`` drops it first).
+            A table exists already (``overwrite=True`` drops it first, unless
+            an active run uses it: ``RuntimeError``, as :meth:`save`).
         """
         from dask_ps import _checkpoint
 
@@ -668,6 +670,7 @@ class ParameterServer:
             if name in existing:
                 if not overwrite:
                     raise TableExistsError(f"table {name!r} exists; pass overwrite=True to replace it", name)
+                _checkpoint.refuse_overwrite(name, self._sync(self._scheduler.ps_active_runs, tables=[name]))
                 self.drop_table(name)
         path = _checkpoint.resolve(path)
         for name in names:

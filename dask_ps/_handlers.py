@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from distributed.core import error_message
 
-from dask_ps._exceptions import InternalOnlyError, PSError
+from dask_ps._exceptions import InternalOnlyError, PSError, PSValueError
 
 INTERNAL = "internal"
 CLIENT = "client"
@@ -74,6 +74,16 @@ def is_internal(token, expected) -> bool:
     """Whether ``token`` is the cluster's internal token ``expected`` (None:
     not known yet, nothing is internal)."""
     return isinstance(token, str) and isinstance(expected, str) and hmac.compare_digest(token, expected)
+
+
+def check_owner(run, owner) -> None:
+    """A run-level call from a client (end, abort) must present the secret
+    the run was started with (``RunState.owner``), so that a second client
+    of the cluster (another notebook, a re-run cell) cannot end or abort a
+    run it did not start (issue 34). A run started without one has no owner."""
+    if run.owner is not None and not (isinstance(owner, str) and hmac.compare_digest(owner, run.owner)):
+        raise PSValueError(f"run {run.run_id} was started by another client: only that client may end or "
+                           "abort it")
 
 
 class HandlerRegistry:

@@ -18,6 +18,7 @@ import uuid
 
 from dask_ps import _config
 from dask_ps._exceptions import PSError, PSValueError
+from dask_ps._lost_report import LostReports
 from dask_ps._placement import place_blocks
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,12 @@ class PlacementChanger:
     @property
     def tables(self):
         return self.plugin.tables
+
+    def report_lost(self, table: str, blocks, why: str) -> None:
+        """Log lost blocks once the cluster's state says what they mean (``_lost_report``)."""
+        if "_lost" not in self.__dict__:
+            self._lost = LostReports(self.plugin, logger)
+        self._lost.add(table, blocks, why)
 
     @property
     def members(self) -> set[str]:
@@ -103,8 +110,7 @@ class PlacementChanger:
                 # Refuse the table from now on: never serve zeros for lost rows.
                 for b in lost:
                     t.lost[b] = reason
-                logger.error("dask_ps: table %r lost block(s) %s (%s) and has no checkpoint",
-                             t.spec.name, lost, reason)
+                self.report_lost(t.spec.name, lost, f"({reason}) and has no checkpoint")
 
             async def restore(t=t, lost=lost):
                 if lost and t.checkpoint is not None:
@@ -364,7 +370,7 @@ class PlacementChanger:
         the block is not lost); None when none is alive (it is marked lost)."""
         alive = [w for w in self._alive_holders(t, b, old_owners) if w not in refused]
         if not alive:
-            logger.error("dask_ps: table %r: no copy of block %d could be read", t.spec.name, b)
+            self.report_lost(t.spec.name, [b], "(no copy could be read during a placement change)")
             t.lost[b] = "no live copy could be read during a placement change"
             return None
         refrozen = await self._freeze(set(alive), msg)

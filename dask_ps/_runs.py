@@ -52,6 +52,7 @@ class RunState:
     waiting: int = 0  # reads and clocks parked at the servers (sampled)
     wait_seconds: float = 0.0  # seconds they spent parked (sampled: the servers' sum)
     epoch: int = 0  # membership version sent to the workers
+    owner: str | None = field(default=None, repr=False)  # the starting client's secret (issue 34)
 
     def __repr__(self):
         return f"<RunState {self.run_id} clocks={self.clocks} done={sorted(self.done)}>"
@@ -109,8 +110,8 @@ class Runs:
         except asyncio.TimeoutError:
             logger.info("dask_ps: run %s: a server has not taken its membership record yet", run.run_id)
 
-    async def start(self, run_id: str, n: int, name: str, info: dict) -> None:
-        run = self.runs[run_id] = RunState(run_id, n, [0] * n, name=name, info=info)
+    async def start(self, run_id: str, n: int, name: str, info: dict, owner: str | None = None) -> None:
+        run = self.runs[run_id] = RunState(run_id, n, [0] * n, name=name, info=info, owner=owner)
         # Before any participant starts: every server counts its clocks.
         await self.announce(run, new=True)
 

@@ -24,15 +24,9 @@ from distributed.core import error_message
 from distributed.protocol.pickle import dumps, loads
 
 from dask_ps import _config, _dashboard
-from dask_ps._exceptions import (
-    DataLostError,
-    PSError,
-    PSValueError,
-    SchedulerLostError,
-    TableExistsError,
-    UnknownTableError,
-)
-from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, handler
+from dask_ps._exceptions import (DataLostError, PSError, PSValueError, SchedulerLostError, TableExistsError,
+                                 UnknownTableError)
+from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, check_owner, handler
 from dask_ps._liveness import HungWorkers, Liveness, WorkerCalls
 from dask_ps._placement import place_blocks
 from dask_ps._rebalance import PlacementChanger
@@ -517,9 +511,11 @@ class PSSchedulerPlugin(SchedulerPlugin):
         await self.placement.replica_missed(table, table_id, replica, blocks)
 
     @handler(READ_ONLY)
-    async def servers(self, n: int = 0, timeout: float = 0) -> list[str]:
+    async def servers(self, n: int = 0, timeout: float = 0, running: bool = False) -> list[str]:
         """Handler: current shard servers; with ``n``, wait up to ``timeout``
-        seconds until at least ``n`` have registered."""
+        seconds until at least ``n`` have registered. ``running``: only
+        those Dask runs tasks on, if any (where work is placed: a worker
+        paused by its memory monitor starts none, issue 34)."""
         if n and len(self.members) < n:
             async with self._servers_changed:
                 try:
@@ -528,7 +524,9 @@ class PSSchedulerPlugin(SchedulerPlugin):
                     )
                 except asyncio.TimeoutError:
                     pass
-        return list(sorted(self.members))
+        ws = self.scheduler.workers
+        live = [a for a in sorted(self.members) if a in ws and ws[a].status.name == "running"] if running else []
+        return live or sorted(self.members)
 
     # --- tables -------------------------------------------------------------------
     @handler(CLIENT)
@@ -679,10 +677,12 @@ class PSSchedulerPlugin(SchedulerPlugin):
 
     # --- runs (membership; the servers count the clocks: _runs, _runclocks) -----------------
     @handler(CLIENT)
-    async def run_start(self, run_id: str, n: int, name: str = "", info: dict | None = None) -> None:
-        if not (isinstance(run_id, str) and _is_int(n) and n >= 1):
+    async def run_start(self, run_id: str, n: int, name: str = "", info: dict | None = None, owner=None) -> None:
+        if not (isinstance(run_id, str) and _is_int(n) and n >= 1 and isinstance(owner, (str, type(None)))):
             raise PSValueError(f"a run needs a str id and n >= 1 participants, got {run_id!r}, {n!r}")
-        await self.run_book.start(run_id, n, str(name)[:200], _dashboard.check_run_info(info))
+        if run_id in self.runs:  # another client's, or a re-run cell: it must not take that run over
+            raise PSValueError(f"run {run_id} is active already; a run id is started once")
+        await self.run_book.start(run_id, n, str(name)[:200], _dashboard.check_run_info(info), owner=owner)
 
     def _run(self, run_id):
         return self.run_book.get(run_id)
@@ -714,16 +714,21 @@ class PSSchedulerPlugin(SchedulerPlugin):
         await self.run_book.leave(run_id, rank, metrics, self.totals)
 
     @handler(CLIENT)
-    async def run_abort(self, run_id: str, reason: str) -> None:
+    async def run_abort(self, run_id: str, reason: str, owner=None) -> None:
+        run = self.runs.get(run_id)
+        if run is None:
+            return
+        check_owner(run, owner)
         await self.run_book.abort(run_id, reason)
 
     @handler(CLIENT)
-    async def run_end(self, run_id: str) -> dict | None:
+    async def run_end(self, run_id: str, owner=None) -> dict | None:
         """Handler: forget a run; returns its per-participant metrics. Servers
         apply what the run left (per-clock sums) before this returns."""
         run = self.runs.get(run_id)
         if run is None:
             return None
+        check_owner(run, owner)
         # A repair of a table it used that is in progress (a worker died just
         # before the end) may restore blocks from a checkpoint: let it finish
         # so that the run reports the rollback.

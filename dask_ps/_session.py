@@ -145,7 +145,7 @@ class Session(InFlight):
     run_id : str
     """
 
-    def __init__(self, run_id: str, rank: int, n_participants: int, worker=None):
+    def __init__(self, run_id: str, rank: int, n_participants: int, worker=None, owner: str | None = None):
         self.worker = worker if worker is not None else get_worker()
         self.run_id = run_id
         self.rank = rank
@@ -160,11 +160,14 @@ class Session(InFlight):
                                     else self.worker.scheduler), self._sent)
         # The sender id is stable across retries of this participant's task, and
         # flushes are numbered by (clock, n-th flush in the clock): a retried
-        # participant that repeats a clock's pushes has them applied once.
+        # participant that repeats a clock's pushes has them applied once. It
+        # holds the run's secret: a push forged by another client with a
+        # guessed sender and number cannot have the servers skip this
+        # participant's real one as a duplicate (issue 34).
         self._router = Router(
             _process_cache.CombiningTransport(self.worker.rpc, self._scheduler, local=plugin,
                                               liveness=plugin.liveness if plugin is not None else None),
-            sender=f"{run_id}-{rank}",
+            sender=f"{run_id}-{owner}-{rank}" if owner else f"{run_id}-{rank}",
             latest_versions=plugin.latest_versions if plugin is not None else None,
         )
         self._router.transport.sent = self._sent
@@ -747,10 +750,11 @@ class _Counted:
         return counted
 
 
-def participant(run_id, rank, n, fn, part, kwargs):
-    """Task: one participant of a run (see ``ParameterServer.run``)."""
+def participant(run_id, rank, n, fn, part, kwargs, owner=None):
+    """Task: one participant of a run (see ``ParameterServer.run``);
+    ``owner``: the run's secret."""
     secede()  # long-running: free the worker's thread slot
-    ctx = Session(run_id, rank, n)
+    ctx = Session(run_id, rank, n, owner=owner)
     ctx._join()
     ok = False
     try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -28,7 +29,9 @@ from dask_ps import _backend, _config
 from dask_ps._exceptions import PSValueError, StaleVersionError, UnknownTableError
 from dask_ps import _sparse_rows
 from dask_ps._sparse_rows import DenseRows, EncodedRows, RowsToAdd
-from dask_ps._spec import CASTING, TableSpec, refuse_masked, strictly_increasing
+from dask_ps._spec import CASTING, TableSpec, check_int_range, refuse_masked, strictly_increasing
+from dask_ps._sums import (_bound_of, _check_pending_sums, _check_results, _check_sums, _checks_results, _headroom,
+                           _in_sender_order, _pushes_in_sender_order, _snapshot)
 from dask_ps.rules import Assign, Sum
 
 
@@ -48,9 +51,35 @@ class Block:
     # max|data| (None: not known), kept up to date by every sum applied, so
     # a push's overflow check reads only the push (``_check_sums``)
     bound: float | None = None
+    # bounds of pushes held here by a two-phase push (``hold``), not applied
+    # yet: every overflow check counts them
+    held: float = 0.0
+    leased: float = 0.0  # what senders' leases may still push here unchecked (``ShardStore.top_up``)
 
     def __repr__(self):
         return f"<Block {self.data.shape} {self.data.dtype} shared={self.shared}>"
+
+
+@dataclass
+class Hold:
+    """A push checked by phase 1 of a two-phase push, not applied: its
+    items (None: the commit brings the values again), ``id(values) ->
+    bound`` of them, and the bound it reserves per block (``Block.held``)."""
+
+    expires: float
+    items: list | None
+    bounds: dict
+    reserved: dict[int, float]
+    checked: bool  # the check apply/accumulate would make was made (the commit skips it)
+
+
+@dataclass
+class Lease:
+    """Bounds a sender may push to blocks unchecked (``ShardStore.spend``):
+    reserved in their ``Block.leased`` until spent or expired."""
+
+    expires: float
+    left: dict[int, float]
 
 
 @dataclass
@@ -81,6 +110,11 @@ class TableShards:
     # Reads answered here, by the role this worker had for the block
     # (tests and benchmarks check that replicas serve reads).
     reads: dict[str, int] = field(default_factory=lambda: {"primary": 0, "replica": 0})
+
+    # Pushes checked and held by phase 1 of a two-phase push, by hold id,
+    # until the sender commits (applies) or aborts them (``ShardStore.hold``).
+    holds: dict[str, Hold] = field(default_factory=dict)
+    leases: dict[str, Lease] = field(default_factory=dict)  # by sender (``ShardStore.top_up``)
 
     def __repr__(self):
         return f"<TableShards {self.spec.name!r} v{self.version} blocks={sorted(self.blocks)}>"
@@ -148,6 +182,11 @@ class ShardStore:
         # A whole placement, checked before anything changes: a malformed one
         # (e.g. no owners at all) must not make this worker drop its blocks.
         owners = check_owners(t.spec, owners)
+        for hold_id in list(t.holds):  # a commit after a placement change sends its push again
+            self.release(t, hold_id)
+        t.leases.clear()  # blocks move: a sender's next push is checked, and leased again
+        for blk in t.blocks.values():
+            blk.leased = 0.0
         t.version = version
         t.frozen = False
         t.owners = [list(o) for o in owners]
@@ -273,7 +312,7 @@ class ShardStore:
 
     def forget_run(self, run_id: str) -> None:
         """A run ended: free what blocks keep for it (the exactly-once windows
-        of its participants, ``f"{run_id}-{rank}"``, and its per-clock sum
+        of its participants, ``f"{run_id}-{secret}-{rank}"``, their leases, and its per-clock sum
         bookkeeping). The worker refuses the run's pushes from now on, so no
         re-sent one can count twice."""
         prefix = f"{run_id}-"
@@ -286,6 +325,8 @@ class ShardStore:
                 blk.summed_below.pop(run_id, None)
                 for sender in [s for s in blk.applied if s.startswith(prefix)]:
                     del blk.applied[sender]
+            for sender in [s for s in t.leases if s.startswith(prefix)]:
+                self.drop_lease(t, sender)
 
     def drop(self, name: str, table_id: str | None = None) -> bool:
         t = self.tables.get(name)
@@ -402,6 +443,8 @@ class ShardStore:
                     spec.name,
                 )
             found = bound
+            if check_finite:
+                check_int_range(spec, v)
             if check_finite and not spec.allow_nonfinite:
                 if v.size > _backend.SMALL and v.dtype.kind in "fc":
                     found = _backend.abs_bound(v)  # not finite: a NaN/Inf is in the values
@@ -507,16 +550,121 @@ class ShardStore:
                 fresh[b] = new
 
     @staticmethod
-    def accumulate(t: TableShards, run_id: str, clock: int, items: list[PushItem], sender: str | None = None) -> None:
+    def hold(t: TableShards, hold_id: str, items: list[PushItem], bounds: dict, run=None, keep: bool = True) -> None:
+        """Phase 1 of a push over several servers: check ``items`` as
+        :meth:`apply` (or :meth:`accumulate`, ``run = (run_id, clock)``)
+        would, raising :class:`PSValueError` if they would be refused, but
+        apply nothing: the push is held, and its bound reserved in every
+        later check (``Block.held``), until :meth:`release` (the commit
+        applies it unchecked, or an abort drops it). ``keep=False``: the
+        commit brings the values again (a push in several rounds)."""
+        now = time.monotonic()
+        for k in [k for k, h in t.holds.items() if h.expires < now]:  # a sender that never came back
+            ShardStore.release(t, k)
+        if hold_id in t.holds:  # phase 1 sent again
+            return
+        checks = _checks_results(t.spec, t.spec.rule)
+        checked = checks and (run is not None and t.spec.aggregate == "clock" or isinstance(t.spec.rule, Sum))
+        if not checked:  # no check, or one only the result can settle (another rule): at the commit
+            reserved = {}
+        elif run is not None and t.spec.aggregate == "clock":
+            reserved = _check_pending_sums(t, (run[0], int(run[1])), items)
+        else:
+            reserved = _check_sums(t, items, bounds, grow=False)
+        for b, x in reserved.items():
+            t.blocks[b].held += x
+        ttl = _config.get_seconds("timeouts.failover")
+        t.holds[hold_id] = Hold(now + ttl, items if keep else None, bounds, reserved, checked)
+
+    def take_hold(self, name, version, table_id, commit) -> Hold | None:
+        """The push that ``commit = (hold id, apply)`` names, taken out of
+        its table (None: not a commit). One not held here (a placement
+        change dropped it) raises a retryable error: the sender then sends
+        the push again, whole."""
+        if commit is None:
+            return None
+        if not (isinstance(commit, (list, tuple)) and len(commit) == 2 and isinstance(commit[0], str)):
+            raise PSValueError(f"a push's commit must be [hold id, apply], got {commit!r}")
+        t = self.get(name, None if not commit[1] else version, table_id, frozen_ok=not commit[1])
+        held = self.release(t, commit[0])
+        if held is None and commit[1]:
+            raise StaleVersionError(f"table {t.spec.name!r}: the push to commit is not held here; send it again")
+        return held
+
+    @staticmethod
+    def spend(t: TableShards, sender, items: list[PushItem], bounds: dict, per_clock: bool) -> dict[int, float] | None:
+        """One phase for a push over several servers (issue 34): if
+        ``sender``'s lease covers every item's bound, draw on it and return
+        the bounds per block (the push is then applied without a check: the
+        lease's reservation proves its sum fits); else None (checked as
+        usual). Only for sums (``per_clock``: summed per clock)."""
+        lease = t.leases.get(sender) if isinstance(sender, str) else None
+        if (lease is None or lease.expires < time.monotonic() or not _checks_results(t.spec, t.spec.rule)
+                or not (per_clock or isinstance(t.spec.rule, Sum))):
+            return None
+        need: dict[int, float] = {}
+        for b, _, v in items:
+            need[b] = need.get(b, 0.0) + _bound_of(v, bounds)
+        if any(lease.left.get(b, 0.0) < x for b, x in need.items()):
+            return None
+        for b, x in need.items():
+            lease.left[b] -= x
+            t.blocks[b].leased = max(0.0, t.blocks[b].leased - x)
+        return need
+
+    @staticmethod
+    def top_up(t: TableShards, sender, blocks) -> list:
+        """Renew ``sender``'s lease on ``blocks`` (a sixteenth of what no
+        bound, hold or lease of the block takes, when below half of that),
+        dropping expired leases; returns ``[[block, bound it may push
+        unchecked], ...]`` for the sender's next push (``Router.send``)."""
+        now = time.monotonic()
+        for k in [k for k, x in t.leases.items() if x.expires < now]:
+            ShardStore.drop_lease(t, k)
+        if not (isinstance(sender, str) and _checks_results(t.spec, t.spec.rule)):
+            return []
+        lease = t.leases.setdefault(sender, Lease(0.0, {}))
+        lease.expires = now + _config.get_seconds("timeouts.failover")
+        for b in set(blocks):
+            have = lease.left.get(b, 0.0)
+            free = _headroom(t, b)
+            if have < (free + have) / 32:
+                lease.left[b] = (free + have) / 16
+                t.blocks[b].leased += lease.left[b] - have
+        return [[b, lease.left[b]] for b in sorted(set(blocks)) if b in lease.left]
+
+    @staticmethod
+    def drop_lease(t: TableShards, sender: str) -> None:
+        lease = t.leases.pop(sender, None)
+        for b, x in (lease.left.items() if lease is not None else ()):
+            if b in t.blocks:
+                t.blocks[b].leased = max(0.0, t.blocks[b].leased - x)
+
+    @staticmethod
+    def release(t: TableShards, hold_id) -> Hold | None:
+        """Take a held push out (None if it is not held here: dropped by a
+        placement change, or expired); its reservation ends."""
+        h = t.holds.pop(hold_id, None) if isinstance(hold_id, str) else None
+        for b, x in (h.reserved if h is not None else {}).items():
+            if b in t.blocks:
+                t.blocks[b].held = max(0.0, t.blocks[b].held - x)
+        return h
+
+    @staticmethod
+    def accumulate(t: TableShards, run_id: str, clock: int, items: list[PushItem], sender: str | None = None,
+                   checked: dict | None = None) -> None:
         """aggregate="clock": add validated items to ``sender``'s sum of their clock.
 
         In a float table that forbids NaN/Inf, a push that would make a
         pending sum, or (rule "sum") the stored rows plus every pending sum,
         non-finite raises :class:`PSValueError` first and changes nothing:
         the sums are applied when their clock completes, long after the push
-        was acknowledged (they are not checked again then)."""
+        was acknowledged (they are not checked again then). ``checked``: the
+        push was checked when it was held (``hold``), these are its bounds."""
         key = (run_id, int(clock))
-        bounds = _check_pending_sums(t, key, items) if _checks_results(t.spec, t.spec.rule) else None
+        bounds = checked
+        if bounds is None and _checks_results(t.spec, t.spec.rule):
+            bounds = _check_pending_sums(t, key, items)
         acc = t.pending.setdefault(key, {})
         if bounds is not None:
             have = t.pending_bound.setdefault(key, {})
@@ -646,200 +794,6 @@ class ShardStore:
     @staticmethod
     def seqs(t: TableShards, items) -> list[int]:
         return [t.blocks[b].seq for b, *_ in items]
-
-
-# --- sums and steps that would leave a finite table non-finite (issue 22) ------------------
-
-_BUILTIN_STATE_RULES = ("sgd", "momentum", "adagrad", "adam")  # state arrays shaped like the block
-
-
-def _checks_results(spec: TableSpec, rule) -> bool:
-    """Whether a push's result is checked for NaN/Inf: a float table that
-    forbids them, and a rule that computes (``assign`` stores the pushed
-    values, which are checked already)."""
-    return not spec.allow_nonfinite and spec.dtype.kind in "fc" and not isinstance(rule, Assign)
-
-
-def _overflow_error(t: TableShards, b: int, what: str = "the push") -> PSValueError:
-    name = t.spec.name
-    return PSValueError(
-        f"table {name!r}: {what} would make block {b}'s values NaN or Inf (the result overflows "
-        f"{t.spec.dtype}) and the table does not allow non-finite values; nothing was applied", name)
-
-
-def _rows_of(arr, rows):
-    """The rows of a block a push touches (a copy for an index array)."""
-    if rows is None:
-        return arr
-    if isinstance(rows, slice):
-        return arr[rows]
-    return _backend.take_rows(arr, rows)
-
-
-def _finite_sum(*terms) -> bool:
-    """Whether ``terms[0] + terms[1] + ...`` (finite arrays) is finite, added in that order."""
-    xp = _backend.namespace(*terms)
-    with np.errstate(over="ignore", invalid="ignore"):
-        total = terms[0].copy()
-        for x in terms[1:]:
-            total += x
-        return bool(xp.isfinite(total).all())
-
-
-def _data_bound(blk: Block) -> float:
-    """``blk.bound``, measured (one pass over the block) when not known."""
-    if blk.bound is None:
-        blk.bound = _backend.abs_bound(blk.data)
-    return blk.bound
-
-
-def _bound_of(vals, bounds: dict | None) -> float:
-    """The bound of a push's values: known (``bounds``), else measured."""
-    known = bounds.get(id(vals)) if bounds else None
-    return _backend.abs_bound(vals) if known is None else known
-
-
-def _check_sums(t: TableShards, items: list[PushItem], bounds: dict | None = None) -> None:
-    """Rule "sum": raise before anything changes if a stored row plus the
-    push overflows. The block's bound (``Block.bound``) and the push's
-    (``_backend.abs_bound``: one BLAS pass over the push) settle it unless
-    they come within half of the dtype's range; then the touched rows are
-    measured, and only if that does not settle it either is the sum made.
-    The block's bound grows by the push's."""
-    limit = _backend.overflow_limit(t.spec.dtype)
-    by_block: dict[int, list] = {}
-    for b, rows, vals in items:
-        by_block.setdefault(b, []).append((rows, vals, _bound_of(vals, bounds)))
-    for b, its in by_block.items():
-        blk = t.blocks[b]
-        pushed = sum(bv for _, _, bv in its)
-        if _data_bound(blk) + pushed <= limit:
-            blk.bound += pushed
-            continue
-        blk.bound = _backend.abs_bound(blk.data)  # measured again: it may have been loose
-        if blk.bound + pushed <= limit:
-            blk.bound += pushed
-            continue
-        if len(its) == 1:
-            rows, vals, _ = its[0]
-            ok = _finite_sum(_rows_of(blk.data, rows), vals)
-        else:  # one block twice in a message: its sum, made whole
-            whole = blk.data.copy()
-            with np.errstate(over="ignore", invalid="ignore"):
-                for rows, vals, _ in its:
-                    Sum().apply(whole, vals, {}, rows)
-            ok = _backend.all_finite(whole)
-        if not ok:
-            raise _overflow_error(t, b)
-        blk.bound = None  # near the range: measured again at the next push
-
-
-def _snapshot(t: TableShards, b: int, rows, in_place: bool) -> tuple:
-    """What a rule's step may change in block ``b`` (its rows, or the whole
-    block; the rule's state), to put back if the result is not finite.
-    ``in_place=False``: the step writes a fresh array, the block stays."""
-    blk = t.blocks[b]
-    take = (lambda a: a.copy()) if rows is None else (lambda a: a[rows])  # index rows: a copy
-    data = take(blk.data) if in_place else None
-    if t.spec.rule.name in _BUILTIN_STATE_RULES:
-        state = {k: take(v) for k, v in blk.state.items()}
-    else:  # a custom rule may change any of its state
-        state = {k: v.copy() if _backend.is_array(v) else v for k, v in blk.state.items()}
-    return data, state
-
-
-def _check_results(t: TableShards, items: list[PushItem], fresh: dict, undo: list) -> None:
-    """After a rule's steps: the rows they wrote (and a built-in rule's
-    state there) must be finite, else everything is put back and the push
-    raises."""
-    builtin = t.spec.rule.name in _BUILTIN_STATE_RULES
-    for b, rows, _ in items:
-        blk = t.blocks[b]
-        arrays = [fresh.get(b, blk.data)] + (list(blk.state.values()) if builtin else [])
-        bad = [a for a in arrays if a.dtype.kind in "fc" and not _backend.all_finite(a if rows is None else a[rows])]
-        if bad:
-            break
-    else:
-        return
-    for (b, rows, _), (data, state) in reversed(list(zip(items, undo))):
-        blk = t.blocks[b]
-        blk.seq -= 1
-        if data is not None:
-            blk.data[... if rows is None else rows] = data
-        if builtin:
-            for k, v in state.items():
-                blk.state[k][... if rows is None else rows] = v
-        else:
-            blk.state.clear()
-            blk.state.update(state)
-    fresh.clear()
-    raise _overflow_error(t, b)
-
-
-def _pending_bound(t: TableShards, key, b: int) -> float:
-    bound = t.pending_bound.get(key, {}).get(b)
-    if bound is None:  # installed from another worker: measured once
-        bound = sum(_backend.abs_bound(v) for _, v in _pushes_in_sender_order(t.pending[key][b]))
-        t.pending_bound.setdefault(key, {})[b] = bound
-    return bound
-
-
-def _check_pending_sums(t: TableShards, key, items: list[PushItem]) -> dict[int, float]:
-    """aggregate="clock": raise if adding ``items`` to the pending sums could
-    make a value non-finite when they are applied (rule "sum": the stored
-    rows plus every pending sum of the block plus this push; another rule:
-    the sums themselves). Bounds settle it (``pending_bound``); near the
-    dtype's range the sums are made. Returns the push's bound per block."""
-    limit = _backend.overflow_limit(t.spec.dtype)
-    additive = isinstance(t.spec.rule, Sum)
-    added: dict[int, float] = {}
-    earlier: dict[int, list] = {}  # this push's earlier items, by block
-    for b, rows, vals in items:
-        pend = sorted(k for k in t.pending if b in t.pending[k])
-        bound = _backend.abs_bound(vals)
-        total = (bound + added.get(b, 0.0) + sum(_pending_bound(t, k, b) for k in pend)
-                 + (_data_bound(t.blocks[b]) if additive else 0.0))
-        added[b] = added.get(b, 0.0) + bound
-        earlier.setdefault(b, []).append((rows, vals))
-        if total <= limit:
-            continue
-        # Near the range: the sums as they would be applied, made whole.
-        base = t.blocks[b].data.copy() if additive else _backend.namespace(vals).zeros_like(t.blocks[b].data)
-        terms = [base] + [_in_sender_order(t.pending[k][b], base) for k in pend]
-        for r, v in earlier[b]:
-            extra = _backend.namespace(v).zeros_like(base)
-            Sum().apply(extra, v, {}, r)
-            terms.append(extra)
-        if not _finite_sum(*terms):
-            raise _overflow_error(t, b, "the push, summed with its clock's other pushes,")
-    return added
-
-
-def _sender_key(sender: str):
-    """Senders are ``f"{run_id}-{rank}"``: by rank (a sum carried over from
-    another worker, ``""``, first)."""
-    tail = sender.rsplit("-", 1)[-1]
-    return (0, int(tail), "") if tail.isdigit() else (-1, 0, sender)
-
-
-def _pushes_in_sender_order(by_sender: dict) -> list:
-    """One clock's pushes ``(rows, values)`` to one block, in the senders'
-    order (each sender's in the order they came): applied so, the result has
-    the same bits whatever order the pushes arrived in (BSP fits
-    reproducible)."""
-    return [p for k in sorted(by_sender, key=_sender_key) for p in by_sender[k]]
-
-
-def _in_sender_order(by_sender: dict, like):
-    """One clock's pushes to one block summed into a new array shaped as
-    ``like`` (the block), in the senders' order."""
-    total = _backend.namespace(like).zeros_like(like)
-    for rows, vals in _pushes_in_sender_order(by_sender):
-        if rows is None:
-            total += vals
-        else:
-            _backend.add_rows(total, rows, vals)  # rows are unique within a push
-    return total
 
 
 def _wire_clock(c: float):

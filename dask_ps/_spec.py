@@ -70,6 +70,7 @@ class TableSpec:
         """Validate user arguments and build a spec (``ParameterServer.create_table``)."""
         if not isinstance(name, str) or not name:
             raise TypeError(f"table name must be a non-empty str, got {name!r}")
+        check_name(name)
         try:
             shape = (operator.index(shape),) if np.ndim(shape) == 0 else tuple(
                 operator.index(s) for s in shape
@@ -176,6 +177,7 @@ class TableSpec:
 
     @classmethod
     def from_msg(cls, msg: dict) -> "TableSpec":
+        check_name(msg["name"])  # a message from any client
         try:
             rule = rule_from_msg(msg["rule"])
         except PSValueError as e:  # e.g. a pickled rule where they are refused
@@ -340,6 +342,7 @@ def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "p
             f"table {spec.name!r}: {what} values must have shape {tuple(shape)}, got {tuple(values.shape)}",
             spec.name,
         )
+    check_int_range(spec, values, what)
     limit = _config.get_bytes("max-push-bytes")
     if values.size * spec.dtype.itemsize > limit:
         raise PSValueError(
@@ -372,6 +375,62 @@ def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "p
                 spec.name,
             )
     return (values, found) if bound else values
+
+
+def check_name(name) -> None:
+    """A table name is also a directory name in a checkpoint (``ps.save``):
+    no path separator, not ``.`` or ``..``, no control character, at most
+    200 characters. Refused at ``create_table`` (issue 34: ``'../x'`` was
+    accepted and refused only by a later save)."""
+    if not isinstance(name, str) or not name:
+        raise PSValueError(f"a table name must be a non-empty str, got {name!r}")
+    if (name in (".", "..") or "/" in name or "\\" in name or len(name) > 200
+            or any(ord(c) < 32 or ord(c) == 127 for c in name)):
+        raise PSValueError(f"table name {name!r} is not allowed: names are also checkpoint directory names "
+                           "(no '/' or '\\', not '.' or '..', no control characters, at most 200 characters)",
+                           name)
+
+
+def check_int_range(spec: TableSpec, values, what: str = "push") -> None:
+    """Integer values for an integer table must fit its dtype: numpy's
+    ``same_kind`` cast would wrap them (-1 into uint8 is 255). One pass
+    (min and max) only where the values' dtype does not fit safely."""
+    if spec.dtype.kind not in "iu" or values.dtype.kind not in "iu" or values.size == 0:
+        return
+    if np.can_cast(values.dtype, spec.dtype, casting="safe"):
+        return
+    info, lo, hi = np.iinfo(spec.dtype), int(values.min()), int(values.max())
+    if lo < info.min or hi > info.max:
+        raise PSValueError(
+            f"table {spec.name!r}: {what} values range over [{lo}, {hi}], which does not fit the table "
+            f"dtype {spec.dtype} [{info.min}, {info.max}]; nothing was applied",
+            spec.name,
+        )
+
+
+def check_scalar(spec: TableSpec, x, what: str = "init"):
+    """A scalar to fill a table with: a real number that the table dtype
+    represents (an integer table: an integer in its range, not NaN/Inf or
+    1e30, which numpy stores as INT_MIN; a float table: finite unless the
+    table allows NaN/Inf, and finite where it was, not overflowed by the
+    cast)."""
+    if isinstance(x, (str, bytes)) or not np.isscalar(x) or np.iscomplexobj(x) and spec.dtype.kind != "c":
+        raise PSValueError(f"table {spec.name!r}: {what} must be a real number or an array, got {x!r}",
+                           spec.name)
+    if spec.dtype.kind in "iu":
+        info = np.iinfo(spec.dtype)
+        ok = isinstance(x, (bool, int, np.bool_, np.integer)) or (math.isfinite(x) and float(x).is_integer())
+        if not ok or not info.min <= int(x) <= info.max:
+            raise PSValueError(f"table {spec.name!r}: {what}={x!r} cannot be stored in {spec.dtype} "
+                               f"(an integer in [{info.min}, {info.max}] is needed)", spec.name)
+        return x
+    with np.errstate(over="ignore", invalid="ignore"):
+        stored = np.asarray(x).astype(spec.dtype)
+    finite_in = bool(np.isfinite(x))
+    if (not spec.allow_nonfinite or finite_in) and not np.isfinite(stored):
+        raise PSValueError(f"table {spec.name!r}: {what}={x!r} cannot be stored in {spec.dtype} "
+                           f"(a finite number within its range is needed)", spec.name)
+    return x
 
 
 def refuse_masked(name: str, x, what: str) -> None:

@@ -34,6 +34,7 @@ from dask_ps import _backend, _config, _routing
 from dask_ps._exceptions import PSError, StaleVersionError, UnknownTableError
 from dask_ps._liveness import Liveness, WorkerGone
 from dask_ps._routing import TableHandle
+from dask_ps._sums import held_first, push_bound
 from dask_ps._wire import aligned, unwire_values, wire_values
 from dask_ps._worker_plugin import in_process_peer
 
@@ -208,11 +209,13 @@ class Transport:
         return await _within(_config.get_seconds("timeouts.rpc"), call)
 
     async def push(self, addr: str, h: TableHandle, items, raw=False, run=None, sender=None, msg_seq=None,
-                   bound=None):
+                   bound=None, **phase):
         """Apply ``items`` on ``addr``; returns each block's sequence number after it.
         ``bound``: of every value's magnitude, as the session's NaN/Inf
         check found it (sent with the internal token only: the server's
-        overflow check then trusts it instead of measuring the values)."""
+        overflow check then trusts it instead of measuring the values).
+        ``phase``: ``hold=id`` or ``commit=(id, apply)`` of a two-phase push,
+        ``lease=True`` (``Router.send``; the reply is then ``{"seqs", "lease"}``)."""
         target = self._direct(addr)
         self.sent["push" if target is None else "push_local"] += 1
         self.sent["bytes_pushed"] += sum(int(getattr(v, "nbytes", 0)) for _, _, v in items)
@@ -220,7 +223,7 @@ class Transport:
             items = [(b, _routing.wire_rows(r), v) for b, r, v in items]
             return await self._call_direct(target, target.local_push(
                 h.spec.name, h.version, items, raw=raw, run=run, sender=sender, msg_seq=msg_seq,
-                table_id=h.spec.table_id, bound=bound))
+                table_id=h.spec.table_id, bound=bound, **phase))
         taken: list = []
         sparse = self._sparse(h, addr)
         msg = aligned(dict(
@@ -246,6 +249,7 @@ class Transport:
             msg["run"] = run
         if bound is not None and self._trusted:
             msg["bound"] = bound
+        msg.update(phase)
         reply = await self.liveness.call(addr, lambda: _within(
             _config.get_seconds("timeouts.rpc"), self.rpc(addr).ps_push(**msg)))
         self._give_back(taken)
@@ -263,6 +267,23 @@ class Transport:
             return await _within(seconds, getattr(target, op)(**msg))
         return await self.liveness.call(addr, lambda: _within(
             seconds, getattr(self.rpc(addr), f"ps_{op}")(**msg, **self._trusted)))
+
+    async def commit(self, addr: str, h: TableHandle, hold_id: str, apply: bool = True, run=None, sender=None,
+                     msg_seq=None):
+        """Phase 2 of a two-phase push: apply (or drop, ``apply=False``) the
+        push held at ``addr`` as ``hold_id``; returns its blocks' sequence numbers."""
+        target = self._direct(addr)
+        self.sent["commit" if target is None else "commit_local"] += 1
+        if target is not None:
+            return await self._call_direct(target, target.local_push(
+                h.spec.name, h.version, [], run=run, sender=sender, msg_seq=msg_seq, table_id=h.spec.table_id,
+                commit=(hold_id, apply), lease=apply))
+        msg = dict(table=h.spec.name, table_id=h.spec.table_id, version=h.version, values=[], sender=sender,
+                   msg_seq=msg_seq, commit=[hold_id, apply], lease=apply, **self._trusted)
+        if run is not None:
+            msg["run"] = run
+        return await self.liveness.call(addr, lambda: _within(
+            _config.get_seconds("timeouts.rpc"), self.rpc(addr).ps_push(**msg)))
 
     async def pull(self, addr: str, h: TableHandle, reqs, **extra) -> dict:
         """``{"seqs": [...], "values": [...]}`` for ``(block, rows)`` requests.
@@ -314,6 +335,8 @@ class Router:
         self.latest_versions = latest_versions if latest_versions is not None else {}
         self.sender = sender or uuid.uuid4().hex
         self._msg_seq = itertools.count()
+        # (table, server) -> (trusted until, {block: bound it may push unchecked}): see _leased
+        self._leases: dict[tuple[str, str], tuple[float, dict[int, float]]] = {}
         # Called after a failed attempt (the client's: raises if the scheduler
         # is gone, so a retry does not wait for connects to a dead address).
         self.lost_check = None
@@ -338,7 +361,7 @@ class Router:
     def forget(self, name: str) -> None:
         self.handles.pop(name, None)
 
-    async def _with_failover(self, name: str, by_addr: dict, call):
+    async def _with_failover(self, name: str, by_addr: dict, call, note: bool = True):
         """Run ``call(h, addr, entries)`` for every server at once; re-route the
         entries of failed servers after a placement refresh, until
         ``ps.timeouts.failover``. Entries start with their block number.
@@ -357,8 +380,9 @@ class Router:
             for a, r in zip(addrs, results):
                 if isinstance(r, BaseException):
                     if not _retryable(r):
-                        _note_done(r, out + [(by_addr[x], y) for x, y in zip(addrs, results)
-                                             if not isinstance(y, BaseException)], by_addr[a])
+                        if note:
+                            _note_done(r, out + [(by_addr[x], y) for x, y in zip(addrs, results)
+                                                 if not isinstance(y, BaseException)], by_addr[a])
                         raise r
                     failed.extend(by_addr[a])
                     error = r
@@ -396,18 +420,113 @@ class Router:
         ``bound``: of every value's magnitude (see ``Transport.push``)."""
         if msg_seq is None:
             msg_seq = next(self._msg_seq)
+        lease = {}
+        if not raw and len(msgs) > 1 and held_first((await self.handle(name)).spec):
+            if not self._leased(name, msgs, bound):
+                return await self._send_held(name, [msgs], run, msg_seq, bound)
+            lease = {"lease": True}  # every server's part fits this sender's lease there: one phase
 
         async def call(h, addr, items):
-            reply = await self.transport.push(addr, h, items, raw, run, self.sender, msg_seq, bound)
+            reply = await self.transport.push(addr, h, items, raw, run, self.sender, msg_seq, bound, **lease)
             if reply is None:  # a worker without dask_ps handlers (closing): re-route
                 raise WorkerGone(f"worker {addr} does not serve dask_ps")
-            return reply
+            return self._lease_reply(name, addr, reply)
 
         seqs: dict[int, int] = {}
         for items, reply in await self._with_failover(name, dict(msgs), call):
             for (b, *_), s in zip(items, reply):
                 seqs[b] = max(seqs.get(b, 0), s)
         return seqs
+
+    def _leased(self, name: str, msgs, bound) -> bool:
+        """Whether this sender's leases (``ShardStore.top_up``: bounds each
+        server reserved for its next pushes) cover every part of a push;
+        then the push goes in one phase, drawn from them here as the
+        servers will (their replies bring the leases up to date)."""
+        now, need = time.monotonic(), {}
+        for addr, items in msgs.items():
+            have = self._leases.get((name, addr))
+            if have is None or have[0] < now:
+                return False
+            for b, _, v in items:
+                x = (bound if bound is not None else push_bound(v)) * (1 + 1e-6)  # the server measures alike
+                need[(addr, b)] = need.get((addr, b), 0.0) + x
+                if have[1].get(b, 0.0) < need[(addr, b)]:
+                    return False
+        for (addr, b), x in need.items():
+            self._leases[(name, addr)][1][b] -= x
+        return True
+
+    def _lease_reply(self, name: str, addr: str, reply):
+        """A push's reply: its sequence numbers; a server's lease for the
+        next push is noted (trusted for half of its life at the server)."""
+        if not isinstance(reply, dict):
+            return reply
+        life = _config.get_seconds("timeouts.failover") / 2
+        self._leases[(name, addr)] = (time.monotonic() + life, {int(b): float(x) for b, x in reply.get("lease") or ()})
+        return reply["seqs"]
+
+    async def _send_held(self, name: str, rounds: list, run, msg_seq: int, bound) -> dict[int, int]:
+        """A push over several servers, all or nothing (issue 34): phase 1
+        holds it at every server, checked as it would be applied (a sum
+        that would overflow is refused there) but not applied, its bound
+        reserved against other pushes; phase 2 applies the held parts (a
+        message of the blocks only). A refusal in phase 1 drops what was
+        held: nothing was applied. Rounds (a large dense push) are all held
+        first; their values are sent again with the commit, not kept."""
+        keep, base, n = len(rounds) == 1, uuid.uuid4().hex, itertools.count()
+        held: list[tuple[str, str, list]] = []  # (address, hold id, items)
+
+        async def hold(h, addr, items):
+            hold_id = f"{base}-{next(n)}"
+            if await self.transport.push(addr, h, items, False, run, self.sender, msg_seq, bound,
+                                         hold=hold_id) is None:
+                raise WorkerGone(f"worker {addr} does not serve dask_ps")
+            held.append((addr, hold_id, items))
+            return []
+
+        try:
+            for msgs in rounds:
+                await self._with_failover(name, dict(msgs), hold, note=False)  # held is not applied
+        except BaseException:
+            h = self.handles.get(name)
+            if h is not None:  # what is not dropped now expires (ps.timeouts.failover)
+                await gather_settled([self.transport.commit(a, h, i, False) for a, i, _ in held])
+            raise
+        seqs: dict[int, int] = {}
+        results = await gather_settled([self._commit(name, *x, keep, run, msg_seq, bound) for x in held])
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+            for b, s in r.items():
+                seqs[b] = max(seqs.get(b, 0), s)
+        return seqs
+
+    async def _commit(self, name, addr, hold_id, items, keep, run, msg_seq, bound) -> dict[int, int]:
+        """Phase 2 at one server; where its hold is gone (a placement change
+        dropped it) or the server is, the part is sent again as a push."""
+        h = await self.handle(name)
+        try:
+            if keep:
+                reply = await self.transport.commit(addr, h, hold_id, True, run, self.sender, msg_seq)
+            else:
+                reply = await self.transport.push(addr, h, items, False, run, self.sender, msg_seq, bound,
+                                                  commit=(hold_id, True), lease=True)
+            if reply is None:
+                raise WorkerGone(f"worker {addr} does not serve dask_ps")
+            return {b: s for (b, *_), s in zip(items, self._lease_reply(name, addr, reply))}
+        except Exception as e:
+            if not _retryable(e):
+                raise
+
+        async def call(h, a, its):
+            return await self.transport.push(a, h, its, False, run, self.sender, msg_seq, bound)
+
+        by_addr: dict[str, list] = {}
+        for it in items:
+            by_addr.setdefault(h.primary(it[0]), []).append(it)
+        return {b: s for its, reply in await self._with_failover(name, by_addr, call)
+                for (b, *_), s in zip(its, reply)}
 
     def read_from(self, h: TableHandle, block: int, replicas: bool = True) -> str:
         """The worker a read of ``block`` goes to first (see
@@ -449,15 +568,18 @@ class Router:
         return out
 
     # --- whole-table and row operations for the client ------------------------------
-    async def push_dense(self, name: str, values, raw: bool = False):
+    async def push_dense(self, name: str, values, raw: bool = False, bound: float | None = None):
         """The whole table's values, in rounds of at most
         ``ps.dense-push-message-bytes`` per server (``_routing.in_rounds``),
-        one after the other; returns every block's sequence number."""
+        one after the other; returns every block's sequence number.
+        ``bound``: of the values' magnitudes, if the caller's check found it."""
         h = await self.handle(name)
+        rounds = _routing.in_rounds(_routing.split_dense(h, values), _config.get_bytes("dense-push-message-bytes"))
+        if not raw and len(rounds) > 1 and held_first(h.spec):
+            return await self._send_held(name, rounds, None, next(self._msg_seq), bound)
         seqs: dict[int, int] = {}
-        for msgs in _routing.in_rounds(_routing.split_dense(h, values),
-                                       _config.get_bytes("dense-push-message-bytes")):
-            seqs.update(await self.send(name, msgs, raw))
+        for msgs in rounds:
+            seqs.update(await self.send(name, msgs, raw, bound=bound))
         return seqs
 
     async def push_rows(self, name: str, rows, values):

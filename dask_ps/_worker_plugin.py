@@ -176,7 +176,7 @@ class PSWorkerPlugin(WorkerPlugin):
     @handler(CLIENT, tells_internal=True)
     async def push(self, table=None, version=None, blocks=(), rows=None, values=(), raw=False, run=None,
                    sender=None, msg_seq=None, replica=False, table_id=None, forwarder=None, bound=None,
-                   internal=False):
+                   hold=None, commit=None, lease=False, internal=False):
         """Handler: apply one message of updates (all blocks or none).
 
         ``rows`` left out: whole blocks (a dense push: a message of at most
@@ -191,6 +191,10 @@ class PSWorkerPlugin(WorkerPlugin):
         (``internal`` is set by the handler's guard, never by the message).
         ``bound``: an upper bound of every value's magnitude, which the
         sender's NaN/Inf check found; taken from an internal caller only.
+        ``hold``/``commit``: a push over several servers in two phases
+        (``Router.send``): ``hold=id`` checks and holds it, ``commit=(id,
+        apply)`` applies (values left out: the held ones) or drops it;
+        ``lease``: draw on the sender's lease and reply ``{"seqs", "lease"}``.
         """
         if rows is None and isinstance(blocks, (list, tuple)):
             rows = [None] * len(blocks)
@@ -202,11 +206,14 @@ class PSWorkerPlugin(WorkerPlugin):
         if bound is not None and not internal:
             # A bound too small would let a sum overflow past the check.
             raise InternalOnlyError("a push's bound= may come only from a participant's session or a primary")
+        if (replica and (hold is not None or commit is not None)) or not isinstance(hold, (str, type(None))):
+            raise PSValueError(f"a push's hold must be an id (str) and a forwarded push is not held, got {hold!r}")
         return await self._push(table, version, blocks, rows, values, bool(raw), run, sender, msg_seq,
-                                bool(replica), table_id, forwarder, trusted=internal, bound=bound)
+                                bool(replica), table_id, forwarder, trusted=internal, bound=bound, hold=hold,
+                                commit=commit, lease=bool(lease) and not replica)
 
     async def _push(self, table, version, blocks, rows, values, raw, run, sender, msg_seq, replica, table_id=None,
-                    forwarder=None, trusted=False, bound=None):
+                    forwarder=None, trusted=False, bound=None, hold=None, commit=None, lease=False):
         """(``trusted``: the message carries the cluster's internal token, so
         it comes from a dask_ps session in a worker, which checked every
         value for NaN/Inf before sending it, or from a primary that checked
@@ -227,11 +234,17 @@ class PSWorkerPlugin(WorkerPlugin):
         # replicas, and replicas apply under the other one, so two primaries
         # forwarding to each other cannot deadlock.
         async with (self._replica_locks[key] if replica else self._locks[key]):
-            # A forwarded push follows the primary's placement, not the sender's.
-            bounds: dict[int, float] = {}
-            t, items = self.store.validate_push(table, None if replica else version, blocks, rows, values,
-                                                table_id, frozen_ok=replica, check_finite=not trusted,
-                                                bound=bound if trusted else None, bounds=bounds)
+            held = self.store.take_hold(table, version, table_id, commit)
+            if commit is not None and not commit[1]:  # phase 1 was refused elsewhere: nothing applies
+                return []
+            if held is not None and held.items is not None:
+                t, items, bounds = self.store.get(table, version, table_id), held.items, held.bounds
+            else:
+                # A forwarded push follows the primary's placement, not the sender's.
+                bounds: dict[int, float] = {}
+                t, items = self.store.validate_push(table, None if replica else version, blocks, rows, values,
+                                                    table_id, frozen_ok=replica, check_finite=not trusted,
+                                                    bound=bound if trusted else None, bounds=bounds)
             if replica:
                 self._check_forwarder(t, [b for b, _, _ in items], version, forwarder)
             else:
@@ -242,21 +255,30 @@ class PSWorkerPlugin(WorkerPlugin):
                     raise StaleVersionError(
                         f"table {t.spec.name!r}: this worker is not the primary of block(s) {wrong}"
                     )
+            if hold is not None:  # phase 1: checked, nothing applied until the commit
+                self.store.hold(t, hold, items, bounds, run if not raw else None, keep=bool(values))
+                return []
+            per_clock = run is not None and t.spec.aggregate == "clock" and not raw
+            # What proves the push fits (applied unchecked): its hold's check, or the sender's lease.
+            checked = (held.reserved if held is not None and held.checked else None) if held is not None else (
+                self.store.spend(t, sender, items, bounds, per_clock) if lease and not raw else None)
             todo = self.store.unapplied(t, items, sender, msg_seq)
             if not replica:
                 self.served["pushes"] += 1
                 self.served["bytes_pushed"] += sum(getattr(v, "nbytes", 0) for _, _, v in items)
             try:  # a sum that would overflow is refused (PSValueError): nothing changed
-                if run is not None and t.spec.aggregate == "clock" and not raw:
+                if per_clock:
                     run_id, clock = _check_run(run)
-                    self.store.accumulate(t, run_id, clock, todo, sender)
+                    self.store.accumulate(t, run_id, clock, todo, sender, checked)
                 elif todo:
-                    await self._apply(t, todo, raw=raw, bounds=bounds)
+                    await self._apply(t, todo, raw=raw, bounds=bounds, check=checked is None)
             except PSValueError:
                 self.store.unmark(t, todo, sender, msg_seq)  # not applied: a re-send is not a duplicate
                 raise
             if not replica:
                 await self._forward(t, items, raw, run, sender, msg_seq, bounds)
+            if lease:
+                return {"seqs": self.store.seqs(t, items), "lease": self.store.top_up(t, sender, [b for b, *_ in items])}
             return self.store.seqs(t, items)
 
     def _check_forwarder(self, t, blocks, version, forwarder) -> None:
@@ -799,10 +821,11 @@ class PSWorkerPlugin(WorkerPlugin):
 
     # --- same-process access (a participant on this worker) -------------------------
     async def local_push(self, table, version, items, raw=False, run=None, sender=None, msg_seq=None, table_id=None,
-                         bound=None):
+                         bound=None, hold=None, commit=None, lease=False):
         blocks, rows, values = zip(*items) if items else ((), (), ())
         return await self._push(table, version, list(blocks), list(rows), list(values), raw, run,
-                                sender, msg_seq, False, table_id, trusted=True, bound=bound)
+                                sender, msg_seq, False, table_id, trusted=True, bound=bound, hold=hold, commit=commit,
+                                lease=lease)
 
     async def local_pull(self, table, version, blocks, rows, run=None, subscribe=None, table_id=None, sender=None,
                          copy=True):

@@ -109,7 +109,7 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
         parts, sizes, _ = data.parts if data.parts is not None else _dask_parts(ps.client, data, est._is_classifier)
         data.parts = None  # released by this call, whatever happens
     else:
-        parts, sizes = _memory_parts(ps.client, ps.servers, data, rs, hp.shuffle, replication)
+        parts, sizes = _memory_parts(ps.client, ps.wait_for_servers(), data, rs, hp.shuffle, replication)
     timing["parts_seconds"] = time.perf_counter() - t
     try:
         if not len(parts):

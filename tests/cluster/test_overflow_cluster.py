@@ -46,20 +46,42 @@ def test_a_client_push_whose_sum_overflows_is_refused(ps, client, how):
     np.testing.assert_array_equal(ps.pull("o"), expected)
 
 
-def test_a_push_refused_by_one_server_says_which_blocks_others_applied(ps, client):
-    """Each server applies its part of a push whole or not at all; a push
-    over blocks on two servers, one of which refuses its part, is partly
-    applied, and the error says which blocks were."""
-    ps.create_table("o", shape=(16,), block_rows=4, allow_nonfinite=False)
+@pytest.mark.parametrize("replication", [1, 2])
+def test_a_push_refused_by_one_server_is_applied_by_none(ps, client, replication):
+    """Issue 34: a push over blocks on two servers, one of which would
+    overflow, raised "nothing was applied" yet the other server had applied
+    its part (4 of 5 calls; a dense push changed 16 of 24 rows). Every
+    server now holds its part, checked, before any applies it."""
+    ps.create_table("o", shape=(24,), block_rows=4, allow_nonfinite=False, replication=replication)
     h = ps._handle("o")
-    fine = 0  # a block on another server than ``big``'s (4 blocks: both workers hold some)
-    big = next(b for b in range(4) if h.primary(b) != h.primary(fine))
+    fine = 0
+    big = next(b for b in range(6) if h.primary(b) != h.primary(fine))  # 6 blocks: both workers hold some
     ps.push_rows("o", [4 * big], [BIG])
-    with pytest.raises(dask_ps.PSValueError, match="'o'.*overflows") as err:
-        ps.push_rows("o", [4 * fine, 4 * big], [1.0, BIG])
-    values = ps.pull("o")
-    assert values[4 * big] == BIG and values[4 * fine] == 1.0
-    assert any(f"block(s) [{fine}]" in note and f"[{big}] were not" in note for note in err.value.__notes__)
+    expected = ps.pull("o")
+    for _ in range(3):
+        with pytest.raises(dask_ps.PSValueError, match="'o'.*overflows.*nothing was applied"):
+            ps.push_rows("o", [4 * fine, 4 * big], [1.0, BIG])
+        np.testing.assert_array_equal(ps.pull("o"), expected)
+        with pytest.raises(dask_ps.PSValueError, match="'o'.*overflows.*nothing was applied"):
+            ps.push("o", np.full(24, BIG))
+        np.testing.assert_array_equal(ps.pull("o"), expected)
+    _assert_every_copy(client, "o", expected)
+    ps.push_rows("o", [4 * fine, 4 * big], [1.0, -BIG])  # still takes pushes, both parts
+    expected[[4 * fine, 4 * big]] = [1.0, 0.0]
+    np.testing.assert_array_equal(ps.pull("o"), expected)
+    _assert_every_copy(client, "o", expected)
+
+
+def test_an_integer_push_refused_by_one_server_is_applied_by_none(ps, client):
+    ps.create_table("i", shape=(24,), dtype="int32", block_rows=4)
+    h = ps._handle("i")
+    big = next(b for b in range(6) if h.primary(b) != h.primary(0))
+    ps.push_rows("i", [4 * big], np.array([2**31 - 1], np.int32))
+    with pytest.raises(dask_ps.PSValueError, match="'i'.*out of the range of int32.*nothing was applied"):
+        ps.push("i", np.ones(24, np.int32))
+    expected = np.zeros(24, np.int32)
+    expected[4 * big] = 2**31 - 1
+    np.testing.assert_array_equal(ps.pull("i"), expected)
 
 
 def _push_big_twice(ctx, _, how, table="o"):
