@@ -11,7 +11,7 @@ import numpy as np
 from dask.sizeof import sizeof
 from distributed.protocol.serialize import Pickled, Serialized, to_serialize
 
-from dask_ps import _sparse_rows
+from dask_ps import _backend, _sparse_rows
 from dask_ps._exceptions import PSValueError
 
 # Dask's TCP comm reads a message's first array into the buffer of its
@@ -99,3 +99,29 @@ def unwrap(x):
     if isinstance(x, Serialized):
         raise PSValueError("payload could not be deserialized")
     return x
+
+
+def wire_block(e: dict) -> dict:
+    """An exported block as a message: arrays as zero-copy frames."""
+    return {
+        **e,
+        "data": to_serialize(e["data"]),
+        "state": {k: to_serialize(v) for k, v in e["state"].items()},
+        "pending": [[run, clock, to_serialize(acc)] for run, clock, acc in e.get("pending", ())],
+    }
+
+
+def unwire_block(e: dict) -> dict:
+    if not isinstance(e, dict) or not _backend.is_array(e.get("data")):
+        raise PSValueError("an installed block must be a dict with a 'data' array")
+    return e
+
+
+def wire_local_rows(rows):
+    """Validated rows of a forwarded push as a message: None, ``[start,
+    stop]`` for a range, or a zero-copy frame."""
+    if rows is None:
+        return None
+    if isinstance(rows, slice):
+        return [rows.start, rows.stop]
+    return to_serialize(rows)

@@ -20,7 +20,6 @@ import weakref
 import numpy as np
 from distributed import WorkerPlugin
 from distributed.core import Status
-from distributed.protocol.serialize import to_serialize
 
 from dask_ps import _backend, _config
 from dask_ps._exceptions import (
@@ -37,6 +36,7 @@ from dask_ps._liveness import Beacon, Liveness, PauseGuard, WorkerGone
 from dask_ps._runclocks import RunClocks, push_fresh_rows
 from dask_ps._shard import ShardStore, _wire_clock
 from dask_ps._spec import TableSpec
+from dask_ps import _wire
 from dask_ps._wire import aligned, unwire_values, wire_values, wired_nbytes
 from dask_ps._wire import unwrap as _unwrap
 
@@ -362,7 +362,7 @@ class PSWorkerPlugin(WorkerPlugin):
         calls = [
             self.liveness.call(r, lambda r=r, its=its: asyncio.wait_for(self.worker.rpc(r).ps_push(**aligned(dict(
                 table=t.spec.name, version=t.version, blocks=[b for b, _, _ in its],
-                rows=[_wire_local_rows(x) for _, x, _ in its],
+                rows=[_wire.wire_local_rows(x) for _, x, _ in its],
                 values=[wire_values(v, False) for _, _, v in its],  # as they came (nonzeros stay so)
                 raw=raw, run=run, sender=sender, msg_seq=msg_seq, replica=True,
                 forwarder=self.worker.address, token=self.internal_token, bound=bound_of(its),
@@ -450,7 +450,7 @@ class PSWorkerPlugin(WorkerPlugin):
             spec = t.spec.to_msg()
             await asyncio.gather(*(
                 self.liveness.call(target, lambda target=target, blocks=[
-                    _wire_block(e) for e in self.store.export(t, bs)
+                    _wire.wire_block(e) for e in self.store.export(t, bs)
                 ]: self.worker.rpc(target).ps_install_blocks(spec=spec, blocks=blocks,
                                                             token=self.internal_token))
                 for target, bs in by_target.items()
@@ -466,7 +466,7 @@ class PSWorkerPlugin(WorkerPlugin):
         blocks serve only once this worker adopts the new placement.
         Per-clock sums they carry for clocks this worker knows complete are
         applied here (not left for the next advance)."""
-        self.store.install(TableSpec.from_msg(spec), version, owners, [_unwire_block(e) for e in blocks],
+        self.store.install(TableSpec.from_msg(spec), version, owners, [_wire.unwire_block(e) for e in blocks],
                            min_clocks=self._min_clock)
 
     @handler(INTERNAL)
@@ -868,32 +868,6 @@ def _check_run(run):
             and (run[1] is None or isinstance(run[1], (int, float)))):
         raise PSValueError(f"run tag must be (run_id, clock), got {run!r}")
     return run[0], run[1]
-
-
-def _wire_block(e: dict) -> dict:
-    """An exported block as a message: arrays as zero-copy frames."""
-    return {
-        **e,
-        "data": to_serialize(e["data"]),
-        "state": {k: to_serialize(v) for k, v in e["state"].items()},
-        "pending": [[run, clock, to_serialize(acc)] for run, clock, acc in e.get("pending", ())],
-    }
-
-
-def _unwire_block(e: dict) -> dict:
-    if not isinstance(e, dict) or not _backend.is_array(e.get("data")):
-        raise PSValueError("an installed block must be a dict with a 'data' array")
-    return e
-
-
-def _wire_local_rows(rows):
-    """Validated rows of a forwarded push as a message: None, ``[start,
-    stop]`` for a range, or a zero-copy frame."""
-    if rows is None:
-        return None
-    if isinstance(rows, slice):
-        return [rows.start, rows.stop]
-    return to_serialize(rows)
 
 
 def _read_checked(spec, directory: str, block: int) -> dict:
