@@ -26,7 +26,7 @@ from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, Transfo
 from sklearn.decomposition import LatentDirichletAllocation as _SkLDA
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import validate_data
 
 import dask_ps
 from dask_ps._estimators import (
@@ -35,9 +35,7 @@ from dask_ps._estimators import (
     PSEstimatorMixin,
     arrays,
     check_checkpoint,
-    check_dask_X,
     is_dask_array,
-    map_row_blocks,
     max_participants,
     participant_metrics,
     rate,
@@ -45,7 +43,7 @@ from dask_ps._estimators import (
     setting,
 )
 from dask_ps.consistency import as_consistency
-from dask_ps.decomposition._corpus import _check_counts, count_matrix, warn_rounded
+from dask_ps.decomposition._corpus import count_matrix, warn_rounded
 from dask_ps.decomposition._runs import (
     CHECKPOINT_KIND,
     OWNER,
@@ -56,25 +54,17 @@ from dask_ps.decomposition._runs import (
     make_parts,
     totals_in_word_table,
 )
-from dask_ps.decomposition._scoring import (
-    topic_word_components,
-    _doc_logliks_block,
-    _fold_in,
-    _transform_block,
-    _topic_word,
-    components_dtype,
-    doc_logliks,
-    final_loglik,
-    precomputed_perplexity,
-    training_loglik,
-)
+from dask_ps.decomposition._bound import training_bound
+from dask_ps.decomposition._inference import TopicInference
+from dask_ps.decomposition._scoring import components_dtype, final_loglik, topic_word_components
 
 logger = logging.getLogger(__name__)
 
 _MODEL_NAMES = {"bsp", "ssp", "essp", "vap", "cvap", "asp"}
 
 
-class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefixFeaturesOutMixin, TransformerMixin,
+                                BaseEstimator):
     """Latent Dirichlet Allocation by distributed collapsed Gibbs sampling.
 
     The word-topic counts (``n_features x n_components``) and the topic
@@ -606,7 +596,7 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
                             desc=type(self).__name__)
         try:
             runs = GibbsRuns(ps, parts, uid, plan, fixed, resume, progress, info=run_info(self, 0)).run(
-                score=functools.partial(training_loglik, client=ps.client, beta=self.topic_word_prior_,
+                score=functools.partial(training_bound, client=ps.client, beta=self.topic_word_prior_,
                                         alpha=self.doc_topic_prior_, max_iter=self.max_doc_update_iter,
                                         tol=self.mean_change_tol, matrix=matrix))
             self._set_fitted(runs, P, progress, dtype)
@@ -718,181 +708,3 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         self.metrics_ = []
         self.loglik_history_ = [(0, 0.0, float(final_loglik([], nwk, nwk.sum(axis=0), self.topic_word_prior_)))]
         self.bound_ = float("nan")
-
-    # --- inference -----------------------------------------------------------------------
-    def _check_X(self, X, whom):
-        X = arrays.to_host(X)
-        X = validate_data(self, X, reset=False, accept_sparse="csr", dtype=[np.float64, np.float32])
-        _check_counts(X, whom)
-        return X
-
-    def transform(self, X, *, normalize=True):
-        """Doc-topic distributions of ``X`` with the topics fixed (fold-in).
-
-        The EM fixed point ``theta_k <- (sum_w x_w r_wk + alpha) / (n_d + K alpha)``
-        with ``r_wk = theta_k phi_kw / sum_j theta_j phi_jw``, from the uniform
-        start, ``max_doc_update_iter`` iterations at most per document. Runs
-        locally (no cluster); a dask array is transformed chunk by chunk,
-        lazily.
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix, dask array} of shape (n_samples, n_features)
-            Non-negative counts (or weights).
-        normalize : bool, default=True
-            As scikit-learn's: False returns the unnormalized posterior
-            Dirichlet parameters ``sum_w x_w r_wk + alpha`` (the expected
-            topic counts of the document plus the prior), whose rows
-            normalized are the distributions.
-
-        Returns
-        -------
-        ndarray of shape (n_samples, n_components)
-            Rows sum to 1 (``normalize``); empty documents get the uniform
-            distribution (unnormalized: ``alpha`` for every topic). float32
-            for float32 ``X``, else float64.
-        """
-        check_is_fitted(self)
-        if is_dask_array(X):
-            dtype = components_dtype(X.dtype)
-            return map_row_blocks(check_dask_X(self, X), _transform_block, self, normalize,
-                                  n_columns=self.components_.shape[0], dtype=dtype,
-                                  meta=np.empty((0, 0), dtype=dtype))
-        X = self._check_X(X, "LatentDirichletAllocation.transform")
-        dtype = components_dtype(X.dtype)
-        X = sp.csr_matrix(X, dtype=np.float64)
-        X.sum_duplicates()
-        theta = _fold_in(
-            _topic_word(self.components_), X, self.doc_topic_prior_, self.max_doc_update_iter,
-            self.mean_change_tol,
-        )
-        if not normalize:
-            # theta_k = (expected count_k + alpha) / (n_d + K alpha)
-            theta *= np.asarray(X.sum(axis=1)).reshape(-1, 1) + theta.shape[1] * self.doc_topic_prior_
-        return theta.astype(dtype, copy=False)
-
-    def top_words(self, feature_names=None, n=10):
-        """The ``n`` most probable words of every topic, with their
-        probabilities (as tomotopy's ``get_topic_words`` and gensim's
-        ``show_topics(formatted=False)``).
-
-        Parameters
-        ----------
-        feature_names : array-like of shape (n_features,), default None
-            The word of each column, e.g. a ``CountVectorizer``'s
-            ``get_feature_names_out()``. None: ``feature_names_in_`` when the
-            model was fitted on a DataFrame, else the column indices.
-        n : int, default 10
-            Words per topic (all of them when ``n >= n_features``).
-
-        Returns
-        -------
-        list of n_components lists of (word, probability)
-            Per topic, the words in decreasing order of ``p(word | topic)``
-            (the normalized rows of ``components_``; ties in column order).
-
-        Examples
-        --------
-        >>> for k, words in enumerate(lda.top_words(vectorizer.get_feature_names_out(), n=5)):  # doctest: +SKIP
-        ...     print(k, " ".join(w for w, _ in words))
-        """
-        check_is_fitted(self)
-        V = self.components_.shape[1]
-        if isinstance(n, bool) or not isinstance(n, Integral) or n < 1:
-            raise ValueError(f"LatentDirichletAllocation.top_words: n must be a positive int, got {n!r}")
-        if feature_names is None:
-            feature_names = getattr(self, "feature_names_in_", None)
-        names = np.arange(V) if feature_names is None else np.asarray(feature_names, dtype=object)
-        if names.shape != (V,):
-            raise ValueError(
-                f"LatentDirichletAllocation.top_words: feature_names has shape {names.shape}, but the "
-                f"model has {V} features"
-            )
-        phi = self.components_ / self.components_.sum(axis=1, keepdims=True)
-        order = np.argsort(-phi, axis=1, kind="stable")[:, :n]
-        return [[(names[j].item() if hasattr(names[j], "item") else names[j], float(phi[k, j])) for j in row]
-                for k, row in enumerate(order)]
-
-    def _doc_logliks(self, X):
-        """Per document: ``log p(x_d | theta_d, topics)`` (see :meth:`score`)
-        and its number of words, as two columns."""
-        X = self._check_X(X, "LatentDirichletAllocation.score")
-        X = sp.csr_matrix(X, dtype=np.float64)
-        X.sum_duplicates()
-        ll = doc_logliks(self.components_, X, self.doc_topic_prior_, self.max_doc_update_iter,
-                         self.mean_change_tol)
-        return np.column_stack([ll, np.asarray(X.sum(axis=1)).ravel()])
-
-    def _loglik_and_words(self, X):
-        check_is_fitted(self)
-        if is_dask_array(X):
-            X = check_dask_X(self, X)
-            per_doc = map_row_blocks(X, _doc_logliks_block, self, n_columns=2, dtype=np.float64,
-                                     meta=np.empty((0, 0)))
-            ll, n_words = per_doc.sum(axis=0).compute()
-            return float(ll), float(n_words)
-        ll, n_words = _doc_logliks_block(X, self).sum(axis=0)
-        return float(ll), float(n_words)
-
-    def score(self, X, y=None):
-        """Log-likelihood of ``X`` under the fitted topics (total, nats), as
-        scikit-learn's ``LatentDirichletAllocation.score``: higher is better.
-
-        Each document's topic proportions theta are folded in on the
-        document itself with the topics fixed (:meth:`transform`), and the
-        result is ``sum over documents d and words w of x_dw log sum_k
-        theta_dk phi_kw``, with ``phi`` the normalized ``components_``.
-        scikit-learn's score is a variational lower bound of ``log p(X)``
-        (it also subtracts the divergences of theta and the topics from
-        their priors), so on the same data and topics it is somewhat lower
-        than this plug-in value; both are totals over the tokens of ``X``,
-        on the same scale. Use it, and :meth:`perplexity`, for how well the
-        model fits ``X``; for comparing models on documents they were not
-        trained on, use :func:`document_completion` (theta fitted on half of
-        each document, the other half scored), which this estimator used
-        for ``score`` before.
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix, dask array} of shape (n_samples, n_features)
-            Non-negative counts (or weights, taken as they are).
-        y : ignored
-
-        Returns
-        -------
-        float
-        """
-        return self._loglik_and_words(X)[0]
-
-    def perplexity(self, X, sub_sampling=False):
-        """``exp(-score(X) / number of words in X)``, as scikit-learn's
-        ``perplexity``: lower is better (see :meth:`score`).
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix, dask array} of shape (n_samples, n_features)
-        sub_sampling : bool, default=False
-            Accepted for scikit-learn compatibility; the value is the same
-            either way. scikit-learn scales the document part of its
-            variational bound by ``total_samples / n_samples`` when set;
-            this score has no such part to scale.
-
-        Returns
-        -------
-        float
-        """
-        ll, n_words = self._loglik_and_words(X)
-        if n_words <= 0:
-            raise ValueError("LatentDirichletAllocation.perplexity: X has no words")
-        return float(np.exp(-ll / n_words))
-
-    def _perplexity_precomp_distr(self, X, doc_topic_distr=None, sub_sampling=False):
-        """The perplexity of ``X`` with the given doc-topic distributions
-        (rows normalized; None: folded in, as :meth:`perplexity`).
-        scikit-learn's private helper of the same name and checks."""
-        if doc_topic_distr is None:
-            return self.perplexity(X, sub_sampling)
-        check_is_fitted(self)
-        X = sp.csr_matrix(self._check_X(X, "LatentDirichletAllocation.perplexity"), dtype=np.float64)
-        return precomputed_perplexity(self.components_, X, doc_topic_distr)
-
