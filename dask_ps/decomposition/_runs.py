@@ -37,7 +37,7 @@ from dask_ps._estimators import (
     setting,
     temporary_tables,
 )
-from dask_ps.decomposition._corpus import _part_stats, _prepare_part, _split_rows
+from dask_ps.decomposition._corpus import _part_stats, _prepare_part, _prepare_rows, _split_rows_at
 from dask_ps.decomposition._gibbs import (
     P_DONE,
     P_EVALUATED,
@@ -78,8 +78,8 @@ def make_parts(client, uid, n_features, *, chunks=None, matrix=None, n_parts=Non
     if chunks is not None:
         prepare = functools.partial(_prepare_part, n_features=n_features, check=True)
         return TrainingParts.from_chunks(client, chunks, prepare=prepare, key_prefix=key_prefix)
-    prepare = functools.partial(_prepare_part, n_features=n_features, check=False)
-    return TrainingParts.from_pieces(client, lambda: _split_rows(matrix, n_parts), prepare=prepare,
+    prepare = functools.partial(_prepare_rows, n_features=n_features)
+    return TrainingParts.from_pieces(client, lambda: _split_rows_at(matrix, n_parts), prepare=prepare,
                                      key_prefix=key_prefix)
 
 

@@ -237,8 +237,9 @@ def test_heldout_loglik_with_slices_close_to_lda_package(lda_client):
 
 
 def test_verbose_lines_of_a_sliced_fit(lda_client, capsys):
-    """The verbose perplexity, summed slice by slice, falls along the fit to
-    about ``bound_`` (as S=1's, test_lda_dropin.py)."""
+    """The verbose perplexity, summed slice by slice, falls along the fit
+    and stays below ``bound_`` (scikit-learn's, the last line), as S=1's
+    (test_lda_dropin.py)."""
     X, _ = lda_corpus(n_docs=60, doc_len=30, n_words=50, n_topics=3, seed=2)
     est = _fit(lda_client, X, 3, 0, n_components=3, max_iter=9, evaluate_every=3, verbose=True,
                consistency=dask_ps.BSP())
@@ -246,8 +247,7 @@ def test_verbose_lines_of_a_sliced_fit(lda_client, capsys):
     assert [line.split(",")[0] for line in lines] == [f"iteration: {n} of max_iter: 9" for n in range(1, 10)]
     perplexities = [float(line.split("perplexity: ")[1].split()[0]) for line in lines if "perplexity" in line]
     assert len(perplexities) == 3 and perplexities[-1] == pytest.approx(est.bound_, abs=1e-4)
-    assert all(p > 0.9 * est.bound_ for p in perplexities) and perplexities[0] >= perplexities[-1]
-    assert perplexities[1] < 1.3 * est.bound_
+    assert perplexities[0] >= perplexities[1] and perplexities[1] < est.bound_, (perplexities, est.bound_)
 
 
 @pytest.mark.parametrize("params, match", [
