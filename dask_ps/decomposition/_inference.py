@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from numbers import Integral
 
+import dask
 import numpy as np
 import scipy.sparse as sp
 from sklearn.utils.validation import check_is_fitted, validate_data
@@ -153,9 +154,8 @@ class TopicInference:
             X = check_dask_X(self, X)
             per_doc = map_row_blocks(X, _terms_block, self, whom, n_columns=2, dtype=np.float64,
                                      meta=np.empty((0, 0)))
-            (docs, n_words), n_docs = per_doc.sum(axis=0), per_doc.shape[0]
-            docs, n_words, n_docs = (docs.compute(), n_words.compute(),
-                                     n_docs if isinstance(n_docs, Integral) else per_doc[:, 0].size.compute())
+            # one pass over the blocks: the sums and (rows unknown) the number of documents
+            (docs, n_words), n_docs = dask.compute(per_doc.sum(axis=0), (per_doc[:, 1] >= 0).sum())
         else:
             per_doc = _terms_block(X, self, whom)
             (docs, n_words), n_docs = per_doc.sum(axis=0), per_doc.shape[0]
