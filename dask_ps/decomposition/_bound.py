@@ -200,11 +200,25 @@ def part_document_terms(part, counts, beta, alpha, max_iter, tol) -> float:
 
 
 @njit(nogil=True, cache=True)
-def _count_expectations(counts, rows, beta, psi_totals, out):
+def _count_expectations(counts, rows, beta, psi_totals, table, out):
+    """``out[i, k] = psi(counts[rows[i], k] + beta) - psi_totals[k]``, the
+    psi of a count looked up in ``table`` (``psi(c + beta)`` for ``c <
+    table.size``): the counts are small integers, and a psi per entry was
+    most of the time at large K."""
+    n_table = table.shape[0]
     for i in range(rows.shape[0]):
         r = counts[rows[i]]
         for k in range(r.shape[0]):
-            out[i, k] = _psi(r[k] + beta) - psi_totals[k]
+            c = r[k]
+            out[i, k] = (table[c] if 0 <= c < n_table else _psi(c + beta)) - psi_totals[k]
+
+
+@njit(nogil=True, cache=True)
+def _psi_table(n, beta):
+    out = np.empty(n)
+    for c in range(n):
+        out[c] = _psi(c + beta)
+    return out
 
 
 def count_expectations(counts, beta, rows=None):
@@ -215,8 +229,38 @@ def count_expectations(counts, beta, rows=None):
     psi_totals = np.array([_psi(float(t)) for t in totals])
     rows = np.arange(V) if rows is None else np.asarray(rows, dtype=np.int64)
     elog_t = np.empty((rows.size, counts.shape[1]))
-    _count_expectations(counts, rows, float(beta), psi_totals, elog_t)
+    top = int(counts.max()) if counts.size else 0
+    table = _psi_table(min(top + 1, 1 << 16), float(beta))
+    _count_expectations(counts, rows, float(beta), psi_totals, table, elog_t)
     return elog_t, np.exp(elog_t)
+
+
+@njit(nogil=True, cache=True)
+def _count_topic_term(counts, eta, psi_totals, totals):
+    """:func:`topic_term` of the topics ``counts.T + eta``: an entry of
+    count 0 adds exactly 0 (``eta - lambda`` and ``lgamma(lambda) -
+    lgamma(eta)`` both vanish), so only the nonzero counts are visited."""
+    V, K = counts.shape
+    score = 0.0
+    lg_eta = math.lgamma(eta)
+    for w in range(V):
+        for k in range(K):
+            c = counts[w, k]
+            if c != 0:
+                lam = c + eta
+                score += -c * (_psi(lam) - psi_totals[k]) + math.lgamma(lam) - lg_eta
+    for k in range(K):
+        score += math.lgamma(eta * V) - math.lgamma(totals[k])
+    return score
+
+
+def count_topic_term(counts, eta) -> float:
+    """The topics' term of the bound for ``components_ = counts.T + eta``
+    (``counts``: V x K word-topic counts)."""
+    V = counts.shape[0]
+    totals = counts.sum(axis=0, dtype=np.int64) + V * float(eta)
+    psi_totals = np.array([_psi(float(t)) for t in totals])
+    return float(_count_topic_term(counts, float(eta), psi_totals, totals.astype(np.float64)))
 
 
 def training_bound(parts, nwk, *, client, beta, alpha, max_iter, tol, matrix=None) -> float:
@@ -228,7 +272,7 @@ def training_bound(parts, nwk, *, client, beta, alpha, max_iter, tol, matrix=Non
     in-memory corpus (``matrix``: its counts, held here) of one partition
     is scored here: the same work without two round trips (a small fit's
     cost)."""
-    topics = topic_term(nwk.T + float(beta), beta)
+    topics = count_topic_term(nwk, beta)
     if matrix is not None and len(parts.futures) <= 1:
         X = sp.csr_matrix(matrix, dtype=np.float64)
         elog_t, exp_t = count_expectations(nwk, beta)
