@@ -67,7 +67,13 @@ def dirichlet_expectation_t(lam, out):
             out[w, k] = _psi(lam[k, w]) - pt
 
 
-@njit(nogil=True, cache=True)
+# Reassociation lets the K-long dot products of the E-step use SIMD lanes
+# (as _lda_kernels' fold-in): the sums differ from scikit-learn's BLAS dots
+# in the last bits only, as BLAS's own order does.
+_DOT_MATH = {"reassoc", "contract", "arcp", "nsz"}
+
+
+@njit(nogil=True, cache=True, fastmath=_DOT_MATH)
 def doc_bounds(indptr, indices, data, elog_t, exp_t, alpha, max_iter, tol, eps, gamma, e_step, out):
     """Per document of a CSR matrix: scikit-learn's E-step (``gamma`` from
     ones, ``max_iter`` updates at most, stop when the mean absolute change
@@ -125,7 +131,19 @@ def doc_bounds(indptr, indices, data, elog_t, exp_t, alpha, max_iter, tol, eps, 
             tmp[k] = _psi(g[k]) - pt  # E[log theta_dk]
             score += (alpha - g[k]) * tmp[k] + math.lgamma(g[k]) - lg_alpha
         score += lg_kalpha - math.lgamma(total)
+        for k in range(K):
+            exp_doc[k] = math.exp(tmp[k])
         for j in range(s, e):
+            # logsumexp_k(E[log theta_k] + E[log beta_kw]) as the log of a dot
+            # product of the exponentials (no exp per topic: 3x less time at
+            # K=1000); max-shifted where that sum underflows (tiny priors)
+            p = 0.0
+            erow = exp_t[indices[j]]
+            for k in range(K):
+                p += exp_doc[k] * erow[k]
+            if p > 1e-250:
+                score += data[j] * math.log(p)
+                continue
             row = elog_t[indices[j]]
             top = -np.inf
             for k in range(K):

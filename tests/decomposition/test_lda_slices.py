@@ -176,14 +176,15 @@ def _fit(client, X, S, seed, **kw):
 
 def test_slices_fit_as_well_as_one_slice_over_seeds_and_hold_fewer_rows(lda_client):
     """Held-out log-likelihood (document completion) and the final training
-    log-likelihood of S=4 within the spread of S=1 over three seeds (default
-    consistency, two participants); each participant holds one slice's
-    rows at a time, about 1/S of S=1's, and its session keeps no copy of them."""
+    log-likelihood of S=4 within the spread of S=1 over three seeds (an
+    unseeded fit's default consistency, SSP(2) with refresh; two
+    participants); each participant holds one slice's rows at a time, about
+    1/S of S=1's, and its session keeps no copy of them."""
     X, _ = lda_corpus(n_docs=500)
     train, test = X[:400], X[400:]
     by_S = {}
     for S in (1, 4):
-        fits = [_fit(lda_client, train, S, seed) for seed in range(3)]
+        fits = [_fit(lda_client, train, S, seed, consistency=dask_ps.SSP(2, refresh=True)) for seed in range(3)]
         heldout = [document_completion(f.components_, test, 0.3) for f in fits]
         by_S[S] = dict(fits=fits, heldout=np.array([ll / n for ll, n in heldout]),
                        loglik=np.array([f.loglik_history_[-1][2] for f in fits]))
