@@ -301,7 +301,7 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
         checkpoints and restarts between them); not ``bound_``'s scoring
         pass after them (scikit-learn's E-step over the training documents,
         up to ``max_doc_update_iter`` updates a document: at K=1000 about
-        13 CPU-us a token, as much as ~60 sweeps), whose seconds the
+        15 CPU-us a token, as much as ~70 sweeps), whose seconds the
         summary logged at the end of the fit gives.
     tokens_per_second_ : float
         ``n_tokens_ * iterations trained in this call / fit_seconds_``.
