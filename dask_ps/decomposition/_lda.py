@@ -403,8 +403,9 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
     ``ps.lda.min-tokens-per-participant`` tokens), whose reads see its own
     counts only. Why a seed switches the default to BSP rather than BSP
     always: BSP's barrier waits for the slowest participant every clock
-    (on a loaded 2-core machine 0.61-1.73x SSP(2)-refresh's tokens/s,
-    median 0.89x: ``docs/benchmarks.md``, "LDA: the same random_state"), a
+    (0.88-1.00x SSP(2)-refresh's tokens/s in worker threads, 0.62-1.09x in
+    worker processes on a loaded machine: ``docs/benchmarks.md``, "LDA:
+    the same random_state"), a
     cost worth paying where the same model is asked for, not otherwise.
 
     *Fault tolerance.* The count tables always equal the sum of the
