@@ -314,7 +314,10 @@ def _peers_one_k(client, train, test, args):
         logger.info("  %s: %.3g tokens/s, held-out %.4f, %.1f s", name, tps, ll, sec)
 
     dev = "" if args.device == "cpu" else f" ({args.device}, array sampler)"
-    models = {"SSP(2)": dask_ps.SSP(2), "BSP": dask_ps.BSP(), "default": None}
+    # "default": consistency=None, which with the int random_state used here is BSP (issue 35);
+    # "SSP(2),refresh": the default of an unseeded fit
+    models = {"SSP(2)": dask_ps.SSP(2), "BSP": dask_ps.BSP(), "default": None,
+              "SSP(2),refresh": dask_ps.SSP(2, refresh=True)}
     variants = [(m, s) for m in args.models_peers for s in args.sampler]
     for rep in range(args.repeats):
         # A, B, ..., tomotopy, then again: each dask_ps variant and its peer
@@ -635,7 +638,8 @@ def main():
                          "else 30")
     ap.add_argument("--tomotopy-only", action="store_true",
                     help="part 1: of the peers run only one tomotopy thread (the issue-12 comparison)")
-    ap.add_argument("--models-peers", nargs="+", choices=["SSP(2)", "BSP", "default"], default=["SSP(2)", "BSP"],
+    ap.add_argument("--models-peers", nargs="+", choices=["SSP(2)", "BSP", "default", "SSP(2),refresh"],
+                    default=["SSP(2)", "BSP"],
                     help="part 1: dask_ps consistency models (default: the estimator's consistency=None)")
     ap.add_argument("--sampler", nargs="+", default=["auto"],
                     help="part 1: dask_ps's sampler(s); several: each a row, interleaved (e.g. auto sparse)")

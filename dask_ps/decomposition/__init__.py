@@ -2,10 +2,10 @@
 
 :class:`LatentDirichletAllocation` fits LDA by collapsed Gibbs sampling with
 the word-topic counts and topic totals in ``dask_ps`` tables (the seed
-paper's application); its ``score``/``perplexity`` have scikit-learn's
-meaning (how well the model fits the documents given), and
-:func:`document_completion` is the held-out metric, usable on any model's
-topics.
+paper's application); its ``transform``/``score``/``perplexity``/``bound_``
+are scikit-learn's (its E-step and variational bound, from
+``components_``), and :func:`document_completion` is the held-out metric
+by prediction, usable on any model's topics.
 
 The estimators use only the public ``dask_ps`` API and the shared estimator
 machinery (``dask_ps._estimators``).

@@ -112,9 +112,24 @@ def _part_stats(part):
 
 def _split_rows(X: sp.csr_matrix, n_parts: int) -> list[sp.csr_matrix]:
     """Contiguous row ranges with about the same number of tokens each."""
+    return [piece for _, piece in _split_rows_at(X, n_parts)]
+
+
+def _prepare_rows(piece, n_features: int):
+    """``_prepare_part`` of a ``(first row, rows)`` piece of an in-memory
+    matrix: the part also says where its rows are (``row0``), so that it can
+    return the assignments of given rows (``_kept``)."""
+    row0, block = piece
+    part = _prepare_part(block, n_features, check=False)
+    part["row0"] = int(row0)
+    return part
+
+
+def _split_rows_at(X: sp.csr_matrix, n_parts: int) -> list[tuple[int, sp.csr_matrix]]:
+    """``(first row, rows)`` of contiguous row ranges with about the same number of tokens each."""
     doc_len = np.asarray(X.sum(axis=1)).ravel()
     cum = np.cumsum(doc_len)
     total = cum[-1] if cum.size else 0
     cuts = np.searchsorted(cum, total * np.arange(1, n_parts) / n_parts, side="left") + 1
     bounds = np.unique(np.concatenate([[0], np.clip(cuts, 0, X.shape[0]), [X.shape[0]]]))
-    return [X[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    return [(int(a), X[a:b]) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]

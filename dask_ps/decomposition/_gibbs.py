@@ -17,7 +17,7 @@ import numpy as np
 from dask_ps import report_progress
 from dask_ps._estimators import arrays, wait_for_participants
 from dask_ps.decomposition import _lda_kernels as _k
-from dask_ps.decomposition import _sliced
+from dask_ps.decomposition import _kept, _sliced
 from dask_ps.decomposition._scoring import participant_loglik
 
 
@@ -70,6 +70,12 @@ class GibbsConfig:
     # a lone participant's progress to /ps at most this often (ps.dashboard.report-interval)
     report_seconds: float = 0.25
     vocabulary_slices: int = 1  # > 1: the word rows held a slice at a time (_sliced)
+    # rows of the run's in-memory matrix whose final assignments come back (_kept), sorted; None: none
+    keep_rows: np.ndarray | None = dataclasses.field(default=None, repr=False)
+    # partial_fit: the kept earlier documents' assignments (rows 0 .. n - 1 of the run's in-memory
+    # matrix; ``kept_ptr``: their token offsets), where those rows start instead of at random (_kept)
+    z_kept: np.ndarray | None = dataclasses.field(default=None, repr=False)
+    kept_ptr: np.ndarray | None = dataclasses.field(default=None, repr=False)
 
 
 def _xp_for(device):
@@ -89,6 +95,7 @@ class _Sampler:
     def __init__(self, part, z, ndk, cfg: GibbsConfig, rank, n_participants):
         self.rank, self.P = rank, n_participants
         self.vocab, self.words, self.doc_ptr = part["vocab"], part["words"], part["doc_ptr"]
+        self.row0 = part.get("row0")  # its first document's row in an in-memory matrix (None: a dask chunk)
         self.rows = count_rows(self.vocab, cfg)  # the rows of the word-topic table it reads and pushes
         # Row deltas from the moved assignments (CPU samplers) where the rows
         # are much larger than the tokens: two random-access passes over the
@@ -179,6 +186,8 @@ def _setup(ctx, part, cfg: GibbsConfig) -> _Sampler:
 
     if cfg.z_in is None:  # random initial assignment, reproducible from the seed
         z = np.random.default_rng(np.random.SeedSequence(cfg.seeds[rank])).integers(K, size=n_tokens, dtype=np.int32)
+        if cfg.z_kept is not None and part.get("row0") is not None:  # kept documents go on from where they were
+            _kept.continue_kept(z, part["row0"], doc_ptr, cfg.z_kept, cfg.kept_ptr)
     else:
         z = np.array(ctx.pull(cfg.z_in[rank]), dtype=np.int32)
         if z.shape != (n_tokens,) or (z.size and (z.min() < 0 or z.max() >= K)):
@@ -468,7 +477,11 @@ def _finish(ctx, s: _Sampler, cfg: GibbsConfig) -> dict:
     if cfg.z_out is not None:
         ctx.push(cfg.z_out[s.rank], np.asarray(s.local_z(), dtype=np.int32))
         ctx.flush()
+    kept = {}
+    if cfg.keep_rows is not None and s.row0 is not None:
+        kept["kept"] = _kept.select_rows(s.row0, s.doc_ptr, np.asarray(s.local_z()), cfg.keep_rows)
     return {
+        **kept,
         "history": s.history,
         "doc_loglik": _k.doc_loglik(s.local_ndk(), s.doc_len, cfg.alpha),
         "end": time.time() - cfg.t_start,

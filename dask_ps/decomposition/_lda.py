@@ -16,6 +16,7 @@ import logging
 import math
 import time
 import uuid
+import warnings
 from numbers import Integral, Real
 
 import dask
@@ -26,7 +27,7 @@ from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, Transfo
 from sklearn.decomposition import LatentDirichletAllocation as _SkLDA
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import validate_data
 
 import dask_ps
 from dask_ps._estimators import (
@@ -35,9 +36,7 @@ from dask_ps._estimators import (
     PSEstimatorMixin,
     arrays,
     check_checkpoint,
-    check_dask_X,
     is_dask_array,
-    map_row_blocks,
     max_participants,
     participant_metrics,
     rate,
@@ -45,7 +44,7 @@ from dask_ps._estimators import (
     setting,
 )
 from dask_ps.consistency import as_consistency
-from dask_ps.decomposition._corpus import _check_counts, count_matrix, warn_rounded
+from dask_ps.decomposition._corpus import count_matrix, warn_rounded
 from dask_ps.decomposition._runs import (
     CHECKPOINT_KIND,
     OWNER,
@@ -56,25 +55,43 @@ from dask_ps.decomposition._runs import (
     make_parts,
     totals_in_word_table,
 )
-from dask_ps.decomposition._scoring import (
-    topic_word_components,
-    _doc_logliks_block,
-    _fold_in,
-    _transform_block,
-    _topic_word,
-    components_dtype,
-    doc_logliks,
-    final_loglik,
-    precomputed_perplexity,
-    training_loglik,
-)
+from dask_ps.decomposition import _kept
+from dask_ps.decomposition._bound import training_bound
+from dask_ps.decomposition._inference import TopicInference
+from dask_ps.decomposition._scoring import components_dtype, final_loglik, topic_word_components
 
 logger = logging.getLogger(__name__)
 
 _MODEL_NAMES = {"bsp", "ssp", "essp", "vap", "cvap", "asp"}
 
+# scikit-learn's parameters of online variational Bayes that a collapsed
+# Gibbs sampler has no use for, with their defaults: set otherwise, a fit
+# says so (issue 35: they were accepted and silently did nothing).
+_VB_ONLY = {"learning_decay": 0.7, "learning_offset": 10.0, "batch_size": 128, "perp_tol": 0.1}
 
-class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+
+def _seeded(random_state) -> bool:
+    """An int ``random_state``: the user asks for the same model every fit."""
+    return isinstance(random_state, Integral) and not isinstance(random_state, bool)
+
+
+def _warn_ignored(est, partial: bool) -> None:
+    """A ``UserWarning`` naming each online-VB parameter set to something
+    the Gibbs sampler would ignore (``learning_method`` only in ``fit``:
+    scikit-learn's ``partial_fit`` ignores it too)."""
+    ignored = [f"{k}={getattr(est, k)!r}" for k, default in _VB_ONLY.items() if getattr(est, k) != default]
+    if est.learning_method == "online" and not partial:
+        ignored.insert(0, "learning_method='online'")
+    if ignored:
+        warnings.warn(
+            f"LatentDirichletAllocation: {', '.join(ignored)} ignored: dask_ps samples the topics by "
+            "collapsed Gibbs sampling, every iteration a sweep over all the documents, with no step size "
+            "or minibatch (scikit-learn's online variational Bayes); to add documents to a fitted model, "
+            "call partial_fit.", UserWarning, stacklevel=4)
+
+
+class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefixFeaturesOutMixin, TransformerMixin,
+                                BaseEstimator):
     """Latent Dirichlet Allocation by distributed collapsed Gibbs sampling.
 
     The word-topic counts (``n_features x n_components``) and the topic
@@ -99,37 +116,47 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         None means ``1 / n_components`` (as scikit-learn).
     learning_method : {"batch", "online"}, default "batch"
         Accepted for scikit-learn compatibility (its batch or online
-        variational Bayes); here every iteration is a collapsed Gibbs sweep
-        of all the documents, and :meth:`partial_fit` adds documents to a
-        fitted model whichever is set.
+        variational Bayes); "online" makes :meth:`fit` warn
+        (``UserWarning``) that it is ignored: every iteration is a collapsed
+        Gibbs sweep over all the documents, whose counts are exact sums of
+        the assignments, so there is no step size to decay and no
+        minibatch to draw. To train on a stream of documents, call
+        :meth:`partial_fit` (which resamples a share of the earlier
+        documents with each call's).
     learning_decay, learning_offset : float, default 0.7 and 10.0
-        Accepted and validated as scikit-learn does, not used: online
-        variational Bayes' step size ``(learning_offset + t) ** -learning_decay``
-        (a Gibbs sampler's counts are exact sums of the assignments).
+        Validated as scikit-learn does; any other value makes ``fit`` and
+        ``partial_fit`` warn that it is ignored (online variational Bayes'
+        step size ``(learning_offset + t) ** -learning_decay``).
     max_iter : int, default 100
         Gibbs sweeps over the corpus (clocks); in :meth:`partial_fit`,
         sweeps over the new documents.
     batch_size : int, default 128
-        Accepted and validated, not used: the documents of one online update
-        in scikit-learn; here a participant's partition (``n_partitions``).
+        Validated; any other value makes ``fit`` and ``partial_fit`` warn
+        that it is ignored (the documents of one online update in
+        scikit-learn; a Gibbs sweep takes all of a participant's partition).
     evaluate_every : int, default 10
         Record the training log-likelihood every this many iterations (and
         at the end) in ``loglik_history_``; <= 0 records only the end. With
         ``verbose``, the lines of these iterations carry the perplexity.
     total_samples : float, default 1e6
-        Accepted and validated, not used: scikit-learn's corpus size for
-        scaling online updates and ``perplexity(sub_sampling=True)``.
+        The corpus size ``perplexity(X, sub_sampling=True)`` scales ``X``'s
+        document terms to, as scikit-learn's (it also scales its online
+        updates by it; the sampler has none).
     perp_tol : float, default 0.1
-        Accepted and validated, not used: the fit runs ``max_iter`` sweeps
-        (scikit-learn stops early when the perplexity changes by less).
+        Validated; any other value makes ``fit`` and ``partial_fit`` warn
+        that it is ignored: the fit runs ``max_iter`` sweeps (scikit-learn
+        stops early when the perplexity changes by less).
     consistency : dask_ps.Consistency or str, default None
         Consistency model of the word-topic table (``dask_ps.BSP()``,
         ``SSP(s)``, ``ESSP(s)``, ``VAP(v)``, ``CVAP(s, v)``, ``ASP()`` or a
-        model name); None uses dask_ps's configured default model
-        (``ps.consistency``, ``ps.staleness``: SSP(2)) with ``refresh=True``
-        when it is SSP or ESSP: the first read of a row block in each clock
-        goes to the servers, and waits only when the bound requires (see
-        ``docs/consistency.rst``). A model object is used as given.
+        model name). None: with an int ``random_state``, ``BSP()``, so that
+        the same seed gives the same model, as scikit-learn's does (see
+        Notes, *Reproducibility*); otherwise dask_ps's configured default
+        model (``ps.consistency``, ``ps.staleness``: SSP(2)) with
+        ``refresh=True`` when it is SSP or ESSP: the first read of a row
+        block in each clock goes to the servers, and waits only when the
+        bound requires (see ``docs/consistency.rst``). A model object is
+        used as given.
     totals_consistency : dask_ps.Consistency or str, default None
         Consistency model of the topic-totals row. None: where the word rows
         are read from the servers every clock (staleness 0, or ``refresh``:
@@ -201,8 +228,9 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         ``ps.embedded-cluster``) started once per process and closed at
         exit. A ``Client`` is not pickled.
     random_state : int, RandomState instance or None, default None
-        Seeds the starting assignments and every partition's sampler. With
-        BSP and an int the fit is reproducible (see Notes).
+        Seeds the starting assignments and every partition's sampler. An
+        int makes the fit reproducible at the default ``consistency`` (then
+        BSP; see Notes).
     verbose : int, default 0
         > 0 prints, while the fit runs, scikit-learn's lines: one per
         iteration ``n = 1 .. max_iter`` (the state after ``n`` sweeps),
@@ -214,8 +242,10 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         participants' word-row reads (clocks, mean and max). ``P`` is the
         training documents' perplexity ``exp(-sum log p(w_i) / tokens)``
         with ``p(w) = sum_k theta_dk phi_kw`` from the sampler's counts at
-        that iteration (``bound_``, where theta is folded in instead, on the
-        last iteration). Nothing else goes to standard output; the same
+        that iteration (a plug-in figure each participant computes on its
+        own view; below scikit-learn's variational one), and on the last
+        iteration ``bound_`` (scikit-learn's, as its last evaluation is).
+        Nothing else goes to standard output; the same
         lines, the random start's evaluation (iteration 0) and a summary go
         to the logger ``dask_ps.decomposition._lda`` (INFO). With
         ``dask.config`` ``ps.progress-bar: true`` (and tqdm) a progress bar
@@ -233,12 +263,12 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         digamma(components_.sum(axis=1)))[:, None]``, as scikit-learn
         defines it (same dtype as ``components_``).
     bound_ : float
-        The perplexity of the training documents under the fitted topics,
-        ``perplexity(X)`` of the counts the sampler took (each document's
-        theta folded in with the topics fixed), as scikit-learn's final
-        ``bound_``; computed where the documents are, after the last sweep.
-        NaN for a corpus without tokens. After :meth:`partial_fit`: of that
-        call's documents.
+        scikit-learn's final ``bound_``: the perplexity of the training
+        documents (the counts the sampler took) under the fitted topics,
+        ``perplexity(X)`` (its variational bound); the documents' terms
+        computed where the documents are, after the last sweep. NaN for a
+        corpus without tokens. After :meth:`partial_fit`: of the documents
+        that call sampled (its own and the kept earlier ones).
     loglik_history_ : list of (iteration, seconds, loglik)
         Training log-likelihood ``log p(w, z)`` (the collapsed joint, as the
         ``lda`` package reports it) after ``iteration`` sweeps, ``seconds``
@@ -256,13 +286,23 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         Gibbs sweeps the final assignments have had: ``max_iter``, or more
         when a checkpoint that was already further along was resumed (in
         :meth:`partial_fit`, the sweeps of that call's documents).
+    n_batch_iter_ : int
+        As scikit-learn's (1 + the updates of ``components_``): 1 + the
+        Gibbs sweeps of every ``fit`` or ``partial_fit`` call since the
+        last ``fit`` (scikit-learn counts an EM step of batch or online
+        variational Bayes; here each sweep updates the word-topic counts
+        once).
     n_restarts_ : int
         Chunks redone because a worker was lost (fault tolerance on).
     n_tokens_ : int
         Training tokens (after :meth:`partial_fit`, of every call).
     fit_seconds_ : float
         Wall-clock seconds of the distributed sampling (the runs, and the
-        checkpoints and restarts between them).
+        checkpoints and restarts between them); not ``bound_``'s scoring
+        pass after them (scikit-learn's E-step over the training documents,
+        up to ``max_doc_update_iter`` updates a document: at K=1000 about
+        15 CPU-us a token, as much as ~70 sweeps), whose seconds the
+        summary logged at the end of the fit gives.
     tokens_per_second_ : float
         ``n_tokens_ * iterations trained in this call / fit_seconds_``.
     doc_topic_prior_, topic_word_prior_ : float
@@ -304,48 +344,69 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
     rows) fits without sampling: ``components_`` is then
     ``topic_word_prior`` everywhere, as scikit-learn's.
 
-    *Adding documents* (:meth:`partial_fit`, online Gibbs). The first call
-    is :meth:`fit`. A later call samples only the new documents, for
-    ``max_iter`` sweeps, against the fitted word-topic counts plus their
-    own (the count tables start from ``components_ - topic_word_prior``,
-    and the new documents' starting counts are pushed on top); their
-    counts are then added to ``components_``. The earlier documents'
-    assignments are not kept by a fitted model, so they are not resampled:
-    their counts stay as fitted (Canini, Shi and Griffiths, "Online
-    inference of topics with latent Dirichlet allocation", AISTATS 2009,
-    the incremental Gibbs sampler without rejuvenation). Calling it
-    repeatedly with the same documents adds them again, as scikit-learn's
+    *Adding documents* (:meth:`partial_fit`, online Gibbs with
+    rejuvenation). The first call is :meth:`fit`. A fitted model keeps a
+    uniform sample of the documents it was fitted on, up to
+    ``ps.lda.partial-fit-kept-tokens`` tokens (200,000), with their topic
+    assignments (in-memory input; a dask array's documents stay on the
+    workers and are not kept). A later call samples the new documents
+    together with the kept ones, for ``max_iter`` sweeps: the count tables
+    start from ``components_ - topic_word_prior`` less the kept documents'
+    counts, and both sets' starting counts are pushed on top (the kept ones
+    from their kept assignments: their chain goes on); the result
+    is ``components_``, and a new uniform sample of all the documents seen
+    is kept. Without the resampled documents (Canini, Shi and Griffiths,
+    "Online inference of topics with latent Dirichlet allocation", AISTATS
+    2009: "rejuvenation") the early documents keep the topics they got
+    from a young model, and a stream of ``partial_fit`` calls stayed
+    further from one fit of all of it than scikit-learn's online updates
+    do (``docs/benchmarks.md``, "LDA partial_fit"). Calling it repeatedly
+    with the same documents adds them again, as scikit-learn's
     ``partial_fit`` does for the statistics of its online updates.
 
-    *Scores.* ``score(X)`` is the log-likelihood of ``X`` with each
-    document's theta folded in on itself and the topics fixed (total, nats)
-    and ``perplexity(X) = exp(-score(X) / X.sum())``, with scikit-learn's
-    meaning and scale: how well the model fits ``X``. For held-out
-    evaluation (comparing models, choosing ``n_components``) use
-    :func:`document_completion`: each token of a document goes to half A or
-    B at random (fixed seed, so all models see the same split), theta is
-    fitted on A and B is scored.
+    *Scores.* ``score(X)``, ``perplexity(X)``, ``transform(X)`` and
+    ``bound_`` are scikit-learn's, computed from ``components_`` and the
+    priors: its E-step (variational ``gamma`` of each document, from
+    ``gamma = 1``) and its variational bound (``_approx_bound``). On the
+    same components, priors and documents they equal scikit-learn's to
+    floating-point rounding, so model selection by ``score``
+    (``GridSearchCV``) ranks models as it would with scikit-learn. The
+    bound includes the divergence of the topics from their prior, a term
+    that grows with ``n_components x n_features`` and does not depend on
+    ``X``. For held-out evaluation by prediction (comparing models of
+    different libraries or samplers on documents they were not trained
+    on) use :func:`document_completion`: each token of a document goes to
+    half A or B at random (fixed seed, so all models see the same split),
+    theta is fitted on A and B is scored. The perplexities in the
+    ``verbose`` lines before the last are the sampler's (see ``verbose``).
 
     *Reproducibility.* Two fits give identical ``components_``,
     ``loglik_history_`` values and ``transform`` results when they have the
     same data, the same parameters, an integer ``random_state``, a
-    consistency model of staleness 0 (``BSP()``; ``totals_consistency``
-    None or staleness 0 too), the same number of partitions (set
-    ``n_partitions``: with None it is the number of worker threads, so it
-    follows the cluster; a dask array gives one per row chunk) and the same
-    sampler on the same kind of machine (the compiled samplers use
-    fast-math floating point). The number of workers, how the partitions
-    are placed, their timing, and fitting in chunks (``checkpoint``,
-    ``replication``) or resuming do not matter: under BSP the count tables
-    sum pushes per clock, so every read at clock ``c`` sees exactly the
-    clocks before ``c`` (plus the reader's own pushes), and each
-    partition's random stream at each iteration comes from its own seed.
-    Under staleness (``SSP``, ``ESSP``, ``VAP``, ``CVAP``, ``ASP``, and the
-    default ``consistency=None``) what a read sees depends on timing: the
-    topics are as good, but not the same bit for bit, except for a corpus
-    that gets one participant (``n_partitions=None`` and fewer than twice
+    consistency model of staleness 0 (``BSP()``, which ``consistency=None``
+    is with an int ``random_state``; ``totals_consistency`` None or
+    staleness 0 too), the same number of partitions (set ``n_partitions``:
+    with None it is the number of worker threads, so it follows the
+    cluster's threads, whether they are in one process or several; a dask
+    array gives one per row chunk) and the same sampler on the same kind of
+    machine (the compiled samplers use fast-math floating point). The
+    number of workers, how the partitions are placed, their timing, and
+    fitting in chunks (``checkpoint``, ``replication``) or resuming do not
+    matter: under BSP the count tables sum pushes per clock, so every read
+    at clock ``c`` sees exactly the clocks before ``c`` (plus the reader's
+    own pushes), and each partition's random stream at each iteration comes
+    from its own seed. Under staleness (``SSP``, ``ESSP``, ``VAP``,
+    ``CVAP``, ``ASP``, and ``consistency=None`` without an int
+    ``random_state``) what a read sees depends on timing: the topics are as
+    good, but not the same bit for bit, except for a corpus that gets one
+    participant (``n_partitions=None`` and fewer than twice
     ``ps.lda.min-tokens-per-participant`` tokens), whose reads see its own
-    counts only.
+    counts only. Why a seed switches the default to BSP rather than BSP
+    always: BSP's barrier waits for the slowest participant every clock
+    (0.88-1.00x SSP(2)-refresh's tokens/s in worker threads, 0.62-1.09x in
+    worker processes on a loaded machine: ``docs/benchmarks.md``, "LDA:
+    the same random_state"), a
+    cost worth paying where the same model is asked for, not otherwise.
 
     *Fault tolerance.* The count tables always equal the sum of the
     participants' assignment counts: each run starts from empty tables that
@@ -494,7 +555,13 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         return device, sampler
 
     def _consistencies(self):
-        word = as_consistency(self.consistency)
+        if self.consistency is None and _seeded(self.random_state):
+            # A seeded fit repeats: BSP with per-clock sums (_runs.count_aggregate)
+            # is the model whose reads do not depend on timing (issue 35; its
+            # cost: docs/benchmarks.md, "LDA: the same random_state").
+            word = dask_ps.BSP()
+        else:
+            word = as_consistency(self.consistency)
         if self.consistency is None and hasattr(word, "refresh"):
             # LDA's own default: read the word rows fresh when cheap. Topics
             # move fast early on; rows s clocks old cost more log-likelihood
@@ -557,8 +624,11 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         tables start from, and only ``X``'s documents are sampled)."""
         device, sampler = self._resolved(X)
         self._more_validate_params(device, sampler)
+        _warn_ignored(self, partial)
         adding = base is not None
+        batch_iter = self.n_batch_iter_ if adding else 1
         if not adding:
+            self._kept = None
             self.random_state_ = check_random_state(self.random_state)
             K = self.n_components
             self.doc_topic_prior_ = 1.0 / K if self.doc_topic_prior is None else float(self.doc_topic_prior)
@@ -572,7 +642,12 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         # Read before the data is split (a resumed fit splits as the saved one
         # did), checked once the fingerprint is known.
         meta = dask_ps.checkpoint_metadata(checkpoint) if checkpoint is not None else None
-        parts, n_parts, dtype, matrix = self._partitions(X, ps.client, uid, meta, reset=not adding)
+        # earlier documents sampled again with X's (in-memory X: _kept)
+        kept = getattr(self, "_kept", None) if adding and not is_dask_array(X) else None
+        parts, n_parts, dtype, matrix = self._partitions(X, ps.client, uid, meta, reset=not adding,
+                                                         kept=None if kept is None else kept.X)
+        if kept is not None:  # their counts come out of the fitted ones: the run puts them back
+            base = np.maximum(base - kept.counts(*base.shape), 0)
         whom = "LatentDirichletAllocation." + ("partial_fit" if partial else "fit")
         layout = corpus_layout(parts, uid, self.n_features_in_)
         if layout.rounded:  # a dask array's chunks, rounded on the workers
@@ -583,8 +658,10 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
                 raise ValueError(f"{whom}: X has no tokens (every document is empty, its counts rounded "
                                  "to integers)")
             self._set_without_tokens(base, dtype)
+            self.n_batch_iter_ = batch_iter
             return self
-        tokens_before = int(self.n_tokens_) if adding else 0
+        # tokens sampled before (of the model), less those of the kept documents sampled again
+        tokens_before = (int(self.n_tokens_) - (0 if kept is None else kept.n_tokens)) if adding else 0
         self.n_tokens_ = layout.n_tokens
         plan = self._plan(ps, layout, checkpoint, n_parts, word_model, totals_model, base)
         resume = (uid, None, [])
@@ -601,21 +678,42 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
             # ``_sweep_delay`` (not a parameter): the benchmark hook of ``GibbsConfig.delay``.
             delay=getattr(self, "_sweep_delay", None),
         )
+        keys, fixed["keep_rows"] = self._keep_plan(matrix, kept)
+        if kept is not None:
+            fixed.update(z_kept=kept.z, kept_ptr=kept.token_ptr())
         first = resume[1][1] if resume[1] else 0
         progress = Progress(self.verbose, logger, total=max(0, self.max_iter - first), unit="it",
                             desc=type(self).__name__)
         try:
             runs = GibbsRuns(ps, parts, uid, plan, fixed, resume, progress, info=run_info(self, 0)).run(
-                score=functools.partial(training_loglik, client=ps.client, beta=self.topic_word_prior_,
+                score=functools.partial(training_bound, client=ps.client, beta=self.topic_word_prior_,
                                         alpha=self.doc_topic_prior_, max_iter=self.max_doc_update_iter,
                                         tol=self.mean_change_tol, matrix=matrix))
             self._set_fitted(runs, P, progress, dtype)
+            if fixed["keep_rows"] is not None:
+                self._kept = _kept.collect(matrix, keys, fixed["keep_rows"], runs.results)
         finally:
             progress.close()
+        # scikit-learn's count: 1 + the updates of components_ (here: sweeps)
+        self.n_batch_iter_ = batch_iter + self.n_iter_
         self.n_tokens_ += tokens_before
         return self
 
-    def _partitions(self, X, client, uid, meta, reset=True):
+    def _keep_plan(self, matrix, kept):
+        """``(keys, rows)``: a random key per document of the run's in-memory
+        ``matrix`` (the kept documents' own first) and the rows whose
+        assignments the model keeps (``_kept``); ``(None, None)`` for a dask
+        array. Drawn after the participants' seeds, from their own stream."""
+        if matrix is None:
+            return None, None
+        rng = np.random.default_rng(self.random_state_.randint(0, 2**31 - 1))
+        n_old = 0 if kept is None else kept.X.shape[0]
+        keys = np.concatenate([kept.keys if kept is not None else np.empty(0),
+                               rng.random(matrix.shape[0] - n_old)])
+        doc_tokens = np.asarray(matrix.sum(axis=1)).ravel()
+        return keys, _kept.choose(keys, doc_tokens, int(setting("lda", "partial-fit-kept-tokens")))
+
+    def _partitions(self, X, client, uid, meta, reset=True, kept=None):
         """The corpus prepared on the workers, the number of partitions an
         in-memory input was split into (None for a dask array), the dtype
         of ``components_`` (float32 for float32 input, else float64) and an
@@ -644,6 +742,9 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         X = count_matrix(X, whom)
         if had_values and X.nnz == 0:  # values that all rounded to 0 (tf-idf): not a corpus
             raise ValueError(f"{whom}: X has no tokens (every document is empty, its counts rounded to integers)")
+        if kept is not None:  # partial_fit: the kept earlier documents first (rows 0 .. n_kept - 1)
+            X = sp.vstack([kept, X], format="csr", dtype=np.int64)
+            X.sort_indices()
         # A resumed fit splits the documents as the saved one did, whatever
         # the cluster's size now.
         threads = sum(w.get("nthreads", 1) for w in client.scheduler_info(n_workers=-1)["workers"].values())
@@ -718,181 +819,3 @@ class LatentDirichletAllocation(PSEstimatorMixin, ClassNamePrefixFeaturesOutMixi
         self.metrics_ = []
         self.loglik_history_ = [(0, 0.0, float(final_loglik([], nwk, nwk.sum(axis=0), self.topic_word_prior_)))]
         self.bound_ = float("nan")
-
-    # --- inference -----------------------------------------------------------------------
-    def _check_X(self, X, whom):
-        X = arrays.to_host(X)
-        X = validate_data(self, X, reset=False, accept_sparse="csr", dtype=[np.float64, np.float32])
-        _check_counts(X, whom)
-        return X
-
-    def transform(self, X, *, normalize=True):
-        """Doc-topic distributions of ``X`` with the topics fixed (fold-in).
-
-        The EM fixed point ``theta_k <- (sum_w x_w r_wk + alpha) / (n_d + K alpha)``
-        with ``r_wk = theta_k phi_kw / sum_j theta_j phi_jw``, from the uniform
-        start, ``max_doc_update_iter`` iterations at most per document. Runs
-        locally (no cluster); a dask array is transformed chunk by chunk,
-        lazily.
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix, dask array} of shape (n_samples, n_features)
-            Non-negative counts (or weights).
-        normalize : bool, default=True
-            As scikit-learn's: False returns the unnormalized posterior
-            Dirichlet parameters ``sum_w x_w r_wk + alpha`` (the expected
-            topic counts of the document plus the prior), whose rows
-            normalized are the distributions.
-
-        Returns
-        -------
-        ndarray of shape (n_samples, n_components)
-            Rows sum to 1 (``normalize``); empty documents get the uniform
-            distribution (unnormalized: ``alpha`` for every topic). float32
-            for float32 ``X``, else float64.
-        """
-        check_is_fitted(self)
-        if is_dask_array(X):
-            dtype = components_dtype(X.dtype)
-            return map_row_blocks(check_dask_X(self, X), _transform_block, self, normalize,
-                                  n_columns=self.components_.shape[0], dtype=dtype,
-                                  meta=np.empty((0, 0), dtype=dtype))
-        X = self._check_X(X, "LatentDirichletAllocation.transform")
-        dtype = components_dtype(X.dtype)
-        X = sp.csr_matrix(X, dtype=np.float64)
-        X.sum_duplicates()
-        theta = _fold_in(
-            _topic_word(self.components_), X, self.doc_topic_prior_, self.max_doc_update_iter,
-            self.mean_change_tol,
-        )
-        if not normalize:
-            # theta_k = (expected count_k + alpha) / (n_d + K alpha)
-            theta *= np.asarray(X.sum(axis=1)).reshape(-1, 1) + theta.shape[1] * self.doc_topic_prior_
-        return theta.astype(dtype, copy=False)
-
-    def top_words(self, feature_names=None, n=10):
-        """The ``n`` most probable words of every topic, with their
-        probabilities (as tomotopy's ``get_topic_words`` and gensim's
-        ``show_topics(formatted=False)``).
-
-        Parameters
-        ----------
-        feature_names : array-like of shape (n_features,), default None
-            The word of each column, e.g. a ``CountVectorizer``'s
-            ``get_feature_names_out()``. None: ``feature_names_in_`` when the
-            model was fitted on a DataFrame, else the column indices.
-        n : int, default 10
-            Words per topic (all of them when ``n >= n_features``).
-
-        Returns
-        -------
-        list of n_components lists of (word, probability)
-            Per topic, the words in decreasing order of ``p(word | topic)``
-            (the normalized rows of ``components_``; ties in column order).
-
-        Examples
-        --------
-        >>> for k, words in enumerate(lda.top_words(vectorizer.get_feature_names_out(), n=5)):  # doctest: +SKIP
-        ...     print(k, " ".join(w for w, _ in words))
-        """
-        check_is_fitted(self)
-        V = self.components_.shape[1]
-        if isinstance(n, bool) or not isinstance(n, Integral) or n < 1:
-            raise ValueError(f"LatentDirichletAllocation.top_words: n must be a positive int, got {n!r}")
-        if feature_names is None:
-            feature_names = getattr(self, "feature_names_in_", None)
-        names = np.arange(V) if feature_names is None else np.asarray(feature_names, dtype=object)
-        if names.shape != (V,):
-            raise ValueError(
-                f"LatentDirichletAllocation.top_words: feature_names has shape {names.shape}, but the "
-                f"model has {V} features"
-            )
-        phi = self.components_ / self.components_.sum(axis=1, keepdims=True)
-        order = np.argsort(-phi, axis=1, kind="stable")[:, :n]
-        return [[(names[j].item() if hasattr(names[j], "item") else names[j], float(phi[k, j])) for j in row]
-                for k, row in enumerate(order)]
-
-    def _doc_logliks(self, X):
-        """Per document: ``log p(x_d | theta_d, topics)`` (see :meth:`score`)
-        and its number of words, as two columns."""
-        X = self._check_X(X, "LatentDirichletAllocation.score")
-        X = sp.csr_matrix(X, dtype=np.float64)
-        X.sum_duplicates()
-        ll = doc_logliks(self.components_, X, self.doc_topic_prior_, self.max_doc_update_iter,
-                         self.mean_change_tol)
-        return np.column_stack([ll, np.asarray(X.sum(axis=1)).ravel()])
-
-    def _loglik_and_words(self, X):
-        check_is_fitted(self)
-        if is_dask_array(X):
-            X = check_dask_X(self, X)
-            per_doc = map_row_blocks(X, _doc_logliks_block, self, n_columns=2, dtype=np.float64,
-                                     meta=np.empty((0, 0)))
-            ll, n_words = per_doc.sum(axis=0).compute()
-            return float(ll), float(n_words)
-        ll, n_words = _doc_logliks_block(X, self).sum(axis=0)
-        return float(ll), float(n_words)
-
-    def score(self, X, y=None):
-        """Log-likelihood of ``X`` under the fitted topics (total, nats), as
-        scikit-learn's ``LatentDirichletAllocation.score``: higher is better.
-
-        Each document's topic proportions theta are folded in on the
-        document itself with the topics fixed (:meth:`transform`), and the
-        result is ``sum over documents d and words w of x_dw log sum_k
-        theta_dk phi_kw``, with ``phi`` the normalized ``components_``.
-        scikit-learn's score is a variational lower bound of ``log p(X)``
-        (it also subtracts the divergences of theta and the topics from
-        their priors), so on the same data and topics it is somewhat lower
-        than this plug-in value; both are totals over the tokens of ``X``,
-        on the same scale. Use it, and :meth:`perplexity`, for how well the
-        model fits ``X``; for comparing models on documents they were not
-        trained on, use :func:`document_completion` (theta fitted on half of
-        each document, the other half scored), which this estimator used
-        for ``score`` before.
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix, dask array} of shape (n_samples, n_features)
-            Non-negative counts (or weights, taken as they are).
-        y : ignored
-
-        Returns
-        -------
-        float
-        """
-        return self._loglik_and_words(X)[0]
-
-    def perplexity(self, X, sub_sampling=False):
-        """``exp(-score(X) / number of words in X)``, as scikit-learn's
-        ``perplexity``: lower is better (see :meth:`score`).
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix, dask array} of shape (n_samples, n_features)
-        sub_sampling : bool, default=False
-            Accepted for scikit-learn compatibility; the value is the same
-            either way. scikit-learn scales the document part of its
-            variational bound by ``total_samples / n_samples`` when set;
-            this score has no such part to scale.
-
-        Returns
-        -------
-        float
-        """
-        ll, n_words = self._loglik_and_words(X)
-        if n_words <= 0:
-            raise ValueError("LatentDirichletAllocation.perplexity: X has no words")
-        return float(np.exp(-ll / n_words))
-
-    def _perplexity_precomp_distr(self, X, doc_topic_distr=None, sub_sampling=False):
-        """The perplexity of ``X`` with the given doc-topic distributions
-        (rows normalized; None: folded in, as :meth:`perplexity`).
-        scikit-learn's private helper of the same name and checks."""
-        if doc_topic_distr is None:
-            return self.perplexity(X, sub_sampling)
-        check_is_fitted(self)
-        X = sp.csr_matrix(self._check_X(X, "LatentDirichletAllocation.perplexity"), dtype=np.float64)
-        return precomputed_perplexity(self.components_, X, doc_topic_distr)
-

@@ -37,7 +37,7 @@ from dask_ps._estimators import (
     setting,
     temporary_tables,
 )
-from dask_ps.decomposition._corpus import _part_stats, _prepare_part, _split_rows
+from dask_ps.decomposition._corpus import _part_stats, _prepare_part, _prepare_rows, _split_rows_at
 from dask_ps.decomposition._gibbs import (
     P_DONE,
     P_EVALUATED,
@@ -78,8 +78,8 @@ def make_parts(client, uid, n_features, *, chunks=None, matrix=None, n_parts=Non
     if chunks is not None:
         prepare = functools.partial(_prepare_part, n_features=n_features, check=True)
         return TrainingParts.from_chunks(client, chunks, prepare=prepare, key_prefix=key_prefix)
-    prepare = functools.partial(_prepare_part, n_features=n_features, check=False)
-    return TrainingParts.from_pieces(client, lambda: _split_rows(matrix, n_parts), prepare=prepare,
+    prepare = functools.partial(_prepare_rows, n_features=n_features)
+    return TrainingParts.from_pieces(client, lambda: _split_rows_at(matrix, n_parts), prepare=prepare,
                                      key_prefix=key_prefix)
 
 
@@ -202,7 +202,7 @@ def end_of_fit_lines(progress, runs, est, final, P) -> None:
     progress.log(
         f"LatentDirichletAllocation: {runs.stop} iterations, {est.n_tokens_} tokens, {P} participants, "
         f"{runs.seconds:.1f} s, {est.tokens_per_second_:.3g} tokens/s, log-likelihood {final:.6g}, "
-        f"bound_ (perplexity) {est.bound_:.6g}"
+        f"bound_ (perplexity) {est.bound_:.6g} ({runs.score_seconds:.1f} s)"
     )
 
 
@@ -310,7 +310,8 @@ class GibbsRuns:
     After :meth:`run`: ``results`` (the participants' reports of the last
     run), ``nwk``/``nk`` (the final counts), ``stop`` (iterations the final
     assignments have had), ``history``, ``n_restarts``, ``first_iteration``,
-    ``t_start``, ``seconds`` and ``score`` (what ``run``'s ``score`` returned).
+    ``t_start``, ``seconds`` (the runs), ``score`` (what ``run``'s ``score``
+    returned) and ``score_seconds`` (its time).
     """
 
     def __init__(self, ps, parts: TrainingParts, uid, plan: RunPlan, fixed: dict, resume, progress: Progress,
@@ -350,11 +351,14 @@ class GibbsRuns:
                 run_in_chunks((self.good, self.good[1] if self.good else 0),
                               done=lambda position: self.results is not None and position[1] >= self.plan.max_iter,
                               run=self._chunk, recover=self._recover, finish=self._finish)
+            # the sampling's time; bound_'s scoring (scikit-learn's E-step over
+            # the training documents, as its fit ends with) is timed apart
+            self.seconds = time.perf_counter() - t0
             if score is not None:
                 self.score = score(self.parts, self.nwk)
         finally:
             self.parts.release()
-        self.seconds = time.perf_counter() - t0
+        self.score_seconds = time.perf_counter() - t0 - self.seconds
         return self
 
     def _chunk(self, position):

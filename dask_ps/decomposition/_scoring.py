@@ -1,8 +1,7 @@
 """Scores of LDA topics: the training log-likelihood assembled from the
-participants' parts, fold-in with the topics fixed (``transform``), the
-log-likelihood of documents with theta folded in (``score``,
-``perplexity``), and the held-out log-likelihood by document completion
-(``document_completion``)."""
+participants' parts, and the held-out log-likelihood by document
+completion (``document_completion``: fold-in on half of each document).
+scikit-learn's ``score``/``perplexity``/``bound_`` are ``_bound``'s."""
 
 from __future__ import annotations
 
@@ -78,96 +77,10 @@ def _scale(scale, phi_t):
     return np.ones(phi_t.shape[1]) if scale is None else np.asarray(scale, dtype=np.float64)
 
 
-def doc_logliks(components, X: sp.csr_matrix, doc_topic_prior, max_iter, tol, phi_t=None, offset=0.0,
-                scale=None) -> np.ndarray:
-    """Per document of ``X`` (checked, float CSR), ``log p(x_d | theta_d, phi)``
-    with ``theta_d`` folded in on the document itself and the topics fixed:
-    ``sum_w x_dw log sum_k theta_dk phi_kw`` (nats; empty documents: 0).
-    ``LatentDirichletAllocation.score`` is their sum. ``phi_t``: the
-    normalized topics, V x K, instead of ``components``; or, with
-    ``offset`` and ``scale``, word-topic counts whose rows ``(phi_t[v] +
-    offset) * scale`` are the topics (see :func:`training_loglik`)."""
-    if phi_t is None:
-        phi_t = _topic_word(components)
-    scale = _scale(scale, phi_t)
-    theta = _fold_in(phi_t, X, doc_topic_prior, max_iter, tol, offset, scale)
-    out = np.empty(X.shape[0])
-    _k.doc_logliks(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.astype(np.float64),
-                   phi_t, float(offset), scale, theta, out)
-    return out
-
-
-def part_doc_loglik(part, counts, scale, beta, alpha, max_iter, tol) -> float:
-    """Task: the summed ``log p(x_d | theta_d, phi)`` of one prepared
-    partition's documents (``_corpus._prepare_part``: its token arrays), as
-    :func:`doc_logliks` of its count matrix sums them. ``counts`` is the
-    word-topic count table (V x K) and ``(counts + beta) * scale`` the
-    topics (:func:`training_loglik`); the partition's local word ids map to
-    the table's rows through its ``vocab``, so each document's value is the
-    one ``LatentDirichletAllocation.score`` gives it."""
-    vocab, words, doc_ptr = part["vocab"], part["words"], part["doc_ptr"]
-    n_docs = doc_ptr.size - 1
-    rows = np.repeat(np.arange(n_docs), np.diff(doc_ptr))
-    X = sp.csr_matrix((np.ones(words.size), (rows, vocab[words])), shape=(n_docs, counts.shape[0]))
-    X.sum_duplicates()
-    return float(doc_logliks(None, X, alpha, max_iter, tol, phi_t=counts, offset=beta, scale=scale).sum())
-
-
 def components_dtype(dtype):
     """``components_``'s dtype for input of ``dtype``: float32 stays float32
     (as scikit-learn's), anything else gives float64."""
     return np.dtype(np.float32) if np.dtype(dtype) == np.float32 else np.dtype(np.float64)
-
-
-def training_loglik(parts, nwk, *, client, beta, alpha, max_iter, tol, matrix=None) -> float:
-    """``GibbsRuns.run``'s ``score`` (``LatentDirichletAllocation.bound_``): the summed ``log p(x_d | theta_d,
-    topics)`` of the prepared partitions' documents under the final counts
-    ``nwk`` (theta folded in on each document), computed where the
-    partitions are: ``bound_`` without the documents coming back.
-
-    The kernels read the topics from the counts as they were pulled,
-    ``(nwk + beta) / (column totals + V beta)`` (the rows of
-    ``components_`` normalized, as ``perplexity`` takes them): the counts
-    travel once per worker (one scattered array). A float64 ``phi_t``
-    made here was twice the bytes to send and to read, and three passes
-    over V x K on the client while the workers waited (at K=1000 the score
-    took 2-4x as long). An in-memory corpus (``matrix``: its counts, held
-    here) of one partition is scored here: the same work without two round
-    trips (a small fit's cost)."""
-    # The topics' normalizers, sum over the words of (count + beta), from
-    # exact integer column sums.
-    scale = 1.0 / (nwk.sum(axis=0, dtype=np.int64) + nwk.shape[0] * beta)
-    if matrix is not None and len(parts.futures) <= 1:
-        X = sp.csr_matrix(matrix, dtype=np.float64)
-        return float(doc_logliks(None, X, alpha, max_iter, tol, phi_t=nwk, offset=beta, scale=scale).sum())
-    [counts] = client.scatter([nwk], hash=False)
-    try:
-        return float(sum(parts.gather(part_doc_loglik, counts, scale, beta, alpha, max_iter, tol)))
-    finally:
-        counts.release()
-
-
-def precomputed_perplexity(components, X: sp.csr_matrix, theta) -> float:
-    """The perplexity of ``X`` (checked, float CSR) with the given
-    doc-topic distributions ``theta`` (rows normalized here): ``exp(-sum_dw
-    x_dw log sum_k theta_dk phi_kw / sum_dw x_dw)``, with scikit-learn's
-    checks of ``theta``'s shape (its ``_perplexity_precomp_distr``)."""
-    X.sum_duplicates()
-    n_samples, n_components = np.shape(theta)
-    if n_samples != X.shape[0]:
-        raise ValueError("Number of samples in X and doc_topic_distr do not match.")
-    if n_components != np.shape(components)[0]:
-        raise ValueError("Number of topics does not match.")
-    n_words = float(X.sum())
-    if n_words <= 0:
-        raise ValueError("LatentDirichletAllocation.perplexity: X has no words")
-    phi_t = _topic_word(components)
-    theta = np.asarray(theta, dtype=np.float64)
-    theta = theta / theta.sum(axis=1, keepdims=True)
-    out = np.empty(X.shape[0])
-    _k.doc_logliks(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.astype(np.float64),
-                   phi_t, 0.0, np.ones(phi_t.shape[1]), np.ascontiguousarray(theta), out)
-    return float(np.exp(-out.sum() / n_words))
 
 
 def document_completion(components, X, doc_topic_prior, *, max_iter=100, tol=0.0, random_state=0):
@@ -234,16 +147,6 @@ def document_completion(components, X, doc_topic_prior, *, max_iter=100, tol=0.0
     theta = _fold_in(phi_t, A, doc_topic_prior, max_iter, tol)
     ll = _k.heldout_loglik(B.indptr.astype(np.int64), B.indices.astype(np.int64), B.data, phi_t, theta)
     return float(ll), int(B.data.sum())
-
-
-def _doc_logliks_block(block, est):
-    """``est._doc_logliks`` of one row block (of a dask array: a task)."""
-    return est._doc_logliks(block)
-
-
-def _transform_block(block, est, normalize=True):
-    """``est.transform`` of one row block of a dask array (a task)."""
-    return est.transform(block, normalize=normalize)
 
 
 def topic_word_components(nwk, beta, dtype):

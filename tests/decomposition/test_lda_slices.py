@@ -176,14 +176,15 @@ def _fit(client, X, S, seed, **kw):
 
 def test_slices_fit_as_well_as_one_slice_over_seeds_and_hold_fewer_rows(lda_client):
     """Held-out log-likelihood (document completion) and the final training
-    log-likelihood of S=4 within the spread of S=1 over three seeds (default
-    consistency, two participants); each participant holds one slice's
-    rows at a time, about 1/S of S=1's, and its session keeps no copy of them."""
+    log-likelihood of S=4 within the spread of S=1 over three seeds (an
+    unseeded fit's default consistency, SSP(2) with refresh; two
+    participants); each participant holds one slice's rows at a time, about
+    1/S of S=1's, and its session keeps no copy of them."""
     X, _ = lda_corpus(n_docs=500)
     train, test = X[:400], X[400:]
     by_S = {}
     for S in (1, 4):
-        fits = [_fit(lda_client, train, S, seed) for seed in range(3)]
+        fits = [_fit(lda_client, train, S, seed, consistency=dask_ps.SSP(2, refresh=True)) for seed in range(3)]
         heldout = [document_completion(f.components_, test, 0.3) for f in fits]
         by_S[S] = dict(fits=fits, heldout=np.array([ll / n for ll, n in heldout]),
                        loglik=np.array([f.loglik_history_[-1][2] for f in fits]))
@@ -237,8 +238,9 @@ def test_heldout_loglik_with_slices_close_to_lda_package(lda_client):
 
 
 def test_verbose_lines_of_a_sliced_fit(lda_client, capsys):
-    """The verbose perplexity, summed slice by slice, falls along the fit to
-    about ``bound_`` (as S=1's, test_lda_dropin.py)."""
+    """The verbose perplexity, summed slice by slice, falls along the fit
+    and stays below ``bound_`` (scikit-learn's, the last line), as S=1's
+    (test_lda_dropin.py)."""
     X, _ = lda_corpus(n_docs=60, doc_len=30, n_words=50, n_topics=3, seed=2)
     est = _fit(lda_client, X, 3, 0, n_components=3, max_iter=9, evaluate_every=3, verbose=True,
                consistency=dask_ps.BSP())
@@ -246,8 +248,7 @@ def test_verbose_lines_of_a_sliced_fit(lda_client, capsys):
     assert [line.split(",")[0] for line in lines] == [f"iteration: {n} of max_iter: 9" for n in range(1, 10)]
     perplexities = [float(line.split("perplexity: ")[1].split()[0]) for line in lines if "perplexity" in line]
     assert len(perplexities) == 3 and perplexities[-1] == pytest.approx(est.bound_, abs=1e-4)
-    assert all(p > 0.9 * est.bound_ for p in perplexities) and perplexities[0] >= perplexities[-1]
-    assert perplexities[1] < 1.3 * est.bound_
+    assert perplexities[0] >= perplexities[1] and perplexities[1] < est.bound_, (perplexities, est.bound_)
 
 
 @pytest.mark.parametrize("params, match", [

@@ -159,7 +159,9 @@ def fitted_lda(client):
 def test_lda_bound_is_the_training_perplexity(fitted_lda):
     X, lda = fitted_lda
     assert np.isclose(lda.bound_, lda.perplexity(X), rtol=1e-12)
-    assert lda.perplexity(X, sub_sampling=True) == lda.perplexity(X, sub_sampling=False)
+    # scikit-learn's sub_sampling: X taken as a sample of total_samples documents (issue 35;
+    # equality with scikit-learn's: tests/decomposition/test_lda_sklearn_meaning.py)
+    assert lda.perplexity(X, sub_sampling=True) != lda.perplexity(X, sub_sampling=False)
 
 
 def test_lda_exp_dirichlet_component(fitted_lda):
@@ -181,7 +183,8 @@ def test_lda_transform_unnormalized(fitted_lda):
 
 def test_lda_perplexity_with_given_distributions(fitted_lda):
     X, lda = fitted_lda
-    assert np.isclose(lda._perplexity_precomp_distr(X, lda.transform(X)), lda.perplexity(X))
+    # scikit-learn's helper takes the unnormalized distributions (its E-step's gamma)
+    assert np.isclose(lda._perplexity_precomp_distr(X, lda.transform(X, normalize=False)), lda.perplexity(X))
     with pytest.raises(ValueError, match="Number of samples"):
         lda._perplexity_precomp_distr(X, np.ones((41, 4)))
     with pytest.raises(ValueError, match="Number of topics"):
@@ -208,18 +211,23 @@ def test_lda_float32_input_gives_float32_topics(client):
     np.testing.assert_allclose(lda32.components_, lda64.components_, rtol=1e-6)
 
 
-def test_lda_partial_fit_adds_documents_to_the_fitted_counts(client):
+@pytest.mark.parametrize("kept_tokens", [0, 200000], ids=["none-kept", "kept"])
+def test_lda_partial_fit_adds_documents_to_the_fitted_counts(client, kept_tokens):
+    import dask
+
     X = _blocks()
-    lda = LatentDirichletAllocation(3, max_iter=30, random_state=0, client=client)
-    lda.partial_fit(X)  # the first call is fit
-    first = lda.components_.copy()
-    words_of = {k: set(np.argsort(first[k])[-3:]) for k in range(3)}
-    # documents of the first topic's words only
-    new = sp.csr_matrix(np.tile(np.isin(np.arange(9), sorted(words_of[0])) * 2, (4, 1)))
-    lda.partial_fit(new)
+    with dask.config.set({"ps.lda.partial-fit-kept-tokens": kept_tokens}):
+        lda = LatentDirichletAllocation(3, max_iter=30, random_state=0, client=client)
+        lda.partial_fit(X)  # the first call is fit
+        first = lda.components_.copy()
+        words_of = {k: set(np.argsort(first[k])[-3:]) for k in range(3)}
+        # documents of the first topic's words only
+        new = sp.csr_matrix(np.tile(np.isin(np.arange(9), sorted(words_of[0])) * 2, (4, 1)))
+        lda.partial_fit(new)
     added = lda.components_ - first
     assert lda.n_tokens_ == X.sum() + new.sum()
-    assert np.all(added >= -1e-9)  # the fitted counts stay: the earlier documents are not resampled
+    if not kept_tokens:  # the fitted counts stay: no earlier document is resampled
+        assert np.all(added >= -1e-9)
     np.testing.assert_allclose(added.sum(), new.sum())
     # sampled against the fitted counts: the new tokens join the topic that holds their words
     assert added[0].sum() >= 0.9 * new.sum()
