@@ -33,7 +33,7 @@ from dask_ps._exceptions import (
 )
 from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, handler, reply_errors
 from dask_ps._host_memory import raise_mmap_threshold
-from dask_ps._liveness import Beacon, Liveness, PauseGuard, WorkerGone
+from dask_ps._liveness import RETIRE_MARGIN, Beacon, Liveness, PauseGuard, WorkerGone
 from dask_ps._shard import ShardStore, _wire_clock
 from dask_ps._spec import TableSpec
 from dask_ps._wire import aligned, unwire_values, wire_values, wired_nbytes
@@ -120,19 +120,23 @@ class PSWorkerPlugin(WorkerPlugin):
 
     async def teardown(self, worker):
         self.pause_guard.stop()
-        beacon = getattr(self, "beacon", None)
-        if beacon is not None:
-            beacon.stop()
         # A graceful close (retire_workers, scale down): hand our blocks to
-        # other workers first. The scheduler ignores this while shutting down.
+        # other workers first. The scheduler ignores this while shutting down;
+        # it bounds the wait itself (ps.timeouts.failover) and marks this
+        # worker gone before it answers, so nothing waits on our copies once
+        # they are dropped below (issue 34). The beacon beats meanwhile: a
+        # retiring worker that stops beating is gone too.
         if self.store.tables:
             try:
                 await asyncio.wait_for(
                     self.scheduler.ps_evacuate(address=worker.address),
-                    _config.get_seconds("timeouts.failover"),
+                    _config.get_seconds("timeouts.failover") + RETIRE_MARGIN,
                 )
             except Exception as e:  # the scheduler may be gone already
                 logger.info("dask_ps: could not evacuate %s: %r", worker.address, e)
+        beacon = getattr(self, "beacon", None)
+        if beacon is not None:
+            beacon.stop()
         # Handlers stay (a missing handler would answer None): with the store
         # empty they answer UnknownTableError, and callers re-route.
         self.store.tables.clear()
