@@ -384,7 +384,7 @@ class HungWorkers:
                     and now - self.beats[w] > self.limit(w)):
                 logger.warning("dask_ps: retiring worker %s not heard for %.1f s: it is gone",
                                w, now - self.beats[w])
-                plugin.retiree_left(w, f"{w} stopped while it retired")
+                plugin.retire.left(w, f"{w} stopped while it retired")
 
     def _sole_copies(self, worker: str, silent: set[str]) -> str | None:
         """Why fencing ``worker`` out would lose data (a block whose only

@@ -35,25 +35,16 @@ from dask_ps._exceptions import (
     UnknownTableError,
 )
 from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, handler
-from dask_ps._liveness import RETIRE_MARGIN, HungWorkers, Liveness, WorkerCalls
+from dask_ps._liveness import HungWorkers, Liveness, WorkerCalls
 from dask_ps._placement import place_blocks
 from dask_ps._rebalance import PlacementChanger
+from dask_ps._retire import Retirements
 from dask_ps._spec import TableSpec
 from dask_ps._worker_plugin import PLUGIN_NAME, PSWorkerPlugin
 
 logger = logging.getLogger(__name__)
 
 ROLLBACK_HISTORY = 32  # rollback records kept per table (ps.rollbacks)
-# Stimulus prefixes of Dask's remove_worker when the worker died (its stream
-# broke, a send failed, no heartbeat): no teardown will come (DASK_NOTES §4).
-_DIED = ("handle-worker-cleanup", "worker-send-comm-fail", "check-worker-ttl")
-
-
-def _retire_bound() -> float:
-    """Longest the scheduler keeps a retiring worker's copies as sources
-    (``ps.timeouts.failover``); its teardown waits ``RETIRE_MARGIN`` longer."""
-    return _config.get_seconds("timeouts.failover")
-
 SAVES_KEPT = 64  # saves driven here whose manifest the client may still note (ps_note_checkpoint)
 
 
@@ -187,9 +178,8 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self._table_locks: dict[str, asyncio.Lock] = {}
         self._servers_changed = None
         self._background: set[asyncio.Task] = set()
-        self._retiring: set[str] = set()
-        self._evacuations: dict[str, asyncio.Task] = {}
-        self._departed: set[str] = set()  # retirees marked gone before Dask removed them
+        self.retire = Retirements(self)  # retiring workers: evacuation, then gone
+        self._retiring = self.retire.retiring
         self.liveness = Liveness()
         self.internal_token = None  # the workers' (set in start); internal handlers require it
         self.calls = WorkerCalls(self.worker_rpc, self.liveness, self._retiring, self.members)
@@ -271,44 +261,14 @@ class PSSchedulerPlugin(SchedulerPlugin):
     def remove_worker(self, scheduler, worker, *, stimulus_id=None, **kwargs):
         """A worker left (killed, retired, or the cluster is closing): take it
         out of every placement and repair in the background (promote a
-        replica, add a new one, or restore from a checkpoint)."""
-        if worker in self._departed:  # a retiree already marked gone (its teardown ended)
-            self._departed.discard(worker)
-            self.hung.forget(worker)
-            return
-        evacuation = self._evacuations.get(worker)
-        if (evacuation is not None and not evacuation.done() and scheduler.status.name == "running"
-                and not str(stimulus_id).startswith(_DIED)):
-            # retire_workers removes a worker as soon as it asked it to close;
-            # the worker still serves while it hands its blocks over (its
-            # teardown waits, ``evacuate``). Let that finish, then repair
-            # whatever is left; but never wait past the teardown's own
-            # bound: once the worker drops its copies, a change that still
-            # counts on them would wait for it forever (issue 34).
-            self._in_background(self._after_evacuation(worker, evacuation, stimulus_id))
-            return
-        self._worker_gone(worker, stimulus_id)
-
-    async def _after_evacuation(self, worker, evacuation, stimulus_id):
-        await asyncio.wait([evacuation], timeout=_retire_bound() + RETIRE_MARGIN)
-        self.retiree_left(worker, f"retired ({stimulus_id})")
-
-    def retiree_left(self, worker: str, why: str) -> None:
-        """A retiring worker stops serving (its teardown ended, or its bound
-        passed): from now on it is gone like a dead worker, so that calls to
-        it are cancelled and a placement change in progress stops counting
-        on its copies (a block with no other copy is then reported lost,
-        never waited for). Once per worker."""
-        if worker in self.liveness.dead and worker not in self._retiring:
-            return
-        if worker in self.scheduler.workers:  # Dask has not removed it yet: its remove_worker is a no-op
-            self._departed.add(worker)
-        self._worker_gone(worker, why)
+        replica, add a new one, or restore from a checkpoint). A retiring
+        one may still serve its evacuation (``_retire.Retirements``)."""
+        if not self.retire.removed(worker, stimulus_id):
+            self._worker_gone(worker, stimulus_id)
 
     def _worker_gone(self, worker, stimulus_id):
-        self._retiring.discard(worker)
+        self.retire.forget(worker)
         self.hung.forget(worker)
-        self._evacuations.pop(worker, None)
         self.liveness.mark_dead(worker)
         self.members.discard(worker)
         if self.scheduler.status.name != "running":
@@ -331,6 +291,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         task.add_done_callback(self._background.discard)
 
     _in_background = in_background
+    worker_gone = _worker_gone  # (Retirements)
 
     @property
     def retiring(self) -> set[str]:
@@ -359,38 +320,14 @@ class PSSchedulerPlugin(SchedulerPlugin):
     async def evacuate(self, address: str) -> None:
         """Handler (worker plugin teardown, e.g. ``retire_workers``): wait until
         the worker's blocks have moved away (it still serves them meanwhile),
-        at most ``ps.timeouts.failover``. The worker drops its copies as
-        soon as this returns, so it is marked gone first (``retiree_left``):
-        a placement change still waiting on it then fails over or reports
-        the blocks it alone held lost (issue 34: a change waited for ever on
-        a retiree whose teardown had given up, and 48 acknowledged pushes
-        were gone with no DataLostError)."""
-        task = self._evacuations.get(address)
-        if task is None:
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(task), _retire_bound())
-        except asyncio.TimeoutError:
-            logger.error("dask_ps: the evacuation of %s did not finish in %.0f s; it leaves now, and blocks "
-                         "with no other copy are reported lost", address, _retire_bound())
-        except Exception as e:  # noqa: BLE001 - the evacuation's own error: logged there
-            logger.warning("dask_ps: the evacuation of %s failed: %r", address, e)
-        finally:
-            if address in self._retiring:
-                self.retiree_left(address, f"{address} retired")
+        at most ``ps.timeouts.failover``; it is marked gone before this
+        returns (``_retire.Retirements.wait_evacuated``)."""
+        await self.retire.wait_evacuated(address)
 
     def log_event(self, topic, msg):
-        # retire_workers marks a worker closing_gracefully before closing it:
-        # start moving its blocks away while it still serves them.
+        # retire_workers marks a worker closing_gracefully before closing it.
         if isinstance(msg, dict) and msg.get("action") == "worker-status-change" and topic in self.members:
-            if msg.get("status") == "closing_gracefully" and topic not in self._evacuations:
-                self._retiring.add(topic)
-                task = asyncio.ensure_future(self.placement.evacuate(topic))
-                self._evacuations[topic] = task
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-            elif msg.get("status") == "running":
-                self._retiring.discard(topic)
+            self.retire.status_changed(topic, msg.get("status"))
 
     @handler(READ_ONLY)
     async def placement_settled(self) -> None:
