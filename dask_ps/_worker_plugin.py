@@ -19,6 +19,7 @@ import weakref
 
 import numpy as np
 from distributed import WorkerPlugin
+from distributed.comm import CommClosedError
 from distributed.core import Status
 from distributed.protocol.serialize import to_serialize
 
@@ -334,8 +335,9 @@ class PSWorkerPlugin(WorkerPlugin):
             found = [bounds.get(id(v)) for _, _, v in its] if bounds else [None]
             return None if None in found else max(found)
 
+        numbered = sender is not None and msg_seq is not None
         calls = [
-            self.liveness.call(r, lambda r=r, its=its: asyncio.wait_for(self.worker.rpc(r).ps_push(**aligned(dict(
+            self._call_replica(r, numbered, lambda r=r, its=its: asyncio.wait_for(self.worker.rpc(r).ps_push(**aligned(dict(
                 table=t.spec.name, version=t.version, blocks=[b for b, _, _ in its],
                 rows=[_wire_local_rows(x) for _, x, _ in its],
                 values=[wire_values(v, False) for _, _, v in its],  # as they came (nonzeros stay so)
@@ -359,6 +361,21 @@ class PSWorkerPlugin(WorkerPlugin):
             # numbers) to the current primary.
             raise StaleVersionError(f"table {t.spec.name!r}: this worker is no longer the primary; retry") \
                 from refused[0]
+
+    async def _call_replica(self, replica: str, numbered: bool, make_call, attempts: int = 3):
+        """A forward to ``replica``, sent again on a new connection when the
+        connection closed under it and the push is numbered (the replica
+        applies it once). Dask closes every pooled connection to a worker it
+        removes ("Address removed."), also to one that still serves while it
+        retires: counted as a missed push, that fenced the retiring copy,
+        and a kill of the primary then lost the block (issue 34)."""
+        for attempt in range(attempts):
+            try:
+                return await self.liveness.call(replica, make_call)
+            except CommClosedError:
+                if not numbered or attempt == attempts - 1 or replica in self.liveness.dead:
+                    raise
+                await asyncio.sleep(0.05 * 2**attempt)
 
     async def _report_missed(self, t, missed: dict[str, list[int]]) -> None:
         """Have the scheduler fence and re-copy replicas that missed a push.

@@ -103,3 +103,35 @@ def test_a_teardown_before_dask_removed_the_worker_makes_its_removal_a_no_op():
         await asyncio.gather(*p.tasks)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("numbered", [True, False])
+def test_a_forward_whose_connection_dask_closed_is_sent_again_if_numbered(numbered):
+    """Dask closes every pooled connection to a worker it removes, also to a
+    retiring one that still serves ("Address removed."): a numbered forward
+    is sent again on a new connection (the replica applies it once), so the
+    retiring copy is not fenced for nothing (issue 34: a kill of the primary
+    then lost the block). An unnumbered one could be applied twice: it
+    fails as before."""
+    from distributed.comm import CommClosedError
+
+    from dask_ps._worker_plugin import PSWorkerPlugin
+
+    plugin = PSWorkerPlugin()
+    sent = []
+
+    async def forward():
+        sent.append(1)
+        if len(sent) == 1:
+            raise CommClosedError("Address removed.")
+        return "applied"
+
+    async def main():
+        return await plugin._call_replica(R, numbered, forward)
+
+    if numbered:
+        assert asyncio.run(main()) == "applied" and len(sent) == 2
+    else:
+        with pytest.raises(CommClosedError):
+            asyncio.run(main())
+        assert len(sent) == 1
