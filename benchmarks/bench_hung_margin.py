@@ -13,7 +13,13 @@ the limit. Reports per level: the 1-minute load average at the end
 silence of any worker, its ratio to the limit, and workers fenced out
 (must be 0: none is stopped).
 
-    python benchmarks/bench_hung_margin.py [--burners 0,4,8,16] [--seconds 30] [--workers 3]
+``--fit``: instead of the pushing client, a cold first fit
+(``SGDClassifier(replication=2)`` on 20,000 x 30 samples, each worker
+process with an empty numba cache, so every kernel compiles in every
+worker) during the level; the silences of a fit's compile and kernels on
+top of the load.
+
+    python benchmarks/bench_hung_margin.py [--burners 0,4,8,16] [--seconds 30] [--workers 3] [--fit]
 """
 
 from __future__ import annotations
@@ -61,9 +67,22 @@ def _record_silences(plugin):
     return worst
 
 
-def one_level(n_burners, seconds, n_workers):
+def cold_fit(client):
+    from sklearn.datasets import make_classification
+
+    from dask_ps.linear_model import SGDClassifier
+
+    X, y = make_classification(20_000, 30, n_informative=10, random_state=0)
+    return SGDClassifier(client=client, replication=2, max_iter=5, tol=None, random_state=0).fit(X, y).score(X, y)
+
+
+def one_level(n_burners, seconds, n_workers, fit=False):
+    import tempfile
+
     ctx = mp.get_context("spawn")
-    with LocalCluster(n_workers=n_workers, threads_per_worker=1, dashboard_address=None) as c, Client(c) as client:
+    cache = tempfile.mkdtemp(prefix="numba-cold-")
+    with LocalCluster(n_workers=n_workers, threads_per_worker=1, dashboard_address=None,
+                      env={"NUMBA_CACHE_DIR": cache}) as c, Client(c) as client:
         ps = dask_ps.ParameterServer(client)
         ps.create_table("w", shape=(N_ROWS,), block_rows=BLOCK_ROWS, replication=2)
         plugin = next(p for p in c.scheduler.plugins.values() if isinstance(p, PSSchedulerPlugin))
@@ -81,16 +100,22 @@ def one_level(n_burners, seconds, n_workers):
                 time.sleep(0.02)
 
         th = threading.Thread(target=push, daemon=True)
-        th.start()
-        time.sleep(seconds)
-        stop.set()
-        th.join(60)
+        t0 = time.monotonic()
+        if fit:
+            score = cold_fit(client)
+        else:
+            th.start()
+            time.sleep(seconds)
+            stop.set()
+            th.join(60)
+            score = None
         for b in burners:
             b.join(10)
         fenced = [m for _, m in client.get_events("ps-worker-left")]
         limit = _config.get_seconds("timeouts.hung")
         longest = max(worst.values()) if worst else float("nan")
         return {"burners": n_burners, "load1": round(os.getloadavg()[0], 1), "pushes": pushes[0],
+                "fit_score": score, "seconds": round(time.monotonic() - t0, 1),
                 "longest_silence_s": round(longest, 2), "of_limit": round(longest / limit, 2),
                 "per_worker_s": sorted(round(v, 2) for v in worst.values()), "fenced": len(fenced)}
 
@@ -100,11 +125,12 @@ def main():
     ap.add_argument("--burners", default="0,4,8,16")
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--fit", action="store_true", help="a cold first fit instead of a pushing client")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     rows = []
     for n in (int(x) for x in args.burners.split(",")):
-        rows.append(one_level(n, args.seconds, args.workers))
+        rows.append(one_level(n, args.seconds, args.workers, fit=args.fit))
         print(json.dumps(rows[-1]), flush=True)
     print(f"cpus {os.cpu_count()}, limit {_config.get_seconds('timeouts.hung')} s")
 

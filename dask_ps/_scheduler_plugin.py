@@ -36,6 +36,7 @@ from dask_ps._exceptions import (
 )
 from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, handler
 from dask_ps._liveness import HungWorkers, Liveness, WorkerCalls
+from dask_ps._memory_check import bytes_per_value, check_headroom, check_total
 from dask_ps._placement import place_blocks
 from dask_ps._rebalance import PlacementChanger
 from dask_ps._retire import Retirements
@@ -46,12 +47,6 @@ logger = logging.getLogger(__name__)
 
 ROLLBACK_HISTORY = 32  # rollback records kept per table (ps.rollbacks)
 SAVES_KEPT = 64  # saves driven here whose manifest the client may still note (ps_note_checkpoint)
-
-
-def _bytes_per_value(spec) -> int:
-    """Copies of the table's values a block holds: the values plus the
-    optimizer state of its rule (momentum/adagrad: 1, adam: 2)."""
-    return 1 + {"momentum": 1, "adagrad": 1, "adam": 2}.get(spec.rule.name, 0)
 
 
 @dataclass
@@ -587,6 +582,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
                     by_worker.setdefault(w, []).append(b)
             if new.device == "cuda":
                 await self._check_gpu_memory(new, by_worker)
+            check_headroom(new, by_worker, self.scheduler.workers)  # each worker, against Dask's thresholds
             # Until the table is registered, its blocks are only here: a
             # worker holding a sole copy must not be fenced out as hung
             # meanwhile (HungWorkers reads ``creating``).
@@ -614,22 +610,10 @@ class PSSchedulerPlugin(SchedulerPlugin):
             return state.handle_msg()
 
     def _check_memory(self, spec: TableSpec) -> None:
-        """Refuse a table that cannot fit: its bytes (times replication, plus
-        optimizer state) above ``ps.max-memory-fraction`` of the memory limit
-        of the workers that would host it."""
-        limits = [self.scheduler.workers[w].memory_limit for w in self.members if w in self.scheduler.workers]
-        if not limits or not all(limits):
-            return  # unlimited workers: nothing to check against
-        need = spec.nbytes * spec.replication * _bytes_per_value(spec)
-        budget = float(_config.get("max-memory-fraction")) * sum(limits)
-        if spec.device == "cpu" and need > budget:
-            raise PSValueError(
-                f"table {spec.name!r} needs {format_bytes(need)} ({spec.describe()}) but the "
-                f"{len(limits)} workers' memory limits allow {format_bytes(budget)} for tables "
-                f"(ps.max-memory-fraction of {format_bytes(sum(limits))}). Use a smaller table, "
-                "a smaller dtype, or more workers.",
-                spec.name,
-            )
+        """Refuse a table that cannot fit the members' summed memory
+        limits (``_memory_check.check_total``)."""
+        check_total(spec, [self.scheduler.workers[w].memory_limit for w in self.members
+                           if w in self.scheduler.workers])
 
     async def _gpus(self, workers) -> dict:
         """Each worker's GPU (``_backend.gpu_info``), None where it has none."""
@@ -656,7 +640,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
                 "missing or no CUDA device). Use dask-cuda workers, device='cpu', or device='auto'.",
                 spec.name,
             )
-        block_bytes = spec.nbytes / max(1, spec.n_blocks) * _bytes_per_value(spec)
+        block_bytes = spec.nbytes / max(1, spec.n_blocks) * bytes_per_value(spec)
         need: dict[tuple, float] = {}
         free: dict[tuple, int] = {}
         for w, blocks in by_worker.items():
