@@ -336,8 +336,9 @@ class PSWorkerPlugin(WorkerPlugin):
             return None if None in found else max(found)
 
         numbered = sender is not None and msg_seq is not None
+        call = self._call_replica
         calls = [
-            self._call_replica(r, numbered, lambda r=r, its=its: asyncio.wait_for(self.worker.rpc(r).ps_push(**aligned(dict(
+            call(r, numbered, lambda r=r, its=its: asyncio.wait_for(self.worker.rpc(r).ps_push(**aligned(dict(
                 table=t.spec.name, version=t.version, blocks=[b for b, _, _ in its],
                 rows=[_wire_local_rows(x) for _, x, _ in its],
                 values=[wire_values(v, False) for _, _, v in its],  # as they came (nonzeros stay so)
