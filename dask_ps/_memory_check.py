@@ -10,13 +10,13 @@ Two checks, both before anything is created, both refusing with a
   on top of the memory its process holds now (Dask's last heartbeat),
   against the first of Dask's memory thresholds that is on
   (``distributed.worker.memory.spill``, else ``pause``, else
-  ``terminate``) less ``ps.worker-memory-headroom`` of its limit. Blocks
-  are memory Dask does not manage (blocks of under 1% of a worker's limit
-  are not refused there): it cannot spill them, so past its
-  spill threshold it spills the worker's other data instead (238 MiB in
-  issue 34's run) and past its pause threshold it pauses the worker (5
-  times), and the fit still needs room for its working memory
-  (compiled kernels, a round's rows: about 130 MiB a worker, measured in
+  ``terminate``) less ``ps.worker-memory-headroom`` of its limit (blocks
+  of under 1% of a worker's limit are not refused there). Blocks are
+  memory Dask does not manage and cannot spill: past its spill threshold
+  it spills the worker's other data instead (238 MiB in issue 34's run),
+  past its pause threshold it pauses the worker (5 times there), and the
+  fit still needs room for its working memory (compiled kernels, a
+  round's rows: the process grows from about 210 to about 340 MiB,
   docs/architecture.rst, "Memory: what holds a table, where").
 """
 
