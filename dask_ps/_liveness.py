@@ -27,6 +27,10 @@ from distributed.comm import CommClosedError
 logger = logging.getLogger(__name__)
 
 BEACON_PERIOD = 0.5  # seconds between two beats of a worker's Beacon
+# Seconds a retiring worker's teardown waits for its evacuation past the
+# scheduler's own bound (ps.timeouts.failover), so that the scheduler marks
+# it gone before it drops its copies (issue 34).
+RETIRE_MARGIN = 10.0
 
 
 class WorkerGone(OSError):
@@ -48,20 +52,25 @@ class Liveness:
             self._cancelled.add(task)
             task.cancel()
 
-    async def call(self, addr: str, make_call):
+    async def call(self, addr: str, make_call, involves=()):
         """Await ``make_call()`` (a call to ``addr``) unless ``addr`` is or
         becomes dead. A factory, so that nothing is created for a dead address.
+        ``involves``: other workers the call waits on (a copy's target),
+        whose death fails it too: the worker called may not hear of it.
 
         The call runs in the caller's task, which :meth:`mark_dead` cancels
         if ``addr`` dies meanwhile; that cancellation is taken back here and
         raised as :class:`WorkerGone` (a task of its own per call cost a
         task and two turns of the event loop on every push and pull;
         docs/benchmarks.md, KV)."""
-        if addr in self.dead:
-            raise WorkerGone(f"worker {addr} has left the cluster")
+        addrs = (addr, *involves)
+        for a in addrs:
+            if a in self.dead:
+                raise WorkerGone(f"worker {a} has left the cluster")
         task = asyncio.current_task()
-        tasks = self._inflight[addr]
-        tasks.add(task)
+        held = [(a, self._inflight[a]) for a in addrs]
+        for _, tasks in held:
+            tasks.add(task)
         try:
             return await make_call()
         except asyncio.CancelledError:
@@ -70,12 +79,14 @@ class Liveness:
             if task in self._cancelled:
                 self._cancelled.discard(task)
                 if task.uncancel() == 0:
-                    raise WorkerGone(f"worker {addr} left the cluster during the call") from None
+                    gone = next((a for a in addrs if a in self.dead), addr)
+                    raise WorkerGone(f"worker {gone} left the cluster during the call") from None
             raise
         finally:
-            tasks.discard(task)
-            if not tasks and self._inflight.get(addr) is tasks:
-                del self._inflight[addr]
+            for a, tasks in held:
+                tasks.discard(task)
+                if not tasks and self._inflight.get(a) is tasks:
+                    del self._inflight[a]
             if task in self._cancelled:  # the call swallowed the cancellation
                 self._cancelled.discard(task)
                 task.uncancel()
@@ -97,28 +108,35 @@ class WorkerCalls:
     def __repr__(self):
         return f"<WorkerCalls members={len(self.members)} retiring={sorted(self.retiring)}>"
 
-    def call_once(self, worker: str, op: str, **msg):
-        """An RPC to a worker that fails fast if the worker is removed meanwhile."""
-        return self.liveness.call(worker, lambda: getattr(self.rpc(worker), op)(**msg))
+    def call_once(self, worker: str, op: str, involves=(), **msg):
+        """An RPC to a worker that fails fast if the worker (or one it
+        ``involves``) is removed meanwhile."""
+        return self.liveness.call(worker, lambda: getattr(self.rpc(worker), op)(**msg), involves)
 
     async def call(self, worker: str, op: str, attempts: int = 4, **msg):
         """An RPC to a worker (:meth:`call_once`), retried on a closed
         connection while ``worker`` is retiring: Dask's scheduler drops its
         connections to a worker when it removes it, while the worker still
         serves its blocks (its teardown waits for the evacuation), so a new
-        connection gets through."""
+        connection gets through. Never past the retiree's departure
+        (``Liveness.mark_dead`` at the end of its teardown: issue 34)."""
         for attempt in range(attempts):
             try:
                 return await self.call_once(worker, op, **msg)
+            except WorkerGone:
+                raise
             except (CommClosedError, OSError):
                 if worker not in self.retiring or worker in self.liveness.dead or attempt == attempts - 1:
                     raise
                 await asyncio.sleep(0.05 * 2**attempt)
 
     async def broadcast(self, op: str, **msg) -> None:
-        """``op`` on every member; failures are logged (debug), not raised."""
+        """``op`` on every member and every retiring worker (it still serves,
+        and copies its blocks away: it must hear that a worker left, or its
+        copy to that worker waits on a dead address; issue 34); failures are
+        logged (debug), not raised."""
         results = await asyncio.gather(
-            *(self.call(w, op, **msg) for w in sorted(self.members)),
+            *(self.call(w, op, **msg) for w in sorted(self.members | self.retiring)),
             return_exceptions=True,
         )
         for r in results:
@@ -334,6 +352,7 @@ class HungWorkers:
             self._quiet_until = now + 1.0
         if now < self._quiet_until:
             return
+        self._check_retirees(now)
         workers = plugin.scheduler.workers
         silent = {w for w in plugin.members
                   if w in workers and w not in plugin.retiring and now - self.last_heard(w) > self.limit(w)}
@@ -353,6 +372,19 @@ class HungWorkers:
                 continue
             self._fence_out(w, f"{w} hung (not heard for {now - self.last_heard(w):.1f} s: no beacon, "
                                "no heartbeat)")
+
+    def _check_retirees(self, now: float) -> None:
+        """A retiring worker that Dask already removed (its teardown waits
+        for the evacuation) and whose beacon is silent for the limit was
+        killed or stopped while it retired: it is gone, so that no
+        placement change waits on its copies (issue 34)."""
+        plugin = self.plugin
+        for w in sorted(plugin.retiring):
+            if (w not in plugin.scheduler.workers and w in self.beats
+                    and now - self.beats[w] > self.limit(w)):
+                logger.warning("dask_ps: retiring worker %s not heard for %.1f s: it is gone",
+                               w, now - self.beats[w])
+                plugin.retire.left(w, f"{w} stopped while it retired")
 
     def _sole_copies(self, worker: str, silent: set[str]) -> str | None:
         """Why fencing ``worker`` out would lose data (a block whose only

@@ -323,7 +323,7 @@ class PlacementChanger:
                 for w in wanted[b]:
                     by_pair.setdefault((candidates[b][0], w), []).append(b)
             results = await asyncio.gather(
-                *(self.calls.call(src, "ps_copy_blocks", **msg, moves=[(b, dst) for b in bs])
+                *(self.calls.call(src, "ps_copy_blocks", **msg, moves=[(b, dst) for b in bs], involves=(dst,))
                   for (src, dst), bs in by_pair.items()),
                 return_exceptions=True,
             )

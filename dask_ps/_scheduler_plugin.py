@@ -28,8 +28,10 @@ from dask_ps._exceptions import (DataLostError, PSError, PSValueError, Scheduler
                                  UnknownTableError)
 from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, check_owner, handler
 from dask_ps._liveness import HungWorkers, Liveness, WorkerCalls
+from dask_ps._memory_check import bytes_per_value, check_headroom, check_total
 from dask_ps._placement import place_blocks
 from dask_ps._rebalance import PlacementChanger
+from dask_ps._retire import Retirements
 from dask_ps._runs import Runs
 from dask_ps._spec import TableSpec
 from dask_ps._worker_plugin import PLUGIN_NAME, PSWorkerPlugin
@@ -38,12 +40,6 @@ logger = logging.getLogger(__name__)
 
 ROLLBACK_HISTORY = 32  # rollback records kept per table (ps.rollbacks)
 SAVES_KEPT = 64  # saves driven here whose manifest the client may still note (ps_note_checkpoint)
-
-
-def _bytes_per_value(spec) -> int:
-    """Copies of the table's values a block holds: the values plus the
-    optimizer state of its rule (momentum/adagrad: 1, adam: 2)."""
-    return 1 + {"momentum": 1, "adagrad": 1, "adam": 2}.get(spec.rule.name, 0)
 
 
 @dataclass
@@ -124,8 +120,8 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self._table_locks: dict[str, asyncio.Lock] = {}
         self._servers_changed = None
         self._background: set[asyncio.Task] = set()
-        self._retiring: set[str] = set()
-        self._evacuations: dict[str, asyncio.Task] = {}
+        self.retire = Retirements(self)  # retiring workers: evacuation, then gone
+        self._retiring = self.retire.retiring
         self.liveness = Liveness()
         self.internal_token = None  # the workers' (set in start); internal handlers require it
         self.calls = WorkerCalls(self.worker_rpc, self.liveness, self._retiring, self.members)
@@ -209,24 +205,14 @@ class PSSchedulerPlugin(SchedulerPlugin):
     def remove_worker(self, scheduler, worker, *, stimulus_id=None, **kwargs):
         """A worker left (killed, retired, or the cluster is closing): take it
         out of every placement and repair in the background (promote a
-        replica, add a new one, or restore from a checkpoint)."""
-        evacuation = self._evacuations.get(worker)
-        if evacuation is not None and not evacuation.done() and scheduler.status.name == "running":
-            # retire_workers removes a worker as soon as it asked it to close;
-            # the worker still serves while it hands its blocks over. Let that
-            # finish, then repair whatever is left.
-            self._in_background(self._after_evacuation(worker, evacuation, stimulus_id))
-            return
-        self._worker_gone(worker, stimulus_id)
-
-    async def _after_evacuation(self, worker, evacuation, stimulus_id):
-        await asyncio.gather(evacuation, return_exceptions=True)
-        self._worker_gone(worker, stimulus_id)
+        replica, add a new one, or restore from a checkpoint). A retiring
+        one may still serve its evacuation (``_retire.Retirements``)."""
+        if not self.retire.removed(worker, stimulus_id):
+            self._worker_gone(worker, stimulus_id)
 
     def _worker_gone(self, worker, stimulus_id):
-        self._retiring.discard(worker)
+        self.retire.forget(worker)
         self.hung.forget(worker)
-        self._evacuations.pop(worker, None)
         self.liveness.mark_dead(worker)
         self.members.discard(worker)
         if self.scheduler.status.name != "running":
@@ -250,6 +236,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         task.add_done_callback(self._background.discard)
 
     _in_background = in_background
+    worker_gone = _worker_gone  # (Retirements)
 
     @property
     def retiring(self) -> set[str]:
@@ -279,23 +266,15 @@ class PSSchedulerPlugin(SchedulerPlugin):
     @handler(INTERNAL)
     async def evacuate(self, address: str) -> None:
         """Handler (worker plugin teardown, e.g. ``retire_workers``): wait until
-        the worker's blocks have moved away (it still serves them meanwhile)."""
-        task = self._evacuations.get(address)
-        if task is not None:
-            await asyncio.shield(task)
+        the worker's blocks have moved away (it still serves them meanwhile),
+        at most ``ps.timeouts.failover``; it is marked gone before this
+        returns (``_retire.Retirements.wait_evacuated``)."""
+        await self.retire.wait_evacuated(address)
 
     def log_event(self, topic, msg):
-        # retire_workers marks a worker closing_gracefully before closing it:
-        # start moving its blocks away while it still serves them.
+        # retire_workers marks a worker closing_gracefully before closing it.
         if isinstance(msg, dict) and msg.get("action") == "worker-status-change" and topic in self.members:
-            if msg.get("status") == "closing_gracefully" and topic not in self._evacuations:
-                self._retiring.add(topic)
-                task = asyncio.ensure_future(self.placement.evacuate(topic))
-                self._evacuations[topic] = task
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-            elif msg.get("status") == "running":
-                self._retiring.discard(topic)
+            self.retire.status_changed(topic, msg.get("status"))
 
     @handler(READ_ONLY)
     async def placement_settled(self) -> None:
@@ -476,7 +455,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
     def alive(self, address: str) -> None:
         """Handler (a worker's ``_liveness.Beacon``, one-way, from its own
         thread): that worker's process runs, whatever its event loop does."""
-        if isinstance(address, str) and address in self.scheduler.workers:
+        if isinstance(address, str) and (address in self.scheduler.workers or address in self._retiring):
             self.hung.alive(address)
 
     @handler(INTERNAL)
@@ -559,6 +538,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
                     by_worker.setdefault(w, []).append(b)
             if new.device == "cuda":
                 await self._check_gpu_memory(new, by_worker)
+            check_headroom(new, by_worker, self.scheduler.workers)  # each worker, against Dask's thresholds
             # Until the table is registered, its blocks are only here: a
             # worker holding a sole copy must not be fenced out as hung
             # meanwhile (HungWorkers reads ``creating``).
@@ -586,22 +566,10 @@ class PSSchedulerPlugin(SchedulerPlugin):
             return state.handle_msg()
 
     def _check_memory(self, spec: TableSpec) -> None:
-        """Refuse a table that cannot fit: its bytes (times replication, plus
-        optimizer state) above ``ps.max-memory-fraction`` of the memory limit
-        of the workers that would host it."""
-        limits = [self.scheduler.workers[w].memory_limit for w in self.members if w in self.scheduler.workers]
-        if not limits or not all(limits):
-            return  # unlimited workers: nothing to check against
-        need = spec.nbytes * spec.replication * _bytes_per_value(spec)
-        budget = float(_config.get("max-memory-fraction")) * sum(limits)
-        if spec.device == "cpu" and need > budget:
-            raise PSValueError(
-                f"table {spec.name!r} needs {format_bytes(need)} ({spec.describe()}) but the "
-                f"{len(limits)} workers' memory limits allow {format_bytes(budget)} for tables "
-                f"(ps.max-memory-fraction of {format_bytes(sum(limits))}). Use a smaller table, "
-                "a smaller dtype, or more workers.",
-                spec.name,
-            )
+        """Refuse a table that cannot fit the members' summed memory
+        limits (``_memory_check.check_total``)."""
+        check_total(spec, [self.scheduler.workers[w].memory_limit for w in self.members
+                           if w in self.scheduler.workers])
 
     async def _gpus(self, workers) -> dict:
         """Each worker's GPU (``_backend.gpu_info``), None where it has none."""
@@ -628,7 +596,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
                 "missing or no CUDA device). Use dask-cuda workers, device='cpu', or device='auto'.",
                 spec.name,
             )
-        block_bytes = spec.nbytes / max(1, spec.n_blocks) * _bytes_per_value(spec)
+        block_bytes = spec.nbytes / max(1, spec.n_blocks) * bytes_per_value(spec)
         need: dict[tuple, float] = {}
         free: dict[tuple, int] = {}
         for w, blocks in by_worker.items():

@@ -19,6 +19,7 @@ import weakref
 
 import numpy as np
 from distributed import WorkerPlugin
+from distributed.comm import CommClosedError
 from distributed.core import Status
 
 from dask_ps import _backend, _config
@@ -32,7 +33,7 @@ from dask_ps._exceptions import (
 )
 from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, handler, reply_errors
 from dask_ps._host_memory import freeze_before_exit, pool_in_process_memory_limits, raise_mmap_threshold
-from dask_ps._liveness import Beacon, Liveness, PauseGuard, WorkerGone
+from dask_ps._liveness import RETIRE_MARGIN, Beacon, Liveness, PauseGuard, WorkerGone
 from dask_ps._runclocks import RunClocks, push_fresh_rows
 from dask_ps._shard import ShardStore, _wire_clock
 from dask_ps._spec import TableSpec
@@ -126,19 +127,23 @@ class PSWorkerPlugin(WorkerPlugin):
 
     async def teardown(self, worker):
         self.pause_guard.stop()
-        beacon = getattr(self, "beacon", None)
-        if beacon is not None:
-            beacon.stop()
         # A graceful close (retire_workers, scale down): hand our blocks to
-        # other workers first. The scheduler ignores this while shutting down.
+        # other workers first. The scheduler ignores this while shutting down;
+        # it bounds the wait itself (ps.timeouts.failover) and marks this
+        # worker gone before it answers, so nothing waits on our copies once
+        # they are dropped below (issue 34). The beacon beats meanwhile: a
+        # retiring worker that stops beating is gone too.
         if self.store.tables:
             try:
                 await asyncio.wait_for(
                     self.scheduler.ps_evacuate(address=worker.address),
-                    _config.get_seconds("timeouts.failover"),
+                    _config.get_seconds("timeouts.failover") + RETIRE_MARGIN,
                 )
             except Exception as e:  # the scheduler may be gone already
                 logger.info("dask_ps: could not evacuate %s: %r", worker.address, e)
+        beacon = getattr(self, "beacon", None)
+        if beacon is not None:
+            beacon.stop()
         # Handlers stay (a missing handler would answer None): with the store
         # empty they answer UnknownTableError, and callers re-route.
         self.store.tables.clear()
@@ -359,8 +364,10 @@ class PSWorkerPlugin(WorkerPlugin):
             found = [bounds.get(id(v)) for _, _, v in its] if bounds else [None]
             return None if None in found else max(found)
 
+        numbered = sender is not None and msg_seq is not None
+        call = self._call_replica
         calls = [
-            self.liveness.call(r, lambda r=r, its=its: asyncio.wait_for(self.worker.rpc(r).ps_push(**aligned(dict(
+            call(r, numbered, lambda r=r, its=its: asyncio.wait_for(self.worker.rpc(r).ps_push(**aligned(dict(
                 table=t.spec.name, version=t.version, blocks=[b for b, _, _ in its],
                 rows=[_wire.wire_local_rows(x) for _, x, _ in its],
                 values=[wire_values(v, False) for _, _, v in its],  # as they came (nonzeros stay so)
@@ -384,6 +391,21 @@ class PSWorkerPlugin(WorkerPlugin):
             # numbers) to the current primary.
             raise StaleVersionError(f"table {t.spec.name!r}: this worker is no longer the primary; retry") \
                 from refused[0]
+
+    async def _call_replica(self, replica: str, numbered: bool, make_call, attempts: int = 3):
+        """A forward to ``replica``, sent again on a new connection when the
+        connection closed under it and the push is numbered (the replica
+        applies it once). Dask closes every pooled connection to a worker it
+        removes ("Address removed."), also to one that still serves while it
+        retires: counted as a missed push, that fenced the retiring copy,
+        and a kill of the primary then lost the block (issue 34)."""
+        for attempt in range(attempts):
+            try:
+                return await self.liveness.call(replica, make_call)
+            except CommClosedError:
+                if not numbered or attempt == attempts - 1 or replica in self.liveness.dead:
+                    raise
+                await asyncio.sleep(0.05 * 2**attempt)
 
     async def _report_missed(self, t, missed: dict[str, list[int]]) -> None:
         """Have the scheduler fence and re-copy replicas that missed a push.

@@ -133,3 +133,29 @@ def test_a_call_that_swallows_the_cancellation_leaves_the_task_uncancelled():
         assert not live._cancelled
 
     asyncio.run(main())
+
+
+def test_a_worker_the_call_involves_that_dies_fails_it():
+    """A copy from a retiring worker to a target: the scheduler hears that
+    the target died, the source may not (issue 34: the copy then waited on
+    a dead address and with it the placement change); the call fails with
+    ``WorkerGone`` naming the target, and nothing stays registered."""
+    async def main():
+        live = Liveness()
+        started = asyncio.Event()
+        call = _unanswered(started)
+
+        async def caller():
+            with pytest.raises(WorkerGone, match="tcp://t:2 left"):
+                await live.call("tcp://src:1", call, involves=("tcp://t:2",))
+            with pytest.raises(WorkerGone, match="tcp://t:2 has left"):
+                await live.call("tcp://src:1", call, involves=("tcp://t:2",))  # refused at once now
+            return "done"
+
+        task = asyncio.ensure_future(caller())
+        await started.wait()
+        live.mark_dead("tcp://t:2")
+        assert await asyncio.wait_for(task, 5) == "done"
+        assert not live._inflight and not live._cancelled
+
+    asyncio.run(main())

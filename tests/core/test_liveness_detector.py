@@ -165,3 +165,21 @@ def test_a_fenced_out_worker_warns_and_keeps_refusing(caplog):
     assert refused == [True, True]
     [w] = warnings_
     assert "did not run for 5.4 s and was fenced out" in w.getMessage()
+
+
+def test_a_retiring_worker_whose_beacon_went_silent_after_its_removal_is_gone():
+    """``r`` retires: Dask removed it (not in ``scheduler.workers``) while
+    its teardown waits for its evacuation. Its beacon silent past the limit
+    means it was killed or stopped: it is gone (``retire.left``), so no
+    placement change waits on it (issue 34). Still beating, or not removed
+    by Dask yet: nothing happens."""
+    now = dask_time()
+    for beat, removed, want in [(now - 7, True, ["r"]), (now - 1, True, []), (now - 7, False, [])]:
+        plugin = fake_plugin(["a", "b", "c"], {"a": now, "b": now, "c": now})
+        plugin.retiring.add("r")
+        if not removed:
+            plugin.scheduler.workers["r"] = SimpleNamespace(last_seen=beat)
+        left = []
+        plugin.retire = SimpleNamespace(left=lambda w, why: left.append(w))
+        assert checked(plugin, beats={"a": now, "b": now, "c": now, "r": beat}) == []
+        assert left == want, (beat, removed)

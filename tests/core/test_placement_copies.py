@@ -29,8 +29,9 @@ class FakeCluster:
         self.failures = 0
         self.calls = []
 
-    async def call(self, src, op, table, table_id, moves):
+    async def call(self, src, op, table, table_id, moves, involves=()):
         assert op == "ps_copy_blocks"
+        assert sorted(involves) == sorted({t for _, t in moves})  # a dead target fails the call (Liveness)
         self.calls.append((src, sorted(moves)))
         await asyncio.sleep(0)
         try:
