@@ -174,3 +174,17 @@ def refuse_overwrite(name: str, active_runs: list) -> None:
             f"ps.load: table {name!r} is in use by active run(s) {list(active_runs)}; overwriting it would "
             "replace what they pushed. Load it after they end"
         )
+
+
+def read_checked_block(spec, directory: str, block: int) -> dict:
+    """One block of a checkpoint, read and checked against ``spec`` (a
+    worker's ``load_blocks``, off the event loop)."""
+    from dask_ps._exceptions import PSValueError
+    from dask_ps._shard import ShardStore
+
+    try:
+        e = read_block(directory, int(block))
+    except (OSError, ValueError, KeyError) as err:
+        raise PSValueError(f"table {spec.name!r}: block {block} of the checkpoint at {directory} could not "
+                           f"be read: {err!r}", spec.name) from None
+    return ShardStore.check_loaded(spec, e)

@@ -582,7 +582,9 @@ class PSWorkerPlugin(WorkerPlugin):
             raise PSValueError(f"table {table!r}: load_blocks needs a load id and block numbers", table)
         from distributed.utils import offload
 
-        exported = [await offload(_read_checked, t.spec, directory, b) for b in blocks]
+        from dask_ps._checkpoint import read_checked_block
+
+        exported = [await offload(read_checked_block, t.spec, directory, b) for b in blocks]
         self._loads[load_id] = (table, table_id, exported)
         return [int(b) for b in blocks]
 
@@ -890,18 +892,6 @@ def _check_run(run):
             and (run[1] is None or isinstance(run[1], (int, float)))):
         raise PSValueError(f"run tag must be (run_id, clock), got {run!r}")
     return run[0], run[1]
-
-
-def _read_checked(spec, directory: str, block: int) -> dict:
-    """One block of a checkpoint, read and checked against ``spec`` (off the event loop)."""
-    from dask_ps._checkpoint import read_block
-
-    try:
-        e = read_block(directory, int(block))
-    except (OSError, ValueError, KeyError) as err:
-        raise PSValueError(f"table {spec.name!r}: block {block} of the checkpoint at {directory} could not "
-                           f"be read: {err!r}", spec.name) from None
-    return ShardStore.check_loaded(spec, e)
 
 
 WORKER_HANDLERS = HandlerRegistry("worker", PSWorkerPlugin)
