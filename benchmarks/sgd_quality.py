@@ -310,10 +310,21 @@ def sklearn_reference(setting: Setting, n_rows: int, seeds) -> dict:
     return {"scores": scores, "epochs": epochs}
 
 
-def dask_ps_fit(setting: Setting, n_rows: int, seed: int, P: int, consistency: str, client=None):
+def epoch_cap(setting: Setting, ref: dict) -> int | None:
+    """Under a stopping rule, the most epochs a dask_ps fit gets: twice
+    scikit-learn's most plus 10 (a fit still going there stops more than
+    STOP_SLACK epochs late whatever it would do next, and is counted so);
+    None: the setting's own ``max_iter``."""
+    if not setting.stops:
+        return None
+    return min(int(setting.kwargs().get("max_iter", 1000)), 2 * max(ref["epochs"]) + 10)
+
+
+def dask_ps_fit(setting: Setting, n_rows: int, seed: int, P: int, consistency: str, client=None, max_iter=None):
     """One dask_ps fit of ``setting`` by ``P`` participants: simulated
     (``sgd_sim``) without ``client``, else on ``client``'s cluster (one
-    participant per worker); returns ``(score, n_iter_)``."""
+    participant per worker); ``max_iter``: instead of the setting's
+    (``epoch_cap``); returns ``(score, n_iter_)``."""
     import dask
 
     import dask_ps.linear_model
@@ -322,7 +333,8 @@ def dask_ps_fit(setting: Setting, n_rows: int, seed: int, P: int, consistency: s
     X, y, Xt, yt = sgd_data.make(setting.shape, setting.classifier, n_rows)
     sw = _sample_weight(X.shape[0]) if setting.weighted else None
     cls = dask_ps.linear_model.SGDClassifier if setting.classifier else dask_ps.linear_model.SGDRegressor
-    est = cls(random_state=seed, consistency=sgd_sim.consistency_of(consistency), **setting.kwargs())
+    kw = setting.kwargs() if max_iter is None else dict(setting.kwargs(), max_iter=max_iter)
+    est = cls(random_state=seed, consistency=sgd_sim.consistency_of(consistency), **kw)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -359,19 +371,25 @@ def cells(ps, consistencies, ssp_at=None):
             if c == "bsp" or (P > 1 and (ssp_at is None or P in ssp_at))]
 
 
-def run_sweep(sets, n_rows, cols, seeds, ref_seeds, clients=None, out=print) -> list[dict]:
+def run_sweep(sets, n_rows, cols, seeds, ref_seeds, clients=None, out=print, done=None, save=None) -> list[dict]:
     """Every cell of every setting (``clients``: P -> a client whose cluster
-    runs that P; the others simulated); prints a line per setting."""
+    runs that P; the others simulated); prints a line per setting and calls
+    ``save(results)`` after each. ``done``: results of a run before (by
+    setting name), kept instead of fitted again."""
     results = []
     for st in sets:
         t = time.perf_counter()
-        ref = sklearn_reference(st, n_rows, range(ref_seeds))
-        row = {"setting": st, "ref": ref, "cells": {}}
-        for P, c in cols:
-            fits = [dask_ps_fit(st, n_rows, s, P, c, (clients or {}).get(P)) for s in seeds]
-            row["cells"][(P, c)] = judge(st, ref, [f[0] for f in fits], [f[1] for f in fits])
+        row = (done or {}).get(st.name.strip())
+        if row is None:
+            ref = sklearn_reference(st, n_rows, range(ref_seeds))
+            row = {"setting": st, "ref": ref, "cells": {}}
+            for P, c in cols:
+                fits = [dask_ps_fit(st, n_rows, s, P, c, (clients or {}).get(P), epoch_cap(st, ref)) for s in seeds]
+                row["cells"][(P, c)] = judge(st, ref, [f[0] for f in fits], [f[1] for f in fits])
         results.append(row)
         out(_setting_line(row) + f"  {time.perf_counter() - t:.1f}s")
+        if save is not None:
+            save(results)
     return results
 
 
@@ -488,6 +506,22 @@ def _to_json(results, ttq, args) -> dict:
     }
 
 
+def _from_json(path, sets) -> dict:
+    """The results of a run saved with ``--json``, by setting name (those of ``sets`` only)."""
+    import json
+
+    with open(path) as f:
+        saved = json.load(f)
+    by_name = {s.name.strip(): s for s in sets}
+    out = {}
+    for r in saved.get("sweep", []):
+        st = by_name.get(r["setting"]["name"])
+        if st is not None:
+            cells_ = {(int(k.split("-")[0]), k.split("-")[1]): v for k, v in r["cells"].items()}
+            out[st.name.strip()] = {"setting": st, "ref": r["ref"], "cells": cells_}
+    return out
+
+
 def sweep_main(args):
     """``--quick`` / ``--full``: the sweep, its tables and time to quality."""
     import contextlib
@@ -516,8 +550,15 @@ def sweep_main(args):
                     dashboard_address=None))
                 clients[P] = stack.enter_context(Client(cluster, set_as_default=False))
         t = time.perf_counter()
+        done = _from_json(args.resume, sets) if args.resume else None
+
+        def save(results):
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(_to_json(results, [], args), f, indent=1, default=float)
+
         results = [] if args.ttq_only else run_sweep(sets, n_rows, cols, seeds, ref_seeds, clients,
-                                                     out=lambda s: print(s, flush=True))
+                                                     out=lambda s: print(s, flush=True), done=done, save=save)
     sweep_seconds = time.perf_counter() - t
     ttq = []
     if not args.no_ttq:
@@ -559,7 +600,8 @@ def main():
     ap.add_argument("--shapes", nargs="+", help="the sweep: only these data shapes")
     ap.add_argument("--no-ttq", action="store_true", help="the sweep without time to quality")
     ap.add_argument("--ttq-only", action="store_true", help="time to quality only")
-    ap.add_argument("--json", help="the sweep's results written here")
+    ap.add_argument("--json", help="the sweep's results written here (after each setting)")
+    ap.add_argument("--resume", help="a --json file of a run stopped before: its settings kept, not fitted again")
     ap.add_argument("--losses", nargs="+", default=list(CLASSIFIER_LOSSES + REGRESSOR_LOSSES))
     ap.add_argument("--schedules", nargs="+", default=list(SCHEDULES))
     ap.add_argument("--rows", nargs="+", type=int, default=None)

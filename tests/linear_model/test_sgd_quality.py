@@ -251,3 +251,37 @@ def test_data_shapes_are_what_they_say():
     sgd_data._CACHE.clear()
     b = sgd_data.make("text", False, 2000)
     assert (a[0] != b[0]).nnz == 0 and np.array_equal(a[1], b[1])
+
+
+def _sweep_cell(setting, P, consistency, seeds=range(2)):
+    ref = _REFS.get(setting)
+    if ref is None:
+        ref = _REFS[setting] = sgd_quality.sklearn_reference(setting, _SWEEP_ROWS, range(sgd_quality.REFERENCE_SEEDS))
+    fits = [sgd_quality.dask_ps_fit(setting, _SWEEP_ROWS, s, P, consistency) for s in seeds]
+    return sgd_quality.judge(setting, ref, [f[0] for f in fits], [f[1] for f in fits])
+
+
+_REFS: dict = {}
+_SWEEP_ROWS = 8000  # the quick sweep's
+
+
+def _sid(s):
+    return s.name.strip().replace(" ", "-")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("setting", sgd_quality.quick_settings(), ids=_sid)
+def test_sweep_under_the_default(setting):
+    """The quick sweep's settings at 1, 2, 4, 16 and 64 participants
+    (simulated: ``benchmarks/sgd_sim.py``, the cluster's fit bit for bit at
+    2 and 4) under the default consistency (BSP): no fit below
+    scikit-learn's worst of 30 seeds - 0.02, and under a stopping rule none
+    stopping more than 2 epochs outside scikit-learn's range."""
+    bad = {}
+    for P in sgd_quality.PARTICIPANTS:
+        v = _sweep_cell(setting, P, "bsp")
+        if v["bad"] or v["stop_off"]:
+            bad[P] = (v["scores"], v["epochs"])
+    assert not bad, (f"scikit-learn worst {min(_REFS[setting]['scores']):.4f}, epochs "
+                     f"{min(_REFS[setting]['epochs'])}-{max(_REFS[setting]['epochs'])}: {bad}")
