@@ -257,7 +257,8 @@ def _sweep_cell(setting, P, consistency, seeds=range(2)):
     ref = _REFS.get(setting)
     if ref is None:
         ref = _REFS[setting] = sgd_quality.sklearn_reference(setting, _SWEEP_ROWS, range(sgd_quality.REFERENCE_SEEDS))
-    fits = [sgd_quality.dask_ps_fit(setting, _SWEEP_ROWS, s, P, consistency) for s in seeds]
+    cap = sgd_quality.epoch_cap(setting, ref)
+    fits = [sgd_quality.dask_ps_fit(setting, _SWEEP_ROWS, s, P, consistency, max_iter=cap) for s in seeds]
     return sgd_quality.judge(setting, ref, [f[0] for f in fits], [f[1] for f in fits])
 
 
