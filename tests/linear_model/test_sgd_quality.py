@@ -267,7 +267,7 @@ _SWEEP_ROWS = 8000  # the quick sweep's
 
 
 def _sid(s):
-    return s.name.strip().replace(" ", "-")
+    return "-".join(s.name.split())
 
 
 @pytest.mark.slow
@@ -286,3 +286,23 @@ def test_sweep_under_the_default(setting):
             bad[P] = (v["scores"], v["epochs"])
     assert not bad, (f"scikit-learn worst {min(_REFS[setting]['scores']):.4f}, epochs "
                      f"{min(_REFS[setting]['epochs'])}-{max(_REFS[setting]['epochs'])}: {bad}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("consistency", ["ssp1", "ssp3"])
+@pytest.mark.parametrize("setting", [s for s in sgd_quality.quick_settings() if s.classifier], ids=_sid)
+def test_sweep_classifiers_under_bounded_staleness(setting, consistency):
+    """What docs/benchmarks.md ("SGD quality over issue 33's space") states
+    of bounded staleness: under SSP(1) and SSP(3), at 4 and 64 participants
+    (the worst case the bound allows: ``sgd_sim``), no classifier fit of the
+    quick sweep below scikit-learn's worst - 0.02. (Regressors are stated
+    to lose there: step-limited losses and schedules, and most regression at
+    64 participants; not asserted.) On 1322df5 the averaged log_loss text
+    classifier fell to 0.55 at 64 participants (bar 0.68)."""
+    bad = {}
+    for P in (4, 64):
+        v = _sweep_cell(setting, P, consistency)
+        if v["bad"]:
+            bad[P] = v["scores"]
+    assert not bad, f"scikit-learn worst {min(_REFS[setting]['scores']):.4f}: {bad}"
