@@ -17,6 +17,18 @@ and this script:
     python benchmarks/sgd_quality.py                         # the wide sweep, a table per case
     python benchmarks/sgd_quality.py --rows 20000 --workers 4 --losses squared_error
     python benchmarks/sgd_quality.py --forced --rows 1000 --consistency bsp
+
+``--quick`` / ``--full``: the sweep over issue 33's space instead (every
+loss, penalty, schedule, alpha, ``average``, ``class_weight``,
+``sample_weight``, ``early_stopping``, the stopping rule; the data shapes of
+``sgd_data.py``; P = 1, 2, 4, 16, 64 simulated by ``sgd_sim.py``, or P <= 4
+on a cluster with ``--layout``; BSP, SSP(1), SSP(3)): bad fits per cell,
+epochs under a stopping rule, epochs to quality (``docs/benchmarks.md``,
+"SGD quality over issue 33's space")::
+
+    python benchmarks/sgd_quality.py --quick --json quick.json
+    python benchmarks/sgd_quality.py --full --axes loss average --json full.json
+    python benchmarks/sgd_quality.py --quick --layout processes --participants 2 4 --consistencies bsp
 """
 
 from __future__ import annotations
