@@ -19,6 +19,12 @@ cases is in the small sweep.
 Also here: the regressor's length under the default consistency against
 BSP's, and BSP fits reproducible bit for bit (SGD; LDA in
 ``tests/decomposition/test_lda_dropin.py``).
+
+Issue 33's sweep (``sgd_quality.py --quick``): what it covers and how it
+judges (default run), and, ``-m slow``, its settings at 1-64 simulated
+participants under the default (every fit at scikit-learn's worst - 0.02,
+stopping within 2 epochs of its range) and its classifiers under SSP(1) and
+SSP(3), as ``docs/benchmarks.md`` states.
 """
 
 from __future__ import annotations
