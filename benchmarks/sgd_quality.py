@@ -17,6 +17,18 @@ and this script:
     python benchmarks/sgd_quality.py                         # the wide sweep, a table per case
     python benchmarks/sgd_quality.py --rows 20000 --workers 4 --losses squared_error
     python benchmarks/sgd_quality.py --forced --rows 1000 --consistency bsp
+
+``--quick`` / ``--full``: the sweep over issue 33's space instead (every
+loss, penalty, schedule, alpha, ``average``, ``class_weight``,
+``sample_weight``, ``early_stopping``, the stopping rule; the data shapes of
+``sgd_data.py``; P = 1, 2, 4, 16, 64 simulated by ``sgd_sim.py``, or P <= 4
+on a cluster with ``--layout``; BSP, SSP(1), SSP(3)): bad fits per cell,
+epochs under a stopping rule, epochs to quality (``docs/benchmarks.md``,
+"SGD quality over issue 33's space")::
+
+    python benchmarks/sgd_quality.py --quick --json quick.json
+    python benchmarks/sgd_quality.py --full --axes loss average --json full.json
+    python benchmarks/sgd_quality.py --quick --layout processes --participants 2 4 --consistencies bsp
 """
 
 from __future__ import annotations
@@ -267,9 +279,12 @@ def quick_settings() -> list[Setting]:
             S("sample_weight", "text", F, weighted=True, learning_rate="constant", **_fixed())]
     out += [S("early_stopping", "dense", T, early_stopping=True),
             S("early_stopping", "text", F, early_stopping=True)]
-    out += [S("stopping", "text", T), S("stopping", "text", F, loss="epsilon_insensitive")]
+    # The stopping rule where scikit-learn stops within ~60 epochs (text-like
+    # data takes 80-550: the full sweep's, ~100x the time at 64 participants).
+    out += [S("stopping", "dense", T), S("stopping", "dense", F, loss="epsilon_insensitive"),
+            S("stopping", "ctr", T)]
     out += [S("data", shape, T, **_fixed(1)) for shape in ("tfidf", "heavy", "sorted", "ctr", "dense3")]
-    out += [S("data", "sorted", T), S("data", "ctr", T, loss="hinge", **_fixed(3)),
+    out += [S("data", "sorted", T, **_fixed(5)), S("data", "ctr", T, loss="hinge", **_fixed(3)),
             S("data", "heavy", F, learning_rate="constant", **_fixed(10)), S("data", "tfidf", F, **_fixed(5)),
             S("data", "sorted", F, **_fixed(1))]
     return out
@@ -310,10 +325,21 @@ def sklearn_reference(setting: Setting, n_rows: int, seeds) -> dict:
     return {"scores": scores, "epochs": epochs}
 
 
-def dask_ps_fit(setting: Setting, n_rows: int, seed: int, P: int, consistency: str, client=None):
+def epoch_cap(setting: Setting, ref: dict) -> int | None:
+    """Under a stopping rule, the most epochs a dask_ps fit gets: twice
+    scikit-learn's most plus 10 (a fit still going there stops more than
+    STOP_SLACK epochs late whatever it would do next, and is counted so);
+    None: the setting's own ``max_iter``."""
+    if not setting.stops:
+        return None
+    return min(int(setting.kwargs().get("max_iter", 1000)), 2 * max(ref["epochs"]) + 10)
+
+
+def dask_ps_fit(setting: Setting, n_rows: int, seed: int, P: int, consistency: str, client=None, max_iter=None):
     """One dask_ps fit of ``setting`` by ``P`` participants: simulated
     (``sgd_sim``) without ``client``, else on ``client``'s cluster (one
-    participant per worker); returns ``(score, n_iter_)``."""
+    participant per worker); ``max_iter``: instead of the setting's
+    (``epoch_cap``); returns ``(score, n_iter_)``."""
     import dask
 
     import dask_ps.linear_model
@@ -322,7 +348,8 @@ def dask_ps_fit(setting: Setting, n_rows: int, seed: int, P: int, consistency: s
     X, y, Xt, yt = sgd_data.make(setting.shape, setting.classifier, n_rows)
     sw = _sample_weight(X.shape[0]) if setting.weighted else None
     cls = dask_ps.linear_model.SGDClassifier if setting.classifier else dask_ps.linear_model.SGDRegressor
-    est = cls(random_state=seed, consistency=sgd_sim.consistency_of(consistency), **setting.kwargs())
+    kw = setting.kwargs() if max_iter is None else dict(setting.kwargs(), max_iter=max_iter)
+    est = cls(random_state=seed, consistency=sgd_sim.consistency_of(consistency), **kw)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -359,19 +386,25 @@ def cells(ps, consistencies, ssp_at=None):
             if c == "bsp" or (P > 1 and (ssp_at is None or P in ssp_at))]
 
 
-def run_sweep(sets, n_rows, cols, seeds, ref_seeds, clients=None, out=print) -> list[dict]:
+def run_sweep(sets, n_rows, cols, seeds, ref_seeds, clients=None, out=print, done=None, save=None) -> list[dict]:
     """Every cell of every setting (``clients``: P -> a client whose cluster
-    runs that P; the others simulated); prints a line per setting."""
+    runs that P; the others simulated); prints a line per setting and calls
+    ``save(results)`` after each. ``done``: results of a run before (by
+    setting name), kept instead of fitted again."""
     results = []
     for st in sets:
         t = time.perf_counter()
-        ref = sklearn_reference(st, n_rows, range(ref_seeds))
-        row = {"setting": st, "ref": ref, "cells": {}}
-        for P, c in cols:
-            fits = [dask_ps_fit(st, n_rows, s, P, c, (clients or {}).get(P)) for s in seeds]
-            row["cells"][(P, c)] = judge(st, ref, [f[0] for f in fits], [f[1] for f in fits])
+        row = (done or {}).get(st.name.strip())
+        if row is None:
+            ref = sklearn_reference(st, n_rows, range(ref_seeds))
+            row = {"setting": st, "ref": ref, "cells": {}}
+            for P, c in cols:
+                fits = [dask_ps_fit(st, n_rows, s, P, c, (clients or {}).get(P), epoch_cap(st, ref)) for s in seeds]
+                row["cells"][(P, c)] = judge(st, ref, [f[0] for f in fits], [f[1] for f in fits])
         results.append(row)
         out(_setting_line(row) + f"  {time.perf_counter() - t:.1f}s")
+        if save is not None:
+            save(results)
     return results
 
 
@@ -470,7 +503,8 @@ def ttq_table(rows, epochs_grid) -> str:
     lines = ["| setting | target | " + " | ".join(keys) + " |", "|" + " --- |" * (len(keys) + 2)]
     for r in rows:
         txt = [("%d" % r["epochs"][k]) if r["epochs"][k] is not None else f">{epochs_grid[-1]}" for k in keys]
-        lines.append(f"| {r['setting'].name.strip()} | {r['target']:.4f} | " + " | ".join(txt) + " |")
+        name = r["setting"].name.replace(" tol=1e-3", "").strip()  # tol=None, max_iter from the grid
+        lines.append(f"| {name} | {r['target']:.4f} | " + " | ".join(txt) + " |")
     return "\n".join(lines)
 
 
@@ -486,6 +520,22 @@ def _to_json(results, ttq, args) -> dict:
         "time_to_quality": [{"setting": st(r["setting"]), "target": r["target"], "curves": r["curves"],
                              "epochs": r["epochs"]} for r in ttq],
     }
+
+
+def _from_json(path, sets) -> dict:
+    """The results of a run saved with ``--json``, by setting name (those of ``sets`` only)."""
+    import json
+
+    with open(path) as f:
+        saved = json.load(f)
+    by_name = {s.name.strip(): s for s in sets}
+    out = {}
+    for r in saved.get("sweep", []):
+        st = by_name.get(r["setting"]["name"])
+        if st is not None:
+            cells_ = {(int(k.split("-")[0]), k.split("-")[1]): v for k, v in r["cells"].items()}
+            out[st.name.strip()] = {"setting": st, "ref": r["ref"], "cells": cells_}
+    return out
 
 
 def sweep_main(args):
@@ -516,8 +566,15 @@ def sweep_main(args):
                     dashboard_address=None))
                 clients[P] = stack.enter_context(Client(cluster, set_as_default=False))
         t = time.perf_counter()
+        done = _from_json(args.resume, sets) if args.resume else None
+
+        def save(results):
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(_to_json(results, [], args), f, indent=1, default=float)
+
         results = [] if args.ttq_only else run_sweep(sets, n_rows, cols, seeds, ref_seeds, clients,
-                                                     out=lambda s: print(s, flush=True))
+                                                     out=lambda s: print(s, flush=True), done=done, save=save)
     sweep_seconds = time.perf_counter() - t
     ttq = []
     if not args.no_ttq:
@@ -559,7 +616,8 @@ def main():
     ap.add_argument("--shapes", nargs="+", help="the sweep: only these data shapes")
     ap.add_argument("--no-ttq", action="store_true", help="the sweep without time to quality")
     ap.add_argument("--ttq-only", action="store_true", help="time to quality only")
-    ap.add_argument("--json", help="the sweep's results written here")
+    ap.add_argument("--json", help="the sweep's results written here (after each setting)")
+    ap.add_argument("--resume", help="a --json file of a run stopped before: its settings kept, not fitted again")
     ap.add_argument("--losses", nargs="+", default=list(CLASSIFIER_LOSSES + REGRESSOR_LOSSES))
     ap.add_argument("--schedules", nargs="+", default=list(SCHEDULES))
     ap.add_argument("--rows", nargs="+", type=int, default=None)

@@ -19,6 +19,12 @@ cases is in the small sweep.
 Also here: the regressor's length under the default consistency against
 BSP's, and BSP fits reproducible bit for bit (SGD; LDA in
 ``tests/decomposition/test_lda_dropin.py``).
+
+Issue 33's sweep (``sgd_quality.py --quick``): what it covers and how it
+judges (default run), and, ``-m slow``, its settings at 1-64 simulated
+participants under the default (every fit at scikit-learn's worst - 0.02,
+stopping within 2 epochs of its range) and its classifiers under SSP(1) and
+SSP(3), as ``docs/benchmarks.md`` states.
 """
 
 from __future__ import annotations
@@ -251,3 +257,58 @@ def test_data_shapes_are_what_they_say():
     sgd_data._CACHE.clear()
     b = sgd_data.make("text", False, 2000)
     assert (a[0] != b[0]).nnz == 0 and np.array_equal(a[1], b[1])
+
+
+def _sweep_cell(setting, P, consistency, seeds=range(2)):
+    ref = _REFS.get(setting)
+    if ref is None:
+        ref = _REFS[setting] = sgd_quality.sklearn_reference(setting, _SWEEP_ROWS, range(sgd_quality.REFERENCE_SEEDS))
+    cap = sgd_quality.epoch_cap(setting, ref)
+    fits = [sgd_quality.dask_ps_fit(setting, _SWEEP_ROWS, s, P, consistency, max_iter=cap) for s in seeds]
+    return sgd_quality.judge(setting, ref, [f[0] for f in fits], [f[1] for f in fits])
+
+
+_REFS: dict = {}
+_SWEEP_ROWS = 8000  # the quick sweep's
+
+
+def _sid(s):
+    return "-".join(s.name.split())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("setting", sgd_quality.quick_settings(), ids=_sid)
+def test_sweep_under_the_default(setting):
+    """The quick sweep's settings at 1, 2, 4, 16 and 64 participants
+    (simulated: ``benchmarks/sgd_sim.py``, the cluster's fit bit for bit at
+    2 and 4) under the default consistency (BSP): no fit below
+    scikit-learn's worst of 30 seeds - 0.02, and under a stopping rule none
+    stopping more than 2 epochs outside scikit-learn's range."""
+    bad = {}
+    for P in sgd_quality.PARTICIPANTS:
+        v = _sweep_cell(setting, P, "bsp")
+        if v["bad"] or v["stop_off"]:
+            bad[P] = (v["scores"], v["epochs"])
+    assert not bad, (f"scikit-learn worst {min(_REFS[setting]['scores']):.4f}, epochs "
+                     f"{min(_REFS[setting]['epochs'])}-{max(_REFS[setting]['epochs'])}: {bad}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("consistency", ["ssp1", "ssp3"])
+@pytest.mark.parametrize("setting", [s for s in sgd_quality.quick_settings() if s.classifier], ids=_sid)
+def test_sweep_classifiers_under_bounded_staleness(setting, consistency):
+    """What docs/benchmarks.md ("SGD quality over issue 33's space") states
+    of bounded staleness: under SSP(1) and SSP(3), at 4 and 64 participants
+    (the worst case the bound allows: ``sgd_sim``), no classifier fit of the
+    quick sweep below scikit-learn's worst - 0.02. (Regressors are stated
+    to lose there: step-limited losses and schedules, and most regression at
+    64 participants; not asserted.) On 1322df5 the averaged log_loss text
+    classifier fell to 0.55 at 64 participants (bar 0.68)."""
+    bad = {}
+    for P in (4, 64):
+        v = _sweep_cell(setting, P, consistency)
+        if v["bad"]:
+            bad[P] = v["scores"]
+    assert not bad, f"scikit-learn worst {min(_REFS[setting]['scores']):.4f}: {bad}"
