@@ -335,8 +335,9 @@ class Router:
         self.latest_versions = latest_versions if latest_versions is not None else {}
         self.sender = sender or uuid.uuid4().hex
         self._msg_seq = itertools.count()
-        # (table, server) -> (trusted until, {block: bound it may push unchecked}): see _leased
-        self._leases: dict[tuple[str, str], tuple[float, dict[int, float]]] = {}
+        # ((table, table id), server) -> (trusted until, {block: bound it may push unchecked}): see _leased.
+        # The table id: a table dropped and created again under its name has none of the old one's leases.
+        self._leases: dict[tuple[tuple[str, str], str], tuple[float, dict[int, float]]] = {}
         # Called after a failed attempt (the client's: raises if the scheduler
         # is gone, so a retry does not wait for connects to a dead address).
         self.lost_check = None
@@ -421,8 +422,9 @@ class Router:
         if msg_seq is None:
             msg_seq = next(self._msg_seq)
         lease = {}
-        if not raw and len(msgs) > 1 and held_first((await self.handle(name)).spec):
-            if not self._leased(name, msgs, bound):
+        h = await self.handle(name)
+        if not raw and len(msgs) > 1 and held_first(h.spec):
+            if not self._leased(h, msgs, bound):
                 return await self._send_held(name, [msgs], run, msg_seq, bound)
             lease = {"lease": True}  # every server's part fits this sender's lease there: one phase
 
@@ -430,7 +432,7 @@ class Router:
             reply = await self.transport.push(addr, h, items, raw, run, self.sender, msg_seq, bound, **lease)
             if reply is None:  # a worker without dask_ps handlers (closing): re-route
                 raise WorkerGone(f"worker {addr} does not serve dask_ps")
-            return self._lease_reply(name, addr, reply)
+            return self._lease_reply(h, addr, reply)
 
         seqs: dict[int, int] = {}
         for items, reply in await self._with_failover(name, dict(msgs), call):
@@ -438,14 +440,14 @@ class Router:
                 seqs[b] = max(seqs.get(b, 0), s)
         return seqs
 
-    def _leased(self, name: str, msgs, bound) -> bool:
+    def _leased(self, h: TableHandle, msgs, bound) -> bool:
         """Whether this sender's leases (``ShardStore.top_up``: bounds each
         server reserved for its next pushes) cover every part of a push;
         then the push goes in one phase, drawn from them here as the
         servers will (their replies bring the leases up to date)."""
-        now, need = time.monotonic(), {}
+        now, need, key = time.monotonic(), {}, (h.spec.name, h.spec.table_id)
         for addr, items in msgs.items():
-            have = self._leases.get((name, addr))
+            have = self._leases.get((key, addr))
             if have is None or have[0] < now:
                 return False
             for b, _, v in items:
@@ -454,16 +456,16 @@ class Router:
                 if have[1].get(b, 0.0) < need[(addr, b)]:
                     return False
         for (addr, b), x in need.items():
-            self._leases[(name, addr)][1][b] -= x
+            self._leases[(key, addr)][1][b] -= x
         return True
 
-    def _lease_reply(self, name: str, addr: str, reply):
+    def _lease_reply(self, h: TableHandle, addr: str, reply):
         """A push's reply: its sequence numbers; a server's lease for the
         next push is noted (trusted for half of its life at the server)."""
         if not isinstance(reply, dict):
             return reply
         life = _config.get_seconds("timeouts.failover") / 2
-        self._leases[(name, addr)] = (time.monotonic() + life, {int(b): float(x) for b, x in reply.get("lease") or ()})
+        self._leases[((h.spec.name, h.spec.table_id), addr)] = (time.monotonic() + life, {int(b): float(x) for b, x in reply.get("lease") or ()})
         return reply["seqs"]
 
     async def _send_held(self, name: str, rounds: list, run, msg_seq: int, bound) -> dict[int, int]:
@@ -514,7 +516,7 @@ class Router:
                                                   commit=(hold_id, True), lease=True)
             if reply is None:
                 raise WorkerGone(f"worker {addr} does not serve dask_ps")
-            return {b: s for (b, *_), s in zip(items, self._lease_reply(name, addr, reply))}
+            return {b: s for (b, *_), s in zip(items, self._lease_reply(h, addr, reply))}
         except Exception as e:
             if not _retryable(e):
                 raise
