@@ -226,8 +226,8 @@ class SimServer:
         return f"<SimServer P={self.n_participants} tables={sorted(self.tables)}>"
 
     # --- what the driver calls ----------------------------------------------------------
-    def wait_for_servers(self):
-        return None
+    def wait_for_servers(self, n: int = 1, timeout=None):
+        return list(self.servers)
 
     def wait_for_placement(self):
         return None
