@@ -27,7 +27,7 @@ from dask_ps._exceptions import (
     ForwardRefusedError,
     InternalOnlyError,
     PSValueError,
-    RunAbortedError,
+    RunEndedError,
     StaleVersionError,
     UnknownTableError,
 )
@@ -341,7 +341,7 @@ class PSWorkerPlugin(WorkerPlugin):
             if run_id in active and run_id not in self._ended_runs:
                 self._active_runs.add(run_id)
                 return
-        raise RunAbortedError(f"run {run_id} has ended (or was never started): its pushes are refused")
+        raise RunEndedError(f"run {run_id} has ended (or was never started): its pushes are refused")
 
     async def _forward(self, t, items, raw, run, sender, msg_seq, bounds=None) -> None:
         """Send a primary's push on to the blocks' replicas and wait for them.
