@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from distributed import LocalCluster
 
@@ -21,3 +22,26 @@ def fresh_ps(client):
     yield ps
     for name in ps.tables():  # every test starts with no tables
         ps.drop_table(name)
+
+
+def wait_until(predicate, what, timeout=120, poll=0.2):
+    """``predicate()``'s first true value, polled; fails naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(poll)
+
+
+def lda_corpus(n_docs=400, doc_len=80, n_words=200, n_topics=5, alpha=0.3, eta=0.05, seed=0):
+    """Documents drawn from the LDA generative process; returns (X, true topics)."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    topics = rng.dirichlet(np.full(n_words, eta), size=n_topics)
+    theta = rng.dirichlet(np.full(n_topics, alpha), size=n_docs)
+    X = np.vstack([rng.multinomial(doc_len, p / p.sum()) for p in theta @ topics])
+    return sp.csr_matrix(X), topics

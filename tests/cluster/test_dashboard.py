@@ -26,22 +26,13 @@ from distributed import Client, LocalCluster
 import dask_ps
 from dask_ps import _dashboard, _dashboard_html
 from dask_ps._dashboard_html import NO_BOKEH, NO_DASHBOARD
+from ps_fixtures import wait_until as _until
 
 
 def _get(base, route):
     with urllib.request.urlopen(base + route, timeout=30) as r:
         assert r.status == 200
         return r.read().decode()
-
-
-def _until(predicate, what, timeout=120, poll=0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(poll)
 
 
 def _participant(ctx, part, release):

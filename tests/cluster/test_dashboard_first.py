@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -23,6 +22,7 @@ from distributed import Client, LocalCluster
 
 import dask_ps
 from dask_ps import _dashboard
+from ps_fixtures import wait_until as _until
 
 pytest.importorskip("bokeh")
 
@@ -37,16 +37,6 @@ def _get(base, route, timeout=30):
 
 def _status(base):
     return json.loads(_get(base, "/ps/status.json"))
-
-
-def _until(predicate, what, timeout=120, poll=0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(poll)
 
 
 def _summary(base):

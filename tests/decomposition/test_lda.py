@@ -19,6 +19,7 @@ from scipy.optimize import linear_sum_assignment
 
 pytest.importorskip("numba")
 
+import ps_fixtures  # noqa: E402
 import dask_ps  # noqa: E402
 from dask_ps.decomposition import LatentDirichletAllocation, document_completion  # noqa: E402
 from dask_ps.decomposition import _lda_kernels as kernels  # noqa: E402
@@ -40,12 +41,9 @@ def lda_client():
 
 
 def lda_corpus(n_docs=400, doc_len=80, n_words=200, n_topics=5, alpha=0.1, eta=0.05, seed=0):
-    """Documents drawn from the LDA generative process; returns (X, true topics)."""
-    rng = np.random.default_rng(seed)
-    topics = rng.dirichlet(np.full(n_words, eta), size=n_topics)
-    theta = rng.dirichlet(np.full(n_topics, alpha), size=n_docs)
-    X = np.vstack([rng.multinomial(doc_len, p / p.sum()) for p in theta @ topics])
-    return sp.csr_matrix(X), topics
+    """Documents drawn from the LDA generative process (sparser topic mixes
+    than the other LDA tests'); returns (X, true topics)."""
+    return ps_fixtures.lda_corpus(n_docs, doc_len, n_words, n_topics, alpha, eta, seed)
 
 
 def matched_cosine(components, topics):

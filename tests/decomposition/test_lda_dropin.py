@@ -17,15 +17,7 @@ pytest.importorskip("numba")
 
 import dask_ps  # noqa: E402
 from dask_ps.decomposition import LatentDirichletAllocation  # noqa: E402
-
-
-def lda_corpus(n_docs=400, doc_len=80, n_words=200, n_topics=5, alpha=0.3, eta=0.05, seed=0):
-    """Documents drawn from the LDA generative process; returns (X, true topics)."""
-    rng = np.random.default_rng(seed)
-    topics = rng.dirichlet(np.full(n_words, eta), size=n_topics)
-    theta = rng.dirichlet(np.full(n_topics, alpha), size=n_docs)
-    X = np.vstack([rng.multinomial(doc_len, p / p.sum()) for p in theta @ topics])
-    return sp.csr_matrix(X), topics
+from ps_fixtures import lda_corpus  # noqa: E402
 
 
 @pytest.fixture(scope="module")
