@@ -198,7 +198,10 @@ def test_bokeh_document_fills_during_an_estimator_fit(dash_cluster):
             ok = labels and labels[0].startswith("SGDClassifier(") and d["ps-runs"]["last loss"][0] != "-"
             # the lines come from the periodic samples (ps.dashboard.interval), the loss from reports
             sampled = d["units"]["xs"] and d["loss"]["xs"] and len(d["loss"]["xs"][0]) >= 1
-            return d if ok and sampled else None
+            # the progress comes from the servers' clocks, sampled apart from
+            # the loss reports: a sample may show the loss before any epoch
+            moved = d["progress"]["fraction"] and d["progress"]["fraction"][0] > 0
+            return d if ok and sampled and moved else None
         d = _until(running, "the SGD run with a loss and a sampled clock on the Bokeh document")
     finally:
         fit.join(300)
