@@ -164,6 +164,13 @@ def _columns(table_html: str) -> dict[str, list[str]]:
     return {h: [r[i] for r in rows[1:]] for i, h in enumerate(rows[0])} if rows else {}
 
 
+def _line_of(source: dict, prefix: str) -> int | None:
+    """The index of the one line whose label starts with ``prefix``."""
+    found = [i for i, label in enumerate(source.get("label", [])) if label.startswith(prefix)]
+    assert len(found) <= 1, source.get("label")
+    return found[0] if found else None
+
+
 def _source_of(doc, key):
     from bokeh.models import ColumnDataSource
 
@@ -197,7 +204,9 @@ def test_bokeh_document_fills_during_an_estimator_fit(dash_cluster):
             labels = d["ps-runs"].get("run")
             ok = labels and labels[0].startswith("SGDClassifier(") and d["ps-runs"]["last loss"][0] != "-"
             # the lines come from the periodic samples (ps.dashboard.interval), the loss from reports
-            sampled = d["units"]["xs"] and d["loss"]["xs"] and len(d["loss"]["xs"][0]) >= 1
+            # an earlier test's finished run keeps its lines too: find this run's by name
+            sgd_units, sgd_loss = _line_of(d["units"], "SGDClassifier("), _line_of(d["loss"], "SGDClassifier(")
+            sampled = sgd_units is not None and sgd_loss is not None and len(d["loss"]["xs"][sgd_loss]) >= 1
             # the progress comes from the servers' clocks, sampled apart from
             # the loss reports: a sample may show the loss before any epoch
             moved = d["progress"]["fraction"] and d["progress"]["fraction"][0] > 0
@@ -210,8 +219,9 @@ def test_bokeh_document_fills_during_an_estimator_fit(dash_cluster):
     assert re.fullmatch(r"\d+ of 90 epochs \(\d+%\)", runs["progress"][0]), runs["progress"]
     assert float(runs["last loss"][0]) > 0 and runs["loss is"][0] == "mean hinge loss per sample"
     assert d["progress"]["text"] == runs["progress"] and 0 < d["progress"]["fraction"][0] <= 1
-    assert len(d["units"]["xs"][0]) == len(d["units"]["ys"][0]) >= 1 and max(d["units"]["ys"][0]) <= 90
-    assert d["units"]["label"][0].endswith("(epochs)") and "mean hinge loss per sample" in d["loss"]["label"][0]
+    u, lo = _line_of(d["units"], "SGDClassifier("), _line_of(d["loss"], "SGDClassifier(")
+    assert len(d["units"]["xs"][u]) == len(d["units"]["ys"][u]) >= 1 and max(d["units"]["ys"][u]) <= 90
+    assert d["units"]["label"][u].endswith("(epochs)") and "mean hinge loss per sample" in d["loss"]["label"][lo]
     assert len(d["traffic"]["time"]) >= 1
     workers = d["ps-workers"]
     assert len(workers["worker"]) == 2 and all(m.endswith("iB") and not m.startswith("0 ") for m in workers["memory"])
@@ -224,9 +234,10 @@ def test_bokeh_document_fills_during_an_estimator_fit(dash_cluster):
     assert fin["result"][i] == "done" and float(fin["duration s"][i]) > 0
     assert fin["progress"][i] == "90 of 90 epochs (100%)"  # tol=None: every epoch ran
     # the finished run keeps its lines: epochs up to 90, and its loss
-    (k,) = [k for k, label in enumerate(d["units"]["label"]) if label.endswith("(epochs, finished)")]
+    k = _line_of(d["units"], "SGDClassifier(")
+    assert d["units"]["label"][k].endswith("(epochs, finished)")
     assert d["units"]["ys"][k][-1] == 90 and len(d["units"]["ys"][k]) >= 2
-    assert [label for label in d["loss"]["label"] if label.endswith("(finished)")]
+    assert d["loss"]["label"][_line_of(d["loss"], "SGDClassifier(")].endswith("(finished)")
 
 
 def test_plain_page_without_a_bokeh_dashboard(ps):
