@@ -73,16 +73,8 @@ class PushBuffer:
         as it is, no copy (fresh from validation, or handed over);
         ``borrowed``: it is the caller's array (see the module docstring);
         ``bound``: of its magnitudes (``check_values``), if known."""
-        first = not self
+        self._add_bound(not self, bound)
         self.borrowed |= borrowed
-        if bound is None or (not first and self.bound is None):
-            self.bound = None
-        elif first:
-            self.bound = bound
-        elif self.additive:
-            self.bound += bound  # |a + b| <= |a| + |b|
-        else:
-            self.bound = max(self.bound, bound)  # one step per push: each is sent as it is
         if not self.additive:
             self.ops.append((None, values if keep else values.copy()))
             self.nbytes += values.nbytes
@@ -105,23 +97,38 @@ class PushBuffer:
             self.dense += values
             self.summed = True
 
+    def _add_bound(self, first: bool, bound: float | None) -> None:
+        """The bound of what the buffer will send, with a push's added."""
+        if bound is None or (not first and self.bound is None):
+            self.bound = None
+        elif first:
+            self.bound = bound
+        elif self.additive:
+            self.bound += bound  # |a + b| <= |a| + |b| (also rows of two pushes that overlap)
+        else:
+            self.bound = max(self.bound, bound)  # one step per push: each is sent as it is
+
     def add_rows(self, rows: np.ndarray, values, keep_rows: bool = False, keep_values: bool = False,
-                 borrowed: bool = False, increasing: bool | None = None) -> None:
+                 borrowed: bool = False, increasing: bool | None = None, bound: float | None = None) -> None:
         """Buffer a row push. ``keep_rows``/``keep_values``: that array may
         be kept as it is, no copy (fresh from validation, or handed over);
         ``borrowed``: one of them is the caller's (see the module docstring).
         Rows that need coalescing come out as fresh arrays anyway;
-        ``increasing``: whether the rows are known to be sorted and unique."""
+        ``increasing``: whether the rows are known to be sorted and unique;
+        ``bound``: of the values' magnitudes (``check_values``), if known
+        (not kept where duplicate rows were summed: their sum may exceed it)."""
         # Duplicate rows of one push are summed for every rule but assign
         # (last wins), as ParameterServer.push_rows does: a step rule gets
         # the summed gradient (np.add.at semantics), not the last sample's.
         sums_duplicates = self.spec.rule.name != "assign"
-        self.bound = None
+        first = not self
         merged_rows, merged_values = _routing.coalesce_rows(rows, values, sums_duplicates, increasing)
         if merged_rows is not rows:  # coalesced: fresh arrays, the buffer's own
             keep_rows = keep_values = True
             borrowed = False
             self.summed |= sums_duplicates and merged_rows.size < rows.size
+            bound = None if sums_duplicates and merged_rows.size < rows.size else bound
+        self._add_bound(first, bound)
         self.borrowed |= borrowed
         part = (merged_rows if keep_rows else self._own_rows(merged_rows),
                 merged_values if keep_values else merged_values.copy())

@@ -392,12 +392,13 @@ class Session(InFlight):
         h = self._handle(name)
         given_rows, given_values = rows, values
         rows, increasing = check_rows_sorted(h.spec, rows)
-        values = check_values(h.spec, values, (len(rows), *h.spec.row_shape))
+        values, bound = check_values(h.spec, values, (len(rows), *h.spec.row_shape), bound=True)
         values = _backend.to_device(values, h.spec.device)  # as in push
         theirs_rows, theirs_values = rows is given_rows, values is given_values
         self._buffer(h).add_rows(rows, values, keep_rows=not theirs_rows or not copy,
                                  keep_values=not theirs_values or not copy,
-                                 borrowed=not copy and (theirs_rows or theirs_values), increasing=increasing)
+                                 borrowed=not copy and (theirs_rows or theirs_values), increasing=increasing,
+                                 bound=bound)
         self._after_push(h)
 
     def _buffer(self, h: TableHandle) -> PushBuffer:

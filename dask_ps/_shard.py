@@ -604,7 +604,10 @@ class ShardStore:
             return None
         need: dict[int, float] = {}
         for b, _, v in items:
-            need[b] = need.get(b, 0.0) + _bound_of(v, bounds)
+            x = _bound_of(v, bounds)
+            if bounds is not None:
+                bounds[id(v)] = x  # kept for apply: one pass over the values here
+            need[b] = need.get(b, 0.0) + x
         if any(lease.left.get(b, 0.0) < x for b, x in need.items()):
             return None
         for b, x in need.items():
