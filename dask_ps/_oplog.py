@@ -20,8 +20,22 @@ from __future__ import annotations
 import numpy as np
 
 from dask_ps import _backend, _routing
+from dask_ps._exceptions import PSValueError
 from dask_ps._routing import TableHandle
 from dask_ps._spec import TableSpec
+
+
+def _wide(x):
+    """Integers as a dtype their sums cannot leave (int64 for up to 32 bits, else Python ints)."""
+    return x.astype(np.int64 if x.dtype.itemsize < 8 or _backend.namespace(x) is not np else object)
+
+
+def _range_error(spec: TableSpec, lo, hi) -> PSValueError:
+    info = np.iinfo(spec.dtype)
+    return PSValueError(
+        f"table {spec.name!r}: this push and the pushes buffered since the last flush sum to values in "
+        f"[{lo}, {hi}], out of the range of {spec.dtype} [{info.min}, {info.max}] (the sum would wrap "
+        "around); the push was not buffered, the ones before it are kept", spec.name)
 
 
 class PushBuffer:
@@ -73,7 +87,8 @@ class PushBuffer:
         as it is, no copy (fresh from validation, or handed over);
         ``borrowed``: it is the caller's array (see the module docstring);
         ``bound``: of its magnitudes (``check_values``), if known."""
-        self._add_bound(not self, bound)
+        first = not self
+        exact = None if first else self._int_total(bound, dense=values)
         self.borrowed |= borrowed
         if not self.additive:
             self.ops.append((None, values if keep else values.copy()))
@@ -96,6 +111,36 @@ class PushBuffer:
         else:
             self.dense += values
             self.summed = True
+        self._add_bound(first, bound if exact is None else exact)
+
+    def _int_total(self, bound, dense=None, rows=None, values=None) -> float | None:
+        """Integers only: whether what the buffer holds plus a push stays in
+        the dtype's range. Settled by the bounds where it can be (no pass);
+        else the sum is made exactly, wide, and a push that would take it
+        out of range raises here, at the caller, before anything changes.
+        Returns the exact total's largest magnitude (the buffer's new, tight
+        bound), or None where the bounds settled it. In range, the dtype's
+        own (wrapping) sums then give the exact result."""
+        if self.spec.dtype.kind not in "iu" or not self.additive:
+            return None
+        if bound is not None and self.bound is not None and self.bound + bound <= np.iinfo(self.spec.dtype).max:
+            return None
+        xp = _backend.namespace(*(x for x in (self.dense, dense, values) if x is not None))
+        total = xp.zeros(self.spec.shape, np.int64 if self.spec.dtype.itemsize < 8 else object) \
+            if xp is np or self.spec.dtype.itemsize < 8 else xp.zeros(self.spec.shape, np.int64)
+        for part in (self.dense, dense):
+            if part is not None:
+                total += _wide(part)
+        for r, v in [*self.row_parts, *([(rows, values)] if rows is not None else [])]:
+            if xp is np:
+                np.add.at(total, r, _wide(v))
+            else:
+                _backend.scatter_add(total, xp.asarray(r), _wide(v))
+        info = np.iinfo(self.spec.dtype)
+        lo, hi = (int(total.min()), int(total.max())) if total.size else (0, 0)
+        if lo < info.min or hi > info.max:
+            raise _range_error(self.spec, lo, hi)
+        return float(max(-lo, hi))
 
     def _add_bound(self, first: bool, bound: float | None) -> None:
         """The bound of what the buffer will send, with a push's added."""
@@ -126,9 +171,17 @@ class PushBuffer:
         if merged_rows is not rows:  # coalesced: fresh arrays, the buffer's own
             keep_rows = keep_values = True
             borrowed = False
-            self.summed |= sums_duplicates and merged_rows.size < rows.size
-            bound = None if sums_duplicates and merged_rows.size < rows.size else bound
-        self._add_bound(first, bound)
+            if sums_duplicates and merged_rows.size < rows.size:
+                self.summed = True
+                bound = None  # a row's sum may exceed the bound of the values
+                if self.spec.dtype.kind in "iu":  # summed wide (numpy's reduceat): in range, or refused
+                    lo, hi = (int(merged_values.min()), int(merged_values.max())) if merged_values.size else (0, 0)
+                    info = np.iinfo(self.spec.dtype)
+                    if lo < info.min or hi > info.max:
+                        raise _range_error(self.spec, lo, hi)
+                    merged_values, bound = merged_values.astype(self.spec.dtype, copy=False), float(max(-lo, hi))
+        exact = None if first else self._int_total(bound, rows=merged_rows, values=merged_values)
+        self._add_bound(first, bound if exact is None else exact)
         self.borrowed |= borrowed
         part = (merged_rows if keep_rows else self._own_rows(merged_rows),
                 merged_values if keep_values else merged_values.copy())

@@ -3,7 +3,8 @@ bound of each push's magnitudes. The participant finds it once, in the
 check of its values, and sends it with the push: neither its leases nor the
 server's lease and apply measure the values again (three passes over every
 push of LDA's counts made its K = 1000 sync 40% slower). A bound is never
-trusted where it may be wrong: duplicate rows summed in a push."""
+trusted where it may be wrong: duplicate rows summed in a push (integers
+are then summed wide, and their exact bound kept)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def test_a_row_buffer_keeps_a_bound_that_holds():
     assert buf.bound == 6.0  # rows of two pushes may overlap: |a + b| <= |a| + |b|
     dup = PushBuffer(spec)
     dup.add_rows(np.array([2, 2, 2]), np.array([4, 4, 4], np.int32), bound=4.0)
-    assert dup.bound is None  # row 2's sum (12) is past the bound of the values: measured by the server
+    assert dup.bound == 12.0  # row 2's sum, past the values' bound (4): an integer sum is made wide, exactly
 
 
 def _count_passes(monkeypatch):

@@ -51,14 +51,17 @@ def _blocks_with_two_primaries(ps, name, fine, **spec):
     With two copies of every block on two workers, the primaries of all 6
     blocks can fall on one worker (the placement hashes a random table id:
     1 of 3 full runs); the table is then created again."""
+    ps.wait_for_servers(2, timeout=60)  # both workers serve (a busy one may still be joining)
     for _ in range(50):
         ps.create_table(name, **spec)
         h = ps._handle(name)
         big = next((b for b in range(6) if h.primary(b) != h.primary(fine)), None)
         if big is not None:
             return big
+        last = ps.placement(name)
         ps.drop_table(name)
-    raise AssertionError(f"50 placements of {name!r} put every primary on one worker")
+    raise AssertionError(f"50 placements of {name!r} put every primary on one worker "
+                         f"(servers: {ps.servers()}, last placement: {last})")
 
 
 @pytest.mark.parametrize("replication", [1, 2])
@@ -87,9 +90,7 @@ def test_a_push_refused_by_one_server_is_applied_by_none(ps, client, replication
 
 
 def test_an_integer_push_refused_by_one_server_is_applied_by_none(ps, client):
-    ps.create_table("i", shape=(24,), dtype="int32", block_rows=4)
-    h = ps._handle("i")
-    big = next(b for b in range(6) if h.primary(b) != h.primary(0))
+    big = _blocks_with_two_primaries(ps, "i", 0, shape=(24,), dtype="int32", block_rows=4)
     ps.push_rows("i", [4 * big], np.array([2**31 - 1], np.int32))
     with pytest.raises(dask_ps.PSValueError, match="'i'.*out of the range of int32.*nothing was applied"):
         ps.push("i", np.ones(24, np.int32))

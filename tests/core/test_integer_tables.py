@@ -124,3 +124,62 @@ def test_a_per_clock_integer_sum_that_would_wrap_is_refused_when_pushed():
     for items in st.due(t, "r", 1):
         st.commit(t, st.apply(t, items, check=False))
     assert (t.blocks[0].data == 2**30).all()
+
+
+# --- a participant's buffer sums its pushes before they are sent: in range or refused at the push ---
+
+
+def _buffer(dtype="int32"):
+    from dask_ps._oplog import PushBuffer
+
+    return PushBuffer(TableSpec.create("t", (4,), dtype, block_rows=2))
+
+
+def _total(buf):
+    out = np.zeros(4, np.int64)
+    if buf.dense is not None:
+        out += buf.dense
+    for r, v in buf.row_parts:
+        np.add.at(out, r, v)
+    return out
+
+
+@pytest.mark.parametrize("how", ["dense", "rows", "rows of one push", "dense then rows"])
+def test_buffered_integer_pushes_that_would_wrap_are_refused_at_the_push(how):
+    """They used to wrap in the buffer: two pushes of 2**30 into int32 arrived at the servers as -2**31."""
+    from dask_ps._spec import check_values
+
+    big = np.full(4, 2**30, np.int32)
+    buf = _buffer()
+
+    def add(kind, rows=None, vals=big):
+        v, bound = check_values(buf.spec, vals, vals.shape, bound=True)  # as the session checks a push
+        if kind == "dense":
+            buf.add_dense(v, bound=bound)
+        else:
+            buf.add_rows(np.asarray(rows), v, bound=bound)
+
+    if how == "rows of one push":
+        with pytest.raises(PSValueError, match=r"'t'.*\[2147483648, 2147483648\].*int32.*not buffered"):
+            add("rows", [1, 1], np.full(2, 2**30, np.int32))
+        assert not buf
+        return
+    first, second = {"dense": ("dense", "dense"), "rows": ("rows", "rows"),
+                     "dense then rows": ("dense", "rows")}[how]
+    add(first, [0, 1, 2, 3])
+    before = _total(buf).copy()
+    with pytest.raises(PSValueError, match=r"'t'.*out of the range of int32.*not buffered"):
+        add(second, [0, 1, 2, 3])
+    np.testing.assert_array_equal(_total(buf), before)  # the first push is kept, unchanged
+    add(second, [0, 1, 2, 3], np.full(4, -(2**30), np.int32))  # back to zero: taken, exactly
+    np.testing.assert_array_equal(_total(buf), 0)
+
+
+def test_buffered_integer_sums_near_the_range_are_exact():
+    """Bounds that do not settle it (2**30 + 2**30 - 1 may wrap) make the exact sum, which fits."""
+    buf = _buffer()
+    buf.add_dense(np.full(4, 2**30, np.int32), bound=float(2**30))
+    buf.add_dense(np.full(4, 2**30 - 1, np.int32), bound=float(2**30 - 1))
+    assert (buf.dense == 2**31 - 1).all() and buf.bound == 2**31 - 1  # the exact total's: tight
+    buf.add_rows(np.array([2]), np.array([-5], np.int32), bound=5.0)
+    np.testing.assert_array_equal(_total(buf), [2**31 - 1, 2**31 - 1, 2**31 - 6, 2**31 - 1])
