@@ -178,6 +178,11 @@ class Runs:
         if run is not None:
             run.tables.add(table)
 
+    def notify_at_end(self, run_id: str) -> None:
+        """A participant uses a table whose servers act on clock advances:
+        the run's end waits for the servers to apply what it left."""
+        self.get(run_id).notify = True
+
     def abort_all(self, reason: str) -> None:
         """Every run ends at once (the scheduler closes, the cluster restarts)."""
         for run in self.runs.values():

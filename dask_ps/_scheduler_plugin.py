@@ -652,9 +652,6 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self.run_book.check_new(run_id, n, owner)
         await self.run_book.start(run_id, n, name, _dashboard.check_run_info(info), owner=owner)
 
-    def _run(self, run_id):
-        return self.run_book.get(run_id)
-
     @handler(INTERNAL)
     def run_record(self, run_id: str) -> dict | None:
         """Handler (a worker that has not heard of a run): its membership record."""
@@ -674,7 +671,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         """Handler: a participant uses a table whose servers act on clock
         advances (ESSP pushes, per-clock aggregation): the run's end waits
         for them to apply what it left."""
-        self._run(run_id).notify = True
+        self.run_book.notify_at_end(run_id)
 
     @handler(INTERNAL)
     async def run_leave(self, run_id: str, rank: int, metrics: dict | None = None) -> None:
