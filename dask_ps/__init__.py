@@ -24,6 +24,7 @@ from dask_ps._exceptions import (
     TableExistsError,
     UnknownTableError,
 )
+from dask_ps._context import ParticipantContext
 from dask_ps._flights import PullHandle, PushHandle
 from dask_ps._session import Session
 from dask_ps._spec import TableSpec
@@ -46,8 +47,8 @@ def dask_setup(server):
 _dashboard.install_on_import()
 
 __all__ = [
-    "ParameterServer", "get_parameter_server", "checkpoint_metadata", "Session", "PullHandle", "PushHandle",
-    "report_progress",
+    "ParameterServer", "get_parameter_server", "checkpoint_metadata", "Session", "ParticipantContext",
+    "PullHandle", "PushHandle", "report_progress",
     "TableSpec", "BlockPlacement",
     "Consistency", "BSP", "SSP", "ESSP", "VAP", "CVAP", "ASP",
     "UpdateRule", "Sum", "Assign", "SGD", "Momentum", "Adagrad", "Adam", "Custom",

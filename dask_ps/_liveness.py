@@ -278,10 +278,27 @@ class HungWorkers:
     done, so its copies are needed nowhere) it drops every copy it still has
     (``ps_evicted``: they missed pushes) and is taken back as a new member,
     so tables rebalance onto it with fresh copies.
+
+    Handed what it uses by the scheduler plugin (built in its ``start``):
+    the membership sets, the table registry, ``Liveness`` and the calls to
+    workers, and three actions of other parts (``repair``, ``retiree_left``,
+    ``rejoin``); it never reaches back into the plugin.
     """
 
-    def __init__(self, plugin):
-        self.plugin = plugin
+    def __init__(self, *, scheduler, members, retiring, tables, creating, liveness, calls, worker_rpc,
+                 in_background, repair, retiree_left, rejoin):
+        self.scheduler = scheduler  # Dask's: workers (last_seen), status, event log
+        self.members = members  # the shard servers (the set, read at each check)
+        self.retiring = retiring  # being retired: judged by _check_retirees
+        self.tables = tables  # name -> SchedulerTableState: whose copies are the only ones
+        self.creating = creating  # table -> owners, while its shards are created
+        self.liveness = liveness  # a fenced worker is marked dead there
+        self.calls = calls  # WorkerCalls (ps_worker_left to the others)
+        self.worker_rpc = worker_rpc  # worker -> rpc, not through Liveness (ps_evicted)
+        self.in_background = in_background  # runs a task ps_placement_settled waits for
+        self.repair = repair  # PlacementChanger.repair(name, gone=, reason=)
+        self.retiree_left = retiree_left  # Retirements.left(worker, why)
+        self.rejoin = rejoin  # the plugin's register_server(worker): a taken-back worker joins
         self.fenced: dict[str, str] = {}  # worker -> eviction id, until it is taken back
         self._warned: set[str] = set()  # hung workers not fenced (sole copies), warned once
         self._last_check: float | None = None
@@ -319,7 +336,7 @@ class HungWorkers:
 
     def last_heard(self, worker: str) -> float:
         """When ``worker`` was last heard: its beacon or its Dask heartbeat."""
-        ws = self.plugin.scheduler.workers.get(worker)
+        ws = self.scheduler.workers.get(worker)
         seen = ws.last_seen if ws is not None else 0.0
         return max(seen, self.beats.get(worker, 0.0))
 
@@ -336,16 +353,15 @@ class HungWorkers:
             return 0.0
         if worker is not None and worker in self.beats:
             return max(hung, 4 * BEACON_PERIOD)
-        return max(hung, 3 * heartbeat_interval(len(self.plugin.scheduler.workers)))
+        return max(hung, 3 * heartbeat_interval(len(self.scheduler.workers)))
 
     def check(self) -> None:
         """Periodic (scheduler's event loop): fence out members that hang."""
         from distributed.metrics import time
 
-        plugin = self.plugin
         now = time()
         last, self._last_check = self._last_check, now
-        if not self.limit() or plugin.scheduler is None or plugin.scheduler.status.name != "running":
+        if not self.limit() or self.scheduler is None or self.scheduler.status.name != "running":
             return
         if last is not None and now - last > 1.0:
             # This loop stalled itself: beacons and heartbeats may be waiting to be read.
@@ -353,13 +369,13 @@ class HungWorkers:
         if now < self._quiet_until:
             return
         self._check_retirees(now)
-        workers = plugin.scheduler.workers
-        silent = {w for w in plugin.members
-                  if w in workers and w not in plugin.retiring and now - self.last_heard(w) > self.limit(w)}
+        workers = self.scheduler.workers
+        silent = {w for w in self.members
+                  if w in workers and w not in self.retiring and now - self.last_heard(w) > self.limit(w)}
         for w in list(self._warned):
             if w not in silent:
                 self._warned.discard(w)
-        if not silent or len(silent) >= len(plugin.members):
+        if not silent or len(silent) >= len(self.members):
             return  # nobody answers: more likely the scheduler's problem than theirs
         for w in sorted(silent):
             why_not = self._sole_copies(w, silent)
@@ -378,29 +394,27 @@ class HungWorkers:
         for the evacuation) and whose beacon is silent for the limit was
         killed or stopped while it retired: it is gone, so that no
         placement change waits on its copies (issue 34)."""
-        plugin = self.plugin
-        for w in sorted(plugin.retiring):
-            if (w not in plugin.scheduler.workers and w in self.beats
+        for w in sorted(self.retiring):
+            if (w not in self.scheduler.workers and w in self.beats
                     and now - self.beats[w] > self.limit(w)):
                 logger.warning("dask_ps: retiring worker %s not heard for %.1f s: it is gone",
                                w, now - self.beats[w])
-                plugin.retire.left(w, f"{w} stopped while it retired")
+                self.retiree_left(w, f"{w} stopped while it retired")
 
     def _sole_copies(self, worker: str, silent: set[str]) -> str | None:
         """Why fencing ``worker`` out would lose data (a block whose only
         up-to-date copy it holds), or None. A copy a placement change is
         still making does not count (its target has nothing yet)."""
-        plugin = self.plugin
-        for name, owners in list(getattr(plugin, "creating", {}).items()):
+        for name, owners in list(self.creating.items()):
             if any(worker in ws and len(ws) == 1 for ws in owners):
                 return f"it holds the only copy of a block of table {name!r}, being created"
-        for t in plugin.tables.values():
+        for t in self.tables.values():
             if t.lost or worker not in t.listed():
                 continue
             for b in range(len(t.owners)):
                 have = t.up_to_date(b)
                 if worker in have and not any(
-                    w != worker and w in plugin.members and w not in silent for w in have
+                    w != worker and w in self.members and w not in silent for w in have
                 ):
                     return f"it holds the only up-to-date copy of block {b} of table {t.spec.name!r}"
         return None
@@ -408,13 +422,12 @@ class HungWorkers:
     def _fence_out(self, worker: str, reason: str) -> None:
         import uuid
 
-        plugin = self.plugin
         logger.warning("dask_ps: %s: fencing it out (its copies leave every placement)", reason)
         self.fenced[worker] = uuid.uuid4().hex
-        plugin.members.discard(worker)
-        plugin.liveness.mark_dead(worker)  # the scheduler's own calls to it fail over
-        plugin.scheduler.log_event("ps-worker-left", {"address": worker, "reason": reason})
-        plugin.in_background(self._repair_without(worker, reason))
+        self.members.discard(worker)
+        self.liveness.mark_dead(worker)  # the scheduler's own calls to it fail over
+        self.scheduler.log_event("ps-worker-left", {"address": worker, "reason": reason})
+        self.in_background(self._repair_without(worker, reason))
         task = asyncio.ensure_future(self._take_back(worker, self.fenced[worker]))
         self._waiting.add(task)
         task.add_done_callback(self._waiting.discard)
@@ -424,15 +437,14 @@ class HungWorkers:
         may still think it is a primary when it runs again), then repair."""
         from dask_ps import _config
 
-        plugin = self.plugin
         bound = max(1.0, _config.get_seconds("timeouts.hung"))
         await asyncio.gather(*(
-            asyncio.wait_for(plugin.calls.call(w, "ps_worker_left", address=worker), bound)
-            for w in sorted(plugin.members)
+            asyncio.wait_for(self.calls.call(w, "ps_worker_left", address=worker), bound)
+            for w in sorted(self.members)
         ), return_exceptions=True)
-        for t in list(plugin.tables.values()):
+        for t in list(self.tables.values()):
             if worker in t.listed():
-                plugin.in_background(plugin.placement.repair(t.spec.name, gone={worker}, reason=reason))
+                self.in_background(self.repair(t.spec.name, gone={worker}, reason=reason))
 
     async def _take_back(self, worker: str, eviction: str) -> None:
         """Once it answers, it stops serving (``ps_evicted`` with
@@ -443,12 +455,11 @@ class HungWorkers:
         that is still copying (or waiting for a source that is itself
         stopped) must not find the placement naming a worker that has
         nothing."""
-        plugin = self.plugin
         # First it stops serving (a worker that is only slow runs on, and its
         # copies miss every push from now on); it keeps them for now.
-        while self.fenced.get(worker) == eviction and worker in plugin.scheduler.workers:
+        while self.fenced.get(worker) == eviction and worker in self.scheduler.workers:
             try:
-                await asyncio.wait_for(plugin.worker_rpc(worker).ps_evicted(eviction=eviction, drop=False), 60)
+                await asyncio.wait_for(self.worker_rpc(worker).ps_evicted(eviction=eviction, drop=False), 60)
                 break
             except asyncio.CancelledError:
                 raise
@@ -456,33 +467,33 @@ class HungWorkers:
                 logger.debug("dask_ps: ps_evicted(drop=False) to %s: %r", worker, e)
                 await asyncio.sleep(0.5)
         waited = 0.0
-        while self.fenced.get(worker) == eviction and worker in plugin.scheduler.workers:
-            listing = [t.spec.name for t in list(plugin.tables.values()) if worker in t.listed()]
-            creating = any(worker in ws for owners in getattr(plugin, "creating", {}).values() for ws in owners)
+        while self.fenced.get(worker) == eviction and worker in self.scheduler.workers:
+            listing = [t.spec.name for t in list(self.tables.values()) if worker in t.listed()]
+            creating = any(worker in ws for owners in self.creating.values() for ws in owners)
             if not listing and not creating:
                 break
             waited += 0.2
             if waited >= 5.0:  # a repair that gave up: ask again
                 waited = 0.0
                 for name in listing:
-                    plugin.in_background(plugin.placement.repair(
+                    self.in_background(self.repair(
                         name, gone={worker}, reason=f"{worker} fenced out as hung"))
             await asyncio.sleep(0.2)
-        while self.fenced.get(worker) == eviction and worker in plugin.scheduler.workers:
+        while self.fenced.get(worker) == eviction and worker in self.scheduler.workers:
             try:
                 # Not through Liveness: the worker is marked dead there.
-                await asyncio.wait_for(plugin.worker_rpc(worker).ps_evicted(eviction=eviction), 60)
+                await asyncio.wait_for(self.worker_rpc(worker).ps_evicted(eviction=eviction), 60)
                 break
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a connect that timed out while it hangs: again
                 logger.debug("dask_ps: ps_evicted to %s: %r", worker, e)
                 await asyncio.sleep(0.5)
-        if self.fenced.get(worker) != eviction or worker not in plugin.scheduler.workers:
+        if self.fenced.get(worker) != eviction or worker not in self.scheduler.workers:
             return
         del self.fenced[worker]
         logger.warning("dask_ps: worker %s answers again; it dropped its old copies and joins again", worker)
-        await plugin.register_server(worker)
+        await self.rejoin(worker)
 
 
 class PauseGuard:

@@ -19,10 +19,15 @@ from dask_ps import _config
 
 
 class LostReports:
-    """Collects lost blocks per (table, why) and logs them once, after a delay."""
+    """Collects lost blocks per (table, why) and logs them once, after a delay.
 
-    def __init__(self, plugin, logger: logging.Logger):
-        self.plugin = plugin
+    ``scheduler``: Dask's scheduler (is it closing?); ``running_members()``:
+    the shard servers still running (has everyone left?).
+    """
+
+    def __init__(self, scheduler, running_members, logger: logging.Logger):
+        self.scheduler = scheduler
+        self.running_members = running_members
         self.logger = logger
         self.pending: dict[tuple[str, str], set[int]] = {}
         self._timer = None
@@ -40,9 +45,9 @@ class LostReports:
     def flush(self) -> None:
         self._timer = None
         pending, self.pending = self.pending, {}
-        scheduler = self.plugin.scheduler
+        scheduler = self.scheduler
         closing = scheduler is None or scheduler.status.name != "running"
-        everyone_left = not closing and not self.plugin.running_members()
+        everyone_left = not closing and not self.running_members()
         for (table, why), blocks in sorted(pending.items()):
             if closing:
                 self.logger.info("dask_ps: table %r: block(s) %s were not kept: the scheduler is closing",

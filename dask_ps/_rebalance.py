@@ -25,38 +25,51 @@ logger = logging.getLogger(__name__)
 
 
 class PlacementChanger:
-    """Moves the blocks of the plugin's tables between its members.
+    """Moves the blocks of the scheduler's tables between its members.
 
-    Holds a reference to the scheduler plugin for its table registry
-    (``tables``), its membership (``members``, ``running_members``, ``retiring``), its
-    per-table locks and its background tasks; calls workers through the
-    plugin's :class:`~dask_ps._liveness.WorkerCalls`.
+    Handed what it uses (the scheduler plugin builds it in ``start``; it
+    never reaches back into the plugin):
+
+    - ``tables``: the table registry (name -> ``SchedulerTableState``), and
+      ``table_lock(name)``, the lock that orders a table's creation and
+      placement changes;
+    - ``members``: the shard servers, ``retiring``: those being retired
+      (still serving), and ``running_members()``: the members that can take
+      blocks (sets read at each use);
+    - ``scheduler``: Dask's scheduler (which workers are in the cluster,
+      its event log); ``liveness``: the workers known dead
+      (:class:`~dask_ps._liveness.Liveness`); ``calls``: the RPCs to workers
+      (:class:`~dask_ps._liveness.WorkerCalls`);
+    - ``in_background(coro)``: runs a task that ``ps_placement_settled``
+      waits for; ``note_rollback(t, blocks, reason)``: records blocks
+      restored from a checkpoint (the runs report it).
+
+    Settings (``ps.vnodes``, ``ps.timeouts.*``) are read at each use, so
+    that ``dask.config.set`` applies to a running cluster.
     """
 
-    def __init__(self, plugin):
-        self.plugin = plugin
+    def __init__(self, *, tables, table_lock, members, retiring, running_members, scheduler, liveness, calls,
+                 in_background, note_rollback):
+        self.tables = tables
+        self.table_lock = table_lock
+        self.members = members
+        self.retiring = retiring
+        self.running_members = running_members
+        self.scheduler = scheduler
+        self.liveness = liveness
+        self.calls = calls
+        self.in_background = in_background
+        self.note_rollback = note_rollback
         self.resync_pending: set[str] = set()  # tables with a resync scheduled, not started
 
     def __repr__(self):
-        return f"<PlacementChanger tables={sorted(self.plugin.tables)} resync_pending={sorted(self.resync_pending)}>"
-
-    @property
-    def tables(self):
-        return self.plugin.tables
+        return f"<PlacementChanger tables={sorted(self.tables)} resync_pending={sorted(self.resync_pending)}>"
 
     def report_lost(self, table: str, blocks, why: str) -> None:
         """Log lost blocks once the cluster's state says what they mean (``_lost_report``)."""
         if "_lost" not in self.__dict__:
-            self._lost = LostReports(self.plugin, logger)
+            self._lost = LostReports(self.scheduler, self.running_members, logger)
         self._lost.add(table, blocks, why)
-
-    @property
-    def members(self) -> set[str]:
-        return self.plugin.members
-
-    @property
-    def calls(self):
-        return self.plugin.calls
 
     def ideal(self, t, members) -> list[list[str]]:
         """The consistent-hash placement of ``t`` over ``members``."""
@@ -70,7 +83,7 @@ class PlacementChanger:
     # --- why a placement changes ------------------------------------------------------
     async def rebalance(self, name: str) -> None:
         """Move table ``name`` to its ideal placement over the members (a worker joined)."""
-        async with self.plugin.table_lock(name):
+        async with self.table_lock(name):
             t = self.tables.get(name)
             if t is None or not self.members or t.lost:
                 return
@@ -79,7 +92,7 @@ class PlacementChanger:
     async def evacuate(self, address: str) -> None:
         """Move every block off ``address`` (retiring, still serving)."""
         self.members.discard(address)
-        if not self.plugin.running_members():
+        if not self.running_members():
             return  # the whole cluster is shutting down (scale(0) retires everyone)
         names = [n for n, t in self.tables.items() if address in t.listed()]
         # All tables at once: the worker may not wait long once it closes.
@@ -92,11 +105,11 @@ class PlacementChanger:
         workers: survivors keep their blocks, a surviving replica becomes
         primary, missing copies are added; blocks with no copy left are
         restored from the latest checkpoint or reported lost."""
-        async with self.plugin.table_lock(name):
+        async with self.table_lock(name):
             t = self.tables.get(name)
             if t is None:
                 return
-            members = self.plugin.running_members() - gone - leaving
+            members = self.running_members() - gone - leaving
             # Holders that take no new blocks but still serve theirs (another
             # worker retiring, one Dask paused): sources, never "lost" (a kill
             # during a retire reported the retiring worker's blocks lost).
@@ -168,21 +181,21 @@ class PlacementChanger:
         # the copy differs from it whether or not the push is acknowledged.
         if table not in self.resync_pending:
             self.resync_pending.add(table)
-            self.plugin.in_background(self.resync(table))
+            self.in_background(self.resync(table))
         try:
             await asyncio.wait_for(
                 self.calls.call(replica, "ps_fence", table=table, table_id=table_id, blocks=blocks),
                 _config.get_seconds("timeouts.rpc"),
             )
         except Exception as e:
-            if replica in self.plugin.scheduler.workers and replica not in self.plugin.liveness.dead:
+            if replica in self.scheduler.workers and replica not in self.liveness.dead:
                 raise PSError(f"table {table!r}: could not fence replica {replica}: {e!r}") from e
             # Removed meanwhile: the repair of its removal drops the copy.
 
     async def resync(self, name: str, attempt: int = 0) -> None:
         """Copy stale replicas again from an up-to-date copy (same owners,
         a new placement version), retrying a few times if a copy fails."""
-        async with self.plugin.table_lock(name):
+        async with self.table_lock(name):
             # Misses reported from now on need another resync.
             self.resync_pending.discard(name)
             t = self.tables.get(name)
@@ -300,7 +313,7 @@ class PlacementChanger:
         Dask removes it. Only a block whose every up-to-date holder left
         is marked lost (issue 22: two workers stopped together lost blocks
         that a resumed worker still had)."""
-        dead = self.plugin.liveness.dead
+        dead = self.liveness.dead
         copied: dict[int, list[str]] = {}
         first_failed: dict[tuple[int, str, str], float] = {}  # (block, source, target) -> loop time
         unreachable: set[tuple[int, str]] = set()  # (block, source) reported
@@ -414,7 +427,7 @@ class PlacementChanger:
             new_owners[b][:] = owners
         logger.warning("dask_ps: table %r: copies to %s not made; blocks stay on their old holders",
                        t.spec.name, {b: sorted(ws) for b, ws in given_up.items()})
-        self.plugin.in_background(self._later_rebalance(t.spec.name))
+        self.in_background(self._later_rebalance(t.spec.name))
 
     async def _later_rebalance(self, name: str) -> None:
         await asyncio.sleep(1.0)
@@ -431,11 +444,10 @@ class PlacementChanger:
     def _alive(self, worker: str) -> bool:
         """Not removed, not fenced out: in the cluster, or retiring (Dask
         removes a retiring worker while it still serves its evacuation)."""
-        plugin = self.plugin
-        if worker in plugin.liveness.dead:
+        if worker in self.liveness.dead:
             return False
-        scheduler = getattr(plugin, "scheduler", None)
-        return scheduler is None or worker in scheduler.workers or worker in getattr(plugin, "retiring", ())
+        scheduler = self.scheduler  # None: a changer tested without one
+        return scheduler is None or worker in scheduler.workers or worker in self.retiring
 
     async def _create_empty(self, t, new_owners, skip) -> None:
         """Blocks with no copy left: empty shards on their new owners (a
@@ -475,8 +487,8 @@ class PlacementChanger:
         cached handles are refreshed before the next message instead of after
         a failed one (a connect to a dead worker can take ``timeouts.connect``).
         Clients hear it as a Dask event; workers through a handler."""
-        self.plugin.scheduler.log_event("ps-placement", {"table": t.spec.name, "version": t.version})
-        self.plugin.in_background(
+        self.scheduler.log_event("ps-placement", {"table": t.spec.name, "version": t.version})
+        self.in_background(
             self.calls.broadcast("ps_placement_changed", table=t.spec.name, version=t.version)
         )
 
@@ -521,7 +533,7 @@ class PlacementChanger:
                          t.spec.name, blocks, path, e)
             return
         t.restored += len(blocks)
-        self.plugin.note_rollback(t, blocks, reason)
+        self.note_rollback(t, blocks, reason)
         logger.warning(
             "dask_ps: table %r: block(s) %s were lost (%s) and restored from the checkpoint at %s; "
             "updates made since that checkpoint are lost",

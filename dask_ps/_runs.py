@@ -110,8 +110,17 @@ class Runs:
         except asyncio.TimeoutError:
             logger.info("dask_ps: run %s: a server has not taken its membership record yet", run.run_id)
 
+    def check_new(self, run_id, n, owner) -> None:
+        """Refuse a run that cannot start (nothing changes)."""
+        if not (isinstance(run_id, str) and _is_int(n) and n >= 1 and isinstance(owner, (str, type(None)))):
+            raise PSValueError(f"a run needs a str id and n >= 1 participants, got {run_id!r}, {n!r}")
+        if run_id in self.runs:  # another client's, or a re-run cell: it must not take that run over
+            raise PSValueError(f"run {run_id} is active already; a run id is started once")
+
     async def start(self, run_id: str, n: int, name: str, info: dict, owner: str | None = None) -> None:
-        run = self.runs[run_id] = RunState(run_id, n, [0] * n, name=name, info=info, owner=owner)
+        """A run of ``n`` participants starts (``ps_run_start``); an id is started once."""
+        self.check_new(run_id, n, owner)
+        run = self.runs[run_id] = RunState(run_id, n, [0] * n, name=str(name)[:200], info=info, owner=owner)
         # Before any participant starts: every server counts its clocks.
         await self.announce(run, new=True)
 
@@ -156,6 +165,58 @@ class Runs:
             return
         run.aborted, run.by_caller = reason or "aborted", True
         await self.announce(run)  # waits parked at the servers raise
+
+    def active(self, tables=None) -> list[str]:
+        """Runs in progress (that used any of ``tables``, if given)."""
+        if tables is None:
+            return sorted(self.runs)
+        return sorted(r for r, run in self.runs.items() if run.tables & set(tables))
+
+    def uses(self, run_id: str, table: str) -> None:
+        """A participant of ``run_id`` uses ``table`` (its end compares that table's copies)."""
+        run = self.runs.get(run_id)
+        if run is not None:
+            run.tables.add(table)
+
+    def notify_at_end(self, run_id: str) -> None:
+        """A participant uses a table whose servers act on clock advances:
+        the run's end waits for the servers to apply what it left."""
+        self.get(run_id).notify = True
+
+    def abort_all(self, reason: str) -> None:
+        """Every run ends at once (the scheduler closes, the cluster restarts)."""
+        for run in self.runs.values():
+            run.aborted = reason
+        self.runs.clear()
+
+    def rolled_back(self, record: dict) -> None:
+        """Blocks were restored from a checkpoint: every active run reports it at its end."""
+        for run in self.runs.values():
+            run.rollbacks.append({**record, "clocks": list(run.clocks), "run_started": run.started})
+
+    async def end(self, run: RunState) -> None:
+        """Forget ``run``. Servers free its exactly-once windows (and refuse
+        its late pushes from now on); they apply what it left (per-clock
+        sums) before this returns; without such sums the end does not wait
+        for every worker to answer."""
+        self.runs.pop(run.run_id, None)
+        if run.notify:
+            await self.calls.broadcast("ps_run_end", run_id=run.run_id)
+        else:
+            self.in_background(self.calls.broadcast("ps_run_end", run_id=run.run_id))
+
+    @staticmethod
+    def summary(run: RunState, copies_disagree: list) -> dict:
+        """What ``ps_run_end`` returns to the client."""
+        return {
+            "run_id": run.run_id,
+            "copies_disagree": copies_disagree,
+            "clocks": list(run.clocks),
+            "attempts": dict(run.attempts),
+            "seconds": time.time() - run.started,
+            "participants": {int(k): v for k, v in run.metrics.items()},
+            "rolled_back": [r for r in run.rollbacks if r["table"] in run.tables],
+        }
 
     def servers_changed(self) -> None:
         """A server joined or left: every run's servers are sent again (a new

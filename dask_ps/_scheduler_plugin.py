@@ -99,10 +99,6 @@ class SchedulerTableState:
         return self.holders() | {w for ws in (self.changing_from or ()) for w in ws}
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 class PSSchedulerPlugin(SchedulerPlugin):
     """Scheduler extension: table registry, placement, membership, run clocks.
 
@@ -127,8 +123,9 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self.calls = WorkerCalls(self.worker_rpc, self.liveness, self._retiring, self.members)
         self.run_book = Runs(self.calls, self.members, self.in_background)  # membership; servers count clocks
         self.runs = self.run_book.runs
-        self.placement = PlacementChanger(self)  # repair, evacuate, rebalance, resync
-        self.hung = HungWorkers(self)  # fences out members that stop answering
+        # Built in start, once the scheduler is known, from what they use (_build_parts).
+        self.placement: PlacementChanger | None = None  # repair, evacuate, rebalance, resync
+        self.hung: HungWorkers | None = None  # fences out members that stop answering
         self._saves: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()  # (path, data) -> {table: id}
         self.creating: dict[str, list[list[str]]] = {}  # table -> owners, while its shards are created
         self.totals: Counter = Counter()  # metrics summed over finished participants
@@ -149,6 +146,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
     async def start(self, scheduler):
         self.scheduler = scheduler
         self._servers_changed = asyncio.Condition()
+        self._build_parts(scheduler)
         # The workers' plugin, and with it the cluster's internal token: known
         # before any worker sets up (its ps_register_server needs it).
         registered = scheduler.worker_plugins.get(PLUGIN_NAME)
@@ -164,6 +162,21 @@ class PSSchedulerPlugin(SchedulerPlugin):
             await scheduler.register_worker_plugin(None, dumps(worker_plugin), name=PLUGIN_NAME, idempotent=True)
         self.dashboard = _dashboard.install(scheduler, self)  # the /ps page on the Dask dashboard
         self.hung.start()
+
+    def _build_parts(self, scheduler) -> None:
+        """The placement changer and the hung-worker watch, each handed the
+        state and the calls it uses (never this plugin)."""
+        self.placement = PlacementChanger(
+            tables=self.tables, table_lock=self.table_lock, members=self.members, retiring=self._retiring,
+            running_members=self.running_members, scheduler=scheduler, liveness=self.liveness,
+            calls=self.calls, in_background=self.in_background, note_rollback=self.note_rollback,
+        )
+        self.hung = HungWorkers(
+            scheduler=scheduler, members=self.members, retiring=self._retiring, tables=self.tables,
+            creating=self.creating, liveness=self.liveness, calls=self.calls, worker_rpc=self.worker_rpc,
+            in_background=self.in_background, repair=self.placement.repair, retiree_left=self.retire.left,
+            rejoin=self.register_server,
+        )
 
     def _check_cluster(self, op: str, msg: dict):
         """A message that carries ``cluster_id`` (a ParameterServer's calls)
@@ -188,19 +201,16 @@ class PSSchedulerPlugin(SchedulerPlugin):
         from dask_ps import _prometheus
 
         _prometheus.unregister(self)
-        self.hung.stop()
-        for run in self.runs.values():
-            run.aborted = "the scheduler is closing"
-        self.runs.clear()
+        if self.hung is not None:
+            self.hung.stop()
+        self.run_book.abort_all("the scheduler is closing")
         self.tables.clear()
 
     def restart(self, scheduler):
         # Workers come back empty after a restart: every table is gone.
         self.tables.clear()
         self.members.clear()
-        for run in self.runs.values():
-            run.aborted = "the cluster was restarted"
-        self.runs.clear()
+        self.run_book.abort_all("the cluster was restarted")
 
     def remove_worker(self, scheduler, worker, *, stimulus_id=None, **kwargs):
         """A worker left (killed, retired, or the cluster is closing): take it
@@ -226,9 +236,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
             if worker in t.listed():
                 self._in_background(self.placement.repair(t.spec.name, gone={worker}, reason=f"{worker} left ({stimulus_id})"))
 
-    # --- what PlacementChanger and HungWorkers use of this plugin (besides
-    # tables, members, creating, scheduler, liveness, calls, placement, hung,
-    # table_lock, worker_rpc, register_server, note_rollback) ---------------------------
+    # --- background tasks; what Retirements uses of this plugin ---------------------------
     def in_background(self, coro) -> None:
         """Run ``coro`` as a background task (``ps_placement_settled`` waits for it)."""
         task = asyncio.ensure_future(coro)
@@ -285,16 +293,12 @@ class PSSchedulerPlugin(SchedulerPlugin):
     @handler(READ_ONLY)
     def active_runs(self, tables=None) -> list[str]:
         """Handler: runs in progress (that used any of ``tables``, if given)."""
-        if tables is None:
-            return sorted(self.runs)
-        return sorted(r for r, run in self.runs.items() if run.tables & set(tables))
+        return self.run_book.active(tables)
 
     @handler(INTERNAL)
     def run_uses(self, run_id: str, table: str) -> None:
         """Handler: a participant of ``run_id`` uses ``table``."""
-        run = self.runs.get(run_id)
-        if run is not None:
-            run.tables.add(table)
+        self.run_book.uses(run_id, table)
 
     # --- checkpoints: ps.save and ps.load drive them, workers read and write the blocks ---------
     def _checkpoint_dir(self, path, data, name) -> str:
@@ -400,8 +404,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         # The event also says which table (its id) and how many restores it
         # had: a client's next call on it raises RolledBackError once.
         self.scheduler.log_event("ps-rollback", {**record, "table_id": t.spec.table_id, "count": t.rollback_count})
-        for run in self.runs.values():
-            run.rollbacks.append({**record, "clocks": list(run.clocks), "run_started": run.started})
+        self.run_book.rolled_back(record)
 
     async def _copies_disagree(self, name: str, attempts: int = 3) -> list:
         """Listed, not stale copies of ``name``'s blocks whose update count
@@ -646,14 +649,8 @@ class PSSchedulerPlugin(SchedulerPlugin):
     # --- runs (membership; the servers count the clocks: _runs, _runclocks) -----------------
     @handler(CLIENT)
     async def run_start(self, run_id: str, n: int, name: str = "", info: dict | None = None, owner=None) -> None:
-        if not (isinstance(run_id, str) and _is_int(n) and n >= 1 and isinstance(owner, (str, type(None)))):
-            raise PSValueError(f"a run needs a str id and n >= 1 participants, got {run_id!r}, {n!r}")
-        if run_id in self.runs:  # another client's, or a re-run cell: it must not take that run over
-            raise PSValueError(f"run {run_id} is active already; a run id is started once")
-        await self.run_book.start(run_id, n, str(name)[:200], _dashboard.check_run_info(info), owner=owner)
-
-    def _run(self, run_id):
-        return self.run_book.get(run_id)
+        self.run_book.check_new(run_id, n, owner)
+        await self.run_book.start(run_id, n, name, _dashboard.check_run_info(info), owner=owner)
 
     @handler(INTERNAL)
     def run_record(self, run_id: str) -> dict | None:
@@ -674,7 +671,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
         """Handler: a participant uses a table whose servers act on clock
         advances (ESSP pushes, per-clock aggregation): the run's end waits
         for them to apply what it left."""
-        self._run(run_id).notify = True
+        self.run_book.notify_at_end(run_id)
 
     @handler(INTERNAL)
     async def run_leave(self, run_id: str, rank: int, metrics: dict | None = None) -> None:
@@ -703,19 +700,17 @@ class PSSchedulerPlugin(SchedulerPlugin):
         for name in sorted(run.tables):
             async with self.table_lock(name):
                 pass
-        self.runs.pop(run_id, None)
-        # Servers free the run's exactly-once windows (and refuse its late
-        # pushes from now on). They apply what it left (per-clock sums)
-        # before this returns; without such sums the run's end does not wait
-        # for every worker to answer.
-        if run.notify:
-            await self.calls.broadcast("ps_run_end", run_id=run_id)
-        else:
-            self._in_background(self.calls.broadcast("ps_run_end", run_id=run_id))
-        # Every listed up-to-date copy of every block of the run's tables
-        # holds the same updates, or the run may have read one that missed
-        # some (issue 22: a fit returned a chance-level model with no error):
-        # the client raises CopiesDisagreeError.
+        await self.run_book.end(run)
+        disagree = await self._run_copies_disagree(run)
+        if self.dashboard is not None:
+            self.dashboard.run_ended(run, copies_disagree=bool(disagree))
+        return self.run_book.summary(run, disagree)
+
+    async def _run_copies_disagree(self, run) -> list[dict]:
+        """Every listed up-to-date copy of every block of the run's tables
+        holds the same updates, or the run may have read one that missed
+        some (issue 22: a fit returned a chance-level model with no error):
+        the client raises CopiesDisagreeError."""
         disagree = []
         for name in sorted(run.tables):
             try:
@@ -725,17 +720,7 @@ class PSSchedulerPlugin(SchedulerPlugin):
                 continue
             if found:
                 disagree.append({"table": name, "copies": found})
-        if self.dashboard is not None:
-            self.dashboard.run_ended(run, copies_disagree=bool(disagree))
-        return {
-            "run_id": run_id,
-            "copies_disagree": disagree,
-            "clocks": list(run.clocks),
-            "attempts": dict(run.attempts),
-            "seconds": time.time() - run.started,
-            "participants": {int(k): v for k, v in run.metrics.items()},
-            "rolled_back": [r for r in run.rollbacks if r["table"] in run.tables],
-        }
+        return disagree
 
 
 SCHEDULER_HANDLERS = HandlerRegistry("scheduler", PSSchedulerPlugin)

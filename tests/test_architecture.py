@@ -9,6 +9,11 @@
   ``dask_ps._estimators`` only: no session, transport, plugin or backend
   internals. The shared package is the one place that may reach into Dask
   internals, behind ``_dask_adapter``.
+- A participant's calls into the parameter server go through one typed
+  interface: the estimators call nothing on their ``ctx`` beyond
+  ``dask_ps.ParticipantContext``, which ``Session`` implements.
+- The scheduler's parts are handed what they use: ``PlacementChanger``,
+  ``HungWorkers`` and ``LostReports`` never hold the scheduler plugin.
 - No module over 900 lines and no function over 80 lines (docstring not
   counted), except the compiled kernels listed in ``LONG_FUNCTIONS``.
 """
@@ -16,9 +21,12 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import pathlib
+import textwrap
 
 import dask_ps
+from dask_ps import ParticipantContext, Session
 
 PKG = pathlib.Path(dask_ps.__file__).parent
 
@@ -125,3 +133,131 @@ def test_module_and_function_sizes():
             if n > MAX_FUNCTION_LINES and (path.name, node.name) not in LONG_FUNCTIONS:
                 too_long.append((str(path.relative_to(PKG)), node.name, n))
     assert not too_long, f"over the size limits (see docs/architecture.rst): {too_long}"
+
+
+# --- the participant's interface (issue 36: estimators type against a protocol) ---------------------
+
+
+def _protocol_members() -> tuple[set[str], set[str]]:
+    """``(methods and properties, data attributes)`` of ``ParticipantContext``."""
+    methods = {n for n, v in vars(ParticipantContext).items()
+               if not n.startswith("_") and (callable(v) or isinstance(v, property))}
+    return methods, set(ParticipantContext.__annotations__)
+
+
+def _assigned_on_self(cls) -> set[str]:
+    """Attributes assigned as ``self.x = ...`` in ``cls`` and its bases."""
+    out = set()
+    for klass in cls.__mro__[:-1]:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else (
+                [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    out.add(t.attr)
+    return out
+
+
+def test_the_session_implements_the_participant_context():
+    """Every member of ``ParticipantContext`` is on ``Session``, methods with
+    the same parameters and defaults (a structural check: building a
+    ``Session`` needs a worker)."""
+    methods, data = _protocol_members()
+    assert {"push", "push_rows", "pull", "pull_rows", "prefetch", "prefetch_rows", "flush", "clock",
+            "current_clock", "metrics"} <= methods
+    wrong = []
+    for name in sorted(methods):
+        want, have = getattr(ParticipantContext, name), getattr(Session, name, None)
+        if isinstance(want, property):
+            if not isinstance(have, property):
+                wrong.append((name, "not a property"))
+            continue
+        if not callable(have):
+            wrong.append((name, "missing"))
+            continue
+        params = [(p.name, p.kind, p.default) for p in inspect.signature(want).parameters.values()]
+        got = [(p.name, p.kind, p.default) for p in inspect.signature(have).parameters.values()]
+        if params != got:
+            wrong.append((name, got, "expected", params))
+    missing = data - _assigned_on_self(Session)
+    assert not wrong and not missing, f"Session does not implement ParticipantContext: {wrong} {sorted(missing)}"
+
+
+def _context_calls(tree: ast.AST) -> list[tuple[int, str, bool]]:
+    """``(line, attribute, on_the_inner_context)`` of every attribute read on
+    a participant's context: a parameter named ``ctx`` or annotated
+    ``ParticipantContext``, ``self.ctx``, and the inner context of a wrapper
+    (``._ctx``); ``getattr``/``hasattr`` with a constant name count too."""
+    names = {"ctx"}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for a in node.args.args + node.args.kwonlyargs:
+                if a.annotation is not None and "ParticipantContext" in ast.unparse(a.annotation):
+                    names.add(a.arg)
+
+    def kind(e) -> str | None:
+        if isinstance(e, ast.Name) and e.id in names:
+            return "ctx"
+        if isinstance(e, ast.Attribute) and e.attr == "ctx" and isinstance(e.value, ast.Name) and e.value.id == "self":
+            return "ctx"
+        if isinstance(e, ast.Attribute) and e.attr == "_ctx" and (kind(e.value) or isinstance(e.value, ast.Name)
+                                                                  and e.value.id == "self"):
+            return "inner"
+        return None
+
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and kind(node.value) and node.attr not in ("ctx", "_ctx"):
+            out.append((node.lineno, node.attr, kind(node.value) == "inner"))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+              and len(node.args) >= 2 and kind(node.args[0]) and isinstance(node.args[1], ast.Constant)):
+            out.append((node.lineno, node.args[1].value, kind(node.args[0]) == "inner"))
+    return out
+
+
+def _timing_wrapper_members() -> set[str]:
+    """The SGD participant's ``_TimedCtx`` (times the calls, passes the rest through)."""
+    tree = ast.parse((PKG / "linear_model" / "_participant.py").read_text())
+    [cls] = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "_TimedCtx"]
+    return {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))} | {
+        t.attr for n in ast.walk(cls) if isinstance(n, (ast.Assign, ast.AnnAssign))
+        for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Attribute)}
+
+
+def test_estimators_call_nothing_beyond_the_participant_context():
+    """What a participant of an estimator reads on its ``ctx`` is in
+    ``ParticipantContext`` (or the SGD participant's own timing wrapper,
+    whose inner context is held to the protocol alone): no session
+    internals, so the session can change without touching them."""
+    methods, data = _protocol_members()
+    allowed = methods | data
+    wrapper = _timing_wrapper_members()
+    assert {"pull", "clock", "overlaps"} <= wrapper
+    offenders = []
+    for pkg in (*ESTIMATOR_PACKAGES, SHARED_ESTIMATOR_PACKAGE):
+        for path in _modules(PKG / pkg):
+            for line, attr, inner in _context_calls(ast.parse(path.read_text())):
+                if attr not in allowed and (inner or attr not in wrapper):
+                    offenders.append((f"{pkg}/{path.name}:{line}", attr))
+    assert not offenders, f"estimators reach past ParticipantContext: {offenders}"
+    # The check sees what it is for: a session internal, directly or through a wrapper.
+    probe = ast.parse("def f(ctx: ParticipantContext):\n    ctx._sync(1)\n    getattr(ctx._ctx, '_router')\n")
+    assert sorted((a, inner) for _, a, inner in _context_calls(probe)) == [("_router", True), ("_sync", False)]
+
+
+def test_scheduler_parts_are_handed_what_they_use():
+    """``PlacementChanger``, ``HungWorkers`` and ``LostReports`` take their
+    collaborators (tables, membership, liveness, calls, actions), never
+    the scheduler plugin: nothing in them names a ``plugin``."""
+    parts = {"_rebalance.py": "PlacementChanger", "_liveness.py": "HungWorkers", "_lost_report.py": "LostReports"}
+    offenders = []
+    for module, name in parts.items():
+        tree = ast.parse((PKG / module).read_text())
+        [cls] = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name]
+        for node in ast.walk(cls):
+            if (isinstance(node, ast.Name) and "plugin" in node.id
+                    or isinstance(node, ast.Attribute) and "plugin" in node.attr
+                    or isinstance(node, ast.arg) and "plugin" in node.arg):
+                offenders.append((name, node.lineno))
+    assert not offenders, f"scheduler parts that reach back into the plugin: {offenders}"

@@ -26,6 +26,8 @@ Runs and checkpoints (``_runs``)
     (``SAVE_RETRY_SECONDS``), ``chunk_end``, ``jsonable``;
     ``temporary_tables`` / ``TemporaryTables``; ``cluster_members``,
     ``may_be_worker_loss``, ``lost_workers``, ``MAX_RESTARTS``;
+    ``wait_for_participants``, ``participant_worker`` (where a
+    participant runs, None in process);
     ``RolledBackError`` (``dask_ps``'s: a run's tables were restored from
     their checkpoint, re-exported for the estimators' drivers).
 Progress and metrics (``_progress``)
@@ -104,6 +106,7 @@ from dask_ps._estimators._runs import (
     jsonable,
     lost_workers,
     may_be_worker_loss,
+    participant_worker,
     run_in_chunks,
     save_checkpoint,
     temporary_tables,
@@ -117,7 +120,7 @@ __all__ = [
     "CheckpointMismatchError", "checkpoint_record", "check_checkpoint", "find_checkpoint", "save_checkpoint",
     "SAVE_RETRY_SECONDS", "chunk_end", "jsonable", "temporary_tables", "TemporaryTables",
     "cluster_members", "may_be_worker_loss", "lost_workers", "MAX_RESTARTS", "RolledBackError",
-    "wait_for_participants", "run_in_chunks",
+    "wait_for_participants", "participant_worker", "run_in_chunks",
     "Progress", "PollingMonitor", "rate", "participant_metrics", "run_info", "dashboard_run",
     "njit", "kernel_cache_dir",
     "is_dask_collection", "is_dask_dataframe", "is_dask_array", "dask_meta", "dask_feature_names",

@@ -31,6 +31,7 @@ import warnings
 
 import numpy as np
 
+from dask_ps import ParticipantContext
 from dask_ps import PSError, RolledBackError, SchedulerLostError, UnknownTableError, checkpoint_metadata  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
@@ -259,7 +260,7 @@ def lost_workers(client, members, wait: float = 5.0, poll_seconds: float = 0.2) 
 # --- participants ---------------------------------------------------------------------------
 
 
-def wait_for_participants(ctx, table, owner: str, what: str) -> None:
+def wait_for_participants(ctx: ParticipantContext, table, owner: str, what: str) -> None:
     """Wait, in a participant, until every participant of the run has
     reached this point with its pushes so far on the servers: each counts
     itself in ``table`` (a one-element ``VAP`` table, whose reads always go
@@ -282,3 +283,17 @@ def wait_for_participants(ctx, table, owner: str, what: str) -> None:
             )
         time.sleep(pause)
         pause = min(2 * pause, 0.02)
+
+
+def participant_worker(ctx: ParticipantContext) -> str | None:
+    """Where a participant runs: the address of the worker running its task
+    (a participant of a parameter-server run), None for one trained in the
+    calling process (no run: ``ctx.run_id`` is None)."""
+    if getattr(ctx, "run_id", None) is None:
+        return None
+    from distributed import get_worker
+
+    try:
+        return get_worker().address
+    except ValueError:  # not in a worker's task (a simulated run)
+        return None

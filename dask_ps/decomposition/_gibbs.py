@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from dask_ps import report_progress
+from dask_ps import ParticipantContext, report_progress
 from dask_ps._estimators import arrays, wait_for_participants
 from dask_ps.decomposition import _lda_kernels as _k
 from dask_ps.decomposition import _kept, _sliced
@@ -134,7 +134,7 @@ class _Sampler:
         return arrays.to_host(self.d_z) if self.sampler == "array" else self.z
 
 
-def _gibbs_participant(ctx, part, cfg: GibbsConfig):
+def _gibbs_participant(ctx: ParticipantContext, part, cfg: GibbsConfig):
     """One partition's Gibbs sampler for iterations ``cfg.start .. cfg.stop - 1``:
     ``pull → sweep → push deltas → clock``.
 
@@ -174,7 +174,7 @@ def keeps_counts_local(cfg: GibbsConfig, n_participants: int) -> bool:
     return cfg.lone_local and n_participants == 1 and cfg.sampler != "array" and cfg.vocabulary_slices == 1
 
 
-def _setup(ctx, part, cfg: GibbsConfig) -> _Sampler:
+def _setup(ctx: ParticipantContext, part, cfg: GibbsConfig) -> _Sampler:
     """The starting assignments and their counts, pushed at clock 0."""
     K = cfg.n_components
     rank = ctx.rank
@@ -233,7 +233,7 @@ def count_rows(vocab, cfg: GibbsConfig):
     return vocab if cfg.nk_name is not None else np.append(vocab, cfg.n_features)
 
 
-def _read_counts(ctx, s: _Sampler, cfg: GibbsConfig):
+def _read_counts(ctx: ParticipantContext, s: _Sampler, cfg: GibbsConfig):
     """``(counts, nwk, nk)``: the rows of the words held (``nwk``) and the
     topic totals (``nk``, int64 as the samplers take them). With the totals
     in the word-topic table one read brings both, in one message per
@@ -246,7 +246,7 @@ def _read_counts(ctx, s: _Sampler, cfg: GibbsConfig):
     return counts, counts[:-1], counts[-1].astype(np.int64)
 
 
-def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
+def _iteration(ctx: ParticipantContext, s: _Sampler, cfg: GibbsConfig, it):
     """Iteration ``it``: pull the rows of the words held and the totals,
     evaluate when due, sweep, push what changed, clock."""
     t0 = time.perf_counter()
@@ -310,7 +310,7 @@ def _iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
     s.timing["clock_seconds"] += time.perf_counter() - t3
 
 
-def _lone_iterations(ctx, s: _Sampler, cfg: GibbsConfig):
+def _lone_iterations(ctx: ParticipantContext, s: _Sampler, cfg: GibbsConfig):
     """Iterations ``cfg.start .. cfg.stop - 1`` of a run's lone participant
     (a small corpus, ``ps.lda.min-tokens-per-participant``): the rows of its
     words and the totals read once, after its starting counts; every sweep
@@ -377,7 +377,7 @@ P_DONE, P_SECONDS, P_EVALUATED, P_LOGLIK, P_TOKEN_LOGLIK, P_READS, P_STALE_SUM, 
 PROGRESS_COLUMNS = 8
 
 
-def _evaluate(ctx, s: _Sampler, cfg: GibbsConfig, it, nwk, nk):
+def _evaluate(ctx: ParticipantContext, s: _Sampler, cfg: GibbsConfig, it, nwk, nk):
     """The state after ``it`` sweeps as this participant sees it, kept in
     its history and (with a progress table) kept for
     :func:`_report_iteration` with the log-likelihood of its tokens and the
@@ -423,7 +423,7 @@ def doc_word_entries(words, doc_ptr):
             np.diff(np.append(starts, words.size)).astype(np.float64))
 
 
-def _report_iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
+def _report_iteration(ctx: ParticipantContext, s: _Sampler, cfg: GibbsConfig, it):
     """The progress row of iteration ``it`` (the state after ``it``
     sweeps): done, seconds since the fit started, and the evaluation's
     columns when ``it`` was evaluated."""
@@ -437,7 +437,7 @@ def _report_iteration(ctx, s: _Sampler, cfg: GibbsConfig, it):
     ctx.push_rows(cfg.progress_name, [(it - cfg.start) * s.P + s.rank], row)
 
 
-def _staleness_since_last_evaluation(ctx, s: _Sampler, cfg: GibbsConfig):
+def _staleness_since_last_evaluation(ctx: ParticipantContext, s: _Sampler, cfg: GibbsConfig):
     """``(reads, summed staleness, max staleness)`` of this participant's
     reads of the word-topic rows since the last call (the session's
     staleness histogram: clocks between the reader and the state its read
@@ -472,7 +472,7 @@ def _sweep(s: _Sampler, cfg: GibbsConfig, it, nwk, nk):
     return nwk, nk
 
 
-def _finish(ctx, s: _Sampler, cfg: GibbsConfig) -> dict:
+def _finish(ctx: ParticipantContext, s: _Sampler, cfg: GibbsConfig) -> dict:
     """Write the final assignments (when kept) and report."""
     if cfg.z_out is not None:
         ctx.push(cfg.z_out[s.rank], np.asarray(s.local_z(), dtype=np.int32))

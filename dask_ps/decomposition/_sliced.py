@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from dask_ps import report_progress
+from dask_ps import ParticipantContext, report_progress
 from dask_ps.decomposition import _lda_kernels as _k
 
 
@@ -76,7 +76,7 @@ def cut(words, doc_ptr, n_rows: int, n_slices: int) -> Slices:
     return Slices(bounds, tokens, slice_words, ptrs)
 
 
-def sliced_iteration(ctx, s, sl: Slices, cfg, it):
+def sliced_iteration(ctx: ParticipantContext, s, sl: Slices, cfg, it):
     """Iteration ``it`` of participant ``s`` (a ``_gibbs._Sampler``) slice
     by slice: read the totals, then per slice read its rows, sweep its
     tokens, push the rows' change; push the totals' change and clock."""

@@ -12,8 +12,8 @@ import time
 import numpy as np
 from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 
-from dask_ps import report_progress
-from dask_ps._estimators import arrays
+from dask_ps import ParticipantContext, report_progress
+from dask_ps._estimators import arrays, participant_worker
 from dask_ps.linear_model import _monitor
 from dask_ps.linear_model._kernels import (
     MAX_INT,
@@ -126,7 +126,7 @@ def _validation_score(cfg: _RunConfig, v):
     return np.array([r2])
 
 
-def _sgd_participant(ctx, part, *, cfg: _RunConfig):
+def _sgd_participant(ctx: ParticipantContext, part, *, cfg: _RunConfig):
     """Task: one participant of a fit (see ``_participant_loop``).
 
     Called by ``ParameterServer.run`` on a worker (or in the caller's
@@ -157,7 +157,7 @@ class _TimedCtx:
     (``pull*``, ``push*``, ``clock``) counted: the fit's communication and
     waiting time, reported per participant (``_participant_loop``)."""
 
-    def __init__(self, ctx):
+    def __init__(self, ctx: ParticipantContext):
         self._ctx = ctx
         self.seconds = 0.0
         self.by_call: dict[str, float] = {}
@@ -209,7 +209,7 @@ class _TimedCtx:
         return self._call_fn("prefetch_result", handle.result)
 
 
-def _participant_loop(ctx, part, cfg: _RunConfig):
+def _participant_loop(ctx: ParticipantContext, part, cfg: _RunConfig):
     """One participant: ``pull -> update -> push -> clock()``; returns
     per-problem epoch counts, a per-epoch history (for ``verbose``), its
     state at the end (stopping rule and RNG, for the next run of a chunked
@@ -251,7 +251,7 @@ class _Participant:
     ``epoch`` (its rounds: ``round``, prepared and trained by ``self.rounds``, then
     ``sync_round``), ``end_epoch`` and ``decide``."""
 
-    def __init__(self, ctx, part, cfg: _RunConfig):
+    def __init__(self, ctx: _TimedCtx, part, cfg: _RunConfig):
         self.ctx, self.cfg, self.hp = ctx, cfg, cfg.hp
         hp = cfg.hp
         self.K, self.d = hp.n_outputs, cfg.n_features
@@ -694,7 +694,7 @@ class _Participant:
         stop, ctx = self.stop, self.ctx
         return {
             "run_id": getattr(ctx, "run_id", None),  # the key of ParameterServer.metrics() (None: in process)
-            "worker": getattr(getattr(ctx, "worker", None), "address", None),  # where it ran (None: in process)
+            "worker": participant_worker(ctx),  # where it ran (None: in process)
             "n_iter": stop.n_iter.tolist(),
             "history": self.history,
             "samples": self.samples,

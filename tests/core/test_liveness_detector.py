@@ -15,13 +15,29 @@ from dask_ps._scheduler_plugin import SchedulerTableState
 
 
 def fake_plugin(members, last_seen):
+    """What ``HungWorkers`` is handed, as attributes (``watch`` builds it)."""
     workers = {w: SimpleNamespace(last_seen=last_seen[w]) for w in members}
     scheduler = SimpleNamespace(workers=workers, status=SimpleNamespace(name="running"))
-    return SimpleNamespace(scheduler=scheduler, members=set(members), retiring=set(), tables={}, creating={})
+    return SimpleNamespace(scheduler=scheduler, members=set(members), retiring=set(), tables={}, creating={},
+                           retire=SimpleNamespace(left=lambda w, why: None))
+
+
+def watch(plugin) -> HungWorkers:
+    """A ``HungWorkers`` given the fake's parts; the actions it takes on
+    other parts (a call, a repair, a rejoin) are not reached by ``check``
+    once ``_fence_out`` is replaced."""
+    def unused(*args, **kwargs):
+        raise AssertionError("not reached in these tests")
+
+    return HungWorkers(
+        scheduler=plugin.scheduler, members=plugin.members, retiring=plugin.retiring, tables=plugin.tables,
+        creating=plugin.creating, liveness=None, calls=None, worker_rpc=unused, in_background=unused,
+        repair=unused, retiree_left=lambda w, why: plugin.retire.left(w, why), rejoin=unused,
+    )
 
 
 def checked(plugin, beats=None):
-    hung = HungWorkers(plugin)
+    hung = watch(plugin)
     fenced = []
     hung._fence_out = lambda w, reason: fenced.append(w)
     hung.beats.update(beats or {})
@@ -63,7 +79,7 @@ def test_a_copy_being_made_does_not_count_as_another_copy():
     t = SchedulerTableState(spec=SimpleNamespace(name="w"), spec_msg={}, version=2, owners=[["b", "c"]])
     t.changing_from = [["a", "b"]]
     plugin.tables = {"w": t}
-    hung = HungWorkers(plugin)
+    hung = watch(plugin)
     assert "only up-to-date copy of block 0" in hung._sole_copies("b", silent={"b"})
     assert checked(plugin, beats={"b": now - 10, "c": now, "d": now}) == []
     t.changing_from = None  # adopted: c holds it now

@@ -349,12 +349,13 @@ def test_a_hung_worker_holding_the_sole_copy_of_a_table_being_created_is_not_fen
     worker could go quiet while it creates the only copy of a block, and
     fencing it then left the fit's pulls failing over to nowhere for 60 s
     ("stayed unreachable ... WorkerGone")."""
-    from types import SimpleNamespace
-
     from dask_ps._liveness import HungWorkers
 
-    plugin = SimpleNamespace(tables={}, members={"a", "b"}, creating={"counts": [["a"], ["b"]]})
-    hung = HungWorkers(plugin)
+    creating = {"counts": [["a"], ["b"]]}
+    hung = HungWorkers(scheduler=None, members={"a", "b"}, retiring=set(), tables={}, creating=creating,
+                       liveness=None, calls=None, worker_rpc=None, in_background=None, repair=None,
+                       retiree_left=None, rejoin=None)
     assert "being created" in hung._sole_copies("a", silent={"a"})
-    plugin.creating = {"weights": [["a", "b"], ["b", "a"]]}  # replicated: another copy exists
+    creating.clear()
+    creating["weights"] = [["a", "b"], ["b", "a"]]  # replicated: another copy exists
     assert hung._sole_copies("a", silent={"a"}) is None

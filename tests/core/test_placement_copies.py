@@ -58,10 +58,17 @@ class FakeCluster:
             raise
 
 
-def changer(cluster: FakeCluster) -> PlacementChanger:
-    plugin = SimpleNamespace(calls=cluster, liveness=SimpleNamespace(dead=cluster.dead),
-                             tables={}, members=set(cluster.holding))
-    return PlacementChanger(plugin)
+def changer(cluster: FakeCluster, members=None, in_background=None) -> PlacementChanger:
+    """A changer handed the fake cluster as its calls and liveness, and no
+    scheduler (every worker not known dead counts as alive)."""
+    def unused(*args, **kwargs):
+        raise AssertionError("not reached in these tests")
+
+    return PlacementChanger(
+        tables={}, table_lock=unused, members=set(cluster.holding) if members is None else members,
+        retiring=set(), running_members=unused, scheduler=None, liveness=SimpleNamespace(dead=cluster.dead),
+        calls=cluster, in_background=in_background or unused, note_rollback=unused,
+    )
 
 
 def copy(cluster, wanted, candidates):
@@ -168,9 +175,7 @@ def test_a_change_never_loses_a_block_whose_holder_is_alive():
 
     cluster = FakeCluster({"B": {0}, "C": set()}, killed={"B"})
     cluster.dead.add("A")  # fenced out (its copy may be stale)
-    plugin = SimpleNamespace(calls=cluster, liveness=SimpleNamespace(dead=cluster.dead),
-                             tables={}, members={"B", "C"}, in_background=lambda coro: coro.close())
-    ch = PlacementChanger(plugin)
+    ch = changer(cluster, members={"B", "C"}, in_background=lambda coro: coro.close())
     t = SimpleNamespace(spec=SimpleNamespace(name="t", replication=2), lost={}, stale={})
     old, new = [["A", "B"]], [["B", "C"]]
     given_up = {}

@@ -91,6 +91,7 @@ def _sk_mean_score(make, Xtr, ytr, Xte, yte, seeds=range(5)):
 ALLOWED_DASK_PS_NAMES = {
     "ParameterServer", "get_parameter_server", "checkpoint_metadata", "Consistency", "BSP", "SSP", "ESSP", "VAP", "CVAP", "ASP",
     "report_progress",  # public: a participant's loss for the dashboard's /ps page
+    "ParticipantContext",  # public: the participant API its ctx is typed against
 }
 
 
