@@ -1,5 +1,5 @@
 """Worker preload of the embedded cluster's worker processes
-(``ps.embedded-cluster.processes: true``, :class:`dask_ps._client._EmbeddedNanny`).
+(``ps.embedded-cluster.processes: true``, :class:`dask_ps._embedded_cluster._EmbeddedNanny`).
 
 Ctrl-C in a terminal sends SIGINT to the whole foreground process group,
 the embedded cluster's worker processes included: each died with a
