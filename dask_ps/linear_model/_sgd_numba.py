@@ -378,6 +378,7 @@ def _round_constants(c):
     }
 
 
+_ROUND_KERNELS = {}  # sgd_round's by its arguments' case: a round of a few samples pays a lookup only
 _ROUNDS = Specializations(_sgd_round, derive=_round_constants, name="sgd_round", nogil=True, error_model="numpy")
 
 
@@ -400,7 +401,10 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
     select among its numba signatures as usual). One fit takes one case:
     its first call compiles that case only (issue 35), a third of the
     code."""
-    kernel = round_kernel(dense, loss_id, penalty, learning_rate, average > 0, keep, max_scale > 1.0)
+    key = (dense, loss_id, penalty, learning_rate, average > 0, keep, max_scale > 1.0)
+    kernel = _ROUND_KERNELS.get(key)
+    if kernel is None:
+        kernel = _ROUND_KERNELS[key] = round_kernel(*key)
     return kernel(X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercept, thr, alpha, l1_ratio, eta, eta0,
                   power_t, optimal_init, fit_intercept, intercept_decay, cw_pos, cw_neg, average, t, step,
                   wscale_min, q, u, max_scale, state, touched)
@@ -719,6 +723,7 @@ def _lone_constants(c):
                                        keep=True, scaled=False)}
 
 
+_LONE_KERNELS = {}
 _LONE = Specializations(_lone_epochs, derive=_lone_constants, name="lone_epochs", nogil=True, error_model="numpy")
 
 
@@ -729,8 +734,11 @@ def lone_epochs(dense, X, data, ind, ptr, orders, seeds, shuffle, train_mask, ro
     """``_lone_epochs`` (see there) compiled for the case its arguments
     select, as ``sgd_round``: ``dense``, ``loss_id``, ``penalty``,
     ``learning_rate``, ``averaged``."""
-    kernel = _LONE.make(dense=bool(dense), loss_id=int(loss_id), penalty=int(penalty),
-                        learning_rate=int(learning_rate), averaged=bool(averaged))
+    key = (dense, loss_id, penalty, learning_rate, averaged)
+    kernel = _LONE_KERNELS.get(key)
+    if kernel is None:
+        kernel = _LONE_KERNELS[key] = _LONE.make(dense=bool(dense), loss_id=int(loss_id), penalty=int(penalty),
+                                                 learning_rate=int(learning_rate), averaged=bool(averaged))
     return kernel(X, data, ind, ptr, orders, seeds, shuffle, train_mask, rows, Y, sw, Wt, state, q, u, thr,
                   alpha, l1_ratio, eta0, power_t, optimal_init, fit_intercept, intercept_decay, cw_pos, cw_neg,
                   average, t0, n_total, wscale_min, epoch0, epoch1, decide, tol, n_iter_no_change, adaptive, best,
