@@ -28,13 +28,19 @@ non-zeros per row; ``SGDClassifier(random_state=0)``. ``--estimator lda``:
 300 documents of a 2,000-word vocabulary (Poisson counts),
 ``LatentDirichletAllocation(n_components=10, random_state=0)``.
 ``--layout embedded`` (default): ``ParameterServer()`` (in-process
-workers); ``threads``/``processes``: a ``LocalCluster`` of 2 workers.
+workers); ``threads``/``processes``: a ``LocalCluster`` of 2 workers;
+``none``: ``client=None``, no cluster (an input of one participant, under
+20,000 rows, trains in the calling process: ``--n 2000``).
 ``--repeat`` runs each process that many times and reports the minimum
 (the machine is shared: the least disturbed run).
 
     python benchmarks/bench_first_fit.py
     python benchmarks/bench_first_fit.py --estimator lda --repeat 3
     python benchmarks/bench_first_fit.py --layout processes
+    python benchmarks/bench_first_fit.py --layout none --n 2000
+
+Each compile's CPU seconds are its thread's (``time.thread_time``): the
+machine may be shared, and other processes' load stretches wall time only.
 """
 
 from __future__ import annotations
@@ -106,7 +112,9 @@ else:
     make = lambda client: Est(random_state=0, client=client)
     fit = lambda e: e.fit(X, y)
 t_import = time.perf_counter()
-if layout == "embedded":
+if layout == "none":  # client=None: a small input trains in the calling process
+    ps, client, cluster = None, None, None
+elif layout == "embedded":
     ps = dask_ps.ParameterServer()
     client, cluster = ps.client, None
 else:
@@ -136,7 +144,8 @@ if sklearn == "sklearn":
         Sk(random_state=0).fit(X[:100], y[:100])  # its first-call costs out of the way
         t = time.perf_counter(); Sk(random_state=0).fit(X, y)
     out["sklearn_fit"] = time.perf_counter() - t
-ps.close()
+if ps is not None:
+    ps.close()
 if cluster is not None:
     client.close(); cluster.close()
 print("RESULT " + json.dumps(out))
@@ -168,7 +177,7 @@ def main():
     parser.add_argument("--estimator", choices=("sgd", "lda"), default="sgd")
     parser.add_argument("--n", type=int, default=20000)
     parser.add_argument("--sparse", action="store_true")
-    parser.add_argument("--layout", choices=("embedded", "threads", "processes"), default="embedded")
+    parser.add_argument("--layout", choices=("embedded", "threads", "processes", "none"), default="embedded")
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
     cold, warm = [], []

@@ -640,7 +640,7 @@ _stop_decision = njit(cache=False, inline="always")(stop_decision)
 def _lone_epochs(X, data, ind, ptr, orders, seeds, shuffle, train_mask, rows, Y, sw, Wt, state, q, u,
                  thr, alpha, l1_ratio, eta0, power_t, optimal_init, fit_intercept,
                  intercept_decay, cw_pos, cw_neg, average, t0, n_total, wscale_min, epoch0, epoch1, decide, tol,
-                 n_iter_no_change, adaptive, best, no_improvement, eta, active, n_iter, sums):
+                 n_iter_no_change, adaptive, best, no_improvement, eta, active, n_iter, sums, dummy, everything):
     """The epochs ``[epoch0, epoch1)`` of a lone participant, each output as
     scikit-learn's ``_plain_sgd`` trains it: its samples shuffled in place
     in ``orders[k]`` with its seed (``sklearn_shuffle``), those of
@@ -659,7 +659,10 @@ def _lone_epochs(X, data, ind, ptr, orders, seeds, shuffle, train_mask, rows, Y,
 
     Compiled per specialization (``lone_epochs``): ``averaged`` and the
     round kernel ``lone_round`` (``sgd_round``'s of the fit's case) are its
-    constants."""
+    constants. ``dummy``: the average's weights without averaging (one of
+    ``Wt``'s dtype); ``everything``: an empty int64 array, ``sgd_round``'s
+    ``touched`` of every weight (made by the caller: two ``np.zeros`` here
+    compiled numba's own ``np.zeros`` twice, 0.25 s of a first fit)."""
     K = Wt.shape[0] // 2 if averaged else Wt.shape[0]
     nw = Wt.shape[1] - 1
     n = orders.shape[1]
@@ -668,8 +671,6 @@ def _lone_epochs(X, data, ind, ptr, orders, seeds, shuffle, train_mask, rows, Y,
         if train_mask[i]:
             n_train += 1
     step = n_total / max(n_train, 1)
-    dummy = np.zeros(1, dtype=Wt.dtype)
-    everything = np.zeros(0, dtype=np.int64)  # sgd_round's touched: every weight
     for e in range(epoch0, epoch1):
         any_active = False
         for k in range(K):
@@ -742,7 +743,10 @@ def lone_epochs(dense, X, data, ind, ptr, orders, seeds, shuffle, train_mask, ro
     return kernel(X, data, ind, ptr, orders, seeds, shuffle, train_mask, rows, Y, sw, Wt, state, q, u, thr,
                   alpha, l1_ratio, eta0, power_t, optimal_init, fit_intercept, intercept_decay, cw_pos, cw_neg,
                   average, t0, n_total, wscale_min, epoch0, epoch1, decide, tol, n_iter_no_change, adaptive, best,
-                  no_improvement, eta, active, n_iter, sums)
+                  no_improvement, eta, active, n_iter, sums, np.zeros(1, dtype=Wt.dtype), _EVERY_WEIGHT)
+
+
+_EVERY_WEIGHT = np.zeros(0, dtype=np.int64)  # sgd_round's touched: every weight
 
 
 def compiled_kernels() -> dict:
