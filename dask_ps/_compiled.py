@@ -17,10 +17,11 @@ it decorates them, to :func:`kernel_cache_dir`:
 
 numba keys its files by the source file's path and modification time, so
 installs and versions do not mix. A fresh install compiles each kernel once
-per signature (1.5-2 s of CPU for the SGD round kernel, once per process:
-the embedded cluster's workers are threads of the caller; worker processes
-each compile what they need, at the same time, unless the cache holds it);
-later processes load it. Other numba code in the program keeps numba's own
+per signature and case (:class:`Specializations`; about 0.5 s of CPU for
+a case of the SGD round kernel), once per process (the embedded cluster's
+workers are threads of the caller; worker processes each compile what they
+need, at the same time, unless the cache holds it); later processes load
+it. Other numba code in the program keeps numba's own
 settings.
 
 A compile that lasts longer than ``ps.compile-notice`` (2 s) says
@@ -243,7 +244,7 @@ class Specializations:
     so a copy compiles only the code its constants select. A kernel written
     for every case (scikit-learn's SGD rule: eight losses, four penalties,
     six learning rates, averaging, dense and sparse data) compiles about a
-    third of its code for one fit (issue 35: 2.2 -> 0.8 s of CPU for the
+    third of its code for one fit (issue 35: 2.0 -> 0.5 s of CPU for the
     SGD round kernel's dense hinge/L2/optimal specialization).
 
     ``fn``'s body reads the constants as global names that ``fn``'s module
