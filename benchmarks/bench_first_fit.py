@@ -28,13 +28,19 @@ non-zeros per row; ``SGDClassifier(random_state=0)``. ``--estimator lda``:
 300 documents of a 2,000-word vocabulary (Poisson counts),
 ``LatentDirichletAllocation(n_components=10, random_state=0)``.
 ``--layout embedded`` (default): ``ParameterServer()`` (in-process
-workers); ``threads``/``processes``: a ``LocalCluster`` of 2 workers.
+workers); ``threads``/``processes``: a ``LocalCluster`` of 2 workers;
+``none``: ``client=None``, no cluster (an input of one participant, under
+20,000 rows, trains in the calling process: ``--n 2000``).
 ``--repeat`` runs each process that many times and reports the minimum
 (the machine is shared: the least disturbed run).
 
     python benchmarks/bench_first_fit.py
     python benchmarks/bench_first_fit.py --estimator lda --repeat 3
     python benchmarks/bench_first_fit.py --layout processes
+    python benchmarks/bench_first_fit.py --layout none --n 2000
+
+Each compile's CPU seconds are its thread's (``time.thread_time``): the
+machine may be shared, and other processes' load stretches wall time only.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ import json, os, sys, threading, time
 t_process = time.perf_counter()
 import numpy as np, scipy.sparse as sp
 
-COMPILES = []  # (kernel, seconds) of the outermost dask_ps compiles of this process
+COMPILES = []  # (kernel, seconds, CPU seconds of its thread) of the outermost dask_ps compiles of this process
 
 def record_compiles(dask_worker=None):
     # in a worker process (client.run), the list is the worker's attribute:
@@ -67,13 +73,13 @@ def record_compiles(dask_worker=None):
             if fn.__module__.startswith("dask_ps"):
                 local.depth = getattr(local, "depth", 0) + 1
                 if local.depth == 1:
-                    local.t = time.perf_counter()
+                    local.t, local.cpu = time.perf_counter(), time.thread_time()
         def on_end(self, event):
             fn = event.data["dispatcher"].py_func
             if fn.__module__.startswith("dask_ps"):
                 local.depth -= 1
                 if local.depth == 0:
-                    compiles.append((fn.__name__, time.perf_counter() - local.t))
+                    compiles.append((fn.__name__, time.perf_counter() - local.t, time.thread_time() - local.cpu))
     ev.register("numba:compile", Listener())
 
 def worker_compiles(dask_worker):
@@ -106,7 +112,9 @@ else:
     make = lambda client: Est(random_state=0, client=client)
     fit = lambda e: e.fit(X, y)
 t_import = time.perf_counter()
-if layout == "embedded":
+if layout == "none":  # client=None: a small input trains in the calling process
+    ps, client, cluster = None, None, None
+elif layout == "embedded":
     ps = dask_ps.ParameterServer()
     client, cluster = ps.client, None
 else:
@@ -136,7 +144,8 @@ if sklearn == "sklearn":
         Sk(random_state=0).fit(X[:100], y[:100])  # its first-call costs out of the way
         t = time.perf_counter(); Sk(random_state=0).fit(X, y)
     out["sklearn_fit"] = time.perf_counter() - t
-ps.close()
+if ps is not None:
+    ps.close()
 if cluster is not None:
     client.close(); cluster.close()
 print("RESULT " + json.dumps(out))
@@ -156,10 +165,11 @@ def run_child(args, cache_dir, sklearn=False) -> dict:
 
 
 def _compiled(compiles) -> str:
-    per: dict[str, list[float]] = {}
-    for name, seconds in compiles:
-        per.setdefault(name, []).append(seconds)
-    return ", ".join(f"{k} x{len(v)} {sum(v):.2f} s" for k, v in sorted(per.items(), key=lambda kv: -sum(kv[1])))
+    per: dict[str, list[tuple[float, float]]] = {}
+    for name, seconds, cpu in compiles:
+        per.setdefault(name, []).append((seconds, cpu))
+    return ", ".join(f"{k} x{len(v)} {sum(s for s, _ in v):.2f} s ({sum(c for _, c in v):.2f} CPU)"
+                     for k, v in sorted(per.items(), key=lambda kv: -sum(s for s, _ in kv[1])))
 
 
 def main():
@@ -167,7 +177,7 @@ def main():
     parser.add_argument("--estimator", choices=("sgd", "lda"), default="sgd")
     parser.add_argument("--n", type=int, default=20000)
     parser.add_argument("--sparse", action="store_true")
-    parser.add_argument("--layout", choices=("embedded", "threads", "processes"), default="embedded")
+    parser.add_argument("--layout", choices=("embedded", "threads", "processes", "none"), default="embedded")
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
     cold, warm = [], []
@@ -184,12 +194,14 @@ def main():
         f"SGD, {args.n} rows, " + ("sparse 2^18 columns" if args.sparse else "dense 20 features"))
     print(f"first fit ({kind}; {args.layout}), min of {args.repeat} run(s), each in a fresh process; "
           f"load {load:.1f} at the end")
-    print(f"{'':30s}{'import':>8s}{'start':>8s}{'fit':>8s}{'start+fit':>11s}{'2nd fit':>9s}{'compile':>9s}")
+    print(f"{'':30s}{'import':>8s}{'start':>8s}{'fit':>8s}{'start+fit':>11s}{'2nd fit':>9s}{'compile':>9s}"
+          f"{'its CPU':>9s}")
     for name, rows in (("cold (empty kernel cache)", cold), ("warm (kernels cached)", warm)):
         start, fit = least(rows, "start"), least(rows, "first_fit")
-        compile_s = min(sum(s for _, s in r["compiles"]) for r in rows)
+        compile_s = min(sum(c[1] for c in r["compiles"]) for r in rows)
+        compile_cpu = min(sum(c[2] for c in r["compiles"]) for r in rows)
         print(f"{name:30s}{least(rows, 'import'):8.2f}{start:8.2f}{fit:8.2f}{start + fit:11.2f}"
-              f"{least(rows, 'second_fit'):9.2f}{compile_s:9.2f}")
+              f"{least(rows, 'second_fit'):9.2f}{compile_s:9.2f}{compile_cpu:9.2f}")
     print(f"{'scikit-learn fit':30s}{'':24s}{least(warm, 'sklearn_fit'):11.3f}")
     best = min(cold, key=lambda r: r["first_fit"])
     print(f"the cold fit compiled, in the calling process: {_compiled(best['compiles']) or 'nothing'}")

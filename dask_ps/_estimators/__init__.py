@@ -53,13 +53,14 @@ Arrays (``arrays``, the module)
 Compiled kernels (``dask_ps._compiled``, re-exported)
     ``njit`` (``numba.njit(cache=True)`` with the cache outside the package
     directory), ``kernel_cache_dir`` (where: ``ps.kernel-cache-dir``,
-    ``NUMBA_CACHE_DIR`` or the user's cache directory).
+    ``NUMBA_CACHE_DIR`` or the user's cache directory), ``Specializations``
+    (a kernel compiled per set of constants, its unused branches pruned).
 The Dask adapter (``_dask_adapter``)
     The only module that uses ``distributed`` internals (matching persisted
     futures to blocks, reading another task's data on a worker).
 """
 
-from dask_ps._compiled import kernel_cache_dir, njit  # in the core: the wire codec's kernels use it too
+from dask_ps._compiled import Specializations, kernel_cache_dir, njit  # in the core: the wire codec's kernels use it too
 from dask_ps._estimators import _arrays as arrays
 from dask_ps._estimators._data import PartCopies, TrainingParts, load_part
 from dask_ps._estimators._params import (
@@ -122,7 +123,7 @@ __all__ = [
     "cluster_members", "may_be_worker_loss", "lost_workers", "MAX_RESTARTS", "RolledBackError",
     "wait_for_participants", "participant_worker", "run_in_chunks",
     "Progress", "PollingMonitor", "rate", "participant_metrics", "run_info", "dashboard_run",
-    "njit", "kernel_cache_dir",
+    "njit", "kernel_cache_dir", "Specializations",
     "is_dask_collection", "is_dask_dataframe", "is_dask_array", "dask_meta", "dask_feature_names",
     "check_dask_X", "map_row_blocks", "check_dask_fit_input", "known_n_samples", "raise_no_samples",
     "InvalidPart", "raise_invalid_parts",

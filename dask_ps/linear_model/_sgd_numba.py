@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from dask_ps._estimators import njit  # numba.njit(cache=True) caching outside the package
+from dask_ps._estimators import Specializations, njit  # numba.njit(cache=True) caching outside the package
 from dask_ps.linear_model._kernels import (  # noqa: F401  (LOSS_IDS: the ids sgd_round takes)
     ELASTICNET,
     INVSCALING,
@@ -69,8 +69,12 @@ def _log1pexp(x):
     return x
 
 
-@njit(inline="always", error_model="numpy")
-def _loss(loss_id, thr, y, p):
+# The loss and its gradient for the constant ``loss_id`` of their copies
+# (``_LOSSES``, ``_GRADIENTS``, inlined into ``_sgd_round``'s copies): each
+# copy compiles one branch. An inlined function's code is copied into its
+# caller before the caller's constants prune it, and copying all eight
+# branches twice cost a third of the round kernel's compile.
+def _loss(thr, y, p):
     if loss_id == 0:
         z = p * y
         return thr - z if z <= thr else 0.0
@@ -97,8 +101,7 @@ def _loss(loss_id, thr, y, p):
     return r * r if r > 0.0 else 0.0
 
 
-@njit(inline="always", error_model="numpy")
-def _gradient(loss_id, thr, y, p):
+def _gradient(thr, y, p):
     if loss_id == 0:
         return -y if p * y <= thr else 0.0
     if loss_id == 1:
@@ -137,14 +140,17 @@ def _gradient(loss_id, thr, y, p):
     return 0.0
 
 
-@njit(nogil=True, error_model="numpy")
-def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercept,
-              loss_id, thr, penalty, alpha, l1_ratio, learning_rate, eta, eta0, power_t, optimal_init,
-              fit_intercept, intercept_decay, cw_pos, cw_neg, average, t, step, wscale_min, q, u, max_scale,
-              state, keep, touched):
+def _sgd_round(X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercept,
+               thr, alpha, l1_ratio, eta, eta0, power_t, optimal_init,
+               fit_intercept, intercept_decay, cw_pos, cw_neg, average, t, step, wscale_min, q, u, max_scale,
+               state, touched):
     """Train ``w`` (and ``aw`` if ``average > 0``) in place on the samples
     ``rows``, in that order; returns ``(intercept, aintercept, sumloss,
-    decay, eta_sum, u)``.
+    decay, eta_sum, u)``. Compiled per specialization (``sgd_round``): the
+    names ``dense``, ``loss_id``, ``penalty``, ``learning_rate``,
+    ``averaged`` (``average > 0``), ``keep``, ``scaled``, ``use_l1`` and
+    ``penalized`` are its constants (``_round_constants``), so that a fit
+    compiles only the branches its parameters take.
 
     ``q``, ``u``: Tsuruoka's cumulative L1 penalty state (per weight, and
     the total so far), carried by the caller across calls over one round's
@@ -188,10 +194,6 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
         avg_b = state[2]
         sq_norm = state[3]
         l1_norm = state[4]
-    use_l1 = penalty == L1 or penalty == ELASTICNET
-    scaled = max_scale > 1.0 and learning_rate != PA1 and learning_rate != PA2
-    # scikit-learn adds the penalty to the objective except for the passive-aggressive rules
-    penalized = keep and penalty > 0 and learning_rate != PA1 and learning_rate != PA2
     sumloss = 0.0
     objective = 0.0
     decay_prod = 1.0
@@ -229,7 +231,7 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
         eta_i = eta
         if scaled:
             eta_i = eta * _sample_scale(eta * cw * sw[r] * sqx, max_scale)
-        loss_value = _loss(loss_id, thr, yi, p)
+        loss_value = _loss(thr, yi, p)
         sumloss += loss_value
         if keep:
             objective += loss_value
@@ -257,7 +259,7 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
             elif yi - p < 0.0:  # regression
                 update *= -1.0
         else:
-            dloss = _gradient(loss_id, thr, yi, p)
+            dloss = _gradient(thr, yi, p)
             if dloss < -MAX_DLOSS:
                 dloss = -MAX_DLOSS
             elif dloss > MAX_DLOSS:
@@ -272,7 +274,7 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
             sq_norm *= c * c
             l1_norm *= abs(c)
             if wscale < wscale_min:  # reset_wscale
-                if average > 0:
+                if averaged:
                     for jt in range(n_scaled):  # scikit-learn's axpy, then scal by 1 / average_b
                         j = touched[jt] if n_t > 0 else jt
                         aw[j] = (aw[j] + avg_a * w[j]) * (1.0 / avg_b)
@@ -303,7 +305,7 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
                 l1_norm = acc1 * wscale
         if fit_intercept and update != 0.0:
             intercept += update * intercept_decay
-        if 0 < average <= t + step - 1.0:
+        if averaged and 0 < average <= t + step - 1.0:
             # The average over the pass's iterates of all participants: this
             # sample's iterate stands for the ``step`` samples (of every
             # participant) around it. Alone (step 1): scikit-learn's 1 / num_iter.
@@ -347,7 +349,7 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
         state[3] = sq_norm
         state[4] = l1_norm
         return intercept, aintercept, sumloss, decay_prod, eta_sum, u, objective
-    if average > 0:
+    if averaged:
         for jt in range(n_scaled):
             j = touched[jt] if n_t > 0 else jt
             aw[j] = (aw[j] + avg_a * w[j]) * (1.0 / avg_b)
@@ -355,6 +357,57 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
         j = touched[jt] if n_t > 0 else jt
         w[j] *= wscale
     return intercept, aintercept, sumloss, decay_prod, eta_sum, u, objective
+
+
+_LOSSES = Specializations(_loss, cache=False, inline="always", error_model="numpy")
+_GRADIENTS = Specializations(_gradient, cache=False, inline="always", error_model="numpy")
+
+
+def _round_constants(c):
+    """The names of ``_sgd_round`` that follow from a specialization's
+    constants: flags, and the loss and its gradient."""
+    pa = c["learning_rate"] in (PA1, PA2)
+    return {
+        "_loss": _LOSSES.make(loss_id=c["loss_id"]),
+        "_gradient": _GRADIENTS.make(loss_id=c["loss_id"]),
+        "use_l1": c["penalty"] in (L1, ELASTICNET),
+        # the passive-aggressive steps are not scaled
+        "scaled": c["scaled"] and not pa,
+        # scikit-learn adds the penalty to the objective except for the passive-aggressive rules
+        "penalized": c["keep"] and c["penalty"] > 0 and not pa,
+    }
+
+
+_ROUND_KERNELS = {}  # sgd_round's by its arguments' case: a round of a few samples pays a lookup only
+_ROUNDS = Specializations(_sgd_round, derive=_round_constants, name="sgd_round", nogil=True, error_model="numpy")
+
+
+def round_kernel(dense, loss_id, penalty, learning_rate, averaged, keep, scaled):
+    """The compiled ``_sgd_round`` of these constants (see ``sgd_round``)."""
+    return _ROUNDS.make(dense=bool(dense), loss_id=int(loss_id), penalty=int(penalty),
+                        learning_rate=int(learning_rate), averaged=bool(averaged), keep=bool(keep),
+                        scaled=bool(scaled))
+
+
+def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercept,
+              loss_id, thr, penalty, alpha, l1_ratio, learning_rate, eta, eta0, power_t, optimal_init,
+              fit_intercept, intercept_decay, cw_pos, cw_neg, average, t, step, wscale_min, q, u, max_scale,
+              state, keep, touched):
+    """``_sgd_round`` (see there), compiled for the case its arguments
+    select: the data's layout (``dense``), ``loss_id``, ``penalty``,
+    ``learning_rate``, averaging (``average > 0``), ``keep`` and the
+    per-sample scaling (``max_scale > 1``), each case a kernel of its own
+    (``round_kernel``; the types of the arrays, e.g. float32 or float64,
+    select among its numba signatures as usual). One fit takes one case:
+    its first call compiles that case only (issue 35), a third of the
+    code."""
+    key = (dense, loss_id, penalty, learning_rate, average > 0, keep, max_scale > 1.0)
+    kernel = _ROUND_KERNELS.get(key)
+    if kernel is None:
+        kernel = _ROUND_KERNELS[key] = round_kernel(*key)
+    return kernel(X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercept, thr, alpha, l1_ratio, eta, eta0,
+                  power_t, optimal_init, fit_intercept, intercept_decay, cw_pos, cw_neg, average, t, step,
+                  wscale_min, q, u, max_scale, state, touched)
 
 
 @njit(inline="always", error_model="numpy")
@@ -584,11 +637,10 @@ def sklearn_shuffle(ind, seed):
 _stop_decision = njit(cache=False, inline="always")(stop_decision)
 
 
-@njit(nogil=True, error_model="numpy")
-def lone_epochs(dense, X, data, ind, ptr, orders, seeds, shuffle, train_mask, rows, Y, sw, Wt, averaged, state, q, u,
-                loss_id, thr, penalty, alpha, l1_ratio, learning_rate, eta0, power_t, optimal_init, fit_intercept,
-                intercept_decay, cw_pos, cw_neg, average, t0, n_total, wscale_min, epoch0, epoch1, decide, tol,
-                n_iter_no_change, adaptive, best, no_improvement, eta, active, n_iter, sums):
+def _lone_epochs(X, data, ind, ptr, orders, seeds, shuffle, train_mask, rows, Y, sw, Wt, state, q, u,
+                 thr, alpha, l1_ratio, eta0, power_t, optimal_init, fit_intercept,
+                 intercept_decay, cw_pos, cw_neg, average, t0, n_total, wscale_min, epoch0, epoch1, decide, tol,
+                 n_iter_no_change, adaptive, best, no_improvement, eta, active, n_iter, sums, dummy, everything):
     """The epochs ``[epoch0, epoch1)`` of a lone participant, each output as
     scikit-learn's ``_plain_sgd`` trains it: its samples shuffled in place
     in ``orders[k]`` with its seed (``sklearn_shuffle``), those of
@@ -603,7 +655,14 @@ def lone_epochs(dense, X, data, ind, ptr, orders, seeds, shuffle, train_mask, ro
     ``sums[e - epoch0, k]``: the epoch's loss sum, objective sum, and 1 if
     the output is still active after it. Returns ``(end, bad)``: the epoch
     after the last one trained, and the epoch whose weights were not finite
-    (-1: none; the loop stops there)."""
+    (-1: none; the loop stops there).
+
+    Compiled per specialization (``lone_epochs``): ``averaged`` and the
+    round kernel ``lone_round`` (``sgd_round``'s of the fit's case) are its
+    constants. ``dummy``: the average's weights without averaging (one of
+    ``Wt``'s dtype); ``everything``: an empty int64 array, ``sgd_round``'s
+    ``touched`` of every weight (made by the caller: two ``np.zeros`` here
+    compiled numba's own ``np.zeros`` twice, 0.25 s of a first fit)."""
     K = Wt.shape[0] // 2 if averaged else Wt.shape[0]
     nw = Wt.shape[1] - 1
     n = orders.shape[1]
@@ -612,8 +671,6 @@ def lone_epochs(dense, X, data, ind, ptr, orders, seeds, shuffle, train_mask, ro
         if train_mask[i]:
             n_train += 1
     step = n_total / max(n_train, 1)
-    dummy = np.zeros(1, dtype=Wt.dtype)
-    everything = np.zeros(0, dtype=np.int64)  # sgd_round's touched: every weight
     for e in range(epoch0, epoch1):
         any_active = False
         for k in range(K):
@@ -635,10 +692,10 @@ def lone_epochs(dense, X, data, ind, ptr, orders, seeds, shuffle, train_mask, ro
             aw = Wt[K + k, :nw] if averaged else dummy
             aicpt = Wt[K + k, nw] if averaged else 0.0
             eta_k = eta[k] if adaptive else eta0
-            icpt, aicpt, sumloss, _, _, u_k, objective = sgd_round(
-                dense, X, data, ind, ptr, rows[:m], Y[k], sw, w, aw, Wt[k, nw], aicpt, loss_id, thr, penalty, alpha,
-                l1_ratio, learning_rate, eta_k, eta0, power_t, optimal_init, fit_intercept, intercept_decay,
-                cw_pos[k], cw_neg[k], average, t0 + e * n_total, step, wscale_min, q[k], u[k], 1.0, state[k], True,
+            icpt, aicpt, sumloss, _, _, u_k, objective = lone_round(
+                X, data, ind, ptr, rows[:m], Y[k], sw, w, aw, Wt[k, nw], aicpt, thr, alpha,
+                l1_ratio, eta_k, eta0, power_t, optimal_init, fit_intercept, intercept_decay,
+                cw_pos[k], cw_neg[k], average, t0 + e * n_total, step, wscale_min, q[k], u[k], 1.0, state[k],
                 everything)
             u[k] = u_k
             Wt[k, nw] = icpt
@@ -658,3 +715,41 @@ def lone_epochs(dense, X, data, ind, ptr, orders, seeds, shuffle, train_mask, ro
                                n_iter_no_change, adaptive)
             sums[e - epoch0, k, 2] = 1.0 if active[k] else 0.0
     return epoch1, -1
+
+
+def _lone_constants(c):
+    """``_lone_epochs``' round kernel: ``_sgd_round`` with the weight
+    vector's state kept, unscaled (``max_scale`` 1)."""
+    return {"lone_round": round_kernel(c["dense"], c["loss_id"], c["penalty"], c["learning_rate"], c["averaged"],
+                                       keep=True, scaled=False)}
+
+
+_LONE_KERNELS = {}
+_LONE = Specializations(_lone_epochs, derive=_lone_constants, name="lone_epochs", nogil=True, error_model="numpy")
+
+
+def lone_epochs(dense, X, data, ind, ptr, orders, seeds, shuffle, train_mask, rows, Y, sw, Wt, averaged, state, q, u,
+                loss_id, thr, penalty, alpha, l1_ratio, learning_rate, eta0, power_t, optimal_init, fit_intercept,
+                intercept_decay, cw_pos, cw_neg, average, t0, n_total, wscale_min, epoch0, epoch1, decide, tol,
+                n_iter_no_change, adaptive, best, no_improvement, eta, active, n_iter, sums):
+    """``_lone_epochs`` (see there) compiled for the case its arguments
+    select, as ``sgd_round``: ``dense``, ``loss_id``, ``penalty``,
+    ``learning_rate``, ``averaged``."""
+    key = (dense, loss_id, penalty, learning_rate, averaged)
+    kernel = _LONE_KERNELS.get(key)
+    if kernel is None:
+        kernel = _LONE_KERNELS[key] = _LONE.make(dense=bool(dense), loss_id=int(loss_id), penalty=int(penalty),
+                                                 learning_rate=int(learning_rate), averaged=bool(averaged))
+    return kernel(X, data, ind, ptr, orders, seeds, shuffle, train_mask, rows, Y, sw, Wt, state, q, u, thr,
+                  alpha, l1_ratio, eta0, power_t, optimal_init, fit_intercept, intercept_decay, cw_pos, cw_neg,
+                  average, t0, n_total, wscale_min, epoch0, epoch1, decide, tol, n_iter_no_change, adaptive, best,
+                  no_improvement, eta, active, n_iter, sums, np.zeros(1, dtype=Wt.dtype), _EVERY_WEIGHT)
+
+
+_EVERY_WEIGHT = np.zeros(0, dtype=np.int64)  # sgd_round's touched: every weight
+
+
+def compiled_kernels() -> dict:
+    """The specializations of ``sgd_round`` and ``lone_epochs`` made so
+    far in this process (their numba dispatchers), by name."""
+    return {"sgd_round": _ROUNDS.dispatchers(), "lone_epochs": _LONE.dispatchers()}

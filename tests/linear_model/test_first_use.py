@@ -73,10 +73,13 @@ def test_no_compile_notice_without_verbose_on_standard_error(tmp_path):
 
 
 def _kernels():
+    """The compiled signatures of each SGD kernel, over its specializations."""
     from dask_ps.linear_model import _sgd_numba
 
-    return {name: len(getattr(_sgd_numba, name).signatures)
-            for name in ("sgd_round", "lone_epochs", "gather_rows")}
+    made = _sgd_numba.compiled_kernels()
+    return {"sgd_round": sum(len(d.signatures) for d in made["sgd_round"]),
+            "lone_epochs": sum(len(d.signatures) for d in made["lone_epochs"]),
+            "gather_rows": len(_sgd_numba.gather_rows.signatures)}
 
 
 def _read_only(X):
@@ -117,3 +120,69 @@ def test_a_read_only_input_on_the_cluster_compiles_no_kernel_again(client):
     before = _kernels()
     SGDClassifier(max_iter=2, tol=None, random_state=0, client=client).fit(_read_only(X), y)
     assert _kernels() == before
+
+
+_TWO_CASES = r"""
+import json, sys
+import numpy as np
+import numba.core.event as ev
+compiled = []
+class Count(ev.Listener):
+    def on_start(self, event):
+        compiled.append(event.data["dispatcher"].py_func.__qualname__)
+    def on_end(self, event):
+        pass
+ev.register("numba:compile", Count())
+from dask_ps.linear_model import SGDClassifier
+rng = np.random.RandomState(0)
+X = rng.randn(300, 6); y = (X[:, 0] + 0.5 * rng.randn(300) > 0).astype(int)
+coefs = {}
+for loss in sys.argv[1:]:
+    est = SGDClassifier(loss=loss, max_iter=5, tol=None, random_state=0).fit(X, y)
+    coefs[loss] = est.coef_.ravel().tolist() + est.intercept_.tolist()
+print("RESULT " + json.dumps({"coefs": coefs, "compiled": compiled}))
+"""
+
+
+def _fits(cache_dir, *losses):
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["DASK_PS__KERNEL_CACHE_DIR"] = str(cache_dir)
+    out = subprocess.run([sys.executable, "-c", _TWO_CASES, *losses], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
+
+
+def test_each_case_is_its_own_kernel_in_the_cache(tmp_path):
+    """The SGD kernels are compiled per case (the loss, the penalty, ...:
+    ``_compiled.Specializations``), and a fit compiles its case only; the
+    cases share one source file and numba keys its cache index by bytecode
+    and argument types, not by the constants a copy reads: a later process
+    that loads them must get each case's own code (two losses, loaded in
+    the other order, give the first process's models exactly)."""
+    first = _fits(tmp_path, "hinge", "log_loss")
+    lone = [name for name in first["compiled"] if name.startswith("lone_epochs__")]
+    assert len(lone) == 2 and "loss_id_0" in lone[0] and "loss_id_2" in lone[1], first["compiled"]
+    assert first["coefs"]["hinge"] != first["coefs"]["log_loss"]
+    again = _fits(tmp_path, "log_loss", "hinge")
+    assert not [name for name in again["compiled"] if name.startswith(("lone_epochs", "sgd_round"))], again
+    assert again["coefs"] == first["coefs"]
+
+
+def test_a_constant_the_body_assigns_is_refused():
+    """A specialization's constants are global names its body only reads: a
+    local of that name (an argument, an assignment) would hide the constant
+    and its branches would be compiled, not pruned."""
+    from dask_ps._compiled import Specializations
+
+    def kernel(x, flag):
+        return x + 1 if flag else x
+
+    with pytest.raises(TypeError, match="flag"):
+        Specializations(kernel).make(flag=True)
+
+    def reads(x):
+        return x + 1 if flag else x  # noqa: F821 - the specialization's constant
+
+    assert Specializations(reads, cache=False).make(flag=True)(1) == 2
+    assert Specializations(reads, cache=False).make(flag=False)(1) == 1

@@ -326,8 +326,8 @@ after = cache_files()
 assert "dask_ps.decomposition._lda_kernels" not in sys.modules
 print(json.dumps({
     "written_in_package": sorted(p for p, t in after.items() if before.get(p) != t),
-    "cache_paths": sorted({f.stats.cache_path for f in (_sgd_numba.sgd_round, _sgd_numba.gather_rows,
-                                                         _sgd_numba._compact_fill)}),
+    "cache_paths": sorted({f.stats.cache_path for f in (*_sgd_numba.compiled_kernels()["sgd_round"],
+                                                         _sgd_numba.gather_rows, _sgd_numba._compact_fill)}),
 }))
 """
 
