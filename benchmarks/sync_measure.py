@@ -22,6 +22,7 @@ is validated against.
   versions (fixed per-fit costs), with ``metrics_``.
 
     python benchmarks/sync_measure.py --json sync_measure.json     # ~6 minutes on 2 shared cores
+    python benchmarks/sync_measure.py --messages-only --layouts processes --json msg.json   # ~1 minute
 
 CPU seconds (not walls) carry the constants: the machine is shared, and the
 load average is recorded with each layout.
@@ -104,10 +105,10 @@ def message_costs(client, ps, threads, sizes=(200, 20_000), flushes=(1, 4, 12)):
                     for r_long, r_short in zip(got[REPS][1], got[4][1]):
                         for kind in set(r_long) | set(r_short):
                             sent[kind] = sent.get(kind, 0) + (r_long.get(kind, 0) - r_short.get(kind, 0)) / n
-                    remote = sum(v for kk, v in sent.items() if not kk.endswith("_local") and kk != "scheduler")
+                    remote = sum(v for kk, v in sent.items() if kk in ("push", "pull", "clock", "wait"))
                     local = sum(v for kk, v in sent.items() if kk.endswith("_local"))
                     row = {"U": U, "flushes": k, "block_worker": blk.worker, "messages": remote, "local": local,
-                           "by_kind": sent, "bytes": U * (8 + 8) * 1 + U * (8 + 8),  # push (index, value), read
+                           "by_kind": sent, "bytes": sent.get("bytes_pushed", 0) + sent.get("bytes_pulled", 0),
                            "cpu": (got[REPS][0] - got[4][0]) / n, "wall": (got[REPS][2] - got[4][2]) / n}
                     out.append(row)
                     LOG.info("msg cycle U=%d k=%d block on %s: %.1f messages %.1f direct a clock, CPU %.2f ms, "
@@ -156,6 +157,10 @@ def layout(threads, args, X_sgd, y_sgd, X_lda, pool):
             before = share(pool)
             out["messages"] = message_costs(client, ps, threads)
             out["fit_messages"] = fit_message_costs(out["messages"])
+            if args.messages_only:
+                out["cycle_share"] = 0.5 * (before + share(pool))
+                out["load_end"] = sm.load()
+                return out
             rng = np.random.default_rng(0)
             out["cycles"] = {"sgd": sm.cycle_costs(client, ps, 2, "sgd", {"U": [2_000, 30_000]}, rng),
                              "lda": sm.cycle_costs(client, ps, 2, "lda", {"U": [2_000, min(12_000, X_lda.shape[1])],
@@ -210,6 +215,7 @@ def main(argv=None):
     ap.add_argument("--lda-iters", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--layouts", nargs="+", default=["threads", "processes"])
+    ap.add_argument("--messages-only", action="store_true", help="the per-message and per-byte cycles alone")
     ap.add_argument("--json", required=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")

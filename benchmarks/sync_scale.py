@@ -32,7 +32,9 @@ Zipf(1) law over the corpus's V words: a word of frequency f is in a shard
 of T tokens with probability 1 - exp(-T f), its pulled row has min(K, N f)
 nonzeros (N: the corpus's tokens), its pushed delta min(K, 2 T f). K = 50
 rows go dense (4 bytes an entry); K = 1,000 rows as (topic, count) pairs
-(8 bytes) where fewer.
+(8 bytes) where fewer, with the share of those bounds that are nonzero
+after 30 iterations on the news corpus (``SPARSITY``, measured by
+``row_sparsity``: rows 0.16, deltas 0.12).
 """
 
 from __future__ import annotations
@@ -63,6 +65,10 @@ CORPORA = {"NYTimes": {"tokens": 100e6, "V": 102_000, "docs": 300_000},
            "PubMed": {"tokens": 738e6, "V": 141_000, "docs": 8_200_000}}
 # sgd_quality.py --quick, time to quality (click-through; docs/benchmarks.md): epochs to scikit-learn's best - 0.005
 SGD_EPOCHS = {1: 4, 2: 1, 4: 1, 16: 1, 64: 2}
+# K = 1,000 rows after 30 Gibbs iterations on the news corpus (the sparse sampler, random start): nonzeros of the
+# word rows / sum over words of min(K, n_w), and of an iteration's deltas / sum of min(K, 2 n_w) (0.43 / 0.47
+# after the first iteration); measured with the sampler in this process (sync_scale.row_sparsity)
+SPARSITY = {"pull": 0.16, "push": 0.12}
 
 
 @dataclass
@@ -71,6 +77,11 @@ class Inputs:
     compute: dict = field(default_factory=lambda: dict(COMPUTE))
     u_curve: tuple = U_CURVE
     source: str = "built-in defaults"
+    meas: dict | None = None  # sync_measure's JSON
+    fits: dict | None = None  # the message fits by layout
+    hop_source: dict = field(default_factory=dict)
+    u_fits: tuple | None = None  # U(m) of the validated fits' data
+    lda_here: dict | None = None  # LDA's compute measured beside them
 
     def U(self, m):
         """Touched rows of a round of ``m`` samples: log-log interpolation
@@ -101,27 +112,43 @@ def message_fit(rows):
             "rms": float(np.sqrt(np.mean((A @ coef - y) ** 2)))}
 
 
-def load_inputs(measured=None, u_from=None):
+def load_inputs(measured=None, u_from=None, messages=()):
     """``Inputs`` from ``sync_measure``'s JSON (the sync constants of each
     layout; the hop calibrated on its SGD cycle) and, where given,
     ``scaling_model``'s JSON (the U(m) curve)."""
     inp = Inputs()
-    if u_from:
+    if u_from:  # U(m) of the validated fits' data, and LDA's K=50 compute measured in the workers beside them
         m = json.loads(pathlib.Path(u_from).read_text())
-        inp.u_curve = (m["sgd_U"]["m"], m["sgd_U"]["U"])
+        inp.u_fits = (m["sgd_U"]["m"], m["sgd_U"]["U"])
+        lc = next((c["lda_compute"] for c in m["clusters"] if "lda_compute" in c), m["lda_compute"])
+        inp.lda_here = {"sweep": lc["sweep_per_token"], "delta": lc["delta_per_row"]}
     if not measured:
         return inp
     meas = json.loads(pathlib.Path(measured).read_text())
-    fits = {name: message_fit(L["messages"]) for name, L in meas["layouts"].items()}
+    pooled = {name: list(L["messages"]) for name, L in meas["layouts"].items()}
+    for path in messages:  # more runs of the message cycles alone (sync_measure.py --messages-only): pooled
+        for name, L in json.loads(pathlib.Path(path).read_text())["layouts"].items():
+            pooled.setdefault(name, []).extend(L["messages"])
+    fits = {name: message_fit(rows) for name, rows in pooled.items()}
     msg = fits.get("processes", {}).get("msg", ss.Costs().msg_cpu)
     for name, L in meas["layouts"].items():
         f = fits[name]
-        thread = min(r["thread_cpu"] for w in ("sgd", "lda") for r in L["cycles"][w])
+        thread = min((r["thread_cpu"] for w in ("sgd", "lda") for r in L.get("cycles", {}).get(w, [])),
+                     default=ss.Costs().clock_cpu)
         c = ss.Costs(msg_cpu=msg if f["msg"] <= 0 else f["msg"], byte_cpu=f["byte"], direct_cpu=f["direct"],
                      clock_cpu=thread, sched_cpu=ss.Costs().sched_cpu)
-        share = L.get("cycle_share", 1.0)
-        cyc = min(L["cycles"]["sgd"], key=lambda r: r["U"])
-        c = replace(c, hop=calibrate_hop(c, cyc, share, name))
+        share = L.get("cycle_share", 0.0)  # not measured: not calibrated here
+        if name == "threads":  # every call direct: no hop to calibrate
+            hop, inp.hop_source[name] = 0.0, "none (direct calls)"
+        elif share >= 0.6 and "cycles" in L:
+            cyc = min(L["cycles"]["sgd"], key=lambda r: r["U"])
+            hop = calibrate_hop(c, cyc["U"], cyc["wall"], share, name)
+            inp.hop_source[name] = f"the measured SGD cycle ({cyc['U']} rows, {cyc['wall'] * 1e3:.2f} ms, share {share:.2f})"
+        else:
+            hop = quiet_hop()
+            inp.hop_source[name] = (f"the quiet 2b7ab62 SGD cycle (old path; this run's core share {share:.2f} is "
+                                    "too low to calibrate a latency)")
+        c = replace(c, hop=hop)
         inp.costs[name] = c
     inp.source = f"{measured} (load {', '.join(L['load_start'] for L in meas['layouts'].values())})"
     inp.fits = fits
@@ -130,10 +157,12 @@ def load_inputs(measured=None, u_from=None):
 
 
 def scaled(costs, share):
-    """The CPU constants as wall seconds on cores of which a process gets ``share``."""
+    """The CPU constants as wall seconds on cores of which a process gets
+    ``share``; the hop's wake-up stretched alike (as ``calibrate_hop``
+    assumes)."""
     f = 1.0 / max(share, 1e-3)
     return replace(costs, msg_cpu=costs.msg_cpu * f, byte_cpu=costs.byte_cpu * f, direct_cpu=costs.direct_cpu * f,
-                   clock_cpu=costs.clock_cpu * f, sched_cpu=costs.sched_cpu * f)
+                   clock_cpu=costs.clock_cpu * f, sched_cpu=costs.sched_cpu * f, hop=costs.hop * f)
 
 
 LOOPBACK = ss.Network(rtt=40e-6, bandwidth=2.4e9)  # BASELINES.md: plain loopback TCP 2.4 GB/s
@@ -146,24 +175,34 @@ def cycle_workload(U, clocks=20):
                        read_value_bytes=8, prefetch=True)
 
 
-def calibrate_hop(costs, cycle, share, layout):
-    """The hop latency at which the simulated cycle (P = 2, current
-    design, loopback, CPU at the core share) takes the measured wall
-    (bisection; 0 where the CPU alone already takes longer)."""
-    wl = cycle_workload(cycle["U"])
-    target = cycle["wall"]
+def calibrate_hop(costs, U, wall, share=1.0, layout="processes", design="current"):
+    """The hop latency at which the simulated 2-worker cycle of ``U`` rows
+    (``design``, loopback, CPU at the core share) takes ``wall`` seconds
+    (bisection; 0 where the CPU alone already takes longer), as on a
+    quiet machine (the wake-ups stretched by the load as the CPU is)."""
+    wl = cycle_workload(U)
 
-    def wall(hop):
-        t, _ = ss.simulate("current", 2, wl, costs=replace(scaled(costs, share), hop=hop), net=LOOPBACK,
+    def sim_wall(hop):
+        t, _ = ss.simulate(design, 2, wl, costs=scaled(replace(costs, hop=hop), share), net=LOOPBACK,
                            jitter=ss.Jitter(cv=0, tail_p=0), layout=layout)
         return t / wl.clocks
     lo, hi = 0.0, 0.02
-    if wall(lo) >= target:
+    if sim_wall(lo) >= wall:
         return 0.0
     for _ in range(30):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if wall(mid) < target else (lo, mid)
-    return 0.5 * (lo + hi) * share  # a quiet machine's hop: the wake-ups stretch with the load as CPU does
+        lo, hi = (mid, hi) if sim_wall(mid) < wall else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+# The quiet run of docs/benchmarks.md (scaling_model.py on 2b7ab62, the old path, load 1.0-1.7): its SGD
+# cycle at P = 2 took 6.19 ms + 0.043 us a row, its worker CPU 554 us a message and 1.14 ns a byte, the
+# scheduler 143 us a clock message. The hop where the machine is too loaded to calibrate it (core share < 0.6).
+QUIET_OLD_COSTS = ss.Costs(msg_cpu=554e-6, byte_cpu=1.14e-9, direct_cpu=150e-6, clock_cpu=0.3e-3, sched_cpu=143e-6)
+
+
+def quiet_hop():
+    return calibrate_hop(QUIET_OLD_COSTS, 2000, 6.19e-3 + 0.043e-6 * 2000, design="old")
 
 
 # --- workloads -------------------------------------------------------------------------------------
@@ -222,12 +261,39 @@ def lda_workload(inp, T, V, N, K, clocks):
     k = inp.compute
     Vp, pull, push = zipf_shard(T, V, N, K)
     dense = 4.0 * K
-    pull_b = dense if K < 128 else min(dense, 8.0 * pull)
-    push_b = dense if K < 128 else min(dense, 8.0 * push)
+    pull_b = dense if K < 128 else min(dense, 8.0 * SPARSITY["pull"] * pull)
+    push_b = dense if K < 128 else min(dense, 8.0 * SPARSITY["push"] * push)
     comp = k["sweep"][K] * T + k["delta"][K] * Vp
     wl = ss.Workload(compute=comp, clocks=clocks, push_rows=Vp, read_rows=Vp + 1, push_value_bytes=push_b,
                      read_value_bytes=pull_b, prefetch=False)
     return wl, Vp
+
+
+def row_sparsity(K=1000, iters=30):
+    """The measurement behind ``SPARSITY``: the estimator's sampler on
+    the news corpus in this process from a random start; after ``iters``
+    sweeps, the word rows' nonzeros over sum min(K, n_w) and the last
+    sweep's deltas' over sum min(K, 2 n_w)."""
+    from bench_lda import load_news, split
+
+    from dask_ps.decomposition import _lda_kernels as kk
+
+    X = split(load_news())[0]
+    _, local = np.unique(X.indices, return_inverse=True)
+    doc_ptr = np.concatenate([[0], np.cumsum(np.asarray(X.sum(1)).ravel())]).astype(np.int64)
+    words = np.repeat(local, X.data).astype(np.int32)
+    V = int(local.max()) + 1
+    z = np.random.default_rng(0).integers(K, size=words.size, dtype=np.int32)
+    ndk, nwk, nk = np.zeros((X.shape[0], K), np.int32), np.zeros((V, K), np.int32), np.zeros(K, np.int64)
+    kk.init_counts(doc_ptr, words, z, ndk, nwk, nk)
+    n_w = nwk.sum(1)
+    sweep = kk.SWEEPS["dense" if K < 128 else "sparse"]
+    for it in range(iters):
+        before = nwk.copy()
+        sweep(doc_ptr, words, z, ndk, nwk, nk, 0.1, 0.01, X.shape[1] * 0.01, it)
+    delta = nwk - before
+    return {"pull": np.count_nonzero(nwk) / np.minimum(K, n_w).sum(),
+            "push": np.count_nonzero(delta) / np.minimum(K, 2 * n_w).sum()}
 
 
 # --- validation ----------------------------------------------------------------------------------
@@ -259,6 +325,8 @@ def validate(inp):
     measured CPU s, error, measured sync s, simulated sync s)."""
     meas = inp.meas
     n, lda_tokens = meas["sgd_n"], meas["lda_tokens"]
+    if getattr(inp, "u_fits", None):  # the fits' own data (a 200k-row set touches fewer rows than 500k's)
+        inp = replace(inp, u_curve=inp.u_fits)
     out = []
     for layout, L in meas["layouts"].items():
         idle = L.get("idle", 0.0)
@@ -266,11 +334,16 @@ def validate(inp):
             E = fit["E"]
             tiny = L["sgd_tiny"]
             pred, F, cpu, sim = _fit_pred(
-                inp, layout, lambda: sgd_workload(inp, n / 2, 2, E, fit=True)[0], fit, tiny,
-                lambda: sgd_workload(inp, tiny["n"] / 2, 2, 1, fit=True)[0], idle)
+                inp, layout, lambda: measured_compute(sgd_workload(inp, n / 2, 2, E, fit=True)[0], fit, inp, layout),
+                fit, tiny, lambda: measured_compute(sgd_workload(inp, tiny["n"] / 2, 2, 1, fit=True)[0], tiny, inp,
+                                                    layout), idle)
             out.append(_row(layout, f"SGD click-through {n:,} rows, max_iter={E}", pred, fit, cpu, idle, sim, F,
                             "ps_seconds"))
         fit, tiny = L["lda"], L["lda_tiny"]
+        here = inp.lda_here
+        if here:  # the sweep as measured beside these fits (the model's table keeps the quiet constants)
+            inp = replace(inp, compute={**inp.compute, "sweep": {**inp.compute["sweep"], 50: here["sweep"]},
+                                        "delta": {**inp.compute["delta"], 50: here["delta"]}})
         tokens = max(p["n_tokens"] for p in fit["participants"])
         V = 14_608
         pred, F, cpu, sim = _fit_pred(
@@ -280,6 +353,17 @@ def validate(inp):
         out.append(_row(layout, f"LDA K=50, {meas['lda_docs']} documents, {fit['iters']} iterations", pred, fit, cpu,
                         idle, sim, F, None))
     return out
+
+
+def measured_compute(wl, fit, inp, layout):
+    """``wl`` with the fit's own compute: its participants' thread CPU
+    (mean) less the calls' bookkeeping, shared over the rounds as the
+    model shares it, and the background thread's CPU before the first."""
+    ps = fit["participants"]
+    thread = float(np.mean([p["cpu_seconds"] for p in ps])) - inp.costs[layout].clock_cpu * wl.clocks
+    comp = np.asarray(wl.compute, float)
+    return replace(wl, compute=comp * max(thread, 0.0) / comp.sum(),
+                   first_compute=float(np.mean([p["round_prep_cpu_seconds"] for p in ps])))
 
 
 def _row(layout, name, pred, fit, cpu, idle, sim, F, sync_key):
@@ -427,18 +511,28 @@ def main(argv=None):
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--measured", help="sync_measure.py's JSON (default: the built-in constants)")
-    ap.add_argument("--u-from", help="scaling_model.py's JSON: the U(m) curve of its click-through data")
-    ap.add_argument("--max-p", type=int, default=256)
+    ap.add_argument("--u-from", help="scaling_model.py's JSON of the same data as --measured: its U(m) curve and "
+                    "LDA compute, for the validation (the table keeps the 500k-row curve and the quiet compute)")
+    ap.add_argument("--messages", nargs="*", default=(), help="sync_measure.py --messages-only JSONs, pooled")
+    ap.add_argument("--ps", type=int, nargs="+", default=list(PS), help="cluster sizes (P = 256: a minute a row)")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--msg-cpu", type=float, help="override the CPU of a message (seconds; e.g. a quiet run's)")
+    ap.add_argument("--no-validate", action="store_true")
     ap.add_argument("--json", help="save the table's figures here")
     args = ap.parse_args(argv)
-    inp = load_inputs(args.measured, args.u_from)
+    inp = load_inputs(args.measured, args.u_from, args.messages)
+    if args.msg_cpu is not None:
+        inp.costs = {k: replace(c, msg_cpu=args.msg_cpu) for k, c in inp.costs.items()}
     print(f"# sync_sim: inputs from {inp.source}\n")
+    for name, f in (getattr(inp, "fits", None) or {}).items():
+        print(f"- {name}, message cycles (CPU a clock = a + b x bytes + c x messages + d x direct calls): a "
+              f"{f['a'] * 1e3:.2f} ms, b {f['byte'] * 1e9:.2f} ns, c {f['msg'] * 1e6:.0f} us, d {f['direct'] * 1e6:.0f} "
+              f"us (rms {f['rms'] * 1e3:.2f} ms); hop from {inp.hop_source[name]}")
     for name, c in inp.costs.items():
         print(f"- {name}: a message {c.msg_cpu * 1e6:.0f} us CPU (request + reply), a byte {c.byte_cpu * 1e9:.2f} ns, "
               f"a direct call {c.direct_cpu * 1e6:.0f} us, a clock's bookkeeping {c.clock_cpu * 1e6:.0f} us, a hop "
               f"{c.hop * 1e6:.0f} us; the old scheduler {c.sched_cpu * 1e6:.0f} us a clock message")
-    if getattr(inp, "meas", None):
+    if getattr(inp, "meas", None) and not args.no_validate:
         print("\n## Predicted against measured, 2 workers\n")
         print("| layout | fit | core share | predicted (s) | measured (s), median (range) | error | predicted CPU (s) | "
               "measured CPU (s) | error | sync a participant, simulated / measured (s) |")
@@ -447,7 +541,7 @@ def main(argv=None):
             print(f"| {r['layout']} | {r['fit']} | {r['share']:.2f} | {r['pred']:.2f} | {r['wall']:.2f} "
                   f"({min(r['walls']):.2f}-{max(r['walls']):.2f}) | {100 * r['err']:+.0f}% | {r['cpu_pred']:.2f} | "
                   f"{r['cpu']:.2f} | {100 * r['cpu_err']:+.0f}% | {r['sync_pred']:.3f} / {r['sync']:.3f} |")
-    Ps = tuple(P for P in PS if P <= args.max_p)
+    Ps = tuple(args.ps)
     t0 = time.perf_counter()
     res = table(inp, Ps, args.workloads, log=lambda m: print(f"[{time.perf_counter() - t0:.0f} s] {m}",
                                                               file=sys.stderr, flush=True))

@@ -57,11 +57,12 @@ creation, data placement, the final pull: added from the measured tiny
 fits where predicting a 2-worker fit), SGD's stats row and stopping
 rule's read (one row), the LDA sampler's convergence.
 
-    python benchmarks/sync_sim.py --measured sync_measure.json --model scaling.json   # validate, then the table
-    python benchmarks/sync_sim.py --quick                                               # fewer clocks, built-in constants
+    python benchmarks/sync_measure.py --json m.json                    # the inputs, 2 workers, both layouts
+    python benchmarks/scaling_model.py --workers 2 --quick --json s.json   # U(m) and LDA's compute beside them
+    python benchmarks/sync_scale.py --measured m.json --u-from s.json  # validation, then the table
 
-(``sync_measure.py`` and ``scaling_model.py --workers 2 --json`` measure
-the inputs; ``sync_scale.py`` has the workloads and the reports.)
+This module is the simulator alone (``simulate``); ``sync_scale.py`` has
+the inputs, the workloads, the validation and the table.
 """
 
 from __future__ import annotations
