@@ -146,8 +146,9 @@ def load_inputs(measured=None, u_from=None, messages=()):
             inp.hop_source[name] = f"the measured SGD cycle ({cyc['U']} rows, {cyc['wall'] * 1e3:.2f} ms, share {share:.2f})"
         else:
             hop = quiet_hop()
-            inp.hop_source[name] = (f"the quiet 2b7ab62 SGD cycle (old path; this run's core share {share:.2f} is "
-                                    "too low to calibrate a latency)")
+            why = f"this run's core share {share:.2f} is too low to calibrate a latency" if share else \
+                "no core share measured beside this run's cycles"
+            inp.hop_source[name] = f"the quiet 2b7ab62 SGD cycle (old path; {why})"
         c = replace(c, hop=hop)
         inp.costs[name] = c
     inp.source = f"{measured} (load {', '.join(L['load_start'] for L in meas['layouts'].values())})"
