@@ -143,7 +143,8 @@ def load_inputs(measured=None, u_from=None, messages=()):
         elif share >= 0.6 and "cycles" in L:
             cyc = min(L["cycles"]["sgd"], key=lambda r: r["U"])
             hop = calibrate_hop(c, cyc["U"], cyc["wall"], share, name)
-            inp.hop_source[name] = f"the measured SGD cycle ({cyc['U']} rows, {cyc['wall'] * 1e3:.2f} ms, share {share:.2f})"
+            inp.hop_source[name] = (f"the measured SGD cycle ({cyc['U']} rows, {cyc['wall'] * 1e3:.2f} ms, "
+                                    f"share {share:.2f})")
         else:
             hop = quiet_hop()
             why = f"this run's core share {share:.2f} is too low to calibrate a latency" if share else \
@@ -326,7 +327,7 @@ def validate(inp):
     measured CPU s, error, measured sync s, simulated sync s)."""
     meas = inp.meas
     n, lda_tokens = meas["sgd_n"], meas["lda_tokens"]
-    if getattr(inp, "u_fits", None):  # the fits' own data (a 200k-row set touches fewer rows than 500k's)
+    if inp.u_fits:  # the fits' own data (a 200k-row set touches fewer rows than 500k's)
         inp = replace(inp, u_curve=inp.u_fits)
     out = []
     for layout, L in meas["layouts"].items():
@@ -525,18 +526,18 @@ def main(argv=None):
     if args.msg_cpu is not None:
         inp.costs = {k: replace(c, msg_cpu=args.msg_cpu) for k, c in inp.costs.items()}
     print(f"# sync_sim: inputs from {inp.source}\n")
-    for name, f in (getattr(inp, "fits", None) or {}).items():
+    for name, f in (inp.fits or {}).items():
         print(f"- {name}, message cycles (CPU a clock = a + b x bytes + c x messages + d x direct calls): a "
-              f"{f['a'] * 1e3:.2f} ms, b {f['byte'] * 1e9:.2f} ns, c {f['msg'] * 1e6:.0f} us, d {f['direct'] * 1e6:.0f} "
-              f"us (rms {f['rms'] * 1e3:.2f} ms); hop from {inp.hop_source[name]}")
+              f"{f['a'] * 1e3:.2f} ms, b {f['byte'] * 1e9:.2f} ns, c {f['msg'] * 1e6:.0f} us, "
+              f"d {f['direct'] * 1e6:.0f} us (rms {f['rms'] * 1e3:.2f} ms); hop from {inp.hop_source[name]}")
     for name, c in inp.costs.items():
-        print(f"- {name}: a message {c.msg_cpu * 1e6:.0f} us CPU (request + reply), a byte {c.byte_cpu * 1e9:.2f} ns, "
-              f"a direct call {c.direct_cpu * 1e6:.0f} us, a clock's bookkeeping {c.clock_cpu * 1e6:.0f} us, a hop "
-              f"{c.hop * 1e6:.0f} us; the old scheduler {c.sched_cpu * 1e6:.0f} us a clock message")
-    if getattr(inp, "meas", None) and not args.no_validate:
+        print(f"- {name}: a message {c.msg_cpu * 1e6:.0f} us CPU (request + reply), a byte "
+              f"{c.byte_cpu * 1e9:.2f} ns, a direct call {c.direct_cpu * 1e6:.0f} us, a clock's bookkeeping "
+              f"{c.clock_cpu * 1e6:.0f} us, a hop {c.hop * 1e6:.0f} us; the old scheduler {c.sched_cpu * 1e6:.0f} us a clock message")
+    if inp.meas and not args.no_validate:
         print("\n## Predicted against measured, 2 workers\n")
-        print("| layout | fit | core share | predicted (s) | measured (s), median (range) | error | predicted CPU (s) | "
-              "measured CPU (s) | error | sync a participant, simulated / measured (s) |")
+        print("| layout | fit | core share | predicted (s) | measured (s), median (range) | error | "
+              "predicted CPU (s) | measured CPU (s) | error | sync a participant, simulated / measured (s) |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in validate(inp):
             print(f"| {r['layout']} | {r['fit']} | {r['share']:.2f} | {r['pred']:.2f} | {r['wall']:.2f} "
