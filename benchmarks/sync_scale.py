@@ -533,7 +533,8 @@ def main(argv=None):
     for name, c in inp.costs.items():
         print(f"- {name}: a message {c.msg_cpu * 1e6:.0f} us CPU (request + reply), a byte "
               f"{c.byte_cpu * 1e9:.2f} ns, a direct call {c.direct_cpu * 1e6:.0f} us, a clock's bookkeeping "
-              f"{c.clock_cpu * 1e6:.0f} us, a hop {c.hop * 1e6:.0f} us; the old scheduler {c.sched_cpu * 1e6:.0f} us a clock message")
+              f"{c.clock_cpu * 1e6:.0f} us, a hop {c.hop * 1e6:.0f} us; the old scheduler "
+              f"{c.sched_cpu * 1e6:.0f} us a clock message")
     if inp.meas and not args.no_validate:
         print("\n## Predicted against measured, 2 workers\n")
         print("| layout | fit | core share | predicted (s) | measured (s), median (range) | error | "
