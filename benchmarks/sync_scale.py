@@ -298,6 +298,28 @@ def row_sparsity(K=1000, iters=30):
             "push": np.count_nonzero(delta) / np.minimum(K, 2 * n_w).sum()}
 
 
+# The quiet 2b7ab62 fits (docs/benchmarks.md, SGD at P = 2 per term, participant means): click-through
+# 500k rows, 5 rounds an epoch of 64k touched rows; compute and background thread CPU, participant and sync
+# walls (``metrics_``: ``seconds``, ``ps_seconds``)
+QUIET_FITS = ({"E": 1, "compute": 0.097, "background": 0.027, "participant": 0.218, "sync": 0.097},
+              {"E": 2, "compute": 0.183, "background": 0.029, "participant": 0.382, "sync": 0.178})
+
+
+def quiet_check():
+    """The old design simulated with the quiet run's constants against
+    that run's 2-worker SGD fits (its own measured compute): rows of
+    (E, simulated participant s, measured, simulated sync s, measured)."""
+    costs = replace(QUIET_OLD_COSTS, hop=quiet_hop())
+    out = []
+    for f in QUIET_FITS:
+        R = 5 * f["E"]
+        wl = ss.Workload(compute=f["compute"] / R, clocks=R, push_rows=63_984, read_rows=63_983,
+                         push_value_bytes=8, read_value_bytes=8, prefetch=True, first_compute=f["background"])
+        t, sim = ss.simulate("old", 2, wl, costs=costs, net=LOOPBACK, jitter=ss.Jitter(cv=0, tail_p=0))
+        out.append((f["E"], t, f["participant"], float(np.mean(sim.sync_seconds)), f["sync"]))
+    return out
+
+
 # --- validation ----------------------------------------------------------------------------------
 
 
@@ -544,6 +566,13 @@ def main(argv=None):
             print(f"| {r['layout']} | {r['fit']} | {r['share']:.2f} | {r['pred']:.2f} | {r['wall']:.2f} "
                   f"({min(r['walls']):.2f}-{max(r['walls']):.2f}) | {100 * r['err']:+.0f}% | {r['cpu_pred']:.2f} | "
                   f"{r['cpu']:.2f} | {100 * r['cpu_err']:+.0f}% | {r['sync_pred']:.3f} / {r['sync']:.3f} |")
+    print("\nThe old design against the quiet 2b7ab62 fits (processes, SGD click-through 500k rows; participant "
+          "means):\n")
+    print("| max_iter | participant, simulated / measured (s) | error | sync, simulated / measured (s) | error |")
+    print("| --- | --- | --- | --- | --- |")
+    for E, t, tm, sy, sm_ in quiet_check():
+        print(f"| {E} | {t:.3f} / {tm:.3f} | {100 * (t - tm) / tm:+.0f}% | {sy:.3f} / {sm_:.3f} | "
+              f"{100 * (sy - sm_) / sm_:+.0f}% |")
     Ps = tuple(args.ps)
     t0 = time.perf_counter()
     res = table(inp, Ps, args.workloads, log=lambda m: print(f"[{time.perf_counter() - t0:.0f} s] {m}",
