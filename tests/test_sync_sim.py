@@ -1,0 +1,141 @@
+"""The invariants of ``benchmarks/sync_sim.py``, the discrete-event
+simulation of the sync path (issue 36): what its scaling table rests on.
+No cluster; every run is a few hundred events."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def ss():
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "sync_sim.py"
+    spec = importlib.util.spec_from_file_location("sync_sim_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def free(ss, **kw):
+    """No CPU a message, no hop, no network cost."""
+    return {"costs": ss.Costs(msg_cpu=0, byte_cpu=0, direct_cpu=0, clock_cpu=0, hop=0, sched_cpu=0),
+            "net": ss.Network(rtt=0, bandwidth=float("inf")), **kw}
+
+
+def still(ss, **kw):
+    return ss.Jitter(cv=0, tail_p=0, **kw)
+
+
+def wl(ss, compute=0.1, clocks=10, **kw):
+    return ss.Workload(compute=compute, clocks=clocks, push_rows=1000, read_rows=1000, push_value_bytes=8,
+                       read_value_bytes=8, **kw)
+
+
+@pytest.mark.parametrize("design", ["old", "current", "target"])
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_without_jitter_or_costs_bsp_takes_the_compute(ss, design, prefetch):
+    t, sim = ss.simulate(design, 8, wl(ss, prefetch=prefetch), jitter=still(ss), **free(ss))
+    assert t == pytest.approx(10 * 0.1)
+    assert sim.clock == [10] * 8
+
+
+@pytest.mark.parametrize("design", ["old", "current", "target"])
+def test_each_message_costs_time(ss, design):
+    t, _ = ss.simulate(design, 8, wl(ss), jitter=still(ss))
+    assert t > 10 * 0.1 * 1.01
+
+
+@pytest.mark.parametrize("design", ["old", "current", "target"])
+def test_a_persistent_straggler_sets_the_bsp_pace(ss, design):
+    t, _ = ss.simulate(design, 8, wl(ss), jitter=still(ss, stragglers=1, straggler_slowdown=0.3), **free(ss))
+    assert t == pytest.approx(10 * 0.13)
+
+
+@pytest.mark.parametrize("design", ["old", "current", "target"])
+def test_a_straggler_delays_bsp_by_its_delay_each_clock(ss, design):
+    delays = {(3, c): 0.02 for c in (2, 5, 7)}
+    t, _ = ss.simulate(design, 8, wl(ss), jitter=still(ss, transient=delays), **free(ss))
+    assert t == pytest.approx(10 * 0.1 + 3 * 0.02)
+
+
+@pytest.mark.parametrize("design", ["old", "current", "target"])
+def test_ssp_absorbs_a_transient_straggler(ss, design):
+    # One clock 1.5 compute late: SSP(2) lets the others run on; the straggler catches up on its own
+    # schedule (its last clock ends 0.15 s late), nobody else waits.
+    delays = {(3, 4): 0.15}
+    bsp, _ = ss.simulate(design, 8, wl(ss), jitter=still(ss, transient=delays), **free(ss))
+    ssp, sim = ss.simulate(design, 8, wl(ss), staleness=2, jitter=still(ss, transient=delays), **free(ss))
+    assert bsp == pytest.approx(1.0 + 0.15)
+    assert ssp == pytest.approx(1.0 + 0.15)  # the straggler's own time
+    others = [e for p, e in enumerate(sim.end) if p != 3]
+    assert max(others) == pytest.approx(1.0)  # ... the others lost nothing
+    bsp_sim = ss.simulate(design, 8, wl(ss), jitter=still(ss, transient=delays), **free(ss))[1]
+    assert min(e for p, e in enumerate(bsp_sim.end) if p != 3) == pytest.approx(1.15)
+
+
+def test_ssp_does_not_absorb_a_straggler_beyond_its_bound(ss):
+    # Late by 3 clocks' compute under SSP(1): the others wait for all but 1 clock of it.
+    delays = {(0, 2): 0.3}
+    t, sim = ss.simulate("target", 4, wl(ss), staleness=1, jitter=still(ss, transient=delays), **free(ss))
+    assert min(sim.end[1:]) == pytest.approx(1.0 + 0.3 - 0.1)
+
+
+@pytest.mark.parametrize("P", [2, 4, 16])
+def test_message_counts_per_clock_are_the_designs(ss, P):
+    work = wl(ss, clocks=6)
+    old = ss.simulate("old", P, work, jitter=still(ss))[1].per_clock()
+    # old: a push and a read to each server, the clock report to the scheduler, its wait for the
+    # slowest where the bound is not known met, the scheduler's broadcast to every server once a clock
+    assert old["push"] == old["read"] == P
+    assert old["clock"] == 1
+    assert old["broadcast"] == pytest.approx(1.0)  # P servers a clock, over P participants
+    assert 0 < old["wait"] <= 1
+    cur = ss.simulate("current", P, work, jitter=still(ss))[1].per_clock()
+    assert cur == {"push": P, "clock": P, "read": P}  # 3P, none to the scheduler
+    tgt = ss.simulate("target", P, work, jitter=still(ss))[1].per_clock()
+    assert tgt == {"request": P}
+
+
+def test_combined_per_process_sends_one_request_per_server_per_machine(ss):
+    # 4 machines x 4 threads: 4 servers; one request to each a machine-clock, shared by 4 participants
+    sim = ss.simulate("target", 16, wl(ss, clocks=6), threads=4, combine=True, jitter=still(ss))[1]
+    assert sim.per_clock() == {"request": pytest.approx(4 / 4)}
+    apart = ss.simulate("target", 16, wl(ss, clocks=6), threads=4, jitter=still(ss))[1]
+    assert apart.per_clock() == {"request": 4}
+
+
+def test_only_the_old_design_loads_the_scheduler(ss):
+    c = ss.Costs(sched_cpu=1e-4)
+    old = ss.simulate("old", 8, wl(ss), costs=c, jitter=still(ss))[1]
+    n = sum(v for k, v in old.sent.items() if k in ("clock", "wait", "broadcast"))
+    assert old.sched.busy == pytest.approx(n * 1e-4 + old.sent["clock"] * 1e-4 + old.sent.get("wait", 0) * 1e-4)
+    for design in ("current", "target"):
+        assert ss.simulate(design, 8, wl(ss), costs=c, jitter=still(ss))[1].sched.busy == 0
+
+
+def test_bandwidth_bounds_a_clock(ss):
+    # 1 MB pushed and read a clock over 1 MB/s links, no compute: at least a second each way
+    work = ss.Workload(compute=0.0, clocks=3, push_rows=125_000, read_rows=125_000, push_value_bytes=8,
+                       read_value_bytes=8, index_bytes=0)
+    t, _ = ss.simulate("target", 2, work, jitter=still(ss), **free(ss, net=ss.Network(rtt=0, bandwidth=1e6)))
+    assert t >= 3 * 2 * 0.5 * 0.999  # half the rows cross the wire each way (the other half is local)
+
+
+def test_a_loop_shared_with_the_compute_stretches_it(ss):
+    c = ss.Costs(msg_cpu=1e-3, byte_cpu=0, direct_cpu=0, clock_cpu=0, hop=0)
+    # SSP(1): a clock's messages are served while the next compute runs
+    shared, _ = ss.simulate("target", 4, wl(ss), staleness=1, costs=c, jitter=still(ss))
+    apart, _ = ss.simulate("target", 4, wl(ss), staleness=1, costs=c, jitter=still(ss), shared_core=False)
+    assert shared > apart + 9 * 4 * 1e-3 / 2  # at least the halves of the requests it serves, each clock
+
+
+def test_bad_arguments_are_refused(ss):
+    with pytest.raises(ValueError, match="design"):
+        ss.Sim("new", 4, wl(ss))
+    with pytest.raises(ValueError, match="threads"):
+        ss.Sim("target", 6, wl(ss), threads=4)
