@@ -128,6 +128,12 @@ def _table_metrics(m):
     return out
 
 
+def run_names(args):
+    """The models, and BSP again with seeds 1 .. ``--bsp-seeds`` (how far a
+    seed alone moves BSP's result: the spread the staleness figures sit in)."""
+    return list(args.models) + [f"BSP seed={i}" for i in range(1, args.bsp_seeds + 1)]
+
+
 def child(args):
     """One (version, layout, repeat): every scenario and model; writes a JSON
     and one .npz of snapshots per fit under ``args.out``."""
@@ -147,11 +153,12 @@ def child(args):
         warm = LatentDirichletAllocation(args.k, max_iter=2, n_partitions=P, client=client, random_state=0)
         warm.fit(train)  # compile the kernels on every worker first
         for scenario in args.scenarios:
-            for name in args.models:
+            for name in run_names(args):
                 log = tempfile.mktemp(prefix="hook-", suffix=".log", dir=args.out)
+                model, _, seed = name.partition(" seed=")
                 m = LatentDirichletAllocation(args.k, doc_topic_prior=ALPHA, topic_word_prior=ETA,
-                                              max_iter=args.iters, evaluate_every=0, consistency=models[name],
-                                              n_partitions=P, client=client, random_state=0)
+                                              max_iter=args.iters, evaluate_every=0, consistency=models[model],
+                                              n_partitions=P, client=client, random_state=int(seed or 0))
                 m._sweep_delay = Straggler(scenario, args.base, args.period, args.pause, log)
                 snaps, stop = [], threading.Event()
                 th = threading.Thread(target=_snapshots, args=(ps, stop, args.snapshot, snaps), daemon=True)
@@ -228,12 +235,13 @@ def summarize(results, args, test):
 
 
 def print_tables(rows, args, versions):
-    def rng(xs, fmt="{:.2f}"):
-        xs = [x for x in xs if np.isfinite(x)]
+    def rng(all_xs, fmt="{:.2f}"):
+        xs = [x for x in all_xs if np.isfinite(x)]
         if not xs:
             return "not reached"
         lo, hi = fmt.format(min(xs)), fmt.format(max(xs))
-        return lo if lo == hi else f"{lo}-{hi}"
+        out = lo if lo == hi else f"{lo}-{hi}"
+        return out if len(xs) == len(all_xs) else f"{out} ({len(all_xs) - len(xs)} of {len(all_xs)} not reached)"
 
     for scenario in args.scenarios:
         for layout in args.layouts:
@@ -242,7 +250,7 @@ def print_tables(rows, args, versions):
             print("| model | version | time to target s | vs BSP (x sooner) | iterations at target | run s "
                   "| final held-out ll/token vs BSP | reads served from cache | eager fills / read |")
             print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-            for name in args.models:
+            for name in run_names(args):
                 for v in versions:
                     rs = rows.get((scenario, layout, name, v), [])
                     if not rs:
@@ -265,16 +273,19 @@ def main():
                     default=["persistent", "transient"])
     ap.add_argument("--models", nargs="+", default=MODEL_NAMES, choices=MODEL_NAMES)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--bsp-seeds", type=int, default=0, help="BSP fits with random_state 1 .. N as well")
     ap.add_argument("--docs", type=int, default=1000)
     ap.add_argument("--doc-len", type=int, default=100)
     ap.add_argument("--vocab", type=int, default=500)
     ap.add_argument("--k", type=int, default=10)
-    ap.add_argument("--iters", type=int, default=40)
-    ap.add_argument("--base", type=float, default=0.04, help="emulated seconds of compute per sweep")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--base", type=float, default=0.1, help="emulated seconds of compute per sweep")
     ap.add_argument("--period", type=int, default=8, help="transient: a pause every PERIOD iterations")
     ap.add_argument("--pause", type=int, default=3, help="transient: a pause's length in iterations")
     ap.add_argument("--snapshot", type=float, default=0.1, help="seconds between snapshots of the table")
-    ap.add_argument("--frac", type=float, default=0.95, help="target: this fraction of BSP's held-out gain")
+    ap.add_argument("--frac", type=float, default=0.8, help="target: this fraction of BSP's held-out gain")
+    ap.add_argument("--rescore", metavar="DIR", help="print the tables again from an earlier run's snapshots "
+                    "(the directory it named), e.g. with another --frac")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # internal: LAYOUT:OUTDIR
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -284,16 +295,21 @@ def main():
     if "BSP" not in args.models:
         args.models = ["BSP"] + args.models
     versions = [v.split("=", 1) for v in args.versions]
-    root = tempfile.mkdtemp(prefix="bench_lda_staleness-")
+    root = args.rescore or tempfile.mkdtemp(prefix="bench_lda_staleness-")
     results = {}
     passthrough = ["--scenarios", *args.scenarios, "--models", *args.models, "--docs", str(args.docs),
                    "--doc-len", str(args.doc_len), "--vocab", str(args.vocab), "--k", str(args.k),
                    "--iters", str(args.iters), "--base", str(args.base), "--period", str(args.period),
-                   "--pause", str(args.pause), "--snapshot", str(args.snapshot)]
+                   "--pause", str(args.pause), "--snapshot", str(args.snapshot),
+                   "--bsp-seeds", str(args.bsp_seeds)]
     for r in range(args.repeats):
         for layout in args.layouts:
             for label, path in versions:  # interleaved: a change of load falls on both versions
                 out = os.path.join(root, f"{label}-{layout}-{r}")
+                if args.rescore:
+                    with open(os.path.join(out, "fits.json")) as f:
+                        results.setdefault((label, layout), []).append((out, json.load(f)))
+                    continue
                 os.makedirs(out)
                 env = {**os.environ, "PYTHONPATH": os.path.abspath(path)}
                 logger.info("repeat %d/%d, %s, %s (%s)", r + 1, args.repeats, layout, label, path)
