@@ -35,7 +35,11 @@ embedded cluster's layout) and ``processes`` (2 worker processes).
 
     python benchmarks/bench_lda_staleness.py --versions old=/work/wt/old1322 new=. \\
         --layouts threads processes --repeats 2
-    python benchmarks/bench_lda_staleness.py --layouts threads --models BSP "SSP(2)" "ESSP(2)"
+    python benchmarks/bench_lda_staleness.py --layouts threads --models BSP "SSP(1)" "SSP(2)" "ESSP(1)" \
+        "ESSP(2)" --repeats 3 --bsp-seeds 3       # with BSP at seeds 1-3: the spread a seed alone gives
+    # the same arguments plus --rescore DIR [--frac F]: an earlier run's snapshots against another target
+
+Results and what they mean: docs/benchmarks.md, "LDA under bounded staleness".
 """
 
 from __future__ import annotations
@@ -154,7 +158,7 @@ def child(args):
         warm.fit(train)  # compile the kernels on every worker first
         for scenario in args.scenarios:
             for name in run_names(args):
-                log = tempfile.mktemp(prefix="hook-", suffix=".log", dir=args.out)
+                log = os.path.join(args.out, f"hook-{len(fits)}.log")
                 model, _, seed = name.partition(" seed=")
                 m = LatentDirichletAllocation(args.k, doc_topic_prior=ALPHA, topic_word_prior=ETA,
                                               max_iter=args.iters, evaluate_every=0, consistency=models[model],
