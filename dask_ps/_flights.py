@@ -59,7 +59,8 @@ from dask_ps._exceptions import PSError, PSValueError
 from dask_ps._liveness import WorkerGone
 from dask_ps._oplog import PushBuffer
 from dask_ps._routing import TableHandle
-from dask_ps._transport import gather_settled
+from dask_ps._sums import held_first
+from dask_ps._transport import _retryable, gather_settled
 
 _GONE = object()  # a server that left the cluster while a clock call was made to it
 
@@ -128,6 +129,7 @@ class PullHandle:
     for_clock: int = 0  # the clock the read is for (it waited for that clock's bound)
     summed: dict = field(default_factory=dict)  # aggregate="clock": block -> summed_below
     applied: dict = field(default_factory=dict)  # block -> latest own push number in the values
+    tags: dict = field(default_factory=dict)  # block -> what its server said the read holds (parked reads)
     flushes: list = field(default_factory=list)  # own Flights of this table started after issue
     _value: object = None
 
@@ -136,6 +138,11 @@ class PullHandle:
 
     def done(self) -> bool:
         return self.future is None or self.future.done()
+
+    def block_tag(self, b: int) -> float:
+        """Every update of the clocks below this is in block ``b``'s values."""
+        t = self.tags.get(b)
+        return self.tag if t is None else max(self.tag, t)
 
     def result(self):
         if self._value is None:
@@ -162,6 +169,11 @@ async def _after(previous: concurrent.futures.Future | None) -> None:
         await asyncio.wait([asyncio.wrap_future(previous)])
 
 
+def _log_failure(task: asyncio.Future) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("dask_ps: a clock report after a placement change failed: %r", task.exception())
+
+
 async def _result_of(future: concurrent.futures.Future):
     return await asyncio.wrap_future(future)
 
@@ -181,8 +193,13 @@ class InFlight:
 
     def _init_flights(self) -> None:
         self._flights: dict[str, list[Flight]] = {}  # per table, oldest first
-        self._clock_flight: tuple[concurrent.futures.Future, int | None] | None = None
+        # The clock message in the background: (future, wait_for, clock).
+        self._clock_flight: tuple[concurrent.futures.Future, int | None, int] | None = None
         self._prefetches: dict[str, weakref.WeakSet] = {}  # unconsumed PullHandles per table
+        # Every own push of the clocks below is acknowledged by every server.
+        self._settled = 0
+        # The placement versions the last clock message named (see _placement_seen).
+        self._claimed_versions: dict[str, int] = {}
 
     # --- flushes ---------------------------------------------------------------------------
     def _start_flush(self, name: str, submit: bool = True) -> Flight | None:
@@ -314,12 +331,6 @@ class InFlight:
             self._spares[name] = spare  # sent and applied: reuse its memory next time
 
     # --- clock -------------------------------------------------------------------------
-    def _start_clock(self, wait_for: int | None) -> None:
-        """Report ``self._clock`` in the background once every flush started
-        so far was acknowledged (the caller started this clock's flushes)."""
-        pending = [f.future for flights in self._flights.values() for f in flights]
-        self._clock_flight = (self._submit(self._report_clock(pending, self._clock, wait_for)), wait_for)
-
     async def _report_clock(self, pending, clock: int, wait_for):
         if pending:
             done, _ = await asyncio.wait([asyncio.wrap_future(f) for f in pending])
@@ -383,11 +394,111 @@ class InFlight:
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 0.5)
 
+    # --- one message per server per clock (issue 36) ------------------------------------
+    def _combinable(self, flights: list[Flight]) -> list | None:
+        """The parts of ``flights`` as ``run_clock`` carries them, or None
+        where one must go as pushes of its own (a push over several
+        servers held first, without a lease: ``Router.send``)."""
+        parts = []
+        for f in flights:
+            lease = False
+            if len(f.msgs) > 1 and held_first(f.h.spec):
+                if not self._router._leased(f.h, f.msgs, f.buf.bound):
+                    return None
+                lease = True
+            parts.append((f, lease))
+        return parts
+
+    async def _clock_message(self, flights: list[Flight], others, clock: int, wait_for):
+        """Send every server of the run one message: this clock's pushes to
+        it (``flights``, prepared, not sent) and ``clock``; the reply is the
+        acknowledgement. The flushes in the background (``others``) are
+        acknowledged first: a server counts the clock only after all of
+        them. Where a part fails, every flight is sent again as pushes
+        (numbered: applied once) and the clock reported after them
+        (``_report_clock``). Sets the flights' futures; returns the clock's
+        ``(min clock, seconds)``."""
+        try:
+            if others:
+                done, _ = await asyncio.wait([asyncio.wrap_future(f) for f in others])
+                if any(f.exception() is not None for f in done):
+                    raise RuntimeError(f"clock {clock} not reported: a flush before it failed")
+            t0 = time.perf_counter()
+            parts = self._combinable(flights)
+            rec = await self._plugin.runs.get(self.run_id)
+            me, dead = self.worker.address, self._router.transport.liveness.dead
+            servers = [a for a in rec.servers if a not in dead]
+            if parts is None or not servers or any(a not in servers for f in flights for a in f.msgs):
+                return await self._clock_by_pushes(flights, clock, wait_for)
+            waiter = me if me in servers else servers[0]
+            versions = self._claimed_versions = {n: h.version for n, h in self._router.handles.items()}
+            by_server = {a: [] for a in servers}
+            for f, lease in parts:
+                for addr, items in f.msgs.items():
+                    by_server[addr].append((f, items, lease))
+            seconds = _config.get_seconds("timeouts.rpc")
+            calls = [self._router.transport.clock_message(
+                addr, seconds + (_config.get_seconds("timeouts.clock") if addr == waiter and wait_for is not None
+                                 else 0),
+                [(f.h, items, (self.run_id, f.clock), self._router.sender, f.msg_seq, f.buf.bound, lease)
+                 for f, items, lease in ps],
+                run_id=self.run_id, rank=self.rank, clock=clock, versions=versions,
+                wait_for=wait_for if addr == waiter else None, timeout=_config.get_seconds("timeouts.clock"))
+                for addr, ps in by_server.items()]
+            replies = await gather_settled(calls)
+            if any(isinstance(r, BaseException) for r in replies):
+                failed = next(r for r in replies if isinstance(r, BaseException))
+                if isinstance(failed, PSError) and not _retryable(failed):
+                    raise failed
+                logger.debug("dask_ps: %r: clock %d's message failed (%r); sent again as pushes", self, clock, failed)
+                return await self._clock_by_pushes(flights, clock, wait_for)
+            seqs: dict[int, dict] = {id(f): {} for f in flights}
+            for (addr, ps), reply in zip(by_server.items(), replies):
+                for (f, items, lease), got in zip(ps, reply["seqs"]):
+                    got = self._router._lease_reply(f.h, addr, got) if lease else got
+                    mine = seqs[id(f)]
+                    for (b, *_), sq in zip(items, got):
+                        mine[b] = max(mine.get(b, 0), sq)
+            for f in flights:
+                f.future.set_result(seqs[id(f)])
+            m = max([math.inf if r["min"] is None else r["min"] for r in replies], default=0)
+            return m, time.perf_counter() - t0
+        except BaseException as e:
+            for f in flights:
+                if not f.future.done():
+                    f.future.set_exception(e)
+            raise
+
+    def _placement_seen(self, h: TableHandle) -> None:
+        """(The router's ``on_handle``, on the event loop.) A newer placement
+        of a table than this session's last clock message named: the servers
+        count that message's clock for their blocks of that table no more
+        (``RunRecord.bound``) but run-wide, one clock behind, and a read
+        parked on it would wait for this participant's next message. So the
+        clock every push before is acknowledged for goes to every server now
+        (once per placement change)."""
+        sent = self._claimed_versions.get(h.spec.name)
+        if sent is not None and h.version > sent and not self._closed:
+            self._claimed_versions[h.spec.name] = h.version
+            task = asyncio.ensure_future(self._to_servers("run_clock", clock=self._settled))
+            task.add_done_callback(_log_failure)
+
+    async def _clock_by_pushes(self, flights: list[Flight], clock: int, wait_for):
+        """The clock as pushes, then a report after them (every server)."""
+        results = await gather_settled([self._router.send(f.name, f.msgs, run=(self.run_id, f.clock),
+                                                          msg_seq=f.msg_seq, bound=f.buf.bound) for f in flights])
+        for f, r in zip(flights, results):
+            if isinstance(r, BaseException):
+                f.future.set_exception(r)
+            else:
+                f.future.set_result(r)
+        return await self._report_clock([f.future for f in flights], clock, wait_for)
+
     def _finish_clock(self) -> None:
         """Wait for the clock reported in the background (flush errors first)."""
         if self._clock_flight is None:
             return
-        future, wait_for = self._clock_flight
+        future, wait_for, clock = self._clock_flight
         self._clock_flight = None
         t0 = time.perf_counter()
         try:
@@ -398,6 +509,7 @@ class InFlight:
             raise
         if wait_for is not None:
             self._clock_wait += time.perf_counter() - t0
+        self._settled = max(self._settled, clock)
         self._known_min = float("inf") if m is None else max(self._known_min, m)
 
     def _finish_all(self) -> None:
@@ -448,17 +560,20 @@ class InFlight:
         """On the event loop: wait (for the table's flushes in flight, and for
         the bound of the clock the read is for), then read."""
         await _after(previous)  # own flushes in flight are in what it reads
-        if need_at is not None and max(p.tag, self._known_min) < need_at:
-            p.tag = max(p.tag, await self._to_servers("run_wait", clock=int(need_at)))
         # What the reply is: a server read in the reader's clock of now, with
-        # every update of the clocks below the min clock known now.
+        # every update of the clocks below the min clock known now, or (a
+        # read parked at its servers until their bound for the clock it is
+        # for holds) below what each server says (``p.tags``).
         p.tag, p.clock = max(p.tag, self._known_min), self._clock
+        extra = {}
+        if need_at is not None and p.tag < need_at:
+            extra["wait"] = int(need_at)
         by_addr: dict[str, list] = {}
         for b, rows in fetch.items():
             by_addr.setdefault(p.h.primary(b), []).append((b, rows))
         run = (self.run_id, None if p.tag == float("inf") else int(p.tag))
         return await self._router.fetch(p.h.spec.name, by_addr, summed=p.summed, applied=p.applied, run=run,
-                                        sender=self._router.sender)
+                                        tags=p.tags, sender=self._router.sender, **extra)
 
     def _prefetch_result(self, p: PullHandle):
         with self._api():
@@ -486,7 +601,7 @@ class InFlight:
                 parts.update(self._read(h, rest))
             else:
                 m.reads += 1
-                self._record_staleness(m, p.tag)
+                self._record_staleness(m, min([p.block_tag(b) for b in parts] or [p.tag]))
             if parts and not rest:
                 m.prefetch_hits += 1
             elif p.future is not None:
@@ -499,14 +614,15 @@ class InFlight:
         """Whether values fetched as ``p`` was issued may serve a read now."""
         if h.version != p.h.version or h.spec.table_id != p.h.spec.table_id:
             return False
-        if self._clock == self._resumed_clock:
+        if self._clock in self._resumed_clocks:
             return False  # reads what the servers have: see Session._own_writes_visible
         if not h.spec.rule.additive and (p.flushes or self._buffers.get(h.spec.name)):
             return False  # the servers compute own writes of other rules: read them there
         need = self._required_tag(h)
         if need is None:  # ASP: read-my-writes only; fetched in this clock or the one before
             return p.clock >= self._clock - 1
-        return p.tag >= need and (not h.spec.consistency.refreshes or p.clock == self._clock)
+        tag = min([p.block_tag(b) for b in p.tags] or [p.tag])
+        return tag >= need and (not h.spec.consistency.refreshes or p.clock == self._clock)
 
     def _take_prefetched(self, h: TableHandle, p: PullHandle, got: dict) -> dict:
         """The prefetched blocks that may serve the read now, with own writes
@@ -532,7 +648,7 @@ class InFlight:
                 vals = self._own_missed(p, b, rows, vals)
                 if vals is None:
                     continue
-            e = CacheEntry(p.tag, seq, p.clock, rows, vals)
+            e = CacheEntry(p.block_tag(b), seq, p.clock, rows, vals)
             if not self._cache.usable(cache.get(b), need, refresh, self._clock):
                 cache[b] = e
             out[b] = e.take(p.reqs[b]) if rows is not p.reqs[b] else e.values
