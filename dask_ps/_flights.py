@@ -12,27 +12,30 @@ participant's thread waits only when it needs the result:
 * every flush is a :class:`Flight`, queued per table, booked in order when
   acknowledged (the cache's write-through, :mod:`dask_ps._cache`);
   ``ctx.flush(wait=False)`` returns a :class:`PushHandle` of them;
-  ``ctx.clock(wait=False)`` also reports the clock in the background, after
-  the flushes it follows were acknowledged; blocking ``flush()``/``clock()``
-  send their flights and the clock's report in one hop to the event loop;
+  ``ctx.clock(wait=False)`` also sends the clock's messages in the
+  background, after the flushes it follows were acknowledged; blocking
+  ``flush()``/``clock()`` send their flights (and the clock) in one hop to
+  the event loop;
 * ``ctx.prefetch(name)`` / ``ctx.prefetch_rows(name, rows)`` start a read
   and return a :class:`PullHandle`; ``handle.result()`` returns what
   ``ctx.pull``/``pull_rows`` would return at that moment.
 
 What keeps every consistency guarantee (docs/architecture.rst, "Overlap"):
 
-* A write reaches its servers before the writer's clock is reported past
-  it (to every server of the run, which count the clocks:
-  :mod:`dask_ps._runclocks`): a clock report awaits every flush started
-  before it, and is not sent when one failed (its error is raised at the
+* A write reaches its servers before the writer's clock counts past it:
+  a clock is one message per server of the run carrying the clock's
+  pushes to that server (``_clock_message``; the servers count the clocks:
+  :mod:`dask_ps._runclocks`), sent after every flush started before it was
+  acknowledged, and not sent when one failed (its error is raised at the
   next call of the session).
 * One table's flushes go out in order, each after the one before was
   acknowledged (rules other than a sum depend on the order), and a read of
   a table waits for that table's flushes in flight, so own writes are in
   what it returns and in the cache before the cache is used.
 * A prefetched read is checked when it is consumed, against the bound of
-  *that* moment: it was fetched with the tag of the run's minimum clock
-  known when it was issued (every update of the clocks below is in it); if
+  *that* moment: it was fetched with the tag its server gave each block
+  (every update of the clocks below is in it; at least the run's minimum
+  known when it was issued); if
   the reader's clock has since moved past what the tag allows (or, under
   ``refresh=True``, past the clock it was issued in), the read is made
   again. Own pushes flushed after it was issued are added to it when the

@@ -8,15 +8,22 @@ The scheduler is on no clock's path: it keeps each run's membership
 report to) and sends it to the workers when it changes (``ps_run_update``:
 start, join, leave, abort, a server joining or leaving; rare events).
 
-Why any server's vector is a lower bound of the whole run's
-(``docs/architecture.rst``, "Clocks"): a participant reports clock ``c``
-to a server only after every one of its pushes of the clocks before was
-acknowledged by every server (an acknowledged push is on every copy of its
-block). So a server whose minimum is ``m`` knows that every update of the
-clocks ``< m`` is on every server: a read anywhere, of any block, may wait
-on this one vector, a server may take a peer's vector as its own (a server
-that joins a run late does: :meth:`RunClocks.adopt`), and a reader's tag
-(the minimum it learnt from some server) is a floor for every server.
+Two clocks per participant (``docs/architecture.rst``, "Clocks"). Its
+*claim* (:meth:`RunClocks.claim`) is the clock of its latest combined
+message here (its pushes to this server and the clock, one message per
+server per clock): its pushes to this server of the clocks below were
+applied here, on every copy, before the claim counted, so a read of the
+blocks this server is the primary of (under the placement the participant
+routed by) may wait on the claims (:meth:`RunRecord.bound`). Its *run-wide*
+clock (``clocks``) is one behind the claim, or what it reported after its
+pushes were acknowledged everywhere (a message without pushes): a clock's
+message goes out only after the one before was acknowledged by every
+server, so every update of the clocks below the run-wide minimum is on
+every server. That minimum, and only it, is shared: a read of another
+server's copy waits on it, a server may take a peer's run-wide clocks as
+its own (a server that joins a run late does: :meth:`RunClocks.adopt`),
+and a reader's floor (the run-wide minimum it learnt) holds for every
+server.
 
 Runs on the worker's event loop only.
 """

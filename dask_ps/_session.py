@@ -22,10 +22,12 @@ for the result (``Session._sync``) or not (in flight).
 
 Consistency (see :mod:`dask_ps.consistency`): a read at clock ``c`` of a
 table with staleness ``s`` needs every participant to have completed
-``c - s`` clocks. Because a participant's updates reach the servers before its
-clock counts, any server value read after the run's minimum clock reached
-``m`` contains every update made at clocks ``< m``; cache entries carry that
-``m`` as their tag and serve reads with ``tag >= c - s``. Under
+``c - s`` clocks. Because a participant's updates reach a server before its
+clock counts there, a block read from a server whose bound for it is ``m``
+(the clocks every participant's message brought it, or the run's minimum
+run-wide: docs/architecture.rst, "Clocks") contains every update made at
+clocks ``< m``; cache entries carry that ``m`` as their tag and serve reads
+with ``tag >= c - s``. Under
 ``refresh=True`` (SSP, ESSP) an entry also has to have been fetched in the
 reader's current clock: the first read of a block in each clock goes to the
 servers, and waits only if the bound is not met.
