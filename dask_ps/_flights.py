@@ -434,7 +434,8 @@ class InFlight:
             if parts is None or not servers or any(a not in servers for f in flights for a in f.msgs):
                 return await self._clock_by_pushes(flights, clock, wait_for)
             waiter = me if me in servers else servers[0]
-            versions = self._claimed_versions = {n: h.version for n, h in self._router.handles.items()}
+            versions = {n: h.version for n, h in self._router.handles.items()}
+            self._claimed_versions = dict(versions)
             by_server = {a: [] for a in servers}
             for f, lease in parts:
                 for addr, items in f.msgs.items():
@@ -464,6 +465,10 @@ class InFlight:
                         mine[b] = max(mine.get(b, 0), sq)
             for f in flights:
                 f.future.set_result(seqs[id(f)])
+            self._settled = max(self._settled, clock)
+            if any(h.version > versions.get(n, h.version) for n, h in self._router.handles.items()):
+                # A placement seen while this message was in flight (see _placement_seen).
+                asyncio.ensure_future(self._to_servers("run_clock", clock=clock)).add_done_callback(_log_failure)
             m = max([math.inf if r["min"] is None else r["min"] for r in replies], default=0)
             return m, time.perf_counter() - t0
         except BaseException as e:
@@ -570,7 +575,7 @@ class InFlight:
         p.tag, p.clock = max(p.tag, self._known_min), self._clock
         extra = {}
         if need_at is not None and p.tag < need_at:
-            extra["wait"] = int(need_at)
+            extra["wait"], extra["replicas"] = int(need_at), False  # at the primaries (see Session._read)
         by_addr: dict[str, list] = {}
         for b, rows in fetch.items():
             by_addr.setdefault(p.h.primary(b), []).append((b, rows))

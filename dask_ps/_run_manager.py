@@ -45,11 +45,12 @@ class RunManager:
     scheduler (internal); ``peer_call(address, run_id)``: a peer server's
     clocks of a run; ``address()``: this worker's address;
     ``push(**msg)``: apply one push message of a participant (a coroutine,
-    its reply the blocks' sequence numbers); ``fill_sender``: see
-    :func:`~dask_ps._runclocks.push_fresh_rows` (the plugin).
+    its reply the blocks' sequence numbers); ``read(**msg)``: one read of
+    a participant (a coroutine, its reply as ``ps_pull``'s); ``fill_sender``:
+    see :func:`~dask_ps._runclocks.push_fresh_rows` (the plugin).
     """
 
-    def __init__(self, store, all_locks, apply, scheduler, peer_call, address, push, fill_sender=None):
+    def __init__(self, store, all_locks, apply, scheduler, peer_call, address, push, fill_sender=None, read=None):
         self.store = store
         self._all_locks = all_locks
         self._apply = apply
@@ -57,6 +58,7 @@ class RunManager:
         self._peer_call = peer_call
         self._address = address
         self._push = push
+        self._read = read
         self.fill_sender = fill_sender
         # ESSP: run_id -> session key -> (session's worker, {table: {block: rows}})
         self.subscriptions: dict[str, dict[str, tuple[str, dict]]] = defaultdict(dict)
@@ -101,15 +103,19 @@ class RunManager:
 
     # --- clocks --------------------------------------------------------------------------------
     async def run_clock(self, run_id: str, rank: int, clock: int, wait_for=None, timeout=None, pushes=None,
-                        versions=None):
+                        versions=None, reads=None):
         """``rank`` completed ``clock`` clocks. Without ``pushes``: every push
         of its clocks before was acknowledged everywhere (a run-wide clock).
         With ``pushes`` (a list, maybe empty: one message per server per
         clock): its pushes to this server of clock ``clock - 1``, applied
         here first, then counted as :meth:`RunClocks.claim`; ``versions``:
-        its placement version of each table it holds. Returns the run-wide
-        minimum, after waiting (``wait_for``, SSP) until every participant
-        reached that clock; with ``pushes`` ``{"min", "seqs"}``."""
+        its placement version of each table it holds; ``reads``: reads of
+        the clock that follows (prefetched ahead), made after the clock
+        counted, each parked until its bound holds here (``wait``). Returns
+        the run-wide minimum, after waiting (``wait_for``, SSP) until every
+        participant reached that clock; with ``pushes`` ``{"min", "seqs"}``
+        and ``"reads"``: each read's reply, or ``{"error"}`` (the reader
+        reads it again)."""
         rec = await self.clocks.get(run_id)
         seqs = None
         if pushes is not None:
@@ -124,8 +130,16 @@ class RunManager:
         if wait_for is not None:
             # A participant's pace (SSP): the clocks every other one reached.
             await self.clocks.wait(rec, int(wait_for), timeout, measure=lambda r: r.progress())
+        got = None
+        if reads:
+            if not isinstance(reads, (list, tuple)) or self._read is None:
+                raise PSValueError(f"run {run_id}: a clock message's reads must be a list, got {reads!r}")
+            got = [{"error": repr(r)} if isinstance(r, BaseException) else r
+                   for r in await asyncio.gather(*(self._read(**r) for r in reads), return_exceptions=True)]
         m = _wire_clock(rec.min_clock)
-        return m if seqs is None else {"min": m, "seqs": list(seqs)}
+        if seqs is None:
+            return m
+        return {"min": m, "seqs": list(seqs)} if got is None else {"min": m, "seqs": list(seqs), "reads": got}
 
     async def run_wait(self, run_id: str, clock: int, timeout=None):
         rec = await self.clocks.get(run_id)

@@ -682,7 +682,9 @@ class Session(InFlight):
         tags: dict[int, float] = {}
         extra = {"run": (self.run_id, None if tag == float("inf") else int(tag)), "tags": tags}
         if wait is not None:
-            extra["wait"] = wait
+            # At the primaries: a replica's copy waits on the run-wide clocks,
+            # which count this clock only with the next (docs/architecture.rst, "Clocks").
+            extra["wait"], extra["replicas"] = wait, False
         if essp:
             extra["subscribe"] = (self.run_id, self._key, self.worker.address)
 

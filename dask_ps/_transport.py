@@ -268,12 +268,15 @@ class Transport:
         return await self.liveness.call(addr, lambda: _within(
             seconds, getattr(self.rpc(addr), f"ps_{op}")(**msg, **self._trusted)))
 
-    async def clock_message(self, addr: str, seconds: float, parts: list, **msg):
+    async def clock_message(self, addr: str, seconds: float, parts: list, reads=(), **msg):
         """A participant's one message to a server for a clock (issue 36):
         its pushes there (``parts``: ``(h, items, run, sender, msg_seq,
-        bound, lease)``, maybe none) and the clock (``msg``: ``run_clock``'s
-        fields), within ``seconds``. Returns ``{"min", "seqs"}``, a reply
-        per part as ``push`` gives it."""
+        bound, lease)``, maybe none), the clock (``msg``: ``run_clock``'s
+        fields) and the reads of the next clock it prefetched there
+        (``reads``: ``(h, [(block, rows), ...], extra)``, ``extra`` as
+        ``pull`` takes it), within ``seconds``. Returns ``{"min", "seqs"}``,
+        a reply per part as ``push`` gives it, and ``"reads"``: a reply per
+        read as ``pull`` gives it, or ``{"error"}``."""
         target = self._direct(addr)
         self.sent["clock" if target is None else "clock_local"] += 1
         self.sent["bytes_pushed"] += sum(int(getattr(v, "nbytes", 0)) for p in parts for _, _, v in p[1])
@@ -282,6 +285,10 @@ class Transport:
                            version=h.version, run=run, sender=sender, msg_seq=msg_seq, table_id=h.spec.table_id,
                            bound=bound, lease=lease)
                       for h, items, run, sender, msg_seq, bound, lease in parts]
+            if reads:
+                msg["reads"] = [dict(local=target is self.local, table=h.spec.name, version=h.version,
+                                     blocks=[b for b, _ in es], rows=[_routing.wire_rows(r) for _, r in es],
+                                     table_id=h.spec.table_id, **extra) for h, es, extra in reads]
             return await _within(seconds, target.run_clock(pushes=pushes, **msg))
         taken: list = []
         pushes = []
@@ -297,9 +304,19 @@ class Transport:
             if lease:
                 push["lease"] = True
             pushes.append(push)
+        if reads:
+            msg["reads"] = [dict(table=h.spec.name, table_id=h.spec.table_id, version=h.version,
+                                 blocks=[b for b, _ in es], rows=[self._wire_rows(h, r, taken) for _, r in es],
+                                 **({"sparse": True} if self._sparse(h, addr) else {}), **extra)
+                            for h, es, extra in reads]
         reply = await self.liveness.call(addr, lambda: _within(
             seconds, self.rpc(addr).ps_run_clock(**aligned(dict(pushes=pushes, **msg, **self._trusted)))))
         self._give_back(taken)
+        for r in reply.get("reads") or () if isinstance(reply, dict) else ():
+            if isinstance(r, dict) and isinstance(r.get("values"), (list, tuple)):
+                r["values"] = [_backend.received(v) if not addr.startswith("inproc://") else v
+                               for v in unwire_values(r["values"])]
+                self.sent["bytes_pulled"] += sum(int(getattr(v, "nbytes", 0)) for v in r["values"])
         return reply
 
     async def commit(self, addr: str, h: TableHandle, hold_id: str, apply: bool = True, run=None, sender=None,
@@ -579,7 +596,7 @@ class Router:
         return h.read_from(block, self.transport.local_address, self._read_key)
 
     async def fetch(self, name: str, reqs, summed: dict | None = None, applied: dict | None = None,
-                    tags: dict | None = None, **extra) -> dict[int, tuple]:
+                    tags: dict | None = None, replicas: bool | None = None, **extra) -> dict[int, tuple]:
         """Pull ``[(block, rows), ...]`` (or such lists in a dict, grouped by
         any address); returns ``{block: (rows, seq, values)}``. Each block is
         read from the copy :meth:`read_from` picks; a failed read is retried
@@ -587,10 +604,13 @@ class Router:
         with each block's ``summed_below`` from the replies (see ``ps_pull``);
         ``applied`` (a dict; pass ``sender=`` in ``extra``): with the number
         of that sender's latest push each block's values contain; ``tags``
-        (a dict; with ``run=``): with what each block's server said its read holds."""
+        (a dict; with ``run=``): with what each block's server said its read
+        holds; ``replicas``: whether copies other than the primary may serve
+        (None: ``ps.read-replicas``)."""
         h = await self.handle(name)
         entries = [e for es in reqs.values() for e in es] if isinstance(reqs, dict) else list(reqs)
-        replicas = bool(_config.get("read-replicas"))  # once per read, not per block
+        if replicas is None:
+            replicas = bool(_config.get("read-replicas"))  # once per read, not per block
         by_addr: dict[str, list] = {}
         for e in entries:
             by_addr.setdefault(self.read_from(h, e[0], replicas), []).append(e)

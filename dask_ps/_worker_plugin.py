@@ -70,7 +70,7 @@ class PSWorkerPlugin(WorkerPlugin):
         # The runs served here: clocks, parked reads, mailboxes (issue 36).
         self.run_manager = RunManager(
             self.store, self._all_locks, self._apply, lambda: self.scheduler, self._peer_clocks, self._address,
-            self._run_push, fill_sender=self)
+            self._run_push, fill_sender=self, read=self._run_read)
         self.runs = self.run_manager.clocks
         self.latest_versions: dict[str, int] = {}  # table -> newest placement version announced
         self.liveness = Liveness()  # workers the scheduler removed: do not wait on them
@@ -707,6 +707,14 @@ class PSWorkerPlugin(WorkerPlugin):
             return await self.local_push(items=items, **msg)
         return await self.push(**msg, internal=True)
 
+    async def _run_read(self, local=None, **msg):
+        """One read of a participant's clock message (``RunManager.run_clock``),
+        as ``ps_pull`` answers it; a direct call's (``local``: whether the
+        reader gets copies) as ``local_pull``."""
+        if local is not None:
+            return await self.local_pull(copy=bool(local), **msg)
+        return await self.pull(**msg, internal=True)
+
     @handler(INTERNAL)
     def run_update(self, record: dict) -> None:
         """Handler (scheduler): a run's membership (started, a participant
@@ -717,11 +725,11 @@ class PSWorkerPlugin(WorkerPlugin):
 
     @handler(INTERNAL)
     async def run_clock(self, run_id: str, rank: int, clock: int, wait_for=None, timeout=None, pushes=None,
-                        versions=None):
+                        versions=None, reads=None):
         """Handler (a participant): ``rank`` completed ``clock`` clocks; with
-        ``pushes``, its pushes to this server in the same message
-        (``RunManager.run_clock``)."""
-        return await self.run_manager.run_clock(run_id, rank, clock, wait_for, timeout, pushes, versions)
+        ``pushes``, its pushes to this server in the same message, and the
+        reads of the next clock it prefetched (``RunManager.run_clock``)."""
+        return await self.run_manager.run_clock(run_id, rank, clock, wait_for, timeout, pushes, versions, reads)
 
     @handler(INTERNAL)
     async def run_wait(self, run_id: str, clock: int, timeout=None):

@@ -88,3 +88,30 @@ def test_a_server_that_joins_a_run_takes_the_clocks_from_a_peer(ps, client):
     for old, new in ps.run(train, range(1)):
         assert tuple(old) == ([2], [3]), old  # 3 clock messages: the last counts here only
         assert new[0] == [2] and not any(new[1]), new
+
+
+def _bsp_loop(ctx, _, table, clocks):
+    got = []
+    for c in range(clocks):
+        got.append(float(ctx.pull(table).sum()))
+        ctx.push(table, np.ones(40))
+        ctx.clock()
+    return got
+
+
+def test_bsp_reads_of_replicated_blocks_wait_at_the_primary(ps, client):
+    """A read that must wait goes to its blocks' primaries: a replica's copy
+    is covered by the run-wide clocks only (a clock message counts there one
+    clock later), and under BSP every participant waits in its read for the
+    others' clock, so a read parked at a replica would wait for messages
+    nobody sends (until ps.timeouts.clock). Each read sees every
+    participant's pushes of the clocks before, and at most the other's of
+    its clock (own pushes come after the read)."""
+    if len(client.scheduler_info()["workers"]) < 2:
+        pytest.skip("needs two servers")
+    ps.create_table("rb", shape=(40,), block_rows=10, replication=2, consistency=dask_ps.BSP())
+    import dask
+
+    with dask.config.set({"ps.timeouts.clock": "20s"}):
+        for got in ps.run(_bsp_loop, range(2), table="rb", clocks=6):
+            assert all(80.0 * c <= g <= 80.0 * c + 40 for c, g in enumerate(got)), got
