@@ -203,6 +203,8 @@ class InFlight:
         self._settled = 0
         # The placement versions the last clock message named (see _placement_seen).
         self._claimed_versions: dict[str, int] = {}
+        # Reads prefetched for the next clock, sent with its messages: (handle, fetch, need).
+        self._deferred: list[tuple[PullHandle, dict, int | None]] = []
 
     # --- flushes ---------------------------------------------------------------------------
     def _start_flush(self, name: str, submit: bool = True) -> Flight | None:
@@ -412,15 +414,19 @@ class InFlight:
             parts.append((f, lease))
         return parts
 
-    async def _clock_message(self, flights: list[Flight], others, clock: int, wait_for):
+    async def _clock_message(self, flights: list[Flight], others, clock: int, wait_for, reads=()):
         """Send every server of the run one message: this clock's pushes to
         it (``flights``, prepared, not sent) and ``clock``; the reply is the
         acknowledgement. The flushes in the background (``others``) are
         acknowledged first: a server counts the clock only after all of
         them. Where a part fails, every flight is sent again as pushes
         (numbered: applied once) and the clock reported after them
-        (``_report_clock``). Sets the flights' futures; returns the clock's
-        ``(min clock, seconds)``."""
+        (``_report_clock``). ``reads``: the next clock's reads prefetched
+        (``_deferred``), made by their primaries after the clock counted
+        there (parked until their bound holds), or sent as reads of their
+        own where the message cannot carry them. Sets the flights' and the
+        reads' futures; returns the clock's ``(min clock, seconds)``."""
+        reads = [r for r in reads if not r[0].future.done()]
         try:
             if others:
                 done, _ = await asyncio.wait([asyncio.wrap_future(f) for f in others])
@@ -432,6 +438,7 @@ class InFlight:
             me, dead = self.worker.address, self._router.transport.liveness.dead
             servers = [a for a in rec.servers if a not in dead]
             if parts is None or not servers or any(a not in servers for f in flights for a in f.msgs):
+                self._read_apart(reads)
                 return await self._clock_by_pushes(flights, clock, wait_for)
             waiter = me if me in servers else servers[0]
             versions = {n: h.version for n, h in self._router.handles.items()}
@@ -440,22 +447,25 @@ class InFlight:
             for f, lease in parts:
                 for addr, items in f.msgs.items():
                     by_server[addr].append((f, items, lease))
-            seconds = _config.get_seconds("timeouts.rpc")
+            by_read = self._reads_by_server(reads, servers, clock)
+            seconds, clock_s = _config.get_seconds("timeouts.rpc"), _config.get_seconds("timeouts.clock")
             calls = [self._router.transport.clock_message(
-                addr, seconds + (_config.get_seconds("timeouts.clock") if addr == waiter and wait_for is not None
-                                 else 0),
+                addr, seconds + (clock_s if (addr == waiter and wait_for is not None) or by_read.get(addr) else 0),
                 [(f.h, items, (self.run_id, f.clock), self._router.sender, f.msg_seq, f.buf.bound, lease)
                  for f, items, lease in ps],
+                reads=[(p.h, es, extra) for p, es, extra in by_read.get(addr, ())],
                 run_id=self.run_id, rank=self.rank, clock=clock, versions=versions,
-                wait_for=wait_for if addr == waiter else None, timeout=_config.get_seconds("timeouts.clock"))
+                wait_for=wait_for if addr == waiter else None, timeout=clock_s)
                 for addr, ps in by_server.items()]
             replies = await gather_settled(calls)
             if any(isinstance(r, BaseException) for r in replies):
                 failed = next(r for r in replies if isinstance(r, BaseException))
+                self._read_apart(reads)
                 if isinstance(failed, PSError) and not _retryable(failed):
                     raise failed
                 logger.debug("dask_ps: %r: clock %d's message failed (%r); sent again as pushes", self, clock, failed)
                 return await self._clock_by_pushes(flights, clock, wait_for)
+            self._reads_answered(reads, by_read, dict(zip(by_server, replies)))
             seqs: dict[int, dict] = {id(f): {} for f in flights}
             for (addr, ps), reply in zip(by_server.items(), replies):
                 for (f, items, lease), got in zip(ps, reply["seqs"]):
@@ -475,7 +485,78 @@ class InFlight:
             for f in flights:
                 if not f.future.done():
                     f.future.set_exception(e)
+            for p, _, _ in reads:
+                if not p.future.done():
+                    p.future.set_exception(e)  # read again at result()
             raise
+
+    def _reads_by_server(self, reads, servers, clock: int) -> dict:
+        """The prefetched reads a clock message carries, by server: each
+        block at its primary (where the clock's claim counts for it); a
+        read with a block elsewhere is sent on its own (``_read_apart``)."""
+        by_read: dict[str, list] = {}
+        apart = []
+        for p, fetch, need_at in reads:
+            by_addr: dict[str, list] = {}
+            for b, rows in fetch.items():
+                by_addr.setdefault(p.h.primary(b), []).append((b, rows))
+            if any(a not in servers for a in by_addr):
+                apart.append((p, fetch, need_at))
+                continue
+            # Read in the clock it is for, after this participant's clock counted there.
+            p.tag, p.clock = max(p.tag, self._known_min), clock
+            extra = {"run": (self.run_id, None if p.tag == math.inf else int(p.tag)), "sender": self._router.sender}
+            if need_at is not None and p.tag < need_at:
+                extra["wait"] = int(need_at)
+            for a, es in by_addr.items():
+                by_read.setdefault(a, []).append((p, es, extra))
+        self._read_apart(apart)
+        return by_read
+
+    def _reads_answered(self, reads, by_read: dict, replies: dict) -> None:
+        """Hand each carried read its blocks (as ``Router.fetch`` returns
+        them); one a server could not make is read again on its own."""
+        got: dict[int, dict] = {id(p): {} for p, _, _ in reads}
+        failed: set[int] = set()
+        for addr, entries in by_read.items():
+            answers = replies[addr].get("reads") or []
+            for (p, es, _), r in zip(entries, answers):
+                if not isinstance(r, dict) or "error" in r:
+                    failed.add(id(p))
+                    continue
+                out = got[id(p)]
+                for (b, rows), seq, vals in zip(es, r["seqs"], r["values"]):
+                    out[b] = (rows, seq, vals)
+                for key, into in (("summed_below", p.summed), ("applied", p.applied)):
+                    if r.get(key) is not None:
+                        into.update(zip((b for b, _ in es), r[key]))
+                if r.get("tag") is not None:
+                    p.tags.update((b, r["tag"]) for b, _ in es)
+        apart = []
+        for p, fetch, need_at in reads:
+            if id(p) in failed or len(got[id(p)]) < len(fetch):
+                apart.append((p, fetch, need_at))
+            elif not p.future.done():
+                p.future.set_result(got[id(p)])
+        self._read_apart(apart)
+
+    def _read_apart(self, reads) -> None:
+        """Prefetched reads a clock message did not carry: sent on their own."""
+        for p, fetch, need_at in reads:
+            if p.future.done():
+                continue
+
+            async def read(p=p, fetch=fetch, need_at=need_at):
+                try:
+                    got = await self._fetch_ahead(None, p, fetch, need_at)
+                except BaseException as e:  # read again at result()
+                    if not p.future.done():
+                        p.future.set_exception(e)
+                    return
+                if not p.future.done():
+                    p.future.set_result(got)
+
+            asyncio.ensure_future(read())
 
     def _placement_seen(self, h: TableHandle) -> None:
         """(The router's ``on_handle``, on the event loop.) A newer placement
@@ -527,6 +608,7 @@ class InFlight:
 
     def _cancel_prefetches(self) -> None:
         """The participant ends: reads started and never consumed stop."""
+        self._deferred.clear()
         for handles in self._prefetches.values():
             for p in list(handles):
                 if p.future is not None:
@@ -559,8 +641,14 @@ class InFlight:
             s = h.spec.consistency.staleness
             need_at = None if need is None else for_clock - s
             flights = self._flights.get(name)
-            handle.future = self._submit(self._fetch_ahead(
-                flights[-1].future if flights else None, handle, fetch, need_at))
+            if for_clock == self._clock + 1:
+                # The next clock's read goes with that clock's messages (one
+                # message per server per clock: _clock_message).
+                handle.future = concurrent.futures.Future()
+                self._deferred.append((handle, fetch, need_at))
+            else:
+                handle.future = self._submit(self._fetch_ahead(
+                    flights[-1].future if flights else None, handle, fetch, need_at))
             self._prefetches.setdefault(name, weakref.WeakSet()).add(handle)
         return handle
 
@@ -595,6 +683,7 @@ class InFlight:
                 if p.for_clock > self._clock and not p.future.done():
                     # Read before the clock it was for: its fetch may wait for
                     # this very participant's clock; read now instead.
+                    self._deferred = [d for d in self._deferred if d[0] is not p]
                     got = {}
                 else:
                     try:

@@ -449,7 +449,8 @@ class Session(InFlight):
         # the slowest. The flushes in the background are acknowledged first.
         flights = [f for f in (self._start_flush(n, submit=False) for n in list(self._buffers)) if f is not None]
         others = [f.future for fl in self._flights.values() for f in fl if f not in flights]
-        future = self._submit(self._clock_message(flights, others, clock, wait_for))
+        reads, self._deferred = self._deferred, []  # prefetched for this clock: carried by its messages
+        future = self._submit(self._clock_message(flights, others, clock, wait_for, reads))
         if not wait:
             self._clock, self._flushes_this_clock = clock, 0
             self._clock_flight = (future, wait_for, clock)

@@ -59,6 +59,47 @@ def test_one_request_per_server_per_clock_and_none_to_the_scheduler(ps, client, 
     assert per_clock.get("clock", 0) + per_clock.get("clock_local", 0) == pytest.approx(len(servers))
 
 
+def _prefetching(ctx, _, table, wait):
+    snaps, seen = {}, []
+    rows = np.arange(40)
+    ahead = None
+    for c in range(CLOCKS):
+        got = ctx.pull_rows(table, rows) if ahead is None else ahead.result()
+        if c in STEADY:  # after the read its clock's messages carried: every message of clocks <= c counted
+            snaps[c] = dict(ctx.metrics()["messages"])
+        seen.append(float(got.sum()))
+        ctx.push_rows(table, rows[ctx.rank::2], np.ones(20))
+        ahead = ctx.prefetch_rows(table, rows, for_clock=c + 1)  # the next clock's read
+        ctx.clock(wait=wait)
+    before, after = snaps[STEADY[0]], snaps[STEADY[1]]
+    return {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after)}, seen
+
+
+@pytest.mark.parametrize("consistency", [dask_ps.BSP(), dask_ps.SSP(1)], ids=repr)
+@pytest.mark.parametrize("wait", [True, False])
+def test_a_read_prefetched_for_the_next_clock_goes_with_the_clock(ps, client, consistency, wait):
+    """A participant that prefetches its next clock's read sends each server
+    exactly ONE request per steady clock: its pushes there, its clock and
+    that read, which the server makes once the clock's bound holds there
+    (the reply is the acknowledgement). Each read holds every update of the
+    clocks its bound requires and none from a clock nobody reached."""
+    ps.create_table("pf", shape=(40,), block_rows=20, consistency=consistency)
+    servers = {o.worker for o in ps.placement("pf")}
+    assert len(servers) == 2
+    n, s = STEADY[1] - STEADY[0], consistency.staleness
+    for got, seen in ps.run(_prefetching, range(2), table="pf", wait=wait):
+        requests = {k: v for k, v in got.items() if not k.startswith("bytes") and v}
+        # One per server per clock (its own worker's, and an in-process
+        # cluster's, as direct calls), nothing else.
+        assert set(requests) <= {"clock", "clock_local"}, got
+        assert sum(requests.values()) == len(servers) * n, got
+        for c, total in enumerate(seen):
+            # 20 a clock from each: own exactly of the clocks < c (read before
+            # its push), the other's at least of the clocks < c - s and at most
+            # of the clocks <= c + s (it is never more than s clocks ahead).
+            assert 20 * c + 20 * max(0, c - s) <= total <= 20 * c + 20 * (c + s + 1), (c, seen)
+
+
 def test_a_server_that_joins_a_run_takes_the_clocks_from_a_peer(ps, client):
     """A worker that hears of a run late (not at its start) takes a peer's
     run-wide clocks: sound, since a participant sends a clock's message only
