@@ -556,10 +556,11 @@ class Session(InFlight):
 
         The read goes out in the background while the participant computes.
         ``for_clock``: the clock at which ``result()`` will be called
-        (default: the current one); the read then waits, in the background,
-        until the table's bound for that clock is met (e.g. the next clock's
-        read of a BSP table goes out once every participant reported the
-        current one). ``result()`` checks what arrived against the bound of
+        (default: the current one); the read then waits at its servers, in
+        the background, until the table's bound for that clock is met; a
+        read for the next clock goes with that clock's messages (one
+        message per server per clock: the servers make it once the clock
+        counted and the bound holds there). ``result()`` checks what arrived against the bound of
         the reader's clock *then*, adds own writes made since, and reads
         again what is not legal any more (under ``refresh=True``: read in
         another clock). Value-bounded tables (VAP, CVAP) are read at
