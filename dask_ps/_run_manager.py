@@ -26,6 +26,8 @@ import logging
 import math
 from collections import OrderedDict, defaultdict, deque
 
+import numpy as np
+
 from dask_ps import _config
 from dask_ps._exceptions import PSValueError, RunEndedError
 from dask_ps._runclocks import RunClocks, push_fresh_rows
@@ -267,6 +269,4 @@ class RunManager:
 
 
 def _union(a, b):
-    import numpy as np
-
     return np.union1d(a, b)

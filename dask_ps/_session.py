@@ -696,8 +696,7 @@ class Session(InFlight):
             extra["summed"] = summed
         t0 = time.perf_counter()
         got = self._sync(self._router.fetch, name, by_addr, **extra)
-        if wait is not None:
-            m.wait_seconds += time.perf_counter() - t0
+        m.wait_seconds += time.perf_counter() - t0 if wait is not None else 0.0
         if summed_per_clock:
             self._cache.drop_summed(name, tag)  # the servers applied every clock < tag before answering
         for b, (rows, seq, vals) in got.items():
