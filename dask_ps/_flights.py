@@ -373,6 +373,17 @@ class InFlight:
             m = max(m, await self._to_servers("run_wait", clock=need))
         return m
 
+    async def _run_wide_clock(self) -> int:
+        """The highest run-wide clock a server of the run has of this
+        participant (a retried one resumes there: every push before it is
+        on every server)."""
+        rec = await self._plugin.runs.get(self.run_id)
+        dead = self._router.transport.liveness.dead
+        got = await gather_settled([self._router.transport.run_call(a, "run_clocks", _config.get_seconds("timeouts.rpc"),
+                                                                    run_id=self.run_id)
+                                    for a in rec.servers if a not in dead])
+        return max([int(g["clocks"][self.rank]) for g in got if isinstance(g, dict) and g.get("clocks")], default=0)
+
     async def _to_server(self, addr: str, op: str, **msg):
         """One clock call, retried until it is answered, the server leaves
         (``_GONE``) or ``ps.timeouts.failover`` passes: a live server that

@@ -268,9 +268,12 @@ class RunClocks:
             rec.waiters = [w for w in rec.waiters if w[1] is not future]
 
     def info(self) -> dict:
-        """Per run: clocks, parked waits and seconds (the dashboard samples them)."""
-        return {run_id: {"clocks": list(r.clocks), "done": sorted(r.done), "waiting": len(r.waiters),
-                         "wait_seconds": r.waiting_seconds, "min": None if math.isinf(r.min_clock) else r.min_clock}
+        """Per run: clocks (each participant's latest here: its progress;
+        ``run_wide``: what bounds the whole run), parked waits and seconds
+        (the dashboard samples them)."""
+        return {run_id: {"clocks": [r._claimed(k) for k in range(r.n)], "run_wide": list(r.clocks),
+                         "done": sorted(r.done), "waiting": len(r.waiters), "wait_seconds": r.waiting_seconds,
+                         "min": None if math.isinf(r.min_clock) else r.min_clock}
                 for run_id, r in self.records.items()}
 
     # --- internals -------------------------------------------------------------------------------

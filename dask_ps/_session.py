@@ -242,6 +242,10 @@ class Session(InFlight):
         # stopped task may have been one clock further (issue 36). In those
         # clocks this session cannot tell its new writes from old ones, so
         # it reads what the servers have instead of adding its own.
+        if attempt > 1:
+            # The run-wide clock, not a progress the scheduler sampled: a
+            # clock message may have reached some servers only.
+            self._clock = min(self._clock, self._sync(self._run_wide_clock))
         self._resumed_clocks = (self._clock, self._clock + 1) if attempt > 1 else ()
         if attempt > 1 and self._clock > 0:
             # The clock the run has of it may have reached some servers only

@@ -261,10 +261,11 @@ class Transport:
         clock), within ``seconds``; directly where the server is in this
         process (its own worker: no message at all)."""
         target = self._direct(addr)
-        kind = "clock" if op == "run_clock" else "wait"
+        kind = {"run_clock": "clock", "run_wait": "wait"}.get(op, "clocks")
         self.sent[kind if target is None else f"{kind}_local"] += 1
         if target is not None:
-            return await _within(seconds, getattr(target, op)(**msg))
+            reply = getattr(target, op)(**msg)
+            return await _within(seconds, reply) if asyncio.iscoroutine(reply) else reply
         return await self.liveness.call(addr, lambda: _within(
             seconds, getattr(self.rpc(addr), f"ps_{op}")(**msg, **self._trusted)))
 
