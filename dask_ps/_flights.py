@@ -238,21 +238,17 @@ class InFlight:
         await _after(previous)
         return await self._router.send(name, msgs, run=run, msg_seq=msg_seq, bound=bound)
 
-    def _send_now(self, flights: list[Flight], report: tuple[int, int | None] | None = None):
+    def _send_now(self, flights: list[Flight]) -> None:
         """Send prepared flights (``_start_flush(submit=False)``) and wait: one
-        hop to the event loop for all of them (and for the report of clock
-        ``report = (clock, wait_for)`` after them and after every flight in
-        the background). Returns the clock's ``(min clock, seconds)``, an
-        exception, or None when a flush failed (the clock is not reported)."""
+        hop to the event loop for all of them; their futures are set."""
         calls = []
         for f in flights:
             mine = self._flights[f.name]
             previous = mine[mine.index(f) - 1].future if mine.index(f) > 0 else None
             calls.append(self._send_in_order(previous, f.name, f.msgs, (self.run_id, f.clock), f.msg_seq,
                                              f.buf.bound))
-        others = [f.future for fl in self._flights.values() for f in fl if f not in flights]
         try:
-            results, clock_reply = self._sync(self._send_and_report, calls, others, report)
+            results = self._sync(gather_settled, calls)
         except BaseException as e:
             for f in flights:
                 if not f.future.done():
@@ -263,16 +259,6 @@ class InFlight:
                 f.future.set_exception(r)
             else:
                 f.future.set_result(r)
-        return clock_reply
-
-    async def _send_and_report(self, calls, others, report):
-        results = await gather_settled(calls)
-        if report is None or any(isinstance(r, BaseException) for r in results):
-            return results, None
-        try:
-            return results, await self._report_clock(others, *report)
-        except Exception as e:  # raised by the caller, after the flushes are booked
-            return results, e
 
     def _finish_flights(self, name: str, block: bool = True) -> None:
         """Book ``name``'s acknowledged flushes, oldest first (``block``: wait
