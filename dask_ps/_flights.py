@@ -12,27 +12,30 @@ participant's thread waits only when it needs the result:
 * every flush is a :class:`Flight`, queued per table, booked in order when
   acknowledged (the cache's write-through, :mod:`dask_ps._cache`);
   ``ctx.flush(wait=False)`` returns a :class:`PushHandle` of them;
-  ``ctx.clock(wait=False)`` also reports the clock in the background, after
-  the flushes it follows were acknowledged; blocking ``flush()``/``clock()``
-  send their flights and the clock's report in one hop to the event loop;
+  ``ctx.clock(wait=False)`` also sends the clock's messages in the
+  background, after the flushes it follows were acknowledged; blocking
+  ``flush()``/``clock()`` send their flights (and the clock) in one hop to
+  the event loop;
 * ``ctx.prefetch(name)`` / ``ctx.prefetch_rows(name, rows)`` start a read
   and return a :class:`PullHandle`; ``handle.result()`` returns what
   ``ctx.pull``/``pull_rows`` would return at that moment.
 
 What keeps every consistency guarantee (docs/architecture.rst, "Overlap"):
 
-* A write reaches its servers before the writer's clock is reported past
-  it (to every server of the run, which count the clocks:
-  :mod:`dask_ps._runclocks`): a clock report awaits every flush started
-  before it, and is not sent when one failed (its error is raised at the
+* A write reaches its servers before the writer's clock counts past it:
+  a clock is one message per server of the run carrying the clock's
+  pushes to that server (``_clock_message``; the servers count the clocks:
+  :mod:`dask_ps._runclocks`), sent after every flush started before it was
+  acknowledged, and not sent when one failed (its error is raised at the
   next call of the session).
 * One table's flushes go out in order, each after the one before was
   acknowledged (rules other than a sum depend on the order), and a read of
   a table waits for that table's flushes in flight, so own writes are in
   what it returns and in the cache before the cache is used.
 * A prefetched read is checked when it is consumed, against the bound of
-  *that* moment: it was fetched with the tag of the run's minimum clock
-  known when it was issued (every update of the clocks below is in it); if
+  *that* moment: it was fetched with the tag its server gave each block
+  (every update of the clocks below is in it; at least the run's minimum
+  known when it was issued); if
   the reader's clock has since moved past what the tag allows (or, under
   ``refresh=True``, past the clock it was issued in), the read is made
   again. Own pushes flushed after it was issued are added to it when the
@@ -59,7 +62,8 @@ from dask_ps._exceptions import PSError, PSValueError
 from dask_ps._liveness import WorkerGone
 from dask_ps._oplog import PushBuffer
 from dask_ps._routing import TableHandle
-from dask_ps._transport import gather_settled
+from dask_ps._sums import held_first
+from dask_ps._transport import _retryable, gather_settled
 
 _GONE = object()  # a server that left the cluster while a clock call was made to it
 
@@ -128,6 +132,7 @@ class PullHandle:
     for_clock: int = 0  # the clock the read is for (it waited for that clock's bound)
     summed: dict = field(default_factory=dict)  # aggregate="clock": block -> summed_below
     applied: dict = field(default_factory=dict)  # block -> latest own push number in the values
+    tags: dict = field(default_factory=dict)  # block -> what its server said the read holds (parked reads)
     flushes: list = field(default_factory=list)  # own Flights of this table started after issue
     _value: object = None
 
@@ -136,6 +141,11 @@ class PullHandle:
 
     def done(self) -> bool:
         return self.future is None or self.future.done()
+
+    def block_tag(self, b: int) -> float:
+        """Every update of the clocks below this is in block ``b``'s values."""
+        t = self.tags.get(b)
+        return self.tag if t is None else max(self.tag, t)
 
     def result(self):
         if self._value is None:
@@ -162,6 +172,11 @@ async def _after(previous: concurrent.futures.Future | None) -> None:
         await asyncio.wait([asyncio.wrap_future(previous)])
 
 
+def _log_failure(task: asyncio.Future) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("dask_ps: a clock report after a placement change failed: %r", task.exception())
+
+
 async def _result_of(future: concurrent.futures.Future):
     return await asyncio.wrap_future(future)
 
@@ -181,8 +196,15 @@ class InFlight:
 
     def _init_flights(self) -> None:
         self._flights: dict[str, list[Flight]] = {}  # per table, oldest first
-        self._clock_flight: tuple[concurrent.futures.Future, int | None] | None = None
+        # The clock message in the background: (future, wait_for, clock).
+        self._clock_flight: tuple[concurrent.futures.Future, int | None, int] | None = None
         self._prefetches: dict[str, weakref.WeakSet] = {}  # unconsumed PullHandles per table
+        # Every own push of the clocks below is acknowledged by every server.
+        self._settled = 0
+        # The placement versions the last clock message named (see _placement_seen).
+        self._claimed_versions: dict[str, int] = {}
+        # Reads prefetched for the next clock, sent with its messages: (handle, fetch, need).
+        self._deferred: list[tuple[PullHandle, dict, int | None]] = []
 
     # --- flushes ---------------------------------------------------------------------------
     def _start_flush(self, name: str, submit: bool = True) -> Flight | None:
@@ -216,21 +238,17 @@ class InFlight:
         await _after(previous)
         return await self._router.send(name, msgs, run=run, msg_seq=msg_seq, bound=bound)
 
-    def _send_now(self, flights: list[Flight], report: tuple[int, int | None] | None = None):
+    def _send_now(self, flights: list[Flight]) -> None:
         """Send prepared flights (``_start_flush(submit=False)``) and wait: one
-        hop to the event loop for all of them (and for the report of clock
-        ``report = (clock, wait_for)`` after them and after every flight in
-        the background). Returns the clock's ``(min clock, seconds)``, an
-        exception, or None when a flush failed (the clock is not reported)."""
+        hop to the event loop for all of them; their futures are set."""
         calls = []
         for f in flights:
             mine = self._flights[f.name]
             previous = mine[mine.index(f) - 1].future if mine.index(f) > 0 else None
             calls.append(self._send_in_order(previous, f.name, f.msgs, (self.run_id, f.clock), f.msg_seq,
                                              f.buf.bound))
-        others = [f.future for fl in self._flights.values() for f in fl if f not in flights]
         try:
-            results, clock_reply = self._sync(self._send_and_report, calls, others, report)
+            results = self._sync(gather_settled, calls)
         except BaseException as e:
             for f in flights:
                 if not f.future.done():
@@ -241,16 +259,6 @@ class InFlight:
                 f.future.set_exception(r)
             else:
                 f.future.set_result(r)
-        return clock_reply
-
-    async def _send_and_report(self, calls, others, report):
-        results = await gather_settled(calls)
-        if report is None or any(isinstance(r, BaseException) for r in results):
-            return results, None
-        try:
-            return results, await self._report_clock(others, *report)
-        except Exception as e:  # raised by the caller, after the flushes are booked
-            return results, e
 
     def _finish_flights(self, name: str, block: bool = True) -> None:
         """Book ``name``'s acknowledged flushes, oldest first (``block``: wait
@@ -314,12 +322,6 @@ class InFlight:
             self._spares[name] = spare  # sent and applied: reuse its memory next time
 
     # --- clock -------------------------------------------------------------------------
-    def _start_clock(self, wait_for: int | None) -> None:
-        """Report ``self._clock`` in the background once every flush started
-        so far was acknowledged (the caller started this clock's flushes)."""
-        pending = [f.future for flights in self._flights.values() for f in flights]
-        self._clock_flight = (self._submit(self._report_clock(pending, self._clock, wait_for)), wait_for)
-
     async def _report_clock(self, pending, clock: int, wait_for):
         if pending:
             done, _ = await asyncio.wait([asyncio.wrap_future(f) for f in pending])
@@ -357,6 +359,17 @@ class InFlight:
             m = max(m, await self._to_servers("run_wait", clock=need))
         return m
 
+    async def _run_wide_clock(self) -> int:
+        """The highest run-wide clock a server of the run has of this
+        participant (a retried one resumes there: every push before it is
+        on every server)."""
+        rec = await self._plugin.runs.get(self.run_id)
+        dead = self._router.transport.liveness.dead
+        got = await gather_settled([self._router.transport.run_call(a, "run_clocks", _config.get_seconds("timeouts.rpc"),
+                                                                    run_id=self.run_id)
+                                    for a in rec.servers if a not in dead])
+        return max([int(g["clocks"][self.rank]) for g in got if isinstance(g, dict) and g.get("clocks")], default=0)
+
     async def _to_server(self, addr: str, op: str, **msg):
         """One clock call, retried until it is answered, the server leaves
         (``_GONE``) or ``ps.timeouts.failover`` passes: a live server that
@@ -383,11 +396,195 @@ class InFlight:
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 0.5)
 
+    # --- one message per server per clock (issue 36) ------------------------------------
+    def _combinable(self, flights: list[Flight]) -> list | None:
+        """The parts of ``flights`` as ``run_clock`` carries them, or None
+        where one must go as pushes of its own (a push over several
+        servers held first, without a lease: ``Router.send``)."""
+        parts = []
+        for f in flights:
+            lease = False
+            if len(f.msgs) > 1 and held_first(f.h.spec):
+                if not self._router._leased(f.h, f.msgs, f.buf.bound):
+                    return None
+                lease = True
+            parts.append((f, lease))
+        return parts
+
+    async def _clock_message(self, flights: list[Flight], others, clock: int, wait_for, reads=()):
+        """Send every server of the run one message: this clock's pushes to
+        it (``flights``, prepared, not sent) and ``clock``; the reply is the
+        acknowledgement. The flushes in the background (``others``) are
+        acknowledged first: a server counts the clock only after all of
+        them. Where a part fails, every flight is sent again as pushes
+        (numbered: applied once) and the clock reported after them
+        (``_report_clock``). ``reads``: the next clock's reads prefetched
+        (``_deferred``), made by their primaries after the clock counted
+        there (parked until their bound holds), or sent as reads of their
+        own where the message cannot carry them. Sets the flights' and the
+        reads' futures; returns the clock's ``(min clock, seconds)``."""
+        reads = [r for r in reads if not r[0].future.done()]
+        try:
+            if others:
+                done, _ = await asyncio.wait([asyncio.wrap_future(f) for f in others])
+                if any(f.exception() is not None for f in done):
+                    raise RuntimeError(f"clock {clock} not reported: a flush before it failed")
+            t0 = time.perf_counter()
+            parts = self._combinable(flights)
+            rec = await self._plugin.runs.get(self.run_id)
+            me, dead = self.worker.address, self._router.transport.liveness.dead
+            servers = [a for a in rec.servers if a not in dead]
+            if parts is None or not servers or any(a not in servers for f in flights for a in f.msgs):
+                self._read_apart(reads)
+                return await self._clock_by_pushes(flights, clock, wait_for)
+            waiter = me if me in servers else servers[0]
+            versions = {n: h.version for n, h in self._router.handles.items()}
+            self._claimed_versions = dict(versions)
+            by_server = {a: [] for a in servers}
+            for f, lease in parts:
+                for addr, items in f.msgs.items():
+                    by_server[addr].append((f, items, lease))
+            by_read = self._reads_by_server(reads, servers, clock)
+            seconds, clock_s = _config.get_seconds("timeouts.rpc"), _config.get_seconds("timeouts.clock")
+            calls = [self._router.transport.clock_message(
+                addr, seconds + (clock_s if (addr == waiter and wait_for is not None) or by_read.get(addr) else 0),
+                [(f.h, items, (self.run_id, f.clock), self._router.sender, f.msg_seq, f.buf.bound, lease)
+                 for f, items, lease in ps],
+                reads=[(p.h, es, extra) for p, es, extra in by_read.get(addr, ())],
+                run_id=self.run_id, rank=self.rank, clock=clock, versions=versions,
+                wait_for=wait_for if addr == waiter else None, timeout=clock_s)
+                for addr, ps in by_server.items()]
+            replies = await gather_settled(calls)
+            if any(isinstance(r, BaseException) for r in replies):
+                failed = next(r for r in replies if isinstance(r, BaseException))
+                self._read_apart(reads)
+                if isinstance(failed, PSError) and not _retryable(failed):
+                    raise failed
+                logger.debug("dask_ps: %r: clock %d's message failed (%r); sent again as pushes", self, clock, failed)
+                return await self._clock_by_pushes(flights, clock, wait_for)
+            self._reads_answered(reads, by_read, dict(zip(by_server, replies)))
+            seqs: dict[int, dict] = {id(f): {} for f in flights}
+            for (addr, ps), reply in zip(by_server.items(), replies):
+                for (f, items, lease), got in zip(ps, reply["seqs"]):
+                    got = self._router._lease_reply(f.h, addr, got) if lease else got
+                    mine = seqs[id(f)]
+                    for (b, *_), sq in zip(items, got):
+                        mine[b] = max(mine.get(b, 0), sq)
+            for f in flights:
+                f.future.set_result(seqs[id(f)])
+            self._settled = max(self._settled, clock)
+            if any(h.version > versions.get(n, h.version) for n, h in self._router.handles.items()):
+                # A placement seen while this message was in flight (see _placement_seen).
+                asyncio.ensure_future(self._to_servers("run_clock", clock=clock)).add_done_callback(_log_failure)
+            m = max([math.inf if r["min"] is None else r["min"] for r in replies], default=0)
+            return m, time.perf_counter() - t0
+        except BaseException as e:
+            for f in flights:
+                if not f.future.done():
+                    f.future.set_exception(e)
+            for p, _, _ in reads:
+                if not p.future.done():
+                    p.future.set_exception(e)  # read again at result()
+            raise
+
+    def _reads_by_server(self, reads, servers, clock: int) -> dict:
+        """The prefetched reads a clock message carries, by server: each
+        block at its primary (where the clock's claim counts for it); a
+        read with a block elsewhere is sent on its own (``_read_apart``)."""
+        by_read: dict[str, list] = {}
+        apart = []
+        for p, fetch, need_at in reads:
+            by_addr: dict[str, list] = {}
+            for b, rows in fetch.items():
+                by_addr.setdefault(p.h.primary(b), []).append((b, rows))
+            if any(a not in servers for a in by_addr):
+                apart.append((p, fetch, need_at))
+                continue
+            # Read in the clock it is for, after this participant's clock counted there.
+            p.tag, p.clock = max(p.tag, self._known_min), clock
+            extra = {"run": (self.run_id, None if p.tag == math.inf else int(p.tag)), "sender": self._router.sender}
+            if need_at is not None and p.tag < need_at:
+                extra["wait"] = int(need_at)
+            for a, es in by_addr.items():
+                by_read.setdefault(a, []).append((p, es, extra))
+        self._read_apart(apart)
+        return by_read
+
+    def _reads_answered(self, reads, by_read: dict, replies: dict) -> None:
+        """Hand each carried read its blocks (as ``Router.fetch`` returns
+        them); one a server could not make is read again on its own."""
+        got: dict[int, dict] = {id(p): {} for p, _, _ in reads}
+        failed: set[int] = set()
+        for addr, entries in by_read.items():
+            answers = replies[addr].get("reads") or []
+            for (p, es, _), r in zip(entries, answers):
+                if not isinstance(r, dict) or "error" in r:
+                    failed.add(id(p))
+                    continue
+                out = got[id(p)]
+                for (b, rows), seq, vals in zip(es, r["seqs"], r["values"]):
+                    out[b] = (rows, seq, vals)
+                for key, into in (("summed_below", p.summed), ("applied", p.applied)):
+                    if r.get(key) is not None:
+                        into.update(zip((b for b, _ in es), r[key]))
+                if r.get("tag") is not None:
+                    p.tags.update((b, r["tag"]) for b, _ in es)
+        apart = []
+        for p, fetch, need_at in reads:
+            if id(p) in failed or len(got[id(p)]) < len(fetch):
+                apart.append((p, fetch, need_at))
+            elif not p.future.done():
+                p.future.set_result(got[id(p)])
+        self._read_apart(apart)
+
+    def _read_apart(self, reads) -> None:
+        """Prefetched reads a clock message did not carry: sent on their own."""
+        for p, fetch, need_at in reads:
+            if p.future.done():
+                continue
+
+            async def read(p=p, fetch=fetch, need_at=need_at):
+                try:
+                    got = await self._fetch_ahead(None, p, fetch, need_at)
+                except BaseException as e:  # read again at result()
+                    if not p.future.done():
+                        p.future.set_exception(e)
+                    return
+                if not p.future.done():
+                    p.future.set_result(got)
+
+            asyncio.ensure_future(read())
+
+    def _placement_seen(self, h: TableHandle) -> None:
+        """(The router's ``on_handle``, on the event loop.) A newer placement
+        of a table than this session's last clock message named: the servers
+        count that message's clock for their blocks of that table no more
+        (``RunRecord.bound``) but run-wide, one clock behind, and a read
+        parked on it would wait for this participant's next message. So the
+        clock every push before is acknowledged for goes to every server now
+        (once per placement change)."""
+        sent = self._claimed_versions.get(h.spec.name)
+        if sent is not None and h.version > sent and not self._closed:
+            self._claimed_versions[h.spec.name] = h.version
+            task = asyncio.ensure_future(self._to_servers("run_clock", clock=self._settled))
+            task.add_done_callback(_log_failure)
+
+    async def _clock_by_pushes(self, flights: list[Flight], clock: int, wait_for):
+        """The clock as pushes, then a report after them (every server)."""
+        results = await gather_settled([self._router.send(f.name, f.msgs, run=(self.run_id, f.clock),
+                                                          msg_seq=f.msg_seq, bound=f.buf.bound) for f in flights])
+        for f, r in zip(flights, results):
+            if isinstance(r, BaseException):
+                f.future.set_exception(r)
+            else:
+                f.future.set_result(r)
+        return await self._report_clock([f.future for f in flights], clock, wait_for)
+
     def _finish_clock(self) -> None:
         """Wait for the clock reported in the background (flush errors first)."""
         if self._clock_flight is None:
             return
-        future, wait_for = self._clock_flight
+        future, wait_for, clock = self._clock_flight
         self._clock_flight = None
         t0 = time.perf_counter()
         try:
@@ -398,6 +595,7 @@ class InFlight:
             raise
         if wait_for is not None:
             self._clock_wait += time.perf_counter() - t0
+        self._settled = max(self._settled, clock)
         self._known_min = float("inf") if m is None else max(self._known_min, m)
 
     def _finish_all(self) -> None:
@@ -407,6 +605,7 @@ class InFlight:
 
     def _cancel_prefetches(self) -> None:
         """The participant ends: reads started and never consumed stop."""
+        self._deferred.clear()
         for handles in self._prefetches.values():
             for p in list(handles):
                 if p.future is not None:
@@ -439,8 +638,14 @@ class InFlight:
             s = h.spec.consistency.staleness
             need_at = None if need is None else for_clock - s
             flights = self._flights.get(name)
-            handle.future = self._submit(self._fetch_ahead(
-                flights[-1].future if flights else None, handle, fetch, need_at))
+            if for_clock == self._clock + 1:
+                # The next clock's read goes with that clock's messages (one
+                # message per server per clock: _clock_message).
+                handle.future = concurrent.futures.Future()
+                self._deferred.append((handle, fetch, need_at))
+            else:
+                handle.future = self._submit(self._fetch_ahead(
+                    flights[-1].future if flights else None, handle, fetch, need_at))
             self._prefetches.setdefault(name, weakref.WeakSet()).add(handle)
         return handle
 
@@ -448,17 +653,20 @@ class InFlight:
         """On the event loop: wait (for the table's flushes in flight, and for
         the bound of the clock the read is for), then read."""
         await _after(previous)  # own flushes in flight are in what it reads
-        if need_at is not None and max(p.tag, self._known_min) < need_at:
-            p.tag = max(p.tag, await self._to_servers("run_wait", clock=int(need_at)))
         # What the reply is: a server read in the reader's clock of now, with
-        # every update of the clocks below the min clock known now.
+        # every update of the clocks below the min clock known now, or (a
+        # read parked at its servers until their bound for the clock it is
+        # for holds) below what each server says (``p.tags``).
         p.tag, p.clock = max(p.tag, self._known_min), self._clock
+        extra = {}
+        if need_at is not None and p.tag < need_at:
+            extra["wait"], extra["replicas"] = int(need_at), False  # at the primaries (see Session._read)
         by_addr: dict[str, list] = {}
         for b, rows in fetch.items():
             by_addr.setdefault(p.h.primary(b), []).append((b, rows))
         run = (self.run_id, None if p.tag == float("inf") else int(p.tag))
         return await self._router.fetch(p.h.spec.name, by_addr, summed=p.summed, applied=p.applied, run=run,
-                                        sender=self._router.sender)
+                                        tags=p.tags, sender=self._router.sender, **extra)
 
     def _prefetch_result(self, p: PullHandle):
         with self._api():
@@ -472,6 +680,7 @@ class InFlight:
                 if p.for_clock > self._clock and not p.future.done():
                     # Read before the clock it was for: its fetch may wait for
                     # this very participant's clock; read now instead.
+                    self._deferred = [d for d in self._deferred if d[0] is not p]
                     got = {}
                 else:
                     try:
@@ -486,7 +695,7 @@ class InFlight:
                 parts.update(self._read(h, rest))
             else:
                 m.reads += 1
-                self._record_staleness(m, p.tag)
+                self._record_staleness(m, min([p.block_tag(b) for b in parts] or [p.tag]))
             if parts and not rest:
                 m.prefetch_hits += 1
             elif p.future is not None:
@@ -499,14 +708,15 @@ class InFlight:
         """Whether values fetched as ``p`` was issued may serve a read now."""
         if h.version != p.h.version or h.spec.table_id != p.h.spec.table_id:
             return False
-        if self._clock == self._resumed_clock:
+        if self._clock in self._resumed_clocks:
             return False  # reads what the servers have: see Session._own_writes_visible
         if not h.spec.rule.additive and (p.flushes or self._buffers.get(h.spec.name)):
             return False  # the servers compute own writes of other rules: read them there
         need = self._required_tag(h)
         if need is None:  # ASP: read-my-writes only; fetched in this clock or the one before
             return p.clock >= self._clock - 1
-        return p.tag >= need and (not h.spec.consistency.refreshes or p.clock == self._clock)
+        tag = min([p.block_tag(b) for b in p.tags] or [p.tag])
+        return tag >= need and (not h.spec.consistency.refreshes or p.clock == self._clock)
 
     def _take_prefetched(self, h: TableHandle, p: PullHandle, got: dict) -> dict:
         """The prefetched blocks that may serve the read now, with own writes
@@ -532,7 +742,7 @@ class InFlight:
                 vals = self._own_missed(p, b, rows, vals)
                 if vals is None:
                     continue
-            e = CacheEntry(p.tag, seq, p.clock, rows, vals)
+            e = CacheEntry(p.block_tag(b), seq, p.clock, rows, vals)
             if not self._cache.usable(cache.get(b), need, refresh, self._clock):
                 cache[b] = e
             out[b] = e.take(p.reqs[b]) if rows is not p.reqs[b] else e.values

@@ -8,15 +8,22 @@ The scheduler is on no clock's path: it keeps each run's membership
 report to) and sends it to the workers when it changes (``ps_run_update``:
 start, join, leave, abort, a server joining or leaving; rare events).
 
-Why any server's vector is a lower bound of the whole run's
-(``docs/architecture.rst``, "Clocks"): a participant reports clock ``c``
-to a server only after every one of its pushes of the clocks before was
-acknowledged by every server (an acknowledged push is on every copy of its
-block). So a server whose minimum is ``m`` knows that every update of the
-clocks ``< m`` is on every server: a read anywhere, of any block, may wait
-on this one vector, a server may take a peer's vector as its own (a server
-that joins a run late does: :meth:`RunClocks.adopt`), and a reader's tag
-(the minimum it learnt from some server) is a floor for every server.
+Two clocks per participant (``docs/architecture.rst``, "Clocks"). Its
+*claim* (:meth:`RunClocks.claim`) is the clock of its latest combined
+message here (its pushes to this server and the clock, one message per
+server per clock): its pushes to this server of the clocks below were
+applied here, on every copy, before the claim counted, so a read of the
+blocks this server is the primary of (under the placement the participant
+routed by) may wait on the claims (:meth:`RunRecord.bound`). Its *run-wide*
+clock (``clocks``) is one behind the claim, or what it reported after its
+pushes were acknowledged everywhere (a message without pushes): a clock's
+message goes out only after the one before was acknowledged by every
+server, so every update of the clocks below the run-wide minimum is on
+every server. That minimum, and only it, is shared: a read of another
+server's copy waits on it, a server may take a peer's run-wide clocks as
+its own (a server that joins a run late does: :meth:`RunClocks.adopt`),
+and a reader's floor (the run-wide minimum it learnt) holds for every
+server.
 
 Runs on the worker's event loop only.
 """
@@ -55,7 +62,12 @@ class RunRecord:
     by_caller: bool = False  # its caller aborted or ended it: nobody waits for the participants
     floor: float = 0
     advanced: float = 0  # the last minimum handed to on_advance
-    waiters: list = field(default_factory=list)  # [(clock, future)] parked until min >= clock
+    # [(clock, future, measure)] parked until measure(self) >= clock (None: min_clock)
+    waiters: list = field(default_factory=list)
+    # Combined clock messages (push + clock in one, ``claim``): per rank the
+    # clock of its latest one here and its placement versions then.
+    claims: list[int] = field(default_factory=list)
+    claim_versions: list[dict] = field(default_factory=list)
     waiting_seconds: float = 0.0  # time reads and clocks spent parked here
 
     def __repr__(self):
@@ -68,12 +80,34 @@ class RunRecord:
 
     @property
     def min_clock(self) -> float:
+        """Every update of every live participant's clocks below this is on
+        every copy of every block (the run-wide bound)."""
         live = [c for r, c in enumerate(self.clocks) if r not in self.done]
         return max(self.floor, min(live)) if live else math.inf
 
+    def _claimed(self, r: int) -> int:
+        return max(self.clocks[r], self.claims[r]) if self.claims else self.clocks[r]
+
+    def progress(self) -> float:
+        """The clocks every live participant reached (its clock messages
+        here): what an SSP participant's clock waits for. No bound on data."""
+        live = [self._claimed(r) for r in range(self.n) if r not in self.done]
+        return max(self.floor, min(live)) if live else math.inf
+
+    def bound(self, table: str, version: int) -> float:
+        """A read of blocks this server is the primary of in placement
+        ``version`` of ``table`` sees every update of the live participants'
+        clocks below this: a participant's combined message for clock ``c``
+        was counted here after its pushes to this server were applied (on
+        every copy), and it routed them under the same placement (else its
+        run-wide clock counts)."""
+        live = [self._claimed(r) if self.claims and self.claim_versions[r].get(table, version) == version
+                else self.clocks[r] for r in range(self.n) if r not in self.done]
+        return max(self.floor, min(live)) if live else math.inf
+
     def behind(self, clock: int) -> list[str]:
-        return [f"participant {r} at clock {c} on {self.where.get(r, '?')}"
-                for r, c in enumerate(self.clocks) if r not in self.done and c < clock]
+        return [f"participant {r} at clock {self._claimed(r)} on {self.where.get(r, '?')}"
+                for r in range(self.n) if r not in self.done and self._claimed(r) < clock]
 
 
 class RunClocks:
@@ -184,6 +218,22 @@ class RunClocks:
             rec.clocks[rank] = clock
             self._changed(rec)
 
+    def claim(self, rec: RunRecord, rank, clock, versions) -> None:
+        """``rank``'s combined message for ``clock``: its pushes of the clock
+        before (to this server) were applied here, on every copy. Its clock
+        ``clock - 1`` counts run-wide: it sends a clock's message only after
+        the one before was acknowledged by every server. ``versions``: the
+        placement version of each table it holds a handle of."""
+        self.clock(rec, rank, max(0, clock - 1))
+        if not (isinstance(versions, dict) and all(isinstance(k, str) and _is_count(v) for k, v in versions.items())):
+            raise PSValueError(f"run {rec.run_id}: a clock message's versions must be {{table: version}}, "
+                               f"got {versions!r}")
+        if not rec.claims:
+            rec.claims, rec.claim_versions = [0] * rec.n, [{} for _ in range(rec.n)]
+        if clock > rec.claims[rank]:
+            rec.claims[rank], rec.claim_versions[rank] = clock, dict(versions)
+            self._changed(rec)
+
     def note_floor(self, run_id: str, m) -> None:
         """A reader knows the run's minimum is at least ``m`` (learnt from a server)."""
         rec = self.records.get(run_id)
@@ -191,16 +241,19 @@ class RunClocks:
             rec.floor = m
             self._changed(rec)
 
-    async def wait(self, rec: RunRecord, clock: int, timeout: float | None = None) -> float:
+    async def wait(self, rec: RunRecord, clock: int, timeout: float | None = None, measure=None) -> float:
         """Park until every live participant completed ``clock`` clocks;
         returns the minimum. Raises if the run is aborted or ends, and
-        :class:`ClockTimeoutError` (naming who is behind) after ``timeout``."""
+        :class:`ClockTimeoutError` (naming who is behind) after ``timeout``.
+        ``measure(rec)``: the value waited on instead of ``min_clock``
+        (``progress``, ``bound``)."""
         if rec.aborted:
             raise rec.aborted_error()
-        if rec.min_clock >= clock:
-            return rec.min_clock
+        measure = measure or _min_clock
+        if measure(rec) >= clock:
+            return measure(rec)
         future = asyncio.get_running_loop().create_future()
-        rec.waiters.append((clock, future))
+        rec.waiters.append((clock, future, measure))
         t0 = time.monotonic()
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
@@ -215,9 +268,12 @@ class RunClocks:
             rec.waiters = [w for w in rec.waiters if w[1] is not future]
 
     def info(self) -> dict:
-        """Per run: clocks, parked waits and seconds (the dashboard samples them)."""
-        return {run_id: {"clocks": list(r.clocks), "done": sorted(r.done), "waiting": len(r.waiters),
-                         "wait_seconds": r.waiting_seconds, "min": None if math.isinf(r.min_clock) else r.min_clock}
+        """Per run: clocks (each participant's latest here: its progress;
+        ``run_wide``: what bounds the whole run), parked waits and seconds
+        (the dashboard samples them)."""
+        return {run_id: {"clocks": [r._claimed(k) for k in range(r.n)], "run_wide": list(r.clocks),
+                         "done": sorted(r.done), "waiting": len(r.waiters), "wait_seconds": r.waiting_seconds,
+                         "min": None if math.isinf(r.min_clock) else r.min_clock}
                 for run_id, r in self.records.items()}
 
     # --- internals -------------------------------------------------------------------------------
@@ -232,17 +288,21 @@ class RunClocks:
     def _wake(rec: RunRecord) -> None:
         if not rec.waiters:
             return
-        m, keep = rec.min_clock, []
-        for clock, future in rec.waiters:
+        keep = []
+        for clock, future, measure in rec.waiters:
             if future.done():
                 continue
             if rec.aborted:
                 future.set_exception(rec.aborted_error())
-            elif m >= clock:
+            elif (m := measure(rec)) >= clock:
                 future.set_result(m)
             else:
-                keep.append((clock, future))
+                keep.append((clock, future, measure))
         rec.waiters = keep
+
+
+def _min_clock(rec: RunRecord) -> float:
+    return rec.min_clock
 
 
 async def push_fresh_rows(plugin, run_id: str, min_clock: float) -> None:

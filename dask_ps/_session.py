@@ -22,10 +22,12 @@ for the result (``Session._sync``) or not (in flight).
 
 Consistency (see :mod:`dask_ps.consistency`): a read at clock ``c`` of a
 table with staleness ``s`` needs every participant to have completed
-``c - s`` clocks. Because a participant's updates reach the servers before its
-clock counts, any server value read after the run's minimum clock reached
-``m`` contains every update made at clocks ``< m``; cache entries carry that
-``m`` as their tag and serve reads with ``tag >= c - s``. Under
+``c - s`` clocks. Because a participant's updates reach a server before its
+clock counts there, a block read from a server whose bound for it is ``m``
+(the clocks every participant's message brought it, or the run's minimum
+run-wide: docs/architecture.rst, "Clocks") contains every update made at
+clocks ``< m``; cache entries carry that ``m`` as their tag and serve reads
+with ``tag >= c - s``. Under
 ``refresh=True`` (SSP, ESSP) an entry also has to have been fetched in the
 reader's current clock: the first read of a block in each clock goes to the
 servers, and waits only if the bound is not met.
@@ -171,6 +173,7 @@ class Session(InFlight):
             latest_versions=plugin.latest_versions if plugin is not None else None,
         )
         self._router.transport.sent = self._sent
+        self._router.on_handle = self._placement_seen  # see InFlight._placement_seen
         self._flushes_this_clock = 0
         self._key = f"{run_id}-{rank}-{uuid.uuid4().hex[:8]}"  # ESSP mailbox of this session
         self._notifying = False
@@ -181,7 +184,7 @@ class Session(InFlight):
         self._clock_wait = 0.0
         self._staleness_used: int | None = None  # the tightest bound among tables used
         self._clock = 0
-        self._resumed_clock: int | None = None  # a retried attempt's first clock (see _join)
+        self._resumed_clocks: tuple[int, ...] = ()  # a retried attempt's first clocks (see _join)
         self._known_min = 0.0
         self._closed = False
         self._api_depth = 0
@@ -232,16 +235,24 @@ class Session(InFlight):
             self._scheduler.ps_run_join, run_id=self.run_id, rank=self.rank, address=self.worker.address,
             with_attempt=True,
         )
-        # A retried task repeats the clock it was stopped in, whose pushes the
-        # servers may have applied already (they skip them: same numbers).
-        # In that clock this session cannot tell its new writes from old
-        # ones, so it reads what the servers have instead of adding its own.
-        self._resumed_clock = self._clock if attempt > 1 else None
+        # A retried task resumes at the clock the run counts run-wide for it
+        # and repeats it and the next one: their pushes the servers may have
+        # applied already (they skip them: same numbers). The run counts a
+        # clock message's clock run-wide only with the next message, so the
+        # stopped task may have been one clock further (issue 36). In those
+        # clocks this session cannot tell its new writes from old ones, so
+        # it reads what the servers have instead of adding its own.
+        if attempt > 1:
+            # The run-wide clock, not a progress the scheduler sampled: a
+            # clock message may have reached some servers only.
+            self._clock = min(self._clock, self._sync(self._run_wide_clock))
+        self._resumed_clocks = (self._clock, self._clock + 1) if attempt > 1 else ()
         if attempt > 1 and self._clock > 0:
             # The clock the run has of it may have reached some servers only
             # (the task stopped while reporting it): every server gets it.
             self._sync(self._to_servers, "run_clock", clock=self._clock)
         self._known_min = 0
+        self._settled = self._clock
         if _config.get_seconds("process-read-window") > 0:
             self._router.transport.combiner = _process_cache.acquire(self.run_id)
         self._started = time.perf_counter()
@@ -327,7 +338,7 @@ class Session(InFlight):
         or a sum in the clock a retried task repeats, which may count a
         push already) and reads flush pending pushes first."""
         # ``clock``: of a write (a flush booked after the clock advanced).
-        return h.spec.rule.additive and (self._clock if clock is None else clock) != self._resumed_clock
+        return h.spec.rule.additive and (self._clock if clock is None else clock) not in self._resumed_clocks
 
     @staticmethod
     def _summed_per_clock(h: TableHandle) -> bool:
@@ -335,21 +346,6 @@ class Session(InFlight):
         its clock is complete everywhere, so this session adds its own sent
         pushes the servers have not summed yet to what it fetches (read-my-writes)."""
         return h.spec.rule.additive and h.spec.aggregate == "clock"
-
-    def _wait_min(self, need: float, metrics: TableMetrics | None) -> None:
-        """Block until the run's min clock is at least ``need``."""
-        if self._known_min >= need:
-            return
-        t0 = time.perf_counter()
-        # Parked at a server until the run's minimum there reaches ``need``
-        # (the servers count the clocks: nothing asks the scheduler).
-        m = self._sync(self._to_servers, "run_wait", clock=int(need))
-        self._known_min = max(self._known_min, m)
-        dt = time.perf_counter() - t0
-        if metrics is not None:
-            metrics.wait_seconds += dt
-        else:
-            self._clock_wait += dt
 
     # --- push ------------------------------------------------------------------------
     @ps_call
@@ -453,23 +449,26 @@ class Session(InFlight):
         clock = self._clock + 1
         wait_for = None if self._staleness_used is None else clock - self._staleness_used
         self._retire_entries_unusable_at(clock)  # before the flush: not written through for nothing
-        if not wait:
-            self._flush_async()
-            self._clock, self._flushes_this_clock = clock, 0
-            self._start_clock(wait_for)  # after every flight so far
-            return
-        # One hop to the event loop: the flushes, then one RPC that reports
-        # the clock and, under SSP, waits for the slowest.
+        # One message per server (issue 36): this clock's pushes there and
+        # the clock; under SSP the one to this worker's server also waits for
+        # the slowest. The flushes in the background are acknowledged first.
         flights = [f for f in (self._start_flush(n, submit=False) for n in list(self._buffers)) if f is not None]
-        reply = self._send_now(flights, report=(clock, wait_for))
+        others = [f.future for fl in self._flights.values() for f in fl if f not in flights]
+        reads, self._deferred = self._deferred, []  # prefetched for this clock: carried by its messages
+        future = self._submit(self._clock_message(flights, others, clock, wait_for, reads))
+        if not wait:
+            self._clock, self._flushes_this_clock = clock, 0
+            self._clock_flight = (future, wait_for, clock)
+            return
+        try:
+            m, seconds = self._await(future)
+        except Exception:
+            for name in list(self._flights):
+                self._finish_flights(name)  # a failed flush raises its own error first
+            raise
         for name in list(self._flights):
-            self._finish_flights(name)  # a failed flush raises here (the clock was not reported)
-        if reply is None:
-            raise RuntimeError(f"{self!r}: clock {clock} was not reported: a flush before it failed")
-        self._clock, self._flushes_this_clock = clock, 0
-        if isinstance(reply, BaseException):
-            raise reply
-        m, seconds = reply  # the clock's RPC (with the wait for the slowest), not the flushes
+            self._finish_flights(name)
+        self._clock, self._flushes_this_clock, self._settled = clock, 0, clock
         if wait_for is not None:
             self._clock_wait += seconds
         self._known_min = float("inf") if m is None else max(self._known_min, m)
@@ -562,10 +561,11 @@ class Session(InFlight):
 
         The read goes out in the background while the participant computes.
         ``for_clock``: the clock at which ``result()`` will be called
-        (default: the current one); the read then waits, in the background,
-        until the table's bound for that clock is met (e.g. the next clock's
-        read of a BSP table goes out once every participant reported the
-        current one). ``result()`` checks what arrived against the bound of
+        (default: the current one); the read then waits at its servers, in
+        the background, until the table's bound for that clock is met; a
+        read for the next clock goes with that clock's messages (one
+        message per server per clock: the servers make it once the clock
+        counted and the bound holds there). ``result()`` checks what arrived against the bound of
         the reader's clock *then*, adds own writes made since, and reads
         again what is not legal any more (under ``refresh=True``: read in
         another clock). Value-bounded tables (VAP, CVAP) are read at
@@ -666,10 +666,10 @@ class Session(InFlight):
             m.cache_hits += 1
             self._record_staleness(m, min(cache[b].tag for b in reqs) if reqs else self._clock)
             return out
-        if need is not None:
-            # Only when the bound needs it: a refresh=True read of an entry
-            # that meets the bound finds _known_min >= its tag >= need.
-            self._wait_min(need, m)
+        # A read the run-wide minimum known here does not cover is parked at
+        # its servers until their bound holds (issue 36: a server counts the
+        # clocks of its own blocks); its reply says what it holds (``tags``).
+        wait = None if need is None or self._known_min >= need else int(need)
         # A valid cached entry missing some rows: fetch only those and merge
         # (the entry keeps the older tag, which both parts satisfy). Otherwise
         # fetch what is asked for and replace the entry.
@@ -686,7 +686,12 @@ class Session(InFlight):
         for b, rows in fetch.items():
             by_addr.setdefault(h.primary(b), []).append((b, rows))
 
-        extra = {"run": (self.run_id, None if tag == float("inf") else int(tag))}
+        tags: dict[int, float] = {}
+        extra = {"run": (self.run_id, None if tag == float("inf") else int(tag)), "tags": tags}
+        if wait is not None:
+            # At the primaries: a replica's copy waits on the run-wide clocks,
+            # which count this clock only with the next (docs/architecture.rst, "Clocks").
+            extra["wait"], extra["replicas"] = wait, False
         if essp:
             extra["subscribe"] = (self.run_id, self._key, self.worker.address)
 
@@ -694,7 +699,9 @@ class Session(InFlight):
         summed: dict[int, float | None] = {}
         if summed_per_clock:
             extra["summed"] = summed
+        t0 = time.perf_counter()
         got = self._sync(self._router.fetch, name, by_addr, **extra)
+        m.wait_seconds += time.perf_counter() - t0 if wait is not None else 0.0
         if summed_per_clock:
             self._cache.drop_summed(name, tag)  # the servers applied every clock < tag before answering
         for b, (rows, seq, vals) in got.items():
@@ -704,11 +711,12 @@ class Session(InFlight):
             if b in merge:
                 e = cache[b].merged(rows, seq, vals)
             else:
-                e = CacheEntry(tag, seq, self._clock, rows, vals)
+                e = CacheEntry(_tag(tags.get(b), tag), seq, self._clock, rows, vals)
             if self._cacheable(h):
                 cache[b] = e
             out[b] = e.take(reqs[b]) if e.rows is not reqs[b] else e.values
-        self._record_staleness(m, min([tag] + [cache[b].tag for b in reqs if b in cache]))
+        self._record_staleness(m, min([_tag(tags.get(b), tag) for b in got]
+                                      + [cache[b].tag for b in reqs if b in cache] or [tag]))
         return out
 
     def _drain_mailbox(self) -> None:
@@ -731,6 +739,14 @@ class Session(InFlight):
     def _record_staleness(self, m: TableMetrics, tag: float) -> None:
         # How many clocks behind the reader the guaranteed-visible state is.
         m.staleness[int(max(0, self._clock - min(tag, self._clock)))] += 1
+
+
+def _tag(server_tag, known: float) -> float:
+    """A read's tag: what its server said it holds, at least the run-wide
+    minimum the reader knew (None from a server: infinite, the run ended)."""
+    if server_tag is None:
+        return known
+    return max(known, server_tag)
 
 
 class _Counted:

@@ -261,12 +261,64 @@ class Transport:
         clock), within ``seconds``; directly where the server is in this
         process (its own worker: no message at all)."""
         target = self._direct(addr)
-        kind = "clock" if op == "run_clock" else "wait"
+        kind = {"run_clock": "clock", "run_wait": "wait"}.get(op, "clocks")
         self.sent[kind if target is None else f"{kind}_local"] += 1
         if target is not None:
-            return await _within(seconds, getattr(target, op)(**msg))
+            reply = getattr(target, op)(**msg)
+            return await _within(seconds, reply) if asyncio.iscoroutine(reply) else reply
         return await self.liveness.call(addr, lambda: _within(
             seconds, getattr(self.rpc(addr), f"ps_{op}")(**msg, **self._trusted)))
+
+    async def clock_message(self, addr: str, seconds: float, parts: list, reads=(), **msg):
+        """A participant's one message to a server for a clock (issue 36):
+        its pushes there (``parts``: ``(h, items, run, sender, msg_seq,
+        bound, lease)``, maybe none), the clock (``msg``: ``run_clock``'s
+        fields) and the reads of the next clock it prefetched there
+        (``reads``: ``(h, [(block, rows), ...], extra)``, ``extra`` as
+        ``pull`` takes it), within ``seconds``. Returns ``{"min", "seqs"}``,
+        a reply per part as ``push`` gives it, and ``"reads"``: a reply per
+        read as ``pull`` gives it, or ``{"error"}``."""
+        target = self._direct(addr)
+        self.sent["clock" if target is None else "clock_local"] += 1
+        self.sent["bytes_pushed"] += sum(int(getattr(v, "nbytes", 0)) for p in parts for _, _, v in p[1])
+        if target is not None:
+            pushes = [dict(items=[(b, _routing.wire_rows(r), v) for b, r, v in items], table=h.spec.name,
+                           version=h.version, run=run, sender=sender, msg_seq=msg_seq, table_id=h.spec.table_id,
+                           bound=bound, lease=lease)
+                      for h, items, run, sender, msg_seq, bound, lease in parts]
+            if reads:
+                msg["reads"] = [dict(local=target is self.local, table=h.spec.name, version=h.version,
+                                     blocks=[b for b, _ in es], rows=[_routing.wire_rows(r) for _, r in es],
+                                     table_id=h.spec.table_id, **extra) for h, es, extra in reads]
+            return await _within(seconds, target.run_clock(pushes=pushes, **msg))
+        taken: list = []
+        pushes = []
+        for h, items, run, sender, msg_seq, bound, lease in parts:
+            sparse = self._sparse(h, addr)
+            push = dict(table=h.spec.name, table_id=h.spec.table_id, version=h.version,
+                        blocks=[b for b, _, _ in items], values=[wire_values(v, sparse) for _, _, v in items],
+                        sender=sender, msg_seq=msg_seq, run=run)
+            if any(r is not None for _, r, _ in items):
+                push["rows"] = [self._wire_rows(h, r, taken) for _, r, _ in items]
+            if bound is not None and self._trusted:
+                push["bound"] = bound
+            if lease:
+                push["lease"] = True
+            pushes.append(push)
+        if reads:
+            msg["reads"] = [dict(table=h.spec.name, table_id=h.spec.table_id, version=h.version,
+                                 blocks=[b for b, _ in es], rows=[self._wire_rows(h, r, taken) for _, r in es],
+                                 **({"sparse": True} if self._sparse(h, addr) else {}), **extra)
+                            for h, es, extra in reads]
+        reply = await self.liveness.call(addr, lambda: _within(
+            seconds, self.rpc(addr).ps_run_clock(**aligned(dict(pushes=pushes, **msg, **self._trusted)))))
+        self._give_back(taken)
+        for r in reply.get("reads") or () if isinstance(reply, dict) else ():
+            if isinstance(r, dict) and isinstance(r.get("values"), (list, tuple)):
+                r["values"] = [_backend.received(v) if not addr.startswith("inproc://") else v
+                               for v in unwire_values(r["values"])]
+                self.sent["bytes_pulled"] += sum(int(getattr(v, "nbytes", 0)) for v in r["values"])
+        return reply
 
     async def commit(self, addr: str, h: TableHandle, hold_id: str, apply: bool = True, run=None, sender=None,
                      msg_seq=None):
@@ -291,9 +343,16 @@ class Transport:
         blocks = [b for b, _ in reqs]
         target = self._direct(addr)
         self.sent["pull" if target is None else "pull_local"] += 1
+        seconds = _config.get_seconds("timeouts.rpc")
+        if extra.get("wait") is not None:  # parked at the server until its bound holds
+            seconds += _config.get_seconds("timeouts.clock")
         if target is not None:
             # Another worker's replies are shared read-only, as the in-process
             # comm hands them over; this worker's own session gets copies.
+            if target is not self.local:
+                return await _within(seconds, target.local_pull(
+                    h.spec.name, h.version, blocks, [_routing.wire_rows(r) for _, r in reqs],
+                    table_id=h.spec.table_id, copy=False, **extra))
             return await self._call_direct(target, target.local_pull(
                 h.spec.name, h.version, blocks, [_routing.wire_rows(r) for _, r in reqs],
                 table_id=h.spec.table_id, copy=target is self.local, **extra))
@@ -305,7 +364,7 @@ class Transport:
         if self._sparse(h, addr):
             extra["sparse"] = True  # the server sends rows as their nonzeros where smaller
         reply = await self.liveness.call(addr, lambda: _within(
-            _config.get_seconds("timeouts.rpc"),
+            seconds,
             self.rpc(addr).ps_pull(
                 table=h.spec.name, table_id=h.spec.table_id, version=h.version, blocks=blocks,
                 rows=rows, **self._trusted, **extra
@@ -538,17 +597,21 @@ class Router:
         return h.read_from(block, self.transport.local_address, self._read_key)
 
     async def fetch(self, name: str, reqs, summed: dict | None = None, applied: dict | None = None,
-                    **extra) -> dict[int, tuple]:
+                    tags: dict | None = None, replicas: bool | None = None, **extra) -> dict[int, tuple]:
         """Pull ``[(block, rows), ...]`` (or such lists in a dict, grouped by
         any address); returns ``{block: (rows, seq, values)}``. Each block is
         read from the copy :meth:`read_from` picks; a failed read is retried
         at the block's primary. ``summed`` (a dict, aggregate="clock"): filled
         with each block's ``summed_below`` from the replies (see ``ps_pull``);
         ``applied`` (a dict; pass ``sender=`` in ``extra``): with the number
-        of that sender's latest push each block's values contain."""
+        of that sender's latest push each block's values contain; ``tags``
+        (a dict; with ``run=``): with what each block's server said its read
+        holds; ``replicas``: whether copies other than the primary may serve
+        (None: ``ps.read-replicas``)."""
         h = await self.handle(name)
         entries = [e for es in reqs.values() for e in es] if isinstance(reqs, dict) else list(reqs)
-        replicas = bool(_config.get("read-replicas"))  # once per read, not per block
+        if replicas is None:
+            replicas = bool(_config.get("read-replicas"))  # once per read, not per block
         by_addr: dict[str, list] = {}
         for e in entries:
             by_addr.setdefault(self.read_from(h, e[0], replicas), []).append(e)
@@ -567,6 +630,8 @@ class Router:
                 summed.update(zip((e[0] for e in entries), reply["summed_below"]))
             if applied is not None and reply.get("applied") is not None:
                 applied.update(zip((e[0] for e in entries), reply["applied"]))
+            if tags is not None and reply.get("tag") is not None:  # what the server's read holds
+                tags.update((e[0], reply["tag"]) for e in entries)
         return out
 
     # --- whole-table and row operations for the client ------------------------------

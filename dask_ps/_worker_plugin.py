@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections import OrderedDict, defaultdict, deque
+from collections import defaultdict
 
 import secrets
 import weakref
@@ -34,7 +34,7 @@ from dask_ps._exceptions import (
 from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, handler, reply_errors
 from dask_ps._host_memory import freeze_before_exit, pool_in_process_memory_limits, raise_mmap_threshold
 from dask_ps._liveness import RETIRE_MARGIN, Beacon, Liveness, PauseGuard, WorkerGone
-from dask_ps._runclocks import RunClocks, push_fresh_rows
+from dask_ps._run_manager import ENDED_RUNS_KEPT, RunManager  # noqa: F401 - ENDED_RUNS_KEPT: tests
 from dask_ps._shard import ShardStore, _wire_clock
 from dask_ps._spec import TableSpec
 from dask_ps import _wire
@@ -44,7 +44,6 @@ from dask_ps._wire import unwrap as _unwrap
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "ps"
-ENDED_RUNS_KEPT = 1024  # ended run ids remembered per worker (see PSWorkerPlugin._ended_runs)
 # Handlers and their access levels: the methods marked with @handler
 # (WORKER_HANDLERS, built below the class; docs/security.rst).
 __all__ = ["PSWorkerPlugin", "WORKER_HANDLERS", "InternalRPC", "reply_errors", "aligned", "in_process_peer"]
@@ -68,22 +67,11 @@ class PSWorkerPlugin(WorkerPlugin):
         self.served = {"pushes": 0, "bytes_pushed": 0, "pulls": 0, "bytes_pulled": 0}
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._replica_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        # ESSP: run_id -> session key -> (session's worker, {table: {block: rows}})
-        self.subscriptions: dict[str, dict[str, tuple[str, dict]]] = defaultdict(dict)
-        # ESSP: session key -> fresh rows pushed to a session on this worker
-        self.mailboxes: dict[str, deque] = defaultdict(deque)
-        self._min_clock: dict[str, float] = {}  # run_id -> highest min clock heard of
-        # Runs whose pushes this worker accepts (the scheduler said they are
-        # active); forgotten at ps_run_end, when their windows are freed.
-        self._active_runs: set[str] = set()
-        self._run_checks: dict[str, asyncio.Future] = {}  # run_id -> scheduler lookup in flight
-        # The latest runs ended here (refused without asking the scheduler;
-        # bounded: an older one is refused because the scheduler no longer has it).
-        self._ended_runs: OrderedDict[str, None] = OrderedDict()
-        # The runs' clocks, counted here (issue 36): participants report their
-        # clocks to every server; the scheduler only sends membership changes.
-        self.runs = RunClocks(self._run_record, self._peer_clocks, self._on_advance,
-                              me=self._address, ended=self._ended_runs)
+        # The runs served here: clocks, parked reads, mailboxes (issue 36).
+        self.run_manager = RunManager(
+            self.store, self._all_locks, self._apply, lambda: self.scheduler, self._peer_clocks, self._address,
+            self._run_push, fill_sender=self, read=self._run_read)
+        self.runs = self.run_manager.clocks
         self.latest_versions: dict[str, int] = {}  # table -> newest placement version announced
         self.liveness = Liveness()  # workers the scheduler removed: do not wait on them
         self._evictions: set[str] = set()  # ps_evicted ids handled (a resent one is a no-op)
@@ -233,7 +221,7 @@ class PSWorkerPlugin(WorkerPlugin):
                 raise PSValueError(f"a push of run {run_id} must come from one of its participants, "
                                    f"not {sender!r}")
             if not replica:  # the primary checked it before forwarding
-                await self._check_run_active(run_id)
+                await self.run_manager.check_active(run_id)
         key = table if isinstance(table, str) else ""
         # Two locks per table: a primary holds its lock while it forwards to
         # replicas, and replicas apply under the other one, so two primaries
@@ -323,25 +311,6 @@ class PSWorkerPlugin(WorkerPlugin):
                 f"table {name!r}: only the primary of block(s) {wrong} may forward their pushes to this "
                 f"replica, not {forwarder}", name,
             )
-
-    async def _check_run_active(self, run_id: str) -> None:
-        """Refuse pushes of a run that ended (its exactly-once windows are
-        freed at its end, so a late or re-sent push would count again) or
-        that the scheduler does not know. Asks the scheduler once per run."""
-        if run_id in self._active_runs:
-            return
-        if run_id not in self._ended_runs:
-            check = self._run_checks.get(run_id)
-            if check is None:
-                check = self._run_checks[run_id] = asyncio.ensure_future(asyncio.wait_for(
-                    self.scheduler.ps_active_runs(), _config.get_seconds("timeouts.rpc")))
-                check.add_done_callback(lambda _: self._run_checks.pop(run_id, None))
-            active = await asyncio.shield(check)
-            # An end may have arrived while we asked.
-            if run_id in active and run_id not in self._ended_runs:
-                self._active_runs.add(run_id)
-                return
-        raise RunEndedError(f"run {run_id} has ended (or was never started): its pushes are refused")
 
     async def _forward(self, t, items, raw, run, sender, msg_seq, bounds=None) -> None:
         """Send a primary's push on to the blocks' replicas and wait for them.
@@ -605,49 +574,64 @@ class PSWorkerPlugin(WorkerPlugin):
 
     @handler(READ_ONLY, tells_internal=True)
     async def pull(self, table=None, version=None, blocks=(), rows=(), run=None, subscribe=None, table_id=None,
-                   sender=None, sparse=False, internal=False):
+                   sender=None, sparse=False, wait=None, internal=False):
         """Handler: values of whole blocks, of ranges ``[start, stop]`` or of
         rows within blocks.
 
         ``run = (run_id, min_clock)``: the reader knows every participant
         finished ``min_clock`` clocks, so per-clock sums below it are applied
-        first. ``subscribe = (run_id, session, address)``: ESSP, send these
-        rows to that session after every clock advance. ``sender``: the
-        reply also says, per block, the number of that sender's latest push
-        the values contain (``applied``; a prefetch tells by it which of its
-        reader's own pushes it holds). ``sparse``: values as their rows'
-        nonzeros where that is smaller (``dask_ps._sparse_rows``).
+        first. ``wait``: the read is parked here until what it reads holds
+        every update of the clocks below ``wait`` (the reply's ``tag`` says
+        what it holds: ``RunManager.read_tag``). ``subscribe = (run_id,
+        session, address)``: ESSP, send these rows to that session after
+        every clock advance. ``sender``: the reply also says, per block, the
+        number of that sender's latest push the values contain (``applied``;
+        a prefetch tells by it which of its reader's own pushes it holds).
+        ``sparse``: values as their rows' nonzeros where that is smaller
+        (``dask_ps._sparse_rows``).
         """
-        if (run is not None or subscribe is not None) and not internal:
+        if (run is not None or subscribe is not None or wait is not None) and not internal:
             # A participant's options: ``run`` applies per-clock sums below
             # the clock it names, ``subscribe`` sends rows to an address.
-            raise InternalOnlyError("ps_pull with run= or subscribe= may come only from a participant's session "
-                                    "(it carries the cluster's internal token)")
+            raise InternalOnlyError("ps_pull with run=, wait= or subscribe= may come only from a participant's "
+                                    "session (it carries the cluster's internal token)")
         rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
-        seqs, values, summed, applied = await self._read(table, version, blocks, rows, run, subscribe, copy=False,
-                                                         table_id=table_id, sender=sender, trusted=internal,
-                                                         sparse=sparse is True)
+        seqs, values, summed, applied, tag = await self._read(
+            table, version, blocks, rows, run, subscribe, copy=False, table_id=table_id, sender=sender,
+            trusted=internal, sparse=sparse is True, wait=wait)
         wired = [wire_values(a, sparse is True) for a in values]
         if sparse is True:  # the bytes sent (_read counted the rows')
             self.served["bytes_pulled"] += sum(wired_nbytes(w) - getattr(a, "nbytes", 0)  # a dict: encoded already
                                                for w, a in zip(wired, values))
-        return aligned({"seqs": seqs, "values": wired, "summed_below": summed, "applied": applied})
+        reply = {"seqs": seqs, "values": wired, "summed_below": summed, "applied": applied}
+        if tag is not None:
+            reply["tag"] = tag
+        return aligned(reply)
 
     async def _read(self, table, version, blocks, rows, run, subscribe, copy, table_id=None, sender=None,
-                    trusted=False, sparse=False):
-        """``(seqs, values, summed_below, applied)``; ``summed_below``
+                    trusted=False, sparse=False, wait=None):
+        """``(seqs, values, summed_below, applied, tag)``; ``summed_below``
         (aggregate="clock", a participant's read, else None): per block, the
         clock below which every per-clock sum of the run is in the values
         returned; ``applied`` (with a ``sender``, else None): per block, that
-        sender's latest push number applied to it (None: none)."""
+        sender's latest push number applied to it (None: none); ``tag``
+        (a read of a run, else None): every update of the clocks below it
+        is in the values."""
         if sender is not None and not isinstance(sender, str):
             raise PSValueError(f"pull sender must be a str, got {sender!r}")
+        if wait is not None and (run is None or not isinstance(wait, int) or isinstance(wait, bool)):
+            raise PSValueError(f"a pull's wait must be a clock, with run=, got {wait!r}")
         t, reqs = self.store.validate_pull(table, version, blocks, rows, table_id, trusted=trusted)
-        run_id = None
+        run_id = rec = None
         if run is not None:
             run_id, min_clock = _check_run(run)
             self.runs.note_floor(run_id, min_clock)  # learnt from a server: a floor here too
-            await self._advance(run_id, min_clock)
+            await self.run_manager.advance(run_id, min_clock)
+            if wait is not None:
+                rec = await self.run_manager.park_read(run_id, t.spec.name, [b for b, _ in reqs], wait,
+                                                       _config.get_seconds("timeouts.clock"))
+            else:
+                rec = self.runs.records.get(run_id)
         # Not while an update is applied in place on the offload thread.
         async with self._all_locks(t.spec.name):
             # Rows were checked above (one pass); what may have changed while
@@ -657,12 +641,14 @@ class PSWorkerPlugin(WorkerPlugin):
             except StaleVersionError:
                 t, reqs = self.store.validate_pull(table, version, blocks, rows, table_id, trusted=trusted)
             self.pause_guard.check()  # stopped for long: these copies may have missed pushes
-            summed = None
+            summed = tag = None
+            if run_id is not None:
+                m = math.inf if min_clock is None else min_clock
+                tag = m if rec is None else max(m, await self.run_manager.read_tag(rec, t, [b for b, _ in reqs]))
             if run_id is not None and t.spec.aggregate == "clock":
                 # The sums this read needs, under this table's own lock: an
                 # advance that recorded the min clock may still be applying
                 # another table's sums (issue 14).
-                m = math.inf if min_clock is None else min_clock
                 await self._apply_due(t, run_id, max(m, self._min_clock.get(run_id, -1)))
                 summed = [_wire_clock(self.store.summed_below_of(t, b, run_id)) for b, _ in reqs]
             seqs, values = self._read_locked(t, reqs, subscribe, copy, sparse)
@@ -672,70 +658,62 @@ class PSWorkerPlugin(WorkerPlugin):
                            for b, _ in reqs]
             self.served["pulls"] += 1
             self.served["bytes_pulled"] += sum(getattr(v, "nbytes", 0) for v in values)
-            return seqs, values, summed, applied
+            return seqs, values, summed, applied, None if tag is None else _wire_clock(tag)
 
     def _read_locked(self, t, reqs, subscribe, copy, sparse=False):
         me = self.worker.address if self.worker is not None else None
         for b, _ in reqs:
             t.reads["primary" if not t.owners or t.owners[b][0] == me else "replica"] += 1
-        if subscribe is not None and subscribe[0] not in self._ended_runs:
-            run_id, session, address = subscribe
-            _, tables = self.subscriptions[run_id].setdefault(session, (address, {}))
-            subs = tables.setdefault(t.spec.name, {})
-            for b, r in reqs:
-                # Rows read at different times add up (None: the whole block).
-                if isinstance(r, slice):
-                    r = np.arange(r.start, r.stop)
-                elif r is not None:
-                    r = _backend.to_numpy(r)  # the subscription's own host copy
-                prev = subs.get(b, r)
-                subs[b] = None if r is None or prev is None else np.union1d(prev, r)
+        self.run_manager.subscribe(subscribe, t, reqs, _subscribed_rows)
         return self.store.read(t, reqs, copy=copy, sparse=sparse)
 
-    # --- clock events ----------------------------------------------------------------------
-    async def _advance(self, run_id: str, min_clock) -> None:
-        """Apply per-clock sums of ``run_id`` below ``min_clock`` (None: all)."""
-        m = math.inf if min_clock is None else min_clock
-        if m <= self._min_clock.get(run_id, -1) or run_id in self._ended_runs:
-            return
-        # Recorded first, applied table by table: a read of a table meanwhile
-        # applies that table's due sums itself, under its lock (see _read).
-        self._min_clock[run_id] = m
-        for name, t in list(self.store.tables.items()):
-            if not t.pending:
-                continue
-            async with self._all_locks(name):
-                if self.store.tables.get(name) is t:
-                    await self._apply_due(t, run_id, m)
+    # --- runs (issue 36: their clocks are counted here; _run_manager.RunManager) ---------
+    @property
+    def subscriptions(self):
+        return self.run_manager.subscriptions
 
-    async def _apply_due(self, t, run_id: str, m: float) -> None:
-        """Apply the per-clock sums of ``run_id`` below clock ``m`` (the
-        caller holds the table's locks, so no read sees them half applied)."""
-        if run_id in self._ended_runs:
-            return  # all applied at its end
-        for items in self.store.due(t, run_id, m):
-            await self._apply(t, items, check=False)  # checked when they were pushed (accumulate)
+    @property
+    def mailboxes(self):
+        return self.run_manager.mailboxes
 
-    # --- run clocks (issue 36: counted here, not by the scheduler) -----------------------
+    @property
+    def _min_clock(self):
+        return self.run_manager.min_clock
+
+    @property
+    def _ended_runs(self):
+        return self.run_manager.ended
+
+    async def _apply_due(self, t, run_id: str, m: float, blocks=None) -> None:
+        await self.run_manager.apply_due(t, run_id, m, blocks)
+
+    async def clock_advance(self, run_id: str, min_clock=None) -> None:
+        await self.run_manager.clock_advance(run_id, min_clock)
+
     def _address(self) -> str | None:
         return self.worker.address if self.worker is not None else None
-
-    async def _run_record(self, run_id: str):
-        return await asyncio.wait_for(self.scheduler.ps_run_record(run_id=run_id), _config.get_seconds("timeouts.rpc"))
 
     async def _peer_clocks(self, peer: str, run_id: str):
         return await self.liveness.call(peer, lambda: asyncio.wait_for(
             self.worker.rpc(peer).ps_run_clocks(run_id=run_id, token=self.internal_token),
             _config.get_seconds("timeouts.rpc")))
 
-    def _on_advance(self, run_id: str, m: float) -> None:
-        """A run's minimum grew here: apply its due per-clock sums and push
-        fresh rows to its ESSP readers, in the background (only if there
-        are any: a clock report's reply does not wait for them)."""
-        if self.subscriptions.get(run_id) or any(t.pending for t in self.store.tables.values()):
-            asyncio.ensure_future(self.clock_advance(run_id, None if math.isinf(m) else m))
-        elif run_id not in self._ended_runs:  # nothing to apply: noted for blocks installed later
-            self._min_clock[run_id] = max(m, self._min_clock.get(run_id, -1))
+    async def _run_push(self, **msg):
+        """One push of a participant's clock message (``RunManager.run_clock``):
+        trusted, as the message carried the internal token; a direct call's
+        items as ``local_push`` takes them."""
+        items = msg.pop("items", None)
+        if items is not None:
+            return await self.local_push(items=items, **msg)
+        return await self.push(**msg, internal=True)
+
+    async def _run_read(self, local=None, **msg):
+        """One read of a participant's clock message (``RunManager.run_clock``),
+        as ``ps_pull`` answers it; a direct call's (``local``: whether the
+        reader gets copies) as ``local_pull``."""
+        if local is not None:
+            return await self.local_pull(copy=bool(local), **msg)
+        return await self.pull(**msg, internal=True)
 
     @handler(INTERNAL)
     def run_update(self, record: dict) -> None:
@@ -746,75 +724,37 @@ class PSWorkerPlugin(WorkerPlugin):
         self.runs.update(record)
 
     @handler(INTERNAL)
-    async def run_clock(self, run_id: str, rank: int, clock: int, wait_for=None, timeout=None):
-        """Handler (a participant, after every push of its clocks before
-        ``clock`` was acknowledged): ``rank`` completed ``clock`` clocks.
-        Returns the run's minimum here, after waiting (``wait_for``, SSP)
-        until it is at least that."""
-        rec = await self.runs.get(run_id)
-        self.runs.clock(rec, rank, clock)
-        if wait_for is not None:
-            return _wire_clock(await self.runs.wait(rec, int(wait_for), timeout))
-        return _wire_clock(rec.min_clock)
+    async def run_clock(self, run_id: str, rank: int, clock: int, wait_for=None, timeout=None, pushes=None,
+                        versions=None, reads=None):
+        """Handler (a participant): ``rank`` completed ``clock`` clocks; with
+        ``pushes``, its pushes to this server in the same message, and the
+        reads of the next clock it prefetched (``RunManager.run_clock``)."""
+        return await self.run_manager.run_clock(run_id, rank, clock, wait_for, timeout, pushes, versions, reads)
 
     @handler(INTERNAL)
     async def run_wait(self, run_id: str, clock: int, timeout=None):
         """Handler (a participant's read): park until every live participant
-        completed ``clock`` clocks; returns the minimum."""
-        rec = await self.runs.get(run_id)
-        return _wire_clock(await self.runs.wait(rec, int(clock), timeout))
+        completed ``clock`` clocks; returns the run-wide minimum."""
+        return await self.run_manager.run_wait(run_id, clock, timeout)
 
     @handler(INTERNAL)
     def run_clocks(self, run_id: str) -> dict | None:
         """Handler (a peer that joins a run late, the scheduler at a retried
-        participant's join): this worker's clocks of ``run_id``."""
-        rec = self.runs.records.get(run_id)
-        return None if rec is None else {"clocks": list(rec.clocks), "min": _wire_clock(rec.min_clock)}
-
-    async def clock_advance(self, run_id: str, min_clock=None) -> None:
-        """When a run's min clock grows here (``_on_advance``): apply due
-        per-clock sums, then push fresh rows to ESSP subscribers."""
-        await self._advance(run_id, min_clock)
-        if self.subscriptions.get(run_id) and min_clock is not None:
-            await push_fresh_rows(self, run_id, min_clock)
+        participant's join): this worker's run-wide clocks of ``run_id``."""
+        return self.run_manager.run_clocks(run_id)
 
     @handler(INTERNAL)
     def cache_fill(self, session, table, version, tag, blocks, seqs, rows, values, summed_below=None,
                    run_id=None) -> None:
         """Handler: fresh rows for a session on this worker (ESSP).
-        ``summed_below``: as in a pull's reply (aggregate="clock").
-
-        A fill of a run that ended here is dropped: the server computed it
-        from a clock advance before the run's end reached it, and it can
-        arrive after ``ps_run_end`` freed the run's mailboxes (a mailbox
-        made then was never freed: issue 22)."""
-        if not (isinstance(run_id, str) and isinstance(session, str) and session.startswith(f"{run_id}-")):
-            raise PSValueError(f"a cache fill needs the run id its session {session!r} belongs to")
-        if run_id in self._ended_runs:
-            return
-        summed = list(summed_below) if summed_below is not None else [None] * len(blocks)
-        self.mailboxes[session].append(
-            (table, version, tag, list(blocks), list(seqs), list(rows), list(values), summed)
-        )
+        ``summed_below``: as in a pull's reply (aggregate="clock")."""
+        self.run_manager.cache_fill(session, table, version, tag, blocks, seqs, rows, values, summed_below, run_id)
 
     @handler(INTERNAL)
     async def run_end(self, run_id: str) -> None:
         """Handler (scheduler): a run ended; apply what it left, forget it
         (its exactly-once windows included) and refuse its pushes from now on."""
-        if not isinstance(run_id, str):
-            raise PSValueError(f"run_end needs a run id, got {run_id!r}")
-        await self._advance(run_id, None)
-        self._ended_runs[run_id] = None
-        while len(self._ended_runs) > ENDED_RUNS_KEPT:
-            self._ended_runs.popitem(last=False)
-        self._active_runs.discard(run_id)
-        for session in self.subscriptions.pop(run_id, {}):
-            self.mailboxes.pop(session, None)
-        for session in [k for k in self.mailboxes if k.startswith(run_id)]:
-            self.mailboxes.pop(session, None)
-        self._min_clock.pop(run_id, None)
-        self.runs.end(run_id)
-        self.store.forget_run(run_id)
+        await self.run_manager.run_end(run_id)
 
     @handler(READ_ONLY)
     def gpu_info(self) -> dict | None:
@@ -852,15 +792,16 @@ class PSWorkerPlugin(WorkerPlugin):
                                 lease=lease)
 
     async def local_pull(self, table, version, blocks, rows, run=None, subscribe=None, table_id=None, sender=None,
-                         copy=True):
+                         copy=True, wait=None):
         """``ps_pull`` for a session in this process, without Dask's comm, its
         rows trusted (the session checked them): this worker's own session
         (copies), or one of another worker of an in-process cluster
         (``copy=False``: replies shared read-only, as the in-process comm
         hands them over; see :func:`in_process_peer`)."""
-        seqs, values, summed, applied = await self._read(table, version, blocks, rows, run, subscribe, copy=copy,
-                                                         table_id=table_id, sender=sender, trusted=True)
-        return {"seqs": seqs, "values": values, "summed_below": summed, "applied": applied}
+        seqs, values, summed, applied, tag = await self._read(
+            table, version, blocks, rows, run, subscribe, copy=copy, table_id=table_id, sender=sender,
+            trusted=True, wait=wait)
+        return {"seqs": seqs, "values": values, "summed_below": summed, "applied": applied, "tag": tag}
 
 
 # The dask_ps worker plugins of this process by worker address: workers of
@@ -885,6 +826,13 @@ def in_process_peer(address: str, loop=None):
     except (AttributeError, RuntimeError):
         return None
     return peer
+
+
+def _subscribed_rows(r):
+    """A subscription's own host copy of a read's rows (None: the whole block)."""
+    if isinstance(r, slice):
+        return np.arange(r.start, r.stop)
+    return None if r is None else _backend.to_numpy(r)
 
 
 def _check_run(run):

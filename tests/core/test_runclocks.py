@@ -112,3 +112,43 @@ def test_a_server_that_hears_of_a_run_late_takes_a_peers_clocks_and_a_readers_fl
             await runs.get("r")
 
     asyncio.run(main())
+
+
+def test_a_clock_message_counts_here_for_this_servers_blocks_and_run_wide_one_clock_behind():
+    """A combined message (pushes + clock ``c``) counts ``c`` for the blocks
+    this server is the primary of, under the placement versions it was sent
+    with, and ``c - 1`` run-wide (the message before was acknowledged
+    everywhere); progress (an SSP participant's pace) counts ``c``."""
+    runs, advances = _clocks()
+    rec = runs.update(_record(1, n=2))
+    runs.claim(rec, 0, 3, {"t": 5})
+    runs.claim(rec, 1, 3, {"t": 5, "u": 1})
+    assert rec.clocks == [2, 2] and rec.min_clock == 2  # run-wide: one behind
+    assert rec.progress() == 3
+    assert rec.bound("t", 5) == 3 and rec.bound("u", 1) == 3  # rank 0 holds no handle of "u": no pushes there
+    assert rec.bound("t", 6) == 2  # a block moved since: its new primary counts the claims run-wide
+    runs.claim(rec, 0, 2, {"t": 6})  # an older message: nothing changes
+    assert rec.claims == [3, 3] and rec.claim_versions[0] == {"t": 5}
+    runs.clock(rec, 0, 3)  # its clock reported run-wide (after a placement change): counts everywhere
+    assert rec.bound("t", 6) == 2 and rec.min_clock == 2  # rank 1 still one behind run-wide
+    runs.clock(rec, 1, 3)
+    assert rec.bound("t", 6) == 3 and rec.min_clock == 3 and advances[-1] == ("r", 3)
+    assert runs.info()["r"]["clocks"] == [3, 3] and runs.info()["r"]["run_wide"] == [3, 3]
+    with pytest.raises(PSValueError, match="versions"):
+        runs.claim(rec, 0, 4, None)
+
+
+def test_reads_parked_on_a_servers_bound_wake_with_the_last_clock_message():
+    async def go():
+        runs, _ = _clocks()
+        rec = runs.update(_record(1, n=2))
+        read = asyncio.ensure_future(runs.wait(rec, 1, 5, measure=lambda r: r.bound("t", 1)))
+        runs.claim(rec, 0, 1, {"t": 1})
+        await asyncio.sleep(0)
+        assert not read.done()
+        runs.claim(rec, 1, 1, {"t": 1})
+        assert await read == 1 and rec.min_clock == 0  # here, not run-wide yet
+        with pytest.raises(ClockTimeoutError, match="participant 1 at clock 1"):
+            await runs.wait(rec, 2, 0.05, measure=lambda r: r.progress())
+
+    asyncio.run(go())
