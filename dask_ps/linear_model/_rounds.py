@@ -30,6 +30,7 @@ from dask_ps.linear_model._kernels import (
     OPTIMAL,
     SPARSE_INTERCEPT_DECAY,
     _batch_loss,
+    _decision,
     _Hyper,
     _lazy_inv_q,
     _lazy_regularization,
@@ -775,7 +776,8 @@ class _MinibatchRounds:
         Wk = Wb[:, :K]
         Ak = Wb[:, K:] if hp.average else None
         loss_sum += _batch_loss(hp, Wk, Xb, Yb, xp)
-        etas = sample_etas(hp, ts, stop.eta, Xb, Yb, swb, self.cw_pos, self.cw_neg, xp)
+        p = _decision(Wk, Xb, xp) if hp.eta_scale > 1.0 else None  # for the samples' own steps
+        etas = sample_etas(hp, ts, stop.eta, Xb, Yb, swb, self.cw_pos, self.cw_neg, xp, p)
         new, new_a = _minibatch_kernel(hp, Wk, Ak, Xb, Yb, swb, self.cw_pos, self.cw_neg, ts, stop.eta,
                                        active, self.intercept_decay, etas=etas, step=step)
         if self.sparse and iq is not None:

@@ -228,7 +228,7 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
         cw = cw_pos if yi > 0.0 else cw_neg
         eta_i = eta
         if scaled:
-            eta_i = eta * _sample_scale(eta * cw * sw[r] * sqx, max_scale)
+            eta_i = eta * _sample_scale(_own_step(loss_id, thr, yi, p, eta * cw * sw[r] * sqx), max_scale)
         loss_value = _loss(loss_id, thr, yi, p)
         sumloss += loss_value
         if keep:
@@ -355,6 +355,24 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
         j = touched[jt] if n_t > 0 else jt
         w[j] *= wscale
     return intercept, aintercept, sumloss, decay_prod, eta_sum, u, objective
+
+
+@njit(inline="always", error_model="numpy")
+def _own_step(loss_id, thr, y, p, step):
+    """``_kernels.own_step``, compiled: the part of the way to the minimum
+    of its own loss that a sample's step ``step = eta * cw * sw * |x|^2``
+    at scikit-learn's rate moves its margin ``p``."""
+    if loss_id == 5:  # huber beyond epsilon: the gradient is bounded by it
+        r = abs(y - p)
+        if r > thr:
+            return step * thr / r
+    elif loss_id == 6:  # epsilon_insensitive: a unit gradient, |r| - epsilon to go
+        r = abs(y - p) - thr
+        if r > 0.0:
+            return step / r
+    elif loss_id == 7:  # squared_epsilon_insensitive: gradient 2 (|r| - epsilon)
+        return 2.0 * step
+    return step
 
 
 @njit(inline="always", error_model="numpy")
