@@ -192,6 +192,20 @@ def own_step(hp: _Hyper, step, Y, p, xp=np):
     return xp.where(go > 0.0, step / xp.where(go > 0.0, go, 1.0), step)
 
 
+def rate_sum(hp: _Hyper, t0, n, step, eta):
+    """scikit-learn's learning rates summed over ``n`` samples from the
+    global count ``t0`` on, ``step`` apart (``eta``: the constant or
+    adaptive rate): what a round's rates sum to unscaled."""
+    if n <= 0:
+        return 0.0
+    if hp.learning_rate not in (OPTIMAL, INVSCALING):
+        return float(n * eta)
+    ts = t0 + np.arange(n, dtype=np.float64) * step
+    if hp.learning_rate == OPTIMAL:
+        return float(np.sum(1.0 / (hp.alpha * (hp.optimal_init() + ts - 1.0))))
+    return float(np.sum(hp.eta0 / ts**hp.power_t))
+
+
 def _row_sq_norms(X, xp):
     if sp.issparse(X) or hasattr(X, "multiply"):
         return xp.asarray(X.multiply(X).sum(axis=1)).ravel()

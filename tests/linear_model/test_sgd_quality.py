@@ -298,7 +298,7 @@ KNOWN_BAD = {
     # the stopping rule's epochs
     "R text early_stopping=True tol=1e-3": (4, 16, 64),
     "R dense loss=epsilon_insensitive tol=1e-3": (4, 16, 64),
-    "C ctr tol=1e-3": (2, 16),
+    "C ctr tol=1e-3": (2, 16, 64),
     "C dense tol=1e-3": (64,),
 }
 
