@@ -154,7 +154,9 @@ def sample_scale(own_step, max_scale, xp=np):
     """The factor of a sample's learning rate with ``max_scale = P``
     participants whose table is the mean of their models (docs/architecture.rst,
     "Estimators: SGD"): ``f = min(P, max(1, 1 / s))``, ``s`` the sample's own
-    step on its margin at scikit-learn's rate (``eta * cw * sw * |x|^2``).
+    step at scikit-learn's rate: the part of the way to its own loss's
+    minimum that it moves its margin (``own_step``; ``eta * cw * sw * |x|^2``
+    where the gradient is the residual).
 
     A sample whose step moves its margin little (``P s <= 1``) makes, in
     the mean of ``P`` models, ``1/P`` of its step: it trains at ``P`` times

@@ -151,8 +151,9 @@ def sgd_round(dense, X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercep
     chunks (``q`` may be a dummy without an L1 penalty). ``max_scale``
     (``P`` with ``P`` participants, 1 alone): sample ``i``'s learning rate
     is ``f_i`` times scikit-learn's, ``f_i = min(P, max(1, 1 / s_i))``,
-    ``s_i = eta * cw * sw * |x_i|^2`` its own step on its margin
-    (``_kernels.sample_scale``; the passive-aggressive steps are not
+    ``s_i`` its own step: ``eta * cw * sw * |x_i|^2`` against the way to
+    its own loss's minimum (``_own_step``, ``_kernels.own_step``;
+    ``_kernels.sample_scale``; the passive-aggressive steps are not
     scaled); ``step``: the global samples each sample stands for (the
     schedule's ``t`` and the average's weight advance by it: ``n / n_p``).
     ``keep``: the weight vector's scale and
