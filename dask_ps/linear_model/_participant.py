@@ -536,8 +536,8 @@ class _Participant:
         rounds, diverges (R^2 -50 at SSP(3)): so the share shrinks with
         ``f`` and with ``s`` (docs/architecture.rst, "Estimators: SGD")."""
         P = float(self.ctx.n_participants)
-        s = int(self.cfg.staleness)
-        if P <= 1 or s <= 0:
+        s = self.cfg.staleness
+        if P <= 1 or not s or s <= 0:  # BSP; or no bound (ASP, VAP): no delay to bound the share by
             return 0.0
         f = float(getattr(self.rounds, "mean_scale", 1.0))
         return min(1.0, max(0.0, (f - 1.0) / (P - 1.0))) / s

@@ -453,7 +453,7 @@ def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train
             decay[k] *= dec
             eta_sum[k] += es
             loss_sum[k] += sumloss
-            if eta_scale > 1.0 and cfg.staleness > 0:  # the round's rates against scikit-learn's (mean_scale)
+            if eta_scale > 1.0 and (cfg.staleness or 0) > 0:  # the round's rates against scikit-learn's (mean_scale)
                 c.rates[0] += es
                 c.rates[1] += rate_sum(hp, tk, part.shape[0], n_train_step, eta)
         tk += part.shape[0] * n_train_step
@@ -792,7 +792,7 @@ class _MinibatchRounds:
         loss_sum += _batch_loss(hp, Wk, Xb, Yb, xp)
         p = _decision(Wk, Xb, xp) if hp.eta_scale > 1.0 else None  # for the samples' own steps
         etas = sample_etas(hp, ts, stop.eta, Xb, Yb, swb, self.cw_pos, self.cw_neg, xp, p)
-        if p is not None and cfg.staleness > 0:  # the round's rates against scikit-learn's (mean_scale)
+        if p is not None and (cfg.staleness or 0) > 0:  # the round's rates against scikit-learn's (mean_scale)
             self.rates[0] += float(xp.sum(etas))
             self.rates[1] += float(xp.sum(_learning_rates(hp, ts, stop.eta, xp)))
         new, new_a = _minibatch_kernel(hp, Wk, Ak, Xb, Yb, swb, self.cw_pos, self.cw_neg, ts, stop.eta,
