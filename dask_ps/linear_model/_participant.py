@@ -478,7 +478,9 @@ class _Participant:
         held. A read that missed the others' last rounds makes this
         participant's next model start from an older mean (slower progress),
         never a table that drifts from the mean (docs/architecture.rst,
-        "Estimators: SGD")."""
+        "Estimators: SGD"). Under a bound the push also carries
+        ``additive_share`` of the round's change from its read: what a
+        stale read missed of the small-step progress is kept."""
         if self.solo:
             if rows is not None:  # a compacted round's rows (a lone participant's rounds are whole: make_rounds)
                 self.W_all[self.xp.asarray(rows)] = W
