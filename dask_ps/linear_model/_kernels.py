@@ -154,7 +154,9 @@ def sample_scale(own_step, max_scale, xp=np):
     """The factor of a sample's learning rate with ``max_scale = P``
     participants whose table is the mean of their models (docs/architecture.rst,
     "Estimators: SGD"): ``f = min(P, max(1, 1 / s))``, ``s`` the sample's own
-    step on its margin at scikit-learn's rate (``eta * cw * sw * |x|^2``).
+    step at scikit-learn's rate: the part of the way to its own loss's
+    minimum that it moves its margin (``own_step``; ``eta * cw * sw * |x|^2``
+    where the gradient is the residual).
 
     A sample whose step moves its margin little (``P s <= 1``) makes, in
     the mean of ``P`` models, ``1/P`` of its step: it trains at ``P`` times
@@ -168,20 +170,59 @@ def sample_scale(own_step, max_scale, xp=np):
     return xp.where(s * max_scale <= 1.0, max_scale, xp.where(s >= 1.0, 1.0, 1.0 / xp.maximum(s, 1e-300)))
 
 
+def own_step(hp: _Hyper, step, Y, p, xp=np):
+    """The part of the way to the minimum of its own loss that a sample's
+    step at scikit-learn's rate moves its margin ``p``, from ``step = eta *
+    cw * sw * |x|^2`` (what it moves ``p`` per unit of gradient): ``step``
+    where the gradient is the residual (squared_error, huber within
+    epsilon, the classification losses as they are); huber beyond epsilon,
+    whose gradient is bounded by epsilon, ``step * epsilon / |y - p|``;
+    epsilon_insensitive, a unit gradient with ``|y - p| - epsilon`` to go,
+    ``step / (|y - p| - epsilon)``; squared_epsilon_insensitive, gradient
+    ``2 (|y - p| - epsilon)``, ``2 step``. A step-limited loss's sample far
+    from its target is thus not held to a rate its bounded gradient could
+    never overshoot with (compiled: ``_sgd_numba._own_step``)."""
+    step = xp.asarray(step, dtype=np.float64)
+    if hp.loss == "squared_epsilon_insensitive":
+        return 2.0 * step
+    if hp.loss not in ("huber", "epsilon_insensitive"):
+        return step
+    r = xp.abs(Y - p)
+    if hp.loss == "huber":
+        return xp.where(r > hp.epsilon, step * hp.epsilon / xp.maximum(r, 1e-300), step)
+    go = r - hp.epsilon
+    return xp.where(go > 0.0, step / xp.where(go > 0.0, go, 1.0), step)
+
+
+def rate_sum(hp: _Hyper, t0, n, step, eta):
+    """scikit-learn's learning rates summed over ``n`` samples from the
+    global count ``t0`` on, ``step`` apart (``eta``: the constant or
+    adaptive rate): what a round's rates sum to unscaled."""
+    if n <= 0:
+        return 0.0
+    if hp.learning_rate not in (OPTIMAL, INVSCALING):
+        return float(n * eta)
+    ts = t0 + np.arange(n, dtype=np.float64) * step
+    if hp.learning_rate == OPTIMAL:
+        return float(np.sum(1.0 / (hp.alpha * (hp.optimal_init() + ts - 1.0))))
+    return float(np.sum(hp.eta0 / ts**hp.power_t))
+
+
 def _row_sq_norms(X, xp):
     if sp.issparse(X) or hasattr(X, "multiply"):
         return xp.asarray(X.multiply(X).sum(axis=1)).ravel()
     return xp.sum(X * X, axis=1)
 
 
-def sample_etas(hp: _Hyper, ts, eta_k, X, Y, sw, cw_pos, cw_neg, xp):
+def sample_etas(hp: _Hyper, ts, eta_k, X, Y, sw, cw_pos, cw_neg, xp, p):
     """The learning rates a minibatch trains with: scikit-learn's, each
-    sample's times its ``sample_scale`` (with several participants): (n, K)."""
+    sample's times its ``sample_scale`` (with several participants) of its
+    ``own_step`` at its decision value ``p``: (n, K)."""
     etas = _learning_rates(hp, ts, eta_k, xp)
     if hp.eta_scale <= 1.0 or hp.learning_rate in (PA1, PA2):
         return etas
     cw = xp.where(Y > 0, xp.asarray(cw_pos)[None, :], xp.asarray(cw_neg)[None, :])
-    own = etas * cw * (sw * _row_sq_norms(X, xp))[:, None]
+    own = own_step(hp, etas * cw * (sw * _row_sq_norms(X, xp))[:, None], Y, p, xp)
     return etas * sample_scale(own, float(hp.eta_scale), xp)
 
 
@@ -225,9 +266,9 @@ def _minibatch_kernel(hp: _Hyper, W, A, X, Y, sw, cw_pos, cw_neg, ts, eta_k, act
     xp = arrays.namespace(W)
     d = W.shape[0] - 1
     act = xp.asarray(active)
-    if etas is None:
-        etas = sample_etas(hp, ts, eta_k, X, Y, sw, cw_pos, cw_neg, xp)
     p = _decision(W, X, xp)
+    if etas is None:
+        etas = sample_etas(hp, ts, eta_k, X, Y, sw, cw_pos, cw_neg, xp, p)
     if hp.learning_rate in (PA1, PA2):
         sq = _row_sq_norms(X, xp)
         lv = _loss_value(hp.loss, Y, p, hp.epsilon, xp)

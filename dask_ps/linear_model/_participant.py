@@ -478,7 +478,9 @@ class _Participant:
         held. A read that missed the others' last rounds makes this
         participant's next model start from an older mean (slower progress),
         never a table that drifts from the mean (docs/architecture.rst,
-        "Estimators: SGD")."""
+        "Estimators: SGD"). Under a bound the push also carries
+        ``additive_share`` of the round's change from its read: what a
+        stale read missed of the small-step progress is kept."""
         if self.solo:
             if rows is not None:  # a compacted round's rows (a lone participant's rounds are whole: make_rounds)
                 self.W_all[self.xp.asarray(rows)] = W
@@ -494,12 +496,17 @@ class _Participant:
             delta = W - W0
         else:
             mine = self.own_model()
+            lam = self.additive_share()
             if rows is None:
                 delta = W - mine
+                if lam > 0.0:
+                    delta += lam * (mine - W0)
                 mine[...] = W
             else:  # the model's rows of this participant's features only (own_model)
                 r = self.xp.asarray(np.searchsorted(self.own_rows(), rows))
                 delta = W - mine[r]
+                if lam > 0.0:
+                    delta += lam * (mine[r] - W0)
                 mine[r] = W
         delta *= 1.0 / self.ctx.n_participants
         # Copied by the session (not copy=False, though the delta is never
@@ -510,6 +517,32 @@ class _Participant:
             self.ctx.push_rows(self.cfg.table, rows, delta)
         else:
             self.ctx.push(self.cfg.table, delta)
+
+    def additive_share(self) -> float:
+        """Under a staleness bound ``s``: the share ``a`` of the round's
+        change from its read ``W0`` pushed on top of the exact mean's
+        (``sync_round``: ``(W - M) / P + a (M - W0) / P``), ``a = x / s``,
+        ``x = (f - 1) / (P - 1)`` the part of the round that trained in the
+        small-step regime (``f``: its mean rate factor, ``_kernels.sample_scale``,
+        1 where every sample's own step was large, ``P`` where all were small).
+
+        The exact mean loses, every round, what a stale read missed of the
+        others' last ``s`` rounds (its model starts from an older mean):
+        where steps are small (bounded gradients far from their target:
+        huber, epsilon_insensitive; small rates) that is up to ``s / (s + 1)``
+        of the progress. There the additive delta ``(W - W0) / P`` of
+        SSP-SGD (Ho et al. 2013) keeps it: the mean's update is every
+        participant's gradient steps, at points at most ``s`` rounds old.
+        Where a sample's own step is large a delayed additive update
+        re-learns what the others already fitted and, delayed by ``s``
+        rounds, diverges (R^2 -50 at SSP(3)): so the share shrinks with
+        ``f`` and with ``s`` (docs/architecture.rst, "Estimators: SGD")."""
+        P = float(self.ctx.n_participants)
+        s = self.cfg.staleness
+        if P <= 1 or not s or s <= 0:  # BSP; or no bound (ASP, VAP): no delay to bound the share by
+            return 0.0
+        f = float(getattr(self.rounds, "mean_scale", 1.0))
+        return min(1.0, max(0.0, (f - 1.0) / (P - 1.0))) / s
 
     def own_model(self):
         """This participant's model as the table counts it (``sync_round``),

@@ -30,13 +30,16 @@ from dask_ps.linear_model._kernels import (
     OPTIMAL,
     SPARSE_INTERCEPT_DECAY,
     _batch_loss,
+    _decision,
     _Hyper,
     _lazy_inv_q,
+    _learning_rates,
     _lazy_regularization,
     _minibatch_kernel,
     _unique_inverse,
     check_finite,
     compact_rows_xp,
+    rate_sum,
     sample_etas,
 )
 from dask_ps.linear_model._lone import SklearnOrders, scaled
@@ -390,6 +393,7 @@ def _compiled_round(cfg: _RunConfig, c: _CompiledData, rnd: _Round, W0, epoch, s
     n_train_step = cfg.n_total / max(c.n_train, 1)
     t = cfg.t0 + epoch * cfg.n_total + seen * n_train_step
     outs = np.flatnonzero(active)
+    c.rates = [0.0, 0.0]
     if rnd.in_place:  # the round's rows written into the whole table, trained there, read back
         if c.whole is None:
             c.whole = np.zeros((cfg.n_features + 1, W0.shape[1]), dtype=W0.dtype, order="F")
@@ -449,6 +453,9 @@ def _train_chunks(cfg: _RunConfig, c: _CompiledData, W, chunks, outs, t, n_train
             decay[k] *= dec
             eta_sum[k] += es
             loss_sum[k] += sumloss
+            if eta_scale > 1.0 and (cfg.staleness or 0) > 0:  # the round's rates against scikit-learn's (mean_scale)
+                c.rates[0] += es
+                c.rates[1] += rate_sum(hp, tk, part.shape[0], n_train_step, eta)
         tk += part.shape[0] * n_train_step
     return icpt, aicpt, decay, eta_sum
 
@@ -550,6 +557,10 @@ class _CompiledRounds:
     (``_RoundPrep``), a dense one gathered in chunks (``_dense_round``); or
     a lone participant's epochs in scikit-learn's order (``orders``), in
     one compiled loop (``lone_epochs``)."""
+
+    # The last round's rates against scikit-learn's (the mean of the samples'
+    # ``sample_scale``, weighted by their rates): ``_Participant.additive_share``.
+    mean_scale = 1.0
 
     def __init__(self, cfg: _RunConfig, data: _CompiledData, run_rounds, orders=None):
         self.cfg, self.c = cfg, data
@@ -653,6 +664,7 @@ class _CompiledRounds:
         t = time.perf_counter()
         waited = 0.0 if self.prep is None else self.prep.waited
         W = _compiled_round(self.cfg, self.c, rnd, W0, epoch, seen, stop, active, loss_sum, eta_scale)
+        self.mean_scale = self.c.rates[0] / self.c.rates[1] if self.c.rates[1] > 0 else 1.0
         if self.prep is not None:  # a wait for the counts (its 1/q) is the round's preparation
             waited = self.prep.waited - waited
             self.seconds["round_prep"] += waited
@@ -677,6 +689,7 @@ class _MinibatchRounds:
     it is prepared, so its weights are not read ahead."""
 
     fixed = False
+    mean_scale = 1.0  # as _CompiledRounds.mean_scale
 
     def __init__(self, cfg: _RunConfig, X, Y, sw, train_idx):
         self.cfg, self.X, self.Y, self.sw = cfg, X, Y, sw
@@ -739,6 +752,7 @@ class _MinibatchRounds:
         hp = dataclasses.replace(self.cfg.hp, eta_scale=eta_scale)
         W = W0.copy()
         off = n = 0
+        self.rates = [0.0, 0.0]
         for idx in group:
             nb = idx.shape[0]
             if nb == 0:
@@ -748,6 +762,7 @@ class _MinibatchRounds:
             self._step(hp, W, Xb, idx, epoch, seen + n, stop, active, loss_sum, scratch)
             n += nb
         self.seconds["kernel"] += time.perf_counter() - t
+        self.mean_scale = self.rates[0] / self.rates[1] if self.rates[1] > 0 else 1.0
         return W
 
     def _step(self, hp, W, Xb, idx, epoch, seen, stop, active, loss_sum, scratch):
@@ -775,7 +790,11 @@ class _MinibatchRounds:
         Wk = Wb[:, :K]
         Ak = Wb[:, K:] if hp.average else None
         loss_sum += _batch_loss(hp, Wk, Xb, Yb, xp)
-        etas = sample_etas(hp, ts, stop.eta, Xb, Yb, swb, self.cw_pos, self.cw_neg, xp)
+        p = _decision(Wk, Xb, xp) if hp.eta_scale > 1.0 else None  # for the samples' own steps
+        etas = sample_etas(hp, ts, stop.eta, Xb, Yb, swb, self.cw_pos, self.cw_neg, xp, p)
+        if p is not None and (cfg.staleness or 0) > 0:  # the round's rates against scikit-learn's (mean_scale)
+            self.rates[0] += float(xp.sum(etas))
+            self.rates[1] += float(xp.sum(_learning_rates(hp, ts, stop.eta, xp)))
         new, new_a = _minibatch_kernel(hp, Wk, Ak, Xb, Yb, swb, self.cw_pos, self.cw_neg, ts, stop.eta,
                                        active, self.intercept_decay, etas=etas, step=step)
         if self.sparse and iq is not None:

@@ -157,8 +157,9 @@ def _sgd_round(X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercept,
     chunks (``q`` may be a dummy without an L1 penalty). ``max_scale``
     (``P`` with ``P`` participants, 1 alone): sample ``i``'s learning rate
     is ``f_i`` times scikit-learn's, ``f_i = min(P, max(1, 1 / s_i))``,
-    ``s_i = eta * cw * sw * |x_i|^2`` its own step on its margin
-    (``_kernels.sample_scale``; the passive-aggressive steps are not
+    ``s_i`` its own step: ``eta * cw * sw * |x_i|^2`` against the way to
+    its own loss's minimum (``_own_step``, ``_kernels.own_step``;
+    ``_kernels.sample_scale``; the passive-aggressive steps are not
     scaled); ``step``: the global samples each sample stands for (the
     schedule's ``t`` and the average's weight advance by it: ``n / n_p``).
     ``keep``: the weight vector's scale and
@@ -230,7 +231,7 @@ def _sgd_round(X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercept,
         cw = cw_pos if yi > 0.0 else cw_neg
         eta_i = eta
         if scaled:
-            eta_i = eta * _sample_scale(eta * cw * sw[r] * sqx, max_scale)
+            eta_i = eta * _sample_scale(_own_step(thr, yi, p, eta * cw * sw[r] * sqx), max_scale)
         loss_value = _loss(thr, yi, p)
         sumloss += loss_value
         if keep:
@@ -359,8 +360,27 @@ def _sgd_round(X, data, ind, ptr, rows, y, sw, w, aw, intercept, aintercept,
     return intercept, aintercept, sumloss, decay_prod, eta_sum, u, objective
 
 
+def _own_step(thr, y, p, step):
+    """``_kernels.own_step``, compiled (``loss_id`` a constant of each
+    copy, ``_OWN_STEPS``): the part of the way to the minimum of its own
+    loss that a sample's step ``step = eta * cw * sw * |x|^2`` at
+    scikit-learn's rate moves its margin ``p``."""
+    if loss_id == 5:  # huber beyond epsilon: the gradient is bounded by it
+        r = abs(y - p)
+        if r > thr:
+            return step * thr / r
+    elif loss_id == 6:  # epsilon_insensitive: a unit gradient, |r| - epsilon to go
+        r = abs(y - p) - thr
+        if r > 0.0:
+            return step / r
+    elif loss_id == 7:  # squared_epsilon_insensitive: gradient 2 (|r| - epsilon)
+        return 2.0 * step
+    return step
+
+
 _LOSSES = Specializations(_loss, cache=False, inline="always", error_model="numpy")
 _GRADIENTS = Specializations(_gradient, cache=False, inline="always", error_model="numpy")
+_OWN_STEPS = Specializations(_own_step, cache=False, inline="always", error_model="numpy")
 
 
 def _round_constants(c):
@@ -370,6 +390,7 @@ def _round_constants(c):
     return {
         "_loss": _LOSSES.make(loss_id=c["loss_id"]),
         "_gradient": _GRADIENTS.make(loss_id=c["loss_id"]),
+        "_own_step": _OWN_STEPS.make(loss_id=c["loss_id"]),
         "use_l1": c["penalty"] in (L1, ELASTICNET),
         # the passive-aggressive steps are not scaled
         "scaled": c["scaled"] and not pa,

@@ -561,6 +561,7 @@ def test_table_is_the_mean_of_the_models_whatever_the_reads_held(sparse, P):
         p.ctx, p.solo, p.sparse, p.xp, p.mine, p._own_rows = _PushRecorder(table, P), False, sparse, np, None, None
         p.cfg = type("cfg", (), {"table": "w", "start_table": None, "n_features": d, "n_cols": K, "staleness": 2})()
         p.X = sp.csr_matrix(np.ones((1, d))) if sparse else np.zeros((1, d))  # sparse: every feature its own
+        p.rounds = type("rounds", (), {"mean_scale": 1.0})()  # every sample's own step large: no additive share
         parts.append(p)
     latest = np.repeat(start[None], P, axis=0)
     for _ in range(20):
@@ -576,6 +577,39 @@ def test_table_is_the_mean_of_the_models_whatever_the_reads_held(sparse, P):
         else:
             latest[rank][rows] = W
     np.testing.assert_allclose(table, latest.mean(axis=0), atol=1e-12)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("s", [1, 3])
+def test_small_step_rounds_push_the_additive_delta_under_a_bound(sparse, s):
+    """Rounds whose samples all trained at ``P`` times scikit-learn's rate
+    (``mean_scale = P``: small own steps) push ``(W - M) / P + (M - W0) / (P s)``
+    under SSP(s): at ``s = 1`` the additive delta ``(W - W0) / P`` of
+    SSP-SGD, which loses nothing of what a stale read missed; at ``s = 3``
+    a third of it on top of the exact mean's push (``additive_share``)."""
+    rng = np.random.default_rng(1)
+    d, K, P = 12, 1, 4
+    table = np.zeros((d + 1, K))
+    p = _participant._Participant.__new__(_participant._Participant)
+    p.ctx, p.solo, p.sparse, p.xp, p.mine, p._own_rows = _PushRecorder(table, P), False, sparse, np, None, None
+    p.cfg = type("cfg", (), {"table": "w", "start_table": None, "n_features": d, "n_cols": K, "staleness": s})()
+    p.X = sp.csr_matrix(np.ones((1, d))) if sparse else np.zeros((1, d))
+    p.rounds = type("rounds", (), {"mean_scale": float(P)})()
+    assert p.additive_share() == pytest.approx(1.0 / s)
+    mine = np.zeros((d + 1, K))
+    expected = table.copy()
+    for _ in range(6):
+        rows = np.sort(rng.choice(d + 1, size=5, replace=False)) if sparse else None
+        read = rng.normal(size=(d + 1, K))
+        W0 = read if rows is None else read[rows]
+        W = W0 + rng.normal(size=W0.shape)
+        at = slice(None) if rows is None else rows
+        expected[at] += (W - mine[at]) / P + (mine[at] - W0) / (P * s)
+        mine[at] = W
+        p.sync_round(rows, W0, W)
+        np.testing.assert_allclose(table, expected, atol=1e-12)
+    p.rounds.mean_scale = 1.0
+    assert p.additive_share() == 0.0
 
 
 # --- on a cluster: reads a round ahead, background clocks -----------------------------------
