@@ -126,6 +126,8 @@ def test_own_models_of_sparse_participants_hold_their_rows_only():
         p = _participant._Participant.__new__(_participant._Participant)
         p.ctx, p.solo, p.sparse, p.xp, p.mine, p._own_rows = _PushRecorder(table, P), False, True, np, None, None
         p.cfg = type("cfg", (), {"table": "w", "start_table": None, "n_features": d, "n_cols": K, "staleness": 2})()
+        # rounds whose every step was large (mean rate factor 1): no additive share, the exact mean
+        p.rounds = type("rounds", (), {"mean_scale": 1.0})()
         p.X = sp.csr_matrix((np.ones(f.shape[0]), (np.zeros(f.shape[0], dtype=int), f)), shape=(1, d))
         parts.append(p)
         feats.append(np.append(f, d))
