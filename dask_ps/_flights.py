@@ -1,6 +1,6 @@
-"""A session's operations in flight: pushes, clock reports and reads sent
-in the background, and the order they keep (:class:`InFlight`, the part of
-:class:`dask_ps._session.Session` that owns them).
+"""A session's operations in flight: pushes, clock messages and reads sent
+in the background, and the order they keep (:class:`InFlight`, a member of
+:class:`dask_ps._session.Session`: ``Session._in_flight``).
 
 ps-lite's ``ZPush``/``ZPull`` and ``Wait`` in Dask terms. Every network
 operation of a session is a coroutine on the worker's event loop (Dask's
@@ -54,18 +54,15 @@ import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
-from distributed.comm import CommClosedError
 
 from dask_ps import _backend, _config, _routing
-from dask_ps._cache import CacheEntry, add_into
+from dask_ps._cache import CacheEntry, ReadCache, add_into
 from dask_ps._exceptions import PSError, PSValueError
-from dask_ps._liveness import WorkerGone
 from dask_ps._oplog import PushBuffer
+from dask_ps._participant_state import ClockReports, ParticipantClock, is_summed_per_clock
 from dask_ps._routing import TableHandle
 from dask_ps._sums import held_first
-from dask_ps._transport import _retryable, gather_settled
-
-_GONE = object()  # a server that left the cluster while a clock call was made to it
+from dask_ps._transport import Router, _retryable, gather_settled
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +89,8 @@ class PushHandle:
     returned (or after the next blocking ``flush()``/``clock()``).
     """
 
-    def __init__(self, session, flights: list[Flight]):
-        self._session = session
+    def __init__(self, in_flight: InFlight, flights: list[Flight]):
+        self._in_flight = in_flight
         self._flights = flights
 
     def __repr__(self):
@@ -103,9 +100,9 @@ class PushHandle:
         return all(f.future.done() for f in self._flights)
 
     def wait(self) -> None:
-        with self._session._api():
+        with self._in_flight._api():
             for name in dict.fromkeys(f.name for f in self._flights):
-                self._session._finish_flights(name)
+                self._in_flight.finish_flights(name)
 
 
 @dataclass(eq=False)
@@ -183,28 +180,54 @@ async def _result_of(future: concurrent.futures.Future):
 
 class InFlight:
     """What a :class:`~dask_ps._session.Session` has in flight, per table
-    and in order: flushes (:class:`Flight`), the clock's report, and reads
-    started ahead (:class:`PullHandle`).
+    and in order: flushes (:class:`Flight`), the clock's messages, and
+    reads started ahead (:class:`PullHandle`).
 
-    A part of ``Session`` (its base class): it uses the session's
-    connection (``_router``, ``_scheduler``, ``_sync``, ``_submit``,
-    ``_await``, ``_api``), clock (``_clock``, ``_known_min``,
-    ``_flushes_this_clock``), push buffers (``_buffers``, ``_spares``),
-    cache (``_cache``, a :class:`~dask_ps._cache.ReadCache`), read path
-    (``_read``, ``_handle``, ``_assemble_*``, ``_dense_read``) and metrics.
+    A member of the session (``Session._in_flight``, as ps-lite's
+    ``KVWorker`` holds its ``Customer``), handed what it uses: the
+    ``router`` (and through it the transport), the participant's clock
+    calls (``reports``, a :class:`~dask_ps._participant_state.ClockReports`)
+    and clock (``clock``, a
+    :class:`~dask_ps._participant_state.ParticipantClock`: the session
+    advances it through :meth:`send_clock`, this raises what the servers
+    answered), the session's push ``buffers`` and their ``spares``, its
+    read ``cache`` and per-table ``metrics`` (objects it shares with the
+    session, which never replaces them), and the session's calls onto the
+    worker's loop: ``sync`` (run a coroutine and wait), ``submit`` (start
+    it), ``wait`` (for one started), and ``api`` (time a public call:
+    ``PushHandle.wait``). These four are bound methods of the session,
+    not the session: they are the only way in, and they carry its time
+    accounting. What a read needs of the session's read path (its handle,
+    the cache's rules, the result's assembly) stays there:
+    ``Session._prefetch_result`` takes the prefetched blocks from
+    :meth:`prefetched` and reads the rest itself.
     """
 
-    def _init_flights(self) -> None:
+    def __init__(self, *, router: Router, reports: ClockReports, run_id: str, rank: int, clock: ParticipantClock,
+                 buffers: dict, spares: dict, cache: ReadCache, metrics: dict, sync, submit, wait, api):
+        self._router, self._reports = router, reports
+        self._run_id, self._rank, self._clk = run_id, rank, clock
+        self._buffers, self._spares, self._cache, self._metrics = buffers, spares, cache, metrics
+        self._sync, self._submit, self._await, self._api = sync, submit, wait, api
+        self._closed = False
         self._flights: dict[str, list[Flight]] = {}  # per table, oldest first
         # The clock message in the background: (future, wait_for, clock).
         self._clock_flight: tuple[concurrent.futures.Future, int | None, int] | None = None
         self._prefetches: dict[str, weakref.WeakSet] = {}  # unconsumed PullHandles per table
-        # Every own push of the clocks below is acknowledged by every server.
-        self._settled = 0
-        # The placement versions the last clock message named (see _placement_seen).
+        # The placement versions the last clock message named (see placement_seen).
         self._claimed_versions: dict[str, int] = {}
         # Reads prefetched for the next clock, sent with its messages: (handle, fetch, need).
         self._deferred: list[tuple[PullHandle, dict, int | None]] = []
+
+    def __repr__(self):
+        return f"<InFlight run={self._run_id} rank={self._rank} clock={self._clk.current}>"
+
+    def close(self) -> None:
+        """The participant left: a placement change reports no clock any more."""
+        self._closed = True
+
+    def has_flights(self, name: str) -> bool:
+        return bool(self._flights.get(name))
 
     # --- flushes ---------------------------------------------------------------------------
     def _start_flush(self, name: str, submit: bool = True) -> Flight | None:
@@ -219,16 +242,16 @@ class InFlight:
         msgs = buf.messages(h)
         if buf.summed and not h.spec.allow_nonfinite:
             _check_sums_finite(name, msgs)
-        msg_seq = (self._clock << 24) + self._flushes_this_clock
-        self._flushes_this_clock += 1
+        msg_seq = (self._clk.current << 24) + self._clk.flushes
+        self._clk.flushes += 1
         flights = self._flights.setdefault(name, [])
         previous = flights[-1].future if flights else None
         if submit:
-            future = self._submit(self._send_in_order(previous, name, msgs, (self.run_id, self._clock), msg_seq,
+            future = self._submit(self._send_in_order(previous, name, msgs, (self._run_id, self._clk.current), msg_seq,
                                                       buf.bound))
         else:
             future = concurrent.futures.Future()  # set by _send_now
-        flight = Flight(name, h, msgs, msg_seq, self._clock, buf, future)
+        flight = Flight(name, h, msgs, msg_seq, self._clk.current, buf, future)
         flights.append(flight)
         for handle in self._prefetches.get(name, ()):
             handle.flushes.append(flight)
@@ -245,7 +268,7 @@ class InFlight:
         for f in flights:
             mine = self._flights[f.name]
             previous = mine[mine.index(f) - 1].future if mine.index(f) > 0 else None
-            calls.append(self._send_in_order(previous, f.name, f.msgs, (self.run_id, f.clock), f.msg_seq,
+            calls.append(self._send_in_order(previous, f.name, f.msgs, (self._run_id, f.clock), f.msg_seq,
                                              f.buf.bound))
         try:
             results = self._sync(gather_settled, calls)
@@ -260,7 +283,7 @@ class InFlight:
             else:
                 f.future.set_result(r)
 
-    def _finish_flights(self, name: str, block: bool = True) -> None:
+    def finish_flights(self, name: str, block: bool = True) -> None:
         """Book ``name``'s acknowledged flushes, oldest first (``block``: wait
         for all of them). A failed flush raises here; its pushes are lost."""
         flights = self._flights.get(name)
@@ -276,15 +299,22 @@ class InFlight:
                     self._flights.pop(name, None)
             self._flushed(flight, seqs)
 
-    def _reap(self) -> None:
+    def reap(self) -> None:
         """Book whatever finished in the background (at every call: cheap)."""
         for name in list(self._flights):
-            self._finish_flights(name, block=False)
+            self.finish_flights(name, block=False)
         if self._clock_flight is not None and self._clock_flight[0].done():
-            self._finish_clock()
+            self.finish_clock()
 
-    def _flush_async(self) -> PushHandle:
-        return PushHandle(self, [f for f in map(self._start_flush, list(self._buffers)) if f is not None])
+    def flush(self, wait: bool = True) -> PushHandle | None:
+        """Send every buffered push: and wait for every flush in flight, or
+        (``wait=False``) in the background, returning their handle."""
+        if not wait:
+            return PushHandle(self, [f for f in map(self._start_flush, list(self._buffers)) if f is not None])
+        self._flush_now(list(self._buffers))
+        for name in list(self._flights):
+            self.finish_flights(name)
+        return None
 
     def _flush_now(self, names) -> None:
         """Send the buffered pushes of tables ``names`` and wait (one hop)."""
@@ -292,12 +322,12 @@ class InFlight:
         if flights:
             self._send_now(flights)
         for name in {f.name for f in flights}:
-            self._finish_flights(name)
+            self.finish_flights(name)
 
-    def _flush_table(self, name: str) -> None:
+    def flush_table(self, name: str) -> None:
         """Send ``name``'s buffered pushes and wait for them."""
         self._flush_now([name])
-        self._finish_flights(name)
+        self.finish_flights(name)
 
     def _flushed(self, flight: Flight, seqs: dict[int, int]) -> None:
         """Book an acknowledged flush (the participant's thread, in order):
@@ -306,8 +336,8 @@ class InFlight:
         m = self._metrics[name]
         m.flushes += 1
         m.bytes_pushed += sum(v.nbytes for items in msgs.values() for _, _, v in items)
-        self._cache.write_through(name, msgs, seqs, self._own_writes_visible(h, flight.clock))
-        recorded = self._summed_per_clock(h)
+        self._cache.write_through(name, msgs, seqs, self._clk.own_writes_visible(h, flight.clock))
+        recorded = is_summed_per_clock(h)
         if recorded:
             # Kept until summed everywhere: never the caller's array (copy=False).
             self._cache.record_sent(name, flight.clock, msgs, flight.buf.borrowed)
@@ -322,6 +352,35 @@ class InFlight:
             self._spares[name] = spare  # sent and applied: reuse its memory next time
 
     # --- clock -------------------------------------------------------------------------
+    def send_clock(self, clock: int, wait_for: int | None, wait: bool = True) -> None:
+        """Count ``clock``: one message per server (issue 36) with this
+        clock's pushes there and the clock; under SSP the one to this
+        worker's server also waits until the slowest reached ``wait_for``.
+        The flushes in the background are acknowledged first. ``wait=False``:
+        the clock advances now and its messages are waited for at the next
+        ``finish_clock`` (the next clock, or a read that needs it)."""
+        flights = [f for f in (self._start_flush(n, submit=False) for n in list(self._buffers)) if f is not None]
+        others = [f.future for fl in self._flights.values() for f in fl if f not in flights]
+        reads, self._deferred = self._deferred, []  # prefetched for this clock: carried by its messages
+        future = self._submit(self._clock_message(flights, others, clock, wait_for, reads))
+        if not wait:
+            self._clk.advance(clock)
+            self._clock_flight = (future, wait_for, clock)
+            return
+        try:
+            m, seconds = self._await(future)
+        except Exception:
+            for name in list(self._flights):
+                self.finish_flights(name)  # a failed flush raises its own error first
+            raise
+        for name in list(self._flights):
+            self.finish_flights(name)
+        self._clk.advance(clock)
+        self._clk.settled = clock
+        if wait_for is not None:
+            self._clk.wait_seconds += seconds
+        self._clk.learn_min(m)
+
     async def _report_clock(self, pending, clock: int, wait_for):
         if pending:
             done, _ = await asyncio.wait([asyncio.wrap_future(f) for f in pending])
@@ -329,72 +388,8 @@ class InFlight:
                 # A write that did not reach its server: the clock must not count.
                 raise RuntimeError(f"clock {clock} not reported: a flush before it failed")
         t0 = time.perf_counter()
-        m = await self._to_servers("run_clock", clock=clock, wait_for=wait_for)
+        m = await self._reports.to_servers("run_clock", clock=clock, wait_for=wait_for)
         return m, time.perf_counter() - t0
-
-    async def _to_servers(self, op: str, clock: int, wait_for=None) -> float:
-        """Report ``clock`` to every server of the run (``op="run_clock"``;
-        the servers count the clocks, issue 36), or park until the run's
-        minimum reaches ``clock`` (``op="run_wait"``). A wait (``wait_for``
-        of a report, SSP) goes to one server: this worker's own if it is
-        one (no message), since any server's minimum bounds the whole run's
-        (``_runclocks``). Returns the highest minimum a server answered."""
-        rec = await self._plugin.runs.get(self.run_id)
-        me, dead = self.worker.address, self._router.transport.liveness.dead
-        servers = [a for a in rec.servers if a not in dead] or [me]
-        waiter = me if me in servers else servers[0]
-        if op == "run_clock":
-            targets = servers
-            calls = [self._to_server(a, op, clock=clock, wait_for=wait_for if a == waiter else None, rank=self.rank)
-                     for a in servers]
-            need = wait_for
-        else:
-            targets, calls, need = [waiter], [self._to_server(waiter, op, clock=clock)], clock
-        results = await gather_settled(calls)
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-        m = max([math.inf if r is None else r for r in results if r is not _GONE], default=0)
-        if need is not None and results[targets.index(waiter)] is _GONE:  # it left: wait at another
-            m = max(m, await self._to_servers("run_wait", clock=need))
-        return m
-
-    async def _run_wide_clock(self) -> int:
-        """The highest run-wide clock a server of the run has of this
-        participant (a retried one resumes there: every push before it is
-        on every server)."""
-        rec = await self._plugin.runs.get(self.run_id)
-        dead = self._router.transport.liveness.dead
-        got = await gather_settled([self._router.transport.run_call(a, "run_clocks", _config.get_seconds("timeouts.rpc"),
-                                                                    run_id=self.run_id)
-                                    for a in rec.servers if a not in dead])
-        return max([int(g["clocks"][self.rank]) for g in got if isinstance(g, dict) and g.get("clocks")], default=0)
-
-    async def _to_server(self, addr: str, op: str, **msg):
-        """One clock call, retried until it is answered, the server leaves
-        (``_GONE``) or ``ps.timeouts.failover`` passes: a live server that
-        missed a clock would hold every read that waits on it."""
-        clock_timeout, rpc_timeout = _config.get_seconds("timeouts.clock"), _config.get_seconds("timeouts.rpc")
-        waits = op == "run_wait" or msg.get("wait_for") is not None
-        seconds = clock_timeout + rpc_timeout if waits else rpc_timeout
-        deadline = time.monotonic() + _config.get_seconds("timeouts.failover")
-        delay = 0.02
-        while True:
-            try:
-                return await self._router.transport.run_call(addr, op, seconds, run_id=self.run_id,
-                                                              timeout=clock_timeout, **msg)
-            except WorkerGone:
-                return _GONE
-            except PSError:  # the server's answer (a timeout of the wait, an aborted run): no retry
-                raise
-            except (OSError, CommClosedError, TimeoutError) as e:  # a connection lost or slow: again
-                if addr in self._router.transport.liveness.dead:
-                    return _GONE
-                if time.monotonic() > deadline:
-                    raise PSError(f"{self!r}: server {addr} did not answer its {op} for "
-                                  f"ps.timeouts.failover: {e!r}") from e
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, 0.5)
 
     # --- one message per server per clock (issue 36) ------------------------------------
     def _combinable(self, flights: list[Flight]) -> list | None:
@@ -431,13 +426,10 @@ class InFlight:
                     raise RuntimeError(f"clock {clock} not reported: a flush before it failed")
             t0 = time.perf_counter()
             parts = self._combinable(flights)
-            rec = await self._plugin.runs.get(self.run_id)
-            me, dead = self.worker.address, self._router.transport.liveness.dead
-            servers = [a for a in rec.servers if a not in dead]
+            servers, waiter = await self._reports.live_servers()
             if parts is None or not servers or any(a not in servers for f in flights for a in f.msgs):
                 self._read_apart(reads)
                 return await self._clock_by_pushes(flights, clock, wait_for)
-            waiter = me if me in servers else servers[0]
             versions = {n: h.version for n, h in self._router.handles.items()}
             self._claimed_versions = dict(versions)
             by_server = {a: [] for a in servers}
@@ -448,10 +440,10 @@ class InFlight:
             seconds, clock_s = _config.get_seconds("timeouts.rpc"), _config.get_seconds("timeouts.clock")
             calls = [self._router.transport.clock_message(
                 addr, seconds + (clock_s if (addr == waiter and wait_for is not None) or by_read.get(addr) else 0),
-                [(f.h, items, (self.run_id, f.clock), self._router.sender, f.msg_seq, f.buf.bound, lease)
+                [(f.h, items, (self._run_id, f.clock), self._router.sender, f.msg_seq, f.buf.bound, lease)
                  for f, items, lease in ps],
                 reads=[(p.h, es, extra) for p, es, extra in by_read.get(addr, ())],
-                run_id=self.run_id, rank=self.rank, clock=clock, versions=versions,
+                run_id=self._run_id, rank=self._rank, clock=clock, versions=versions,
                 wait_for=wait_for if addr == waiter else None, timeout=clock_s)
                 for addr, ps in by_server.items()]
             replies = await gather_settled(calls)
@@ -472,10 +464,11 @@ class InFlight:
                         mine[b] = max(mine.get(b, 0), sq)
             for f in flights:
                 f.future.set_result(seqs[id(f)])
-            self._settled = max(self._settled, clock)
+            self._clk.settled = max(self._clk.settled, clock)
             if any(h.version > versions.get(n, h.version) for n, h in self._router.handles.items()):
-                # A placement seen while this message was in flight (see _placement_seen).
-                asyncio.ensure_future(self._to_servers("run_clock", clock=clock)).add_done_callback(_log_failure)
+                # A placement seen while this message was in flight (see placement_seen).
+                task = asyncio.ensure_future(self._reports.to_servers("run_clock", clock=clock))
+                task.add_done_callback(_log_failure)
             m = max([math.inf if r["min"] is None else r["min"] for r in replies], default=0)
             return m, time.perf_counter() - t0
         except BaseException as e:
@@ -501,8 +494,8 @@ class InFlight:
                 apart.append((p, fetch, need_at))
                 continue
             # Read in the clock it is for, after this participant's clock counted there.
-            p.tag, p.clock = max(p.tag, self._known_min), clock
-            extra = {"run": (self.run_id, None if p.tag == math.inf else int(p.tag)), "sender": self._router.sender}
+            p.tag, p.clock = max(p.tag, self._clk.known_min), clock
+            extra = {"run": (self._run_id, None if p.tag == math.inf else int(p.tag)), "sender": self._router.sender}
             if need_at is not None and p.tag < need_at:
                 extra["wait"] = int(need_at)
             for a, es in by_addr.items():
@@ -555,7 +548,7 @@ class InFlight:
 
             asyncio.ensure_future(read())
 
-    def _placement_seen(self, h: TableHandle) -> None:
+    def placement_seen(self, h: TableHandle) -> None:
         """(The router's ``on_handle``, on the event loop.) A newer placement
         of a table than this session's last clock message named: the servers
         count that message's clock for their blocks of that table no more
@@ -566,12 +559,12 @@ class InFlight:
         sent = self._claimed_versions.get(h.spec.name)
         if sent is not None and h.version > sent and not self._closed:
             self._claimed_versions[h.spec.name] = h.version
-            task = asyncio.ensure_future(self._to_servers("run_clock", clock=self._settled))
+            task = asyncio.ensure_future(self._reports.to_servers("run_clock", clock=self._clk.settled))
             task.add_done_callback(_log_failure)
 
     async def _clock_by_pushes(self, flights: list[Flight], clock: int, wait_for):
         """The clock as pushes, then a report after them (every server)."""
-        results = await gather_settled([self._router.send(f.name, f.msgs, run=(self.run_id, f.clock),
+        results = await gather_settled([self._router.send(f.name, f.msgs, run=(self._run_id, f.clock),
                                                           msg_seq=f.msg_seq, bound=f.buf.bound) for f in flights])
         for f, r in zip(flights, results):
             if isinstance(r, BaseException):
@@ -580,7 +573,7 @@ class InFlight:
                 f.future.set_result(r)
         return await self._report_clock([f.future for f in flights], clock, wait_for)
 
-    def _finish_clock(self) -> None:
+    def finish_clock(self) -> None:
         """Wait for the clock reported in the background (flush errors first)."""
         if self._clock_flight is None:
             return
@@ -591,19 +584,32 @@ class InFlight:
             m, _ = self._await(future)
         except Exception:
             for name in list(self._flights):
-                self._finish_flights(name)  # a failed flush raises its own error first
+                self.finish_flights(name)  # a failed flush raises its own error first
             raise
         if wait_for is not None:
-            self._clock_wait += time.perf_counter() - t0
-        self._settled = max(self._settled, clock)
-        self._known_min = float("inf") if m is None else max(self._known_min, m)
+            self._clk.wait_seconds += time.perf_counter() - t0
+        self._clk.settled = max(self._clk.settled, clock)
+        self._clk.learn_min(m)
 
-    def _finish_all(self) -> None:
+    def finish_all(self) -> None:
         for name in list(self._flights):
-            self._finish_flights(name)
-        self._finish_clock()
+            self.finish_flights(name)
+        self.finish_clock()
 
-    def _cancel_prefetches(self) -> None:
+    def abandon(self) -> None:
+        """The participant failed: let the flushes in flight end (their
+        errors are not the failure's cause) and send no clock any more."""
+        if self._clock_flight is not None:
+            self._clock_flight[0].cancel()  # may wait for the others: not after an error
+            self._clock_flight = None
+        for name in list(self._flights):
+            while self._flights.get(name):
+                try:
+                    self.finish_flights(name)
+                except Exception as e:
+                    logger.debug("dask_ps: %r: a flush failed after an error: %r", self, e)
+
+    def cancel_prefetches(self) -> None:
         """The participant ends: reads started and never consumed stop."""
         self._deferred.clear()
         for handles in self._prefetches.values():
@@ -613,41 +619,21 @@ class InFlight:
         self._prefetches.clear()
 
     # --- prefetch ------------------------------------------------------------------------
-    def _prefetch(self, h: TableHandle, reqs: dict, uniq, inverse, for_clock: int | None) -> PullHandle:
-        """Start reading ``reqs`` (block -> local rows or None) for a read at
-        clock ``for_clock`` (None: now). Blocks a cached copy serves now are
-        left to the cache; value-bounded tables are read at ``result()``."""
-        name = h.spec.name
-        for_clock = self._clock if for_clock is None else for_clock
-        if not isinstance(for_clock, int) or isinstance(for_clock, bool) or for_clock < self._clock:
-            raise ValueError(f"table {name!r}: for_clock must be a clock >= the current one ({self._clock}), "
-                             f"got {for_clock!r}")
-        handle = PullHandle(self, h, reqs, uniq, inverse, None, tag=self._known_min, clock=self._clock,
-                            for_clock=for_clock)
-        if not self._cacheable(h) or not reqs:
-            return handle
-        need, refresh = self._required_tag(h), h.spec.consistency.refreshes
-        cache = self._cache.blocks.get(name, {})
-        fetch = {}
-        for b, rows in reqs.items():
-            e = cache.get(b)
-            if not (for_clock == self._clock and self._cache.usable(e, need, refresh, self._clock)
-                    and e.covers(rows)):
-                fetch[b] = None if self._dense_read(h, b, rows) else rows
-        if fetch:
-            s = h.spec.consistency.staleness
-            need_at = None if need is None else for_clock - s
+    def read_ahead(self, p: PullHandle, fetch: dict, need_at: int | None) -> None:
+        """Start the read ``p`` needs from the servers (``fetch``: block ->
+        local rows or None; the session left to its cache what a cached copy
+        serves): parked until their bound for ``need_at`` holds. A read for
+        the next clock goes with that clock's messages."""
+        name = p.h.spec.name
+        if p.for_clock == self._clk.current + 1:
+            # The next clock's read goes with that clock's messages (one
+            # message per server per clock: _clock_message).
+            p.future = concurrent.futures.Future()
+            self._deferred.append((p, fetch, need_at))
+        else:
             flights = self._flights.get(name)
-            if for_clock == self._clock + 1:
-                # The next clock's read goes with that clock's messages (one
-                # message per server per clock: _clock_message).
-                handle.future = concurrent.futures.Future()
-                self._deferred.append((handle, fetch, need_at))
-            else:
-                handle.future = self._submit(self._fetch_ahead(
-                    flights[-1].future if flights else None, handle, fetch, need_at))
-            self._prefetches.setdefault(name, weakref.WeakSet()).add(handle)
-        return handle
+            p.future = self._submit(self._fetch_ahead(flights[-1].future if flights else None, p, fetch, need_at))
+        self._prefetches.setdefault(name, weakref.WeakSet()).add(p)
 
     async def _fetch_ahead(self, previous, p: PullHandle, fetch: dict, need_at):
         """On the event loop: wait (for the table's flushes in flight, and for
@@ -657,66 +643,47 @@ class InFlight:
         # every update of the clocks below the min clock known now, or (a
         # read parked at its servers until their bound for the clock it is
         # for holds) below what each server says (``p.tags``).
-        p.tag, p.clock = max(p.tag, self._known_min), self._clock
+        p.tag, p.clock = max(p.tag, self._clk.known_min), self._clk.current
         extra = {}
         if need_at is not None and p.tag < need_at:
             extra["wait"], extra["replicas"] = int(need_at), False  # at the primaries (see Session._read)
         by_addr: dict[str, list] = {}
         for b, rows in fetch.items():
             by_addr.setdefault(p.h.primary(b), []).append((b, rows))
-        run = (self.run_id, None if p.tag == float("inf") else int(p.tag))
+        run = (self._run_id, None if p.tag == float("inf") else int(p.tag))
         return await self._router.fetch(p.h.spec.name, by_addr, summed=p.summed, applied=p.applied, run=run,
                                         tags=p.tags, sender=self._router.sender, **extra)
 
-    def _prefetch_result(self, p: PullHandle):
-        with self._api():
-            self._reap()
-            name = p.h.spec.name
-            h = self._handle(name)
-            self._finish_flights(name)  # own writes in flight: booked (write-through, own sent pushes)
-            parts = {}
-            if p.future is not None:
-                self._prefetches.get(name, weakref.WeakSet()).discard(p)
-                if p.for_clock > self._clock and not p.future.done():
-                    # Read before the clock it was for: its fetch may wait for
-                    # this very participant's clock; read now instead.
-                    self._deferred = [d for d in self._deferred if d[0] is not p]
-                    got = {}
-                else:
-                    try:
-                        got = self._await(p.future)
-                    except Exception as e:  # read again below: it raises if the cause persists
-                        logger.debug("dask_ps: prefetch of %r failed (%r); reading again", name, e)
-                        got = {}
-                parts = self._take_prefetched(h, p, got)
-            rest = {b: rows for b, rows in p.reqs.items() if b not in parts}
-            m = self._metrics[name]
-            if rest:
-                parts.update(self._read(h, rest))
-            else:
-                m.reads += 1
-                self._record_staleness(m, min([p.block_tag(b) for b in parts] or [p.tag]))
-            if parts and not rest:
-                m.prefetch_hits += 1
-            elif p.future is not None:
-                m.prefetch_rereads += 1
-            if p.uniq is None:
-                return self._assemble_dense(h, parts)
-            return self._assemble_rows(h, p.uniq, p.inverse, p.reqs, parts)
+    def prefetched(self, h: TableHandle, p: PullHandle) -> dict:
+        """The blocks ``p`` prefetched that may serve its read now (``h``:
+        the table's handle now), own writes added; the session reads the
+        rest. Own flushes of the table are booked already."""
+        self._prefetches.get(h.spec.name, weakref.WeakSet()).discard(p)
+        if p.for_clock > self._clk.current and not p.future.done():
+            # Read before the clock it was for: its fetch may wait for
+            # this very participant's clock; read now instead.
+            self._deferred = [d for d in self._deferred if d[0] is not p]
+            return {}
+        try:
+            got = self._await(p.future)
+        except Exception as e:  # read again by the session: it raises if the cause persists
+            logger.debug("dask_ps: prefetch of %r failed (%r); reading again", h.spec.name, e)
+            return {}
+        return self._take_prefetched(h, p, got)
 
     def _prefetch_fresh(self, h: TableHandle, p: PullHandle) -> bool:
         """Whether values fetched as ``p`` was issued may serve a read now."""
         if h.version != p.h.version or h.spec.table_id != p.h.spec.table_id:
             return False
-        if self._clock in self._resumed_clocks:
-            return False  # reads what the servers have: see Session._own_writes_visible
+        if self._clk.current in self._clk.resumed:
+            return False  # reads what the servers have: see ParticipantClock.own_writes_visible
         if not h.spec.rule.additive and (p.flushes or self._buffers.get(h.spec.name)):
             return False  # the servers compute own writes of other rules: read them there
-        need = self._required_tag(h)
+        need = self._clk.required_tag(h)
         if need is None:  # ASP: read-my-writes only; fetched in this clock or the one before
-            return p.clock >= self._clock - 1
+            return p.clock >= self._clk.current - 1
         tag = min([p.block_tag(b) for b in p.tags] or [p.tag])
-        return tag >= need and (not h.spec.consistency.refreshes or p.clock == self._clock)
+        return tag >= need and (not h.spec.consistency.refreshes or p.clock == self._clk.current)
 
     def _take_prefetched(self, h: TableHandle, p: PullHandle, got: dict) -> dict:
         """The prefetched blocks that may serve the read now, with own writes
@@ -725,10 +692,10 @@ class InFlight:
         if not got or not self._prefetch_fresh(h, p):
             return {}
         name = h.spec.name
-        summed_per_clock = self._summed_per_clock(h)
+        summed_per_clock = is_summed_per_clock(h)
         if summed_per_clock:
             self._cache.drop_summed(name, p.tag)  # the servers applied every clock < tag before answering
-        need, refresh = self._required_tag(h), h.spec.consistency.refreshes
+        need, refresh = self._clk.required_tag(h), h.spec.consistency.refreshes
         cache = self._cache.table(name)
         out = {}
         for b, (rows, seq, vals) in got.items():
@@ -743,7 +710,7 @@ class InFlight:
                 if vals is None:
                     continue
             e = CacheEntry(p.block_tag(b), seq, p.clock, rows, vals)
-            if not self._cache.usable(cache.get(b), need, refresh, self._clock):
+            if not self._cache.usable(cache.get(b), need, refresh, self._clk.current):
                 cache[b] = e
             out[b] = e.take(p.reqs[b]) if rows is not p.reqs[b] else e.values
         return out

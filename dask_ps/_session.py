@@ -3,7 +3,7 @@
 :class:`Session` is the participant's connection to the run and its
 consistency rules: it joins and leaves the run, keeps the participant's
 clock, buffers pushes (oplog) until ``flush()``/``clock()``, and decides
-when a read may use the cache and when it waits. It is made of three parts,
+when a read may use the cache and when it waits. It is made of four parts,
 one job each:
 
 * this module: the connection (the worker's event loop, the router, the
@@ -13,8 +13,12 @@ one job each:
 * :mod:`dask_ps._cache`: the blocks read (``ReadCache``), their
   invalidation and the own writes that must show in them;
 * :mod:`dask_ps._flights`: what is in flight (flushes, the clock's
-  report, reads started ahead) and the order it keeps (``InFlight``, a
-  base class of ``Session``).
+  messages, reads started ahead) and the order it keeps (``InFlight``, a
+  member: ``Session._in_flight``, handed the router, the buffers, the
+  cache and the clock it uses, not the session);
+* :mod:`dask_ps._participant_state`: what the session shares with it
+  (``ParticipantClock``, the per-table ``TableMetrics``) and the clock's
+  own calls to the servers (``ClockReports``, ``Session._reports``).
 
 Its methods run in the participant's task thread and hand network work to
 the worker's event loop with ``asyncio.run_coroutine_threadsafe``, waiting
@@ -43,7 +47,6 @@ import math
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
 
 import numpy as np
 from distributed import get_worker, secede
@@ -54,43 +57,13 @@ from dask_ps._exceptions import RunEndedError
 from dask_ps._flights import InFlight, PullHandle, PushHandle, _result_of
 from dask_ps._handlers import InternalRPC
 from dask_ps._oplog import PushBuffer
+from dask_ps._participant_state import ClockReports, CountedRPC, ParticipantClock, TableMetrics, is_summed_per_clock
 from dask_ps._routing import TableHandle
 from dask_ps._spec import check_row_request, check_rows_sorted, check_values
 from dask_ps._transport import Router, running_loop, wait_on
 from dask_ps.consistency import ASP
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TableMetrics:
-    reads: int = 0
-    cache_hits: int = 0
-    wait_seconds: float = 0.0
-    staleness: Counter = field(default_factory=Counter)
-    bytes_pushed: int = 0
-    bytes_pulled: int = 0
-    flushes: int = 0
-    eager_fills: int = 0  # ESSP: blocks refreshed by a server push
-    refetches: int = 0  # refresh=True: blocks fetched although the cached copy met the bound
-    prefetch_hits: int = 0  # prefetched reads served entirely by what was prefetched
-    prefetch_rereads: int = 0  # prefetched reads that read (some blocks) again at result()
-
-    def to_dict(self) -> dict:
-        return {
-            "reads": self.reads,
-            "cache_hits": self.cache_hits,
-            "cache_hit_rate": self.cache_hits / self.reads if self.reads else 0.0,
-            "wait_seconds": self.wait_seconds,
-            "staleness": dict(sorted(self.staleness.items())),
-            "bytes_pushed": self.bytes_pushed,
-            "bytes_pulled": self.bytes_pulled,
-            "flushes": self.flushes,
-            "eager_fills": self.eager_fills,
-            "refetches": self.refetches,
-            "prefetch_hits": self.prefetch_hits,
-            "prefetch_rereads": self.prefetch_rereads,
-        }
 
 
 def ps_call(method):
@@ -100,7 +73,7 @@ def ps_call(method):
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         with self._api():
-            self._reap()
+            self._in_flight.reap()
             return method(self, *args, **kwargs)
 
     return call
@@ -126,7 +99,7 @@ class _ApiTimer:
         return False
 
 
-class Session(InFlight):
+class Session:
     """One participant's handle: ``pull → compute → push → clock()``.
 
     Created by :meth:`ParameterServer.run` on a worker; user code receives it
@@ -158,8 +131,8 @@ class Session(InFlight):
         # Every message this session sends, by kind (metrics()["messages"]);
         # the scheduler's calls counted as "scheduler" (none per clock).
         self._sent: Counter = Counter()
-        self._scheduler = _Counted((InternalRPC(self.worker.scheduler, plugin.internal_token) if plugin is not None
-                                    else self.worker.scheduler), self._sent)
+        self._scheduler = CountedRPC((InternalRPC(self.worker.scheduler, plugin.internal_token) if plugin is not None
+                                      else self.worker.scheduler), self._sent)
         # The sender id is stable across retries of this participant's task, and
         # flushes are numbered by (clock, n-th flush in the clock): a retried
         # participant that repeats a clock's pushes has them applied once. It
@@ -173,29 +146,32 @@ class Session(InFlight):
             latest_versions=plugin.latest_versions if plugin is not None else None,
         )
         self._router.transport.sent = self._sent
-        self._router.on_handle = self._placement_seen  # see InFlight._placement_seen
-        self._flushes_this_clock = 0
         self._key = f"{run_id}-{rank}-{uuid.uuid4().hex[:8]}"  # ESSP mailbox of this session
         self._notifying = False
         self._buffers: dict[str, PushBuffer] = {}
         self._spares: dict[str, object] = {}
         self._cache = ReadCache()
         self._metrics: dict[str, TableMetrics] = {}
-        self._clock_wait = 0.0
         self._staleness_used: int | None = None  # the tightest bound among tables used
-        self._clock = 0
-        self._resumed_clocks: tuple[int, ...] = ()  # a retried attempt's first clocks (see _join)
-        self._known_min = 0.0
-        self._closed = False
+        self._clk = ParticipantClock()  # this participant's clock, shared with what is in flight
         self._api_depth = 0
         self._api_entered = 0.0
         self._ps_seconds = 0.0  # time in ctx calls
         self._blocked_seconds = 0.0  # of which waiting on the event loop (network, servers, others)
         self._started = time.perf_counter()
-        self._init_flights()
+        # The clock's calls to the servers of the run, and what is in flight
+        # (flushes, clock messages, reads ahead): members handed what they
+        # use, sharing the buffers, the cache and the clock with the read path here.
+        self._reports = ClockReports(self._router.transport, plugin.runs if plugin is not None else None,
+                                     self.worker.address, run_id, rank)
+        self._in_flight = InFlight(
+            router=self._router, reports=self._reports, run_id=run_id, rank=rank, clock=self._clk,
+            buffers=self._buffers, spares=self._spares, cache=self._cache, metrics=self._metrics,
+            sync=self._sync, submit=self._submit, wait=self._await, api=self._api)
+        self._router.on_handle = self._in_flight.placement_seen  # see InFlight.placement_seen
 
     def __repr__(self):
-        return f"<Session run={self.run_id} rank={self.rank}/{self.n_participants} clock={self._clock}>"
+        return f"<Session run={self.run_id} rank={self.rank}/{self.n_participants} clock={self._clk.current}>"
 
     def _sync(self, fn, *args, **kwargs):
         """Run the coroutine ``fn(*args, **kwargs)`` on the worker's event
@@ -231,7 +207,7 @@ class Session(InFlight):
 
     # --- lifecycle ---------------------------------------------------------------------
     def _join(self):
-        self._clock, attempt = self._sync(
+        self._clk.current, attempt = self._sync(
             self._scheduler.ps_run_join, run_id=self.run_id, rank=self.rank, address=self.worker.address,
             with_attempt=True,
         )
@@ -245,37 +221,29 @@ class Session(InFlight):
         if attempt > 1:
             # The run-wide clock, not a progress the scheduler sampled: a
             # clock message may have reached some servers only.
-            self._clock = min(self._clock, self._sync(self._run_wide_clock))
-        self._resumed_clocks = (self._clock, self._clock + 1) if attempt > 1 else ()
-        if attempt > 1 and self._clock > 0:
+            self._clk.current = min(self._clk.current, self._sync(self._reports.run_wide_clock))
+        self._clk.resumed = (self._clk.current, self._clk.current + 1) if attempt > 1 else ()
+        if attempt > 1 and self._clk.current > 0:
             # The clock the run has of it may have reached some servers only
             # (the task stopped while reporting it): every server gets it.
-            self._sync(self._to_servers, "run_clock", clock=self._clock)
-        self._known_min = 0
-        self._settled = self._clock
+            self._sync(self._reports.to_servers, "run_clock", clock=self._clk.current)
+        self._clk.known_min = 0
+        self._clk.settled = self._clk.current
         if _config.get_seconds("process-read-window") > 0:
             self._router.transport.combiner = _process_cache.acquire(self.run_id)
         self._started = time.perf_counter()
         self._ps_seconds = self._blocked_seconds = 0.0
 
     def _leave(self, ok: bool):
-        self._cancel_prefetches()
+        self._in_flight.cancel_prefetches()
         try:
             if ok:
                 self.flush()
-                self._finish_all()
+                self._in_flight.finish_all()
             else:  # let the flushes in flight end (their errors are not this exception's cause)
-                if self._clock_flight is not None:
-                    self._clock_flight[0].cancel()  # may wait for the others: not after an error
-                    self._clock_flight = None
-                for name in list(self._flights):
-                    while self._flights.get(name):
-                        try:
-                            self._finish_flights(name)
-                        except Exception as e:
-                            logger.debug("dask_ps: %r: a flush failed after an error: %r", self, e)
+                self._in_flight.abandon()
         finally:
-            self._closed = True
+            self._in_flight.close()
             self._router.transport.combiner = None  # the last participant of the run here frees its combiner
             self._sync(
                 self._scheduler.ps_run_leave, run_id=self.run_id, rank=self.rank, metrics=self.metrics()
@@ -284,7 +252,7 @@ class Session(InFlight):
     @property
     def current_clock(self) -> int:
         """Number of ``clock()`` calls completed by this participant."""
-        return self._clock
+        return self._clk.current
 
     def metrics(self) -> dict:
         """This participant's counters, per table, and where its time went:
@@ -302,9 +270,9 @@ class Session(InFlight):
         sent = dict(self._sent)
         return {
             "messages": sent,
-            "messages_per_clock": {k: v / self._clock for k, v in sent.items()} if self._clock else {},
-            "clock": self._clock,
-            "clock_wait_seconds": self._clock_wait,
+            "messages_per_clock": {k: v / self._clk.current for k, v in sent.items()} if self._clk.current else {},
+            "clock": self._clk.current,
+            "clock_wait_seconds": self._clk.wait_seconds,
             "compute_seconds": max(0.0, elapsed - self._ps_seconds),
             "ps_seconds": self._ps_seconds,
             "ps_blocked_seconds": self._blocked_seconds,
@@ -331,21 +299,6 @@ class Session(InFlight):
                 self._sync(self._scheduler.ps_run_notify, run_id=self.run_id)
                 self._notifying = True
         return h
-
-    def _own_writes_visible(self, h: TableHandle, clock: int | None = None) -> bool:
-        """Whether this session can add its own updates to what it reads (a
-        sum). Otherwise the server computes the result (an optimizer step,
-        or a sum in the clock a retried task repeats, which may count a
-        push already) and reads flush pending pushes first."""
-        # ``clock``: of a write (a flush booked after the clock advanced).
-        return h.spec.rule.additive and (self._clock if clock is None else clock) not in self._resumed_clocks
-
-    @staticmethod
-    def _summed_per_clock(h: TableHandle) -> bool:
-        """A sum table with aggregate="clock": the servers hold a push until
-        its clock is complete everywhere, so this session adds its own sent
-        pushes the servers have not summed yet to what it fetches (read-my-writes)."""
-        return h.spec.rule.additive and h.spec.aggregate == "clock"
 
     # --- push ------------------------------------------------------------------------
     @ps_call
@@ -411,7 +364,7 @@ class Session(InFlight):
         if bound is not None and self._buffers[h.spec.name].max_abs() > bound / self.n_participants:
             # VAP: this participant's invisible updates may not exceed v / P
             # per element, so the run's total never exceeds v.
-            self._flush_table(h.spec.name)
+            self._in_flight.flush_table(h.spec.name)
 
     @ps_call
     def flush(self, wait: bool = True) -> PushHandle | None:
@@ -422,12 +375,7 @@ class Session(InFlight):
         later read of a table waits for its flushes, and ``clock()`` reports
         the clock only once they were acknowledged.
         """
-        if not wait:
-            return self._flush_async()
-        self._flush_now(list(self._buffers))
-        for name in list(self._flights):
-            self._finish_flights(name)
-        return None
+        return self._in_flight.flush(wait)
 
     # --- clock --------------------------------------------------------------------------
     @ps_call
@@ -445,33 +393,11 @@ class Session(InFlight):
         ``clock()`` first waits for this one's report (so a participant is
         never more than one clock past what the servers know).
         """
-        self._finish_clock()  # the previous clock's report, if in the background
-        clock = self._clock + 1
+        self._in_flight.finish_clock()  # the previous clock's report, if in the background
+        clock = self._clk.current + 1
         wait_for = None if self._staleness_used is None else clock - self._staleness_used
         self._retire_entries_unusable_at(clock)  # before the flush: not written through for nothing
-        # One message per server (issue 36): this clock's pushes there and
-        # the clock; under SSP the one to this worker's server also waits for
-        # the slowest. The flushes in the background are acknowledged first.
-        flights = [f for f in (self._start_flush(n, submit=False) for n in list(self._buffers)) if f is not None]
-        others = [f.future for fl in self._flights.values() for f in fl if f not in flights]
-        reads, self._deferred = self._deferred, []  # prefetched for this clock: carried by its messages
-        future = self._submit(self._clock_message(flights, others, clock, wait_for, reads))
-        if not wait:
-            self._clock, self._flushes_this_clock = clock, 0
-            self._clock_flight = (future, wait_for, clock)
-            return
-        try:
-            m, seconds = self._await(future)
-        except Exception:
-            for name in list(self._flights):
-                self._finish_flights(name)  # a failed flush raises its own error first
-            raise
-        for name in list(self._flights):
-            self._finish_flights(name)
-        self._clock, self._flushes_this_clock, self._settled = clock, 0, clock
-        if wait_for is not None:
-            self._clock_wait += seconds
-        self._known_min = float("inf") if m is None else max(self._known_min, m)
+        self._in_flight.send_clock(clock, wait_for, wait)
 
     def _retire_entries_unusable_at(self, clock: int) -> None:
         """Mark the cached blocks no read at ``clock`` may use
@@ -486,17 +412,9 @@ class Session(InFlight):
             h = self._router.handles.get(name)
             if h is None or h.spec.consistency.name == "essp":
                 continue
-            self._cache.retire_unusable(name, self._required_tag(h, clock), h.spec.consistency.refreshes, clock)
+            self._cache.retire_unusable(name, self._clk.required_tag(h, clock), h.spec.consistency.refreshes, clock)
 
     # --- pull ------------------------------------------------------------------------------
-    def _required_tag(self, h: TableHandle, clock: int | None = None) -> float | None:
-        """Minimum cache tag a read of ``h`` needs now, or at ``clock``
-        (None: never wait, ASP)."""
-        c = h.spec.consistency
-        if isinstance(c, ASP) or c.staleness is None:
-            return None
-        return (self._clock if clock is None else clock) - c.staleness
-
     def _cacheable(self, h: TableHandle) -> bool:
         # VAP reads see the servers directly: a cached copy would hide others'
         # visible updates beyond the value bound.
@@ -581,6 +499,56 @@ class Session(InFlight):
         h, reqs, uniq, inverse = self._row_read(name, rows)
         return self._prefetch(h, reqs, uniq, inverse, for_clock)
 
+    def _prefetch(self, h: TableHandle, reqs: dict, uniq, inverse, for_clock: int | None) -> PullHandle:
+        """Start reading ``reqs`` (block -> local rows or None) for a read at
+        clock ``for_clock`` (None: now). Blocks a cached copy serves now are
+        left to the cache; value-bounded tables are read at ``result()``."""
+        name, clock = h.spec.name, self._clk.current
+        for_clock = clock if for_clock is None else for_clock
+        if not isinstance(for_clock, int) or isinstance(for_clock, bool) or for_clock < clock:
+            raise ValueError(f"table {name!r}: for_clock must be a clock >= the current one ({clock}), "
+                             f"got {for_clock!r}")
+        handle = PullHandle(self, h, reqs, uniq, inverse, None, tag=self._clk.known_min, clock=clock,
+                            for_clock=for_clock)
+        if not self._cacheable(h) or not reqs:
+            return handle
+        need, refresh = self._clk.required_tag(h), h.spec.consistency.refreshes
+        cache = self._cache.blocks.get(name, {})
+        fetch = {}
+        for b, rows in reqs.items():
+            e = cache.get(b)
+            if not (for_clock == clock and self._cache.usable(e, need, refresh, clock) and e.covers(rows)):
+                fetch[b] = None if self._dense_read(h, b, rows) else rows
+        if fetch:
+            s = h.spec.consistency.staleness
+            self._in_flight.read_ahead(handle, fetch, None if need is None else for_clock - s)
+        return handle
+
+    def _prefetch_result(self, p: PullHandle):
+        """``p.result()``: what it prefetched that may serve the read now
+        (:meth:`InFlight.prefetched <dask_ps._flights.InFlight.prefetched>`),
+        the rest read now."""
+        with self._api():
+            self._in_flight.reap()
+            name = p.h.spec.name
+            h = self._handle(name)
+            self._in_flight.finish_flights(name)  # own writes in flight: booked (write-through, own sent pushes)
+            parts = self._in_flight.prefetched(h, p) if p.future is not None else {}
+            rest = {b: rows for b, rows in p.reqs.items() if b not in parts}
+            m = self._metrics[name]
+            if rest:
+                parts.update(self._read(h, rest))
+            else:
+                m.reads += 1
+                self._record_staleness(m, min([p.block_tag(b) for b in parts] or [p.tag]))
+            if parts and not rest:
+                m.prefetch_hits += 1
+            elif p.future is not None:
+                m.prefetch_rereads += 1
+            if p.uniq is None:
+                return self._assemble_dense(h, parts)
+            return self._assemble_rows(h, p.uniq, p.inverse, p.reqs, parts)
+
     def _row_read(self, name: str, rows):
         """``(handle, reqs, uniq, inverse)`` of a read of ``rows``: validated
         and coalesced in one pass, ``reqs[block]`` the block's local rows
@@ -613,7 +581,7 @@ class Session(InFlight):
                 start, stop = h.spec.block_bounds(b)
                 out[start:stop] = arr
         buf = self._buffers.get(name)
-        if buf and self._own_writes_visible(h):
+        if buf and self._clk.own_writes_visible(h):
             out = buf.overlay_dense(out, owned=True)
         return out
 
@@ -629,7 +597,7 @@ class Session(InFlight):
             else:  # no copy of a fresh reply nobody else holds
                 out = chunks[0] if self._owned(name, next(iter(reqs)), chunks[0]) else chunks[0].copy()
         buf = self._buffers.get(name)
-        if buf and self._own_writes_visible(h):
+        if buf and self._clk.own_writes_visible(h):
             out = buf.overlay_rows(uniq, out, owned=True)
         if inverse is not None:
             out = out[_backend.namespace(out).asarray(inverse)]
@@ -641,10 +609,10 @@ class Session(InFlight):
         name = h.spec.name
         m = self._metrics[name]
         m.reads += 1
-        self._finish_flights(name)  # own flushes in flight: in what is read, and written through to the cache
-        if not self._own_writes_visible(h) and self._buffers.get(name):
-            self._flush_table(name)  # read-my-writes for optimizer tables: the server computes them
-        need = self._required_tag(h)
+        self._in_flight.finish_flights(name)  # own flushes in flight: in what is read, and written through to the cache
+        if not self._clk.own_writes_visible(h) and self._buffers.get(name):
+            self._in_flight.flush_table(name)  # read-my-writes for optimizer tables: the server computes them
+        need = self._clk.required_tag(h)
         cache = self._cache.table(name) if self._cacheable(h) else {}
         refresh = h.spec.consistency.refreshes
         essp = h.spec.consistency.name == "essp"
@@ -656,7 +624,7 @@ class Session(InFlight):
             # ASP never waits, but re-reads once per clock: a cache that is
             # never refreshed would satisfy "read-my-writes" and nothing else.
             # refresh=True does the same on top of the bound (see ReadCache.usable).
-            if self._cache.usable(e, need, refresh, self._clock) and e.covers(rows):
+            if self._cache.usable(e, need, refresh, self._clk.current) and e.covers(rows):
                 out[b] = e.take(rows)
             else:
                 missing[b] = rows
@@ -664,24 +632,24 @@ class Session(InFlight):
                     m.refetches += 1  # plain SSP would have served this from the cache
         if not missing:
             m.cache_hits += 1
-            self._record_staleness(m, min(cache[b].tag for b in reqs) if reqs else self._clock)
+            self._record_staleness(m, min(cache[b].tag for b in reqs) if reqs else self._clk.current)
             return out
         # A read the run-wide minimum known here does not cover is parked at
         # its servers until their bound holds (issue 36: a server counts the
         # clocks of its own blocks); its reply says what it holds (``tags``).
-        wait = None if need is None or self._known_min >= need else int(need)
+        wait = None if need is None or self._clk.known_min >= need else int(need)
         # A valid cached entry missing some rows: fetch only those and merge
         # (the entry keeps the older tag, which both parts satisfy). Otherwise
         # fetch what is asked for and replace the entry.
         fetch, merge = {}, set()
         for b, rows in missing.items():
             e = cache.get(b)
-            if self._cache.usable(e, need, refresh, self._clock) and rows is not None and e.rows is not None:
+            if self._cache.usable(e, need, refresh, self._clk.current) and rows is not None and e.rows is not None:
                 fetch[b] = e.missing(rows)
                 merge.add(b)
             else:
                 fetch[b] = None if self._dense_read(h, b, rows) else rows
-        tag = self._known_min
+        tag = self._clk.known_min
         by_addr: dict[str, list] = {}
         for b, rows in fetch.items():
             by_addr.setdefault(h.primary(b), []).append((b, rows))
@@ -695,7 +663,7 @@ class Session(InFlight):
         if essp:
             extra["subscribe"] = (self.run_id, self._key, self.worker.address)
 
-        summed_per_clock = self._summed_per_clock(h)
+        summed_per_clock = is_summed_per_clock(h)
         summed: dict[int, float | None] = {}
         if summed_per_clock:
             extra["summed"] = summed
@@ -711,7 +679,7 @@ class Session(InFlight):
             if b in merge:
                 e = cache[b].merged(rows, seq, vals)
             else:
-                e = CacheEntry(_tag(tags.get(b), tag), seq, self._clock, rows, vals)
+                e = CacheEntry(_tag(tags.get(b), tag), seq, self._clk.current, rows, vals)
             if self._cacheable(h):
                 cache[b] = e
             out[b] = e.take(reqs[b]) if e.rows is not reqs[b] else e.values
@@ -726,19 +694,20 @@ class Session(InFlight):
         while box:
             table, version, tag, blocks, seqs, rows, values, summed = box.popleft()
             h = self._router.handles.get(table)
-            if table not in self._cache.blocks or h is None or h.version != version or self._flights.get(table):
+            if (table not in self._cache.blocks or h is None or h.version != version
+                    or self._in_flight.has_flights(table)):
                 continue  # (own flushes in flight: the fill may hold them, or not)
-            summed_per_clock = self._summed_per_clock(h)
+            summed_per_clock = is_summed_per_clock(h)
             refresh = h.spec.consistency.refreshes
             # The servers push at an advance of the run's min clock to ``tag``.
-            self._known_min = max(self._known_min, tag)
+            self._clk.known_min = max(self._clk.known_min, tag)
             for b, seq, r, v, below in zip(blocks, seqs, rows, values, summed):
-                if self._cache.fill(table, b, tag, seq, r, v, below, summed_per_clock, refresh, self._clock):
+                if self._cache.fill(table, b, tag, seq, r, v, below, summed_per_clock, refresh, self._clk.current):
                     self._metrics[table].eager_fills += 1
 
     def _record_staleness(self, m: TableMetrics, tag: float) -> None:
         # How many clocks behind the reader the guaranteed-visible state is.
-        m.staleness[int(max(0, self._clock - min(tag, self._clock)))] += 1
+        m.staleness[int(max(0, self._clk.current - min(tag, self._clk.current)))] += 1
 
 
 def _tag(server_tag, known: float) -> float:
@@ -747,24 +716,6 @@ def _tag(server_tag, known: float) -> float:
     if server_tag is None:
         return known
     return max(known, server_tag)
-
-
-class _Counted:
-    """An rpc whose calls are counted in ``sent["scheduler"]``."""
-
-    def __init__(self, rpc, sent: Counter):
-        self._rpc, self._sent = rpc, sent
-
-    def __getattr__(self, op):
-        if op.startswith("_"):
-            raise AttributeError(op)
-        call = getattr(self._rpc, op)
-
-        def counted(**msg):
-            self._sent["scheduler"] += 1
-            return call(**msg)
-
-        return counted
 
 
 def participant(run_id, rank, n, fn, part, kwargs, owner=None):

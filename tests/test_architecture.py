@@ -13,7 +13,9 @@
   interface: the estimators call nothing on their ``ctx`` beyond
   ``dask_ps.ParticipantContext``, which ``Session`` implements.
 - The scheduler's parts are handed what they use: ``PlacementChanger``,
-  ``HungWorkers`` and ``LostReports`` never hold the scheduler plugin.
+  ``HungWorkers`` and ``LostReports`` never hold the scheduler plugin; on
+  the worker, ``Session`` holds its in-flight part (``InFlight``) as a
+  member handed what it uses, never the session.
 - No module over 900 lines and no function over 80 lines (docstring not
   counted), except the compiled kernels listed in ``LONG_FUNCTIONS``.
 """
@@ -261,3 +263,26 @@ def test_scheduler_parts_are_handed_what_they_use():
                     or isinstance(node, ast.arg) and "plugin" in node.arg):
                 offenders.append((name, node.lineno))
     assert not offenders, f"scheduler parts that reach back into the plugin: {offenders}"
+
+
+def test_the_session_holds_its_in_flight_part_as_a_member():
+    """``InFlight`` is a member of ``Session`` (``_in_flight``), handed its
+    collaborators, not a base class that reaches into the session: the
+    session is not an ``InFlight``, and nothing in ``InFlight`` or
+    ``ClockReports`` names a ``session`` (the loop calls it is handed are
+    named for what they do)."""
+    from dask_ps._flights import InFlight
+    from dask_ps._participant_state import ClockReports
+
+    assert not issubclass(Session, InFlight)
+    assert "_in_flight" in _assigned_on_self(Session)
+    offenders = []
+    for module, name in {"_flights.py": "InFlight", "_participant_state.py": "ClockReports"}.items():
+        tree = ast.parse((PKG / module).read_text())
+        [cls] = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name]
+        for node in ast.walk(cls):
+            if (isinstance(node, ast.Name) and "session" in node.id.lower()
+                    or isinstance(node, ast.Attribute) and "session" in node.attr.lower()
+                    or isinstance(node, ast.arg) and "session" in node.arg.lower()):
+                offenders.append((name, node.lineno))
+    assert not offenders, f"the in-flight part reaches back into the session: {offenders}"

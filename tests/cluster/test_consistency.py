@@ -180,7 +180,7 @@ def test_restarted_participant_does_not_count_twice(ps, client):
                 again = Session(ctx.run_id, ctx.rank, ctx.n_participants, ctx.worker)
                 again._join()
                 assert again.current_clock == 2  # 3 clock messages sent: the 3rd counts where it arrived
-                again._sync(again._to_servers, "run_clock", clock=2)  # a repeated report: counted once
+                again._sync(again._reports.to_servers, "run_clock", clock=2)  # a repeated report: counted once
         return ctx.current_clock
 
     assert ps.run(train, range(2)) == [5, 5]

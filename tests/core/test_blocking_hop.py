@@ -17,6 +17,7 @@ import types
 
 import pytest
 
+from dask_ps._participant_state import ParticipantClock
 from dask_ps._session import Session
 from dask_ps._transport import blocking_call
 
@@ -42,7 +43,7 @@ def _session_on(loop) -> Session:
     s = Session.__new__(Session)  # only what _sync uses
     s.worker = types.SimpleNamespace(loop=_Loop(loop))
     s._blocked_seconds = 0.0
-    s.run_id, s.rank, s.n_participants, s._clock = "run", 0, 1, 0  # for its repr
+    s.run_id, s.rank, s.n_participants, s._clk = "run", 0, 1, ParticipantClock()  # for its repr
     return s
 
 
