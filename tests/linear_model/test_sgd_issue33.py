@@ -30,6 +30,7 @@ from dask_ps.linear_model._kernels import sample_scale
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
 import sgd_issue_cases  # noqa: E402
+import sgd_sorted_dask  # noqa: E402
 
 REFERENCE_SEEDS = 5
 
@@ -88,24 +89,6 @@ def test_sample_scale_bounds_each_samples_own_step():
     assert sample_scale(np.array([0.1]), 64.0)[0] == pytest.approx(10.0)
 
 
-def _dask_blocks(client, X, y, n_blocks, worker_of):
-    """``X``, ``y`` as dask arrays of ``n_blocks`` row blocks, block ``i``
-    held by worker ``worker_of(i)`` (of the sorted workers): where each
-    block is, and so each participant's part, does not depend on Dask."""
-    import dask.array as da
-
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
-    b = np.linspace(0, X.shape[0], n_blocks + 1).astype(int)
-    xs, ys = [], []
-    for i in range(n_blocks):
-        w, n = workers[worker_of(i)], b[i + 1] - b[i]
-        xs.append(da.from_delayed(client.scatter(X[b[i]:b[i + 1]], workers=[w], hash=False),
-                                  shape=(n, X.shape[1]), dtype=X.dtype, meta=X[:0]))
-        ys.append(da.from_delayed(client.scatter(y[b[i]:b[i + 1]], workers=[w], hash=False),
-                                  shape=(n,), dtype=y.dtype))
-    return da.concatenate(xs), da.concatenate(ys)
-
-
 def test_sorted_dask_input_as_good_as_sklearn(two):
     """Text-like rows stored sorted by label as a dask array of 8 partitions
     of one class each, dealt to the two workers in turn: each participant
@@ -118,7 +101,7 @@ def test_sorted_dask_input_as_good_as_sklearn(two):
     ref = [s for s, _ in sgd_issue_cases.fit_scores("sorted", range(REFERENCE_SEEDS))]
     X, y, Xt, yt = sgd_issue_cases._data("sorted")
     assert np.all(np.diff(y) >= 0)
-    dX, dy = _dask_blocks(two, X, y, 8, lambda i: i % 2)
+    dX, dy = sgd_sorted_dask.dask_blocks(two, X, y, 8, sgd_sorted_dask.PLACEMENTS["interleaved"])
     got = []
     for seed in (0, 1):
         est = dpl.SGDClassifier(random_state=seed, max_iter=1, tol=None, client=two).fit(dX, dy)
