@@ -34,7 +34,7 @@ from dask_ps._estimators import (
     jsonable,
 )
 from dask_ps.linear_model import _training
-from dask_ps.linear_model._data import _dask_parts, _Input, int32_indices
+from dask_ps.linear_model._data import _dask_parts, _Input, int32_indices, order_seed
 from dask_ps.linear_model._kernels import EPSILON_LOSSES, L1, L2, LEARNING_RATE_TYPES, PENALTY_TYPES, _Hyper
 
 # The parameters both estimators take beyond scikit-learn's own, with their
@@ -168,7 +168,7 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
             # Concatenated and checked on the workers once: the values are
             # checked before the targets (scikit-learn's order), and the
             # classes come from the parts' label counts.
-            data.parts = _dask_parts(self._parameter_server().client, data, self._is_classifier)
+            data.parts = _dask_parts(self._parameter_server().client, data, self._is_classifier, order_seed(self))
         try:
             K, targets = self._targets(data, classes)
             d = data.n_features

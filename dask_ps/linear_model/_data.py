@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import scipy.sparse as sp
+from sklearn.utils import check_random_state
 from sklearn.utils.validation import _check_y, check_array
 
 from dask_ps._estimators import (
@@ -57,11 +58,63 @@ class _Input:
         self.parts = None
 
 
+def _shuffled_concatenation(Xs, ys, sws, seed):
+    """The rows of the blocks ``Xs`` (with their ``ys``, ``sws``) in one
+    array, in a shuffle of all of them drawn from ``seed`` (and the number
+    of rows): each row is written once, straight to its place, so the
+    shuffled part takes the memory of the concatenation it replaces (a CSR
+    block's entries need one index array of that block's size meanwhile).
+
+    A worker's blocks of a dask input stored sorted by label (partitions of
+    one class each) were its participant's samples in that order, and the
+    sparse rounds keep runs of up to 64 consecutive samples together
+    (``_rounds._composition_block``): runs of one class, and a one-epoch
+    fit on 20k text-like rows scored 0.51 against scikit-learn's 0.76."""
+    sizes = np.array([x.shape[0] for x in Xs])
+    n = int(sizes.sum())
+    to = np.random.default_rng([int(seed), n]).permutation(n)  # where row g of the concatenation goes
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    if sp.issparse(Xs[0]):
+        Xs = [_csr(x) for x in Xs]
+        lengths = np.concatenate([np.diff(x.indptr) for x in Xs])
+        out_len = np.empty(n, dtype=np.int64)
+        out_len[to] = lengths
+        indptr = np.concatenate([[0], np.cumsum(out_len)])
+        nnz = int(indptr[-1])
+        idx_dtype = np.int32 if nnz <= INT32_MAX else np.int64
+        data = np.empty(nnz, dtype=np.result_type(*[x.dtype for x in Xs]))
+        indices = np.empty(nnz, dtype=idx_dtype)
+        for k, x in enumerate(Xs):
+            rows_to = to[starts[k]:starts[k + 1]]
+            # each entry's place: its row's start there, plus its offset in the row
+            pos = np.repeat(indptr[rows_to] - x.indptr[:-1], np.diff(x.indptr)) + np.arange(x.nnz)
+            data[pos] = x.data
+            indices[pos] = x.indices
+        X = sp.csr_matrix((data, indices, indptr.astype(idx_dtype)), shape=(n, Xs[0].shape[1]))
+    else:
+        X = np.empty((n,) + tuple(Xs[0].shape[1:]), dtype=np.result_type(*[x.dtype for x in Xs]))
+        for k, x in enumerate(Xs):
+            X[to[starts[k]:starts[k + 1]]] = x
+
+    def rows(vs):
+        out = np.empty(n, dtype=np.result_type(*[v.dtype for v in vs]))
+        for k, v in enumerate(vs):
+            out[to[starts[k]:starts[k + 1]]] = v
+        return out
+
+    return X, rows(ys), None if all(v is None for v in sws) else rows(sws)
+
+
 def _assemble_part(blocks, spec):
     """Task (on the worker holding the blocks): concatenate one worker's
     blocks of a dask input and validate them the scikit-learn way. Data
     that fails the checks gives an ``InvalidPart`` (a value: the caller
-    raises its error, with lengths as totals over the parts)."""
+    raises its error, with lengths as totals over the parts).
+
+    With ``spec["order_seed"]`` (the estimator's ``shuffle``) the blocks of
+    host (numpy/scipy) data are concatenated in a shuffled order
+    (``_shuffled_concatenation``), as an in-memory input's parts are; a
+    part of one block is used as it is stored (no copy)."""
     Xs, ys, sws = [], [], []
     for xb, yb, *rest in blocks:
         swb = rest[0] if rest else None
@@ -74,6 +127,9 @@ def _assemble_part(blocks, spec):
         Xs.append(xb)
         ys.append(yb)
         sws.append(swb if swb is None or not hasattr(swb, "to_numpy") else swb.to_numpy())
+    if _shuffles(Xs, ys, sws, spec):
+        X, y, sw = _shuffled_concatenation(Xs, ys, sws, spec["order_seed"])
+        return _validated_part(X, y, sw, spec)
     if arrays.is_sparse(Xs[0]):
         if sp.issparse(Xs[0]):
             X = sp.vstack(Xs, format="csr") if len(Xs) > 1 else _csr(Xs[0])
@@ -89,6 +145,25 @@ def _assemble_part(blocks, spec):
     sw = None
     if any(s is not None for s in sws):
         sw = np.concatenate([arrays.to_numpy(s) for s in sws]) if len(sws) > 1 else arrays.to_numpy(sws[0])
+    return _validated_part(X, y, sw, spec)
+
+
+def _shuffles(Xs, ys, sws, spec) -> bool:
+    """Whether a part's blocks are concatenated in a shuffled order
+    (``_assemble_part``): several blocks of host data, of consistent
+    lengths (others are left to the checks' errors)."""
+    if spec.get("order_seed") is None or len(Xs) < 2:
+        return False
+    host = all(isinstance(x, np.ndarray) or sp.issparse(x) for x in Xs) and len({x.shape[1:] for x in Xs}) == 1
+    host = host and all(isinstance(v, np.ndarray) for v in ys)
+    host = host and (all(v is None for v in sws) or all(isinstance(v, np.ndarray) for v in sws))
+    return bool(host and all(getattr(x, "ndim", 2) == 2 and x.shape[0] == v.shape[0] and v.ndim == 1
+                             and (w is None or w.shape == v.shape) for x, v, w in zip(Xs, ys, sws)))
+
+
+def _validated_part(X, y, sw, spec):
+    """An assembled part checked (``_assemble_part``): its ``_PartData``,
+    or its ``InvalidPart``."""
     lengths = (X.shape[0], y.shape[0], None if sw is None else sw.shape[0])
     stage = 0
     try:
@@ -178,11 +253,22 @@ def _part_info(part, classifier):
     return len(part), labels, counts
 
 
-def _dask_parts(client, data: _Input, classifier: bool):
+def order_seed(est):
+    """The seed of the order a dask input's parts are assembled in
+    (``_dask_parts``): drawn from the estimator's ``random_state``; None
+    (the stored order) where it does not shuffle."""
+    if not getattr(est, "shuffle", True):
+        return None
+    return int(check_random_state(est.random_state).randint(np.iinfo(np.int32).max))
+
+
+def _dask_parts(client, data: _Input, classifier: bool, order_seed=None):
     """The parts of a dask input: one per worker that holds blocks of it once
     persisted, concatenated and validated there (``_assemble_part``; data
     that fails the checks raises here, in the caller); returns ``(parts, sizes, labels)`` -- ``labels``: ``(labels, counts)``
-    over all parts for a classifier. Nothing is gathered to the client."""
+    over all parts for a classifier. Nothing is gathered to the client.
+    ``order_seed`` (None: the stored order): each part's blocks
+    concatenated in a shuffle drawn from it (``_shuffled_concatenation``)."""
     X, y, sw = data.X, data.y, data.sw
     if not is_dask_dataframe(X):
         X = X.rechunk({1: -1}) if X.numblocks[1] > 1 else X
@@ -198,7 +284,8 @@ def _dask_parts(client, data: _Input, classifier: bool):
             sw = da.from_array(np.asarray(sw), chunks=(X.chunks[0],))
         else:
             raise TypeError("sample_weight must be a dask collection aligned with X")
-    spec = {"n_features": data.n_features, "classifier": classifier, "estimator": data.estimator}
+    spec = {"n_features": data.n_features, "classifier": classifier, "estimator": data.estimator,
+            "order_seed": order_seed}
     max_parts = None  # n_jobs: fewer participants than the workers holding blocks
     if data.n_jobs is not None:
         max_parts = max_participants(data.n_jobs, len(client.scheduler_info(n_workers=-1)["workers"]))

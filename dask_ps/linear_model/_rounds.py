@@ -182,8 +182,10 @@ def _composition_block(n, rounds):
     CPU for the 8 rounds against 0.16-0.25 s in blocks of 64; scikit-learn's
     epoch over the same rows: 0.38-0.58 s). The price: samples stored next
     to each other are trained one after the other, in runs of at most 64 of
-    the round's tens of thousands; data stored sorted by its label should be
-    shuffled first, as for any streaming learner."""
+    the round's tens of thousands: a participant's part is kept in a
+    shuffled order where it can be (an in-memory input's parts,
+    ``_data._memory_parts``; a dask input's parts of several blocks,
+    ``_data._shuffled_concatenation``)."""
     return int(min(ORDER_BLOCK, max(1, n // (max(1, rounds) * ORDER_BLOCK))))
 
 

@@ -41,7 +41,7 @@ from dask_ps._estimators import (
     setting_bytes,
     temporary_tables,
 )
-from dask_ps.linear_model._data import _dask_parts, _Input, _memory_parts
+from dask_ps.linear_model._data import _dask_parts, _Input, _memory_parts, order_seed
 from dask_ps.linear_model._in_process import InProcessSession
 from dask_ps.linear_model._kernels import ADAPTIVE, MAX_INT
 from dask_ps.linear_model._monitor import N_FIELDS, RING_EPOCHS, EpochMonitor
@@ -106,7 +106,8 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
                                  "checkpoint_seconds": 0.0, "pull_seconds": 0.0, "release_seconds": 0.0}
     t = time.perf_counter()
     if data.kind == "dask":
-        parts, sizes, _ = data.parts if data.parts is not None else _dask_parts(ps.client, data, est._is_classifier)
+        parts, sizes, _ = data.parts if data.parts is not None else _dask_parts(ps.client, data, est._is_classifier,
+                                                                                     order_seed(est))
         data.parts = None  # released by this call, whatever happens
     else:
         parts, sizes = _memory_parts(ps.client, ps.wait_for_servers(), data, rs, hp.shuffle, replication)
