@@ -218,12 +218,20 @@ def part_document_terms(part, counts, beta, alpha, max_iter, tol) -> float:
 
 
 @njit(nogil=True, cache=True)
-def _count_expectations(counts, rows, beta, psi_totals, table, out):
-    """``out[i, k] = psi(counts[rows[i], k] + beta) - psi_totals[k]``, the
-    psi of a count looked up in ``table`` (``psi(c + beta)`` for ``c <
-    table.size``): the counts are small integers, and a psi per entry was
-    most of the time at large K."""
-    n_table = table.shape[0]
+def _count_expectations(counts, rows, beta, totals, n_table, out):
+    """``out[i, k] = psi(counts[rows[i], k] + beta) - psi(totals[k])``, the
+    psi of a count looked up in a table of ``psi(c + beta)`` for ``c <
+    n_table`` made here: the counts are small integers, and a psi per entry
+    was most of the time at large K. The psi of the totals and the table
+    are computed here, not in kernels of their own or from Python (each
+    compiled entry point costs a first fit 0.06-0.1 s of compile)."""
+    K = totals.shape[0]
+    psi_totals = np.empty(K)
+    for k in range(K):
+        psi_totals[k] = _psi(totals[k])
+    table = np.empty(n_table)
+    for c in range(n_table):
+        table[c] = _psi(c + beta)
     for i in range(rows.shape[0]):
         r = counts[rows[i]]
         for k in range(r.shape[0]):
@@ -231,34 +239,28 @@ def _count_expectations(counts, rows, beta, psi_totals, table, out):
             out[i, k] = (table[c] if 0 <= c < n_table else _psi(c + beta)) - psi_totals[k]
 
 
-@njit(nogil=True, cache=True)
-def _psi_table(n, beta):
-    out = np.empty(n)
-    for c in range(n):
-        out[c] = _psi(c + beta)
-    return out
-
-
 def count_expectations(counts, beta, rows=None):
     """``E[log beta]`` (and its exponential) of the topics ``counts.T +
     beta`` for the words ``rows`` (all: None), V' x K."""
     V = counts.shape[0]
     totals = counts.sum(axis=0, dtype=np.int64) + V * beta
-    psi_totals = np.array([_psi(float(t)) for t in totals])
     rows = np.arange(V) if rows is None else np.asarray(rows, dtype=np.int64)
     elog_t = np.empty((rows.size, counts.shape[1]))
     top = int(counts.max()) if counts.size else 0
-    table = _psi_table(min(top + 1, 1 << 16), float(beta))
-    _count_expectations(counts, rows, float(beta), psi_totals, table, elog_t)
+    _count_expectations(counts, rows, float(beta), totals.astype(np.float64), min(top + 1, 1 << 16), elog_t)
     return elog_t, np.exp(elog_t)
 
 
 @njit(nogil=True, cache=True)
-def _count_topic_term(counts, eta, psi_totals, totals):
-    """:func:`topic_term` of the topics ``counts.T + eta``: an entry of
+def _count_topic_term(counts, eta, totals):
+    """:func:`topic_term` of the topics ``counts.T + eta`` (``totals``: the
+    column sums of ``counts`` + V eta): an entry of
     count 0 adds exactly 0 (``eta - lambda`` and ``lgamma(lambda) -
     lgamma(eta)`` both vanish), so only the nonzero counts are visited."""
     V, K = counts.shape
+    psi_totals = np.empty(K)
+    for k in range(K):
+        psi_totals[k] = _psi(totals[k])
     score = 0.0
     lg_eta = math.lgamma(eta)
     for w in range(V):
@@ -277,8 +279,7 @@ def count_topic_term(counts, eta) -> float:
     (``counts``: V x K word-topic counts)."""
     V = counts.shape[0]
     totals = counts.sum(axis=0, dtype=np.int64) + V * float(eta)
-    psi_totals = np.array([_psi(float(t)) for t in totals])
-    return float(_count_topic_term(counts, float(eta), psi_totals, totals.astype(np.float64)))
+    return float(_count_topic_term(counts, float(eta), totals.astype(np.float64)))
 
 
 def training_bound(parts, nwk, *, client, beta, alpha, max_iter, tol, matrix=None) -> float:

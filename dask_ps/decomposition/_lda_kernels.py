@@ -474,6 +474,11 @@ def gibbs_sweep_array(xp, doc_idx, words, z, ndk, nwk, nk, alpha, beta, vbeta, s
 # --- log-likelihood pieces (Griffiths & Steyvers' collapsed joint log p(w, z)) -------
 
 
+# The most entries of a count table whose lgamma sums are a numpy gather (one
+# float64 temporary of its size); larger ones go to the compiled kernel.
+_GATHER_ENTRIES = 1 << 20
+
+
 @njit(nogil=True, cache=True)
 def _table_row_sums(counts, table):
     """Per row of the 2-D ``counts``: the sum of ``table[c]`` over its
@@ -501,6 +506,13 @@ def _lgamma_ratio(counts, prior):
     top = int(counts.max()) if counts.size else 0
     if counts.ndim == 2 and counts.dtype.kind == "i" and top <= 1 << 20:
         table = gammaln(np.arange(top + 1) + prior) - gammaln(prior)
+        if counts.size <= _GATHER_ENTRIES:
+            # a small table (a first fit's): numpy's gather and sequential
+            # running sum give the kernel's sums bit for bit (table[0] is
+            # exactly 0, and adding 0 changes no sum), without its compile
+            # (0.2-0.3 s a fresh install's first fit waited for)
+            return np.cumsum(table[np.maximum(counts, 0)], axis=1)[:, -1] if counts.shape[1] else (
+                np.zeros(counts.shape[0]))
         return _table_row_sums(counts, table)
     counts = np.maximum(counts, 0)
     return (gammaln(counts + prior) - gammaln(prior)).sum(axis=-1)
