@@ -74,19 +74,18 @@ _DOT_MATH = {"reassoc", "contract", "arcp", "nsz"}
 
 
 @njit(nogil=True, cache=True, fastmath=_DOT_MATH)
-def doc_bounds(indptr, indices, data, elog_t, exp_t, alpha, max_iter, tol, eps, gamma, e_step, out):
+def doc_bounds(indptr, indices, data, elog_t, exp_t, alpha, max_iter, tol, eps, gamma, e_step, out, work):
     """Per document of a CSR matrix: scikit-learn's E-step (``gamma`` from
     ones, ``max_iter`` updates at most, stop when the mean absolute change
     is below ``tol``; written to ``gamma``, D x K) when ``e_step``, else
     ``gamma`` as given; then the document's term of ``_approx_bound``,
     written to ``out[d]``. ``elog_t``/``exp_t``: ``E[log beta]`` and its
-    exponential, V x K (rows: the columns of the matrix)."""
+    exponential, V x K (rows: the columns of the matrix). ``work``: 4 x K
+    floats to write (made by the caller: a kernel that allocates nothing
+    compiles without numba's array constructors, 0.1 s a first fit)."""
     n_docs = indptr.shape[0] - 1
     K = elog_t.shape[1]
-    last = np.empty(K)
-    acc = np.empty(K)
-    exp_doc = np.empty(K)
-    tmp = np.empty(K)
+    last, acc, exp_doc, tmp = work[0], work[1], work[2], work[3]
     start = math.exp(_psi(1.0) - _psi(float(K)))
     lg_alpha = math.lgamma(alpha)
     lg_kalpha = math.lgamma(alpha * K)
@@ -198,7 +197,7 @@ def document_terms(X: sp.csr_matrix, elog_t, exp_t, doc_topic_prior, max_iter, t
              else np.array(gamma, dtype=np.float64, order="C", copy=True))
     doc_bounds(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.astype(np.float64),
                elog_t, exp_t, float(doc_topic_prior), int(max_iter), float(tol),
-               float(np.finfo(np.float64).eps), gamma, e_step, out)
+               float(np.finfo(np.float64).eps), gamma, e_step, out, np.empty((4, elog_t.shape[1])))
     return out, gamma
 
 
@@ -218,18 +217,16 @@ def part_document_terms(part, counts, beta, alpha, max_iter, tol) -> float:
 
 
 @njit(nogil=True, cache=True)
-def _count_expectations(counts, rows, beta, totals, n_table, out):
+def _count_expectations(counts, rows, beta, totals, table, psi_totals, out):
     """``out[i, k] = psi(counts[rows[i], k] + beta) - psi(totals[k])``, the
-    psi of a count looked up in a table of ``psi(c + beta)`` for ``c <
-    n_table`` made here: the counts are small integers, and a psi per entry
-    was most of the time at large K. The psi of the totals and the table
-    are computed here, not in kernels of their own or from Python (each
-    compiled entry point costs a first fit 0.06-0.1 s of compile)."""
-    K = totals.shape[0]
-    psi_totals = np.empty(K)
-    for k in range(K):
+    psi of a count looked up in ``table``, filled here with ``psi(c +
+    beta)``: the counts are small integers, and a psi per entry was most of
+    the time at large K. The psi of the totals (into ``psi_totals``) and the
+    table are computed here, not in kernels of their own or from Python
+    (each compiled entry point costs a first fit 0.06-0.1 s of compile)."""
+    n_table = table.shape[0]
+    for k in range(totals.shape[0]):
         psi_totals[k] = _psi(totals[k])
-    table = np.empty(n_table)
     for c in range(n_table):
         table[c] = _psi(c + beta)
     for i in range(rows.shape[0]):
@@ -247,18 +244,19 @@ def count_expectations(counts, beta, rows=None):
     rows = np.arange(V) if rows is None else np.asarray(rows, dtype=np.int64)
     elog_t = np.empty((rows.size, counts.shape[1]))
     top = int(counts.max()) if counts.size else 0
-    _count_expectations(counts, rows, float(beta), totals.astype(np.float64), min(top + 1, 1 << 16), elog_t)
+    _count_expectations(counts, rows, float(beta), totals.astype(np.float64), np.empty(min(top + 1, 1 << 16)),
+                        np.empty(counts.shape[1]), elog_t)
     return elog_t, np.exp(elog_t)
 
 
 @njit(nogil=True, cache=True)
-def _count_topic_term(counts, eta, totals):
+def _count_topic_term(counts, eta, totals, psi_totals):
     """:func:`topic_term` of the topics ``counts.T + eta`` (``totals``: the
-    column sums of ``counts`` + V eta): an entry of
+    column sums of ``counts`` + V eta; ``psi_totals``: K floats to write):
+    an entry of
     count 0 adds exactly 0 (``eta - lambda`` and ``lgamma(lambda) -
     lgamma(eta)`` both vanish), so only the nonzero counts are visited."""
     V, K = counts.shape
-    psi_totals = np.empty(K)
     for k in range(K):
         psi_totals[k] = _psi(totals[k])
     score = 0.0
@@ -279,7 +277,7 @@ def count_topic_term(counts, eta) -> float:
     (``counts``: V x K word-topic counts)."""
     V = counts.shape[0]
     totals = counts.sum(axis=0, dtype=np.int64) + V * float(eta)
-    return float(_count_topic_term(counts, float(eta), totals.astype(np.float64)))
+    return float(_count_topic_term(counts, float(eta), totals.astype(np.float64), np.empty(counts.shape[1])))
 
 
 def training_bound(parts, nwk, *, client, beta, alpha, max_iter, tol, matrix=None) -> float:

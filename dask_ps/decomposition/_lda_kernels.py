@@ -33,14 +33,11 @@ from dask_ps._estimators import njit  # numba.njit, caching outside the package
 
 
 @njit(nogil=True, cache=True)
-def _inverse_totals(nk, vbeta):
-    """``1 / (nk + vbeta)`` per topic, the totals clamped at 0."""
-    K = nk.shape[0]
-    inv = np.empty(K)
-    for k in range(K):
+def _inverse_totals(nk, vbeta, inv):
+    """Write ``1 / (nk + vbeta)`` per topic into ``inv``, the totals clamped at 0."""
+    for k in range(nk.shape[0]):
         n = nk[k]
         inv[k] = 1.0 / ((n if n > 0 else 0) + vbeta)
-    return inv
 
 
 @njit(cache=False, inline="always")
@@ -99,9 +96,26 @@ def _lane_sum(p, j, n_rows, B):
     return s
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+# The dense sweep's lanes (topics j, j + _LANES, j + 2 _LANES, ... in lane j).
+_LANES = 8
+
+
 def gibbs_sweep_dense(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed):
-    """One sweep over every token, O(K) per token, SIMD-friendly.
+    """One sweep over every token, O(K) per token (:func:`_dense_sweep`,
+    with its work arrays made here: a kernel that allocates none compiles
+    without numba's array constructors, whose first use in a process costs
+    a first fit 0.1-0.15 s of compile each)."""
+    K = nk.shape[0]
+    p = np.zeros(-(-K // _LANES) * _LANES)  # padded: the last row's tail stays 0
+    _dense_sweep(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed,
+                 np.empty(K), np.empty(K), p, np.empty(_LANES))
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _dense_sweep(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed, inv, coef, p, lanes):
+    """One sweep over every token, O(K) per token, SIMD-friendly
+    (``inv``, ``coef``, ``lanes``: K, K and 8 floats to write; ``p``: the
+    padded row of probabilities, zeros).
 
     Updates ``z``, ``ndk``, ``nwk`` and ``nk`` in place, as it samples (the
     participant's local copy: AD-LDA). Per document the factor
@@ -122,13 +136,10 @@ def gibbs_sweep_dense(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed)
     benchmark corpus). Uniforms: SplitMix64 seeded with ``seed``.
     """
     K = nk.shape[0]
-    B = 8
+    B = _LANES
     n_rows = (K + B - 1) // B  # topics per lane, the last row padded
     last_lane = min(B, K) - 1
-    inv = _inverse_totals(nk, vbeta)
-    coef = np.empty(K)
-    p = np.zeros(n_rows * B)  # padded: the last row's tail stays 0
-    lanes = np.empty(B)
+    _inverse_totals(nk, vbeta, inv)
     state = np.uint64(seed)
     for d in range(doc_ptr.shape[0] - 1):
         if doc_ptr[d] == doc_ptr[d + 1]:
@@ -240,7 +251,8 @@ def gibbs_sweep_sparse(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed
     state = np.uint64(seed)
     K = nk.shape[0]
     topics, start, count = _word_topic_lists(words, nwk)
-    inv = _inverse_totals(nk, vbeta)
+    inv = np.empty(K)
+    _inverse_totals(nk, vbeta, inv)
     coef = np.empty(K)  # (ndk + alpha) / (nk + vbeta) of the current document
     qv = np.empty(K)
     doc_topics = np.empty(K, dtype=np.int32)  # the current document's topics with ndk > 0
