@@ -217,23 +217,43 @@ def part_document_terms(part, counts, beta, alpha, max_iter, tol) -> float:
 
 
 @njit(nogil=True, cache=True)
-def _count_expectations(counts, rows, beta, totals, table, psi_totals, out):
-    """``out[i, k] = psi(counts[rows[i], k] + beta) - psi(totals[k])``, the
-    psi of a count looked up in ``table``, filled here with ``psi(c +
-    beta)``: the counts are small integers, and a psi per entry was most of
-    the time at large K. The psi of the totals (into ``psi_totals``) and the
-    table are computed here, not in kernels of their own or from Python
-    (each compiled entry point costs a first fit 0.06-0.1 s of compile)."""
+def _count_terms(counts, rows, beta, totals, table, psi_totals, out, topic):
+    """Under the topics ``counts.T + beta`` (``totals``: the column sums of
+    ``counts`` + V beta): ``out[i, k] = psi(counts[rows[i], k] + beta) -
+    psi(totals[k])`` (``E[log beta]``), and with ``topic`` returns
+    :func:`topic_term` (0 without). One kernel for both, so a first fit
+    compiles one (each compiled entry point cost it 0.1-0.2 s); the psi of
+    the totals (into ``psi_totals``) and ``table`` (``psi(c + beta)``, the
+    psi of a count looked up there: the counts are small integers, and a
+    psi per entry was most of the time at large K) are filled here too.
+
+    The topic term visits the nonzero counts only: an entry of count 0
+    adds exactly 0 (``eta - lambda`` and ``lgamma(lambda) - lgamma(eta)``
+    both vanish)."""
+    V, K = counts.shape
     n_table = table.shape[0]
-    for k in range(totals.shape[0]):
+    for k in range(K):
         psi_totals[k] = _psi(totals[k])
     for c in range(n_table):
         table[c] = _psi(c + beta)
     for i in range(rows.shape[0]):
         r = counts[rows[i]]
-        for k in range(r.shape[0]):
+        for k in range(K):
             c = r[k]
             out[i, k] = (table[c] if 0 <= c < n_table else _psi(c + beta)) - psi_totals[k]
+    score = 0.0
+    if not topic:
+        return score
+    lg_eta = math.lgamma(beta)
+    for w in range(V):
+        for k in range(K):
+            c = counts[w, k]
+            if c != 0:
+                lam = c + beta
+                score += -c * (_psi(lam) - psi_totals[k]) + math.lgamma(lam) - lg_eta
+    for k in range(K):
+        score += math.lgamma(beta * V) - math.lgamma(totals[k])
+    return score
 
 
 def count_expectations(counts, beta, rows=None):
@@ -244,40 +264,18 @@ def count_expectations(counts, beta, rows=None):
     rows = np.arange(V) if rows is None else np.asarray(rows, dtype=np.int64)
     elog_t = np.empty((rows.size, counts.shape[1]))
     top = int(counts.max()) if counts.size else 0
-    _count_expectations(counts, rows, float(beta), totals.astype(np.float64), np.empty(min(top + 1, 1 << 16)),
-                        np.empty(counts.shape[1]), elog_t)
+    _count_terms(counts, rows, float(beta), totals.astype(np.float64), np.empty(min(top + 1, 1 << 16)),
+                 np.empty(counts.shape[1]), elog_t, False)
     return elog_t, np.exp(elog_t)
-
-
-@njit(nogil=True, cache=True)
-def _count_topic_term(counts, eta, totals, psi_totals):
-    """:func:`topic_term` of the topics ``counts.T + eta`` (``totals``: the
-    column sums of ``counts`` + V eta; ``psi_totals``: K floats to write):
-    an entry of
-    count 0 adds exactly 0 (``eta - lambda`` and ``lgamma(lambda) -
-    lgamma(eta)`` both vanish), so only the nonzero counts are visited."""
-    V, K = counts.shape
-    for k in range(K):
-        psi_totals[k] = _psi(totals[k])
-    score = 0.0
-    lg_eta = math.lgamma(eta)
-    for w in range(V):
-        for k in range(K):
-            c = counts[w, k]
-            if c != 0:
-                lam = c + eta
-                score += -c * (_psi(lam) - psi_totals[k]) + math.lgamma(lam) - lg_eta
-    for k in range(K):
-        score += math.lgamma(eta * V) - math.lgamma(totals[k])
-    return score
 
 
 def count_topic_term(counts, eta) -> float:
     """The topics' term of the bound for ``components_ = counts.T + eta``
     (``counts``: V x K word-topic counts)."""
-    V = counts.shape[0]
+    V, K = counts.shape
     totals = counts.sum(axis=0, dtype=np.int64) + V * float(eta)
-    return float(_count_topic_term(counts, float(eta), totals.astype(np.float64), np.empty(counts.shape[1])))
+    return float(_count_terms(counts, np.empty(0, dtype=np.int64), float(eta), totals.astype(np.float64),
+                              np.empty(0), np.empty(K), np.empty((0, K)), True))
 
 
 def training_bound(parts, nwk, *, client, beta, alpha, max_iter, tol, matrix=None) -> float:

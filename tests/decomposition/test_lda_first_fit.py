@@ -36,7 +36,7 @@ print("RESULT " + json.dumps({"compiled": compiled, "bound": est.bound_}))
 # bound_ (scikit-learn's E-step under the final counts).
 _USED = {
     "_lda_kernels.init_counts", "_lda_kernels._dense_sweep", "_lda_kernels._inverse_totals",
-    "_bound._psi", "_bound._count_topic_term", "_bound._count_expectations", "_bound.doc_bounds",
+    "_bound._psi", "_bound._count_terms", "_bound.doc_bounds",
 }
 
 
