@@ -32,10 +32,10 @@ est = LatentDirichletAllocation(n_components=5, max_iter=3, random_state=0).fit(
 print("RESULT " + json.dumps({"compiled": compiled, "bound": est.bound_}))
 """
 
-# The kernels a default fit runs: the starting counts, the dense sweep, and
-# bound_ (scikit-learn's E-step under the final counts).
+# The kernels a default fit runs: the dense sweep and bound_ (scikit-learn's
+# E-step under the final counts); a small fit's starting counts are numpy's.
 _USED = {
-    "_lda_kernels.init_counts", "_lda_kernels._dense_sweep", "_lda_kernels._inverse_totals",
+    "_lda_kernels._dense_sweep", "_lda_kernels._inverse_totals",
     "_bound._psi", "_bound._count_terms", "_bound.doc_bounds",
 }
 
@@ -71,3 +71,24 @@ def test_small_tables_lgamma_sums_are_the_kernels_bit_for_bit(shape, prior):
     assert counts.size <= _lda_kernels._GATHER_ENTRIES
     by_numpy = _lda_kernels._lgamma_ratio(counts, prior)
     assert by_numpy.tobytes() == _lda_kernels._table_row_sums(counts, table).tobytes()
+
+
+@pytest.mark.parametrize("shape", [(30, 7, 50), (5, 1, 3), (0, 4, 6)])
+def test_small_starting_counts_are_the_kernels(shape):
+    """A small fit's starting counts are numpy's bincounts (no compile);
+    the kernel's for large tables gives the same integers, added to the
+    given arrays."""
+    n_docs, K, V = shape
+    rng = np.random.default_rng(2)
+    doc_ptr = np.concatenate([[0], np.cumsum(rng.integers(0, 9, size=n_docs))]).astype(np.int64)
+    words = rng.integers(0, V, size=doc_ptr[-1]).astype(np.int32)
+    z = rng.integers(0, K, size=doc_ptr[-1]).astype(np.int32)
+    start = (rng.integers(0, 3, size=(n_docs, K)).astype(np.int32), rng.integers(0, 3, size=(V, K)).astype(np.int32),
+             rng.integers(0, 3, size=K).astype(np.int64))
+    by_numpy = [a.copy() for a in start]
+    _lda_kernels.init_counts(doc_ptr, words, z, *by_numpy)
+    by_kernel = [a.copy() for a in start]
+    _lda_kernels._init_counts(doc_ptr, words, z, *by_kernel)
+    for a, b in zip(by_numpy, by_kernel):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert by_numpy[2].sum() == start[2].sum() + doc_ptr[-1]
