@@ -74,19 +74,18 @@ _DOT_MATH = {"reassoc", "contract", "arcp", "nsz"}
 
 
 @njit(nogil=True, cache=True, fastmath=_DOT_MATH)
-def doc_bounds(indptr, indices, data, elog_t, exp_t, alpha, max_iter, tol, eps, gamma, e_step, out):
+def doc_bounds(indptr, indices, data, elog_t, exp_t, alpha, max_iter, tol, eps, gamma, e_step, out, work):
     """Per document of a CSR matrix: scikit-learn's E-step (``gamma`` from
     ones, ``max_iter`` updates at most, stop when the mean absolute change
     is below ``tol``; written to ``gamma``, D x K) when ``e_step``, else
     ``gamma`` as given; then the document's term of ``_approx_bound``,
     written to ``out[d]``. ``elog_t``/``exp_t``: ``E[log beta]`` and its
-    exponential, V x K (rows: the columns of the matrix)."""
+    exponential, V x K (rows: the columns of the matrix). ``work``: 4 x K
+    floats to write (made by the caller: a kernel that allocates nothing
+    compiles without numba's array constructors, 0.1 s a first fit)."""
     n_docs = indptr.shape[0] - 1
     K = elog_t.shape[1]
-    last = np.empty(K)
-    acc = np.empty(K)
-    exp_doc = np.empty(K)
-    tmp = np.empty(K)
+    last, acc, exp_doc, tmp = work[0], work[1], work[2], work[3]
     start = math.exp(_psi(1.0) - _psi(float(K)))
     lg_alpha = math.lgamma(alpha)
     lg_kalpha = math.lgamma(alpha * K)
@@ -198,7 +197,7 @@ def document_terms(X: sp.csr_matrix, elog_t, exp_t, doc_topic_prior, max_iter, t
              else np.array(gamma, dtype=np.float64, order="C", copy=True))
     doc_bounds(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.astype(np.float64),
                elog_t, exp_t, float(doc_topic_prior), int(max_iter), float(tol),
-               float(np.finfo(np.float64).eps), gamma, e_step, out)
+               float(np.finfo(np.float64).eps), gamma, e_step, out, np.empty((4, elog_t.shape[1])))
     return out, gamma
 
 
@@ -218,25 +217,43 @@ def part_document_terms(part, counts, beta, alpha, max_iter, tol) -> float:
 
 
 @njit(nogil=True, cache=True)
-def _count_expectations(counts, rows, beta, psi_totals, table, out):
-    """``out[i, k] = psi(counts[rows[i], k] + beta) - psi_totals[k]``, the
-    psi of a count looked up in ``table`` (``psi(c + beta)`` for ``c <
-    table.size``): the counts are small integers, and a psi per entry was
-    most of the time at large K."""
+def _count_terms(counts, rows, beta, totals, table, psi_totals, out, topic):
+    """Under the topics ``counts.T + beta`` (``totals``: the column sums of
+    ``counts`` + V beta): ``out[i, k] = psi(counts[rows[i], k] + beta) -
+    psi(totals[k])`` (``E[log beta]``), and with ``topic`` returns
+    :func:`topic_term` (0 without). One kernel for both, so a first fit
+    compiles one (each compiled entry point cost it 0.1-0.2 s); the psi of
+    the totals (into ``psi_totals``) and ``table`` (``psi(c + beta)``, the
+    psi of a count looked up there: the counts are small integers, and a
+    psi per entry was most of the time at large K) are filled here too.
+
+    The topic term visits the nonzero counts only: an entry of count 0
+    adds exactly 0 (``eta - lambda`` and ``lgamma(lambda) - lgamma(eta)``
+    both vanish)."""
+    V, K = counts.shape
     n_table = table.shape[0]
+    for k in range(K):
+        psi_totals[k] = _psi(totals[k])
+    for c in range(n_table):
+        table[c] = _psi(c + beta)
     for i in range(rows.shape[0]):
         r = counts[rows[i]]
-        for k in range(r.shape[0]):
+        for k in range(K):
             c = r[k]
             out[i, k] = (table[c] if 0 <= c < n_table else _psi(c + beta)) - psi_totals[k]
-
-
-@njit(nogil=True, cache=True)
-def _psi_table(n, beta):
-    out = np.empty(n)
-    for c in range(n):
-        out[c] = _psi(c + beta)
-    return out
+    score = 0.0
+    if not topic:
+        return score
+    lg_eta = math.lgamma(beta)
+    for w in range(V):
+        for k in range(K):
+            c = counts[w, k]
+            if c != 0:
+                lam = c + beta
+                score += -c * (_psi(lam) - psi_totals[k]) + math.lgamma(lam) - lg_eta
+    for k in range(K):
+        score += math.lgamma(beta * V) - math.lgamma(totals[k])
+    return score
 
 
 def count_expectations(counts, beta, rows=None):
@@ -244,41 +261,21 @@ def count_expectations(counts, beta, rows=None):
     beta`` for the words ``rows`` (all: None), V' x K."""
     V = counts.shape[0]
     totals = counts.sum(axis=0, dtype=np.int64) + V * beta
-    psi_totals = np.array([_psi(float(t)) for t in totals])
     rows = np.arange(V) if rows is None else np.asarray(rows, dtype=np.int64)
     elog_t = np.empty((rows.size, counts.shape[1]))
     top = int(counts.max()) if counts.size else 0
-    table = _psi_table(min(top + 1, 1 << 16), float(beta))
-    _count_expectations(counts, rows, float(beta), psi_totals, table, elog_t)
+    _count_terms(counts, rows, float(beta), totals.astype(np.float64), np.empty(min(top + 1, 1 << 16)),
+                 np.empty(counts.shape[1]), elog_t, False)
     return elog_t, np.exp(elog_t)
-
-
-@njit(nogil=True, cache=True)
-def _count_topic_term(counts, eta, psi_totals, totals):
-    """:func:`topic_term` of the topics ``counts.T + eta``: an entry of
-    count 0 adds exactly 0 (``eta - lambda`` and ``lgamma(lambda) -
-    lgamma(eta)`` both vanish), so only the nonzero counts are visited."""
-    V, K = counts.shape
-    score = 0.0
-    lg_eta = math.lgamma(eta)
-    for w in range(V):
-        for k in range(K):
-            c = counts[w, k]
-            if c != 0:
-                lam = c + eta
-                score += -c * (_psi(lam) - psi_totals[k]) + math.lgamma(lam) - lg_eta
-    for k in range(K):
-        score += math.lgamma(eta * V) - math.lgamma(totals[k])
-    return score
 
 
 def count_topic_term(counts, eta) -> float:
     """The topics' term of the bound for ``components_ = counts.T + eta``
     (``counts``: V x K word-topic counts)."""
-    V = counts.shape[0]
+    V, K = counts.shape
     totals = counts.sum(axis=0, dtype=np.int64) + V * float(eta)
-    psi_totals = np.array([_psi(float(t)) for t in totals])
-    return float(_count_topic_term(counts, float(eta), psi_totals, totals.astype(np.float64)))
+    return float(_count_terms(counts, np.empty(0, dtype=np.int64), float(eta), totals.astype(np.float64),
+                              np.empty(0), np.empty(K), np.empty((0, K)), True))
 
 
 def training_bound(parts, nwk, *, client, beta, alpha, max_iter, tol, matrix=None) -> float:

@@ -33,14 +33,11 @@ from dask_ps._estimators import njit  # numba.njit, caching outside the package
 
 
 @njit(nogil=True, cache=True)
-def _inverse_totals(nk, vbeta):
-    """``1 / (nk + vbeta)`` per topic, the totals clamped at 0."""
-    K = nk.shape[0]
-    inv = np.empty(K)
-    for k in range(K):
+def _inverse_totals(nk, vbeta, inv):
+    """Write ``1 / (nk + vbeta)`` per topic into ``inv``, the totals clamped at 0."""
+    for k in range(nk.shape[0]):
         n = nk[k]
         inv[k] = 1.0 / ((n if n > 0 else 0) + vbeta)
-    return inv
 
 
 @njit(cache=False, inline="always")
@@ -99,9 +96,26 @@ def _lane_sum(p, j, n_rows, B):
     return s
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+# The dense sweep's lanes (topics j, j + _LANES, j + 2 _LANES, ... in lane j).
+_LANES = 8
+
+
 def gibbs_sweep_dense(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed):
-    """One sweep over every token, O(K) per token, SIMD-friendly.
+    """One sweep over every token, O(K) per token (:func:`_dense_sweep`,
+    with its work arrays made here: a kernel that allocates none compiles
+    without numba's array constructors, whose first use in a process costs
+    a first fit 0.1-0.15 s of compile each)."""
+    K = nk.shape[0]
+    p = np.zeros(-(-K // _LANES) * _LANES)  # padded: the last row's tail stays 0
+    _dense_sweep(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed,
+                 np.empty(K), np.empty(K), p, np.empty(_LANES))
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _dense_sweep(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed, inv, coef, p, lanes):
+    """One sweep over every token, O(K) per token, SIMD-friendly
+    (``inv``, ``coef``, ``lanes``: K, K and 8 floats to write; ``p``: the
+    padded row of probabilities, zeros).
 
     Updates ``z``, ``ndk``, ``nwk`` and ``nk`` in place, as it samples (the
     participant's local copy: AD-LDA). Per document the factor
@@ -122,13 +136,10 @@ def gibbs_sweep_dense(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed)
     benchmark corpus). Uniforms: SplitMix64 seeded with ``seed``.
     """
     K = nk.shape[0]
-    B = 8
+    B = _LANES
     n_rows = (K + B - 1) // B  # topics per lane, the last row padded
     last_lane = min(B, K) - 1
-    inv = _inverse_totals(nk, vbeta)
-    coef = np.empty(K)
-    p = np.zeros(n_rows * B)  # padded: the last row's tail stays 0
-    lanes = np.empty(B)
+    _inverse_totals(nk, vbeta, inv)
     state = np.uint64(seed)
     for d in range(doc_ptr.shape[0] - 1):
         if doc_ptr[d] == doc_ptr[d + 1]:
@@ -240,7 +251,8 @@ def gibbs_sweep_sparse(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed
     state = np.uint64(seed)
     K = nk.shape[0]
     topics, start, count = _word_topic_lists(words, nwk)
-    inv = _inverse_totals(nk, vbeta)
+    inv = np.empty(K)
+    _inverse_totals(nk, vbeta, inv)
     coef = np.empty(K)  # (ndk + alpha) / (nk + vbeta) of the current document
     qv = np.empty(K)
     doc_topics = np.empty(K, dtype=np.int32)  # the current document's topics with ndk > 0
@@ -399,9 +411,29 @@ def changed_rows(after, before):
 SWEEPS = {"dense": gibbs_sweep_dense, "sparse": gibbs_sweep_sparse}
 
 
-@njit(nogil=True, cache=True)
 def init_counts(doc_ptr, words, z, ndk, nwk, nk):
-    """Counts of a fresh assignment ``z`` (added to the given arrays)."""
+    """Counts of a fresh assignment ``z`` (added to the given arrays):
+    numpy's bincounts where the tables are small (a first fit's: the same
+    integers, without the kernel's compile, 0.1 s), else
+    :func:`_init_counts` (no (rows x K) int64 temporaries)."""
+    K = nk.shape[0]
+    if max(ndk.size, nwk.size) > _GATHER_ENTRIES:
+        _init_counts(doc_ptr, words, z, ndk, nwk, nk)
+        return
+    if doc_ptr.shape[0] < 2:
+        return
+    lo, hi = int(doc_ptr[0]), int(doc_ptr[-1])
+    topic = z[lo:hi].astype(np.int64)
+    doc = np.repeat(np.arange(ndk.shape[0], dtype=np.int64), np.diff(doc_ptr))
+    ndk += np.bincount(doc * K + topic, minlength=ndk.size).reshape(ndk.shape).astype(ndk.dtype)
+    word = words[lo:hi].astype(np.int64)
+    nwk += np.bincount(word * K + topic, minlength=nwk.size).reshape(nwk.shape).astype(nwk.dtype)
+    nk += np.bincount(topic, minlength=K).astype(nk.dtype)
+
+
+@njit(nogil=True, cache=True)
+def _init_counts(doc_ptr, words, z, ndk, nwk, nk):
+    """:func:`init_counts`' loop."""
     n_docs = doc_ptr.shape[0] - 1
     for d in range(n_docs):
         for i in range(doc_ptr[d], doc_ptr[d + 1]):
@@ -474,6 +506,11 @@ def gibbs_sweep_array(xp, doc_idx, words, z, ndk, nwk, nk, alpha, beta, vbeta, s
 # --- log-likelihood pieces (Griffiths & Steyvers' collapsed joint log p(w, z)) -------
 
 
+# The most entries of a count table whose lgamma sums are a numpy gather (one
+# float64 temporary of its size); larger ones go to the compiled kernel.
+_GATHER_ENTRIES = 1 << 20
+
+
 @njit(nogil=True, cache=True)
 def _table_row_sums(counts, table):
     """Per row of the 2-D ``counts``: the sum of ``table[c]`` over its
@@ -501,6 +538,13 @@ def _lgamma_ratio(counts, prior):
     top = int(counts.max()) if counts.size else 0
     if counts.ndim == 2 and counts.dtype.kind == "i" and top <= 1 << 20:
         table = gammaln(np.arange(top + 1) + prior) - gammaln(prior)
+        if counts.size <= _GATHER_ENTRIES:
+            # a small table (a first fit's): numpy's gather and sequential
+            # running sum give the kernel's sums bit for bit (table[0] is
+            # exactly 0, and adding 0 changes no sum), without its compile
+            # (0.2-0.3 s a fresh install's first fit waited for)
+            return np.cumsum(table[np.maximum(counts, 0)], axis=1)[:, -1] if counts.shape[1] else (
+                np.zeros(counts.shape[0]))
         return _table_row_sums(counts, table)
     counts = np.maximum(counts, 0)
     return (gammaln(counts + prior) - gammaln(prior)).sum(axis=-1)

@@ -1,0 +1,94 @@
+"""What a fresh install's first LDA fit compiles (issue 35): the kernels it
+runs and nothing else, and none of numba's own array constructors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy.special import gammaln
+
+from dask_ps.decomposition import _lda_kernels
+
+_FIRST_FIT = r"""
+import json
+import numpy as np
+import numba.core.event as ev
+compiled = []
+class Count(ev.Listener):
+    def on_start(self, event):
+        fn = event.data["dispatcher"].py_func
+        compiled.append(fn.__module__ + "." + fn.__qualname__)
+    def on_end(self, event):
+        pass
+ev.register("numba:compile", Count())
+from dask_ps.decomposition import LatentDirichletAllocation
+X = np.random.RandomState(0).poisson(0.05, size=(120, 400))
+est = LatentDirichletAllocation(n_components=5, max_iter=3, random_state=0).fit(X)
+print("RESULT " + json.dumps({"compiled": compiled, "bound": est.bound_}))
+"""
+
+# The kernels a default fit runs: the dense sweep and bound_ (scikit-learn's
+# E-step under the final counts); a small fit's starting counts are numpy's.
+_USED = {
+    "_lda_kernels._dense_sweep", "_lda_kernels._inverse_totals",
+    "_bound._psi", "_bound._count_terms", "_bound.doc_bounds",
+}
+
+
+def test_a_first_fit_compiles_the_kernels_it_runs_only(tmp_path):
+    """Each compiled entry point, and each of numba's array constructors a
+    kernel calls (``np.empty``, ``np.zeros``: compiled on their first use in
+    a process), cost a first fit 0.06-0.15 s of compile: a default fit
+    compiles the kernels it runs, once each, and its kernels allocate
+    nothing (their work arrays come from the Python callers)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["DASK_PS__KERNEL_CACHE_DIR"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", _FIRST_FIT], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
+    ours = [name.removeprefix("dask_ps.decomposition.") for name in result["compiled"]
+            if name.startswith("dask_ps.")]
+    assert sorted(ours) == sorted(_USED), result["compiled"]
+    assert not [name for name in result["compiled"] if name.startswith("numba.np.arrayobj")], result["compiled"]
+    assert np.isfinite(result["bound"])
+
+
+@pytest.mark.parametrize("shape", [(300, 10), (40, 1), (0, 4), (6, 0)])
+@pytest.mark.parametrize("prior", [0.1, 1 / 3, 2.5])
+def test_small_tables_lgamma_sums_are_the_kernels_bit_for_bit(shape, prior):
+    """A small count table's ``sum_k lgamma(n + prior) - lgamma(prior)`` is
+    numpy's (no compile); the kernel's for large tables gives the same
+    bits (negative counts clamped at 0)."""
+    counts = np.random.default_rng(1).poisson(2.0, size=shape).astype(np.int32)
+    if counts.size:
+        counts[0, 0] = -3
+    table = gammaln(np.arange((counts.max() if counts.size else 0) + 1) + prior) - gammaln(prior)
+    assert counts.size <= _lda_kernels._GATHER_ENTRIES
+    by_numpy = _lda_kernels._lgamma_ratio(counts, prior)
+    assert by_numpy.tobytes() == _lda_kernels._table_row_sums(counts, table).tobytes()
+
+
+@pytest.mark.parametrize("shape", [(30, 7, 50), (5, 1, 3), (0, 4, 6)])
+def test_small_starting_counts_are_the_kernels(shape):
+    """A small fit's starting counts are numpy's bincounts (no compile);
+    the kernel's for large tables gives the same integers, added to the
+    given arrays."""
+    n_docs, K, V = shape
+    rng = np.random.default_rng(2)
+    doc_ptr = np.concatenate([[0], np.cumsum(rng.integers(0, 9, size=n_docs))]).astype(np.int64)
+    words = rng.integers(0, V, size=doc_ptr[-1]).astype(np.int32)
+    z = rng.integers(0, K, size=doc_ptr[-1]).astype(np.int32)
+    start = (rng.integers(0, 3, size=(n_docs, K)).astype(np.int32), rng.integers(0, 3, size=(V, K)).astype(np.int32),
+             rng.integers(0, 3, size=K).astype(np.int64))
+    by_numpy = [a.copy() for a in start]
+    _lda_kernels.init_counts(doc_ptr, words, z, *by_numpy)
+    by_kernel = [a.copy() for a in start]
+    _lda_kernels._init_counts(doc_ptr, words, z, *by_kernel)
+    for a, b in zip(by_numpy, by_kernel):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert by_numpy[2].sum() == start[2].sum() + doc_ptr[-1]
