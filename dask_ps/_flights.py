@@ -367,12 +367,7 @@ class InFlight:
             self._clk.advance(clock)
             self._clock_flight = (future, wait_for, clock)
             return
-        try:
-            m, seconds = self._await(future)
-        except Exception:
-            for name in list(self._flights):
-                self.finish_flights(name)  # a failed flush raises its own error first
-            raise
+        m, seconds = self._clock_reply(future)
         for name in list(self._flights):
             self.finish_flights(name)
         self._clk.advance(clock)
@@ -573,6 +568,16 @@ class InFlight:
                 f.future.set_result(r)
         return await self._report_clock([f.future for f in flights], clock, wait_for)
 
+    def _clock_reply(self, future):
+        """The reply of a clock's messages; on an error every flight is
+        booked first, so that a failed flush raises its own error."""
+        try:
+            return self._await(future)
+        except Exception:
+            for name in list(self._flights):
+                self.finish_flights(name)
+            raise
+
     def finish_clock(self) -> None:
         """Wait for the clock reported in the background (flush errors first)."""
         if self._clock_flight is None:
@@ -580,12 +585,7 @@ class InFlight:
         future, wait_for, clock = self._clock_flight
         self._clock_flight = None
         t0 = time.perf_counter()
-        try:
-            m, _ = self._await(future)
-        except Exception:
-            for name in list(self._flights):
-                self.finish_flights(name)  # a failed flush raises its own error first
-            raise
+        m, _ = self._clock_reply(future)
         if wait_for is not None:
             self._clk.wait_seconds += time.perf_counter() - t0
         self._clk.settled = max(self._clk.settled, clock)
