@@ -45,6 +45,12 @@ def _is_lost(part) -> bool:
     return getattr(part, "status", None) in ("error", "cancelled", "lost")
 
 
+def _on(worker) -> dict:
+    """``submit``'s placement keywords for a task that should run on
+    ``worker`` (where its input is) but may run elsewhere."""
+    return {"workers": [worker], "allow_other_workers": True} if worker is not None else {}
+
+
 def _cut_groups(groups: list, n: int) -> list:
     """``[(worker, blocks), ...]`` cut into up to ``n`` groups: the group
     with most blocks halved (consecutive blocks, same worker) while there
@@ -235,6 +241,39 @@ class TrainingParts:
             self._remakes.append(lambda w=w, bl=bl: submit(w, bl))
         self._index = list(range(len(self.futures)))
         return self
+
+    def exchanged(self, split, join, counts) -> TrainingParts:
+        """The parts after an all-to-all exchange of their rows, as new parts
+        (this object's parts are let go once the new ones are made).
+
+        ``counts[i][j]``: how many rows part ``i`` sends to part ``j``.
+        ``split(part, i)`` runs where part ``i`` is and returns its pieces
+        (a sequence, piece ``j`` for part ``j``); ``join(pieces, j)`` runs
+        where part ``j`` was and gets the non-empty pieces for it in the
+        order of ``i``. Dask moves the pieces worker to worker (nothing
+        goes through the client), and computes any of them again from the
+        graph if a worker is lost; the new parts keep the persisted
+        collections the old ones were made from.
+        """
+        import operator
+
+        from distributed import wait
+
+        with self.client.as_current():
+            wait(self.futures)
+        where = _dask_adapter.holders(self.client, self.futures)
+        homes = [(where.get(f.key) or [None])[0] for f in self.futures]
+        split_futs = [self.client.submit(split, f, i, pure=False, **_on(w)) for i, (f, w) in
+                      enumerate(zip(self.futures, homes))]
+        new = TrainingParts(self.client, [], held=self.held)
+        for j, w in enumerate(homes):
+            pieces = [self.client.submit(operator.getitem, s, j, pure=False, **_on(homes[i]))
+                      for i, s in enumerate(split_futs) if counts[i][j] > 0]
+            new.futures.append(self.client.submit(join, pieces, j, pure=False, **_on(w)))
+            new._remakes.append(None)  # Dask computes it again from its graph
+        new._index = list(self._index)
+        self.futures, self.held = [], []
+        return new
 
     # --- using ---------------------------------------------------------------------------
     def gather(self, fn, *args, key_prefix=None):

@@ -168,7 +168,8 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
             # Concatenated and checked on the workers once: the values are
             # checked before the targets (scikit-learn's order), and the
             # classes come from the parts' label counts.
-            data.parts = _dask_parts(self._parameter_server().client, data, self._is_classifier, order_seed(self))
+            data.parts = _dask_parts(self._parameter_server().client, data, self._is_classifier, order_seed(self),
+                                     self.verbose)
         try:
             K, targets = self._targets(data, classes)
             d = data.n_features

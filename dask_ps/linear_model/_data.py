@@ -23,6 +23,7 @@ from dask_ps._estimators import (
     setting,
     setting_bytes,
 )
+from dask_ps.linear_model import _exchange
 from dask_ps.linear_model._participant import _PartData
 
 
@@ -242,15 +243,15 @@ def label_counts(y):
 
 
 def _part_info(part, classifier):
-    """Task: sizes and label counts of an assembled part, or the part's
-    ``InvalidPart``."""
+    """Task: ``(size, labels, label counts, targets' sample)`` of an
+    assembled part (a classifier's labels and counts, a regressor's sample:
+    ``_exchange.skew``), or the part's ``InvalidPart``."""
     if isinstance(part, InvalidPart):
         return part
     if classifier:
         labels, counts = label_counts(arrays.to_numpy(part.y))
-    else:
-        labels = counts = None
-    return len(part), labels, counts
+        return len(part), labels, counts, None
+    return len(part), None, None, _exchange.target_sample(part.y)
 
 
 def order_seed(est):
@@ -262,13 +263,15 @@ def order_seed(est):
     return int(check_random_state(est.random_state).randint(np.iinfo(np.int32).max))
 
 
-def _dask_parts(client, data: _Input, classifier: bool, order_seed=None):
+def _dask_parts(client, data: _Input, classifier: bool, order_seed=None, verbose=0):
     """The parts of a dask input: one per worker that holds blocks of it once
     persisted, concatenated and validated there (``_assemble_part``; data
     that fails the checks raises here, in the caller); returns ``(parts, sizes, labels)`` -- ``labels``: ``(labels, counts)``
     over all parts for a classifier. Nothing is gathered to the client.
     ``order_seed`` (None: the stored order): each part's blocks
-    concatenated in a shuffle drawn from it (``_shuffled_concatenation``)."""
+    concatenated in a shuffle drawn from it (``_shuffled_concatenation``),
+    and the rows dealt again between the parts where their labels or
+    targets are unlike a random deal's (``_exchange.balance``)."""
     X, y, sw = data.X, data.y, data.sw
     if not is_dask_dataframe(X):
         X = X.rechunk({1: -1}) if X.numblocks[1] > 1 else X
@@ -308,7 +311,15 @@ def _dask_parts(client, data: _Input, classifier: bool, order_seed=None):
             labels = (all_labels, np.bincount(inv, weights=np.concatenate(cnt)))
     keep = [i for i, n in enumerate(sizes) if n > 0]
     parts.keep(keep)
-    return parts, [sizes[i] for i in keep], labels
+    sizes = [sizes[i] for i in keep]
+    if data.device == "cpu":
+        try:
+            parts = _exchange.balance(parts, sizes, [infos[i] for i in keep], classifier, order_seed, verbose,
+                                      data.estimator)
+        except BaseException:
+            parts.release()
+            raise
+    return parts, sizes, labels
 
 
 def _memory_parts(client, servers, data: _Input, random_state, shuffle: bool, replication: int = 1):

@@ -107,7 +107,7 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
     t = time.perf_counter()
     if data.kind == "dask":
         parts, sizes, _ = data.parts if data.parts is not None else _dask_parts(ps.client, data, est._is_classifier,
-                                                                                     order_seed(est))
+                                                                                     order_seed(est), est.verbose)
         data.parts = None  # released by this call, whatever happens
     else:
         parts, sizes = _memory_parts(ps.client, ps.wait_for_servers(), data, rs, hp.shuffle, replication)
