@@ -157,7 +157,11 @@ def balance(parts, sizes, infos, classifier, seed, verbose=0, owner="SGDClassifi
             if how == "auto" else f"{owner}: rows dealt again between {len(parts)} participants "
             "(ps.sgd.exchange-rows: always)")
     if verbose:
-        Progress(verbose, logger).note(text)
+        progress = Progress(verbose, logger)
+        try:
+            progress.note(text)  # standard error and the logger
+        finally:
+            progress.close()
     else:
         logger.info(text)
     return parts.exchanged(functools.partial(_split, counts=counts, seeds=seeds[:len(parts)]),
