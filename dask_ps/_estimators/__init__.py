@@ -19,7 +19,7 @@ Parameters (``_params``)
 Training data (``_data``)
     ``TrainingParts`` (``from_pieces``, ``from_chunks``, ``per_worker``;
     ``futures``, ``held``, ``index``, ``gather``, ``keep``,
-    ``rebuild_lost``, ``release``); ``PartCopies``, ``load_part``.
+    ``rebuild_lost``, ``release``, ``exchanged``); ``PartCopies``, ``load_part``.
 Runs and checkpoints (``_runs``)
     ``CheckpointMismatchError`` (a ``ValueError``), ``checkpoint_record``,
     ``check_checkpoint``, ``find_checkpoint``, ``save_checkpoint``
