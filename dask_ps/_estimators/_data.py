@@ -244,7 +244,7 @@ class TrainingParts:
 
     def exchanged(self, split, join, counts) -> TrainingParts:
         """The parts after an all-to-all exchange of their rows, as new parts
-        (this object's parts are let go once the new ones are made).
+        (this object lets its parts go: Dask keeps each until it is split).
 
         ``counts[i][j]``: how many rows part ``i`` sends to part ``j``.
         ``split(part, i)`` runs where part ``i`` is and returns its pieces
