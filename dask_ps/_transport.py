@@ -500,7 +500,7 @@ class Router:
         return seqs
 
     def _leased(self, h: TableHandle, msgs, bound) -> bool:
-        """Whether this sender's leases (``ShardStore.top_up``: bounds each
+        """Whether this sender's leases (``_holds.top_up``: bounds each
         server reserved for its next pushes) cover every part of a push;
         then the push goes in one phase, drawn from them here as the
         servers will (their replies bring the leases up to date)."""

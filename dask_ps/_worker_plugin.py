@@ -21,7 +21,7 @@ import numpy as np
 from distributed import WorkerPlugin
 from distributed.core import Status
 
-from dask_ps import _backend, _config
+from dask_ps import _backend, _config, _holds
 from dask_ps._exceptions import (
     InternalOnlyError,
     PSValueError,
@@ -228,7 +228,7 @@ class PSWorkerPlugin(WorkerPlugin):
         # replicas, and replicas apply under the other one, so two primaries
         # forwarding to each other cannot deadlock.
         async with (self._replica_locks[key] if replica else self._locks[key]):
-            held = self.store.take_hold(table, version, table_id, commit)
+            held = _holds.take_hold(self.store, table, version, table_id, commit)
             if commit is not None and not commit[1]:  # phase 1 was refused elsewhere: nothing applies
                 return []
             if held is not None and held.items is not None:
@@ -250,12 +250,12 @@ class PSWorkerPlugin(WorkerPlugin):
                         f"table {t.spec.name!r}: this worker is not the primary of block(s) {wrong}"
                     )
             if hold is not None:  # phase 1: checked, nothing applied until the commit
-                self.store.hold(t, hold, items, bounds, run if not raw else None, keep=bool(values))
+                _holds.hold(t, hold, items, bounds, run if not raw else None, keep=bool(values))
                 return []
             per_clock = run is not None and t.spec.aggregate == "clock" and not raw
             # What proves the push fits (applied unchecked): its hold's check, or the sender's lease.
             checked = (held.reserved if held is not None and held.checked else None) if held is not None else (
-                self.store.spend(t, sender, items, bounds, per_clock) if lease and not raw else None)
+                _holds.spend(t, sender, items, bounds, per_clock) if lease and not raw else None)
             todo = self.store.unapplied(t, items, sender, msg_seq)
             if not replica:
                 self.served["pushes"] += 1
@@ -272,7 +272,7 @@ class PSWorkerPlugin(WorkerPlugin):
             if not replica:
                 await self.replicator.forward(t, items, raw, run, sender, msg_seq, bounds)
             if lease:
-                return {"seqs": self.store.seqs(t, items), "lease": self.store.top_up(t, sender, [b for b, *_ in items])}
+                return {"seqs": self.store.seqs(t, items), "lease": _holds.top_up(t, sender, [b for b, *_ in items])}
             return self.store.seqs(t, items)
 
     async def _apply(self, t, items, raw=False, check=True, bounds=None):
