@@ -32,6 +32,7 @@ from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, Inte
 from dask_ps._host_memory import freeze_before_exit, pool_in_process_memory_limits, raise_mmap_threshold
 from dask_ps._liveness import RETIRE_MARGIN, Beacon, Liveness, PauseGuard
 from dask_ps._replicator import Replicator
+from dask_ps._row_lists import RowListCache
 from dask_ps._run_manager import ENDED_RUNS_KEPT, RunManager  # noqa: F401 - ENDED_RUNS_KEPT: tests
 from dask_ps._shard import ShardStore, _wire_clock
 from dask_ps._spec import TableSpec
@@ -70,6 +71,8 @@ class PSWorkerPlugin(WorkerPlugin):
             self.store, self._all_locks, self._apply, lambda: self.scheduler, self._peer_clocks, self._address,
             self._run_push, fill_sender=self, read=self._run_read)
         self.runs = self.run_manager.clocks
+        # Participants' row lists by key: later messages name them (issue 36).
+        self.row_lists = RowListCache(lambda: _config.get_bytes("row-lists.server-bytes"))
         self.latest_versions: dict[str, int] = {}  # table -> newest placement version announced
         self.liveness = Liveness()  # workers the scheduler removed: do not wait on them
         # A primary's forwarding of pushes to its replicas (issue 36).
@@ -163,6 +166,8 @@ class PSWorkerPlugin(WorkerPlugin):
         """Handler: forget a table's shards."""
         self._locks.pop(name, None)
         self._replica_locks.pop(name, None)
+        if table_id is not None:
+            self.row_lists.forget_table(table_id)
         for load_id in [k for k, (n, tid, _) in self._loads.items() if n == name and tid in (table_id, None)]:
             del self._loads[load_id]
         return self.store.drop(name, table_id)
@@ -192,7 +197,7 @@ class PSWorkerPlugin(WorkerPlugin):
         """
         if rows is None and isinstance(blocks, (list, tuple)):
             rows = [None] * len(blocks)
-        rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
+        rows = self._rows_of(rows, blocks, table_id, run)
         if isinstance(values, (list, tuple)):
             values = unwire_values([_unwrap(v) for v in values], _config.get_bytes("max-push-bytes"), decode=False)
         if replica and not internal:
@@ -205,6 +210,16 @@ class PSWorkerPlugin(WorkerPlugin):
         return await self._push(table, version, blocks, rows, values, bool(raw), run, sender, msg_seq,
                                 bool(replica), table_id, forwarder, trusted=internal, bound=bound, hold=hold,
                                 commit=commit, lease=bool(lease) and not replica)
+
+    def _rows_of(self, rows, blocks, table_id, run):
+        """A message's rows as arrays: a list named by its key is the one
+        this worker holds under it (``RowListMissingError`` where it holds
+        none: the sender sends the message again with its lists)."""
+        if not isinstance(rows, (list, tuple)):
+            return rows
+        rows = [{k: _unwrap(x) for k, x in r.items()} if isinstance(r, dict) else _unwrap(r) for r in rows]
+        run_id = run[0] if isinstance(run, (list, tuple)) and run and isinstance(run[0], str) else None
+        return self.row_lists.resolve(table_id, blocks, rows, run_id)
 
     async def _push(self, table, version, blocks, rows, values, raw, run, sender, msg_seq, replica, table_id=None,
                     forwarder=None, trusted=False, bound=None, hold=None, commit=None, lease=False):
@@ -476,7 +491,7 @@ class PSWorkerPlugin(WorkerPlugin):
             # the clock it names, ``subscribe`` sends rows to an address.
             raise InternalOnlyError("ps_pull with run=, wait= or subscribe= may come only from a participant's "
                                     "session (it carries the cluster's internal token)")
-        rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
+        rows = self._rows_of(rows, blocks, table_id, run)
         seqs, values, summed, applied, tag = await self._read(
             table, version, blocks, rows, run, subscribe, copy=False, table_id=table_id, sender=sender,
             trusted=internal, sparse=sparse is True, wait=wait)
@@ -610,6 +625,11 @@ class PSWorkerPlugin(WorkerPlugin):
         """Handler (a participant): ``rank`` completed ``clock`` clocks; with
         ``pushes``, its pushes to this server in the same message, and the
         reads of the next clock it prefetched (``RunManager.run_clock``)."""
+        # Every keyed row list first: a message whose list is not held here
+        # is refused before any of it applies (its sender sends it in full).
+        for m in [*(pushes or ()), *(reads or ())]:
+            if isinstance(m, dict) and isinstance(m.get("rows"), (list, tuple)):
+                m["rows"] = self._rows_of(m["rows"], m.get("blocks"), m.get("table_id"), (run_id, None))
         return await self.run_manager.run_clock(run_id, rank, clock, wait_for, timeout, pushes, versions, reads)
 
     @handler(INTERNAL)
@@ -636,6 +656,7 @@ class PSWorkerPlugin(WorkerPlugin):
         """Handler (scheduler): a run ended; apply what it left, forget it
         (its exactly-once windows included) and refuse its pushes from now on."""
         await self.run_manager.run_end(run_id)
+        self.row_lists.forget_run(run_id)
 
     @handler(READ_ONLY)
     def gpu_info(self) -> dict | None:
