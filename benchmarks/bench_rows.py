@@ -47,6 +47,7 @@ Usage::
     python benchmarks/bench_rows.py --profile --cases 0 1  # where the time goes
     python benchmarks/bench_rows.py --steps                # what each numpy step costs in a worker
     python benchmarks/bench_rows.py --cpu                  # CPU per operation, caller and server side
+    python benchmarks/bench_rows.py --cpu --unkeyed        # ... with row lists keyed and in full, interleaved
 """
 
 from __future__ import annotations
@@ -267,15 +268,29 @@ def participant_cpu(ctx, measure, *, host, pull_table, push_table, rows, width, 
 def cpu_case(client, ps, parts, host, pull_t, push_t, rows, width, args, reps=30, rounds=3, rows_of=0):
     """``{(op, mechanism): (thread, loop A, loop B)}``: median CPU ms per operation."""
     out = {}
-    for _ in range(rounds):
-        for which in [("pull", "dask_ps"), ("pull", "bare"), ("push", "dask_ps"), ("push", "bare")]:
+    mechs = ["dask_ps", "bare"] + (["unkeyed"] if args.unkeyed else [])
+    for _ in range(args.cpu_rounds or rounds):
+        for which in [(op, m) for op in ("pull", "push") for m in mechs]:
+            if which[1] == "unkeyed":  # row lists in full in every message (ps.row-lists.keyed off)
+                client.run(_set_keyed, False)
             b0 = client.run(_loop_cpu, workers=[host])[host]
-            res = ps.run(participant_cpu, parts, host=host, pull_table=pull_t, push_table=push_t, rows=rows,
-                         width=width, reps=reps, which=which, **({"fresh": rows_of} if args.fresh else {}))
+            try:
+                res = ps.run(participant_cpu, parts, host=host, pull_table=pull_t, push_table=push_t, rows=rows,
+                             width=width, reps=reps, which=(which[0], "dask_ps" if which[1] == "unkeyed" else which[1]),
+                             **({"fresh": rows_of} if args.fresh else {}))
+            finally:
+                if which[1] == "unkeyed":
+                    client.run(_set_keyed, True)
             b1 = client.run(_loop_cpu, workers=[host])[host]
             thread, loop_a = next(r for r in res if r is not None)
             out.setdefault(which, []).append((thread * 1e3, loop_a * 1e3, (b1 - b0) / (reps + 3) * 1e3))
     return {k: tuple(statistics.median(x[i] for x in v) for i in range(3)) for k, v in out.items()}
+
+
+def _set_keyed(keyed):
+    import dask
+
+    dask.config.set({"ps.row-lists.keyed": keyed})
 
 
 def table_on(ps, base, host, **kwargs):
@@ -344,6 +359,9 @@ def main(argv=None):
     ap.add_argument("--cpu", action="store_true", help="CPU per operation of the caller's and the server's threads")
     ap.add_argument("--fresh", action="store_true",
                     help="--cpu: other rows at every operation (no row list sent twice; the cost of naming lists)")
+    ap.add_argument("--unkeyed", action="store_true",
+                    help="--cpu: also dask_ps with ps.row-lists.keyed off (every list in full), interleaved")
+    ap.add_argument("--cpu-rounds", type=int, default=0, help="--cpu: rounds of every mechanism (default 3)")
     ap.add_argument("--profile-reps", type=int, default=40)
     ap.add_argument("--profile-top", type=int, default=15, help="functions shown per side")
     args = ap.parse_args(argv)
@@ -363,12 +381,12 @@ def main(argv=None):
             return
         if args.cpu:
             print(f"bench_rows --cpu: median CPU ms per operation ({args.cluster}; in-process workers share "
-                  "one event loop): participant thread | worker A's loop | worker B's loop (the server)"
+                  "one event loop): participant thread | worker A's loop | worker B's loop (the server) | sum"
                   + ("; other rows at every operation" if args.fresh else "; the same rows at every operation"))
             for n_rows, width, k in cases:
                 for (op, mech), (thr, la, lb) in sorted(run_case(client, ps, n_rows, width, k, args).items()):
-                    print(f"{n_rows:>10}x{width:<3} {k:>7} {op:>5} {mech:>8} | {thr:7.3f} | {la:7.3f} | {lb:7.3f}",
-                          flush=True)
+                    print(f"{n_rows:>10}x{width:<3} {k:>7} {op:>5} {mech:>8} | {thr:7.3f} | {la:7.3f} | {lb:7.3f}"
+                          f" | {thr + la + lb:7.3f}", flush=True)
             return
         if args.profile:
             for n_rows, width, k in cases:

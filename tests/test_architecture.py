@@ -34,7 +34,7 @@ PKG = pathlib.Path(dask_ps.__file__).parent
 
 PURE_CORE = {
     "_backend", "_config", "_exceptions", "_spec", "_routing", "_oplog", "_shard", "_sums", "_holds", "_placement",
-    "rules", "consistency", "_sparse_rows", "_compiled",
+    "rules", "consistency", "_sparse_rows", "_compiled", "_row_lists",
 }
 ESTIMATOR_PACKAGES = ("linear_model", "decomposition")
 SHARED_ESTIMATOR_PACKAGE = "_estimators"
