@@ -23,24 +23,38 @@ def rows(n=1000, seed=0, high=100_000):
 
 
 # --- the participant's side ------------------------------------------------------------
+def key(keys, table_id, block, r):
+    """The key of a list sent a second time (the first goes in full)."""
+    assert keys.key_of(table_id, block, r) is None
+    return keys.key_of(table_id, block, r)
+
+
+def test_a_list_is_keyed_the_second_time_it_is_sent():
+    """Lists that never repeat cost no copy: only their fingerprints are kept."""
+    keys = RowListKeys(1 << 20)
+    assert [keys.key_of("t", 0, rows(seed=s)) for s in range(10)] == [None] * 10
+    assert keys.nbytes == 0
+    assert keys.key_of("t", 0, rows(seed=3)) is not None and keys.nbytes == rows().nbytes
+
+
 def test_the_same_list_gets_its_key_again_by_content_not_by_object():
     keys = RowListKeys(1 << 20)
     r = rows()
-    k = keys.key_of("t1", 0, r)
+    k = key(keys, "t1", 0, r)
     assert k is not None
     assert keys.key_of("t1", 0, r.copy()) == k  # another array, the same rows
-    assert keys.key_of("t1", 1, r) != k  # another block: another list
-    assert keys.key_of("t2", 0, r) != k  # another table
+    assert key(keys, "t1", 1, r) != k  # another block: another list
+    assert key(keys, "t2", 0, r) != k  # another table
     other = r.copy()
     other[len(r) // 3] += 1  # differs where the fingerprint does not look
     assert not np.array_equal(other, r)
-    k2 = keys.key_of("t1", 0, other)
+    k2 = keys.key_of("t1", 0, other)  # its fingerprint is known: keyed at once, with its own key
     assert k2 not in (None, k)  # compared exactly: never another list's key
 
 
 def test_a_key_is_held_by_a_server_only_once_it_acknowledged_it():
     keys = RowListKeys(1 << 20)
-    k = keys.key_of("t", 0, rows())
+    k = key(keys, "t", 0, rows())
     assert not keys.held_at(k, A)
     keys.acknowledged(A, [k])
     assert keys.held_at(k, A) and not keys.held_at(k, B)
@@ -50,27 +64,28 @@ def test_a_key_is_held_by_a_server_only_once_it_acknowledged_it():
 
 def test_short_lists_ranges_and_lists_larger_than_the_cache_go_in_full():
     keys = RowListKeys(1000)
-    assert keys.key_of("t", 0, rows(MIN_ROWS - 1)) is None
-    assert keys.key_of("t", 0, [3, 9]) is None  # a range [start, stop]
-    assert keys.key_of("t", 0, rows(300)) is None  # 1200 bytes > 1000
-    assert keys.key_of("t", 0, rows(200)) is not None
+    for _ in range(2):
+        assert keys.key_of("t", 0, rows(MIN_ROWS - 1)) is None
+        assert keys.key_of("t", 0, [3, 9]) is None  # a range [start, stop]
+        assert keys.key_of("t", 0, rows(300)) is None  # 1200 bytes > 1000
+    assert key(keys, "t", 0, rows(200)) is not None
 
 
 def test_the_participants_lists_are_bounded_least_recently_used_first():
     keys = RowListKeys(3 * 1000 * 4)  # three lists of 1000 int32 rows
     lists = [rows(seed=s) for s in range(4)]
-    k = [keys.key_of("t", 0, r) for r in lists[:3]]
+    k = [key(keys, "t", 0, r) for r in lists[:3]]
     keys.acknowledged(A, k)
     assert keys.key_of("t", 0, lists[0]) == k[0]  # used again: the most recent
-    keys.key_of("t", 0, lists[3])  # drops lists[1], the least recently used
+    key(keys, "t", 0, lists[3])  # drops lists[1], the least recently used
     assert keys.nbytes <= keys.max_bytes
     assert not keys.held_at(k[1], A) and keys.held_at(k[0], A) and keys.held_at(k[2], A)
-    assert keys.key_of("t", 0, lists[1]) not in k  # a new key: the server may have dropped the old one too
+    assert key(keys, "t", 0, lists[1]) not in k  # a new key: the server may have dropped the old one too
 
 
 def test_keys_are_unique_to_a_participant_a_retried_one_gets_new_ones():
     r = rows()
-    assert RowListKeys(1 << 20).key_of("t", 0, r) != RowListKeys(1 << 20).key_of("t", 0, r)
+    assert key(RowListKeys(1 << 20), "t", 0, r) != key(RowListKeys(1 << 20), "t", 0, r)
 
 
 # --- the server's side ------------------------------------------------------------------
@@ -172,20 +187,23 @@ def test_a_server_that_lost_its_keys_gets_every_list_again_and_reads_the_right_r
         r = rows(2000, seed, 200_000)
         return [(0, r[r < 100_000]), (1, (r[r >= 100_000] - 100_000).astype(np.int32))]
 
+    order = [0, 1, 0, 1, 0, 1, 0, 1]
+
     async def main():
-        for i in range(4):
-            await tr.pull(A, h, lists(i % 2))
+        for i in order[:6]:  # in full, then with their keys, then by their keys
+            await tr.pull(A, h, lists(i))
         server.lists = cache()  # the server restarted: it holds no key
-        await tr.pull(A, h, lists(0))
-        await tr.pull(A, h, lists(1))
+        for i in order[6:]:
+            await tr.pull(A, h, lists(i))
 
     asyncio.run(main())
-    # every read applied its own rows, whatever went on the wire
-    for i, seen in enumerate(server.seen):
-        want = lists([0, 1, 0, 1, 0, 1][i])
-        for (b, r), s in zip(want, seen):
+    # every read was made with its own rows, whatever went on the wire
+    assert len(server.seen) == len(order)  # the refused message read nothing
+    for i, seen in zip(order, server.seen):
+        for (b, r), s in zip(lists(i), seen):
             np.testing.assert_array_equal(s, r)
-    assert server.messages == 7  # six reads, one sent again after the restart
+    assert server.messages == 9  # eight reads, one sent again after the restart
     assert tr.sent["row_lists_refused"] == 1
-    assert tr.sent["row_lists_keyed"] == 2 * 2 + 2  # reads 3-4 and, after the restart, read 6
-    assert tr.sent["pull"] == 7
+    # by key only: reads 5-6 and the refused one; sent again, and read 8, with the lists
+    assert tr.sent["row_lists_keyed"] == 2 * 2 + 2
+    assert tr.sent["pull"] == 9
