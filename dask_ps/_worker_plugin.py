@@ -197,7 +197,7 @@ class PSWorkerPlugin(WorkerPlugin):
         """
         if rows is None and isinstance(blocks, (list, tuple)):
             rows = [None] * len(blocks)
-        rows = self._rows_of(rows, blocks, table_id, run)
+        rows = self._rows_of(rows, blocks, table_id, run, internal)
         if isinstance(values, (list, tuple)):
             values = unwire_values([_unwrap(v) for v in values], _config.get_bytes("max-push-bytes"), decode=False)
         if replica and not internal:
@@ -211,13 +211,17 @@ class PSWorkerPlugin(WorkerPlugin):
                                 bool(replica), table_id, forwarder, trusted=internal, bound=bound, hold=hold,
                                 commit=commit, lease=bool(lease) and not replica)
 
-    def _rows_of(self, rows, blocks, table_id, run):
+    def _rows_of(self, rows, blocks, table_id, run, internal=True):
         """A message's rows as arrays: a list named by its key is the one
         this worker holds under it (``RowListMissingError`` where it holds
-        none: the sender sends the message again with its lists)."""
+        none: the sender sends the message again with its lists). Keys
+        come from participants' sessions only (``internal``): another
+        caller could otherwise replace the rows a participant's key names."""
         if not isinstance(rows, (list, tuple)):
             return rows
         rows = [{k: _unwrap(x) for k, x in r.items()} if isinstance(r, dict) else _unwrap(r) for r in rows]
+        if not internal and any(isinstance(r, dict) for r in rows):
+            raise InternalOnlyError("row lists named by a key may come only from a participant's session")
         run_id = run[0] if isinstance(run, (list, tuple)) and run and isinstance(run[0], str) else None
         return self.row_lists.resolve(table_id, blocks, rows, run_id)
 
@@ -491,7 +495,7 @@ class PSWorkerPlugin(WorkerPlugin):
             # the clock it names, ``subscribe`` sends rows to an address.
             raise InternalOnlyError("ps_pull with run=, wait= or subscribe= may come only from a participant's "
                                     "session (it carries the cluster's internal token)")
-        rows = self._rows_of(rows, blocks, table_id, run)
+        rows = self._rows_of(rows, blocks, table_id, run, internal)
         seqs, values, summed, applied, tag = await self._read(
             table, version, blocks, rows, run, subscribe, copy=False, table_id=table_id, sender=sender,
             trusted=internal, sparse=sparse is True, wait=wait)

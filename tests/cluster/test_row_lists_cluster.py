@@ -166,3 +166,19 @@ def test_exact_sums_when_servers_lose_their_keys_mid_run(event):
         assert any(after[w] > stored[w] for w in survivors), (stored, after)
         ps.wait_for_placement()
         np.testing.assert_array_equal(ps.pull("t"), expected(3, ROUNDS * EPOCHS))
+
+
+def test_a_client_cannot_name_row_lists_by_key(ps, client):
+    """Keys come from participants' sessions only (they carry the cluster's
+    internal token): a client's keyed list could otherwise replace the
+    rows a participant's key names. Refused, nothing stored or applied."""
+    ps.create_table("k", shape=(200,), block_rows=200)
+    (addr,) = {p.worker for p in ps.placement("k")}
+    keyed = {"key": "someone.0", "rows": np.arange(100, dtype=np.int32)}
+    with pytest.raises(dask_ps.PSError, match="only from a participant"):
+        client.sync(client.rpc(addr).ps_push, table="k", version=1, blocks=[0], rows=[keyed],
+                    values=[np.ones(100)])
+    with pytest.raises(dask_ps.PSError, match="only from a participant"):
+        client.sync(client.rpc(addr).ps_pull, table="k", version=1, blocks=[0], rows=[keyed])
+    np.testing.assert_array_equal(ps.pull("k"), np.zeros(200))
+    assert client.run(lambda dask_worker: len(dask_worker.extensions["ps"].row_lists), workers=[addr])[addr] == 0
