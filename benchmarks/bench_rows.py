@@ -284,7 +284,12 @@ def cpu_case(client, ps, parts, host, pull_t, push_t, rows, width, args, reps=30
             b1 = client.run(_loop_cpu, workers=[host])[host]
             thread, loop_a = next(r for r in res if r is not None)
             out.setdefault(which, []).append((thread * 1e3, loop_a * 1e3, (b1 - b0) / (reps + 3) * 1e3))
-    return {k: tuple(statistics.median(x[i] for x in v) for i in range(3)) for k, v in out.items()}
+    med = {k: tuple(statistics.median(x[i] for x in v) for i in range(3)) for k, v in out.items()}
+    if args.unkeyed:  # rounds run back to back: their ratio is less sensitive to the load's drift
+        for op in ("pull", "push"):
+            ratios = [sum(a) / sum(b) for a, b in zip(out[(op, "dask_ps")], out[(op, "unkeyed")])]
+            med[(op, "ratio")] = (statistics.median(ratios), min(ratios), max(ratios))
+    return med
 
 
 def _set_keyed(keyed):
@@ -385,6 +390,10 @@ def main(argv=None):
                   + ("; other rows at every operation" if args.fresh else "; the same rows at every operation"))
             for n_rows, width, k in cases:
                 for (op, mech), (thr, la, lb) in sorted(run_case(client, ps, n_rows, width, k, args).items()):
+                    if mech == "ratio":  # keyed / unkeyed CPU sum, per round: median (min-max)
+                        print(f"{n_rows:>10}x{width:<3} {k:>7} {op:>5} keyed/unkeyed CPU, per round: "
+                              f"{thr:.2f} ({la:.2f}-{lb:.2f})", flush=True)
+                        continue
                     print(f"{n_rows:>10}x{width:<3} {k:>7} {op:>5} {mech:>8} | {thr:7.3f} | {la:7.3f} | {lb:7.3f}"
                           f" | {thr + la + lb:7.3f}", flush=True)
             return
