@@ -3,11 +3,12 @@ as its key only (issue 36; pure code, no Dask).
 
 A participant's row-sparse messages repeat their row lists: an SGD round's
 rows are read one clock and pushed the next, and again every epoch; an LDA
-participant reads and pushes its vocabulary's rows every iteration. The
-first message to a server that carries a block's list carries it with a key
-(``{"key", "rows"}``); once that server acknowledged it, later messages
-carry ``{"key"}`` only. ps-lite's key caching filter does the same
-(``KeyCachingFilter``: a signature of the key list, the list sent once).
+participant reads and pushes its vocabulary's rows every iteration. A
+block's list goes in full the first time, with a key the second
+(``{"key", "rows"}``: lists that never repeat cost no copy), and once the
+server acknowledged that, as ``{"key"}`` only. ps-lite's key caching
+filter does the same (``KeyCachingFilter``: a signature of the key list,
+the list sent once).
 
 Correctness never depends on the cache. A key names one list of one block
 of one table (the server checks both), keys are unique to a participant's
