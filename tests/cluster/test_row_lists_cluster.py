@@ -44,17 +44,20 @@ PAUSE_AT = ROUNDS + 2  # mid second epoch: every list goes by its key
 
 
 def epochs(ctx, _, table, pause=None):
-    """An SGD-like participant: reads and pushes its round's rows each
+    """An SGD-like participant: reads its round's rows (prefetched with the
+    clock before: they go with that clock's message) and pushes them each
     clock, the same rounds every epoch. Returns its message counters at
     the end of each epoch. ``pause``: at clock ``PAUSE_AT`` wait for the
     ``distributed.Event`` of that name (set by the test)."""
     snaps = []
+    ahead = None
     for c in range(ctx.current_clock, ROUNDS * EPOCHS):
         if pause is not None and c == PAUSE_AT:
             assert Event(pause).wait(120)
         rows = round_rows(ctx.rank, c % ROUNDS)
-        ctx.pull_rows(table, rows)
+        ahead.result() if ahead is not None else ctx.pull_rows(table, rows)
         ctx.push_rows(table, rows, values(ctx.rank, c, rows.size))
+        ahead = ctx.prefetch_rows(table, round_rows(ctx.rank, (c + 1) % ROUNDS), for_clock=c + 1)
         ctx.clock()
         if (c + 1) % ROUNDS == 0:
             snaps.append(dict(ctx.metrics()["messages"]))
