@@ -564,12 +564,19 @@ def part_wire(client, args):
         ext = dask_worker.extensions.get("ps")
         return ext.served["bytes_pulled"] if ext is not None else 0
 
+    def set_keyed(keyed):
+        import dask
+
+        dask.config.set({"ps.row-lists.keyed": keyed})
+
     ps = dask_ps.ParameterServer(client)
     V, iters = _WIRE_V, args.iters[0] if args.iters else 15
     print(f"\n## LDA's sync without the sweep, 2 participants, V={V}, {iters} iterations a run "
           f"({args.cluster})\n")
-    print("| K | rows on the wire | wall ms/it | worker CPU ms/it | read ms | push + clock ms | MB sent/it |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    keyings = (True, False) if args.unkeyed else (True,)
+    print("| K | rows on the wire | row lists | wall ms/it | worker CPU ms/it | read ms | push + clock ms "
+          "| MB sent/it | row-list KB/it |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for K in args.k:
         density = WIRE_DENSITY.get(K, 0.011)
         rng = np.random.default_rng(0)
@@ -577,18 +584,27 @@ def part_wire(client, args):
         hit = rng.random((V, K)) < density
         init[hit] = rng.integers(1, 40, int(hit.sum()))
         for rep in range(args.repeats):
-            for sparse in (False, True):
+            for sparse, keyed in [(sp, k) for sp in (False, True) for k in keyings]:
                 name = f"wire-{K}-{rep}-{sparse}"
                 ps.create_table(name, shape=(V, K), dtype="int32", block_rows=-(-V // 8) if K < 500 else -(-V // 14),
                                 sparse_wire=sparse, consistency=dask_ps.SSP(2, refresh=True), init=init)
+                client.run(set_keyed, keyed)  # the participants' processes read it (row lists by key or in full)
                 c0, b0, t0 = sum(client.run(cpu).values()), sum(client.run(sent).values()), time.perf_counter()
-                out = ps.run(_wire_cycle, [0, 1], name=name, iters=iters)
+                try:
+                    out = ps.run(_wire_cycle, [0, 1], name=name, iters=iters)
+                finally:
+                    client.run(set_keyed, True)
                 wall = time.perf_counter() - t0
                 c1, b1 = sum(client.run(cpu).values()), sum(client.run(sent).values())
+                runs = [r for r in ps.metrics().values() if r["participants"]]
+                rows_b = np.mean([p["messages"].get("bytes_rows", 0) for p in runs[-1]["participants"].values()]) \
+                    if runs and isinstance(runs[-1]["participants"], dict) else float("nan")
                 ps.drop_table(name)
-                print(f"| {K} | {'nonzeros' if sparse else 'dense'} | {wall / iters * 1e3:.1f} | "
+                print(f"| {K} | {'nonzeros' if sparse else 'dense'} | {'by key' if keyed else 'in full'} | "
+                      f"{wall / iters * 1e3:.1f} | "
                       f"{(c1 - c0) / iters * 1e3:.1f} | {np.mean([o[0] for o in out]) / iters * 1e3:.1f} | "
-                      f"{np.mean([o[1] for o in out]) / iters * 1e3:.1f} | {(b1 - b0) / iters / 1e6:.1f} |", flush=True)
+                      f"{np.mean([o[1] for o in out]) / iters * 1e3:.1f} | {(b1 - b0) / iters / 1e6:.1f} | "
+                      f"{rows_b / iters / 1e3:.1f} |", flush=True)
 
 
 def part_slices(client, train, test, args):
@@ -652,6 +668,8 @@ def main():
                     help="both = peers and staleness; kernels = one-core CPU-time comparison only; wire = an "
                          "iteration's sync with the word rows dense and as nonzeros on the wire")
     ap.add_argument("--kernel-iters", type=int, default=30)
+    ap.add_argument("--unkeyed", action="store_true",
+                    help="--part wire: also with ps.row-lists.keyed off (row lists in full), interleaved")
     ap.add_argument("--slices", type=int, nargs="+", default=[1, 2, 4],
                     help="part slices: the vocabulary_slices to compare (the first is the reference)")
     ap.add_argument("--samplers", nargs="+", default=["dense", "sparse"],

@@ -47,6 +47,7 @@ Usage::
     python benchmarks/bench_rows.py --profile --cases 0 1  # where the time goes
     python benchmarks/bench_rows.py --steps                # what each numpy step costs in a worker
     python benchmarks/bench_rows.py --cpu                  # CPU per operation, caller and server side
+    python benchmarks/bench_rows.py --cpu --unkeyed        # ... with row lists keyed and in full, interleaved
 """
 
 from __future__ import annotations
@@ -230,22 +231,31 @@ def _loop_cpu(dask_worker):
     return time.thread_time()
 
 
-def participant_cpu(ctx, measure, *, host, pull_table, push_table, rows, width, reps, which):
-    """CPU seconds per operation of this thread and of this worker's loop."""
+def participant_cpu(ctx, measure, *, host, pull_table, push_table, rows, width, reps, which, fresh=0):
+    """CPU seconds per operation of this thread and of this worker's loop.
+    ``fresh``: the number of rows of the table; every operation then has
+    rows of its own (``k`` other random rows: no row list is sent twice)."""
     if not measure:
         return None
     rows = _own_rows(rows)
+    if fresh:
+        rng = np.random.default_rng(1)
+        lists = iter([np.sort(rng.choice(fresh, rows.size, replace=False)) for _ in range(reps + 3)])
     w = get_worker()
     rpc = w.rpc(host)
     values = np.full((len(rows), width), 1e-3, np.float32)
     zero_copy = {"copy": False} if "copy" in inspect.signature(ctx.push_rows).parameters else {}
     f = {
-        ("pull", "dask_ps"): lambda: ctx.pull_rows(pull_table, rows),
-        ("pull", "bare"): lambda: sync(w.loop, rpc.bench_rows_pull, rows=to_serialize(rows)),
-        ("push", "dask_ps"): lambda: (ctx.push_rows(push_table, rows, values, **zero_copy), ctx.flush()),
-        ("push", "bare"): lambda: sync(w.loop, rpc.bench_rows_push, rows=to_serialize(rows),
-                                       values=to_serialize(values)),
+        ("pull", "dask_ps"): lambda r: ctx.pull_rows(pull_table, r),
+        ("pull", "bare"): lambda r: sync(w.loop, rpc.bench_rows_pull, rows=to_serialize(r)),
+        ("push", "dask_ps"): lambda r: (ctx.push_rows(push_table, r, values, **zero_copy), ctx.flush()),
+        ("push", "bare"): lambda r: sync(w.loop, rpc.bench_rows_push, rows=to_serialize(r),
+                                         values=to_serialize(values)),
     }[which]
+    if fresh:
+        f = (lambda g: lambda: g(next(lists)))(f)
+    else:
+        f = (lambda g: lambda: g(rows))(f)
     for _ in range(3):
         f()
     loop_clock = time.pthread_getcpuclockid(w.loop.asyncio_loop._thread_id)
@@ -255,18 +265,37 @@ def participant_cpu(ctx, measure, *, host, pull_table, push_table, rows, width, 
     return (time.thread_time() - c0) / reps, (time.clock_gettime(loop_clock) - l0) / reps
 
 
-def cpu_case(client, ps, parts, host, pull_t, push_t, rows, width, args, reps=30, rounds=3):
+def cpu_case(client, ps, parts, host, pull_t, push_t, rows, width, args, reps=30, rounds=3, rows_of=0):
     """``{(op, mechanism): (thread, loop A, loop B)}``: median CPU ms per operation."""
     out = {}
-    for _ in range(rounds):
-        for which in [("pull", "dask_ps"), ("pull", "bare"), ("push", "dask_ps"), ("push", "bare")]:
+    mechs = ["dask_ps", "bare"] + (["unkeyed"] if args.unkeyed else [])
+    for _ in range(args.cpu_rounds or rounds):
+        for which in [(op, m) for op in ("pull", "push") for m in mechs]:
+            if which[1] == "unkeyed":  # row lists in full in every message (ps.row-lists.keyed off)
+                client.run(_set_keyed, False)
             b0 = client.run(_loop_cpu, workers=[host])[host]
-            res = ps.run(participant_cpu, parts, host=host, pull_table=pull_t, push_table=push_t, rows=rows,
-                         width=width, reps=reps, which=which)
+            try:
+                res = ps.run(participant_cpu, parts, host=host, pull_table=pull_t, push_table=push_t, rows=rows,
+                             width=width, reps=reps, which=(which[0], "dask_ps" if which[1] == "unkeyed" else which[1]),
+                             **({"fresh": rows_of} if args.fresh else {}))
+            finally:
+                if which[1] == "unkeyed":
+                    client.run(_set_keyed, True)
             b1 = client.run(_loop_cpu, workers=[host])[host]
             thread, loop_a = next(r for r in res if r is not None)
             out.setdefault(which, []).append((thread * 1e3, loop_a * 1e3, (b1 - b0) / (reps + 3) * 1e3))
-    return {k: tuple(statistics.median(x[i] for x in v) for i in range(3)) for k, v in out.items()}
+    med = {k: tuple(statistics.median(x[i] for x in v) for i in range(3)) for k, v in out.items()}
+    if args.unkeyed:  # rounds run back to back: their ratio is less sensitive to the load's drift
+        for op in ("pull", "push"):
+            ratios = [sum(a) / sum(b) for a, b in zip(out[(op, "dask_ps")], out[(op, "unkeyed")])]
+            med[(op, "ratio")] = (statistics.median(ratios), min(ratios), max(ratios))
+    return med
+
+
+def _set_keyed(keyed):
+    import dask
+
+    dask.config.set({"ps.row-lists.keyed": keyed})
 
 
 def table_on(ps, base, host, **kwargs):
@@ -293,7 +322,7 @@ def run_case(client, ps, n_rows, width, k, args):
         if args.profile:
             return profile_case(client, ps, parts, host, pull_t, push_t, rows, width, args)
         if args.cpu:
-            return cpu_case(client, ps, parts, host, pull_t, push_t, rows, width, args)
+            return cpu_case(client, ps, parts, host, pull_t, push_t, rows, width, args, rows_of=n_rows)
         results = ps.run(participant, parts, host=host, pull_table=pull_t, push_table=push_t, rows=rows,
                          width=width, budget=args.budget, min_reps=args.min_reps, rounds=args.rounds)
     finally:
@@ -333,6 +362,11 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true", help="cProfile the dask_ps operations instead")
     ap.add_argument("--steps", action="store_true", help="time the numpy steps of a row operation in a worker")
     ap.add_argument("--cpu", action="store_true", help="CPU per operation of the caller's and the server's threads")
+    ap.add_argument("--fresh", action="store_true",
+                    help="--cpu: other rows at every operation (no row list sent twice; the cost of naming lists)")
+    ap.add_argument("--unkeyed", action="store_true",
+                    help="--cpu: also dask_ps with ps.row-lists.keyed off (every list in full), interleaved")
+    ap.add_argument("--cpu-rounds", type=int, default=0, help="--cpu: rounds of every mechanism (default 3)")
     ap.add_argument("--profile-reps", type=int, default=40)
     ap.add_argument("--profile-top", type=int, default=15, help="functions shown per side")
     args = ap.parse_args(argv)
@@ -352,11 +386,16 @@ def main(argv=None):
             return
         if args.cpu:
             print(f"bench_rows --cpu: median CPU ms per operation ({args.cluster}; in-process workers share "
-                  "one event loop): participant thread | worker A's loop | worker B's loop (the server)")
+                  "one event loop): participant thread | worker A's loop | worker B's loop (the server) | sum"
+                  + ("; other rows at every operation" if args.fresh else "; the same rows at every operation"))
             for n_rows, width, k in cases:
                 for (op, mech), (thr, la, lb) in sorted(run_case(client, ps, n_rows, width, k, args).items()):
-                    print(f"{n_rows:>10}x{width:<3} {k:>7} {op:>5} {mech:>8} | {thr:7.3f} | {la:7.3f} | {lb:7.3f}",
-                          flush=True)
+                    if mech == "ratio":  # keyed / unkeyed CPU sum, per round: median (min-max)
+                        print(f"{n_rows:>10}x{width:<3} {k:>7} {op:>5} keyed/unkeyed CPU, per round: "
+                              f"{thr:.2f} ({la:.2f}-{lb:.2f})", flush=True)
+                        continue
+                    print(f"{n_rows:>10}x{width:<3} {k:>7} {op:>5} {mech:>8} | {thr:7.3f} | {la:7.3f} | {lb:7.3f}"
+                          f" | {thr + la + lb:7.3f}", flush=True)
             return
         if args.profile:
             for n_rows, width, k in cases:

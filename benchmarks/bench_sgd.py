@@ -221,6 +221,13 @@ def print_breakdown(model, seconds):
         calls = " ".join(f"{k} {v:.3f}" for k, v in (m.get("ps_seconds_by_call") or {}).items())
         print(f"    participant {i}: {fields}  | in calls: {calls}")
         clocks = max(1, int(m.get("clock") or 0))
+        sent = m.get("messages") or {}
+        if sent:  # bytes on the wire a clock (direct calls in one process carry none)
+            print(f"      sent a clock: {sent.get('bytes_pushed', 0) / clocks / 1e3:.1f} kB pushed, "
+                  f"{sent.get('bytes_pulled', 0) / clocks / 1e3:.1f} kB pulled, "
+                  f"{sent.get('bytes_rows', 0) / clocks / 1e3:.1f} kB of row lists, "
+                  f"{sent.get('row_lists_keyed', 0) / clocks:.2f} lists by key, "
+                  f"{sum(sent.get(k, 0) for k in ('push', 'pull', 'clock', 'wait')) / clocks:.2f} messages")
         for name, t in (m.get("tables") or {}).items():  # load-robust: reads and bytes per clock
             if t.get("reads"):
                 print(f"      table {name}: {clocks} clocks, {t['reads'] / clocks:.2f} reads "

@@ -10,7 +10,8 @@ Hierarchy::
     │   ├── DataLostError        blocks lost with a worker, no replica or checkpoint
     │   └── RolledBackError      blocks restored from a checkpoint: updates lost (runs; a client's next call)
     ├── StaleVersionError        a message carried an old table version; refresh and retry
-    │   └── ForwardRefusedError  a replica refused a push forwarded by a worker behind its placement
+    │   ├── ForwardRefusedError  a replica refused a push forwarded by a worker behind its placement
+    │   └── RowListMissingError  a message named a row list by a key its server does not hold
     ├── InternalOnlyError        a handler only the cluster's scheduler and workers may call (PermissionError)
     ├── RunAbortedError          a run was aborted because another participant failed
     ├── SchedulerLostError       the Dask scheduler (and with it every table) is gone
@@ -143,6 +144,20 @@ class ForwardRefusedError(StaleVersionError):
     placement of the table is older than the replica's, so it is not the
     blocks' primary any more. The forwarder's caller refreshes and retries
     at the current primary; the replica is not at fault."""
+
+
+class RowListMissingError(StaleVersionError):
+    """A message named a row list by a key (``dask_ps._row_lists``) that
+    its server does not hold (restarted, failed over, evicted it): nothing
+    of the message was applied. The sender sends it again with its rows;
+    ``keys`` names the keys refused."""
+
+    def __init__(self, message: str, keys=()):
+        super().__init__(message)
+        self.keys = list(keys)
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.keys))
 
 
 class InternalOnlyError(PSError, PermissionError):

@@ -264,8 +264,11 @@ class Session:
         the requests it sent by kind (``push``, ``pull``, ``clock``,
         ``wait``: to servers through the comm; ``..._local``: direct calls
         to a server in this process; ``scheduler``) and ``bytes_pushed`` /
-        ``bytes_pulled``, with ``messages_per_clock`` the same divided by
-        the clocks completed."""
+        ``bytes_pulled``, ``bytes_rows`` (row index bytes sent),
+        ``row_lists_keyed`` (row lists sent as a key only) and
+        ``row_lists_refused`` (messages a server refused for a key it did
+        not hold, sent again: ``dask_ps._row_lists``), with
+        ``messages_per_clock`` the same divided by the clocks completed."""
         elapsed = time.perf_counter() - self._started
         sent = dict(self._sent)
         return {

@@ -5,7 +5,7 @@ non-finite (issue 22); an integer table refuses a push whose sum leaves its
 dtype's range (issue 34: it used to wrap). Both are decided before anything
 changes: bounds of the stored rows and of the push settle almost every push
 (``Block.bound``), and only near the range is the sum made. A push held by
-a two-phase push (``ShardStore.hold``) counts in every later check by its
+a two-phase push (``_holds.hold``) counts in every later check by its
 bound (``Block.held``) until it is applied or dropped.
 
 Per-clock sums are applied in the senders' order, so a BSP fit's result
@@ -152,7 +152,7 @@ def _check_sums(t, items: list, bounds: dict | None = None, grow: bool = True) -
     float push) settle it unless they come within half of the dtype's
     range; then the touched rows are measured, and only if that does not
     settle it either is the sum made. The block's bound grows by the push's
-    (not if ``grow`` is false: a held push, see ``ShardStore.hold``).
+    (not if ``grow`` is false: a held push, see ``_holds.hold``).
     Returns the push's bound per block."""
     limit = overflow_limit(t.spec.dtype)
     by_block: dict[int, list] = {}

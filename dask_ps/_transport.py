@@ -31,9 +31,10 @@ from distributed.protocol.serialize import to_serialize
 from distributed.utils import thread_state
 
 from dask_ps import _backend, _config, _routing
-from dask_ps._exceptions import PSError, StaleVersionError, UnknownTableError
+from dask_ps._exceptions import PSError, RowListMissingError, StaleVersionError, UnknownTableError
 from dask_ps._liveness import Liveness, WorkerGone
 from dask_ps._routing import TableHandle
+from dask_ps._row_lists import RowListKeys
 from dask_ps._sums import held_first, push_bound
 from dask_ps._wire import aligned, unwire_values, wire_values
 from dask_ps._worker_plugin import in_process_peer
@@ -138,11 +139,16 @@ class Transport:
         # "pull", "clock"; "..._local": a direct call, no message on the
         # comm): a session's ``metrics()["messages"]``.
         self.sent: Counter = Counter()
+        # A participant's row lists sent once to each server, then named by
+        # a key (issue 36; dask_ps._row_lists): None where off, or for a client.
+        self.row_keys = (RowListKeys(_config.get_bytes("row-lists.participant-bytes"))
+                         if local is not None and _config.get("row-lists.keyed") else None)
 
     def __repr__(self):
         return f"<Transport local={self.local_address}>"
 
-    def _wire_rows(self, h: TableHandle, rows, taken: list):
+    def _wire_rows(self, h: TableHandle, rows, taken: list, addr: str | None = None, block: int = 0,
+                   keyed: list | None = None):
         """A block's local rows as they go into a message to another process:
         None (the whole block), ``[start, stop]`` for a range (no index
         array), else a zero-copy frame. int64 rows (block 0's are the
@@ -154,8 +160,22 @@ class Transport:
         of 3.7-3.8; a 100k-row read went from 0.86 to 0.98 of a bare RPC).
         The caller's arrays are kept as they are for the write-through,
         prefetches and the cache. The scratch is given back once the server
-        answered; after a failure it is dropped (the comm may still hold it)."""
+        answered; after a failure it is dropped (the comm may still hold it).
+
+        ``addr``, ``block``, ``keyed`` (a participant's message to ``addr``,
+        with ``row_keys``): a list ``addr`` holds goes as ``{"key"}``, one it
+        may not as ``{"key", "rows"}``, its key appended to ``keyed``
+        (acknowledged with the reply: ``_keyed``)."""
         wire = _routing.wire_rows(rows)
+        key = None
+        if keyed is not None and self.row_keys is not None and isinstance(wire, np.ndarray):
+            key = self.row_keys.key_of(h.spec.table_id, block, wire)
+            if key is not None and self.row_keys.held_at(key, addr):
+                self.sent["row_lists_keyed"] += 1
+                return {"key": key}
+        if isinstance(wire, np.ndarray):
+            self.sent["bytes_rows"] += wire.size * (4 if wire.dtype == np.int64 and
+                                                    h.spec.block_rows <= _INT32_MAX else wire.itemsize)
         if isinstance(wire, np.ndarray) and wire.dtype == np.int64 and h.spec.block_rows <= _INT32_MAX:
             n = wire.size
             i = next((i for i, a in enumerate(self._row_scratch) if a.shape[0] >= n), None)
@@ -163,7 +183,36 @@ class Transport:
             taken.append(buf)
             np.copyto(buf[:n], wire, casting="unsafe")  # local rows are < block_rows
             wire = buf[:n]
-        return wire if wire is None or isinstance(wire, list) else to_serialize(wire)
+        if wire is None or isinstance(wire, list):
+            return wire
+        if key is not None:
+            keyed.append(key)
+            return {"key": key, "rows": to_serialize(wire)}
+        return to_serialize(wire)
+
+    async def _keyed(self, addr: str, kind: str, build, call):
+        """Send ``build(taken, keyed)``'s message with ``call(msg)``; where
+        ``addr`` refuses a row list's key (restarted, failed over, evicted
+        it: ``RowListMissingError``, nothing applied), once more with every
+        list in full. The lists a message carried are ``addr``'s once it answered."""
+        for attempt in range(2):
+            taken: list = []
+            keyed: list = []
+            msg = build(taken, keyed)
+            try:
+                reply = await call(msg)
+            except RowListMissingError:
+                if self.row_keys is None or attempt:
+                    raise
+                self._give_back(taken)  # answered: the comm holds it no more
+                self.row_keys.forget_server(addr)
+                self.sent["row_lists_refused"] += 1
+                self.sent[kind] += 1  # the message sent again
+                continue
+            self._give_back(taken)
+            if keyed:
+                self.row_keys.acknowledged(addr, keyed)
+            return reply
 
     def _give_back(self, taken: list) -> None:
         self._row_scratch.extend(taken)
@@ -224,36 +273,38 @@ class Transport:
             return await self._call_direct(target, target.local_push(
                 h.spec.name, h.version, items, raw=raw, run=run, sender=sender, msg_seq=msg_seq,
                 table_id=h.spec.table_id, bound=bound, **phase))
-        taken: list = []
         sparse = self._sparse(h, addr)
-        msg = aligned(dict(
-            table=h.spec.name,
-            table_id=h.spec.table_id,
-            version=h.version,
-            blocks=[b for b, _, _ in items],
-            values=[wire_values(v, sparse) for _, _, v in items],
-            sender=sender,
-            msg_seq=msg_seq,
-            **self._trusted,
-        ))
-        # Fields at the handler's defaults are left out: Dask sizes every
-        # message (dask.sizeof, to decide whether to serialize it off the
-        # event loop) and samples one of more than ten fields, which costs
-        # more than the rest of its walk (a client's dense push: 13 fields,
-        # to_frames 76 -> 59 us with 10).
-        if any(r is not None for _, r, _ in items):
-            msg["rows"] = [self._wire_rows(h, r, taken) for _, r, _ in items]
-        if raw:
-            msg["raw"] = True
-        if run is not None:
-            msg["run"] = run
-        if bound is not None and self._trusted:
-            msg["bound"] = bound
-        msg.update(phase)
-        reply = await self.liveness.call(addr, lambda: _within(
-            _config.get_seconds("timeouts.rpc"), self.rpc(addr).ps_push(**msg)))
-        self._give_back(taken)
-        return reply
+        values = [wire_values(v, sparse) for _, _, v in items]
+
+        def build(taken, keyed):
+            msg = aligned(dict(
+                table=h.spec.name,
+                table_id=h.spec.table_id,
+                version=h.version,
+                blocks=[b for b, _, _ in items],
+                values=values,
+                sender=sender,
+                msg_seq=msg_seq,
+                **self._trusted,
+            ))
+            # Fields at the handler's defaults are left out: Dask sizes every
+            # message (dask.sizeof, to decide whether to serialize it off the
+            # event loop) and samples one of more than ten fields, which costs
+            # more than the rest of its walk (a client's dense push: 13 fields,
+            # to_frames 76 -> 59 us with 10).
+            if any(r is not None for _, r, _ in items):
+                msg["rows"] = [self._wire_rows(h, r, taken, addr, b, keyed) for b, r, _ in items]
+            if raw:
+                msg["raw"] = True
+            if run is not None:
+                msg["run"] = run
+            if bound is not None and self._trusted:
+                msg["bound"] = bound
+            msg.update(phase)
+            return msg
+
+        return await self._keyed(addr, "push", build, lambda msg: self.liveness.call(addr, lambda: _within(
+            _config.get_seconds("timeouts.rpc"), self.rpc(addr).ps_push(**msg))))
 
     async def run_call(self, addr: str, op: str, seconds: float, **msg):
         """A participant's clock call to a server: ``run_clock`` (report a
@@ -291,28 +342,30 @@ class Transport:
                                      blocks=[b for b, _ in es], rows=[_routing.wire_rows(r) for _, r in es],
                                      table_id=h.spec.table_id, **extra) for h, es, extra in reads]
             return await _within(seconds, target.run_clock(pushes=pushes, **msg))
-        taken: list = []
-        pushes = []
-        for h, items, run, sender, msg_seq, bound, lease in parts:
-            sparse = self._sparse(h, addr)
-            push = dict(table=h.spec.name, table_id=h.spec.table_id, version=h.version,
-                        blocks=[b for b, _, _ in items], values=[wire_values(v, sparse) for _, _, v in items],
-                        sender=sender, msg_seq=msg_seq, run=run)
-            if any(r is not None for _, r, _ in items):
-                push["rows"] = [self._wire_rows(h, r, taken) for _, r, _ in items]
-            if bound is not None and self._trusted:
-                push["bound"] = bound
-            if lease:
-                push["lease"] = True
-            pushes.append(push)
-        if reads:
-            msg["reads"] = [dict(table=h.spec.name, table_id=h.spec.table_id, version=h.version,
-                                 blocks=[b for b, _ in es], rows=[self._wire_rows(h, r, taken) for _, r in es],
-                                 **({"sparse": True} if self._sparse(h, addr) else {}), **extra)
-                            for h, es, extra in reads]
-        reply = await self.liveness.call(addr, lambda: _within(
-            seconds, self.rpc(addr).ps_run_clock(**aligned(dict(pushes=pushes, **msg, **self._trusted)))))
-        self._give_back(taken)
+        values = [[wire_values(v, self._sparse(h, addr)) for _, _, v in items] for h, items, *_ in parts]
+
+        def build(taken, keyed):
+            pushes = []
+            for (h, items, run, sender, msg_seq, bound, lease), vals in zip(parts, values):
+                push = dict(table=h.spec.name, table_id=h.spec.table_id, version=h.version,
+                            blocks=[b for b, _, _ in items], values=vals, sender=sender, msg_seq=msg_seq, run=run)
+                if any(r is not None for _, r, _ in items):
+                    push["rows"] = [self._wire_rows(h, r, taken, addr, b, keyed) for b, r, _ in items]
+                if bound is not None and self._trusted:
+                    push["bound"] = bound
+                if lease:
+                    push["lease"] = True
+                pushes.append(push)
+            if reads:
+                msg["reads"] = [dict(table=h.spec.name, table_id=h.spec.table_id, version=h.version,
+                                     blocks=[b for b, _ in es],
+                                     rows=[self._wire_rows(h, r, taken, addr, b, keyed) for b, r in es],
+                                     **({"sparse": True} if self._sparse(h, addr) else {}), **extra)
+                                for h, es, extra in reads]
+            return aligned(dict(pushes=pushes, **msg, **self._trusted))
+
+        reply = await self._keyed(addr, "clock", build, lambda m: self.liveness.call(addr, lambda: _within(
+            seconds, self.rpc(addr).ps_run_clock(**m))))
         for r in reply.get("reads") or () if isinstance(reply, dict) else ():
             if isinstance(r, dict) and isinstance(r.get("values"), (list, tuple)):
                 r["values"] = [_backend.received(v) if not addr.startswith("inproc://") else v
@@ -356,21 +409,19 @@ class Transport:
             return await self._call_direct(target, target.local_pull(
                 h.spec.name, h.version, blocks, [_routing.wire_rows(r) for _, r in reqs],
                 table_id=h.spec.table_id, copy=target is self.local, **extra))
-        taken: list = []
-        rows = [self._wire_rows(h, r, taken) for _, r in reqs]
         # Not aligned(): a request's only arrays are rows, an index the
         # server's gather converts as it reads (no slower unaligned), and a
         # pad would cost the server a buffer and a read of its own.
         if self._sparse(h, addr):
             extra["sparse"] = True  # the server sends rows as their nonzeros where smaller
-        reply = await self.liveness.call(addr, lambda: _within(
-            seconds,
-            self.rpc(addr).ps_pull(
-                table=h.spec.name, table_id=h.spec.table_id, version=h.version, blocks=blocks,
-                rows=rows, **self._trusted, **extra
-            ),
-        ))
-        self._give_back(taken)
+
+        def build(taken, keyed):
+            return dict(table=h.spec.name, table_id=h.spec.table_id, version=h.version, blocks=blocks,
+                        rows=[self._wire_rows(h, r, taken, addr, b, keyed) for b, r in reqs],
+                        **self._trusted, **extra)
+
+        reply = await self._keyed(addr, "pull", build, lambda m: self.liveness.call(addr, lambda: _within(
+            seconds, self.rpc(addr).ps_pull(**m))))
         values = reply.get("values") if isinstance(reply, dict) else None
         if isinstance(values, (list, tuple)):
             values = unwire_values(values)  # decoded: fresh arrays
@@ -500,7 +551,7 @@ class Router:
         return seqs
 
     def _leased(self, h: TableHandle, msgs, bound) -> bool:
-        """Whether this sender's leases (``ShardStore.top_up``: bounds each
+        """Whether this sender's leases (``_holds.top_up``: bounds each
         server reserved for its next pushes) cover every part of a push;
         then the push goes in one phase, drawn from them here as the
         servers will (their replies bring the leases up to date)."""

@@ -19,21 +19,20 @@ import weakref
 
 import numpy as np
 from distributed import WorkerPlugin
-from distributed.comm import CommClosedError
 from distributed.core import Status
 
-from dask_ps import _backend, _config
+from dask_ps import _backend, _config, _holds
 from dask_ps._exceptions import (
-    ForwardRefusedError,
     InternalOnlyError,
     PSValueError,
-    RunEndedError,
     StaleVersionError,
     UnknownTableError,
 )
 from dask_ps._handlers import CLIENT, INTERNAL, READ_ONLY, HandlerRegistry, InternalRPC, handler, reply_errors
 from dask_ps._host_memory import freeze_before_exit, pool_in_process_memory_limits, raise_mmap_threshold
-from dask_ps._liveness import RETIRE_MARGIN, Beacon, Liveness, PauseGuard, WorkerGone
+from dask_ps._liveness import RETIRE_MARGIN, Beacon, Liveness, PauseGuard
+from dask_ps._replicator import Replicator
+from dask_ps._row_lists import RowListCache
 from dask_ps._run_manager import ENDED_RUNS_KEPT, RunManager  # noqa: F401 - ENDED_RUNS_KEPT: tests
 from dask_ps._shard import ShardStore, _wire_clock
 from dask_ps._spec import TableSpec
@@ -72,8 +71,13 @@ class PSWorkerPlugin(WorkerPlugin):
             self.store, self._all_locks, self._apply, lambda: self.scheduler, self._peer_clocks, self._address,
             self._run_push, fill_sender=self, read=self._run_read)
         self.runs = self.run_manager.clocks
+        # Participants' row lists by key: later messages name them (issue 36).
+        self.row_lists = RowListCache(lambda: _config.get_bytes("row-lists.server-bytes"))
         self.latest_versions: dict[str, int] = {}  # table -> newest placement version announced
         self.liveness = Liveness()  # workers the scheduler removed: do not wait on them
+        # A primary's forwarding of pushes to its replicas (issue 36).
+        self.replicator = Replicator(self._address, lambda a: self.worker.rpc(a), lambda: self.scheduler,
+                                     self.liveness, lambda: self.internal_token)
         self._evictions: set[str] = set()  # ps_evicted ids handled (a resent one is a no-op)
         # Checkpoint blocks read and checked, not installed yet: load id ->
         # (table, table_id, blocks) until the scheduler says install or discard.
@@ -162,6 +166,8 @@ class PSWorkerPlugin(WorkerPlugin):
         """Handler: forget a table's shards."""
         self._locks.pop(name, None)
         self._replica_locks.pop(name, None)
+        if table_id is not None:
+            self.row_lists.forget_table(table_id)
         for load_id in [k for k, (n, tid, _) in self._loads.items() if n == name and tid in (table_id, None)]:
             del self._loads[load_id]
         return self.store.drop(name, table_id)
@@ -191,7 +197,7 @@ class PSWorkerPlugin(WorkerPlugin):
         """
         if rows is None and isinstance(blocks, (list, tuple)):
             rows = [None] * len(blocks)
-        rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
+        rows = self._rows_of(rows, blocks, table_id, run, internal)
         if isinstance(values, (list, tuple)):
             values = unwire_values([_unwrap(v) for v in values], _config.get_bytes("max-push-bytes"), decode=False)
         if replica and not internal:
@@ -204,6 +210,20 @@ class PSWorkerPlugin(WorkerPlugin):
         return await self._push(table, version, blocks, rows, values, bool(raw), run, sender, msg_seq,
                                 bool(replica), table_id, forwarder, trusted=internal, bound=bound, hold=hold,
                                 commit=commit, lease=bool(lease) and not replica)
+
+    def _rows_of(self, rows, blocks, table_id, run, internal=True):
+        """A message's rows as arrays: a list named by its key is the one
+        this worker holds under it (``RowListMissingError`` where it holds
+        none: the sender sends the message again with its lists). Keys
+        come from participants' sessions only (``internal``): another
+        caller could otherwise replace the rows a participant's key names."""
+        if not isinstance(rows, (list, tuple)):
+            return rows
+        rows = [{k: _unwrap(x) for k, x in r.items()} if isinstance(r, dict) else _unwrap(r) for r in rows]
+        if not internal and any(isinstance(r, dict) for r in rows):
+            raise InternalOnlyError("row lists named by a key may come only from a participant's session")
+        run_id = run[0] if isinstance(run, (list, tuple)) and run and isinstance(run[0], str) else None
+        return self.row_lists.resolve(table_id, blocks, rows, run_id)
 
     async def _push(self, table, version, blocks, rows, values, raw, run, sender, msg_seq, replica, table_id=None,
                     forwarder=None, trusted=False, bound=None, hold=None, commit=None, lease=False):
@@ -227,7 +247,7 @@ class PSWorkerPlugin(WorkerPlugin):
         # replicas, and replicas apply under the other one, so two primaries
         # forwarding to each other cannot deadlock.
         async with (self._replica_locks[key] if replica else self._locks[key]):
-            held = self.store.take_hold(table, version, table_id, commit)
+            held = _holds.take_hold(self.store, table, version, table_id, commit)
             if commit is not None and not commit[1]:  # phase 1 was refused elsewhere: nothing applies
                 return []
             if held is not None and held.items is not None:
@@ -239,7 +259,7 @@ class PSWorkerPlugin(WorkerPlugin):
                                                     table_id, frozen_ok=replica, check_finite=not trusted,
                                                     bound=bound if trusted else None, bounds=bounds)
             if replica:
-                self._check_forwarder(t, [b for b, _, _ in items], version, forwarder)
+                self.replicator.check_forwarder(t, [b for b, _, _ in items], version, forwarder)
             else:
                 self.pause_guard.check()  # stopped for long: maybe fenced out, not the primary any more
                 me = self.worker.address
@@ -249,12 +269,12 @@ class PSWorkerPlugin(WorkerPlugin):
                         f"table {t.spec.name!r}: this worker is not the primary of block(s) {wrong}"
                     )
             if hold is not None:  # phase 1: checked, nothing applied until the commit
-                self.store.hold(t, hold, items, bounds, run if not raw else None, keep=bool(values))
+                _holds.hold(t, hold, items, bounds, run if not raw else None, keep=bool(values))
                 return []
             per_clock = run is not None and t.spec.aggregate == "clock" and not raw
             # What proves the push fits (applied unchecked): its hold's check, or the sender's lease.
             checked = (held.reserved if held is not None and held.checked else None) if held is not None else (
-                self.store.spend(t, sender, items, bounds, per_clock) if lease and not raw else None)
+                _holds.spend(t, sender, items, bounds, per_clock) if lease and not raw else None)
             todo = self.store.unapplied(t, items, sender, msg_seq)
             if not replica:
                 self.served["pushes"] += 1
@@ -269,130 +289,10 @@ class PSWorkerPlugin(WorkerPlugin):
                 self.store.unmark(t, todo, sender, msg_seq)  # not applied: a re-send is not a duplicate
                 raise
             if not replica:
-                await self._forward(t, items, raw, run, sender, msg_seq, bounds)
+                await self.replicator.forward(t, items, raw, run, sender, msg_seq, bounds)
             if lease:
-                return {"seqs": self.store.seqs(t, items), "lease": self.store.top_up(t, sender, [b for b, *_ in items])}
+                return {"seqs": self.store.seqs(t, items), "lease": _holds.top_up(t, sender, [b for b, *_ in items])}
             return self.store.seqs(t, items)
-
-    def _check_forwarder(self, t, blocks, version, forwarder) -> None:
-        """Only a block's primary forwards its pushes to its replicas. Under
-        the same placement version the forwarder must be the primary this
-        worker has recorded; a forwarder with an older version is not the
-        primary any more (it refreshes and its caller retries); one with a
-        newer version is accepted only while this worker waits to adopt that
-        placement (frozen by a placement change in progress)."""
-        name = t.spec.name
-        if not isinstance(forwarder, str) or not isinstance(version, int) or isinstance(version, bool):
-            raise PSValueError(f"table {name!r}: a forwarded push must name its forwarder and placement version",
-                               name)
-        if forwarder in self.liveness.dead:
-            # Fenced out as hung (or removed): it may still take itself for
-            # the primary when it runs again; its copy has left the placement.
-            raise ForwardRefusedError(
-                f"table {name!r}: {forwarder} forwarded a push but has left the placement (fenced out); "
-                "refresh and retry"
-            )
-        if version < t.version:
-            raise ForwardRefusedError(
-                f"table {name!r}: {forwarder} forwarded a push under placement v{version}, this replica "
-                f"has v{t.version}: it is no longer the primary; refresh and retry"
-            )
-        if version > t.version:
-            if not t.frozen:  # this copy missed a placement change: its primary fences it
-                raise StaleVersionError(
-                    f"table {name!r}: this replica has placement v{t.version}, the forward is for v{version}"
-                )
-            return
-        me = self.worker.address
-        wrong = [b for b in blocks
-                 if b >= len(t.owners) or t.owners[b][0] != forwarder or me not in t.owners[b][1:]]
-        if wrong:
-            raise PSValueError(
-                f"table {name!r}: only the primary of block(s) {wrong} may forward their pushes to this "
-                f"replica, not {forwarder}", name,
-            )
-
-    async def _forward(self, t, items, raw, run, sender, msg_seq, bounds=None) -> None:
-        """Send a primary's push on to the blocks' replicas and wait for them.
-
-        A replica the scheduler removed is skipped (its repair replaces it).
-        A live replica that fails (an error, a timeout) is reported to the
-        scheduler, which fences its copy (it stops serving reads) and copies
-        the block to it again, before this push is acknowledged: an
-        acknowledged push is on every replica that may serve a read.
-        """
-        by_replica: dict[str, list] = defaultdict(list)
-        for it in items:
-            for r in t.replicas(it[0], self.worker.address):
-                by_replica[r].append(it)
-        if not by_replica:
-            return
-        timeout = _config.get_seconds("timeouts.rpc")
-
-        def bound_of(its):  # what this worker's checks found: the replica need not measure again
-            found = [bounds.get(id(v)) for _, _, v in its] if bounds else [None]
-            return None if None in found else max(found)
-
-        numbered = sender is not None and msg_seq is not None
-        call = self._call_replica
-        calls = [
-            call(r, numbered, lambda r=r, its=its: asyncio.wait_for(self.worker.rpc(r).ps_push(**aligned(dict(
-                table=t.spec.name, version=t.version, blocks=[b for b, _, _ in its],
-                rows=[_wire.wire_local_rows(x) for _, x, _ in its],
-                values=[wire_values(v, False) for _, _, v in its],  # as they came (nonzeros stay so)
-                raw=raw, run=run, sender=sender, msg_seq=msg_seq, replica=True,
-                forwarder=self.worker.address, token=self.internal_token, bound=bound_of(its),
-            ))), timeout))
-            for r, its in by_replica.items()
-        ]
-        missed, refused = {}, []
-        for r, res in zip(by_replica, await asyncio.gather(*calls, return_exceptions=True)):
-            if isinstance(res, ForwardRefusedError):
-                refused.append(res)  # our placement is older than the replica's: not its fault
-            elif isinstance(res, Exception):
-                logger.warning("dask_ps: replica %s of table %r missed a push: %r", r, t.spec.name, res)
-                if not isinstance(res, WorkerGone) and r not in self.liveness.dead:
-                    missed[r] = sorted({it[0] for it in by_replica[r]})
-        if missed:
-            await self._report_missed(t, missed)
-        if refused:
-            # Applied here, not acknowledged: the caller re-sends it (same
-            # numbers) to the current primary.
-            raise StaleVersionError(f"table {t.spec.name!r}: this worker is no longer the primary; retry") \
-                from refused[0]
-
-    async def _call_replica(self, replica: str, numbered: bool, make_call, attempts: int = 3):
-        """A forward to ``replica``, sent again on a new connection when the
-        connection closed under it and the push is numbered (the replica
-        applies it once). Dask closes every pooled connection to a worker it
-        removes ("Address removed."), also to one that still serves while it
-        retires: counted as a missed push, that fenced the retiring copy,
-        and a kill of the primary then lost the block (issue 34)."""
-        for attempt in range(attempts):
-            try:
-                return await self.liveness.call(replica, make_call)
-            except CommClosedError:
-                if not numbered or attempt == attempts - 1 or replica in self.liveness.dead:
-                    raise
-                await asyncio.sleep(0.05 * 2**attempt)
-
-    async def _report_missed(self, t, missed: dict[str, list[int]]) -> None:
-        """Have the scheduler fence and re-copy replicas that missed a push.
-        If that fails, the push is not acknowledged: the caller gets a
-        retryable error and re-sends it (numbered, so applied once here, and
-        forwarded again)."""
-        timeout = _config.get_seconds("timeouts.rpc")
-        results = await asyncio.gather(*(
-            asyncio.wait_for(self.scheduler.ps_replica_missed(
-                table=t.spec.name, table_id=t.spec.table_id, replica=r, blocks=bs), timeout)
-            for r, bs in missed.items()
-        ), return_exceptions=True)
-        for (r, bs), res in zip(missed.items(), results):
-            if isinstance(res, Exception):
-                raise StaleVersionError(
-                    f"table {t.spec.name!r}: replica {r} missed a push to block(s) {bs} and could not "
-                    f"be fenced ({res!r}); retry"
-                ) from res
 
     async def _apply(self, t, items, raw=False, check=True, bounds=None):
         """Apply validated items (caller holds a table lock). Large ones run on
@@ -595,7 +495,7 @@ class PSWorkerPlugin(WorkerPlugin):
             # the clock it names, ``subscribe`` sends rows to an address.
             raise InternalOnlyError("ps_pull with run=, wait= or subscribe= may come only from a participant's "
                                     "session (it carries the cluster's internal token)")
-        rows = [_unwrap(r) for r in rows] if isinstance(rows, (list, tuple)) else rows
+        rows = self._rows_of(rows, blocks, table_id, run, internal)
         seqs, values, summed, applied, tag = await self._read(
             table, version, blocks, rows, run, subscribe, copy=False, table_id=table_id, sender=sender,
             trusted=internal, sparse=sparse is True, wait=wait)
@@ -729,6 +629,11 @@ class PSWorkerPlugin(WorkerPlugin):
         """Handler (a participant): ``rank`` completed ``clock`` clocks; with
         ``pushes``, its pushes to this server in the same message, and the
         reads of the next clock it prefetched (``RunManager.run_clock``)."""
+        # Every keyed row list first: a message whose list is not held here
+        # is refused before any of it applies (its sender sends it in full).
+        for m in [*(pushes or ()), *(reads or ())]:
+            if isinstance(m, dict) and isinstance(m.get("rows"), (list, tuple)):
+                m["rows"] = self._rows_of(m["rows"], m.get("blocks"), m.get("table_id"), (run_id, None))
         return await self.run_manager.run_clock(run_id, rank, clock, wait_for, timeout, pushes, versions, reads)
 
     @handler(INTERNAL)
@@ -755,6 +660,7 @@ class PSWorkerPlugin(WorkerPlugin):
         """Handler (scheduler): a run ended; apply what it left, forget it
         (its exactly-once windows included) and refuse its pushes from now on."""
         await self.run_manager.run_end(run_id)
+        self.row_lists.forget_run(run_id)
 
     @handler(READ_ONLY)
     def gpu_info(self) -> dict | None:

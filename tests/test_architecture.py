@@ -33,8 +33,8 @@ from dask_ps import ParticipantContext, Session
 PKG = pathlib.Path(dask_ps.__file__).parent
 
 PURE_CORE = {
-    "_backend", "_config", "_exceptions", "_spec", "_routing", "_oplog", "_shard", "_sums", "_placement",
-    "rules", "consistency", "_sparse_rows", "_compiled",
+    "_backend", "_config", "_exceptions", "_spec", "_routing", "_oplog", "_shard", "_sums", "_holds", "_placement",
+    "rules", "consistency", "_sparse_rows", "_compiled", "_row_lists",
 }
 ESTIMATOR_PACKAGES = ("linear_model", "decomposition")
 SHARED_ESTIMATOR_PACKAGE = "_estimators"

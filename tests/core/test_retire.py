@@ -127,7 +127,7 @@ def test_a_forward_whose_connection_dask_closed_is_sent_again_if_numbered(number
         return "applied"
 
     async def main():
-        return await plugin._call_replica(R, numbered, forward)
+        return await plugin.replicator.call_replica(R, numbered, forward)
 
     if numbered:
         assert asyncio.run(main()) == "applied" and len(sent) == 2
