@@ -92,9 +92,11 @@ class RoundsByWork:
         s = cfg.staleness
         # Under SSP(s) an epoch keeps at least s rounds: the stopping decision's lag stays one epoch.
         self.min_rounds = max(1, int(setting("sgd", "work-min-rounds-per-epoch")), int(s or 0))
-        per_epoch = -(-cfg.steps_per_epoch // cfg.clock_every)
-        self.active = (n_participants > 1 and mode != "never" and (mode == "always" or s != 0)
-                       and per_epoch > self.min_rounds and cfg.max_iter - cfg.epoch0 > 1)
+        # Only where a round may at least double (the measured run is a run
+        # more: under a bound its start is pulled and pushed again, _RunStarts).
+        room = cfg.steps_per_epoch // self.min_rounds >= 2 * cfg.clock_every
+        self.active = (n_participants > 1 and mode != "never" and (mode == "always" or s != 0) and room
+                       and cfg.max_iter - cfg.epoch0 > 1)
         self.decided = None  # the clock_every of the runs after the measured one
 
     def __repr__(self):

@@ -98,6 +98,8 @@ def test_not_applied_where_it_cannot_change_anything():
     assert not RoundsByWork(_cfg(1, max_iter=1), 4, "always").active  # one epoch: nothing after the measured one
     assert not RoundsByWork(_cfg(1, max_iter=5, epoch0=4), 4, "always").active
     assert not RoundsByWork(_cfg(1, steps=16, clock_every=4), 4, "always").active  # already 4 rounds an epoch
+    assert not RoundsByWork(_cfg(1, steps=28, clock_every=4), 4, "always").active  # 7 rounds: no doubling left
+    assert RoundsByWork(_cfg(1, steps=32, clock_every=4), 4, "always").active
     with pytest.raises(ValueError, match="rounds-by-work"):
         RoundsByWork(_cfg(1), 4, "sometimes")
 
