@@ -438,10 +438,33 @@ def rounds_by_work(inp, P, n_p, ratio=4.0, _cache={}):
     return m
 
 
+def rounds_as_built(inp, P, n_p, staleness=1, pipelined=False, ratio=4.0, min_rounds=4, clocks=6):
+    """Samples a round by ``dask_ps``'s own rule (``_round_size.work_clock_every``,
+    ``ps.sgd.work-ratio`` 4, ``ps.sgd.work-min-rounds-per-epoch`` 4): the
+    schedule's rounds simulated with their compute, the sync a clock the
+    least wall beside its compute any participant had (``measured_costs``:
+    its waits and its compute stretched by the loop), the round doubled
+    while its compute (taken as growing with its samples) is under ``ratio``
+    x that sync, at least ``max(min_rounds, s)`` rounds an epoch."""
+    from dask_ps.linear_model._round_size import work_clock_every
+
+    m = float(sgd_rounds(n_p, P).mean())
+    wl, _, _ = sgd_workload(inp, n_p, P, round_samples=m, clocks=clocks)
+    _, _, sim = efficiency(inp, "target", P, wl, 0.0, staleness=staleness, pipelined=pipelined)
+    sync = min(e - c for e, c in zip(sim.end, sim.compute_seconds)) / wl.clocks
+    steps = max(1, int(n_p // BATCH))
+    every = work_clock_every(max(1, int(m // BATCH)), steps, wl.compute, sync, ratio, max(min_rounds, staleness))
+    return min(n_p, every * BATCH)
+
+
 def variants(workload):
     """(label, design, staleness, options) rows of the table."""
     rows = [("old (1322df5)", "old", 0, {}), ("current", "current", 0, {}), ("target", "target", 0, {})]
     if workload.startswith("sgd"):
+        # dask_ps as built: the rule of _round_size (after the measured first epoch) and SSP(1) whose read
+        # rides the clock's message (a round trip waited); then the read a clock earlier (the issue's).
+        rows.append(("as built: rounds by work + SSP(1)", "target", 1, {"built": True, "sim": {"pipelined": False}}))
+        rows.append(("as built: rounds by work (always) + BSP", "target", 0, {"built": True}))
         rows.append(("target, rounds by work + SSP(1)", "target", 1, {"by_work": True}))
     else:
         rows.append(("target, SSP(2)", "target", 2, {}))
@@ -460,12 +483,14 @@ WORKLOADS = {
 }
 
 
-def workload_at(inp, name, P, opts):
+def workload_at(inp, name, P, opts, staleness=0):
     """(Workload, compute alone a clock) of ``name`` at P workers."""
     clocks = clocks_for(P)
     if name.startswith("sgd"):
         n_p = 10e6 if name == "sgd-weak" else 45e6 / P
         m = rounds_by_work(inp, P, n_p) if opts.get("by_work") else None
+        if opts.get("built"):
+            m = rounds_as_built(inp, P, n_p, staleness, **opts.get("sim", {}))
         wl, alone, R = sgd_workload(inp, n_p, P, round_samples=m, clocks=clocks)
         return wl, alone, R
     K = 1000 if name.endswith("1000") else 50
@@ -492,8 +517,8 @@ def table(inp, Ps=PS, names=tuple(WORKLOADS), log=print):
     for name in names:
         for label, design, s, opts in variants(name):
             for P in Ps:
-                wl, alone, R = workload_at(inp, name, P, opts)
-                e, per, sim = efficiency(inp, design, P, wl, alone, staleness=s)
+                wl, alone, R = workload_at(inp, name, P, opts, s)
+                e, per, sim = efficiency(inp, design, P, wl, alone, staleness=s, **opts.get("sim", {}))
                 out[name, label, P] = {"eff": e, "clock_s": per, "epoch_s": per * R, "rounds": R,
                                        "sched_busy": sim.sched.busy / (per * wl.clocks),
                                        "requests": sum(v for k, v in sim.per_clock().items() if k != "broadcast")}

@@ -227,6 +227,7 @@ def _participant_loop(ctx: ParticipantContext, part, cfg: _RunConfig):
     run = _Participant(ctx, part, cfg)
     try:
         t_start = time.perf_counter()
+        cpu_run = time.thread_time()  # the run's CPU, without the setup (_round_size.measured_costs)
         first, resume_round = run.replay()
         if run.solo:  # alone, a participant keeps the whole table local: one pull, one push (_Participant)
             run.W_all = ctx.pull(cfg.table)
@@ -242,7 +243,9 @@ def _participant_loop(ctx: ParticipantContext, part, cfg: _RunConfig):
             ctx.push(cfg.table, run.W_all - W_start)
     finally:
         run.rounds.close()
-    return run.result(t_start, t_start - t_enter, cpu0)
+    out = run.result(t_start, t_start - t_enter, cpu0)
+    out["profile"]["run_cpu_seconds"] = time.thread_time() - cpu_run
+    return out
 
 
 class _Participant:

@@ -5,7 +5,7 @@ grows with the workers, so a round of the schedule's samples
 After a measured first run (the fit's first epoch at the schedule's
 rounds), the driver makes the rounds of the later runs bigger: the
 schedule's round doubled until its compute is at least
-``ps.sgd.work-ratio`` times its sync, as measured, keeping at least
+``ps.sgd.work-ratio`` times its sync, as measured (``measured_costs``), keeping at least
 ``ps.sgd.work-min-rounds-per-epoch`` rounds an epoch (what the quality
 sweep shows an epoch needs, docs/benchmarks.md) and at least ``s``
 rounds under ``SSP(s)`` (so the stopping decision's lag of one epoch
@@ -60,19 +60,29 @@ def work_clock_every(clock_every: int, steps: int, compute_per_round: float, syn
 
 def measured_costs(results, clocks: int) -> tuple[float, float]:
     """``(compute seconds a round, sync seconds a clock)`` of a run of
-    ``clocks`` clocks from its participants' results: a round's compute the
-    participants' median (their run's time outside the parameter server's
-    calls), the sync the least any participant waited in those
-    calls a clock (the others waited for the slowest too, which bigger
-    rounds do not remove)."""
+    ``clocks`` clocks from its participants' results.
+
+    A round's compute is its CPU: the participant thread's CPU seconds in
+    the run (``run_cpu_seconds``) and its round-building thread's. A
+    clock's sync is the rest of the run's wall: the waits in the parameter
+    server's calls, and the time the thread was off its core while the
+    worker's event loop served the others' messages (with one core a
+    worker, what serving P participants costs shows as a slower round, not
+    as a wait). The compute is the participants' median; the sync the
+    least any of them had (the others also waited for the slowest, which
+    bigger rounds do not remove)."""
     clocks = max(1, int(clocks))
     compute, sync = [], []
     for r in results:
         prof = r.get("profile") or {}
-        ps_s = float(prof.get("ps_seconds", float("nan")))
-        own = float(r.get("seconds", float("nan"))) - ps_s  # "seconds" counts from after the setup
-        compute.append(own / clocks)
-        sync.append(ps_s / clocks)
+        wall = float(r.get("seconds", float("nan")))  # counted from after the setup
+        cpu = prof.get("run_cpu_seconds")
+        if cpu is None:  # no CPU clock: the time outside the calls
+            cpu = wall - float(prof.get("ps_seconds", float("nan")))
+        else:
+            cpu = float(cpu) + float(prof.get("round_prep_cpu_seconds") or 0.0)
+        compute.append(cpu / clocks)
+        sync.append(max(0.0, wall - cpu) / clocks)
     if not compute:
         return float("nan"), float("nan")
     compute.sort()

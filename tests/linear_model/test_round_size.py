@@ -58,12 +58,17 @@ def test_nothing_measured_keeps_the_schedule(compute, sync):
     assert work_clock_every(8, 800, compute_per_round=compute, sync_per_clock=sync, ratio=4, min_rounds=1) == 8
 
 
-def test_measured_costs_are_the_median_compute_and_the_least_wait():
-    results = [{"seconds": 10.0, "profile": {"ps_seconds": 2.0}},   # compute 8, waited 2
-               {"seconds": 10.0, "profile": {"ps_seconds": 6.0}},   # compute 4, waited for the slowest too
-               {"seconds": 10.0, "profile": {"ps_seconds": 4.0}}]   # compute 6
+def test_measured_costs_are_the_median_cpu_and_the_least_rest():
+    """A round's compute is the participant's CPU in the run (its thread's
+    and its round builder's); a clock's sync the rest of the wall, the
+    least any participant had."""
+    results = [{"seconds": 10.0, "profile": {"ps_seconds": 1.0, "run_cpu_seconds": 7.0, "round_prep_cpu_seconds": 1.0}},
+               {"seconds": 10.0, "profile": {"ps_seconds": 5.0, "run_cpu_seconds": 4.0}},
+               {"seconds": 10.0, "profile": {"ps_seconds": 2.0, "run_cpu_seconds": 6.0}}]
     compute, sync = measured_costs(results, clocks=2)
-    assert (compute, sync) == (3.0, 1.0)
+    assert (compute, sync) == (3.0, 1.0)  # CPU 8, 4, 6 -> median 6 / 2 clocks; rest 2, 6, 4 -> least 2 / 2
+    # without a CPU clock: the time outside the parameter server's calls
+    assert measured_costs([{"seconds": 10.0, "profile": {"ps_seconds": 4.0}}], clocks=2) == (3.0, 2.0)
     assert all(math.isnan(v) for v in measured_costs([], clocks=2))
 
 
