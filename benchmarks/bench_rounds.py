@@ -18,9 +18,10 @@ click-through fit (``bench_sgd.ctr_data``, ``loss="log_loss"``,
   has that many rounds below 1M samples a participant: ``always`` changes
   nothing at these sizes.)
 
-Per variant: the fit's wall (median of ``--repeat``), test ROC AUC, the
-rounds an epoch after the measured one, and the participants' time in the
-parameter server's calls::
+Per variant: the fit's wall (median of ``--repeat``), its CPU seconds
+(this process and the workers': what load stretches least), test ROC AUC,
+the rounds an epoch after the measured one, and the participants' time in
+the parameter server's calls::
 
     python benchmarks/bench_rounds.py                      # 400k rows, E=3, both layouts (~5 min on 2 cores)
     python benchmarks/bench_rounds.py --n 1000000 --layouts processes
@@ -48,7 +49,8 @@ VARIANTS = {
 
 
 def fit_once(client, dX, dy, Xte, yte, E, consistency, settings):
-    """One fit: (wall s, ROC AUC, rounds an epoch after the measured one, mean ps_seconds)."""
+    """One fit: (wall s, ROC AUC, rounds an epoch after the measured one,
+    mean ps_seconds, CPU seconds of this process and the workers')."""
     import dask_ps
     from dask_ps.linear_model import SGDClassifier
     from dask_ps.linear_model._round_size import RoundsByWork
@@ -65,12 +67,14 @@ def fit_once(client, dX, dy, Xte, yte, E, consistency, settings):
         warnings.simplefilter("ignore")
         est = SGDClassifier(loss="log_loss", alpha=1e-6, max_iter=E, tol=None, random_state=0, batch_size=2048,
                             client=client, consistency=model)
-        t = time.perf_counter()
+        cpu = bench_sgd.CPUClock(client)
+        c0, t = cpu.read(), time.perf_counter()
         est.fit(dX, dy)
         wall = time.perf_counter() - t
+        cpu_s = cpu.read() - c0
     per_epoch = rounds[0] if rounds else None
     ps_s = float(np.mean([m["ps_seconds"] for m in est.metrics_]))
-    return wall, bench_sgd.roc_auc(est, Xte, yte), per_epoch, ps_s
+    return wall, bench_sgd.roc_auc(est, Xte, yte), per_epoch, ps_s, cpu_s
 
 
 def run_layout(layout, X, y, args):
@@ -86,10 +90,11 @@ def run_layout(layout, X, y, args):
         for name, (cons, settings) in VARIANTS.items():
             runs = sorted((fit_once(client, dX, dy, Xte, yte, args.epochs, cons, settings)
                            for _ in range(args.repeat)), key=lambda r: r[0])
-            wall, auc, per_epoch, ps_s = runs[len(runs) // 2]
-            rows.append((layout, name, wall, [r[0] for r in runs], auc, per_epoch, ps_s))
+            wall, auc, per_epoch, ps_s, cpu_s = runs[len(runs) // 2]
+            rows.append((layout, name, wall, [r[0] for r in runs], auc, per_epoch, ps_s, cpu_s))
             print(f"  {layout:9s} {name:26s} {wall:6.2f} s ({' '.join(f'{r[0]:.2f}' for r in runs)}) "
-                  f"AUC {auc:.4f} rounds/epoch after the first: {per_epoch or '-'}; ps {ps_s:.2f} s", flush=True)
+                  f"AUC {auc:.4f} rounds/epoch after the first: {per_epoch or '-'}; ps {ps_s:.2f} s; "
+                  f"CPU {cpu_s:.2f} s", flush=True)
     return rows
 
 
@@ -107,13 +112,13 @@ def main():
     for layout in args.layouts:
         rows += run_layout(layout, X, y, args)
     print(f"\nload average at the end {' '.join(f'{v:.1f}' for v in os.getloadavg())}\n")
-    print("| layout | variant | wall (s), median (all) | vs main | test ROC AUC | rounds an epoch after the first | "
-          "time in the PS calls a participant (s) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| layout | variant | wall (s), median (all) | vs main | CPU s (the median fit's) | test ROC AUC | "
+          "rounds an epoch after the first | time in the PS calls a participant (s) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     base = {r[0]: r[2] for r in rows if r[1].startswith("BSP, schedule")}
-    for layout, name, wall, walls, auc, per_epoch, ps_s in rows:
+    for layout, name, wall, walls, auc, per_epoch, ps_s, cpu_s in rows:
         print(f"| {layout} | {name} | {wall:.2f} ({', '.join(f'{w:.2f}' for w in walls)}) | "
-              f"{wall / base[layout]:.2f} | {auc:.4f} | {per_epoch or '-'} | {ps_s:.2f} |")
+              f"{wall / base[layout]:.2f} | {cpu_s:.2f} | {auc:.4f} | {per_epoch or '-'} | {ps_s:.2f} |")
 
 
 if __name__ == "__main__":
