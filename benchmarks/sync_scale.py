@@ -445,7 +445,7 @@ def rounds_as_built(inp, P, n_p, staleness=1, ratio=4.0, min_rounds=4, clocks=6,
     least wall beside its compute any participant had (``measured_costs``:
     its waits and its compute stretched by the loop), the round doubled
     while its compute (taken as growing with its samples) is under ``ratio``
-    x that sync, at least ``max(min_rounds, s)`` rounds an epoch; ``sim``:
+    x that sync, at least ``min_rounds`` x ``max(1, s)`` rounds an epoch; ``sim``:
     the simulation's options (``sync_sim.Sim``)."""
     from dask_ps.linear_model._round_size import work_clock_every
 
@@ -454,7 +454,7 @@ def rounds_as_built(inp, P, n_p, staleness=1, ratio=4.0, min_rounds=4, clocks=6,
     _, _, run = efficiency(inp, "target", P, wl, 0.0, staleness=staleness, **sim)
     sync = min(e - c for e, c in zip(run.end, run.compute_seconds)) / wl.clocks
     steps = max(1, int(n_p // BATCH))
-    every = work_clock_every(max(1, int(m // BATCH)), steps, wl.compute, sync, ratio, max(min_rounds, staleness))
+    every = work_clock_every(max(1, int(m // BATCH)), steps, wl.compute, sync, ratio, min_rounds * max(1, staleness))
     return min(n_p, every * BATCH)
 
 

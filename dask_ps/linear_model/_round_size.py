@@ -7,9 +7,9 @@ rounds), the driver makes the rounds of the later runs bigger: the
 schedule's round doubled until its compute is at least
 ``ps.sgd.work-ratio`` times its sync, as measured (``measured_costs``), keeping at least
 ``ps.sgd.work-min-rounds-per-epoch`` rounds an epoch (what the quality
-sweep shows an epoch needs, docs/benchmarks.md) and at least ``s``
-rounds under ``SSP(s)`` (so the stopping decision's lag of one epoch
-stays). The rounds never get smaller than the schedule's: on one machine,
+sweep shows SSP(1) needs, docs/benchmarks.md), ``s`` times as many under
+``SSP(s)`` (the bound spans no more of an epoch than SSP(1)'s; the
+stopping decision's lag stays one epoch). The rounds never get smaller than the schedule's: on one machine,
 where a clock's sync is a fraction of a round's compute, a fit keeps
 today's rounds and answers.
 
@@ -100,8 +100,10 @@ class RoundsByWork:
             raise ValueError(f"ps.sgd.rounds-by-work must be one of {MODES}, got {mode!r}")
         self.ratio = float(setting("sgd", "work-ratio"))
         s = cfg.staleness
-        # Under SSP(s) an epoch keeps at least s rounds: the stopping decision's lag stays one epoch.
-        self.min_rounds = max(1, int(setting("sgd", "work-min-rounds-per-epoch")), int(s or 0))
+        # Under SSP(s) s times as many: a bound of s clocks spans as much of an epoch as SSP(1)'s one
+        # (the sweep measured SSP(1); SSP(2) at 4 rounds would span 3/4 of an epoch), and the stopping
+        # decision's lag stays one epoch.
+        self.min_rounds = max(1, int(setting("sgd", "work-min-rounds-per-epoch"))) * max(1, int(s or 0))
         # Only where a round may at least double (the measured run is a run
         # more: under a bound its start is pulled and pushed again, _RunStarts).
         room = cfg.steps_per_epoch // self.min_rounds >= 2 * cfg.clock_every

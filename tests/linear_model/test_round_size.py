@@ -95,7 +95,7 @@ def _cfg(staleness, steps=64, clock_every=4, max_iter=5, epoch0=0):
     ("always", 0, True), ("never", 1, False),
 ])
 def test_when_rounds_are_sized_by_work(mode, staleness, active):
-    assert RoundsByWork(_cfg(staleness), 4, mode).active is active
+    assert RoundsByWork(_cfg(staleness, steps=256), 4, mode).active is active
 
 
 def test_not_applied_where_it_cannot_change_anything():
@@ -119,10 +119,14 @@ def test_the_measured_run_is_one_epoch_and_the_decision_is_kept():
     assert bw.end(1, 5) == 5
 
 
-def test_ssp_keeps_s_rounds_an_epoch():
-    """SSP(s): at least s rounds an epoch, so the stopping decision's lag stays one epoch."""
+def test_ssp_keeps_s_times_the_rounds_an_epoch():
+    """SSP(s): s times the floor, so that the bound spans no more of an
+    epoch than SSP(1)'s (and the stopping decision's lag stays one epoch)."""
+    assert [RoundsByWork(_cfg(s, steps=512), 4, "auto").min_rounds for s in (0, 1, 2, 3, None)] == [4, 4, 8, 12, 4]
     with dask.config.set({"ps.sgd.work-min-rounds-per-epoch": 1}):
         assert RoundsByWork(_cfg(3), 4, "auto").min_rounds == 3
+    # SSP(2) with the schedule's 8 rounds an epoch (ps.sgd.min-rounds-per-epoch): nothing to size
+    assert not RoundsByWork(_cfg(2, steps=64, clock_every=8), 4, "auto").active
 
 
 # --- fits ------------------------------------------------------------------------------------
