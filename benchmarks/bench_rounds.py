@@ -4,19 +4,19 @@ On 2 workers (threads of this process, then worker processes) the same
 click-through fit (``bench_sgd.ctr_data``, ``loss="log_loss"``,
 ``alpha=1e-6``, ``max_iter=E``, ``tol=None``) under:
 
-- ``BSP, schedule``: the default, rounds of ``ps.sgd.clock-samples`` (at
-  least ``ps.sgd.bsp-min-rounds-per-epoch`` an epoch): main's code path
-  (``ps.sgd.rounds-by-work: never``);
-- ``SSP(1), schedule``: the sync of round r overlapped with round r + 1's
-  compute (the read of round r + 1 waits for the others' round r - 1
-  only), the schedule's rounds;
-- ``SSP(1), by work``: ``ps.sgd.rounds-by-work: auto`` (the first epoch
-  measured, the rest sized by what it measured);
-- ``SSP(1), by work, forced``: ``ps.sgd.work-ratio`` 1e9, as if a
-  clock's sync were a cluster's: the later epochs in
-  ``ps.sgd.work-min-rounds-per-epoch`` rounds. (BSP's schedule already
-  has that many rounds below 1M samples a participant: ``always`` changes
-  nothing at these sizes.)
+- ``BSP, schedule (main)``: the default, rounds of ``ps.sgd.clock-samples``
+  (at least ``ps.sgd.bsp-min-rounds-per-epoch`` an epoch): main's code
+  path (``ps.sgd.rounds-by-work: never``);
+- ``SSP(1), schedule (main)``: the sync of round r overlapped with round
+  r + 1's compute (the read of round r + 1 waits for the others' round
+  r - 1 only), the schedule's 8 rounds an epoch; at this size ``auto``
+  changes nothing (the schedule's rounds are shorter than
+  ``ps.sgd.clock-samples``);
+- ``SSP(1), 16k rounds (main)`` / ``... by work (forced)``: rounds of
+  16,384 samples (11 an epoch), kept, or sized by work with
+  ``ps.sgd.work-ratio`` 1e9 (as if a clock's sync were a cluster's): the
+  first epoch measured, the rest in 4 rounds an epoch
+  (``ps.sgd.work-min-rounds-per-epoch``).
 
 Per variant: the fit's wall (median of ``--repeat``), its CPU seconds
 (this process and the workers': what load stretches least), test ROC AUC,
@@ -40,11 +40,13 @@ import numpy as np
 
 import bench_sgd
 
+SMALL = {"ps.sgd.clock-samples": 16384}  # 11 rounds an epoch of 180k samples: rounds the rule may size
 VARIANTS = {
     "BSP, schedule (main)": ("bsp", {"ps.sgd.rounds-by-work": "never"}),
-    "SSP(1), schedule": ("ssp1", {"ps.sgd.rounds-by-work": "never"}),
-    "SSP(1), by work": ("ssp1", {"ps.sgd.rounds-by-work": "auto"}),
-    "SSP(1), by work, forced": ("ssp1", {"ps.sgd.rounds-by-work": "auto", "ps.sgd.work-ratio": 1e9}),
+    "SSP(1), schedule (main)": ("ssp1", {"ps.sgd.rounds-by-work": "never"}),
+    "SSP(1), 16k rounds (main)": ("ssp1", {**SMALL, "ps.sgd.rounds-by-work": "never"}),
+    "SSP(1), 16k rounds, by work (forced)": ("ssp1", {**SMALL, "ps.sgd.rounds-by-work": "auto",
+                                                      "ps.sgd.work-ratio": 1e9}),
 }
 
 

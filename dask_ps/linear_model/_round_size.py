@@ -104,10 +104,17 @@ class RoundsByWork:
         # (the sweep measured SSP(1); SSP(2) at 4 rounds would span 3/4 of an epoch), and the stopping
         # decision's lag stays one epoch.
         self.min_rounds = max(1, int(setting("sgd", "work-min-rounds-per-epoch"))) * max(1, int(s or 0))
-        # Only where a round may at least double (the measured run is a run
-        # more: under a bound its start is pulled and pushed again, _RunStarts).
+        # Only for inputs whose rounds are ps.sgd.clock-samples long (more
+        # rounds an epoch than the schedule's minimum: over ~1M samples a
+        # participant under SSP, ~0.5M under BSP), and where a round may at
+        # least double. The measured epoch is a run more: its rounds are
+        # built again (sparse data: compacted) and under a bound its start
+        # pulled and pushed again (_RunStarts); on 2 workers and 360k
+        # click-through rows that cost more CPU than the clocks saved.
+        per_epoch = -(-cfg.steps_per_epoch // cfg.clock_every)
+        full = per_epoch > int(setting("sgd", "bsp-min-rounds-per-epoch" if s == 0 else "min-rounds-per-epoch"))
         room = cfg.steps_per_epoch // self.min_rounds >= 2 * cfg.clock_every
-        self.active = (n_participants > 1 and mode != "never" and (mode == "always" or s != 0) and room
+        self.active = (n_participants > 1 and mode != "never" and (mode == "always" or s != 0) and full and room
                        and cfg.max_iter - cfg.epoch0 > 1)
         self.decided = None  # the clock_every of the runs after the measured one
 

@@ -104,7 +104,11 @@ def test_not_applied_where_it_cannot_change_anything():
     assert not RoundsByWork(_cfg(1, max_iter=5, epoch0=4), 4, "always").active
     assert not RoundsByWork(_cfg(1, steps=16, clock_every=4), 4, "always").active  # already 4 rounds an epoch
     assert not RoundsByWork(_cfg(1, steps=28, clock_every=4), 4, "always").active  # 7 rounds: no doubling left
-    assert RoundsByWork(_cfg(1, steps=32, clock_every=4), 4, "always").active
+    assert RoundsByWork(_cfg(1, steps=72, clock_every=4), 4, "always").active
+    # the schedule's minimum rounds (8 under a bound, 4 under BSP): rounds shorter than
+    # ps.sgd.clock-samples, a small input: kept (the measured run would cost more than it saves)
+    assert not RoundsByWork(_cfg(1, steps=64, clock_every=8), 4, "always").active
+    assert RoundsByWork(_cfg(0, steps=160, clock_every=16), 4, "always").active  # BSP: 10 rounds > 4
     with pytest.raises(ValueError, match="rounds-by-work"):
         RoundsByWork(_cfg(1), 4, "sometimes")
 
