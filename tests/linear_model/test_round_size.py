@@ -231,3 +231,42 @@ def test_cluster_ssp_fit_sized_by_work(client):
     assert len(est.run_ids_) == 2  # the measured first epoch, then the rest in bigger rounds
     assert decided[0] == (32, 1, 8)
     assert est.n_iter_ == 3 and est.score(*_data()) > 0.85
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_reads_two_rounds_ahead_under_ssp1(client, sparse):
+    """``ps.sgd.read-rounds-ahead: 2`` under SSP(1): round r + 2's read rides
+    round r's clock message; the reads are prefetch hits and the model is
+    the one-ahead fit's within the seeds' spread."""
+    if sparse:
+        X, y = _data(8000)
+    else:
+        rs = np.random.RandomState(0)
+        X = rs.randn(8000, 20)
+        y = (X @ rs.randn(20) > 0).astype(int)
+    from unittest import mock
+
+    from dask_ps.linear_model import _participant
+
+    started = {1: 0, 2: 0}  # reads started two rounds ahead, by setting
+    real = _participant._Participant.read_ahead
+
+    def read_ahead(self, epoch, ri, epoch_rounds, clocks=1):
+        had = (epoch, ri) in self.ahead
+        real(self, epoch, ri, epoch_rounds, clocks)
+        if clocks == 2 and not had and (epoch, ri) in self.ahead:
+            started[self.cfg.read_ahead] += 1
+
+    fits = {}
+    for ahead in (1, 2):
+        with warnings.catch_warnings(), dask.config.set({"ps.sgd.min-samples-per-participant": 1000,
+                                                         "ps.sgd.clock-samples": 500,
+                                                         "ps.sgd.read-rounds-ahead": ahead}), \
+                mock.patch.object(_participant._Participant, "read_ahead", read_ahead):
+            warnings.simplefilter("ignore")
+            fits[ahead] = SGDClassifier(random_state=0, max_iter=3, tol=None, batch_size=100, client=client,
+                                        consistency=dask_ps.SSP(1)).fit(X, y)
+    assert started[1] == 0 and started[2] > 0, started
+    for m in fits[2].metrics_:
+        assert sum(t.get("prefetch_hits", 0) for t in m["tables"].values()) > 0, m["tables"]
+    assert abs(fits[2].score(X, y) - fits[1].score(X, y)) <= 0.02
