@@ -5,13 +5,15 @@ grows with the workers, so a round of the schedule's samples
 After a measured first run (the fit's first epoch at the schedule's
 rounds), the driver makes the rounds of the later runs bigger: the
 schedule's round doubled until its compute is at least
-``ps.sgd.work-ratio`` times its sync, as measured (``measured_costs``), keeping at least
-``ps.sgd.work-min-rounds-per-epoch`` rounds an epoch (what the quality
-sweep shows SSP(1) needs, docs/benchmarks.md), ``s`` times as many under
-``SSP(s)`` (the bound spans no more of an epoch than SSP(1)'s; the
-stopping decision's lag stays one epoch). The rounds never get smaller than the schedule's: on one machine,
-where a clock's sync is a fraction of a round's compute, a fit keeps
-today's rounds and answers.
+``ps.sgd.work-ratio`` times its sync, as measured (``measured_costs``),
+keeping at least ``ps.sgd.work-min-rounds-per-epoch`` rounds an epoch
+(what the quality sweep shows SSP(1) needs, docs/benchmarks.md), ``s``
+times as many under ``SSP(s)`` (the bound spans no more of an epoch than
+SSP(1)'s; the stopping decision's lag stays one epoch). Only inputs whose
+rounds are ``ps.sgd.clock-samples`` long are sized (the measured run is a
+run more), and the rounds never get smaller than the schedule's: on a
+quiet machine, where a clock's sync is a fraction of a round's compute, a
+fit keeps today's rounds and answers.
 
 The decision is made once, in the driver, from what the first run's
 participants report, and sent to every participant with the run's
