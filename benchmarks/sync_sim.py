@@ -50,7 +50,11 @@ c + 1 must hold every clock <= c - s, SSP(s); BSP is s = 0):
   its threads (sent when the process's last thread reaches the clock).
   Iteration c + 1 starts once the reply of the request of clock c - s is
   in: under SSP(1) the sync of a round overlaps the next one's compute.
-  S requests a participant-clock (S / threads combined).
+  S requests a participant-clock (S / threads combined). With
+  ``pipelined=False`` (dask_ps as built: SGD's read for c + 1 rides clock
+  c's request, parked until the servers' vector reaches c - s) iteration
+  c + 1 waits for clock c's reply: under SSP(1) a round trip, not the
+  others' clock c.
 
 Not simulated: replication, failures, a fit's fixed costs (table
 creation, data placement, the final pull: added from the measured tiny
@@ -156,7 +160,7 @@ class Sim:
     seconds until the last participant's last clock."""
 
     def __init__(self, design, P, wl, costs=Costs(), net=Network(), jitter=Jitter(), staleness=0, threads=1,
-                 layout="processes", combine=False, key_cache=True, shared_core=True):
+                 layout="processes", combine=False, key_cache=True, shared_core=True, pipelined=True):
         if design not in DESIGNS:
             raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
         if P % threads:
@@ -166,6 +170,10 @@ class Sim:
         self.combine = combine and design == "target" and threads > 1
         self.key_cache = key_cache and design == "target"
         self.shared_core = shared_core
+        # target: the read of iteration c + 1 goes with clock c - s's request
+        # (the issue's); False: with clock c's, parked until c - s (dask_ps
+        # as built: SGD's read rides the clock's message, its round trip waited)
+        self.pipelined = pipelined
         self.M = 1 if layout == "threads" else P // threads  # processes
         self.S = P // threads if layout == "processes" else P  # servers: one per worker
         self.t, self._q, self._n = 0.0, [], 0
@@ -504,7 +512,8 @@ class Sim:
 
             def got(s=s, sm=sm):
                 self._server_clock(s, who, c)
-                self._park(s, c, lambda: self.reply(sm, m, rep, self._target_in, members, who, c))
+                bound = c if self.pipelined else c - self.s
+                self._park(s, bound, lambda: self.reply(sm, m, rep, self._target_in, members, who, c))
             self.send("request", m, sm, req, got)
 
     def _target_in(self, members, who, c):
@@ -520,7 +529,7 @@ class Sim:
                     self.gates[p] = g
 
     def _target_gate(self, p, c):
-        need = c - self.s
+        need = c - self.s if self.pipelined else c
         if need <= 0 or self.have.get(p, 0) >= need:
             self._next(p, c)
         else:

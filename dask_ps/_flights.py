@@ -362,7 +362,13 @@ class InFlight:
         flights = [f for f in (self._start_flush(n, submit=False) for n in list(self._buffers)) if f is not None]
         others = [f.future for fl in self._flights.values() for f in fl if f not in flights]
         reads, self._deferred = self._deferred, []  # prefetched for this clock: carried by its messages
-        future = self._submit(self._clock_message(flights, others, clock, wait_for, reads))
+        apart = []
+        if wait and wait_for is not None:
+            # A read two clocks ahead would hold this blocking clock's reply
+            # until every participant reached it, past its own bound: apart.
+            apart = [r for r in reads if r[2] is not None and r[2] > wait_for]
+            reads = [r for r in reads if not (r[2] is not None and r[2] > wait_for)]
+        future = self._submit(self._clock_message(flights, others, clock, wait_for, reads, apart))
         if not wait:
             self._clk.advance(clock)
             self._clock_flight = (future, wait_for, clock)
@@ -401,7 +407,7 @@ class InFlight:
             parts.append((f, lease))
         return parts
 
-    async def _clock_message(self, flights: list[Flight], others, clock: int, wait_for, reads=()):
+    async def _clock_message(self, flights: list[Flight], others, clock: int, wait_for, reads=(), apart=()):
         """Send every server of the run one message: this clock's pushes to
         it (``flights``, prepared, not sent) and ``clock``; the reply is the
         acknowledgement. The flushes in the background (``others``) are
@@ -412,7 +418,9 @@ class InFlight:
         (``_deferred``), made by their primaries after the clock counted
         there (parked until their bound holds), or sent as reads of their
         own where the message cannot carry them. Sets the flights' and the
-        reads' futures; returns the clock's ``(min clock, seconds)``."""
+        reads' futures; returns the clock's ``(min clock, seconds)``.
+        ``apart``: reads sent on their own now."""
+        self._read_apart(apart)
         reads = [r for r in reads if not r[0].future.done()]
         try:
             if others:
@@ -625,9 +633,12 @@ class InFlight:
         serves): parked until their bound for ``need_at`` holds. A read for
         the next clock goes with that clock's messages."""
         name = p.h.spec.name
-        if p.for_clock == self._clk.current + 1:
+        now = self._clk.current
+        if p.for_clock == now + 1 or (p.for_clock == now + 2 and need_at is not None and need_at <= now + 1):
             # The next clock's read goes with that clock's messages (one
-            # message per server per clock: _clock_message).
+            # message per server per clock: _clock_message); so does a read
+            # two clocks ahead whose bound needs no clock after that one
+            # (under SSP(s >= 1): the sync of a round overlapped with the next).
             p.future = concurrent.futures.Future()
             self._deferred.append((p, fetch, need_at))
         else:

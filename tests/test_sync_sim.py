@@ -139,3 +139,18 @@ def test_bad_arguments_are_refused(ss):
         ss.Sim("new", 4, wl(ss))
     with pytest.raises(ValueError, match="threads"):
         ss.Sim("target", 6, wl(ss), threads=4)
+
+
+def test_the_read_riding_the_clock_waits_a_round_trip_under_ssp1(ss):
+    """``pipelined=False`` (dask_ps as built): under SSP(1) iteration c + 1
+    waits for clock c's reply, a round trip a clock, where the target's
+    read sent a clock earlier waits for nothing; under BSP both wait for
+    the others' clock c alike."""
+    net = ss.Network(rtt=0.01, bandwidth=float("inf"))
+    costs = ss.Costs(msg_cpu=0, byte_cpu=0, direct_cpu=0, clock_cpu=0, hop=0, sched_cpu=0)
+    w = wl(ss, compute=0.1, clocks=10, prefetch=True)
+    run = {s: {p: ss.simulate("target", 4, w, costs=costs, net=net, jitter=still(ss), staleness=s, pipelined=p)[0]
+               for p in (True, False)} for s in (0, 1)}
+    assert run[0][True] == pytest.approx(run[0][False])
+    assert run[1][True] == pytest.approx(10 * 0.1)  # the replies came during the next compute
+    assert run[1][False] == pytest.approx(10 * (0.1 + 0.01))  # a round trip every clock

@@ -47,6 +47,7 @@ from dask_ps.linear_model._kernels import ADAPTIVE, MAX_INT
 from dask_ps.linear_model._monitor import N_FIELDS, RING_EPOCHS, EpochMonitor
 from dask_ps.linear_model._lone import lone_sklearn_draws
 from dask_ps.linear_model._participant import _PartData, _sgd_participant
+from dask_ps.linear_model._round_size import RoundsByWork
 from dask_ps.linear_model._rounds import _RunConfig
 
 logger = logging.getLogger("dask_ps.linear_model")
@@ -410,7 +411,7 @@ def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, si
         cw_pos=tuple(np.ones(K) if cw_pos is None else cw_pos),
         cw_neg=tuple(np.ones(K) if cw_neg is None else cw_neg),
         eta_init=tuple(eta_init), col_freq_needed=sparse, stats_stride=int(max_iter),
-        overlap=bool(setting("sgd", "overlap")),
+        overlap=bool(setting("sgd", "overlap")), read_ahead=int(setting("sgd", "read-rounds-ahead")),
         whole_table=not sparse or start.W0.nbytes <= setting_bytes("sgd", "whole-table-bytes"),
     )
 
@@ -455,6 +456,7 @@ def _run_chunks(est, ps, parts, cfg: _RunConfig, start: _Start, checkpoint, reco
     rollbacks = [] if rollbacks is None else rollbacks
     every = est.checkpoint_every if checkpoint is not None else None
     max_iter = cfg.max_iter
+    by_work = RoundsByWork(cfg, len(parts))  # the first epoch measured, the later rounds sized by it
     saved = [cfg.table] + ([cfg.stats_table] if cfg.global_stop else [])
     seen = dict.fromkeys(saved, 0)  # restores from the checkpoint accounted for, per table
     runs = []
@@ -466,12 +468,12 @@ def _run_chunks(est, ps, parts, cfg: _RunConfig, start: _Start, checkpoint, reco
 
     def run(position):
         epoch, states, _ = position
-        end = chunk_end(epoch, max_iter, every)
+        end = by_work.end(epoch, chunk_end(epoch, max_iter, every))
         if checkpoint is not None:  # a worker lost between two runs, e.g. during a save
             _raise_restored(ps, saved, seen, "(between runs)")
-        run_cfg = cfg
+        run_cfg = by_work.config(cfg)
         if epoch or states is not None or end != max_iter:
-            run_cfg = dataclasses.replace(cfg, epoch0=epoch, max_iter=end, states=states)
+            run_cfg = dataclasses.replace(run_cfg, epoch0=epoch, max_iter=end, states=states)
         if starts is not None:
             first = not runs and not rollbacks
             run_cfg = dataclasses.replace(run_cfg, start_table=starts.before_run(run_cfg, first=first))
@@ -484,6 +486,7 @@ def _run_chunks(est, ps, parts, cfg: _RunConfig, start: _Start, checkpoint, reco
             timing["run_seconds"] = timing.get("run_seconds", 0.0) + time.perf_counter() - t
         if checkpoint is not None:  # restored as the run ended: not saved, trained again
             _raise_restored(ps, saved, seen, results[0].get("run_id") or "(a run)")
+        by_work.measured(run_cfg, end - epoch, results)
         return end, results
 
     def recover(error, position):
