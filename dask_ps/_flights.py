@@ -362,13 +362,7 @@ class InFlight:
         flights = [f for f in (self._start_flush(n, submit=False) for n in list(self._buffers)) if f is not None]
         others = [f.future for fl in self._flights.values() for f in fl if f not in flights]
         reads, self._deferred = self._deferred, []  # prefetched for this clock: carried by its messages
-        apart = []
-        if wait and wait_for is not None:
-            # A read two clocks ahead would hold this blocking clock's reply
-            # until every participant reached it, past its own bound: apart.
-            apart = [r for r in reads if r[2] is not None and r[2] > wait_for]
-            reads = [r for r in reads if not (r[2] is not None and r[2] > wait_for)]
-        future = self._submit(self._clock_message(flights, others, clock, wait_for, reads, apart))
+        future = self._submit(self._clock_message(flights, others, clock, wait_for, reads))
         if not wait:
             self._clk.advance(clock)
             self._clock_flight = (future, wait_for, clock)
@@ -407,7 +401,7 @@ class InFlight:
             parts.append((f, lease))
         return parts
 
-    async def _clock_message(self, flights: list[Flight], others, clock: int, wait_for, reads=(), apart=()):
+    async def _clock_message(self, flights: list[Flight], others, clock: int, wait_for, reads=()):
         """Send every server of the run one message: this clock's pushes to
         it (``flights``, prepared, not sent) and ``clock``; the reply is the
         acknowledgement. The flushes in the background (``others``) are
@@ -418,9 +412,7 @@ class InFlight:
         (``_deferred``), made by their primaries after the clock counted
         there (parked until their bound holds), or sent as reads of their
         own where the message cannot carry them. Sets the flights' and the
-        reads' futures; returns the clock's ``(min clock, seconds)``.
-        ``apart``: reads sent on their own now."""
-        self._read_apart(apart)
+        reads' futures; returns the clock's ``(min clock, seconds)``."""
         reads = [r for r in reads if not r[0].future.done()]
         try:
             if others:
