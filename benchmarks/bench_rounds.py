@@ -12,9 +12,6 @@ click-through fit (``bench_sgd.ctr_data``, ``loss="log_loss"``,
   r - 1 only), the schedule's 8 rounds an epoch; at this size ``auto``
   changes nothing (the schedule's rounds are shorter than
   ``ps.sgd.clock-samples``);
-- ``SSP(1), schedule, read 2 rounds ahead``: ``ps.sgd.read-rounds-ahead:
-  2``, round r + 2's read with round r's clock message (its reply in
-  before round r + 2 starts);
 - ``SSP(1), 16k rounds (main)`` / ``... by work (forced)``: rounds of
   16,384 samples (11 an epoch), kept, or sized by work with
   ``ps.sgd.work-ratio`` 1e9 (as if a clock's sync were a cluster's): the
@@ -47,8 +44,6 @@ SMALL = {"ps.sgd.clock-samples": 16384}  # 11 rounds an epoch of 180k samples: r
 VARIANTS = {
     "BSP, schedule (main)": ("bsp", {"ps.sgd.rounds-by-work": "never"}),
     "SSP(1), schedule (main)": ("ssp1", {"ps.sgd.rounds-by-work": "never"}),
-    "SSP(1), schedule, read 2 rounds ahead": ("ssp1", {"ps.sgd.rounds-by-work": "never",
-                                                       "ps.sgd.read-rounds-ahead": 2}),
     "SSP(1), 16k rounds (main)": ("ssp1", {**SMALL, "ps.sgd.rounds-by-work": "never"}),
     "SSP(1), 16k rounds, by work (forced)": ("ssp1", {**SMALL, "ps.sgd.rounds-by-work": "auto",
                                                       "ps.sgd.work-ratio": 1e9}),
@@ -94,7 +89,7 @@ def run_layout(layout, X, y, args):
         dX, dy = bench_sgd.spread_blocks(client, Xtr, ytr)
         fit_once(client, dX, dy, Xte, yte, 1, "bsp", {})  # warm-up: imports, compiles
         rows = []
-        for name, (cons, settings) in ((k, v) for k, v in VARIANTS.items() if k in args.variants):
+        for name, (cons, settings) in VARIANTS.items():
             runs = sorted((fit_once(client, dX, dy, Xte, yte, args.epochs, cons, settings)
                            for _ in range(args.repeat)), key=lambda r: r[0])
             wall, auc, per_epoch, ps_s, cpu_s = runs[len(runs) // 2]
@@ -111,8 +106,6 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--layouts", nargs="+", default=["threads", "processes"], choices=["threads", "processes"])
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="NAME",
-                    help=f"of {list(VARIANTS)}")
     args = ap.parse_args()
     X, y = bench_sgd.ctr_data(args.n)
     print(f"click-through {args.n} rows, E={args.epochs}, 2 workers; load average "

@@ -467,8 +467,6 @@ def variants(workload):
         # round trip waited); then the read a clock earlier and the row lists cached (the target).
         built = {"pipelined": False, "key_cache": False}
         rows.append(("as built: rounds by work + SSP(1)", "target", 1, {"built": True, "sim": built}))
-        rows.append(("as built: rounds by work + SSP(1), read 2 rounds ahead", "target", 1,
-                     {"built": True, "sim": {"key_cache": False}}))
         rows.append(("as built: rounds by work (always) + BSP", "target", 0,
                      {"built": True, "sim": {"key_cache": False}}))
         rows.append(("target, rounds by work + SSP(1)", "target", 1, {"by_work": True}))
