@@ -625,12 +625,9 @@ class InFlight:
         serves): parked until their bound for ``need_at`` holds. A read for
         the next clock goes with that clock's messages."""
         name = p.h.spec.name
-        now = self._clk.current
-        if p.for_clock == now + 1 or (p.for_clock == now + 2 and need_at is not None and need_at <= now + 1):
+        if p.for_clock == self._clk.current + 1:
             # The next clock's read goes with that clock's messages (one
-            # message per server per clock: _clock_message); so does a read
-            # two clocks ahead whose bound needs no clock after that one
-            # (under SSP(s >= 1): the sync of a round overlapped with the next).
+            # message per server per clock: _clock_message).
             p.future = concurrent.futures.Future()
             self._deferred.append((p, fetch, need_at))
         else:

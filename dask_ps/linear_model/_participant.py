@@ -299,12 +299,7 @@ class _Participant:
         # round's push and clock go out while the next one starts. A plain
         # session (pull/push/clock only) works too, one call after the other.
         self.overlap = not self.solo and cfg.overlap and ctx.overlaps
-        # (epoch, round index) -> PullHandle of the reads started ahead. Under a
-        # bound s >= 1 with ps.sgd.read-rounds-ahead 2 the read of round r + 2
-        # rides round r's clock message (issue 36's overlap: the reply is in
-        # when round r + 2 starts); else round r + 1's, its round trip waited.
-        self.ahead = {}
-        self.two_ahead = self.overlap and cfg.read_ahead >= 2 and (cfg.staleness or 0) >= 1
+        self.ahead = None  # (epoch, round index, PullHandle) of the read started a round ahead
         # This participant's model as the table counts it (exact model
         # averaging, see sync_round): the run's start until its first push.
         self.mine = None
@@ -438,48 +433,41 @@ class _Participant:
         rnd = self.rounds.prepare(epoch_rounds, ri)
         W0 = self.read(epoch, ri, rnd.rows)
         self.read_ahead(epoch, ri + 1, epoch_rounds)
-        if self.two_ahead:
-            self.read_ahead(epoch, ri + 2, epoch_rounds, clocks=2)
         W = self.rounds.train(rnd, W0, epoch, seen, self.stop, active, loss_sum, self.eta_scale(epoch, seen))
         self.rounds.finish(rnd)
-        # the next rounds were still being built: now, if they are ready
-        self.read_ahead(epoch, ri + 1, epoch_rounds)
-        if self.two_ahead:
-            self.read_ahead(epoch, ri + 2, epoch_rounds, clocks=2)
+        if self.ahead is None:  # the next round was still being built: now, if it is ready
+            self.read_ahead(epoch, ri + 1, epoch_rounds)
         return rnd.rows, W0, W, rnd.n
 
     def read(self, epoch, ri, rows):
         """The weights round ``ri`` of ``epoch`` starts from: its touched
         ``rows`` (None: the whole table), from the local table (alone), the
         read started a round ahead, or read now."""
-        ahead = self.ahead.pop((epoch, ri), None)
-        for key in [k for k in self.ahead if k[0] != epoch or k[1] < ri]:
-            del self.ahead[key]  # not read (a retried participant's first round): left to the session
+        ahead, self.ahead = self.ahead, None
         if self.solo:
             return self.W_all if rows is None else self.W_all[self.xp.asarray(rows)]
-        if ahead is not None:
-            return self.ctx.result_of(ahead)
+        if ahead is not None and ahead[:2] == (epoch, ri):
+            return self.ctx.result_of(ahead[2])
         return self.ctx.pull(self.cfg.table) if rows is None else self.ctx.pull_rows(self.cfg.table, rows)
 
-    def read_ahead(self, epoch, ri, epoch_rounds, clocks=1):
-        """Start the read of round ``ri``'s weights for the clock ``clocks``
-        ahead (at which it is used: ``PullHandle.result`` checks it against
-        that clock's bound and adds this participant's pushes made since;
-        the session sends it with this clock's message), unless it is
-        started already, in the next epoch (whose order is drawn then) or
-        not built yet (the read then waits for the round, at its start)."""
-        if not self.overlap or ri >= len(epoch_rounds) or (epoch, ri) in self.ahead:
+    def read_ahead(self, epoch, ri, epoch_rounds):
+        """Start the read of round ``ri``'s weights for the next clock (at
+        which it is used: ``PullHandle.result`` checks it against that
+        clock's bound and adds this participant's pushes made since),
+        unless it is in the next epoch (whose order is drawn then) or not
+        built yet (the read then waits for the round, at its start)."""
+        if not self.overlap or ri >= len(epoch_rounds):
             return
         group = epoch_rounds[ri]
         if not self.rounds.ready(group):
             return
         rows = self.rounds.rows(group)
-        nxt = self.ctx.current_clock + clocks
+        nxt = self.ctx.current_clock + 1
         if rows is None:
             handle = self.ctx.prefetch(self.cfg.table, for_clock=nxt)
         else:
             handle = self.ctx.prefetch_rows(self.cfg.table, rows, for_clock=nxt)
-        self.ahead[epoch, ri] = handle
+        self.ahead = (epoch, ri, handle)
 
     def sync_round(self, rows, W0, W):
         """The round's model ``W`` (trained from the read ``W0``): into the

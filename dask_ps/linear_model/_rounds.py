@@ -86,9 +86,6 @@ class _RunConfig:
     # Reads a round ahead and background clocks where the session has them
     # (ps.sgd.overlap).
     overlap: bool = True
-    # Under a bound s >= 1: 2 reads round r + 2 with round r's clock message
-    # (ps.sgd.read-rounds-ahead).
-    read_ahead: int = 1
     # The table holding the run's start (None: zeros), which nobody pushes
     # to: the participants' models before their first round
     # (_Participant.own_model).

@@ -411,7 +411,7 @@ def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, si
         cw_pos=tuple(np.ones(K) if cw_pos is None else cw_pos),
         cw_neg=tuple(np.ones(K) if cw_neg is None else cw_neg),
         eta_init=tuple(eta_init), col_freq_needed=sparse, stats_stride=int(max_iter),
-        overlap=bool(setting("sgd", "overlap")), read_ahead=int(setting("sgd", "read-rounds-ahead")),
+        overlap=bool(setting("sgd", "overlap")),
         whole_table=not sparse or start.W0.nbytes <= setting_bytes("sgd", "whole-table-bytes"),
     )
 

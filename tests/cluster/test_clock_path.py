@@ -100,39 +100,6 @@ def test_a_read_prefetched_for_the_next_clock_goes_with_the_clock(ps, client, co
             assert 20 * c + 20 * max(0, c - s) <= total <= 20 * c + 20 * (c + s + 1), (c, seen)
 
 
-def _two_ahead(ctx, _, table):
-    snaps, seen, ahead = {}, [], {}
-    rows = np.arange(40)
-    for c in range(CLOCKS):
-        h = ahead.pop(c, None)
-        got = ctx.pull_rows(table, rows) if h is None else h.result()
-        if c in STEADY:
-            snaps[c] = dict(ctx.metrics()["messages"])
-        seen.append(float(got.sum()))
-        ctx.push_rows(table, rows[ctx.rank::2], np.ones(20))
-        ahead[c + 2] = ctx.prefetch_rows(table, rows, for_clock=c + 2)  # the read two clocks ahead
-        ctx.clock(wait=False)
-    before, after = snaps[STEADY[0]], snaps[STEADY[1]]
-    return {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after)}, seen
-
-
-def test_a_read_two_clocks_ahead_goes_with_the_clock_under_ssp1(ps, client):
-    """Under SSP(1) a read for clock c + 2 needs no clock after c + 1: it goes
-    with clock c + 1's message (``ps.sgd.read-rounds-ahead: 2``: the sync of
-    a round overlapped with the next one), still one request per server per
-    clock, and it holds what the bound requires at the clock it is used."""
-    ps.create_table("ta", shape=(40,), block_rows=20, consistency=dask_ps.SSP(1))
-    servers = {o.worker for o in ps.placement("ta")}
-    assert len(servers) == 2
-    n, s = STEADY[1] - STEADY[0], 1
-    for got, seen in ps.run(_two_ahead, range(2), table="ta"):
-        requests = {k: v for k, v in got.items() if not k.startswith("bytes") and v}
-        assert set(requests) <= {"clock", "clock_local"}, got
-        assert sum(requests.values()) == len(servers) * n, got
-        for c, total in enumerate(seen):
-            assert 20 * c + 20 * max(0, c - s) <= total <= 20 * c + 20 * (c + s + 1), (c, seen)
-
-
 def test_a_server_that_joins_a_run_takes_the_clocks_from_a_peer(ps, client):
     """A worker that hears of a run late (not at its start) takes a peer's
     run-wide clocks: sound, since a participant sends a clock's message only
