@@ -27,7 +27,6 @@ import zlib
 from collections import Counter
 
 import numpy as np
-from distributed.protocol.serialize import to_serialize
 from distributed.utils import thread_state
 
 from dask_ps import _backend, _config, _routing
@@ -35,7 +34,7 @@ from dask_ps._exceptions import PSError, StaleVersionError, UnknownTableError
 from dask_ps._liveness import Liveness, WorkerGone
 from dask_ps._routing import TableHandle
 from dask_ps._sums import held_first, push_bound
-from dask_ps._wire import aligned, unwire_values, wire_values
+from dask_ps._wire import framed, to_wire, unwire_values, wire_values
 from dask_ps._worker_plugin import in_process_peer
 
 
@@ -163,7 +162,7 @@ class Transport:
             taken.append(buf)
             np.copyto(buf[:n], wire, casting="unsafe")  # local rows are < block_rows
             wire = buf[:n]
-        return wire if wire is None or isinstance(wire, list) else to_serialize(wire)
+        return wire if wire is None or isinstance(wire, list) else to_wire(wire)
 
     def _give_back(self, taken: list) -> None:
         self._row_scratch.extend(taken)
@@ -226,7 +225,7 @@ class Transport:
                 table_id=h.spec.table_id, bound=bound, **phase))
         taken: list = []
         sparse = self._sparse(h, addr)
-        msg = aligned(dict(
+        msg = dict(
             table=h.spec.name,
             table_id=h.spec.table_id,
             version=h.version,
@@ -235,7 +234,7 @@ class Transport:
             sender=sender,
             msg_seq=msg_seq,
             **self._trusted,
-        ))
+        )
         # Fields at the handler's defaults are left out: Dask sizes every
         # message (dask.sizeof, to decide whether to serialize it off the
         # event loop) and samples one of more than ten fields, which costs
@@ -251,7 +250,7 @@ class Transport:
             msg["bound"] = bound
         msg.update(phase)
         reply = await self.liveness.call(addr, lambda: _within(
-            _config.get_seconds("timeouts.rpc"), self.rpc(addr).ps_push(**msg)))
+            _config.get_seconds("timeouts.rpc"), self.rpc(addr).ps_push(**framed(msg))))
         self._give_back(taken)
         return reply
 
@@ -311,7 +310,7 @@ class Transport:
                                  **({"sparse": True} if self._sparse(h, addr) else {}), **extra)
                             for h, es, extra in reads]
         reply = await self.liveness.call(addr, lambda: _within(
-            seconds, self.rpc(addr).ps_run_clock(**aligned(dict(pushes=pushes, **msg, **self._trusted)))))
+            seconds, self.rpc(addr).ps_run_clock(**framed(dict(pushes=pushes, **msg, **self._trusted)))))
         self._give_back(taken)
         for r in reply.get("reads") or () if isinstance(reply, dict) else ():
             if isinstance(r, dict) and isinstance(r.get("values"), (list, tuple)):
