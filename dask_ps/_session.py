@@ -341,7 +341,10 @@ class Session:
         h = self._handle(name)
         given_rows, given_values = rows, values
         rows, increasing = check_rows_sorted(h.spec, rows)
-        values, bound = check_values(h.spec, values, (len(rows), *h.spec.row_shape), bound=True)
+        # No pass for the bound where the flush finds it from the nonzeros it sends (Transport.wire_nonzeros).
+        measure = not self._router.transport.bound_from_nonzeros(h)
+        values, bound = check_values(h.spec, values, (len(rows), *h.spec.row_shape), bound=True) if measure \
+            else (check_values(h.spec, values, (len(rows), *h.spec.row_shape)), None)
         values = _backend.to_device(values, h.spec.device)  # as in push
         theirs_rows, theirs_values = rows is given_rows, values is given_values
         self._buffer(h).add_rows(rows, values, keep_rows=not theirs_rows or not copy,
