@@ -139,3 +139,31 @@ def test_bad_arguments_are_refused(ss):
         ss.Sim("new", 4, wl(ss))
     with pytest.raises(ValueError, match="threads"):
         ss.Sim("target", 6, wl(ss), threads=4)
+
+
+@pytest.fixture(scope="module")
+def scale():
+    here = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+    if str(here) not in sys.path:
+        sys.path.insert(0, str(here))
+    import sync_scale
+
+    return sync_scale
+
+
+@pytest.mark.parametrize("design", ["old", "current", "target"])
+def test_a_fits_unequal_participants_run_at_the_slower_ones_pace(ss, scale, design):
+    """The 2-worker validation gives each participant its own measured
+    compute (worker processes: one 1.4-4.5x the other's): the faster one's
+    as the workload's, the slower a persistent straggler, so a BSP run
+    takes the slower one's compute, not the mean's."""
+    fit = {"participants": [{"cpu_seconds": 0.3, "round_prep_cpu_seconds": 0.0},
+                            {"cpu_seconds": 0.1, "round_prep_cpu_seconds": 0.0}]}
+    inp = scale.Inputs(costs={"processes": ss.Costs(clock_cpu=0.0)})
+    base = wl(ss, compute=[1.0] * 5, clocks=5)
+    unequal, ratio = scale.measured_compute(base, fit, inp, "processes", unequal=True)
+    assert sum(unequal.compute) == pytest.approx(0.1) and ratio == pytest.approx(3.0)
+    t, _ = ss.simulate(design, 2, unequal, jitter=still(ss, stragglers=1, straggler_slowdown=ratio - 1), **free(ss))
+    assert t == pytest.approx(0.3)
+    mean = scale.measured_compute(base, fit, inp, "processes")
+    assert ss.simulate(design, 2, mean, jitter=still(ss), **free(ss))[0] == pytest.approx(0.2)
