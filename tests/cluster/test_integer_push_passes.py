@@ -135,3 +135,57 @@ def test_a_sparse_wire_push_finds_its_bound_from_the_nonzeros_it_sends(monkeypat
     assert msgs[h.owners[0][0]][0][2] is sparse  # the flight's own items stay dense (cache, prefetches)
     only_sparse = t.wire_nonzeros(h, {h.owners[0][0]: [(0, None, sparse)]})[1]
     assert only_sparse == 9.0
+
+
+def _count_exact_totals(dask_worker=None):
+    """On a worker: count the buffers' exact wide sums (``PushBuffer._int_total``
+    where the bounds did not settle it)."""
+    from dask_ps import _oplog
+
+    real = getattr(_oplog.PushBuffer, "_real_int_total", _oplog.PushBuffer._int_total)
+    _oplog.PushBuffer._real_int_total = real
+    _oplog.exact_totals = 0
+
+    def counting(self, *a, **k):
+        out = real(self, *a, **k)
+        _oplog.exact_totals += out is not None
+        return out
+
+    _oplog.PushBuffer._int_total = counting
+
+
+def _exact_totals_and_restore(dask_worker=None):
+    from dask_ps import _oplog
+
+    _oplog.PushBuffer._int_total = _oplog.PushBuffer._real_int_total
+    return _oplog.exact_totals
+
+
+def test_two_row_pushes_in_a_clock_of_a_sparse_wire_table_are_summed_exactly(ps, client):
+    """The first push of a clock leaves its bound to the flush's nonzeros
+    (worker processes); a second one before the flush measures the first's,
+    so the buffer's sum is settled by the bounds (no exact wide sum of the
+    table), and the counts are exact."""
+    n = 64
+    ps.create_table("twice", shape=(n, 16), dtype="int32", block_rows=2, sparse_wire=True)
+    rows = np.arange(0, n, 3)
+    values = np.zeros((rows.size, 16), np.int32)
+    values[:, 2] = 5
+    values[::2, 7] = -3
+
+    def twice(ctx, rank, *, name, rows, values):
+        for _ in range(2):
+            ctx.push_rows(name, rows, values)
+            ctx.push_rows(name, rows[::2], values[::2])
+            ctx.clock()
+
+    client.run(_count_exact_totals)
+    try:
+        ps.run(twice, [0], name="twice", rows=rows, values=values)
+    finally:
+        exact = sum(client.run(_exact_totals_and_restore).values())
+    expected = np.zeros((n, 16), np.int32)
+    expected[rows] += 2 * values
+    expected[rows[::2]] += 2 * values[::2]
+    np.testing.assert_array_equal(ps.pull("twice"), expected)
+    assert exact == 0, f"{exact} exact wide sums of the buffered pushes"
