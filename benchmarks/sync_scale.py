@@ -372,7 +372,8 @@ def validate(inp, unequal=True):
             E = fit["E"]
             tiny = L["sgd_tiny"]
             pred, F, cpu, sim = _fit_pred(
-                inp, layout, lambda: measured_compute(sgd_workload(inp, n / 2, 2, E, fit=True)[0], fit, inp, layout, unequal),
+                inp, layout,
+                lambda: measured_compute(sgd_workload(inp, n / 2, 2, E, fit=True)[0], fit, inp, layout, unequal),
                 fit, tiny, lambda: measured_compute(sgd_workload(inp, tiny["n"] / 2, 2, 1, fit=True)[0], tiny, inp,
                                                     layout, unequal), idle)
             out.append(_row(layout, f"SGD click-through {n:,} rows, max_iter={E}", pred, fit, cpu, idle, sim, F,

@@ -75,7 +75,8 @@ def report(logs):
             m = next((e for e in ev if e[1] == "message" and e[2] == r and e[3] == c), None)
             if m is None:
                 continue
-            srv = sorted((e for e in ev if e[1] == "server" and e[2] == r and e[3] == c), key=lambda e: e[0] != where[r])
+            srv = sorted((e for e in ev if e[1] == "server" and e[2] == r and e[3] == c),
+                         key=lambda e: e[0] != where[r])
             at = " ".join(f"{e[0]} {1e3 * (e[4] - m[4]):+.1f}..{1e3 * (e[5] - m[4]):+.1f}" for e in srv)
             parts.append(f"rank {r}: sent at {1e3 * (m[4] - t0):.1f} ms, replies in {1e3 * (m[5] - m[4]):.1f} ms; "
                          f"servers (own first) {at}")
