@@ -55,6 +55,13 @@ c + 1 must hold every clock <= c - s, SSP(s); BSP is s = 0):
   c's request, parked until the servers' vector reaches c - s) iteration
   c + 1 waits for clock c's reply: under SSP(1) a round trip, not the
   others' clock c.
+- ``wire`` (the code since issue 36's one message a clock, ``8a9006a``):
+  one request to each server carrying the pushes of clock c and the
+  clock, the reply the acknowledgement; SGD's read for iteration c + 1
+  goes in it (``prefetch_rows``), parked at the server until its vector
+  reaches c - s; LDA reads after it returned, one request to each server
+  parked alike. No row-list cache, no combining, no overlap. S requests a
+  participant-clock (SGD), 2 S (LDA).
 
 Not simulated: replication, failures, a fit's fixed costs (table
 creation, data placement, the final pull: added from the measured tiny
@@ -77,7 +84,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-DESIGNS = ("old", "current", "target")
+DESIGNS = ("old", "current", "target", "wire")
 
 
 @dataclass(frozen=True)
@@ -534,6 +541,31 @@ class Sim:
             self._next(p, c)
         else:
             self.gates[p] = (need, lambda: self._next(p, c))
+
+    # --- wire: the code's one message a server a clock (pushes + clock, SGD's read too) ---------------
+    def _sync_wire(self, p, c):
+        bound = c - self.s
+        m = self.machine(p)
+        push = self.rows_bytes(self.wl.push_rows, self.wl.push_value_bytes, True)
+        read = self.wl.prefetch
+        req = push + (self.rows_bytes(self.wl.read_rows, 0.0, True) if read else 0.0)
+        rep = self.wl.read_rows / self.S * self.wl.read_value_bytes if read else 16
+        next_ = lambda: self._next(p, c)  # noqa: E731
+        then = next_ if read else lambda: self._read(p, c, next_, bound)  # noqa: E731
+        n = [self.S]
+
+        def back():
+            n[0] -= 1
+            if n[0] == 0:
+                then()
+        for s in range(self.S):
+            sm = self.server_machine(s)
+
+            def got(s=s, sm=sm):
+                self._server_clock(s, p, c)
+                answer = lambda: self.reply(sm, m, rep, back)  # noqa: E731
+                self._park(s, bound, answer) if read else answer()
+            self.send("request", m, sm, req, got)
 
     # --- reports ----------------------------------------------------------------------------------
     def per_clock(self):

@@ -78,6 +78,15 @@ class Flight:
     clock: int  # the writer's clock when it was flushed
     buf: PushBuffer
     future: concurrent.futures.Future  # -> {block: sequence number after the push}
+    # What is sent where it differs from ``msgs`` (kept dense for the cache
+    # and prefetches): values encoded as their nonzeros, and their bound
+    # (``Transport.wire_nonzeros``); else None and the buffer's bound.
+    wired: dict | None = None
+    bound: float | None = None
+
+    def __post_init__(self):
+        if self.wired is None:
+            self.wired, self.bound = self.msgs, self.buf.bound
 
 
 class PushHandle:
@@ -242,16 +251,19 @@ class InFlight:
         msgs = buf.messages(h)
         if buf.summed and not h.spec.allow_nonfinite:
             _check_sums_finite(name, msgs)
+        wired, bound = msgs, buf.bound
+        if bound is None and self._router.transport.bound_from_nonzeros(h):
+            wired, bound = self._router.transport.wire_nonzeros(h, msgs)
         msg_seq = (self._clk.current << 24) + self._clk.flushes
         self._clk.flushes += 1
         flights = self._flights.setdefault(name, [])
         previous = flights[-1].future if flights else None
         if submit:
-            future = self._submit(self._send_in_order(previous, name, msgs, (self._run_id, self._clk.current), msg_seq,
-                                                      buf.bound))
+            future = self._submit(self._send_in_order(previous, name, wired, (self._run_id, self._clk.current),
+                                                      msg_seq, bound))
         else:
             future = concurrent.futures.Future()  # set by _send_now
-        flight = Flight(name, h, msgs, msg_seq, self._clk.current, buf, future)
+        flight = Flight(name, h, msgs, msg_seq, self._clk.current, buf, future, wired, bound)
         flights.append(flight)
         for handle in self._prefetches.get(name, ()):
             handle.flushes.append(flight)
@@ -268,8 +280,8 @@ class InFlight:
         for f in flights:
             mine = self._flights[f.name]
             previous = mine[mine.index(f) - 1].future if mine.index(f) > 0 else None
-            calls.append(self._send_in_order(previous, f.name, f.msgs, (self._run_id, f.clock), f.msg_seq,
-                                             f.buf.bound))
+            calls.append(self._send_in_order(previous, f.name, f.wired, (self._run_id, f.clock), f.msg_seq,
+                                             f.bound))
         try:
             results = self._sync(gather_settled, calls)
         except BaseException as e:
@@ -395,7 +407,7 @@ class InFlight:
         for f in flights:
             lease = False
             if len(f.msgs) > 1 and held_first(f.h.spec):
-                if not self._router._leased(f.h, f.msgs, f.buf.bound):
+                if not self._router._leased(f.h, f.wired, f.bound):
                     return None
                 lease = True
             parts.append((f, lease))
@@ -429,13 +441,13 @@ class InFlight:
             self._claimed_versions = dict(versions)
             by_server = {a: [] for a in servers}
             for f, lease in parts:
-                for addr, items in f.msgs.items():
+                for addr, items in f.wired.items():
                     by_server[addr].append((f, items, lease))
             by_read = self._reads_by_server(reads, servers, clock)
             seconds, clock_s = _config.get_seconds("timeouts.rpc"), _config.get_seconds("timeouts.clock")
             calls = [self._router.transport.clock_message(
                 addr, seconds + (clock_s if (addr == waiter and wait_for is not None) or by_read.get(addr) else 0),
-                [(f.h, items, (self._run_id, f.clock), self._router.sender, f.msg_seq, f.buf.bound, lease)
+                [(f.h, items, (self._run_id, f.clock), self._router.sender, f.msg_seq, f.bound, lease)
                  for f, items, lease in ps],
                 reads=[(p.h, es, extra) for p, es, extra in by_read.get(addr, ())],
                 run_id=self._run_id, rank=self._rank, clock=clock, versions=versions,
@@ -559,8 +571,8 @@ class InFlight:
 
     async def _clock_by_pushes(self, flights: list[Flight], clock: int, wait_for):
         """The clock as pushes, then a report after them (every server)."""
-        results = await gather_settled([self._router.send(f.name, f.msgs, run=(self._run_id, f.clock),
-                                                          msg_seq=f.msg_seq, bound=f.buf.bound) for f in flights])
+        results = await gather_settled([self._router.send(f.name, f.wired, run=(self._run_id, f.clock),
+                                                          msg_seq=f.msg_seq, bound=f.bound) for f in flights])
         for f, r in zip(flights, results):
             if isinstance(r, BaseException):
                 f.future.set_exception(r)

@@ -22,7 +22,7 @@ from distributed.comm import CommClosedError
 from dask_ps import _config, _wire
 from dask_ps._exceptions import ForwardRefusedError, PSValueError, StaleVersionError
 from dask_ps._liveness import WorkerGone
-from dask_ps._wire import aligned, wire_values
+from dask_ps._wire import framed, wire_values
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class Replicator:
 
         numbered = sender is not None and msg_seq is not None
         calls = [
-            self.call_replica(r, numbered, lambda r=r, its=its: asyncio.wait_for(self._rpc(r).ps_push(**aligned(dict(
+            self.call_replica(r, numbered, lambda r=r, its=its: asyncio.wait_for(self._rpc(r).ps_push(**framed(dict(
                 table=t.spec.name, version=t.version, blocks=[b for b, _, _ in its],
                 rows=[_wire.wire_local_rows(x) for _, x, _ in its],
                 values=[wire_values(v, False) for _, _, v in its],  # as they came (nonzeros stay so)

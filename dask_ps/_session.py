@@ -60,6 +60,7 @@ from dask_ps._oplog import PushBuffer
 from dask_ps._participant_state import ClockReports, CountedRPC, ParticipantClock, TableMetrics, is_summed_per_clock
 from dask_ps._routing import TableHandle
 from dask_ps._spec import check_row_request, check_rows_sorted, check_values
+from dask_ps._sums import push_bound
 from dask_ps._transport import Router, running_loop, wait_on
 from dask_ps.consistency import ASP
 
@@ -321,6 +322,7 @@ class Session:
         # On the table's device from here on: the buffer, the overlay of own
         # pushes on reads and the write-through add them to the table's arrays
         # (cupy refuses numpy operands, and numpy cupy ones).
+        self._settle_bound(h)  # a row push before it, to a table bounded at the flush: measured now
         values, bound = check_values(h.spec, values, h.spec.shape, bound=True, out=into)
         values = _backend.to_device(values, h.spec.device)
         fresh = values is not given  # a copy, a cast or device copy: the buffer's own
@@ -344,7 +346,11 @@ class Session:
         h = self._handle(name)
         given_rows, given_values = rows, values
         rows, increasing = check_rows_sorted(h.spec, rows)
-        values, bound = check_values(h.spec, values, (len(rows), *h.spec.row_shape), bound=True)
+        # No pass for the bound of a clock's first push where the flush finds it from the nonzeros it
+        # sends (Transport.wire_nonzeros); a second push measures the first's (_settle_bound).
+        measure = self._settle_bound(h)
+        values, bound = check_values(h.spec, values, (len(rows), *h.spec.row_shape), bound=True) if measure \
+            else (check_values(h.spec, values, (len(rows), *h.spec.row_shape)), None)
         values = _backend.to_device(values, h.spec.device)  # as in push
         theirs_rows, theirs_values = rows is given_rows, values is given_values
         self._buffer(h).add_rows(rows, values, keep_rows=not theirs_rows or not copy,
@@ -352,6 +358,21 @@ class Session:
                                  borrowed=not copy and (theirs_rows or theirs_values), increasing=increasing,
                                  bound=bound)
         self._after_push(h)
+
+    def _settle_bound(self, h: TableHandle) -> bool:
+        """Whether a row push of ``h`` is measured for its bound now: not the
+        first push to an empty buffer of a table whose flush bounds it from
+        its nonzeros (``Transport.bound_from_nonzeros``). A later push to
+        that buffer first measures what it holds, so that its bound is
+        known and the buffer's sum needs no exact pass (``PushBuffer``)."""
+        buf = self._buffers.get(h.spec.name)
+        if not self._router.transport.bound_from_nonzeros(h):
+            return True
+        if not buf:
+            return False
+        if buf.bound is None and buf.dense is None and len(buf.row_parts) == 1:
+            buf.bound = push_bound(buf.row_parts[0][1])
+        return True
 
     def _buffer(self, h: TableHandle) -> PushBuffer:
         buf = self._buffers.get(h.spec.name)

@@ -2,8 +2,9 @@
 
 Installed on every worker by the scheduler plugin (``PSSchedulerPlugin.start``).
 Its handlers are ordinary Dask RPC handlers (``ps_push``, ``ps_pull``, ...),
-so data moves worker to worker over Dask's comm (TCP, TLS, UCX), and numpy
-arrays travel as zero-copy frames via ``to_serialize``.
+so data moves worker to worker over Dask's comm (TCP, TLS, UCX); numpy
+arrays travel as zero-copy frames via ``to_serialize``, small ones inline
+(``_wire.to_wire``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from dask_ps._run_manager import ENDED_RUNS_KEPT, RunManager  # noqa: F401 - END
 from dask_ps._shard import ShardStore, _wire_clock
 from dask_ps._spec import TableSpec
 from dask_ps import _wire
-from dask_ps._wire import aligned, unwire_values, wire_values, wired_nbytes
+from dask_ps._wire import aligned, framed, unwire_values, wire_values, wired_nbytes
 from dask_ps._wire import unwrap as _unwrap
 
 logger = logging.getLogger(__name__)
@@ -506,7 +507,7 @@ class PSWorkerPlugin(WorkerPlugin):
         reply = {"seqs": seqs, "values": wired, "summed_below": summed, "applied": applied}
         if tag is not None:
             reply["tag"] = tag
-        return aligned(reply)
+        return framed(reply)
 
     async def _read(self, table, version, blocks, rows, run, subscribe, copy, table_id=None, sender=None,
                     trusted=False, sparse=False, wait=None):

@@ -36,7 +36,7 @@ def wl(ss, compute=0.1, clocks=10, **kw):
                        read_value_bytes=8, **kw)
 
 
-@pytest.mark.parametrize("design", ["old", "current", "target"])
+@pytest.mark.parametrize("design", ["old", "current", "target", "wire"])
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_without_jitter_or_costs_bsp_takes_the_compute(ss, design, prefetch):
     t, sim = ss.simulate(design, 8, wl(ss, prefetch=prefetch), jitter=still(ss), **free(ss))
@@ -44,26 +44,26 @@ def test_without_jitter_or_costs_bsp_takes_the_compute(ss, design, prefetch):
     assert sim.clock == [10] * 8
 
 
-@pytest.mark.parametrize("design", ["old", "current", "target"])
+@pytest.mark.parametrize("design", ["old", "current", "target", "wire"])
 def test_each_message_costs_time(ss, design):
     t, _ = ss.simulate(design, 8, wl(ss), jitter=still(ss))
     assert t > 10 * 0.1 * 1.01
 
 
-@pytest.mark.parametrize("design", ["old", "current", "target"])
+@pytest.mark.parametrize("design", ["old", "current", "target", "wire"])
 def test_a_persistent_straggler_sets_the_bsp_pace(ss, design):
     t, _ = ss.simulate(design, 8, wl(ss), jitter=still(ss, stragglers=1, straggler_slowdown=0.3), **free(ss))
     assert t == pytest.approx(10 * 0.13)
 
 
-@pytest.mark.parametrize("design", ["old", "current", "target"])
+@pytest.mark.parametrize("design", ["old", "current", "target", "wire"])
 def test_a_straggler_delays_bsp_by_its_delay_each_clock(ss, design):
     delays = {(3, c): 0.02 for c in (2, 5, 7)}
     t, _ = ss.simulate(design, 8, wl(ss), jitter=still(ss, transient=delays), **free(ss))
     assert t == pytest.approx(10 * 0.1 + 3 * 0.02)
 
 
-@pytest.mark.parametrize("design", ["old", "current", "target"])
+@pytest.mark.parametrize("design", ["old", "current", "target", "wire"])
 def test_ssp_absorbs_a_transient_straggler(ss, design):
     # One clock 1.5 compute late: SSP(2) lets the others run on; the straggler catches up on its own
     # schedule (its last clock ends 0.15 s late), nobody else waits.
@@ -99,6 +99,10 @@ def test_message_counts_per_clock_are_the_designs(ss, P):
     assert cur == {"push": P, "clock": P, "read": P}  # 3P, none to the scheduler
     tgt = ss.simulate("target", P, work, jitter=still(ss))[1].per_clock()
     assert tgt == {"request": P}
+    # wire (the code): one request to each server a clock; LDA's read after it, SGD's in it
+    assert ss.simulate("wire", P, work, jitter=still(ss))[1].per_clock() == {"request": P, "read": P}
+    sgd = wl(ss, clocks=6, prefetch=True)
+    assert ss.simulate("wire", P, sgd, jitter=still(ss))[1].per_clock() == {"request": P}
 
 
 def test_combined_per_process_sends_one_request_per_server_per_machine(ss):
@@ -114,7 +118,7 @@ def test_only_the_old_design_loads_the_scheduler(ss):
     old = ss.simulate("old", 8, wl(ss), costs=c, jitter=still(ss))[1]
     n = sum(v for k, v in old.sent.items() if k in ("clock", "wait", "broadcast"))
     assert old.sched.busy == pytest.approx(n * 1e-4 + old.sent["clock"] * 1e-4 + old.sent.get("wait", 0) * 1e-4)
-    for design in ("current", "target"):
+    for design in ("current", "target", "wire"):
         assert ss.simulate(design, 8, wl(ss), costs=c, jitter=still(ss))[1].sched.busy == 0
 
 
@@ -154,3 +158,31 @@ def test_the_read_riding_the_clock_waits_a_round_trip_under_ssp1(ss):
     assert run[0][True] == pytest.approx(run[0][False])
     assert run[1][True] == pytest.approx(10 * 0.1)  # the replies came during the next compute
     assert run[1][False] == pytest.approx(10 * (0.1 + 0.01))  # a round trip every clock
+
+
+@pytest.fixture(scope="module")
+def scale():
+    here = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+    if str(here) not in sys.path:
+        sys.path.insert(0, str(here))
+    import sync_scale
+
+    return sync_scale
+
+
+@pytest.mark.parametrize("design", ["old", "current", "target", "wire"])
+def test_a_fits_unequal_participants_run_at_the_slower_ones_pace(ss, scale, design):
+    """The 2-worker validation gives each participant its own measured
+    compute (worker processes: one 1.4-4.5x the other's): the faster one's
+    as the workload's, the slower a persistent straggler, so a BSP run
+    takes the slower one's compute, not the mean's."""
+    fit = {"participants": [{"cpu_seconds": 0.3, "round_prep_cpu_seconds": 0.0},
+                            {"cpu_seconds": 0.1, "round_prep_cpu_seconds": 0.0}]}
+    inp = scale.Inputs(costs={"processes": ss.Costs(clock_cpu=0.0)})
+    base = wl(ss, compute=[1.0] * 5, clocks=5)
+    unequal, ratio = scale.measured_compute(base, fit, inp, "processes", unequal=True)
+    assert sum(unequal.compute) == pytest.approx(0.1) and ratio == pytest.approx(3.0)
+    t, _ = ss.simulate(design, 2, unequal, jitter=still(ss, stragglers=1, straggler_slowdown=ratio - 1), **free(ss))
+    assert t == pytest.approx(0.3)
+    mean = scale.measured_compute(base, fit, inp, "processes")
+    assert ss.simulate(design, 2, mean, jitter=still(ss), **free(ss))[0] == pytest.approx(0.2)

@@ -164,7 +164,9 @@ class FakeServer:
 
 
 def _unwrapped(r):
-    return getattr(r, "data", r)  # to_serialize's wrapper: the array
+    from dask_ps._wire import unwrap
+
+    return unwrap(getattr(r, "data", r))  # to_serialize's wrapper or inline bytes: the array
 
 
 class FakeLocal:
