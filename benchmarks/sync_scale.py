@@ -461,9 +461,9 @@ def rounds_by_work(inp, P, n_p, ratio=4.0, _cache={}):
     return m
 
 
-def rounds_as_built(inp, P, n_p, staleness=1, ratio=4.0, min_rounds=4, clocks=6, **sim):
+def rounds_as_built(inp, P, n_p, staleness=1, ratio=8.0, min_rounds=4, clocks=6, **sim):
     """Samples a round by ``dask_ps``'s own rule (``_round_size.work_clock_every``,
-    ``ps.sgd.work-ratio`` 4, ``ps.sgd.work-min-rounds-per-epoch`` 4): the
+    ``ps.sgd.work-ratio`` 8, ``ps.sgd.work-min-rounds-per-epoch`` 4): the
     schedule's rounds simulated with their compute, the sync a clock the
     least wall beside its compute any participant had (``measured_costs``:
     its waits and its compute stretched by the loop), the round doubled
@@ -486,13 +486,13 @@ def variants(workload):
     rows = [("old (1322df5)", "old", 0, {}), ("current", "current", 0, {}),
             ("wire (the code, 8a9006a)", "wire", 0, {}), ("target", "target", 0, {})]
     if workload.startswith("sgd"):
-        # dask_ps as built: one message per server per clock, row lists not cached at the servers, the rule
-        # of _round_size (after the measured first epoch), SSP(1)'s read riding the clock's message (a
-        # round trip waited); then the read a clock earlier and the row lists cached (the issue's target).
-        built = {"pipelined": False, "key_cache": False}
+        # dask_ps as built: one message per server per clock, row lists named by a key after their first
+        # use (_row_lists), the rule of _round_size (after the measured first epoch), SSP(1)'s read riding
+        # the clock's message (a round trip waited); then the read a clock earlier (the issue's target).
+        built = {"pipelined": False, "key_cache": True}
         rows.append(("as built: rounds by work + SSP(1)", "target", 1, {"built": True, "sim": built}))
         rows.append(("as built: rounds by work (always) + BSP", "target", 0,
-                     {"built": True, "sim": {"key_cache": False}}))
+                     {"built": True, "sim": {"key_cache": True}}))
         rows.append(("target, rounds by work + SSP(1)", "target", 1, {"by_work": True}))
     else:
         rows.append(("target, SSP(2)", "target", 2, {}))
