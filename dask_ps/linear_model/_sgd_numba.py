@@ -522,8 +522,10 @@ def _compact_fill(rows, data, ind, ptr, bits, rank, slot, cptr, cdata, cind, col
     for k in range(rows.shape[0]):
         r = rows[k]
         slot[r] = k
-        first = min(first, r)
-        last = max(last, r)
+        if r < first:  # (not min/max: numba compiles its own on their first use, 0.03 s each)
+            first = r
+        if r > last:
+            last = r
     for r in range(first, last + 1):  # the CSR's rows in storage order
         k = slot[r]
         if k < 0:
@@ -701,7 +703,8 @@ def _lone_epochs(X, data, ind, ptr, orders, seeds, shuffle, train_mask, rows, Y,
     for i in range(n):
         if train_mask[i]:
             n_train += 1
-    step = n_total / max(n_train, 1)
+    n_mean = n_train if n_train > 0 else 1  # (not max: numba compiles its own int max at its first use)
+    step = n_total / n_mean
     for e in range(epoch0, epoch1):
         any_active = False
         for k in range(K):
@@ -742,7 +745,7 @@ def _lone_epochs(X, data, ind, ptr, orders, seeds, shuffle, train_mask, rows, Y,
             if not finite:
                 return e + 1, e
             if decide:
-                _stop_decision(k, objective / max(n_train, 1), best, no_improvement, eta, active, False, tol,
+                _stop_decision(k, objective / n_mean, best, no_improvement, eta, active, False, tol,
                                n_iter_no_change, adaptive)
             sums[e - epoch0, k, 2] = 1.0 if active[k] else 0.0
     return epoch1, -1
