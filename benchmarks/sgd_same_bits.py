@@ -14,12 +14,22 @@ print(len(a), 'cases', sum(a[k] != b.get(k) for k in a), 'differ')"
 
 (the second argument: the tree whose ``benchmarks/sgd_sim.py`` to use).
 """
-import hashlib, json, sys, itertools, warnings
-import numpy as np, scipy.sparse as sp
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import warnings
+
+import numpy as np
+import scipy.sparse as sp
+
+from dask_ps.linear_model import SGDClassifier, SGDRegressor
+
 sys.path.insert(0, sys.argv[2] + "/benchmarks")
 warnings.filterwarnings("ignore")
-from dask_ps.linear_model import SGDClassifier, SGDRegressor
-from sgd_sim import simulate_fit
+from sgd_sim import simulate_fit  # noqa: E402
 rng = np.random.RandomState(0)
 Xd = rng.randn(600, 8); Xd[:, 3] *= 3
 ycls = (Xd[:, 0] + 0.3 * Xd[:, 1] + 0.5 * rng.randn(600) > 0).astype(int)
