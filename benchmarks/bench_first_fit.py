@@ -70,13 +70,13 @@ def record_compiles(dask_worker=None):
     class Listener(ev.Listener):
         def on_start(self, event):
             fn = event.data["dispatcher"].py_func
-            if fn.__module__.startswith("dask_ps"):
+            if (fn.__module__ or "").startswith("dask_ps"):
                 local.depth = getattr(local, "depth", 0) + 1
                 if local.depth == 1:
                     local.t, local.cpu = time.perf_counter(), time.thread_time()
         def on_end(self, event):
             fn = event.data["dispatcher"].py_func
-            if fn.__module__.startswith("dask_ps"):
+            if (fn.__module__ or "").startswith("dask_ps"):
                 local.depth -= 1
                 if local.depth == 0:
                     compiles.append((fn.__name__, time.perf_counter() - local.t, time.thread_time() - local.cpu))

@@ -151,9 +151,9 @@ class CompileNotice:
             cls._sinks.discard(sink)
 
     def _start(self, data) -> None:
-        fn = getattr(data.get("dispatcher"), "py_func", None)
+        fn = _ours(data)
         depth = getattr(self._local, "depth", 0)
-        if fn is None or not fn.__module__.startswith("dask_ps"):
+        if fn is None:
             return
         self._local.depth = depth + 1
         if depth:  # a kernel compiled inside another's compile: the outer one speaks
@@ -174,8 +174,7 @@ class CompileNotice:
         self._local.state = state
 
     def _end(self, data) -> None:
-        fn = getattr(data.get("dispatcher"), "py_func", None)
-        if fn is None or not fn.__module__.startswith("dask_ps"):
+        if _ours(data) is None:
             return
         self._local.depth = max(0, getattr(self._local, "depth", 1) - 1)
         state = getattr(self._local, "state", None)
@@ -199,6 +198,16 @@ class CompileNotice:
                 sink.note(text)
             except Exception:  # noqa: BLE001 - a notice never fails a compile
                 pass
+
+
+def _ours(data):
+    """The Python function of a compile event's dispatcher where it is one of
+    dask_ps's kernels, else None. The listener hears every numba compile of
+    the process: the user's too, whose functions may have no module (made by
+    ``exec``: ``__module__`` None)."""
+    fn = getattr(data.get("dispatcher"), "py_func", None)
+    module = getattr(fn, "__module__", None)
+    return fn if isinstance(module, str) and module.startswith("dask_ps") else None
 
 
 def _notice_seconds() -> float:

@@ -468,59 +468,64 @@ def compact_rows(rows, data, ind, ptr, bits, rank, slot, out=None):
     kernel's accesses to the weights stay in the round's block.
 
     ``bits``: a zeroed uint64 bitmap over the features (``n_features // 64 +
-    1`` words, left zeroed again), ``rank``: int64 scratch of the same
+    1`` words, left zeroed again), ``rank``: int32 scratch of the same
     length, ``slot``: int32 scratch over the CSR's rows, all -1 (left so).
     ``out``: ``(data, indices)`` arrays to write the CSR into where they are
     long enough (the results are then views of them).
 
-    The output arrays are numpy's, not numba's: numpy asks for transparent
-    huge pages for large arrays (``madvise``), numba's allocator does not,
-    and a fit's rounds are first written here (about the size of the
-    training CSR). With 4 KiB pages the first writes of 224 MB took 0.08 s
-    of page faults (54k faults); with numpy's, 0.015 s (522)."""
-    cptr, first, last = _compact_layout(rows, ptr, slot)
+    The row pointers are numpy's running sum of the rows' lengths, and every
+    array is allocated here, by numpy, not in the kernel: numba compiles its
+    own ``np.empty`` at a kernel's first compile in a process (0.1-0.15 s
+    of CPU each, on a first fit's critical path: issue 35), and numpy asks
+    for transparent huge pages for large arrays (``madvise``) where numba's
+    allocator does not: a fit's rounds are first written here (about the
+    size of the training CSR); with 4 KiB pages the first writes of 224 MB
+    took 0.08 s of page faults (54k faults), with numpy's 0.015 s (522)."""
+    n = rows.shape[0]
+    cptr = np.empty(n + 1, dtype=np.int32)
+    cptr[0] = 0
+    np.cumsum(ptr[rows + 1] - ptr[rows], out=cptr[1:])
     nnz = int(cptr[-1])
     if out is not None and out[0].shape[0] >= nnz and out[0].dtype == data.dtype:
         cdata, cind = out[0][:nnz], out[1][:nnz]
     else:
         cdata = np.empty(nnz, dtype=data.dtype)
         cind = np.empty(nnz, dtype=np.int32)
-    cols = _compact_fill(rows, data, ind, ptr, bits, rank, slot, cptr, first, last, cdata, cind)
-    return cols, cdata, cind, cptr
+    cols = _features_buffer(nnz, bits)
+    m = _compact_fill(rows, data, ind, ptr, bits, rank, slot, cptr, cdata, cind, cols)
+    return cols[:m].copy(), cdata, cind, cptr
+
+
+def _features_buffer(nnz, bits):
+    """Room for the touched features of ``nnz`` non-zeros over the bitmap
+    ``bits``' features (``_set_bits`` writes them; the caller keeps a copy
+    of those found: a round's features are kept with it)."""
+    return np.empty(min(nnz, 64 * bits.shape[0]), dtype=np.int64)
 
 
 @njit(nogil=True)
-def _compact_layout(rows, ptr, slot):
-    """``compact_rows``' row pointers, with ``slot[r]`` = the place of CSR
-    row ``r`` in ``rows``, and the first and last CSR rows of ``rows``."""
-    n = rows.shape[0]
-    cptr = np.empty(n + 1, dtype=np.int32)
-    cptr[0] = 0
-    first = ptr.shape[0] - 1
-    last = -1
-    for k in range(n):
-        r = rows[k]
-        slot[r] = k
-        cptr[k + 1] = cptr[k] + ptr[r + 1] - ptr[r]
-        first = min(first, r)
-        last = max(last, r)
-    return cptr, first, last
-
-
-@njit(nogil=True)
-def _compact_fill(rows, data, ind, ptr, bits, rank, slot, cptr, first, last, cdata, cind):
-    """Fill ``compact_rows``' ``cdata``/``cind`` and return the sorted
-    touched features.
+def _compact_fill(rows, data, ind, ptr, bits, rank, slot, cptr, cdata, cind, cols):
+    """Fill ``compact_rows``' ``cdata``/``cind`` (row pointers ``cptr``) and
+    write the sorted touched features into ``cols``; returns their number.
 
     The rows are read in storage order (each copied to its place in the
-    output): read in the order of ``rows``, a random subset in random order,
-    every row was a cache miss, and the copy took 25-40% longer. A row's
-    features are marked in the bitmap as it is copied; a feature's new
-    number is then the count of marked features before it, from ``rank``
-    (per word) and a popcount. The bitmap and the ranks are 1/32 of the
-    features' size, so they stay in cache (a per-feature lookup table of
-    4-8 bytes misses the cache on every non-zero)."""
-    nnz = cptr[rows.shape[0]]
+    output: ``slot[r]``, the place of CSR row ``r`` in ``rows``): read in
+    the order of ``rows``, a random subset in random order, every row was a
+    cache miss, and the copy took 25-40% longer. A row's features are
+    marked in the bitmap as it is copied; a feature's new number is then
+    the count of marked features before it, from ``rank`` (per word) and a
+    popcount. The bitmap and the ranks are 1/32 of the features' size, so
+    they stay in cache (a per-feature lookup table of 4-8 bytes misses the
+    cache on every non-zero)."""
+    first = ptr.shape[0] - 1
+    last = -1
+    for k in range(rows.shape[0]):
+        r = rows[k]
+        slot[r] = k
+        if r < first:  # (not min/max: numba compiles its own on their first use, 0.03 s each)
+            first = r
+        if r > last:
+            last = r
     for r in range(first, last + 1):  # the CSR's rows in storage order
         k = slot[r]
         if k < 0:
@@ -537,19 +542,19 @@ def _compact_fill(rows, data, ind, ptr, bits, rank, slot, cptr, first, last, cda
     for w in range(bits.shape[0]):
         rank[w] = m
         m += _popcount(bits[w])
-    cols = _set_bits(bits, m)
-    for o in range(nnz):
+    _set_bits(bits, cols)
+    for o in range(cind.shape[0]):
         c = cind[o]
         w = c >> 6
         cind[o] = rank[w] + _popcount(bits[w] & ((np.uint64(1) << np.uint64(c & 63)) - np.uint64(1)))
     bits[:] = 0
-    return cols
+    return m
 
 
 @njit(nogil=True)
-def _set_bits(bits, m):
-    """The positions (sorted, int64) of the ``m`` set bits of the bitmap ``bits``."""
-    cols = np.empty(m, dtype=np.int64)
+def _set_bits(bits, cols):
+    """Write the positions of the set bits of the bitmap ``bits`` into
+    ``cols`` (sorted); returns their number."""
     k = 0
     for w in range(bits.shape[0]):
         x = bits[w]
@@ -558,10 +563,9 @@ def _set_bits(bits, m):
             cols[k] = (w << 6) + _popcount(low - np.uint64(1))
             k += 1
             x ^= low
-    return cols
+    return k
 
 
-@njit(nogil=True)
 def round_features(rows, ind, ptr, bits, counts):
     """The features (sorted, int64) of the CSR rows ``rows``: a round's
     touched rows of the table, for a round trained in place over the whole
@@ -571,21 +575,29 @@ def round_features(rows, ind, ptr, bits, counts):
     on the click-through benchmark's rounds). ``counts`` (one per feature,
     or empty): each feature found is counted there once (the lazy
     regularization's count of the rounds touching it; a numpy ``counts[f]
-    += 1`` per round cost 12% of the count's CPU)."""
+    += 1`` per round cost 12% of the count's CPU). The features are
+    written into numpy's array (see ``compact_rows``), of room for the
+    rows' non-zeros, and copied out."""
+    cols = _features_buffer(int(ptr[rows + 1].sum() - ptr[rows].sum()), bits)
+    m = _round_features(rows, ind, ptr, bits, counts, cols)
+    return cols[:m].copy()
+
+
+@njit(nogil=True)
+def _round_features(rows, ind, ptr, bits, counts, cols):
+    """``round_features``' marks and count: the features written into
+    ``cols``, their number returned."""
     for i in range(rows.shape[0]):
         r = rows[i]
         for jj in range(ptr[r], ptr[r + 1]):
             c = ind[jj]
             bits[c >> 6] |= np.uint64(1) << np.uint64(c & 63)
-    m = 0
-    for w in range(bits.shape[0]):
-        m += _popcount(bits[w])
-    cols = _set_bits(bits, m)
+    m = _set_bits(bits, cols)
     if counts.shape[0] > 0:
         for k in range(m):
             counts[cols[k]] += 1
     bits[:] = 0
-    return cols
+    return m
 
 
 @njit(nogil=True)
@@ -691,7 +703,8 @@ def _lone_epochs(X, data, ind, ptr, orders, seeds, shuffle, train_mask, rows, Y,
     for i in range(n):
         if train_mask[i]:
             n_train += 1
-    step = n_total / max(n_train, 1)
+    n_mean = n_train if n_train > 0 else 1  # (not max: numba compiles its own int max at its first use)
+    step = n_total / n_mean
     for e in range(epoch0, epoch1):
         any_active = False
         for k in range(K):
@@ -732,7 +745,7 @@ def _lone_epochs(X, data, ind, ptr, orders, seeds, shuffle, train_mask, rows, Y,
             if not finite:
                 return e + 1, e
             if decide:
-                _stop_decision(k, objective / max(n_train, 1), best, no_improvement, eta, active, False, tol,
+                _stop_decision(k, objective / n_mean, best, no_improvement, eta, active, False, tol,
                                n_iter_no_change, adaptive)
             sums[e - epoch0, k, 2] = 1.0 if active[k] else 0.0
     return epoch1, -1
