@@ -1,0 +1,149 @@
+"""Stopping rules for several participants, replayed in the simulation
+(issue 33; tried and not kept: docs/benchmarks.md, "The stopping rule's
+epochs").
+
+Each quick-sweep setting under a stopping rule is fitted once per
+participant count and seed by simulated BSP participants (``sgd_sim``) with
+the rule kept from stopping (``n_iter_no_change`` = 10^4, ``tol`` as set, so
+the objective keeps its penalty term); the per-epoch objective (or
+validation score) the participants decide on is recorded
+(``metrics_[0]["history"]``). Under BSP the trajectory does not depend on
+the rule until it stops, so each rule below is replayed on that sequence
+and gives the epoch it would stop at (scikit-learn's rule replayed gives
+the estimator's ``n_iter_``):
+
+* ``sklearn``: scikit-learn's rule (``_kernels.stop_decision``);
+* ``mean2`` / ``mean3``: scikit-learn's rule on the mean of the last 2 / 3
+  epochs' values;
+* ``ewma``: on an exponential average (weight 1/2);
+* ``trend``: stop when the least-squares fall per epoch over the last
+  ``n_iter_no_change + 1`` epochs is under ``tol``;
+* ``noise``: scikit-learn's rule with ``tol`` raised by the residual spread
+  of the last ``2 n_iter_no_change + 1`` epochs around their line.
+
+Off = more than ``STOP_SLACK`` epochs outside scikit-learn's range over
+``--ref-seeds`` seeds (``sgd_quality.judge``)::
+
+    python benchmarks/sgd_stop_rules.py --participants 1 2 4 16 64 --seeds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import warnings
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import sgd_data  # noqa: E402
+import sgd_quality  # noqa: E402
+import sgd_sim  # noqa: E402
+
+
+def sklearn_rule(values, higher_is_better, tol=1e-3, n=5):
+    """The epoch (1-based) at which scikit-learn's rule stops ``values``."""
+    best, count = (-np.inf if higher_is_better else np.inf), 0
+    for i, v in enumerate(values):
+        worse = v < best + tol if higher_is_better else v > best - tol
+        best = max(best, v) if higher_is_better else min(best, v)
+        count = count + 1 if worse else 0
+        if count >= n:
+            return i + 1
+    return len(values)
+
+
+def _mean_of_last(m):
+    def rule(values, hib):
+        v = np.asarray(values, float)
+        return sklearn_rule([v[max(0, i - m + 1):i + 1].mean() for i in range(len(v))], hib)
+    return rule
+
+
+def _ewma(values, hib, a=0.5):
+    out, acc = [], None
+    for x in values:
+        acc = x if acc is None else a * acc + (1 - a) * x
+        out.append(acc)
+    return sklearn_rule(out, hib)
+
+
+def _trend(values, hib, tol=1e-3, n=5):
+    v = np.asarray(values, float) * (-1.0 if hib else 1.0)
+    x = np.arange(n + 1)
+    for i in range(n, len(v)):
+        if -np.polyfit(x, v[i - n:i + 1], 1)[0] < tol:
+            return i + 1
+    return len(v)
+
+
+def _noise(values, hib, tol=1e-3, n=5, c=1.0):
+    v = np.asarray(values, float)
+    best, count = (-np.inf if hib else np.inf), 0
+    for i, x in enumerate(v):
+        y = v[max(0, i - 2 * n):i + 1]
+        sig = 0.0
+        if len(y) > 3:
+            t = np.arange(len(y))
+            sig = float((y - np.polyval(np.polyfit(t, y, 1), t)).std())
+        worse = x < best + tol + c * sig if hib else x > best - tol - c * sig
+        best = max(best, x) if hib else min(best, x)
+        count = count + 1 if worse else 0
+        if count >= n:
+            return i + 1
+    return len(v)
+
+
+RULES = {"sklearn": sklearn_rule, "mean2": _mean_of_last(2), "mean3": _mean_of_last(3), "ewma": _ewma,
+         "trend": _trend, "noise": _noise}
+
+
+def record(setting, n_rows, P, seed, cap):
+    """The per-epoch values a BSP fit of ``P`` simulated participants decides on."""
+    import dask_ps.linear_model as lm
+
+    X, y, _, _ = sgd_data.make(setting.shape, setting.classifier, n_rows)
+    cls = lm.SGDClassifier if setting.classifier else lm.SGDRegressor
+    est = cls(random_state=seed, **dict(setting.kwargs(), n_iter_no_change=10_000, max_iter=cap))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = sgd_sim.simulate_fit(est, X, y, n_participants=P)
+    key = "score" if setting.kwargs().get("early_stopping") else "objective"
+    return [r[key] for r in est.metrics_[0]["history"]]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--participants", type=int, nargs="+", default=[1, 2, 4, 16, 64])
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--ref-seeds", type=int, default=10)
+    ap.add_argument("--rows", type=int, default=8000)
+    args = ap.parse_args()
+    sets = [s for s in sgd_quality.quick_settings() if s.stops]
+    off = {r: {P: 0 for P in args.participants} for r in RULES}
+    for st in sets:
+        ref = sgd_quality.sklearn_reference(st, args.rows, range(args.ref_seeds))
+        lo, hi = min(ref["epochs"]), max(ref["epochs"])
+        cap = sgd_quality.epoch_cap(st, ref)
+        hib = bool(st.kwargs().get("early_stopping"))
+        line = {r: [] for r in RULES}
+        for P in args.participants:
+            for seed in range(args.seeds):
+                vals = record(st, args.rows, P, seed, cap)
+                for r, rule in RULES.items():
+                    e = sklearn_rule(vals, hib) if P == 1 else rule(vals, hib)  # one participant: scikit-learn's
+                    bad = not (lo - sgd_quality.STOP_SLACK <= e <= hi + sgd_quality.STOP_SLACK)
+                    off[r][P] += bad
+                    line[r].append(f"P={P}:{'*' if bad else ''}{e}")
+        print(f"{st.name.strip()} (scikit-learn {lo}-{hi})", flush=True)
+        for r in RULES:
+            print(f"  {r:8s} " + " ".join(line[r]), flush=True)
+    print("\n| rule | " + " | ".join(f"P={P}" for P in args.participants) + " |")
+    print("| --- |" + " --- |" * len(args.participants))
+    for r in RULES:
+        print(f"| {r} | " + " | ".join(str(off[r][P]) for P in args.participants) + " |")
+
+
+if __name__ == "__main__":
+    main()
