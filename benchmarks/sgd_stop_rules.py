@@ -21,10 +21,16 @@ the estimator's ``n_iter_``):
 * ``noise``: scikit-learn's rule with ``tol`` raised by the residual spread
   of the last ``2 n_iter_no_change + 1`` epochs around their line.
 
+With ``--votes`` (settings on the objective only): each participant's own
+objective per epoch (its pushes to the stats table, before they are
+summed), scikit-learn's rule on each, and the fit stopping when a majority
+of the participants' rules have stopped.
+
 Off = more than ``STOP_SLACK`` epochs outside scikit-learn's range over
 ``--ref-seeds`` seeds (``sgd_quality.judge``)::
 
     python benchmarks/sgd_stop_rules.py --participants 1 2 4 16 64 --seeds 2
+    python benchmarks/sgd_stop_rules.py --participants 2 4 16 64 --seeds 2 --votes
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ import argparse
 import pathlib
 import sys
 import warnings
+from collections import defaultdict
+from unittest import mock
 
 import numpy as np
 
@@ -113,13 +121,60 @@ def record(setting, n_rows, P, seed, cap):
     return [r[key] for r in est.metrics_[0]["history"]]
 
 
+def record_own(setting, n_rows, P, seed, cap):
+    """Each participant's own objective per epoch in a BSP fit of ``P``
+    simulated participants: its pushes to the stats table's rows (objective
+    sum and samples, summed per row; a participant's rows are its epochs)."""
+    import dask_ps.linear_model as lm
+
+    sums = defaultdict(dict)
+    push_rows = sgd_sim.SimSession.push_rows
+
+    def recording(self, name, rows, values, copy=True):
+        if name.endswith("-stats"):
+            k = int(np.asarray(rows)[0])
+            sums[self.rank][k] = sums[self.rank].get(k, 0.0) + np.asarray(values, float)[0, :2]
+        return push_rows(self, name, rows, values, copy)
+
+    X, y, _, _ = sgd_data.make(setting.shape, setting.classifier, n_rows)
+    cls = lm.SGDClassifier if setting.classifier else lm.SGDRegressor
+    est = cls(random_state=seed, **dict(setting.kwargs(), n_iter_no_change=10_000, max_iter=cap))
+    with warnings.catch_warnings(), mock.patch.object(sgd_sim.SimSession, "push_rows", recording):
+        warnings.simplefilter("ignore")
+        sgd_sim.simulate_fit(est, X, y, n_participants=P)
+    return [[sums[p][k][0] / sums[p][k][1] for k in sorted(sums[p])] for p in range(P)]
+
+
+def votes_main(args):
+    """``--votes``: the majority of the participants' own rules."""
+    sets = [s for s in sgd_quality.quick_settings() if s.stops and not s.kwargs().get("early_stopping")]
+    off = {P: 0 for P in args.participants}
+    for st in sets:
+        ref = sgd_quality.sklearn_reference(st, args.rows, range(args.ref_seeds))
+        lo, hi = min(ref["epochs"]), max(ref["epochs"])
+        print(f"{st.name.strip()} (scikit-learn {lo}-{hi})", flush=True)
+        for P in args.participants:
+            for seed in range(args.seeds):
+                own = sorted(sklearn_rule(v, False) for v in record_own(st, args.rows, P, seed,
+                                                                         sgd_quality.epoch_cap(st, ref)))
+                e = own[P // 2]  # the epoch by which more than half have stopped
+                bad = not (lo - sgd_quality.STOP_SLACK <= e <= hi + sgd_quality.STOP_SLACK)
+                off[P] += bad
+                print(f"  P={P} seed {seed}: own rules {own[0]}-{own[-1]}, majority {'*' if bad else ''}{e}")
+    print("\nmajority of the participants' own rules, off: "
+          + ", ".join(f"P={P} {off[P]} of {len(sets) * args.seeds}" for P in args.participants))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--participants", type=int, nargs="+", default=[1, 2, 4, 16, 64])
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--ref-seeds", type=int, default=10)
     ap.add_argument("--rows", type=int, default=8000)
+    ap.add_argument("--votes", action="store_true", help="the majority of the participants' own rules")
     args = ap.parse_args()
+    if args.votes:
+        return votes_main(args)
     sets = [s for s in sgd_quality.quick_settings() if s.stops]
     off = {r: {P: 0 for P in args.participants} for r in RULES}
     for st in sets:
