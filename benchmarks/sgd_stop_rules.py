@@ -26,11 +26,18 @@ objective per epoch (its pushes to the stats table, before they are
 summed), scikit-learn's rule on each, and the fit stopping when a majority
 of the participants' rules have stopped.
 
+With ``--end-model`` (settings on the objective, hinge and
+epsilon_insensitive only): scikit-learn's rule on the objective of the
+averaged model at each epoch's end (after its last clock) over every
+training row (the mean loss plus the L2 penalty), a pass over the data an
+epoch.
+
 Off = more than ``STOP_SLACK`` epochs outside scikit-learn's range over
 ``--ref-seeds`` seeds (``sgd_quality.judge``)::
 
     python benchmarks/sgd_stop_rules.py --participants 1 2 4 16 64 --seeds 2
     python benchmarks/sgd_stop_rules.py --participants 2 4 16 64 --seeds 2 --votes
+    python benchmarks/sgd_stop_rules.py --participants 2 4 16 64 --seeds 2 --end-model
 """
 
 from __future__ import annotations
@@ -145,8 +152,42 @@ def record_own(setting, n_rows, P, seed, cap):
     return [[sums[p][k][0] / sums[p][k][1] for k in sorted(sums[p])] for p in range(P)]
 
 
+def record_end_model(setting, n_rows, P, seed, cap):
+    """The objective of the averaged model at each epoch's end, over every
+    training row, in a BSP fit of ``P`` simulated participants (rank 0
+    reads the table after the epoch's last clock)."""
+    import dask_ps.linear_model as lm
+    from dask_ps.linear_model import _participant
+
+    X, y, _, _ = sgd_data.make(setting.shape, setting.classifier, n_rows)
+    kw = setting.kwargs()
+    loss = kw.get("loss", "hinge" if setting.classifier else "squared_error")
+    if loss not in ("hinge", "epsilon_insensitive"):
+        raise ValueError(f"--end-model: hinge or epsilon_insensitive, got {loss!r}")
+    target = np.where(y == np.unique(y)[1], 1.0, -1.0) if setting.classifier else np.asarray(y, float)
+    alpha = float(kw.get("alpha", 1e-4))
+    values, decide = [], _participant._Participant.decide
+
+    def recording(self, epoch, seconds, row=None):
+        out = decide(self, epoch, seconds, row)
+        if self.ctx.rank == 0:
+            W = np.asarray(self.ctx.pull(self.cfg.table))  # feature rows, the intercept's last
+            f = np.asarray(X @ W[:-1, 0]).ravel() + W[-1, 0]
+            lo = np.maximum(0, 1 - target * f) if loss == "hinge" else np.maximum(0, np.abs(target - f) - 0.1)
+            values.append(float(lo.mean() + 0.5 * alpha * W[:-1, 0] @ W[:-1, 0]))
+        return out
+
+    cls = lm.SGDClassifier if setting.classifier else lm.SGDRegressor
+    est = cls(random_state=seed, **dict(kw, n_iter_no_change=10_000, max_iter=cap))
+    with warnings.catch_warnings(), mock.patch.object(_participant._Participant, "decide", recording):
+        warnings.simplefilter("ignore")
+        sgd_sim.simulate_fit(est, X, y, n_participants=P)
+    return values
+
+
 def votes_main(args):
-    """``--votes``: the majority of the participants' own rules."""
+    """``--votes``: the majority of the participants' own rules;
+    ``--end-model``: scikit-learn's rule on the averaged model's objective."""
     sets = [s for s in sgd_quality.quick_settings() if s.stops and not s.kwargs().get("early_stopping")]
     off = {P: 0 for P in args.participants}
     for st in sets:
@@ -155,13 +196,19 @@ def votes_main(args):
         print(f"{st.name.strip()} (scikit-learn {lo}-{hi})", flush=True)
         for P in args.participants:
             for seed in range(args.seeds):
-                own = sorted(sklearn_rule(v, False) for v in record_own(st, args.rows, P, seed,
-                                                                         sgd_quality.epoch_cap(st, ref)))
-                e = own[P // 2]  # the epoch by which more than half have stopped
+                cap = sgd_quality.epoch_cap(st, ref)
+                if args.end_model:
+                    own = [sklearn_rule(record_end_model(st, args.rows, P, seed, cap), False)]
+                    e = own[0]
+                else:
+                    own = sorted(sklearn_rule(v, False) for v in record_own(st, args.rows, P, seed, cap))
+                    e = own[P // 2]  # the epoch by which more than half have stopped
                 bad = not (lo - sgd_quality.STOP_SLACK <= e <= hi + sgd_quality.STOP_SLACK)
                 off[P] += bad
-                print(f"  P={P} seed {seed}: own rules {own[0]}-{own[-1]}, majority {'*' if bad else ''}{e}")
-    print("\nmajority of the participants' own rules, off: "
+                what = "stops" if args.end_model else f"own rules {own[0]}-{own[-1]}, majority"
+                print(f"  P={P} seed {seed}: {what} {'*' if bad else ''}{e}")
+    print(("\nthe averaged model's objective" if args.end_model else "\nmajority of the participants' own rules")
+          + ", off: "
           + ", ".join(f"P={P} {off[P]} of {len(sets) * args.seeds}" for P in args.participants))
 
 
@@ -172,8 +219,9 @@ def main():
     ap.add_argument("--ref-seeds", type=int, default=10)
     ap.add_argument("--rows", type=int, default=8000)
     ap.add_argument("--votes", action="store_true", help="the majority of the participants' own rules")
+    ap.add_argument("--end-model", action="store_true", help="the averaged model's objective at epoch end")
     args = ap.parse_args()
-    if args.votes:
+    if args.votes or args.end_model:
         return votes_main(args)
     sets = [s for s in sgd_quality.quick_settings() if s.stops]
     off = {r: {P: 0 for P in args.participants} for r in RULES}
