@@ -246,6 +246,26 @@ def test_the_verdict():
     assert (v["bad"], v["stop_off"], v["judged"]) == (0, 0, False)
 
 
+@pytest.mark.parametrize("early_stopping", [False, True], ids=["objective", "validation"])
+def test_stop_rule_replay_gives_the_estimators_epochs(early_stopping):
+    """``sgd_stop_rules`` replays stopping rules on the per-epoch values a
+    fit kept from stopping records; scikit-learn's rule replayed must stop
+    where the estimator's own rule stops (BSP: the trajectory does not
+    depend on the rule until it stops)."""
+    import sgd_sim
+    import sgd_stop_rules
+
+    st = sgd_quality.S("stopping", "dense", True, early_stopping=early_stopping, tol=0.05)
+    values = sgd_stop_rules.record(st, 2000, 4, 0, cap=60)
+    X, y, _, _ = sgd_data.make("dense", True, 2000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = sgd_sim.simulate_fit(SGDClassifier(random_state=0, max_iter=60, tol=0.05, early_stopping=early_stopping),
+                                   X, y, n_participants=4)
+    assert len(values) == 60
+    assert sgd_stop_rules.sklearn_rule(values, early_stopping, tol=0.05) == est.n_iter_ < 60
+
+
 def test_data_shapes_are_what_they_say():
     X, y, Xt, yt = sgd_data.make("sorted", True, 2000)
     assert np.all(np.diff(y) >= 0) and not np.all(np.diff(yt) >= 0)
