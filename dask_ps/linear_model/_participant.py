@@ -126,6 +126,18 @@ def _validation_score(cfg: _RunConfig, v):
     return np.array([r2])
 
 
+def _present(indices, n_features):
+    """The sorted distinct values of ``indices`` (features in
+    ``[0, n_features)``), as int64: ``np.unique`` without its sort where a
+    mask over the features costs at most twice the indices' int32 bytes
+    (0.03 s against 0.38 s for 7.8M indices of 2^22 features); a table far
+    wider than the data (2^28) keeps the sort."""
+    if n_features <= 8 * indices.size:
+        mask = np.zeros(n_features, dtype=bool)
+        mask[indices] = True
+        return np.flatnonzero(mask).astype(np.int64, copy=False)
+    return np.unique(indices).astype(np.int64)
+
 def _sgd_participant(ctx: ParticipantContext, part, *, cfg: _RunConfig):
     """Task: one participant of a fit (see ``_participant_loop``).
 
@@ -581,7 +593,7 @@ class _Participant:
         """Sparse data: the rows of the weights table this participant's
         samples touch (its features, sorted) and the intercept's, last."""
         if self._own_rows is None:
-            feats = np.unique(arrays.to_numpy(self.X.indices)).astype(np.int64)
+            feats = _present(arrays.to_numpy(self.X.indices), self.cfg.n_features)
             self._own_rows = np.append(feats, self.cfg.n_features)
         return self._own_rows
 
