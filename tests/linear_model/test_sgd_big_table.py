@@ -144,6 +144,26 @@ def test_own_models_of_sparse_participants_hold_their_rows_only():
         assert p.mine is None or p.mine.shape == (f.shape[0], K)  # 51 rows, not 2^20 + 1
 
 
+# a mask over the features and a lookup of positions; the mask only; a table far wider than the data: the sort
+@pytest.mark.parametrize("d", [2 ** 12, 2 ** 17, 2 ** 26])
+def test_own_rows_are_the_features_present_and_the_intercept(d):
+    """A sparse participant's own rows (the rows of its own model under a
+    staleness bound) are its distinct features, sorted, then the
+    intercept's row, and a round's rows are found at their positions among
+    them, whichever way either is found."""
+    from dask_ps.linear_model import _participant
+
+    X, _ = _hashed(2000, d, seed=5)
+    p = _participant._Participant.__new__(_participant._Participant)
+    p.X, p._own_rows = X, None
+    p.cfg = type("cfg", (), {"n_features": d})()
+    rows = p.own_rows()
+    assert rows.dtype == np.int64
+    np.testing.assert_array_equal(rows, np.append(np.unique(X.indices), d))
+    some = np.sort(np.random.default_rng(0).choice(rows, size=rows.shape[0] // 3, replace=False))
+    np.testing.assert_array_equal(p.own_positions(some), np.searchsorted(rows, some))
+    assert (p._own_rows[1] is not None) == (d == 2 ** 12)
+
 def test_a_staleness_bound_trains_a_wide_table(client):
     X, y = _hashed(6000, 2 ** 20, seed=2)
     with dask.config.set({"ps.sgd.whole-table-bytes": "1MiB", "ps.sgd.min-samples-per-participant": 1000}):

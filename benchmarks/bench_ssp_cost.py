@@ -1,0 +1,67 @@
+"""What SSP(1) costs over BSP on 2 workers (docs/benchmarks.md, "SGD
+rounds sized by work": "SSP(1) itself cost").
+
+One cluster (2 workers, 1 thread each, threads layout: every participant
+and server in this process), the click-through data of ``bench_sgd``, and
+after a warm-up fit of each mode, ``--passes`` passes of: BSP, SSP(1),
+SSP(1) at ``ps.sgd.min-rounds-per-epoch: 4`` (BSP's round count) and BSP at
+``ps.sgd.bsp-min-rounds-per-epoch: 8`` (SSP(1)'s). Each line: the fit's wall
+and ``process_time`` (all threads: participants and servers) and the
+parameter server's seconds of its first problem.
+
+    python benchmarks/bench_ssp_cost.py [--rows 400000] [--epochs 3]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import warnings
+
+import dask
+from distributed import Client, LocalCluster
+from sklearn.model_selection import train_test_split
+
+import bench_sgd
+import dask_ps
+from dask_ps.linear_model import SGDClassifier
+
+VARIANTS = [("bsp", {}), ("ssp1", {}), ("ssp1", {"ps.sgd.min-rounds-per-epoch": 4}),
+            ("bsp", {"ps.sgd.bsp-min-rounds-per-epoch": 8})]
+
+
+def _fit(client, dX, dy, mode, settings, epochs):
+    with warnings.catch_warnings(), dask.config.set(settings):
+        warnings.simplefilter("ignore")
+        est = SGDClassifier(loss="log_loss", alpha=1e-6, max_iter=epochs, tol=None, random_state=0,
+                            batch_size=2048, client=client,
+                            consistency=dask_ps.BSP() if mode == "bsp" else dask_ps.SSP(1))
+        t0, p0 = time.perf_counter(), time.process_time()
+        est.fit(dX, dy)
+        return time.perf_counter() - t0, time.process_time() - p0, est
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=400_000)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--passes", type=int, default=2)
+    args = ap.parse_args()
+    X, y = bench_sgd.ctr_data(args.rows)
+    Xtr, _, ytr, _ = train_test_split(X, y, test_size=0.1, random_state=0)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, memory_limit=0,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        dX, dy = bench_sgd.spread_blocks(client, Xtr, ytr)
+        for mode in ("bsp", "ssp1"):
+            _fit(client, dX, dy, mode, {}, 1)  # compile and warm up
+        for _ in range(args.passes):
+            for mode, settings in VARIANTS:
+                wall, cpu, est = _fit(client, dX, dy, mode, settings, args.epochs)
+                ps_s = est.metrics_[0].get("ps_seconds")
+                print(f"{mode:5s} {str(settings):40s} wall {wall:.2f} s  cpu {cpu:.2f} s  ps {ps_s:.2f} s",
+                      flush=True)
+    print("load", os.getloadavg())
+
+
+if __name__ == "__main__":
+    main()
