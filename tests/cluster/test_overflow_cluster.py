@@ -6,8 +6,6 @@ keeps its finite value."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -48,26 +46,24 @@ def test_a_client_push_whose_sum_overflows_is_refused(ps, client, how):
     np.testing.assert_array_equal(ps.pull("o"), expected)
 
 
-def _blocks_with_two_primaries(ps, name, fine, **spec):
-    """Create ``name`` and return a block whose primary is not ``fine``'s.
-    With two copies of every block on two workers, the primaries of all 6
-    blocks can fall on one worker (the placement hashes a random table id:
-    1 of 3 full runs); the table is then created again."""
+def _blocks_with_two_primaries(ps, prefix, fine, **spec):
+    """Create a table named ``prefix`` (or ``prefix`` + a number) and
+    return ``(name, block)``, a block whose primary is not ``fine``'s.
+    The placement hashes the table's name over the workers' addresses
+    (ports differ per cluster): for one name all 6 primaries can fall on
+    one worker (1 in 32 clusters), and then do for every try of that name,
+    so the next try takes another name."""
     ps.wait_for_servers(2, timeout=60)  # both workers serve (a busy one may still be joining)
-    for _ in range(50):
+    for i in range(50):
+        name = prefix if i == 0 else f"{prefix}{i}"
         ps.create_table(name, **spec)
         h = ps._handle(name)
         big = next((b for b in range(6) if h.primary(b) != h.primary(fine)), None)
         if big is not None:
-            return big
+            return name, big
         last = ps.placement(name)
         ps.drop_table(name)
-        # All on one worker 50 times running is no chance draw (1 in 32 each):
-        # the other was out of the placement (a busy worker taken as not
-        # running); give it time to come back.
-        time.sleep(0.2)
-        ps.wait_for_servers(2, timeout=60)
-    raise AssertionError(f"50 placements of {name!r} put every primary on one worker "
+    raise AssertionError(f"50 table names put every primary on one worker "
                          f"(servers: {ps.servers}, last placement: {last})")
 
 
@@ -78,32 +74,32 @@ def test_a_push_refused_by_one_server_is_applied_by_none(ps, client, replication
     its part (4 of 5 calls; a dense push changed 16 of 24 rows). Every
     server now holds its part, checked, before any applies it."""
     fine = 0
-    big = _blocks_with_two_primaries(ps, "o", fine, shape=(24,), block_rows=4, allow_nonfinite=False,
+    o, big = _blocks_with_two_primaries(ps, "o", fine, shape=(24,), block_rows=4, allow_nonfinite=False,
                                      replication=replication)
-    ps.push_rows("o", [4 * big], [BIG])
-    expected = ps.pull("o")
+    ps.push_rows(o, [4 * big], [BIG])
+    expected = ps.pull(o)
     for _ in range(3):
-        with pytest.raises(dask_ps.PSValueError, match="'o'.*overflows.*nothing was applied"):
-            ps.push_rows("o", [4 * fine, 4 * big], [1.0, BIG])
-        np.testing.assert_array_equal(ps.pull("o"), expected)
-        with pytest.raises(dask_ps.PSValueError, match="'o'.*overflows.*nothing was applied"):
-            ps.push("o", np.full(24, BIG))
-        np.testing.assert_array_equal(ps.pull("o"), expected)
-    _assert_every_copy(client, "o", expected)
-    ps.push_rows("o", [4 * fine, 4 * big], [1.0, -BIG])  # still takes pushes, both parts
+        with pytest.raises(dask_ps.PSValueError, match=f"'{o}'.*overflows.*nothing was applied"):
+            ps.push_rows(o, [4 * fine, 4 * big], [1.0, BIG])
+        np.testing.assert_array_equal(ps.pull(o), expected)
+        with pytest.raises(dask_ps.PSValueError, match=f"'{o}'.*overflows.*nothing was applied"):
+            ps.push(o, np.full(24, BIG))
+        np.testing.assert_array_equal(ps.pull(o), expected)
+    _assert_every_copy(client, o, expected)
+    ps.push_rows(o, [4 * fine, 4 * big], [1.0, -BIG])  # still takes pushes, both parts
     expected[[4 * fine, 4 * big]] = [1.0, 0.0]
-    np.testing.assert_array_equal(ps.pull("o"), expected)
-    _assert_every_copy(client, "o", expected)
+    np.testing.assert_array_equal(ps.pull(o), expected)
+    _assert_every_copy(client, o, expected)
 
 
 def test_an_integer_push_refused_by_one_server_is_applied_by_none(ps, client):
-    big = _blocks_with_two_primaries(ps, "i", 0, shape=(24,), dtype="int32", block_rows=4)
-    ps.push_rows("i", [4 * big], np.array([2**31 - 1], np.int32))
-    with pytest.raises(dask_ps.PSValueError, match="'i'.*out of the range of int32.*nothing was applied"):
-        ps.push("i", np.ones(24, np.int32))
+    t, big = _blocks_with_two_primaries(ps, "i", 0, shape=(24,), dtype="int32", block_rows=4)
+    ps.push_rows(t, [4 * big], np.array([2**31 - 1], np.int32))
+    with pytest.raises(dask_ps.PSValueError, match=f"'{t}'.*out of the range of int32.*nothing was applied"):
+        ps.push(t, np.ones(24, np.int32))
     expected = np.zeros(24, np.int32)
     expected[4 * big] = 2**31 - 1
-    np.testing.assert_array_equal(ps.pull("i"), expected)
+    np.testing.assert_array_equal(ps.pull(t), expected)
 
 
 def _push_big_twice(ctx, _, how, table="o"):
