@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import numpy as np
@@ -17,6 +16,7 @@ from distributed import Client, Event, LocalCluster
 
 import dask
 import dask_ps
+from tests.cluster.test_reliability import run_in_thread
 
 N_ROWS, ROUNDS, EPOCHS = 4000, 4, 3
 
@@ -121,20 +121,6 @@ def _wait_for_clock(ps, clock, timeout=120):
     raise TimeoutError(f"the run did not reach clock {clock}")
 
 
-def _run_in_thread(ps, *args, **kwargs):
-    out = {}
-
-    def target():
-        try:
-            out["result"] = ps.run(*args, **kwargs)
-        except BaseException as e:  # noqa: BLE001 - re-raised by the test
-            out["error"] = e
-
-    t = threading.Thread(target=target)
-    t.start()
-    return t, out
-
-
 @pytest.mark.parametrize("event", ["restart", "kill"])
 def test_exact_sums_when_servers_lose_their_keys_mid_run(event):
     """Mid-run (in the second epoch: every list goes by its key) every
@@ -149,7 +135,7 @@ def test_exact_sums_when_servers_lose_their_keys_mid_run(event):
         ps.create_table("t", shape=(N_ROWS,), block_rows=500, replication=2, consistency=dask_ps.SSP(1))
         victim = ps.placement("t")[0].worker
         go = Event("row-lists-go", client=client)
-        thread, out = _run_in_thread(ps, epochs, range(3), table="t", pause="row-lists-go")
+        thread, out = run_in_thread(ps, epochs, range(3), table="t", pause="row-lists-go")
         _wait_for_clock(ps, PAUSE_AT)  # every participant waits there
         survivors = [w for w in ps.servers if w != victim]
         stored = client.run(_stored, workers=survivors)
