@@ -161,6 +161,17 @@ class _Loop:
         self.busy = 0.0
 
 
+def _after(n, then):
+    """A callback that calls ``then()`` on its ``n``-th call (the replies of
+    ``n`` servers)."""
+    left = [n]
+
+    def one():
+        left[0] -= 1
+        if left[0] == 0:
+            then()
+    return one
+
 class Sim:
     """One run of ``wl`` on ``P`` participants (``threads`` a machine)
     under ``design`` and SSP(``staleness``); :meth:`run` returns the
@@ -407,13 +418,9 @@ class Sim:
 
     def _pushes(self, p, c, then):
         """The pushes of clock c, one request to each server, acknowledged."""
-        m, n = self.machine(p), [self.S]
+        m = self.machine(p)
         nbytes = self.rows_bytes(self.wl.push_rows, self.wl.push_value_bytes, c == 1)
-
-        def acked():
-            n[0] -= 1
-            if n[0] == 0:
-                then()
+        acked = _after(self.S, then)
         for s in range(self.S):
             sm = self.server_machine(s)
             self.send("push", m, sm, nbytes, lambda sm=sm: self.reply(sm, m, 16, acked))
@@ -475,12 +482,7 @@ class Sim:
     def _report(self, p, c, bound, m, then):
         """The clock report to every server; the own server's reply parked
         until the bound holds (``wait_local``); ``then()`` after all."""
-        n = [self.S]
-
-        def back():
-            n[0] -= 1
-            if n[0] == 0:
-                then()
+        back = _after(self.S, then)
         for s in range(self.S):
             sm = self.server_machine(s)
             own = s == p // self.threads  # its own worker's server: wait_local
@@ -552,12 +554,7 @@ class Sim:
         rep = self.wl.read_rows / self.S * self.wl.read_value_bytes if read else 16
         next_ = lambda: self._next(p, c)  # noqa: E731
         then = next_ if read else lambda: self._read(p, c, next_, bound)  # noqa: E731
-        n = [self.S]
-
-        def back():
-            n[0] -= 1
-            if n[0] == 0:
-                then()
+        back = _after(self.S, then)
         for s in range(self.S):
             sm = self.server_machine(s)
 
