@@ -42,7 +42,7 @@ from dask_ps.linear_model._kernels import (
     rate_sum,
     sample_etas,
 )
-from dask_ps.linear_model._lone import SklearnOrders, scaled
+from dask_ps.linear_model._lone import SklearnOrders, lone_epochs, scaled
 from dask_ps.linear_model._round_prep import _DENSE_COUNTS_PER_NONZERO, _Round, _RoundPrep  # noqa: F401
 
 logger = logging.getLogger(__name__)
@@ -554,11 +554,14 @@ def make_rounds(cfg: _RunConfig, X, Y, sw, train_idx, run_rounds, solo=False):
     return _MinibatchRounds(cfg, X, Y, sw, train_idx)
 
 
+_EVERY_WEIGHT = np.zeros(0, dtype=np.int64)  # sgd_round's touched: every weight
+
+
 class _CompiledRounds:
     """Rounds trained by the compiled kernel: a sparse round compacted ahead
     (``_RoundPrep``), a dense one gathered in chunks (``_dense_round``); or
-    a lone participant's epochs in scikit-learn's order (``orders``), in
-    one compiled loop (``lone_epochs``)."""
+    a lone participant's epochs in scikit-learn's order (``orders``), one
+    kernel call per epoch and output (``_lone.lone_epochs``)."""
 
     # The last round's rates against scikit-learn's (the mean of the samples'
     # ``sample_scale``, weighted by their rates): ``_Participant.additive_share``.
@@ -581,13 +584,13 @@ class _CompiledRounds:
 
     @property
     def lone(self) -> bool:
-        """Whether the epochs run in one compiled loop (``lone_epochs``)."""
+        """Whether the epochs run as scikit-learn's (``_lone.lone_epochs``)."""
         return self.orders is not None
 
     def lone_epochs(self, W0, epoch0, epoch1, stop, decide):
         """Train the epochs ``[epoch0, epoch1)`` of a lone participant as
         scikit-learn's ``_plain_sgd`` does, from the table ``W0`` at the
-        run's first call (``_sgd_numba.lone_epochs``), with its stopping
+        run's first call (``_lone.lone_epochs``), with its stopping
         rule where ``decide`` (else the caller's, on a validation score).
         ``stop`` is updated in place (its ``n_iter``: epochs trained).
         Returns ``(sums, end)``: per epoch trained and output its loss sum,
@@ -601,14 +604,16 @@ class _CompiledRounds:
         sums = np.zeros((epoch1 - epoch0, K, 3))
         X = (c.X, c.data, c.ind, c.ptr) if c.sparse else (c.X, *c.csr_dummy)
         X = (c.mod.readonly(X[0]), c.mod.readonly(X[1]), *X[2:])  # one specialization (_sgd_numba.readonly)
-        end, bad = c.mod.lone_epochs(
-            not c.sparse, *X, self.orders.ind, self.seeds, bool(hp.shuffle), self.orders.keep, self.rows_buf,
-            self.Yt, c.sw, self.raw.T, bool(hp.average), self.kstate, self.l1_q, self.l1_u, c.loss_id, c.thr,
-            hp.penalty, hp.alpha, hp.l1_ratio, hp.learning_rate, hp.eta0, hp.power_t, c.optimal_init,
-            bool(hp.fit_intercept), SPARSE_INTERCEPT_DECAY if c.sparse else 1.0, self.cw_pos, self.cw_neg,
-            int(hp.average), cfg.t0, float(cfg.n_total), c.wscale_min, int(epoch0), int(epoch1), bool(decide),
-            float(hp.tol), int(hp.n_iter_no_change), hp.learning_rate == ADAPTIVE, stop.best, stop.no_improvement,
-            stop.eta, stop.active, stop.n_iter, sums)
+        kernel = c.mod.round_kernel(not c.sparse, c.loss_id, hp.penalty, hp.learning_rate, bool(hp.average),
+                                    True, False)  # the weight vector's state kept, unscaled
+        consts = (c.thr, hp.alpha, hp.l1_ratio, hp.eta0, hp.power_t, c.optimal_init, bool(hp.fit_intercept),
+                  SPARSE_INTERCEPT_DECAY if c.sparse else 1.0, int(hp.average), c.wscale_min,
+                  np.zeros(1, dtype=self.raw.dtype), _EVERY_WEIGHT)
+        end, bad = lone_epochs(
+            kernel, bool(hp.shuffle), X, self.orders, self.rows_buf, self.Yt, c.sw, self.raw.T, bool(hp.average),
+            self.kstate, self.l1_q, self.l1_u, (float(hp.tol), int(hp.n_iter_no_change), hp.learning_rate == ADAPTIVE),
+            (self.cw_pos, self.cw_neg), consts, cfg.t0, float(cfg.n_total), (int(epoch0), int(epoch1)),
+            bool(decide), stop, sums)
         self.seconds["kernel"] += time.perf_counter() - t
         if bad >= 0:
             check_finite(np.array([np.nan]), bad)  # scikit-learn's error
@@ -629,7 +634,6 @@ class _CompiledRounds:
         self.l1_q = np.zeros((K, nw if hp.penalty in (L1, ELASTICNET) else 1))
         self.l1_u = np.zeros(K)
         self.Yt = np.ascontiguousarray(np.array(c.Y).reshape(K, -1))
-        self.seeds = np.array(self.orders.seeds, dtype=np.int64)
         self.rows_buf = np.empty(self.orders.ind.shape[1], dtype=np.int64)
         self.cw_pos = np.asarray(cfg.cw_pos, dtype=float)
         self.cw_neg = np.asarray(cfg.cw_neg, dtype=float)

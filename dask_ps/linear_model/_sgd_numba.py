@@ -38,7 +38,6 @@ from dask_ps.linear_model._kernels import (  # noqa: F401  (LOSS_IDS: the ids sg
     OPTIMAL,
     PA1,
     PA2,
-    stop_decision,
 )
 
 
@@ -662,128 +661,7 @@ def sklearn_shuffle(ind, seed):
         ind[j] = tmp
 
 
-# Compiled into lone_epochs, whose cache file numba keys by *this* file's
-# path and modification time: an edit of _kernels.stop_decision alone
-# (an editable install) leaves the cached loop stale until this file is
-# touched or the kernel cache (ps.kernel-cache-dir) is emptied. An install
-# writes every file anew, so users never see it.
-_stop_decision = njit(cache=False, inline="always")(stop_decision)
-
-
-def _lone_epochs(X, data, ind, ptr, orders, seeds, shuffle, train_mask, rows, Y, sw, Wt, state, q, u,
-                 thr, alpha, l1_ratio, eta0, power_t, optimal_init, fit_intercept,
-                 intercept_decay, cw_pos, cw_neg, average, t0, n_total, wscale_min, epoch0, epoch1, decide, tol,
-                 n_iter_no_change, adaptive, best, no_improvement, eta, active, n_iter, sums, dummy, everything):
-    """The epochs ``[epoch0, epoch1)`` of a lone participant, each output as
-    scikit-learn's ``_plain_sgd`` trains it: its samples shuffled in place
-    in ``orders[k]`` with its seed (``sklearn_shuffle``), those of
-    ``train_mask`` trained in that order (``sgd_round`` with the weight
-    vector's state ``state[k]`` kept: ``Wt[k]`` and, ``averaged``, the
-    average ``Wt[K + k]`` stay unscaled, the intercept last), the weights
-    checked finite, and with ``decide`` the stopping rule applied to the
-    epoch's objective (``stop_decision``: updates ``best``,
-    ``no_improvement``, ``eta``, ``active``; without, the caller decides,
-    on a validation score). ``n_iter[k]``: the epochs output ``k`` trained.
-
-    ``sums[e - epoch0, k]``: the epoch's loss sum, objective sum, and 1 if
-    the output is still active after it. Returns ``(end, bad)``: the epoch
-    after the last one trained, and the epoch whose weights were not finite
-    (-1: none; the loop stops there).
-
-    Compiled per specialization (``lone_epochs``): ``averaged`` and the
-    round kernel ``lone_round`` (``sgd_round``'s of the fit's case) are its
-    constants. ``dummy``: the average's weights without averaging (one of
-    ``Wt``'s dtype); ``everything``: an empty int64 array, ``sgd_round``'s
-    ``touched`` of every weight (made by the caller: two ``np.zeros`` here
-    compiled numba's own ``np.zeros`` twice, 0.25 s of a first fit)."""
-    K = Wt.shape[0] // 2 if averaged else Wt.shape[0]
-    nw = Wt.shape[1] - 1
-    n = orders.shape[1]
-    n_train = 0
-    for i in range(n):
-        if train_mask[i]:
-            n_train += 1
-    n_mean = n_train if n_train > 0 else 1  # (not max: numba compiles its own int max at its first use)
-    step = n_total / n_mean
-    for e in range(epoch0, epoch1):
-        any_active = False
-        for k in range(K):
-            any_active = any_active or active[k]
-        if not any_active:
-            return e, -1
-        for k in range(K):
-            if not active[k]:
-                continue
-            order = orders[k]
-            if shuffle:
-                sklearn_shuffle(order, seeds[k])
-            m = 0
-            for i in range(n):
-                if train_mask[order[i]]:
-                    rows[m] = order[i]
-                    m += 1
-            w = Wt[k, :nw]
-            aw = Wt[K + k, :nw] if averaged else dummy
-            aicpt = Wt[K + k, nw] if averaged else 0.0
-            eta_k = eta[k] if adaptive else eta0
-            icpt, aicpt, sumloss, _, _, u_k, objective = lone_round(
-                X, data, ind, ptr, rows[:m], Y[k], sw, w, aw, Wt[k, nw], aicpt, thr, alpha,
-                l1_ratio, eta_k, eta0, power_t, optimal_init, fit_intercept, intercept_decay,
-                cw_pos[k], cw_neg[k], average, t0 + e * n_total, step, wscale_min, q[k], u[k], 1.0, state[k],
-                everything)
-            u[k] = u_k
-            Wt[k, nw] = icpt
-            if averaged:
-                Wt[K + k, nw] = aicpt
-            n_iter[k] = e + 1
-            sums[e - epoch0, k, 0] = sumloss
-            sums[e - epoch0, k, 1] = objective
-            # scikit-learn's check: the unscaled weights and the intercept
-            finite = math.isfinite(icpt)
-            for j in range(nw):
-                finite = finite and math.isfinite(w[j])
-            if not finite:
-                return e + 1, e
-            if decide:
-                _stop_decision(k, objective / n_mean, best, no_improvement, eta, active, False, tol,
-                               n_iter_no_change, adaptive)
-            sums[e - epoch0, k, 2] = 1.0 if active[k] else 0.0
-    return epoch1, -1
-
-
-def _lone_constants(c):
-    """``_lone_epochs``' round kernel: ``_sgd_round`` with the weight
-    vector's state kept, unscaled (``max_scale`` 1)."""
-    return {"lone_round": round_kernel(c["dense"], c["loss_id"], c["penalty"], c["learning_rate"], c["averaged"],
-                                       keep=True, scaled=False)}
-
-
-_LONE_KERNELS = {}
-_LONE = Specializations(_lone_epochs, derive=_lone_constants, name="lone_epochs", nogil=True, error_model="numpy")
-
-
-def lone_epochs(dense, X, data, ind, ptr, orders, seeds, shuffle, train_mask, rows, Y, sw, Wt, averaged, state, q, u,
-                loss_id, thr, penalty, alpha, l1_ratio, learning_rate, eta0, power_t, optimal_init, fit_intercept,
-                intercept_decay, cw_pos, cw_neg, average, t0, n_total, wscale_min, epoch0, epoch1, decide, tol,
-                n_iter_no_change, adaptive, best, no_improvement, eta, active, n_iter, sums):
-    """``_lone_epochs`` (see there) compiled for the case its arguments
-    select, as ``sgd_round``: ``dense``, ``loss_id``, ``penalty``,
-    ``learning_rate``, ``averaged``."""
-    key = (dense, loss_id, penalty, learning_rate, averaged)
-    kernel = _LONE_KERNELS.get(key)
-    if kernel is None:
-        kernel = _LONE_KERNELS[key] = _LONE.make(dense=bool(dense), loss_id=int(loss_id), penalty=int(penalty),
-                                                 learning_rate=int(learning_rate), averaged=bool(averaged))
-    return kernel(X, data, ind, ptr, orders, seeds, shuffle, train_mask, rows, Y, sw, Wt, state, q, u, thr,
-                  alpha, l1_ratio, eta0, power_t, optimal_init, fit_intercept, intercept_decay, cw_pos, cw_neg,
-                  average, t0, n_total, wscale_min, epoch0, epoch1, decide, tol, n_iter_no_change, adaptive, best,
-                  no_improvement, eta, active, n_iter, sums, np.zeros(1, dtype=Wt.dtype), _EVERY_WEIGHT)
-
-
-_EVERY_WEIGHT = np.zeros(0, dtype=np.int64)  # sgd_round's touched: every weight
-
-
 def compiled_kernels() -> dict:
-    """The specializations of ``sgd_round`` and ``lone_epochs`` made so
-    far in this process (their numba dispatchers), by name."""
-    return {"sgd_round": _ROUNDS.dispatchers(), "lone_epochs": _LONE.dispatchers()}
+    """The specializations of ``sgd_round`` made so far in this process
+    (their numba dispatchers), by name."""
+    return {"sgd_round": _ROUNDS.dispatchers()}

@@ -52,11 +52,11 @@ def test_a_compile_on_first_use_says_what_it_is(tmp_path):
     fit's other notes); a second fit of the same types compiles nothing and
     says nothing, nor does a later process that loads the kernel."""
     result, stderr = _first_fit(tmp_path, verbose=1)
-    started = [m for m in result["first"] if m.startswith("dask_ps: compiling the kernel")]
+    started = [m for m in result["first"] if m.startswith("dask_ps: compiling the kernel _sgd_numba.sgd_round")]
     assert started, result
-    assert "_sgd_numba.lone_epochs" in started[0] and "float64 data" in started[0], started
+    assert "float64 data" in started[0], started
     assert str(tmp_path) in started[0]
-    assert any(m.startswith("dask_ps: compiled the kernel _sgd_numba.lone_epochs in") for m in result["first"])
+    assert any(m.startswith("dask_ps: compiled the kernel _sgd_numba.sgd_round in") for m in result["first"])
     assert started[0].split(";")[0] in stderr  # the verbose line
     assert result["second"] == []
 
@@ -78,7 +78,7 @@ def _kernels():
 
     made = _sgd_numba.compiled_kernels()
     return {"sgd_round": sum(len(d.signatures) for d in made["sgd_round"]),
-            "lone_epochs": sum(len(d.signatures) for d in made["lone_epochs"]),
+            "sklearn_shuffle": len(_sgd_numba.sklearn_shuffle.signatures),
             "gather_rows": len(_sgd_numba.gather_rows.signatures)}
 
 
@@ -161,11 +161,11 @@ def test_each_case_is_its_own_kernel_in_the_cache(tmp_path):
     that loads them must get each case's own code (two losses, loaded in
     the other order, give the first process's models exactly)."""
     first = _fits(tmp_path, "hinge", "log_loss")
-    lone = [name for name in first["compiled"] if name.startswith("lone_epochs__")]
-    assert len(lone) == 2 and "loss_id_0" in lone[0] and "loss_id_2" in lone[1], first["compiled"]
+    cases = [name for name in first["compiled"] if name.startswith("sgd_round__")]
+    assert len(cases) == 2 and "loss_id_0" in cases[0] and "loss_id_2" in cases[1], first["compiled"]
     assert first["coefs"]["hinge"] != first["coefs"]["log_loss"]
     again = _fits(tmp_path, "log_loss", "hinge")
-    assert not [name for name in again["compiled"] if name.startswith(("lone_epochs", "sgd_round"))], again
+    assert not [name for name in again["compiled"] if name.startswith("sgd_round")], again
     assert again["coefs"] == first["coefs"]
 
 
