@@ -121,3 +121,48 @@ def test_the_compile_notice_leaves_a_function_without_a_module_alone():
     out = subprocess.run([sys.executable, "-c", _EXEC_FUNCTION], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "RESULT 42" in out.stdout
+
+
+# A small input with no cluster: one participant in the calling process, in
+# scikit-learn's order (``_lone``), the first thing a new user fits.
+_LONE_FIRST_FIT = r"""
+import json
+import numpy as np
+import numba.core.event as ev
+compiled = []
+class Count(ev.Listener):
+    def on_start(self, event):
+        fn = event.data["dispatcher"].py_func
+        compiled.append(f"{fn.__module__}.{fn.__qualname__}")
+    def on_end(self, event):
+        pass
+ev.register("numba:compile", Count())
+from dask_ps.linear_model import SGDClassifier
+from sklearn.linear_model import SGDClassifier as Sk
+rng = np.random.RandomState(0)
+X = rng.randn(500, 6); y = (X[:, 0] + 0.5 * rng.randn(500) > 0).astype(int)
+ours, theirs = SGDClassifier(random_state=0).fit(X, y), Sk(random_state=0).fit(X, y)
+same = bool(np.array_equal(ours.coef_, theirs.coef_) and np.array_equal(ours.intercept_, theirs.intercept_)
+            and ours.n_iter_ == theirs.n_iter_)
+print("RESULT " + json.dumps({"compiled": compiled, "same": same, "n_iter": int(ours.n_iter_)}))
+"""
+
+
+def test_a_first_fit_without_a_cluster_compiles_the_round_kernel_and_the_shuffle_only(tmp_path):
+    """A lone participant's epochs and stopping rule are a Python loop around
+    the round kernel (``_lone.lone_epochs``): a first fit compiles the round
+    kernel of its case (the weight vector's state kept) and scikit-learn's
+    shuffle, once each, and no loop over the epochs (its compile was ~0.65 s
+    of CPU, most of what a new user waited for); the model is still
+    scikit-learn's bit for bit, epochs included."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["DASK_PS__KERNEL_CACHE_DIR"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", _LONE_FIRST_FIT], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
+    ours = sorted(name.removeprefix("dask_ps.linear_model._sgd_numba.") for name in result["compiled"]
+                  if name.startswith("dask_ps."))
+    assert len(ours) == 2 and ours[1] == "sklearn_shuffle", result["compiled"]
+    assert ours[0].startswith("sgd_round__") and "keep_1" in ours[0] and "dense_1" in ours[0], ours
+    assert result["same"] and result["n_iter"] > 1, result
