@@ -114,9 +114,9 @@ def lone_epochs(kernel, shuffle, Xs, orders, rows, Y, sw, Wt, averaged, state, q
     arguments ``(thr, alpha, l1_ratio, eta0, power_t, optimal_init,
     fit_intercept, intercept_decay, average, wscale_min, dummy, every)``.
 
-    A Python loop: the per-sample work is the kernel's, and a compiled
-    loop around it (as before) cost 0.65 s more compile on a first fit
-    for ~20 us less a call (issue 35). ``sums[e - epoch0, k]``: the
+    A Python loop: the per-sample work is the kernel's; a compiled loop
+    around it cost a first fit 0.65 s more compile (issue 35) for ~5 us
+    less an epoch (``docs/benchmarks.md``). ``sums[e - epoch0, k]``: the
     epoch's loss sum, objective sum, and 1 if the output is still active
     after it. Returns ``(end, bad)``: the epoch after the last one trained,
     and the epoch whose weights were not finite (-1: none; it stops there)."""
@@ -128,38 +128,43 @@ def lone_epochs(kernel, shuffle, Xs, orders, rows, Y, sw, Wt, averaged, state, q
     n_mean = int(np.count_nonzero(orders.keep)) or 1
     step = n_total / n_mean
     epoch0, epoch1 = epochs
+    shuffle_order = orders.mod.sklearn_shuffle
+    active, eta = stop.active, stop.eta
+    # per output, the views its kernel call takes, made once (a few us an epoch)
+    outputs = [(k, orders.ind[k], orders.seeds[k], Wt[k, :nw], Wt[K + k, :nw] if averaged else dummy, Y[k],
+                cw[0][k], cw[1][k], q[k], state[k]) for k in range(K)]
     for e in range(epoch0, epoch1):
-        if not stop.active[:K].any():
+        live = [o for o in outputs if active[o[0]]]  # a decision changes its own output's flag only
+        if not live:
             return e, -1
-        for k in range(K):
-            if not stop.active[k]:
-                continue
-            order = orders.ind[k]
+        t = t0 + e * n_total
+        epoch_sums = sums[e - epoch0]
+        for k, order, seed, w, aw, y, cw_pos, cw_neg, q_k, state_k in live:
             if shuffle:
-                orders.mod.sklearn_shuffle(order, orders.seeds[k])
+                shuffle_order(order, seed)
             if orders.all_kept:
                 train = order
             else:  # the validation samples skipped, in the order's
                 train = order[orders.keep[order]]
                 rows[:train.shape[0]] = train
                 train = rows[:train.shape[0]]
-            w = Wt[k, :nw]
             icpt, aicpt, sumloss, _, _, u[k], objective = kernel(
-                *Xs, train, Y[k], sw, w, Wt[K + k, :nw] if averaged else dummy, Wt[k, nw],
-                Wt[K + k, nw] if averaged else 0.0, thr, alpha, l1_ratio, stop.eta[k] if adaptive else eta0, eta0,
-                power_t, optimal_init, fit_intercept, intercept_decay, cw[0][k], cw[1][k], average,
-                t0 + e * n_total, step, wscale_min, q[k], u[k], 1.0, state[k], every)
+                *Xs, train, y, sw, w, aw, Wt[k, nw], Wt[K + k, nw] if averaged else 0.0, thr, alpha, l1_ratio,
+                eta[k] if adaptive else eta0, eta0, power_t, optimal_init, fit_intercept, intercept_decay, cw_pos,
+                cw_neg, average, t, step, wscale_min, q_k, u[k], 1.0, state_k, every)
             Wt[k, nw] = icpt
             if averaged:
                 Wt[K + k, nw] = aicpt
             stop.n_iter[k] = e + 1
-            sums[e - epoch0, k, :2] = sumloss, objective
-            if not (math.isfinite(icpt) and np.isfinite(w).all()):  # scikit-learn's check
+            epoch_sums[k, 0] = sumloss
+            epoch_sums[k, 1] = objective
+            # scikit-learn's check; a finite sum says it in one pass (an overflowing one checks each weight)
+            if not (math.isfinite(icpt) and (math.isfinite(w.sum()) or np.isfinite(w).all())):
                 return e + 1, e
             if decide:
-                stop_decision(k, objective / n_mean, stop.best, stop.no_improvement, stop.eta, stop.active, False,
-                              tol, n_iter_no_change, adaptive)
-            sums[e - epoch0, k, 2] = 1.0 if stop.active[k] else 0.0
+                stop_decision(k, objective / n_mean, stop.best, stop.no_improvement, eta, active, False, tol,
+                              n_iter_no_change, adaptive)
+            epoch_sums[k, 2] = 1.0 if active[k] else 0.0
     return epoch1, -1
 
 
