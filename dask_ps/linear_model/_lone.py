@@ -95,6 +95,13 @@ class SklearnOrders:
             self.mod.sklearn_shuffle(ind, seed)
 
 
+def finite(intercept, w) -> bool:
+    """Whether ``intercept`` and every weight of ``w`` are finite
+    (scikit-learn's check after each epoch; weight by weight: a sum may
+    overflow, and warns where it does)."""
+    return math.isfinite(intercept) and bool(np.isfinite(w).all())
+
+
 def lone_epochs(kernel, shuffle, Xs, orders, rows, Y, sw, Wt, averaged, state, q, u, rule, cw, consts, t0, n_total,
                 epochs, decide, stop, sums):
     """The epochs ``[epoch0, epoch1)`` (``epochs``) of a lone participant,
@@ -158,8 +165,7 @@ def lone_epochs(kernel, shuffle, Xs, orders, rows, Y, sw, Wt, averaged, state, q
             stop.n_iter[k] = e + 1
             epoch_sums[k, 0] = sumloss
             epoch_sums[k, 1] = objective
-            # scikit-learn's check; a finite sum says it in one pass (an overflowing one checks each weight)
-            if not (math.isfinite(icpt) and (math.isfinite(w.sum()) or np.isfinite(w).all())):
+            if not finite(icpt, w):  # scikit-learn's check
                 return e + 1, e
             if decide:
                 stop_decision(k, objective / n_mean, stop.best, stop.no_improvement, eta, active, False, tol,

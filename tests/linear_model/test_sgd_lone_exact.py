@@ -15,6 +15,8 @@ off by 45%, another validation split, another order)."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -196,3 +198,35 @@ def test_lone_stopping_rule_is_scikit_learns(kind, early_stopping, sparse):
             # (to the last bits only mostly: a partial_fit after a fit sometimes differs by an ulp, as before)
             assert_allclose(b.coef_, a.coef_, rtol=1e-9, atol=1e-12)
     assert stopped >= 6  # the rule ended most fits
+
+
+def test_the_weights_finite_check_is_exact():
+    """A lone fit checks its weights after each epoch as scikit-learn does
+    (``_lone.finite``): finite weights whose sum overflows count as finite,
+    without a warning; a NaN or an infinity anywhere, or in the intercept,
+    does not."""
+    from dask_ps.linear_model._lone import finite
+
+    big = np.array([3e38, 3e38, -1.0], dtype=np.float32)  # their float32 sum overflows
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert finite(0.0, big)
+    assert finite(0.0, np.array([1e308, 1e308]))
+    for bad in (np.nan, np.inf, -np.inf):
+        assert not finite(0.0, np.array([1.0, bad, 2.0]))
+        assert not finite(bad, np.array([1.0, 2.0]))
+    assert finite(0.0, np.zeros(0))
+
+
+def test_a_diverging_lone_fit_fails_as_scikit_learns():
+    """Weights that overflow stop the fit with scikit-learn's error, at the
+    same epoch."""
+    rng = np.random.RandomState(0)
+    X = rng.randn(50, 3) * 1e150
+    y = rng.randn(50)
+    kw = dict(learning_rate="constant", eta0=1e10, max_iter=5, tol=None, random_state=0)
+    with pytest.raises(ValueError) as theirs:
+        skl.SGDRegressor(**kw).fit(X, y)
+    with pytest.raises(ValueError) as ours:
+        SGDRegressor(**kw).fit(X, y)
+    assert str(ours.value) == str(theirs.value), (str(ours.value), str(theirs.value))
