@@ -63,12 +63,37 @@ def acquire(run_id: str, window: float) -> "ClockCombiner":
         return combiner
 
 
+def window_for(staleness_used: int | None, window: float, clock_timeout: float) -> float:
+    """How long a participant's section may wait for its siblings: under
+    BSP (the tightest bound of the tables it uses is 0) as long as a clock
+    may take (``ps.timeouts.clock``), since its next read waits for every
+    sibling's clock anyway (at its server, or parked with this message);
+    else ``window`` (``ps.clock.combine-window``): a sibling SSP lets lag
+    must not hold it back."""
+    return clock_timeout if staleness_used == 0 else window
+
+
+def run_changed(run_id: str, done, aborted: bool) -> None:
+    """The scheduler's record of a run (``ps_run_update``, the event loop):
+    its participants that are done (left, failed) are waited for no more,
+    and once it is aborted nothing waits (each section then gets its
+    server's refusal)."""
+    combiner = _registry.get(run_id)
+    if combiner is None:
+        return
+    for r in done:
+        combiner.leave(int(r))
+    if aborted:
+        combiner.release()
+
+
 class _Batch:
-    __slots__ = ("sections", "timer", "send")
+    __slots__ = ("sections", "timer", "deadline", "send")
 
     def __init__(self, send):
         self.sections: list[tuple[int, dict, float, asyncio.Future]] = []
         self.timer: asyncio.TimerHandle | None = None
+        self.deadline = float("inf")
         self.send = send
 
 
@@ -109,16 +134,28 @@ class ClockCombiner:
             for key in list(self._batches):
                 self._maybe_send(key)
 
+    def release(self) -> None:
+        """Send every section handed in now (the run was aborted)."""
+        self._last.clear()
+        for key in list(self._batches):
+            self._fire(key)
+
     # --- sections ----------------------------------------------------------------------
-    async def clock(self, send, addr: str, clock: int, rank: int, msg: dict, seconds: float) -> dict:
+    async def clock(self, send, addr: str, clock: int, rank: int, msg: dict, seconds: float,
+                    window: float | None = None) -> dict:
         """Hand in ``rank``'s clock ``clock`` message ``msg`` to ``addr``
-        (within ``seconds``); returns that section's reply (its error raised)."""
+        (within ``seconds``; it waits for its siblings at most ``window``,
+        default the combiner's); returns that section's reply (its error raised)."""
         key = (addr, clock)
         batch = self._batches.get(key)
         loop = asyncio.get_running_loop()
         if batch is None:
             batch = self._batches[key] = _Batch(send)
-            batch.timer = loop.call_later(self.window, self._fire, key)
+        deadline = loop.time() + (self.window if window is None else window)
+        if deadline < batch.deadline:  # the most impatient section sets when the message goes
+            if batch.timer is not None:
+                batch.timer.cancel()
+            batch.deadline, batch.timer = deadline, loop.call_at(deadline, self._fire, key)
         future = loop.create_future()
         batch.sections.append((rank, msg, seconds, future))
         if rank in self._last:
@@ -127,7 +164,8 @@ class ClockCombiner:
         reply = await future
         if isinstance(reply, dict) and reply.get("status") == "error":
             # (unwrapped where it did not cross a comm: an in-process test's server)
-            _, exc, tb = clean_exception(*(getattr(reply.get(k), "data", reply.get(k)) for k in ("exception", "traceback")))
+            _, exc, tb = clean_exception(*(getattr(reply.get(k), "data", reply.get(k))
+                                           for k in ("exception", "traceback")))
             raise exc.with_traceback(tb)
         return reply
 

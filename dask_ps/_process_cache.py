@@ -154,11 +154,13 @@ class CombiningTransport(Transport):
 
     combiner: PullCombiner | None = None
     clock_combiner = None
+    clock_window = None  # () -> how long a section may wait for its siblings (the session's)
 
     async def send_clock(self, addr: str, seconds: float, msg: dict):
         if self.clock_combiner is None:
             return await super().send_clock(addr, seconds, msg)
-        return await self.clock_combiner.clock(self._send_sections, addr, msg["clock"], msg["rank"], msg, seconds)
+        return await self.clock_combiner.clock(self._send_sections, addr, msg["clock"], msg["rank"], msg, seconds,
+                                               self.clock_window() if self.clock_window is not None else None)
 
     def clock_passed(self, rank: int, clock: int) -> None:
         if self.clock_combiner is not None:

@@ -236,6 +236,7 @@ class Session:
             combiner = _clock_combiner.acquire(self.run_id, _config.get_seconds("clock.combine-window"))
             self._sync(_on_loop, combiner.join, self.rank, self._clk.current)
             self._router.transport.clock_combiner = combiner
+            self._router.transport.clock_window = self._clock_window
         self._started = time.perf_counter()
         self._ps_seconds = self._blocked_seconds = 0.0
 
@@ -251,11 +252,18 @@ class Session:
             self._in_flight.close()
             self._router.transport.combiner = None  # the last participant of the run here frees its combiner
             combiner, self._router.transport.clock_combiner = self._router.transport.clock_combiner, None
+            self._router.transport.clock_window = None
             if combiner is not None:  # its siblings wait for it no more
                 self._sync(_on_loop, combiner.leave, self.rank)
             self._sync(
                 self._scheduler.ps_run_leave, run_id=self.run_id, rank=self.rank, metrics=self.metrics()
             )
+
+    def _clock_window(self) -> float:
+        """How long this participant's clock sections wait for its siblings
+        (``_clock_combiner.window_for``)."""
+        return _clock_combiner.window_for(self._staleness_used, _config.get_seconds("clock.combine-window"),
+                                          _config.get_seconds("timeouts.clock"))
 
     @property
     def current_clock(self) -> int:

@@ -23,6 +23,7 @@ from distributed import WorkerPlugin
 from distributed.core import Status
 
 from dask_ps import _backend, _config, _holds
+from dask_ps import _clock_combiner as clock_combiner
 from dask_ps._clock_combiner import answer_sections
 from dask_ps._exceptions import (
     InternalOnlyError,
@@ -624,6 +625,7 @@ class PSWorkerPlugin(WorkerPlugin):
         if not isinstance(record, dict):
             raise PSValueError(f"run_update needs a record, got {record!r}")
         self.runs.update(record)
+        clock_combiner.run_changed(record.get("run_id"), record.get("done") or (), bool(record.get("aborted")))
 
     @handler(INTERNAL)
     async def run_clock(self, run_id=None, rank=None, clock=None, sections=None, **msg):

@@ -66,13 +66,13 @@ def _train(ctx, part, table, clocks, prefix, stop_at=None, fail_at=None):
     _aligned_start(ctx, prefix)
     for c in range(clocks):
         if ctx.rank == 0 and c == stop_at:
-            return "left"
+            return ctx.worker.address
         if ctx.rank == 0 and c == fail_at:
             raise ValueError("participant 0 failed on purpose")
         ctx.pull(table)
         ctx.push(table, np.ones(ctx.n_participants * 10))
         ctx.clock()
-    return "done"
+    return ctx.worker.address
 
 
 def _in_processes(client) -> bool:
@@ -92,25 +92,29 @@ def test_a_process_sends_each_server_one_clock_message_per_clock(ps, client, com
     are exact."""
     ps.create_table("t", shape=(n * 10,), block_rows=5, consistency=consistency)
     parts, a, b = _on_one_worker(client, n)
-    assert b in {o.worker for o in ps.placement("t")}  # some blocks leave the process
-    results = {}
+    assert {a, b} <= {o.worker for o in ps.placement("t")}  # blocks on both workers
     for on in (False, True):
         if on:
             combine("60s")  # long: only the siblings (or their leaving) send a message
         before = _received(client)
         prefix = f"cc-{on}-{np.random.randint(1 << 30)}"
-        assert ps.run(_train, parts, table="t", clocks=CLOCKS, prefix=prefix) == ["done"] * n
+        where = ps.run(_train, parts, table="t", clocks=CLOCKS, prefix=prefix)
         after = _received(client)
-        results[on] = (_delta(after, before, b, "clock"), _delta(after, before, b, "clock_sections"))
-    # Each participant's clocks but the first (a push over several servers
-    # held first, before it has a lease: pushes, then a report): one message
-    # per participant per clock without combining, one per clock with.
-    messages, sections = results[False]
-    if not _in_processes(client):  # every server in the process: direct calls, nothing to combine
-        assert results == {False: (0, 0), True: (0, 0)}
-        return
-    assert messages == sections >= n * (CLOCKS - 1), results
-    assert results[True] == (messages // n, sections), results  # one message per clock, a section each
+        for server in (a, b):
+            # Dask may have moved a participant to the other worker (stealing):
+            # counted where each one ran.
+            others = sum(w != server for w in where)
+            messages, sections = _delta(after, before, server, "clock"), _delta(after, before, server, "clock_sections")
+            if not _in_processes(client):  # every server in the process: direct calls, nothing to combine
+                assert messages == sections == 0
+                continue
+            # Each participant's clocks but the first (a push over several
+            # servers held first, before it has a lease: pushes, then a
+            # report): one message per participant per clock without
+            # combining, one per clock from the process with.
+            assert sections >= others * (CLOCKS - 1), (server, where, messages, sections)
+            assert messages == (sections // others if on and others else sections), (server, where, messages,
+                                                                                     sections)
     np.testing.assert_array_equal(ps.pull("t"), np.full(n * 10, 2.0 * n * CLOCKS))
 
 
@@ -132,8 +136,11 @@ def test_audit_holds_with_clocks_combined_in_the_process(ps, client, combine, mo
     assert ps.pull("audit").tolist() == [1.0] * (P * C)
     if staleness is not None:
         assert max(max(lag) for lag in lags) <= staleness
-    # Combined: fewer requests than sections reached the other server.
-    assert not _in_processes(client) or _delta(after, before, b, "clock") < _delta(after, before, b, "clock_sections")
+    if staleness == 0 and _in_processes(client):
+        # BSP: the sections of a process's participants always wait for each
+        # other (each reads every clock): fewer requests than sections.
+        assert sum(_delta(after, before, w, "clock") for w in (a, b)) < \
+            sum(_delta(after, before, w, "clock_sections") for w in (a, b))
 
 
 def test_a_sibling_that_leaves_is_not_waited_for(ps, client, combine):
@@ -143,8 +150,7 @@ def test_a_sibling_that_leaves_is_not_waited_for(ps, client, combine):
     combine("600s")
     ps.create_table("lv", shape=(30,), block_rows=5, consistency=dask_ps.BSP())
     parts, a, b = _on_one_worker(client, 3)
-    got = ps.run(_train, parts, table="lv", clocks=6, prefix=f"lv-{np.random.randint(1 << 30)}", stop_at=2)
-    assert got == ["left", "done", "done"]
+    ps.run(_train, parts, table="lv", clocks=6, prefix=f"lv-{np.random.randint(1 << 30)}", stop_at=2)
     np.testing.assert_array_equal(ps.pull("lv"), np.full(30, 2 * 1.0 + 2 * 6.0))
 
 
@@ -159,8 +165,7 @@ def test_a_sibling_that_fails_releases_the_others(ps, client, combine):
     with pytest.raises(ValueError, match="failed on purpose"):
         ps.run(_train, parts, table="fl", clocks=6, prefix=f"fl-{np.random.randint(1 << 30)}", fail_at=2)
     # The next run of the process combines again from scratch.
-    got = ps.run(_train, parts, table="fl", clocks=2, prefix=f"fl2-{np.random.randint(1 << 30)}")
-    assert got == ["done"] * 3
+    assert len(ps.run(_train, parts, table="fl", clocks=2, prefix=f"fl2-{np.random.randint(1 << 30)}")) == 3
 
 
 def _combined(client) -> int:

@@ -142,3 +142,46 @@ def test_the_participants_of_a_run_in_a_process_share_one_combiner():
     first = _clock_combiner.acquire("run-cc-x", 0.01)
     assert _clock_combiner.acquire("run-cc-x", 0.01) is first
     assert _clock_combiner.acquire("run-cc-y", 0.01) is not first
+
+
+def test_the_most_impatient_section_sets_when_the_message_goes():
+    """A section under BSP may wait long (its next read waits for every
+    sibling anyway); one of a sibling SSP lets lag may not: the message
+    goes at the earliest deadline of its sections."""
+    assert _clock_combiner.window_for(0, 0.02, 300) == 300
+    assert _clock_combiner.window_for(2, 0.02, 300) == 0.02
+    assert _clock_combiner.window_for(None, 0.02, 300) == 0.02
+
+    async def main():
+        c, server = ClockCombiner(window=600), FakeServer()
+        for r in range(3):
+            c.join(r, 0)
+        t0 = asyncio.ensure_future(c.clock(server.send, "x", 1, 0, {"rank": 0, "clock": 1}, 1.0, window=600))
+        t1 = asyncio.ensure_future(c.clock(server.send, "x", 1, 1, {"rank": 1, "clock": 1}, 1.0, window=0.05))
+        await asyncio.wait_for(asyncio.gather(t0, t1), 5)  # rank 2 never hands in
+        assert server.sent == [("x", [(0, 1), (1, 1)])]
+
+    asyncio.run(main())
+
+
+def test_the_schedulers_record_releases_sections_of_done_and_aborted_runs():
+    """A participant the run's record says is done (left, failed, perhaps
+    without reaching its session's leave) is waited for no more; once the
+    run is aborted every section goes at once (its server refuses it)."""
+
+    async def main():
+        c = _clock_combiner.acquire("run-cc-abort", 600)
+        server = FakeServer()
+        for r in range(3):
+            c.join(r, 0)
+        t0 = _hand(c, server, "x", 1, 0)
+        await asyncio.sleep(0.01)
+        _clock_combiner.run_changed("run-cc-abort", done=[1], aborted=False)
+        await asyncio.sleep(0.01)
+        assert not t0.done()  # still waits for 2
+        _clock_combiner.run_changed("run-cc-abort", done=[1], aborted=True)
+        assert await asyncio.wait_for(t0, 5) == {"rank": 0, "clock": 1}
+        assert server.sent == [("x", [(0, 1)])]
+        _clock_combiner.run_changed("run-not-here", done=[0], aborted=True)  # no combiner: nothing to do
+
+    asyncio.run(main())
