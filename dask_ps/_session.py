@@ -279,7 +279,9 @@ class Session:
         code); ``clock_wait_seconds``: blocked in ``clock``; ``messages``:
         the requests it sent by kind (``push``, ``pull``, ``clock``,
         ``wait``: to servers through the comm; ``..._local``: direct calls
-        to a server in this process; ``scheduler``) and ``bytes_pushed`` /
+        to a server in this process; ``scheduler``; ``clock_combined``: its
+        ``clock`` messages that went as sections of one message of its
+        worker process, ``ps.clock.combine-per-process``) and ``bytes_pushed`` /
         ``bytes_pulled``, ``bytes_rows`` (row index bytes sent),
         ``row_lists_keyed`` (row lists sent as a key only) and
         ``row_lists_refused`` (messages a server refused for a key it did
