@@ -200,3 +200,24 @@ def test_bsp_sgd_and_lda_are_the_same_bit_for_bit_with_clocks_combined(client, c
     assert _combined(client) > before or not _in_processes(client)  # the fits' clocks went combined
     for x, y_ in zip(together, alone):
         np.testing.assert_array_equal(x, y_)
+
+
+def test_a_replicated_table_sums_exactly_with_clocks_combined(ps, client, combine):
+    """Every server of a replicated table (primaries and replicas) gets the
+    sections as it got the messages: the sums are exact on every copy."""
+    if len(client.scheduler_info()["workers"]) < 2:
+        pytest.skip("needs two servers")
+    combine("20ms")
+    ps.create_table("rp", shape=(40,), block_rows=10, replication=2, consistency=dask_ps.BSP())
+    parts, a, b = _on_one_worker(client, 4)
+    ps.run(_train, parts, table="rp", clocks=CLOCKS, prefix=f"rp-{np.random.randint(1 << 30)}")
+    np.testing.assert_array_equal(ps.pull("rp"), np.full(40, 4.0 * CLOCKS))
+
+    def copies(dask_worker):
+        t = dask_worker.extensions["ps"].store.tables["rp"]
+        return {b: float(np.asarray(v.data).sum()) for b, v in t.blocks.items()}
+
+    held = client.run(copies)
+    assert sum(len(blocks) for blocks in held.values()) == 8  # 4 blocks, 2 copies each
+    for blocks in held.values():
+        assert all(v == 10 * 4.0 * CLOCKS for v in blocks.values()), blocks
