@@ -27,8 +27,9 @@ message that fails as a whole fails every section in it: each participant
 then sends its clock again on its own, as pushes numbered for exactly-once
 (``InFlight._clock_by_pushes``).
 
-Off by default (``ps.clock.combine-per-process``); docs/benchmarks.md,
-"Clock messages combined per process". Runs on the worker's event loop only.
+On by default (``ps.clock.combine-per-process``): fewer messages and less
+worker CPU per clock, measured side by side (docs/benchmarks.md, "Clock
+messages combined per process"). Runs on the worker's event loop only.
 """
 
 from __future__ import annotations

@@ -37,11 +37,12 @@ def _set(client, values: dict):
 
 @pytest.fixture
 def combine(client):
-    """``combine(window)``: clock messages combined per process in the
-    workers for the test (set back to off after it)."""
-    yield lambda window="20ms": _set(client, {"ps.clock.combine-per-process": True,
-                                              "ps.clock.combine-window": window})
-    _set(client, {"ps.clock.combine-per-process": False, "ps.clock.combine-window": "20ms"})
+    """``combine(window, on=True)``: clock messages combined per process in
+    the workers for the test, or not (set back to the defaults after it)."""
+    defaults = {k: dask.config.get(k) for k in ("ps.clock.combine-per-process", "ps.clock.combine-window")}
+    yield lambda window="20ms", on=True: _set(client, {"ps.clock.combine-per-process": on,
+                                                       "ps.clock.combine-window": window})
+    _set(client, defaults)
 
 
 def _received(client) -> dict:
@@ -94,8 +95,7 @@ def test_a_process_sends_each_server_one_clock_message_per_clock(ps, client, com
     parts, a, b = _on_one_worker(client, n)
     assert {a, b} <= {o.worker for o in ps.placement("t")}  # blocks on both workers
     for on in (False, True):
-        if on:
-            combine("60s")  # long: only the siblings (or their leaving) send a message
+        combine("60s", on)  # long: only the siblings (or their leaving) send a message
         before = _received(client)
         prefix = f"cc-{on}-{np.random.randint(1 << 30)}"
         where = ps.run(_train, parts, table="t", clocks=CLOCKS, prefix=prefix)
@@ -193,6 +193,7 @@ def test_bsp_sgd_and_lda_are_the_same_bit_for_bit_with_clocks_combined(client, c
         assert len(sgd.metrics_) == 4
         return sgd.coef_.copy(), sgd.intercept_.copy(), lda.components_.copy()
 
+    combine(on=False)
     alone = fits()
     combine("20ms")
     before = _combined(client)
