@@ -161,7 +161,13 @@ class ClockCombiner:
         batch.sections.append((rank, msg, seconds, future))
         if rank in self._last:
             self._last[rank] = max(self._last[rank], clock)
-        self._maybe_send(key)
+        if not self.waits_for(clock, {r for r, *_ in batch.sections}):
+            # The last one expected: sent from here, no task of its own (a
+            # process with one participant of the run pays no extra hop);
+            # shielded, since the siblings' replies ride on it.
+            sections = self._take(key)
+            if sections:
+                await asyncio.shield(self._send(addr, send, sections))
         reply = await future
         if isinstance(reply, dict) and reply.get("status") == "error":
             # (unwrapped where it did not cross a comm: an in-process test's server)
@@ -180,15 +186,23 @@ class ClockCombiner:
         if batch is not None and not self.waits_for(key[1], {r for r, *_ in batch.sections}):
             self._fire(key)
 
-    def _fire(self, key) -> None:
+    def _take(self, key) -> list:
+        """The batch's sections still waited for (a cancelled participant's
+        dropped), the batch gone: later sections start a new one."""
         batch = self._batches.pop(key, None)
         if batch is None:
-            return
+            return []
         if batch.timer is not None:
             batch.timer.cancel()
-        live = [s for s in batch.sections if not s[3].done()]  # a cancelled participant's: dropped
-        if live:
-            asyncio.ensure_future(self._send(key[0], batch.send, live))
+        return [s for s in batch.sections if not s[3].done()]
+
+    def _fire(self, key) -> None:
+        """Send the batch of ``key`` now (its window passed, or a sibling it
+        waited for left), in a task of its own."""
+        batch = self._batches.get(key)
+        sections = self._take(key)
+        if sections:
+            asyncio.ensure_future(self._send(key[0], batch.send, sections))
 
     async def _send(self, addr: str, send, sections: list) -> None:
         combined["sections"] += len(sections)
