@@ -640,6 +640,8 @@ class PSWorkerPlugin(WorkerPlugin):
             received["clock"] += 1
             received["clock_sections"] += len(sections) if isinstance(sections, (list, tuple)) else 0
             return {"sections": await answer_sections(sections, self._run_clock)}
+        if not isinstance(run_id, str):
+            raise PSValueError(f"run_clock needs a run id (or sections), got {run_id!r}")
         kind = "clock" if msg.get("pushes") is not None else "clock_report"
         received[kind] += 1
         received["clock_sections"] += kind == "clock"
@@ -652,6 +654,7 @@ class PSWorkerPlugin(WorkerPlugin):
 
     async def _run_clock(self, run_id: str, rank: int, clock: int, wait_for=None, timeout=None, pushes=None,
                          versions=None, reads=None):
+        """One participant's clock message (or a section of a combined one)."""
         # Every keyed row list first: a message whose list is not held here
         # is refused before any of it applies (its sender sends it in full).
         for m in [*(pushes or ()), *(reads or ())]:
