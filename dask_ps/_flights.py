@@ -571,6 +571,7 @@ class InFlight:
 
     async def _clock_by_pushes(self, flights: list[Flight], clock: int, wait_for):
         """The clock as pushes, then a report after them (every server)."""
+        self._router.transport.clock_passed(self._rank, clock)  # no section of it: siblings wait for none
         results = await gather_settled([self._router.send(f.name, f.wired, run=(self._run_id, f.clock),
                                                           msg_seq=f.msg_seq, bound=f.bound) for f in flights])
         for f, r in zip(flights, results):

@@ -30,7 +30,8 @@ import weakref
 import numpy as np
 
 from dask_ps import _backend, _config
-from dask_ps._transport import Transport
+from dask_ps._transport import Transport, _within
+from dask_ps._wire import aligned
 
 
 # The participants hold their run's combiner; it goes when the last one drops
@@ -146,9 +147,35 @@ class PullCombiner:
 class CombiningTransport(Transport):
     """A participant's :class:`~dask_ps._transport.Transport` whose plain
     reads from servers in other processes go through its run's
-    :class:`PullCombiner` once the session set ``combiner``."""
+    :class:`PullCombiner` once the session set ``combiner``, and whose
+    clock messages to them through its run's
+    :class:`~dask_ps._clock_combiner.ClockCombiner` once it set
+    ``clock_combiner``."""
 
     combiner: PullCombiner | None = None
+    clock_combiner = None
+    clock_window = None  # () -> how long a section may wait for its siblings (the session's)
+
+    async def send_clock(self, addr: str, seconds: float, msg: dict):
+        if self.clock_combiner is None:
+            return await super().send_clock(addr, seconds, msg)
+        self.sent["clock_combined"] += 1  # a section of a message of the process (counted in "clock" too)
+        return await self.clock_combiner.clock(self._send_sections, addr, msg["clock"], msg["rank"], msg, seconds,
+                                               self.clock_window() if self.clock_window is not None else None)
+
+    def clock_passed(self, rank: int, clock: int) -> None:
+        if self.clock_combiner is not None:
+            self.clock_combiner.passed(rank, clock)
+
+    async def _send_sections(self, addr: str, sections: list, seconds: float) -> list:
+        """One ``ps_run_clock`` carrying ``sections`` (built clock messages);
+        the token once, for all of them; aligned if one has a frame."""
+        pad = any("pad" in s for s in sections)
+        msg = {"sections": [{k: v for k, v in s.items() if k not in ("pad", "token")} for s in sections],
+               **self._trusted}
+        msg = aligned(msg) if pad else msg
+        reply = await self.liveness.call(addr, lambda: _within(seconds, self.rpc(addr).ps_run_clock(**msg)))
+        return reply.get("sections") if isinstance(reply, dict) else reply
 
     async def pull(self, addr: str, h, reqs, **extra) -> dict:
         if self.combiner is None or set(extra) != {"run"} or not self.serialized(addr):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections import OrderedDict, defaultdict, deque
+from collections import Counter, OrderedDict, defaultdict, deque
 
 import numpy as np
 
@@ -74,6 +74,12 @@ class RunManager:
         # The latest runs ended here (refused without asking the scheduler;
         # bounded: an older one is refused because the scheduler no longer has it).
         self.ended: OrderedDict[str, None] = OrderedDict()
+        # Clock calls received (``ps_run_clock``): "clock" messages through
+        # the comm (a clock's pushes and reads), "clock_sections" the
+        # participants' clocks they carried (several where combined per
+        # process), "clock_report" reports without pushes, "clock_local"
+        # direct calls from this process.
+        self.received: Counter = Counter()
         self.clocks = RunClocks(self._run_record, peer_call, self._on_advance, me=address, ended=self.ended)
 
     def __repr__(self):

@@ -51,7 +51,7 @@ from collections import Counter
 import numpy as np
 from distributed import get_worker, secede
 
-from dask_ps import _backend, _config, _process_cache, _routing
+from dask_ps import _backend, _clock_combiner, _config, _process_cache, _routing
 from dask_ps._cache import CacheEntry, ReadCache
 from dask_ps._exceptions import RunEndedError
 from dask_ps._flights import InFlight, PullHandle, PushHandle, _result_of
@@ -232,6 +232,11 @@ class Session:
         self._clk.settled = self._clk.current
         if _config.get_seconds("process-read-window") > 0:
             self._router.transport.combiner = _process_cache.acquire(self.run_id)
+        if _config.get("clock.combine-per-process"):
+            combiner = _clock_combiner.acquire(self.run_id, _config.get_seconds("clock.combine-window"))
+            self._sync(_on_loop, combiner.join, self.rank, self._clk.current)
+            self._router.transport.clock_combiner = combiner
+            self._router.transport.clock_window = self._clock_window
         self._started = time.perf_counter()
         self._ps_seconds = self._blocked_seconds = 0.0
 
@@ -246,9 +251,19 @@ class Session:
         finally:
             self._in_flight.close()
             self._router.transport.combiner = None  # the last participant of the run here frees its combiner
+            combiner, self._router.transport.clock_combiner = self._router.transport.clock_combiner, None
+            self._router.transport.clock_window = None
+            if combiner is not None:  # its siblings wait for it no more
+                self._sync(_on_loop, combiner.leave, self.rank)
             self._sync(
                 self._scheduler.ps_run_leave, run_id=self.run_id, rank=self.rank, metrics=self.metrics()
             )
+
+    def _clock_window(self) -> float:
+        """How long this participant's clock sections wait for its siblings
+        (``_clock_combiner.window_for``)."""
+        return _clock_combiner.window_for(self._staleness_used, _config.get_seconds("clock.combine-window"),
+                                          _config.get_seconds("timeouts.clock"))
 
     @property
     def current_clock(self) -> int:
@@ -264,7 +279,9 @@ class Session:
         code); ``clock_wait_seconds``: blocked in ``clock``; ``messages``:
         the requests it sent by kind (``push``, ``pull``, ``clock``,
         ``wait``: to servers through the comm; ``..._local``: direct calls
-        to a server in this process; ``scheduler``) and ``bytes_pushed`` /
+        to a server in this process; ``scheduler``; ``clock_combined``: its
+        ``clock`` messages that went as sections of one message of its
+        worker process, ``ps.clock.combine-per-process``) and ``bytes_pushed`` /
         ``bytes_pulled``, ``bytes_rows`` (row index bytes sent),
         ``row_lists_keyed`` (row lists sent as a key only) and
         ``row_lists_refused`` (messages a server refused for a key it did
@@ -732,6 +749,11 @@ class Session:
     def _record_staleness(self, m: TableMetrics, tag: float) -> None:
         # How many clocks behind the reader the guaranteed-visible state is.
         m.staleness[int(max(0, self._clk.current - min(tag, self._clk.current)))] += 1
+
+
+async def _on_loop(fn, *args):
+    """``fn(*args)`` on the worker's event loop (``Session._sync``)."""
+    return fn(*args)
 
 
 def _tag(server_tag, known: float) -> float:

@@ -345,7 +345,7 @@ class Transport:
         kind = {"run_clock": "clock", "run_wait": "wait"}.get(op, "clocks")
         self.sent[kind if target is None else f"{kind}_local"] += 1
         if target is not None:
-            reply = getattr(target, op)(**msg)
+            reply = getattr(target, "local_run_clock" if op == "run_clock" else op)(**msg)
             return await _within(seconds, reply) if asyncio.iscoroutine(reply) else reply
         return await self.liveness.call(addr, lambda: _within(
             seconds, getattr(self.rpc(addr), f"ps_{op}")(**msg, **self._trusted)))
@@ -371,7 +371,7 @@ class Transport:
                 msg["reads"] = [dict(local=target is self.local, table=h.spec.name, version=h.version,
                                      blocks=[b for b, _ in es], rows=[_routing.wire_rows(r) for _, r in es],
                                      table_id=h.spec.table_id, **extra) for h, es, extra in reads]
-            return await _within(seconds, target.run_clock(pushes=pushes, **msg))
+            return await _within(seconds, target.local_run_clock(pushes=pushes, **msg))
         values = [[wire_values(v, self._sparse(h, addr)) for _, _, v in items] for h, items, *_ in parts]
 
         def build(taken, keyed):
@@ -394,14 +394,22 @@ class Transport:
                                 for h, es, extra in reads]
             return framed(dict(pushes=pushes, **msg, **self._trusted))
 
-        reply = await self._keyed(addr, "clock", build, lambda m: self.liveness.call(addr, lambda: _within(
-            seconds, self.rpc(addr).ps_run_clock(**m))))
+        reply = await self._keyed(addr, "clock", build, lambda m: self.send_clock(addr, seconds, m))
         for r in reply.get("reads") or () if isinstance(reply, dict) else ():
             if isinstance(r, dict) and isinstance(r.get("values"), (list, tuple)):
                 r["values"] = [_backend.received(v) if not addr.startswith("inproc://") else v
                                for v in unwire_values(r["values"])]
                 self.sent["bytes_pulled"] += sum(int(getattr(v, "nbytes", 0)) for v in r["values"])
         return reply
+
+    async def send_clock(self, addr: str, seconds: float, msg: dict):
+        """Send one built clock message (``clock_message``) to ``addr``, a
+        server in another process (:class:`~dask_ps._process_cache.CombiningTransport`
+        hands it to its run's clock combiner instead)."""
+        return await self.liveness.call(addr, lambda: _within(seconds, self.rpc(addr).ps_run_clock(**msg)))
+
+    def clock_passed(self, rank: int, clock: int) -> None:
+        """Participant ``rank`` sends ``clock`` otherwise than as clock messages."""
 
     async def commit(self, addr: str, h: TableHandle, hold_id: str, apply: bool = True, run=None, sender=None,
                      msg_seq=None):

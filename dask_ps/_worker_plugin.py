@@ -23,6 +23,8 @@ from distributed import WorkerPlugin
 from distributed.core import Status
 
 from dask_ps import _backend, _config, _holds
+from dask_ps import _clock_combiner as clock_combiner
+from dask_ps._clock_combiner import answer_sections
 from dask_ps._exceptions import (
     InternalOnlyError,
     PSValueError,
@@ -623,13 +625,36 @@ class PSWorkerPlugin(WorkerPlugin):
         if not isinstance(record, dict):
             raise PSValueError(f"run_update needs a record, got {record!r}")
         self.runs.update(record)
+        clock_combiner.run_changed(record.get("run_id"), record.get("done") or (), bool(record.get("aborted")))
 
     @handler(INTERNAL)
-    async def run_clock(self, run_id: str, rank: int, clock: int, wait_for=None, timeout=None, pushes=None,
-                        versions=None, reads=None):
+    async def run_clock(self, run_id=None, rank=None, clock=None, sections=None, **msg):
         """Handler (a participant): ``rank`` completed ``clock`` clocks; with
         ``pushes``, its pushes to this server in the same message, and the
-        reads of the next clock it prefetched (``RunManager.run_clock``)."""
+        reads of the next clock it prefetched (``RunManager.run_clock``).
+        ``sections``: such messages of several participants of one worker
+        process, combined (``dask_ps._clock_combiner``), each made as a
+        message of its own; the reply holds each one's reply or error."""
+        received = self.run_manager.received
+        if sections is not None:
+            received["clock"] += 1
+            received["clock_sections"] += len(sections) if isinstance(sections, (list, tuple)) else 0
+            return {"sections": await answer_sections(sections, self._run_clock)}
+        if not isinstance(run_id, str):
+            raise PSValueError(f"run_clock needs a run id (or sections), got {run_id!r}")
+        kind = "clock" if msg.get("pushes") is not None else "clock_report"
+        received[kind] += 1
+        received["clock_sections"] += kind == "clock"
+        return await self._run_clock(run_id, rank, clock, **msg)
+
+    async def local_run_clock(self, **msg):
+        """A clock call of a participant in this process: a direct call, no message."""
+        self.run_manager.received["clock_local"] += 1
+        return await self._run_clock(**msg)
+
+    async def _run_clock(self, run_id: str, rank: int, clock: int, wait_for=None, timeout=None, pushes=None,
+                         versions=None, reads=None):
+        """One participant's clock message (or a section of a combined one)."""
         # Every keyed row list first: a message whose list is not held here
         # is refused before any of it applies (its sender sends it in full).
         for m in [*(pushes or ()), *(reads or ())]:
