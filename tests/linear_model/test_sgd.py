@@ -157,8 +157,17 @@ def _lone_config(est, hp, d, n, max_iter, n_cols=1, sparse=False, classes=(0, 1)
     )
 
 
-@pytest.mark.parametrize("loss", ["hinge", "log_loss", "modified_huber", "squared_hinge", "perceptron"])
-@pytest.mark.parametrize("kw", [{}, {"average": True}, {"penalty": "elasticnet"}, {"learning_rate": "invscaling", "eta0": 0.1}])
+_ALONE_LOSSES = ["hinge", "log_loss", "modified_huber", "squared_hinge", "perceptron"]
+_ALONE_OPTIONS = [{}, {"average": True}, {"penalty": "elasticnet"}, {"learning_rate": "invscaling", "eta0": 0.1}]
+# The default run: every loss with the defaults, and each option with one
+# loss (each case compiles a kernel of its own: ~1 s of CPU on a fresh
+# clone); -m slow: every loss with every option.
+_ALONE_DEFAULT = {(0, loss) for loss in _ALONE_LOSSES} | {(1, "hinge"), (2, "log_loss"), (3, "modified_huber")}
+
+
+@pytest.mark.parametrize("kw, loss", [
+    pytest.param(kw, loss, id=f"kw{i}-{loss}", marks=() if (i, loss) in _ALONE_DEFAULT else pytest.mark.slow)
+    for i, kw in enumerate(_ALONE_OPTIONS) for loss in _ALONE_LOSSES])
 def test_participant_alone_is_sklearn(loss, kw):
     """One participant, no shuffling: the participant loop, minibatch after
     minibatch, reproduces scikit-learn's per-sample SGD exactly. (L1: the
