@@ -118,8 +118,14 @@ def _read_only(X):
     return X
 
 
-@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+# Each case compiles its kernels first (a fresh clone's cache is empty): the
+# default run takes each layout and each dtype once, -m slow the other two.
+@pytest.mark.parametrize("dtype, sparse", [
+    pytest.param(np.float64, False, id="float64-dense"),
+    pytest.param(np.float32, True, id="float32-sparse"),
+    pytest.param(np.float32, False, id="float32-dense", marks=pytest.mark.slow),
+    pytest.param(np.float64, True, id="float64-sparse", marks=pytest.mark.slow),
+])
 def test_a_read_only_input_compiles_no_kernel_again(sparse, dtype):
     """numba compiles a kernel once per argument type, and an array's read-only
     flag is part of its type: a read-only input (a memory map; scikit-learn's
