@@ -550,10 +550,14 @@ def test_dask_array_input(client):
     dX = da.from_array(X, chunks=(2500, 20))
     dy = da.from_array(y, chunks=2500)
     est = SGDClassifier(loss="log_loss", random_state=0).fit(dX, dy)
-    # Not yet computed when fit starts: its blocks end up on both workers,
-    # and each worker that holds blocks trains them (one participant each).
-    run = list(dask_ps.get_parameter_server(client).metrics().values())[-1]
-    assert len(run["participants"]) == 2, run["participants"].keys()
+    # Not yet computed when fit starts: each worker that holds blocks once
+    # Dask computed them trains them (one participant each). Which workers
+    # those are is Dask's choice (usually both, not always: a busy worker
+    # gets none), so this asserts what holds either way; blocks placed on
+    # two named workers give two participants (test_dropin_params.py,
+    # test_n_jobs_caps_a_dask_input_held_by_more_workers).
+    assert len(est.metrics_) in (1, 2), len(est.metrics_)
+    assert sum(m["samples"] for m in est.metrics_) == est.n_iter_ * 20000  # every row, every epoch
     ref = SkSGDClassifier(loss="log_loss", random_state=0).fit(X, y).score(X, y)
     assert est.score(X, y) > ref - 0.01
     pred = est.predict(dX)
