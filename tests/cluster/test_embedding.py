@@ -74,8 +74,10 @@ def test_grid_search_with_loky_n_jobs(tmp_path):
         from dask_ps.linear_model import SGDClassifier
 
         X, y = make_classification(2000, 10, random_state=0)
+        # refit=False: the search's fits are the loky workers'; a refit
+        # would start the script's own embedded cluster (tested above)
         gs = GridSearchCV(SGDClassifier(max_iter=5, tol=None, random_state=0),
-                          {"alpha": [1e-4, 1e-2]}, cv=2, n_jobs=2).fit(X, y)
+                          {"alpha": [1e-4, 1e-2]}, cv=2, n_jobs=2, refit=False).fit(X, y)
         print("best", gs.best_score_)
     """)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -157,8 +157,17 @@ def _lone_config(est, hp, d, n, max_iter, n_cols=1, sparse=False, classes=(0, 1)
     )
 
 
-@pytest.mark.parametrize("loss", ["hinge", "log_loss", "modified_huber", "squared_hinge", "perceptron"])
-@pytest.mark.parametrize("kw", [{}, {"average": True}, {"penalty": "elasticnet"}, {"learning_rate": "invscaling", "eta0": 0.1}])
+_ALONE_LOSSES = ["hinge", "log_loss", "modified_huber", "squared_hinge", "perceptron"]
+_ALONE_OPTIONS = [{}, {"average": True}, {"penalty": "elasticnet"}, {"learning_rate": "invscaling", "eta0": 0.1}]
+# The default run: every loss with the defaults, and each option with one
+# loss (each case compiles a kernel of its own: ~1 s of CPU on a fresh
+# clone); -m slow: every loss with every option.
+_ALONE_DEFAULT = {(0, loss) for loss in _ALONE_LOSSES} | {(1, "hinge"), (2, "log_loss"), (3, "modified_huber")}
+
+
+@pytest.mark.parametrize("kw, loss", [
+    pytest.param(kw, loss, id=f"kw{i}-{loss}", marks=() if (i, loss) in _ALONE_DEFAULT else pytest.mark.slow)
+    for i, kw in enumerate(_ALONE_OPTIONS) for loss in _ALONE_LOSSES])
 def test_participant_alone_is_sklearn(loss, kw):
     """One participant, no shuffling: the participant loop, minibatch after
     minibatch, reproduces scikit-learn's per-sample SGD exactly. (L1: the
@@ -541,10 +550,14 @@ def test_dask_array_input(client):
     dX = da.from_array(X, chunks=(2500, 20))
     dy = da.from_array(y, chunks=2500)
     est = SGDClassifier(loss="log_loss", random_state=0).fit(dX, dy)
-    # Not yet computed when fit starts: its blocks end up on both workers,
-    # and each worker that holds blocks trains them (one participant each).
-    run = list(dask_ps.get_parameter_server(client).metrics().values())[-1]
-    assert len(run["participants"]) == 2, run["participants"].keys()
+    # Not yet computed when fit starts: each worker that holds blocks once
+    # Dask computed them trains them (one participant each). Which workers
+    # those are is Dask's choice (usually both, not always: a busy worker
+    # gets none), so this asserts what holds either way; blocks placed on
+    # two named workers give two participants (test_dropin_params.py,
+    # test_n_jobs_caps_a_dask_input_held_by_more_workers).
+    assert len(est.metrics_) in (1, 2), len(est.metrics_)
+    assert sum(m["samples"] for m in est.metrics_) == est.n_iter_ * 20000  # every row, every epoch
     ref = SkSGDClassifier(loss="log_loss", random_state=0).fit(X, y).score(X, y)
     assert est.score(X, y) > ref - 0.01
     pred = est.predict(dX)
