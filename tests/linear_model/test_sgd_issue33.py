@@ -122,7 +122,7 @@ def test_one_sorted_block_per_worker_as_good_as_sklearn(two):
 
     ref = [s for s, _ in sgd_issue_cases.fit_scores("sorted", range(REFERENCE_SEEDS))]
     X, y, Xt, yt = sgd_issue_cases._data("sorted")
-    o = np.r_[np.arange(0, len(y), 2), np.arange(1, len(y), 2)]  # two halves, each sorted by label
+    o = sgd_sorted_dask.halves(len(y))  # two halves, each sorted by label
     dX, dy = sgd_sorted_dask.dask_blocks(two, X[o], y[o], 2, sgd_sorted_dask.PLACEMENTS["interleaved"])
     got, coefs = [], []
     for seed in (0, 1, 0):
