@@ -115,7 +115,10 @@ def order_z(y, classifier) -> float:
     if n < 3:
         return 0.0
     if classifier:
-        _, counts = np.unique(y, return_counts=True)
+        if y.dtype.kind in "iu" and y.min() >= 0 and y.max() < 1 << 16:  # no sort of a million labels
+            counts = np.bincount(y)
+        else:
+            _, counts = np.unique(y, return_counts=True)
         p = float((counts * (counts - 1.0)).sum() / (n * (n - 1.0)))
         var = (n - 1) * p * (1.0 - p)
         same = np.count_nonzero(y[1:] == y[:-1])
