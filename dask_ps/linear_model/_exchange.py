@@ -26,6 +26,11 @@ What this module does, once per fit, on the client:
    sizes and workers; Dask moves the rows worker to worker
    (``TrainingParts.exchanged``).
 
+Within a part: a part of one block is used in its stored order (no copy)
+unless :func:`stored_grouped` finds its targets stored grouped (one-class
+runs, sorted targets), which the parts' counts cannot see where every part
+is balanced; ``_data._assemble_part`` then assembles it in a seeded shuffle.
+
 The same ``random_state`` gives the same parts, so the same fit.
 """
 
