@@ -81,3 +81,27 @@ def test_a_start_held_the_other_way_is_converted(saved, now):
     want = _averages.to_offsets(W.copy(), 1, 20.0) if now else _averages.from_offsets(W.copy(), 1, 20.0)
     np.testing.assert_allclose(got.W0, want)
     assert _training._averages_held(start, hp, 1, saved, t=25.0).W0 is W
+
+
+def test_two_participants_checkpointed_and_resumed_equal_one_fit(tmp_path):
+    """The table holds offsets across the runs of a chunked fit and in its
+    checkpoint (with the layout saved): two participants, sparse, averaged,
+    in runs of 2 epochs or stopped after 2 and resumed, give the plain fit
+    (BSP: each run pushes what one run would have)."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    X, y, _, _ = sgd_data.make("tfidf", False, 2000)
+    kw = dict(learning_rate="constant", eta0=0.05, average=3, max_iter=4, tol=None, random_state=0)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, memory_limit=0,
+                      dashboard_address=None) as cluster, Client(cluster, set_as_default=False) as client, \
+            dask.config.set({"ps.sgd.min-samples-per-participant": 500}):
+        ref = SGDRegressor(client=client, **kw).fit(X, y)
+        assert len(ref.metrics_) == 2
+        chunked = SGDRegressor(client=client, checkpoint=str(tmp_path / "a"), checkpoint_every=2, **kw).fit(X, y)
+        SGDRegressor(client=client, checkpoint=str(tmp_path / "b"), **dict(kw, max_iter=2)).fit(X, y)
+        resumed = SGDRegressor(client=client, checkpoint=str(tmp_path / "b"), **kw).fit(X, y)
+    for est in (chunked, resumed):
+        assert est.t_ == ref.t_
+        np.testing.assert_allclose(est.coef_, ref.coef_, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(est._standard_coef, ref._standard_coef, rtol=1e-9, atol=1e-12)
