@@ -34,6 +34,10 @@ table keeps plain averages: its fit is scikit-learn's, bit for bit.
 
 from __future__ import annotations
 
+import numpy as np
+
+from dask_ps._estimators import arrays
+
 
 def uses_offsets(average, n_participants: int, whole_table: bool) -> bool:
     """Whether a fit's table holds its averages as offsets (module
@@ -42,30 +46,53 @@ def uses_offsets(average, n_participants: int, whole_table: bool) -> bool:
     return bool(average) and not (n_participants == 1 and whole_table)
 
 
-def average_count(t: float, average) -> float:
+def average_count(t, average):
     """``N``: the global samples the averaged model counts once the samples
     before global sample ``t`` are trained (0 before averaging starts: the
     kernel averages a sample at ``t_i`` where ``average <= t_i + step - 1``,
-    so the last one before ``t`` where ``average <= t - 1``)."""
+    so the last one before ``t`` where ``average <= t - 1``). ``t`` a
+    number or an array (one per output)."""
     average = float(average)
+    if np.ndim(t):
+        t = np.asarray(t, dtype=np.float64)
+        return np.where((average > 0) & (t - 1.0 >= average), t - average, 0.0)
     return t - average if average > 0 and t - 1.0 >= average else 0.0
 
 
-def to_offsets(W, K: int, n: float):
-    """``W``'s averaged columns (``K:``) as offsets at count ``n``, in place:
-    ``V = n (avg - w)``; returns ``W``."""
+def output_counts(t, average, t0, n_total, active, n_iter):
+    """Per output, ``N`` at global sample ``t`` where it trains (``active``),
+    and at the end of its last epoch where it stopped (``n_iter`` epochs:
+    its average is frozen there, as scikit-learn's is once its fit of that
+    output ends; a stopped output's rows keep their offsets and averages)."""
+    ts = np.where(np.asarray(active, dtype=bool), float(t), t0 + np.asarray(n_iter, dtype=np.float64) * n_total)
+    return average_count(ts, average)
+
+
+def _like(W, n):
+    """``n`` (a number, or one per output) as ``W``'s kind of array (numpy or cupy)."""
+    return arrays.namespace(W).asarray(n, dtype=W.dtype) if np.ndim(n) else n
+
+
+def to_offsets(W, K: int, n):
+    """``W``'s averaged columns (``K:``) as offsets at count ``n`` (a number
+    or one per output), in place: ``V = n (avg - w)``; returns ``W``."""
     A = W[:, K:]
     A -= W[:, :K]
-    A *= n
+    A *= _like(W, n)
     return W
 
 
-def from_offsets(W, K: int, n: float):
+def from_offsets(W, K: int, n):
     """The inverse of ``to_offsets``, in place: ``avg = w + V / n``; before
     averaging starts (``n`` 0) the averages are zeros (scikit-learn's, and
     the kernel replaces them at the first averaged sample). Returns ``W``."""
     A = W[:, K:]
-    if n > 0:
+    if np.ndim(n):
+        n = np.asarray(n, dtype=np.float64)
+        started = n > 0
+        A *= _like(W, np.where(started, 1.0 / np.where(started, n, 1.0), 0.0))
+        A += W[:, :K] * _like(W, started.astype(np.float64))
+    elif n > 0:
         A *= 1.0 / n
         A += W[:, :K]
     else:

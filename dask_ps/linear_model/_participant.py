@@ -15,7 +15,7 @@ from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from dask_ps import ParticipantContext, report_progress
 from dask_ps._estimators import arrays, participant_worker
 from dask_ps.linear_model import _monitor
-from dask_ps.linear_model._averages import average_count, from_offsets, to_offsets
+from dask_ps.linear_model._averages import from_offsets, output_counts, to_offsets
 from dask_ps.linear_model._kernels import (
     MAX_INT,
     StopRule,
@@ -455,15 +455,18 @@ class _Participant:
         rnd = self.rounds.prepare(epoch_rounds, ri)
         W0 = self.read(epoch, ri, rnd.rows)
         self.read_ahead(epoch, ri + 1, epoch_rounds)
-        offsets = self.cfg.average_offsets and not self.solo
+        cfg = self.cfg
+        offsets = cfg.average_offsets and not self.solo
         if offsets:  # the table's offsets as averages, at the round's first sample (_averages)
-            t = self.cfg.t0 + epoch * self.cfg.n_total + seen * self.cfg.n_total / max(self.n_train, 1)
-            Wr = from_offsets(W0.copy(), self.K, average_count(t, self.hp.average))
+            t = cfg.t0 + epoch * cfg.n_total + seen * cfg.n_total / max(self.n_train, 1)
+            n = output_counts(t, self.hp.average, cfg.t0, cfg.n_total, active, self.stop.n_iter)
+            Wr = from_offsets(W0.copy(), self.K, n if self.K > 1 else float(n[0]))
         W = self.rounds.train(rnd, Wr if offsets else W0, epoch, seen, self.stop, active, loss_sum,
                               self.eta_scale(epoch, seen))
         if offsets:
-            t += rnd.n * self.cfg.n_total / max(self.n_train, 1)
-            to_offsets(W, self.K, average_count(t, self.hp.average))
+            t += rnd.n * cfg.n_total / max(self.n_train, 1)
+            n = output_counts(t, self.hp.average, cfg.t0, cfg.n_total, active, self.stop.n_iter)
+            to_offsets(W, self.K, n if self.K > 1 else float(n[0]))
         self.rounds.finish(rnd)
         if self.ahead is None:  # the next round was still being built: now, if it is ready
             self.read_ahead(epoch, ri + 1, epoch_rounds)

@@ -156,8 +156,9 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
             held = _table_bytes(ps, start.name)  # metrics_' table_bytes, while the tables exist
             t = time.perf_counter()
             W = arrays.to_numpy(ps.pull(start.name))
-            if start.offsets:  # the averages at the last sample (_averages)
-                W = from_offsets(np.array(W), K, average_count(cfg.t0 + n_iter * cfg.n_total, hp.average))
+            if start.offsets:  # the averages at each output's last sample (_averages)
+                epochs = np.max([s["stop"]["n_iter"] for s in states], axis=0) if states else np.full(K, n_iter)
+                W = from_offsets(np.array(W), K, average_count(cfg.t0 + epochs * cfg.n_total, hp.average))
             timing["pull_seconds"] = time.perf_counter() - t
             t = time.perf_counter()
     finally:

@@ -105,3 +105,18 @@ def test_two_participants_checkpointed_and_resumed_equal_one_fit(tmp_path):
         assert est.t_ == ref.t_
         np.testing.assert_allclose(est.coef_, ref.coef_, rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(est._standard_coef, ref._standard_coef, rtol=1e-9, atol=1e-12)
+
+
+def test_a_stopped_output_keeps_its_average():
+    """Per output (one-vs-rest): an output that stopped keeps its offsets at
+    the count of its last epoch, so its average stays where it stopped while
+    the others' counts grow."""
+    from dask_ps.linear_model import _averages
+
+    n = _averages.output_counts(t=1001.0, average=1, t0=1.0, n_total=100.0, active=[True, False], n_iter=[9, 4])
+    np.testing.assert_allclose(n, [1000.0, 400.0])
+    W = np.array([[1.0, 3.0, 2.0, 5.0]])  # weights of 2 outputs, then their averages
+    V = _averages.to_offsets(W.copy(), 2, n)
+    np.testing.assert_allclose(V[0, 2:], [1000.0 * 1.0, 400.0 * 2.0])
+    np.testing.assert_allclose(_averages.from_offsets(V.copy(), 2, n), W)
+    np.testing.assert_allclose(_averages.from_offsets(V.copy(), 2, np.array([0.0, 400.0]))[0, 2:], [0.0, 5.0])
