@@ -73,6 +73,16 @@ def _like(W, n):
     return arrays.namespace(W).asarray(n, dtype=W.dtype) if np.ndim(n) else n
 
 
+def round_count(cfg, epoch, seen, n_train, active, n_iter):
+    """A participant's ``N`` per output (a number for one output) after
+    ``seen`` of its ``n_train`` samples of ``epoch`` (``_RunConfig``'s
+    ``t0``, ``n_total``: each sample stands for ``n_total / n_train``
+    global ones; :func:`output_counts`)."""
+    t = cfg.t0 + epoch * cfg.n_total + seen * cfg.n_total / max(n_train, 1)
+    n = output_counts(t, cfg.hp.average, cfg.t0, cfg.n_total, active, n_iter)
+    return n if n.shape[0] > 1 else float(n[0])
+
+
 def to_offsets(W, K: int, n):
     """``W``'s averaged columns (``K:``) as offsets at count ``n`` (a number
     or one per output), in place: ``V = n (avg - w)``; returns ``W``."""

@@ -145,7 +145,8 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
             compiled = data.device == "cpu" and setting("sgd", "kernel") != "minibatch"
             cfg = _run_config(est, hp, start, stats, staleness, d, n_cols, n_total, sizes, max_iter,
                               classes, cw_pos, cw_neg, data.sparse, compiled)
-            cfg = dataclasses.replace(cfg, validation_idx=val_idx, sklearn_seeds=sk_seeds, average_offsets=start.offsets)
+            cfg = dataclasses.replace(cfg, validation_idx=val_idx, sklearn_seeds=sk_seeds,
+                                      average_offsets=start.offsets)
             record = dict(fingerprint=fingerprint, n_outputs=K, n_seen=n_seen, sizes=sizes)
             # The run's start: what the participants' own models are before
             # their first push (not kept under BSP: _Participant.sync_round).
