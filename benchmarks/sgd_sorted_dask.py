@@ -6,7 +6,10 @@ array of 8 row blocks of one class each, scattered to the workers of a
 
 * ``interleaved``: block ``i`` on worker ``i % 2`` (each participant holds
   both classes, one after the other);
-* ``one-class-per-worker``: blocks 0-3 on one worker, 4-7 on the other.
+* ``one-class-per-worker``: blocks 0-3 on one worker, 4-7 on the other;
+* ``one-sorted-block-per-worker``: two blocks (the even rows and the odd
+  rows, each still sorted), one a worker: each participant holds both
+  classes in one block, one class after the other.
 
 Cases ``sorted`` (``max_iter=1``) and ``sorted_default`` (the default
 stopping rule); scikit-learn over 5 seeds on the in-memory rows, dask_ps
@@ -28,6 +31,17 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import sgd_issue_cases as cases  # noqa: E402
 
 PLACEMENTS = {"interleaved": lambda i, n, w: i % w, "one-class-per-worker": lambda i, n, w: i * w // n}
+# name -> (the rows' order, blocks, placement)
+LAYOUTS = {
+    "interleaved": (None, 8, PLACEMENTS["interleaved"]),
+    "one-class-per-worker": (None, 8, PLACEMENTS["one-class-per-worker"]),
+    "one-sorted-block-per-worker": ("halves", 2, PLACEMENTS["interleaved"]),
+}
+
+
+def halves(n):
+    """The even rows, then the odd rows: two halves each in the stored (sorted) order."""
+    return np.r_[np.arange(0, n, 2), np.arange(1, n, 2)]
 
 
 def dask_blocks(client, X, y, n_blocks, worker_of):
@@ -60,8 +74,9 @@ def main():
         X, y, Xt, yt = cases._data(name)
         with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, memory_limit=0,
                           dashboard_address=None) as cluster, Client(cluster, set_as_default=False) as client:
-            for placement, worker_of in PLACEMENTS.items():
-                dX, dy = dask_blocks(client, X, y, 8, worker_of)
+            for placement, (order, n_blocks, worker_of) in LAYOUTS.items():
+                o = halves(len(y)) if order == "halves" else np.arange(len(y))
+                dX, dy = dask_blocks(client, X[o], y[o], n_blocks, worker_of)
                 got = []
                 for seed in (0, 1):
                     t = time.perf_counter()

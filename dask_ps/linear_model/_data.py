@@ -5,6 +5,7 @@ the workers, one per participant (through ``dask_ps._estimators.TrainingParts``)
 from __future__ import annotations
 
 import functools
+import logging
 import math
 
 import numpy as np
@@ -26,6 +27,7 @@ from dask_ps._estimators import (
 from dask_ps.linear_model import _exchange
 from dask_ps.linear_model._participant import _PartData
 
+logger = logging.getLogger("dask_ps.linear_model")
 
 INT32_MAX = np.iinfo(np.int32).max
 
@@ -151,15 +153,26 @@ def _assemble_part(blocks, spec):
 
 def _shuffles(Xs, ys, sws, spec) -> bool:
     """Whether a part's blocks are concatenated in a shuffled order
-    (``_assemble_part``): several blocks of host data, of consistent
-    lengths (others are left to the checks' errors)."""
-    if spec.get("order_seed") is None or len(Xs) < 2:
+    (``_assemble_part``): blocks of host data, of consistent lengths
+    (others are left to the checks' errors), several of them or one whose
+    rows are stored grouped by their targets (``_exchange.stored_grouped``:
+    a one-class run, a sorted target; a block in a random order is used as
+    it is, without a copy)."""
+    if spec.get("order_seed") is None:
         return False
     host = all(isinstance(x, np.ndarray) or sp.issparse(x) for x in Xs) and len({x.shape[1:] for x in Xs}) == 1
     host = host and all(isinstance(v, np.ndarray) for v in ys)
     host = host and (all(v is None for v in sws) or all(isinstance(v, np.ndarray) for v in sws))
-    return bool(host and all(getattr(x, "ndim", 2) == 2 and x.shape[0] == v.shape[0] and v.ndim == 1
+    host = bool(host and all(getattr(x, "ndim", 2) == 2 and x.shape[0] == v.shape[0] and v.ndim == 1
                              and (w is None or w.shape == v.shape) for x, v, w in zip(Xs, ys, sws)))
+    if not host or len(Xs) > 1:
+        return host
+    grouped = _exchange.stored_grouped(ys[0], spec.get("classifier", False))
+    if grouped:
+        logger.info("%s: a part of %d rows is stored grouped by its %s: assembled in a shuffle",
+                    spec.get("estimator", "SGD"), ys[0].shape[0],
+                    "labels" if spec.get("classifier") else "targets")
+    return grouped
 
 
 def _validated_part(X, y, sw, spec):

@@ -26,6 +26,11 @@ What this module does, once per fit, on the client:
    sizes and workers; Dask moves the rows worker to worker
    (``TrainingParts.exchanged``).
 
+Within a part: a part of one block is used in its stored order (no copy)
+unless :func:`stored_grouped` finds its targets stored grouped (one-class
+runs, sorted targets), which the parts' counts cannot see where every part
+is balanced; ``_data._assemble_part`` then assembles it in a seeded shuffle.
+
 The same ``random_state`` gives the same parts, so the same fit.
 """
 
@@ -93,6 +98,52 @@ def skew(infos, classifier) -> float:
     expected = np.outer(table.sum(axis=1), table.sum(axis=0)) / table.sum()
     stat = float(((table - expected) ** 2 / expected).sum())
     return float(chi2.sf(stat, (table.shape[0] - 1) * (table.shape[1] - 1)))
+
+
+# A part's targets in a random order give an order statistic z of about
+# N(0, 1) (measured: at most 3.7 over 3,000 random orders of 50 to 20,000
+# labels or targets, 4.7 at 50 rows of 20 classes); rows stored sorted give
+# about sqrt(n) (100 for 10k rows).
+ORDER_Z = 6.0
+
+
+def order_z(y, classifier) -> float:
+    """How far a part's stored order of its targets is from a random
+    order's, in standard deviations: classifiers, the adjacent rows of the
+    same label against their count under a random order (each adjacent
+    pair the same with probability ``sum n_k (n_k - 1) / (n (n - 1))``);
+    regressors, the lag-1 autocorrelation of the targets times ``sqrt(n)``
+    (about N(0, 1) in a random order). 0 for fewer than 3 rows or constant
+    targets."""
+    y = np.asarray(arrays.to_numpy(y))
+    n = y.shape[0]
+    if n < 3:
+        return 0.0
+    if classifier:
+        if y.dtype.kind in "iu" and y.min() >= 0 and y.max() < 1 << 16:  # no sort of a million labels
+            counts = np.bincount(y)
+        else:
+            _, counts = np.unique(y, return_counts=True)
+        p = float((counts * (counts - 1.0)).sum() / (n * (n - 1.0)))
+        var = (n - 1) * p * (1.0 - p)
+        same = np.count_nonzero(y[1:] == y[:-1])
+        return float((same - (n - 1) * p) / np.sqrt(var)) if var > 0 else 0.0
+    y = y.astype(np.float64) - y.mean(dtype=np.float64)
+    ss = float(y @ y)
+    return float(y[1:] @ y[:-1] / ss * np.sqrt(n)) if ss > 0 else 0.0
+
+
+def stored_grouped(y, classifier) -> bool:
+    """Whether a part's rows are stored grouped by their targets (runs of
+    one label, targets sorted or trending): :func:`order_z` at least
+    :data:`ORDER_Z`. Its participant's rounds would train such runs one
+    after the other (sparse rounds keep up to 64 consecutive rows together:
+    ``_rounds._composition_block``), so the part is assembled in a shuffle
+    (``_data._assemble_part``)."""
+    try:
+        return order_z(y, classifier) >= ORDER_Z
+    except (TypeError, ValueError):  # targets the checks refuse (after this): their error, not this one
+        return False
 
 
 def deal_counts(sizes, rng) -> np.ndarray:

@@ -15,6 +15,7 @@ from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from dask_ps import ParticipantContext, report_progress
 from dask_ps._estimators import arrays, participant_worker
 from dask_ps.linear_model import _monitor
+from dask_ps.linear_model._averages import from_offsets, round_count, to_offsets
 from dask_ps.linear_model._kernels import (
     MAX_INT,
     StopRule,
@@ -454,7 +455,12 @@ class _Participant:
         rnd = self.rounds.prepare(epoch_rounds, ri)
         W0 = self.read(epoch, ri, rnd.rows)
         self.read_ahead(epoch, ri + 1, epoch_rounds)
-        W = self.rounds.train(rnd, W0, epoch, seen, self.stop, active, loss_sum, self.eta_scale(epoch, seen))
+        offsets = self.cfg.average_offsets and not self.solo  # the table's averages as offsets (_averages)
+        Wr = from_offsets(W0.copy(), self.K, round_count(self.cfg, epoch, seen, self.n_train, active,
+                                                         self.stop.n_iter)) if offsets else W0
+        W = self.rounds.train(rnd, Wr, epoch, seen, self.stop, active, loss_sum, self.eta_scale(epoch, seen))
+        if offsets:
+            to_offsets(W, self.K, round_count(self.cfg, epoch, seen + rnd.n, self.n_train, active, self.stop.n_iter))
         self.rounds.finish(rnd)
         if self.ahead is None:  # the next round was still being built: now, if it is ready
             self.read_ahead(epoch, ri + 1, epoch_rounds)

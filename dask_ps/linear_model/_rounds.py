@@ -103,6 +103,8 @@ class _RunConfig:
     # A lone participant's seeds of scikit-learn's shuffle, per output
     # (_lone.lone_sklearn_draws, _lone.SklearnOrders); None: its own order.
     sklearn_seeds: tuple | None = None
+    # The table's averaged columns hold offsets (_averages.uses_offsets).
+    average_offsets: bool = False
 
 
 def _rng_state_to_json(rng) -> list:

@@ -41,6 +41,7 @@ from dask_ps._estimators import (
     setting_bytes,
     temporary_tables,
 )
+from dask_ps.linear_model._averages import average_count, from_offsets, to_offsets, uses_offsets
 from dask_ps.linear_model._data import _dask_parts, _Input, _memory_parts, order_seed
 from dask_ps.linear_model._in_process import InProcessSession
 from dask_ps.linear_model._kernels import ADAPTIVE, MAX_INT
@@ -80,6 +81,8 @@ class _Start:
     states: tuple | None = None
     n_iter: int = 0
     saved_stats: np.ndarray | None = None
+    # W0's averaged columns are offsets (_averages; a checkpoint's as saved)
+    offsets: bool = False
 
 
 def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg_intercept,
@@ -103,8 +106,8 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
     d, K = data.n_features, n_outputs
     replication = int(getattr(est, "replication", 1))
     # Where the call's time went in this process (for the benchmarks).
-    timing = {"parts_seconds": 0.0, "tables_seconds": 0.0, "run_seconds": 0.0,
-                                 "checkpoint_seconds": 0.0, "pull_seconds": 0.0, "release_seconds": 0.0}
+    timing = dict.fromkeys(("parts_seconds", "tables_seconds", "run_seconds", "checkpoint_seconds", "pull_seconds",
+                            "release_seconds"), 0.0)
     t = time.perf_counter()
     if data.kind == "dask":
         parts, sizes, _ = data.parts if data.parts is not None else _dask_parts(ps.client, data, est._is_classifier,
@@ -131,6 +134,8 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
         n_total = int(sum(sizes) * (1.0 - hp.validation_fraction)) if hp.early_stopping else int(sum(sizes))
         if val_idx is not None:
             n_total = sizes[0] - val_idx.shape[0]
+        start = _averages_held(start, hp, K, uses_offsets(hp.average, P, _whole_table(data.sparse, start.W0)),
+                               float(est.t_) + start.epoch * max(1, n_total))
         n_seen = int(sum(sizes))  # scikit-learn's t_ += n_iter_ * n_samples, its validation samples counted
         progress = Progress(est.verbose, logger, total=max_iter - start.epoch, unit="epoch", desc=type(est).__name__)
         with temporary_tables(ps) as tables, progress_closed(progress):
@@ -140,7 +145,8 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
             compiled = data.device == "cpu" and setting("sgd", "kernel") != "minibatch"
             cfg = _run_config(est, hp, start, stats, staleness, d, n_cols, n_total, sizes, max_iter,
                               classes, cw_pos, cw_neg, data.sparse, compiled)
-            cfg = dataclasses.replace(cfg, validation_idx=val_idx, sklearn_seeds=sk_seeds)
+            cfg = dataclasses.replace(cfg, validation_idx=val_idx, sklearn_seeds=sk_seeds,
+                                      average_offsets=start.offsets)
             record = dict(fingerprint=fingerprint, n_outputs=K, n_seen=n_seen, sizes=sizes)
             # The run's start: what the participants' own models are before
             # their first push (not kept under BSP: _Participant.sync_round).
@@ -151,6 +157,9 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
             held = _table_bytes(ps, start.name)  # metrics_' table_bytes, while the tables exist
             t = time.perf_counter()
             W = arrays.to_numpy(ps.pull(start.name))
+            if start.offsets:  # the averages at each output's last sample (_averages)
+                epochs = np.max([s["stop"]["n_iter"] for s in states], axis=0) if states else np.full(K, n_iter)
+                W = from_offsets(np.array(W), K, average_count(cfg.t0 + epochs * cfg.n_total, hp.average))
             timing["pull_seconds"] = time.perf_counter() - t
             t = time.perf_counter()
     finally:
@@ -227,6 +236,22 @@ def _train_in_process(est, data: _Input, rs, hp, max_iter, K, weights, classes, 
     eta = [float(v) for v in result["state"]["stop"]["eta"]] if hp.learning_rate == ADAPTIVE else None
     return Trained(session.tables[start.name], int(max(result["state"]["stop"]["n_iter"])), n,
                    *_report(est, [[result]]), rollbacks=[], adaptive_eta=eta)
+
+
+def _whole_table(sparse: bool, W0) -> bool:
+    """``_RunConfig.whole_table``: dense data, or a table of at most ``ps.sgd.whole-table-bytes``."""
+    return not sparse or W0.nbytes <= setting_bytes("sgd", "whole-table-bytes")
+
+
+def _averages_held(start: _Start, hp, K, offsets: bool, t: float) -> _Start:
+    """``start`` with its table's averaged columns as offsets (``offsets``)
+    or as averages, converted at global sample ``t`` where ``start`` holds
+    them the other way (a checkpoint saved by another layout): ``_averages``."""
+    if not hp.average or start.offsets == offsets:
+        return dataclasses.replace(start, offsets=offsets)
+    n = average_count(t, hp.average)
+    W0 = np.array(start.W0, copy=True)
+    return dataclasses.replace(start, W0=to_offsets(W0, K, n) if offsets else from_offsets(W0, K, n), offsets=offsets)
 
 
 def _initial_table(data: _Input, hp, K, n_cols, coef, intercept, avg_coef, avg_intercept):
@@ -412,7 +437,7 @@ def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, si
         cw_neg=tuple(np.ones(K) if cw_neg is None else cw_neg),
         eta_init=tuple(eta_init), col_freq_needed=sparse, stats_stride=int(max_iter),
         overlap=bool(setting("sgd", "overlap")),
-        whole_table=not sparse or start.W0.nbytes <= setting_bytes("sgd", "whole-table-bytes"),
+        whole_table=_whole_table(sparse, start.W0),
     )
 
 
@@ -518,7 +543,7 @@ def _run_chunks(est, ps, parts, cfg: _RunConfig, start: _Start, checkpoint, reco
             metadata = checkpoint_record(
                 est._checkpoint_kind(), record["fingerprint"],
                 n_outputs=record["n_outputs"], epoch=end, n_iter=n_iter, t0=cfg.t0,
-                t_=cfg.t0 + n_iter * record["n_seen"],
+                t_=cfg.t0 + n_iter * record["n_seen"], average_offsets=cfg.average_offsets,
                 tables={"weights": cfg.table, "stats": cfg.stats_table if cfg.global_stop else None},
                 n_parts=len(record["sizes"]), sizes=[int(s) for s in record["sizes"]], seeds=list(cfg.seeds),
                 states=list(states))
@@ -628,6 +653,7 @@ def _resume(est, ps, path, fingerprint, start: _Start, d, n_cols, n_parts, sizes
         W0=W.astype(dtype, copy=False), name=tables["weights"], saved_stats=saved_stats,
         epoch=int(meta["epoch"]), n_iter=int(meta["n_iter"]), states=tuple(states),
         seeds=tuple(meta["seeds"]) if meta["n_parts"] == n_parts else start.seeds,
+        offsets=bool(meta.get("average_offsets", False)),
     )
 
 
