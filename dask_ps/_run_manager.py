@@ -74,7 +74,8 @@ class RunManager:
         # The latest runs ended here (refused without asking the scheduler;
         # bounded: an older one is refused because the scheduler no longer has it).
         self.ended: OrderedDict[str, None] = OrderedDict()
-        self.clocks = RunClocks(self._run_record, peer_call, self._on_advance, me=address, ended=self.ended)
+        self.clocks = RunClocks(self._run_record, peer_call, self._on_advance, me=address, ended=self.ended,
+                                resync=lambda: _config.get_seconds("timeouts.clock-resync"))
 
     def __repr__(self):
         return f"<RunManager {self.clocks!r}>"
