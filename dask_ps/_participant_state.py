@@ -138,12 +138,14 @@ class CountedRPC:
 class ClockReports:
     """A participant's clock calls to the servers of its run, handed what
     they use: the ``transport`` (its ``run_call`` and liveness), the
-    worker's run clocks (``runs``: which servers the run has) and this
-    worker's ``address``."""
+    worker's run clocks (``runs``: which servers the run has), this
+    worker's ``address`` and the table handles the participant routes by
+    (``handles``, the router's: name -> ``TableHandle``)."""
 
-    def __init__(self, transport, runs, address: str, run_id: str, rank: int):
+    def __init__(self, transport, runs, address: str, run_id: str, rank: int, handles=None):
         self._transport, self._runs, self._address = transport, runs, address
         self._run_id, self._rank = run_id, rank
+        self._handles = handles if handles is not None else {}
 
     def __repr__(self):
         return f"<ClockReports run={self._run_id} rank={self._rank}>"
@@ -154,6 +156,14 @@ class ClockReports:
         rec = await self._runs.get(self._run_id)
         dead = self._transport.liveness.dead
         servers = [a for a in rec.servers if a not in dead]
+        # And every holder of a table it routes by: a server that joined
+        # mid-run is in a placement this participant uses before, maybe, the
+        # run's record here names it (the scheduler's two announcements race).
+        # Its reads parked there wait on this participant's clocks, which
+        # only this participant can report (it is parked in them).
+        listed = set(servers)
+        extra = {a for h in list(self._handles.values()) for a in h.holders if a not in listed and a not in dead}
+        servers += sorted(extra)
         return servers, (self._address if self._address in servers else servers[0] if servers else None)
 
     async def to_servers(self, op: str, clock: int, wait_for=None) -> float:

@@ -8,6 +8,7 @@ cupy values alike; row indices are always host (numpy) int64 arrays.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -41,6 +42,11 @@ class TableHandle:
 
     def primary(self, block: int) -> str:
         return self.owners[block][0]
+
+    @functools.cached_property
+    def holders(self) -> tuple[str, ...]:
+        """Every worker holding a copy of a block of the table (sorted)."""
+        return tuple(sorted({w for o in self.owners for w in o}))
 
     def readable(self, block: int) -> tuple[str, ...]:
         """Copies of ``block`` a read may use: the owners less known-stale ones."""

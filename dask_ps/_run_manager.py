@@ -80,7 +80,8 @@ class RunManager:
         # process), "clock_report" reports without pushes, "clock_local"
         # direct calls from this process.
         self.received: Counter = Counter()
-        self.clocks = RunClocks(self._run_record, peer_call, self._on_advance, me=address, ended=self.ended)
+        self.clocks = RunClocks(self._run_record, peer_call, self._on_advance, me=address, ended=self.ended,
+                                resync=lambda: _config.get_seconds("timeouts.clock-resync"))
 
     def __repr__(self):
         return f"<RunManager {self.clocks!r}>"

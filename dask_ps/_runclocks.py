@@ -116,15 +116,20 @@ class RunClocks:
     ``fetch_record(run_id)``: the scheduler's membership record of a run this
     worker has not heard of (None: ended or unknown); ``fetch_peer(address,
     run_id)``: another server's clocks of it; ``on_advance(run_id, min)``:
-    called when a run's minimum grows (due per-clock sums, ESSP pushes).
+    called when a run's minimum grows (due per-clock sums, ESSP pushes);
+    ``resync()``: seconds a wait stays parked before it asks the run's
+    other servers for their run-wide clocks, and again each period while
+    it waits (0: never; :meth:`wait`).
     """
 
-    def __init__(self, fetch_record, fetch_peer, on_advance, me=lambda: None, ended=None):
+    def __init__(self, fetch_record, fetch_peer, on_advance, me=lambda: None, ended=None, resync=lambda: 0.0):
         self.records: dict[str, RunRecord] = {}
         self._fetch_record = fetch_record
         self._fetch_peer = fetch_peer
         self._on_advance = on_advance
         self._me = me
+        self._resync_seconds = resync
+        self._resyncs: dict[str, asyncio.Future] = {}  # run_id -> peers asked, in flight
         self._lookups: dict[str, asyncio.Future] = {}
         # Runs ended here (the plugin's bounded list): never recreated by a late message.
         self.ended = ended if ended is not None else set()
@@ -164,17 +169,41 @@ class RunClocks:
         """Take a peer's clocks of ``rec``'s run (sound: see the module's
         docstring); the first peer that answers."""
         for peer in peers:
-            try:
-                got = await self._fetch_peer(peer, rec.run_id)
-            except Exception as e:  # noqa: BLE001 - the next peer, or the participants' next clocks
-                logger.debug("dask_ps: clocks of run %s from %s: %r", rec.run_id, peer, e)
-                continue
-            if isinstance(got, dict) and isinstance(got.get("clocks"), (list, tuple)) and len(got["clocks"]) == rec.n:
-                rec.clocks = [max(a, int(b)) for a, b in zip(rec.clocks, got["clocks"])]
-                if got.get("min") is not None:
-                    rec.floor = max(rec.floor, got["min"])
-                self._changed(rec)
+            if await self._take_from(rec, peer):
                 return
+
+    async def _take_from(self, rec: RunRecord, peer: str) -> bool:
+        """Take ``peer``'s run-wide clocks of ``rec``'s run where higher;
+        whether it answered with them."""
+        try:
+            got = await self._fetch_peer(peer, rec.run_id)
+        except Exception as e:  # noqa: BLE001 - another peer, or the participants' next clocks
+            logger.debug("dask_ps: clocks of run %s from %s: %r", rec.run_id, peer, e)
+            return False
+        if not (isinstance(got, dict) and isinstance(got.get("clocks"), (list, tuple)) and len(got["clocks"]) == rec.n):
+            return False
+        rec.clocks = [max(a, int(b)) for a, b in zip(rec.clocks, got["clocks"])]
+        if got.get("min") is not None:
+            rec.floor = max(rec.floor, got["min"])
+        self._changed(rec)
+        return True
+
+    def _resync(self, rec: RunRecord, period: float) -> None:
+        """Take every other server's run-wide clocks of ``rec``'s run, in
+        the background: one round at a time per run (the waits parked on it
+        share it), and a peer that does not answer within ``period`` does
+        not hold the next round up."""
+        if rec.run_id in self._resyncs:
+            return
+        peers = [s for s in rec.servers if s != self._me()]
+        if not peers:
+            return
+
+        async def one_round():
+            await asyncio.wait([asyncio.ensure_future(self._take_from(rec, p)) for p in peers], timeout=period)
+
+        task = self._resyncs[rec.run_id] = asyncio.ensure_future(one_round())
+        task.add_done_callback(lambda _: self._resyncs.pop(rec.run_id, None))
 
     async def get(self, run_id: str) -> RunRecord:
         """The record of ``run_id``, asked of the scheduler once if unknown
@@ -256,7 +285,7 @@ class RunClocks:
         rec.waiters.append((clock, future, measure))
         t0 = time.monotonic()
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
+            return await asyncio.wait_for(self._parked(rec, future), timeout)
         except asyncio.TimeoutError:
             raise ClockTimeoutError(
                 f"run {rec.run_id}: waited {time.monotonic() - t0:.1f}s for every participant to "
@@ -266,6 +295,23 @@ class RunClocks:
             if not future.done():
                 future.cancel()
             rec.waiters = [w for w in rec.waiters if w[1] is not future]
+
+    async def _parked(self, rec: RunRecord, future: asyncio.Future) -> float:
+        """``future``'s result; while it waits, every ``resync()`` seconds
+        the run-wide clocks of the run's other servers are taken here. A
+        wait must not hang on one server's missing news: a participant
+        reports its clocks to the servers its worker lists and those it
+        routes to, and a server that joined mid-run may not be either for
+        one that does not read from it (its worker has heard of neither the
+        run's new record nor the new placement yet), while that
+        participant's clocks reached the others; a peer's run-wide clocks
+        are sound to take (the module's docstring)."""
+        period = self._resync_seconds()
+        while period > 0 and not future.done():
+            await asyncio.wait([future], timeout=period)
+            if not future.done():
+                self._resync(rec, period)
+        return await asyncio.shield(future)
 
     def info(self) -> dict:
         """Per run: clocks (each participant's latest here: its progress;

@@ -164,7 +164,7 @@ class Session:
         # (flushes, clock messages, reads ahead): members handed what they
         # use, sharing the buffers, the cache and the clock with the read path here.
         self._reports = ClockReports(self._router.transport, plugin.runs if plugin is not None else None,
-                                     self.worker.address, run_id, rank)
+                                     self.worker.address, run_id, rank, handles=self._router.handles)
         self._in_flight = InFlight(
             router=self._router, reports=self._reports, run_id=run_id, rank=rank, clock=self._clk,
             buffers=self._buffers, spares=self._spares, cache=self._cache, metrics=self._metrics,

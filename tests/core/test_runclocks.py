@@ -152,3 +152,35 @@ def test_reads_parked_on_a_servers_bound_wake_with_the_last_clock_message():
             await runs.wait(rec, 2, 0.05, measure=lambda r: r.progress())
 
     asyncio.run(go())
+
+
+def test_a_parked_wait_takes_the_other_servers_run_wide_clocks_after_the_resync_period():
+    """A read parked on a participant's clock this server never heard
+    (its worker did not list this server yet) is answered from the clocks
+    the other servers count run-wide (ps.timeouts.clock-resync), asked
+    again each period; a peer that never answers holds no later round up,
+    and a wait without the resync stays parked."""
+    async def main():
+        calls = []
+        answers = [None, {"clocks": [1, 2], "min": 1}]  # the first round: the peer hangs
+
+        async def fetch_peer(address, run_id):
+            calls.append(address)
+            got = answers.pop(0) if answers else {"clocks": [1, 2], "min": 1}
+            if got is None:
+                await asyncio.Event().wait()  # never answers
+            return got
+
+        runs = RunClocks(None, fetch_peer, lambda run_id, m: None, me=lambda: "me", resync=lambda: 0.02)
+        rec = runs.update(_record(1, n=2))  # new: all clocks 0 here
+        runs.claim(rec, 0, 2, {"t": 1})  # rank 0's messages came here; rank 1's never did
+        assert await runs.wait(rec, 1, timeout=30, measure=lambda r: r.bound("t", 1)) == 2
+        assert rec.clocks == [1, 2] and calls == ["peer", "peer"] and rec.waiters == []
+
+        quiet = RunClocks(None, fetch_peer, lambda run_id, m: None, me=lambda: "me")  # resync 0: never asks
+        rec = quiet.update(_record(1, n=2))
+        with pytest.raises(ClockTimeoutError, match="participant 0 at clock 0"):
+            await quiet.wait(rec, 1, timeout=0.2)
+        assert calls == ["peer", "peer"]
+
+    asyncio.run(main())

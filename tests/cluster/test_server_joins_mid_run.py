@@ -1,0 +1,158 @@
+"""A server that joins in the middle of a BSP run, and reads parked there.
+
+The scheduler tells the workers of a new server in two announcements that
+race: the run's record (its list of servers, which a participant reports
+its clocks to) and the tables' new placement (which a participant routes
+by). A participant whose worker had the placement first read the blocks
+moved to the new server there, parked until every participant's clock
+reached it, while nobody reported a clock there: every participant waited,
+until ``ps.timeouts.clock`` (300 s; the LDA redo after a worker kill hung
+once, the restarted worker joining mid-run). These tests build that order
+on purpose: the original workers never take the record that names the new
+server while the run goes on, and the rebalance onto it waits (its table
+lock held) until the new server's clocks of the run are behind.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import dask
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+from ps_fixtures import wait_until
+
+import dask_ps
+
+SHAPE = (48, 2)
+
+
+def _withhold_new_servers(dask_worker, known):
+    """This worker keeps no run record that names a server outside
+    ``known`` and no participant has left yet (the record that announced
+    the new server, as if it came late); counts them in ``withheld``."""
+    runs = dask_worker.extensions["ps"].runs
+    original = runs.update
+    runs.withheld = 0
+
+    def update(msg):
+        if set(msg.get("servers") or ()) - set(known) and not msg.get("done"):
+            runs.withheld += 1
+            return runs.records.get(msg.get("run_id"))
+        return original(msg)
+
+    runs.update = update
+
+
+def _train_until_stopped(ctx, _, tables):
+    """BSP reads and pushes of this rank's table until the one-element
+    ``stop`` table (VAP: read at the servers) holds 1; returns the first
+    clock at which it routed by a newer placement (None: never) and each
+    read's sum."""
+    table = tables[ctx.rank]
+    seen, totals = None, []
+    while ctx.pull("stop")[0] < 1:
+        totals.append(float(ctx.pull(table).sum()))
+        if seen is None and ctx._router.handles[table].version >= 2:
+            seen = ctx.current_clock
+        ctx.push(table, np.ones(SHAPE))
+        ctx.clock()
+    return seen, totals
+
+
+async def _hold(dask_scheduler, names):
+    for name in names:
+        await dask_scheduler.extensions["ps"].table_lock(name).acquire()
+
+
+def _release(dask_scheduler, names):
+    for name in names:
+        dask_scheduler.extensions["ps"].table_lock(name).release()
+
+
+def _run_in_thread(ps, *args, **kwargs):
+    out = {}
+
+    def target():
+        try:
+            out["result"] = ps.run(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - re-raised by the test
+            out["error"] = e
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, out
+
+
+def _moved(dask_scheduler, name, to):
+    """Whether table ``name`` was rebalanced: ``to`` is a primary, the change ended."""
+    t = dask_scheduler.extensions["ps"].tables[name]
+    return t.changing_from is None and any(o[0] == to for o in t.owners)
+
+
+def _clocks_at(client, worker):
+    """``worker``'s run-wide clocks of the one run it knows (None: none yet)."""
+    def clocks(dask_worker):
+        records = list(dask_worker.extensions["ps"].runs.records.values())
+        return list(records[0].clocks) if records else None
+
+    return client.run(clocks, workers=[worker])[worker]
+
+
+@pytest.mark.parametrize("case", [
+    # Both read the table that moves, and the servers never ask each other
+    # (clock-resync 0): the participants report to the servers they route
+    # to, also before their worker's record lists them.
+    "both-read-it",
+    # Rank 1 reads only a table that stays where it was: it never routes to
+    # the new server, so only the servers' resync brings its clocks there.
+    "one-reads-it",
+])
+def test_reads_parked_at_a_server_that_joined_mid_run_are_answered(case):
+    tables = ["moving", "moving"] if case == "both-read-it" else ["moving", "staying"]
+    config = {"ps.timeouts.clock": "20s", "ps.timeouts.failover": "20s",
+              "ps.timeouts.clock-resync": "0s" if case == "both-read-it" else "0.2s"}
+    with dask.config.set(config), \
+            LocalCluster(n_workers=2, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        ps = dask_ps.ParameterServer(client)
+        first = ps.wait_for_servers(2)
+        ps.create_table("moving", shape=SHAPE, block_rows=4, consistency=dask_ps.BSP())
+        ps.create_table("staying", shape=SHAPE, consistency=dask_ps.BSP())
+        ps.create_table("stop", shape=(1,), consistency=dask_ps.VAP(1.0))
+        client.run(_withhold_new_servers, known=first)
+        # Only "moving" is rebalanced onto the new server (once released).
+        client.run_on_scheduler(_hold, names=["moving", "staying", "stop"])
+        thread, out = _run_in_thread(ps, _train_until_stopped, range(2), tables=tables)
+        try:
+            wait_until(lambda: (_clocks_at(client, first[0]) or [0])[0] >= 2 or not thread.is_alive(), "clock 2")
+            cluster.scale(3)
+            (new,) = set(ps._servers(n=3, timeout=60)) - set(first)
+            # The new server took its clocks of the run from a peer; the run goes on past them.
+            adopted = min(wait_until(lambda: (c := _clocks_at(client, new)) and min(c) > 0 and c, "the adopt"))
+            wait_until(lambda: min(_clocks_at(client, first[0])) >= adopted + 3 or not thread.is_alive(),
+                       "three clocks more")
+            client.run_on_scheduler(_release, names=["moving"])
+            wait_until(lambda: client.run_on_scheduler(_moved, name="moving", to=new), "the rebalance")
+            moved = min(_clocks_at(client, first[0]))
+            # Reads of the blocks on the new server were answered for 3 clocks: its clocks of both
+            # participants passed them (the old code: parked until ps.timeouts.clock, then raised).
+            wait_until(lambda: min(_clocks_at(client, new)) >= moved + 3 or not thread.is_alive(),
+                       "the new server's clocks", timeout=60)
+            assert thread.is_alive(), out
+        finally:
+            ps.push("stop", np.ones(1))
+            client.run_on_scheduler(_release, names=["staying", "stop"])
+            thread.join(120)
+        if "error" in out:
+            raise out["error"]
+        withheld = client.run(lambda dask_worker: dask_worker.extensions["ps"].runs.withheld, workers=list(first))
+        assert all(n >= 1 for n in withheld.values()), withheld  # the record naming it never came
+        assert any(o.worker == new for o in ps.placement("moving"))
+        (seen, totals), (_, other) = out["result"]
+        assert seen is not None and len(totals) > seen + 3  # rank 0 read the moved blocks there
+        writers, size = tables.count("moving"), SHAPE[0] * SHAPE[1]
+        for c, total in enumerate(totals):  # BSP: every writer's pushes of the clocks before, and no more
+            assert writers * size * c <= total <= size * (writers * c + writers - 1), (c, totals)
+        assert ps.pull("moving").sum() == size * (len(totals) + (len(other) if writers == 2 else 0))
