@@ -6,11 +6,12 @@ import subprocess
 import sys
 import textwrap
 import threading
+import uuid
 
 import dask
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
+from distributed import Client, Event, LocalCluster
 
 import dask_ps
 from dask_ps import PSValueError, TableExistsError, UnknownTableError
@@ -143,25 +144,34 @@ def test_torn_reads_never_seen(client):
     ps.create_table("torn", shape=(2_000_000,), dtype="float64", block_rows=250_000)
     owner = {p.block: p.worker for p in ps.placement("torn")}
 
-    def writer(ctx, _):
+    def writer(ctx, event_name):
         ones = np.ones(2_000_000)
-        for _ in range(20):
+        for i in range(20):
             ctx.push("torn", ones)
             ctx.flush()
+            if i == 9:  # half way: a read is surely taken while the writes go on (whatever the load)
+                Event(event_name).wait(timeout=120)
+
+    def check(w):
+        for worker in set(owner.values()):
+            vals = np.unique(np.concatenate([w[b * 250_000:(b + 1) * 250_000] for b, o in owner.items() if o == worker]))
+            assert vals.size == 1, f"torn read on {worker}: {vals}"
+        return float(w[0])
 
     try:
         for offload in ("1GiB", "1MiB"):
             client.run(lambda o=offload: dask.config.set({"ps.offload-bytes": o}))
-            t = threading.Thread(target=ps.run, args=(writer, [None]))
+            half_way = Event(f"torn-read-{offload}-{uuid.uuid4().hex}", client=client)
+            before = check(ps.pull("torn"))
+            t = threading.Thread(target=ps.run, args=(writer, [half_way.name]))
             t.start()
             seen = set()
             while t.is_alive():
-                w = ps.pull("torn")
-                for worker in set(owner.values()):
-                    vals = np.unique(np.concatenate([w[b * 250_000:(b + 1) * 250_000] for b, o in owner.items() if o == worker]))
-                    assert vals.size == 1, f"torn read on {worker}: {vals}"
-                    seen.add(float(vals[0]))
+                seen.add(check(ps.pull("torn")))
+                if max(seen) > before:  # a read after a write, before the last ten
+                    half_way.set()
             t.join()
+            seen.add(check(ps.pull("torn")))
             assert len(seen) > 1  # the reads really overlapped the writes
     finally:
         client.run(lambda: dask.config.set({"ps.offload-bytes": "32MiB"}))
