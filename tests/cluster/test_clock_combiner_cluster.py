@@ -63,7 +63,7 @@ def _aligned_start(ctx, prefix):
         assert Event(f"{prefix}-{r}").wait(timeout=60)
 
 
-def _train(ctx, part, table, clocks, prefix, stop_at=None, fail_at=None):
+def _train(ctx, part, table, clocks, prefix, stop_at=None, fail_at=None, lockstep=False):
     _aligned_start(ctx, prefix)
     for c in range(clocks):
         if ctx.rank == 0 and c == stop_at:
@@ -73,6 +73,8 @@ def _train(ctx, part, table, clocks, prefix, stop_at=None, fail_at=None):
         ctx.pull(table)
         ctx.push(table, np.ones(ctx.n_participants * 10))
         ctx.clock()
+        if lockstep:  # every participant handed in clock c before any goes on
+            _aligned_start(ctx, f"{prefix}-c{c}")
     return ctx.worker.address
 
 
@@ -98,7 +100,11 @@ def test_a_process_sends_each_server_one_clock_message_per_clock(ps, client, com
         combine("60s", on)  # long: only the siblings (or their leaving) send a message
         before = _received(client)
         prefix = f"cc-{on}-{np.random.randint(1 << 30)}"
-        where = ps.run(_train, parts, table="t", clocks=CLOCKS, prefix=prefix)
+        # SSP lets a sibling lag a clock, and one that lags is not waited for
+        # (so how many clocks go combined would depend on the load): in
+        # lockstep here, so that every clock is combined whatever the load.
+        where = ps.run(_train, parts, table="t", clocks=CLOCKS, prefix=prefix,
+                       lockstep=isinstance(consistency, dask_ps.SSP))
         after = _received(client)
         for server in (a, b):
             # Dask may have moved a participant to the other worker (stealing):
