@@ -15,8 +15,6 @@ lock held) until the new server's clocks of the run are behind.
 
 from __future__ import annotations
 
-import threading
-
 import dask
 import numpy as np
 import pytest
@@ -24,6 +22,7 @@ from distributed import Client, LocalCluster
 from ps_fixtures import wait_until
 
 import dask_ps
+from tests.cluster.test_reliability import run_in_thread
 
 SHAPE = (48, 2)
 
@@ -71,20 +70,6 @@ def _release(dask_scheduler, names):
         dask_scheduler.extensions["ps"].table_lock(name).release()
 
 
-def _run_in_thread(ps, *args, **kwargs):
-    out = {}
-
-    def target():
-        try:
-            out["result"] = ps.run(*args, **kwargs)
-        except BaseException as e:  # noqa: BLE001 - re-raised by the test
-            out["error"] = e
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, out
-
-
 def _moved(dask_scheduler, name, to):
     """Whether table ``name`` was rebalanced: ``to`` is a primary, the change ended."""
     t = dask_scheduler.extensions["ps"].tables[name]
@@ -124,7 +109,7 @@ def test_reads_parked_at_a_server_that_joined_mid_run_are_answered(case):
         client.run(_withhold_new_servers, known=first)
         # Only "moving" is rebalanced onto the new server (once released).
         client.run_on_scheduler(_hold, names=["moving", "staying", "stop"])
-        thread, out = _run_in_thread(ps, _train_until_stopped, range(2), tables=tables)
+        thread, out = run_in_thread(ps, _train_until_stopped, range(2), tables=tables)
         try:
             wait_until(lambda: (_clocks_at(client, first[0]) or [0])[0] >= 2 or not thread.is_alive(), "clock 2")
             cluster.scale(3)

@@ -18,12 +18,8 @@ from dask_ps.linear_model import _sgd_numba
 
 _BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
 
-# Two participants of a sparse fit (benchmarks/sgd_sim.py: the participants'
-# own code, in one process): their rounds are compacted (compact_rows) and
-# the lazy regularization counts the rounds' features (round_features).
-_SPARSE_FIRST_FIT = r"""
-import json, sys
-import numpy as np, scipy.sparse as sp
+# Every numba compile of a fresh process, by module and name (a script's header).
+_COUNT_COMPILES = r"""
 import numba.core.event as ev
 compiled = []
 class Count(ev.Listener):
@@ -33,6 +29,14 @@ class Count(ev.Listener):
     def on_end(self, event):
         pass
 ev.register("numba:compile", Count())
+"""
+
+# Two participants of a sparse fit (benchmarks/sgd_sim.py: the participants'
+# own code, in one process): their rounds are compacted (compact_rows) and
+# the lazy regularization counts the rounds' features (round_features).
+_SPARSE_FIRST_FIT = _COUNT_COMPILES + r"""
+import json, sys
+import numpy as np, scipy.sparse as sp
 sys.path.insert(0, sys.argv[1])
 from sgd_sim import simulate_fit
 from dask_ps.linear_model import SGDClassifier
@@ -124,18 +128,9 @@ def test_the_compile_notice_leaves_a_function_without_a_module_alone():
 
 # A small input with no cluster: one participant in the calling process, in
 # scikit-learn's order (``_lone``), the first thing a new user fits.
-_LONE_FIRST_FIT = r"""
+_LONE_FIRST_FIT = _COUNT_COMPILES + r"""
 import json
 import numpy as np
-import numba.core.event as ev
-compiled = []
-class Count(ev.Listener):
-    def on_start(self, event):
-        fn = event.data["dispatcher"].py_func
-        compiled.append(f"{fn.__module__}.{fn.__qualname__}")
-    def on_end(self, event):
-        pass
-ev.register("numba:compile", Count())
 from dask_ps.linear_model import SGDClassifier
 from sklearn.linear_model import SGDClassifier as Sk
 rng = np.random.RandomState(0)
