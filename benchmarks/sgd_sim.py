@@ -169,7 +169,7 @@ class _Lockstep:
 class SimSession:
     """A participant's ``ctx`` on a :class:`SimServer`: ``pull``/``pull_rows``,
     ``push``/``push_rows`` (logged under the participant's clock), ``clock``
-    (lock-step), ``flush`` (nothing to send), ``metrics``."""
+    (lock-step), ``flush`` (nothing to send), ``metrics``, ``held_bytes``."""
 
     local_run = None
     worker = None
@@ -205,6 +205,9 @@ class SimSession:
 
     def metrics(self):
         return {"clock": self.current_clock, "clock_wait_seconds": 0.0, "tables": {}, "simulated": True}
+
+    def held_bytes(self, name):
+        return 0  # no cached rows or unsummed pushes: the reads come from the simulated tables
 
 
 class SimServer:
