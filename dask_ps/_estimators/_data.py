@@ -51,6 +51,10 @@ def _on(worker) -> dict:
     return {"workers": [worker], "allow_other_workers": True} if worker is not None else {}
 
 
+def _n_rows(block) -> int:
+    return int(block.shape[0])
+
+
 def _cut_groups(groups: list, n: int) -> list:
     """``[(worker, blocks), ...]`` cut into up to ``n`` groups: the group
     with most blocks halved (consecutive blocks, same worker) while there
@@ -175,7 +179,8 @@ class TrainingParts:
         return self
 
     @classmethod
-    def per_worker(cls, client, collections, *, prepare, what="the collections", max_parts=None):
+    def per_worker(cls, client, collections, *, prepare, what="the collections", max_parts=None,
+                   min_rows_per_part=None):
         """One part per worker holding blocks of aligned dask collections.
 
         The collections are persisted (held by the parts); once their
@@ -191,7 +196,13 @@ class TrainingParts:
         largest group of consecutive blocks halved until there are
         ``max_parts`` or every part is one block): several participants per
         worker, threads of one process (``n_jobs`` above the workers, as
-        ``max_participants`` reads it).
+        ``max_participants`` reads it). With ``min_rows_per_part``, at most
+        one part per that many rows of the first collection: the workers'
+        blocks are dealt to that many parts as above, the groups with most
+        rows first, each to the part with fewest rows so far (a small input
+        spread over many workers would otherwise give participants of a few
+        rows each, whose averaged models progress less than a sequential
+        pass: issue 33).
         """
         from distributed import wait
 
@@ -219,12 +230,22 @@ class TrainingParts:
             # one worker, hence one participant.
             w = min(held_by, key=lambda h: len(by_worker.get(h, ()))) if held_by else None
             by_worker.setdefault(w, []).append(b)
-        if max_parts is not None and len(by_worker) > max_parts:
-            merged: list = [[] for _ in range(max(1, max_parts))]
-            for w, bl in sorted(by_worker.items(), key=lambda kv: -len(kv[1])):
-                min(merged, key=len).extend(bl)
+        weight = len  # of a group of blocks: how many blocks, or with a row cap how many rows
+        cap = max_parts
+        if min_rows_per_part is not None:
+            rows = dict(zip([b[0].key for b in blocks],
+                            client.gather(client.map(_n_rows, [b[0] for b in blocks], pure=False))))
+            by_rows = max(1, sum(rows.values()) // max(1, int(min_rows_per_part)))
+            cap = by_rows if cap is None else min(cap, by_rows)
+            weight = lambda bl: sum(rows[b[0].key] for b in bl)  # noqa: E731
+        if cap is not None and len(by_worker) > cap:
+            merged: list = [[] for _ in range(max(1, cap))]
+            for w, bl in sorted(by_worker.items(), key=lambda kv: -weight(kv[1])):
+                min(merged, key=weight).extend(bl)
             by_worker = {}
             for bl in merged:  # each part runs where its first blocks are
+                if not bl:
+                    continue
                 held_by = where.get(bl[0][0].key) or ()
                 by_worker.setdefault(held_by[0] if held_by else None, []).extend(bl)
         self = cls(client, [], held=persisted)
@@ -234,8 +255,8 @@ class TrainingParts:
             return client.submit(prepare, bl, pure=False, **kw)
 
         groups = list(by_worker.items())
-        if max_parts is not None and len(groups) < max_parts:
-            groups = _cut_groups(groups, max_parts)
+        if max_parts is not None and len(groups) < cap:  # n_jobs above the workers: cut, within the row cap
+            groups = _cut_groups(groups, cap)
         for w, bl in groups:
             self.futures.append(submit(w, bl))
             self._remakes.append(lambda w=w, bl=bl: submit(w, bl))

@@ -278,7 +278,8 @@ def order_seed(est):
 
 def _dask_parts(client, data: _Input, classifier: bool, order_seed=None, verbose=0):
     """The parts of a dask input: one per worker that holds blocks of it once
-    persisted, concatenated and validated there (``_assemble_part``; data
+    persisted (at most one per ``ps.sgd.min-samples-per-participant`` rows,
+    as an in-memory input), concatenated and validated there (``_assemble_part``; data
     that fails the checks raises here, in the caller); returns ``(parts, sizes, labels)`` -- ``labels``: ``(labels, counts)``
     over all parts for a classifier. Nothing is gathered to the client.
     ``order_seed`` (None: the stored order): each part's blocks
@@ -307,7 +308,8 @@ def _dask_parts(client, data: _Input, classifier: bool, order_seed=None, verbose
         max_parts = max_participants(data.n_jobs, len(client.scheduler_info(n_workers=-1)["workers"]))
     parts = TrainingParts.per_worker(client, [X, y] + ([sw] if sw is not None else []),
                                      prepare=functools.partial(_assemble_part, spec=spec),
-                                     what="X, y (and sample_weight)", max_parts=max_parts)
+                                     what="X, y (and sample_weight)", max_parts=max_parts,
+                                     min_rows_per_part=int(setting("sgd", "min-samples-per-participant")))
     infos = parts.gather(_part_info, classifier)
     try:
         raise_invalid_parts(data.estimator, [i if isinstance(i, InvalidPart) else (i[0],) * 3 for i in infos])

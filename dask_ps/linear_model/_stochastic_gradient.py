@@ -187,7 +187,7 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
 
     ``partial_fit`` on an in-memory block that the parameter server would
     train with one participant (under ``2 x
-    ps.sgd.min-samples-per-participant`` samples, 20,000 by default) trains
+    ps.sgd.min-samples-per-participant`` samples, 20,000 at the default 10,000) trains
     it in the calling process, with the same participant and the same
     result, without a run on the cluster: a run costs tens of milliseconds,
     more than such a block's training (``dask_ml.wrappers.Incremental``

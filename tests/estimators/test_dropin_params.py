@@ -78,8 +78,9 @@ def test_n_jobs_is_the_number_of_participants(client):
 
 def test_n_jobs_caps_a_dask_input_held_by_more_workers(client):
     """Blocks placed on two workers (scattered there, not left to Dask's
-    placement): one participant per holding worker by default, one with
-    ``n_jobs=1``. The default fit comes first: the ``n_jobs=1`` fit copies
+    placement): one participant per holding worker where the rows allow
+    (``ps.sgd.min-samples-per-participant``), one with ``n_jobs=1`` or at
+    the default row count a participant. The two-participant fit comes first: the ``n_jobs=1`` fit copies
     the other worker's blocks to its own, and Dask's active memory manager
     may then drop either copy, so what holds the blocks after it is Dask's
     choice (the order the other way round failed one run in a few)."""
@@ -94,17 +95,22 @@ def test_n_jobs_caps_a_dask_input_held_by_more_workers(client):
         xs.append(da.from_delayed(client.scatter(X[a:b], workers=[w], hash=False), shape=(50, 5), dtype=X.dtype))
         ys.append(da.from_delayed(client.scatter(y[a:b], workers=[w], hash=False), shape=(50,), dtype=y.dtype))
     dX, dy = da.concatenate(xs), da.concatenate(ys)
-    both = SGDRegressor(max_iter=3, tol=None, random_state=0, client=client).fit(dX, dy)
+    with dask.config.set({"ps.sgd.min-samples-per-participant": 200}):
+        both = SGDRegressor(max_iter=3, tol=None, random_state=0, client=client).fit(dX, dy)
     assert len(both.metrics_) == 2
+    # at the default (10,000 rows a participant) 400 rows are one participant's, as an in-memory input's
+    default = SGDRegressor(max_iter=3, tol=None, random_state=0, client=client).fit(dX, dy)
     one = SGDRegressor(n_jobs=1, max_iter=3, tol=None, random_state=0, client=client).fit(dX, dy)
-    assert len(one.metrics_) == 1
-    assert sum(m["samples"] for m in one.metrics_) == 3 * 400
+    for est in (default, one):
+        assert len(est.metrics_) == 1
+        assert sum(m["samples"] for m in est.metrics_) == 3 * 400
 
 
 def test_n_jobs_above_the_workers_runs_several_participants_on_a_worker(client):
     """A dask input's blocks on each worker are cut into several parts when
     ``n_jobs`` asks for more participants than workers hold blocks (threads
-    of one worker process), as many as there are blocks."""
+    of one worker process), as many as there are blocks, and no more than
+    the rows allow."""
     da = pytest.importorskip("dask.array")
     rng = np.random.RandomState(0)
     X = rng.randn(800, 5)
@@ -119,8 +125,12 @@ def test_n_jobs_above_the_workers_runs_several_participants_on_a_worker(client):
         xs.append(da.from_delayed(fx, shape=(100, 5), dtype=X.dtype))
         ys.append(da.from_delayed(fy, shape=(100,), dtype=y.dtype))
     dX, dy = da.concatenate(xs), da.concatenate(ys)
-    for n_jobs, expected in [(None, len(workers)), (4, 4), (5, 5), (8, 8), (12, 8)]:
-        est = SGDRegressor(n_jobs=n_jobs, max_iter=3, tol=None, random_state=0, client=client).fit(dX, dy)
+    # rows allowing a participant per block (ps.sgd.min-samples-per-participant); under 400 rows a
+    # participant, n_jobs=4 gets 2 (an in-memory input of 800 rows gets no more either)
+    for n_jobs, expected, rows in [(None, len(workers), 100), (4, 4, 100), (5, 5, 100), (8, 8, 100), (12, 8, 100),
+                                   (4, 2, 400)]:
+        with dask.config.set({"ps.sgd.min-samples-per-participant": rows}):
+            est = SGDRegressor(n_jobs=n_jobs, max_iter=3, tol=None, random_state=0, client=client).fit(dX, dy)
         assert len(est.metrics_) == expected, n_jobs
         assert sum(m["samples"] for m in est.metrics_) == 3 * 800
         assert est.score(X, y) > 0.99
