@@ -94,13 +94,13 @@ def _shuffled_concatenation(Xs, ys, sws, seed):
             data[pos] = x.data
             indices[pos] = x.indices
         X = sp.csr_matrix((data, indices, indptr.astype(idx_dtype)), shape=(n, Xs[0].shape[1]))
-    else:
-        X = np.empty((n,) + tuple(Xs[0].shape[1:]), dtype=np.result_type(*[x.dtype for x in Xs]))
+    else:  # dense, on the host or the device (the pieces of a device part's exchange: _exchange._join)
+        X = arrays.namespace(*Xs).empty((n,) + tuple(Xs[0].shape[1:]), dtype=np.result_type(*[x.dtype for x in Xs]))
         for k, x in enumerate(Xs):
             X[to[starts[k]:starts[k + 1]]] = x
 
     def rows(vs):
-        out = np.empty(n, dtype=np.result_type(*[v.dtype for v in vs]))
+        out = arrays.namespace(*vs).empty(n, dtype=np.result_type(*[v.dtype for v in vs]))
         for k, v in enumerate(vs):
             out[to[starts[k]:starts[k + 1]]] = v
         return out
@@ -327,7 +327,7 @@ def _dask_parts(client, data: _Input, classifier: bool, order_seed=None, verbose
     keep = [i for i, n in enumerate(sizes) if n > 0]
     parts.keep(keep)
     sizes = [sizes[i] for i in keep]
-    if data.device == "cpu":
+    if data.device == "cpu" or not data.sparse:  # device CSR rows are not dealt (untested without a GPU)
         try:
             parts = _exchange.balance(parts, sizes, [infos[i] for i in keep], classifier, order_seed, verbose,
                                       data.estimator)

@@ -295,6 +295,7 @@ def _minibatch_kernel(hp: _Hyper, W, A, X, Y, sw, cw_pos, cw_neg, ts, eta_k, act
     new = xp.empty_like(W)
     new[:d] = coef
     new[d] = W[d] + (xp.sum(upd, axis=0) * intercept_decay if hp.fit_intercept else 0.0)
+    new = _without_overshoot(hp, W, new, X, Y, sw, cw, p, act, xp)
     new_a = None
     if A is not None:
         # Averaging from sample t >= average: avg += (w - avg) * step / num_iter
@@ -305,6 +306,57 @@ def _minibatch_kernel(hp: _Hyper, W, A, X, Y, sw, cw_pos, cw_neg, ts, eta_k, act
         frac = (1.0 - keep) * act
         new_a = A + (new - A) * frac[None, :]
     return new, new_a
+
+
+# Halvings of a minibatch's step at most (_without_overshoot): 2^-30 of it is no step.
+MAX_HALVINGS = 30
+
+
+def _penalty_slope(hp: _Hyper, W, step, xp):
+    """The directional derivative of scikit-learn's penalty at ``W`` along ``step``: (K,)."""
+    if hp.penalty == 0:
+        return xp.zeros(W.shape[1])
+    d = W.shape[0] - 1
+    w, dw = W[:d], step[:d]
+    l1 = xp.where(w != 0, xp.sign(w) * dw, xp.abs(dw))
+    return hp.alpha * ((1.0 - hp.l1_ratio) * xp.sum(w * dw, axis=0) + hp.l1_ratio * xp.sum(l1, axis=0))
+
+
+def _without_overshoot(hp: _Hyper, W, new, X, Y, sw, cw, p, active, xp):
+    """``new`` or, per output, the largest ``2^-k`` of the step ``new - W``
+    that does not go past the minimum of the minibatch's objective along it.
+
+    The minibatch step sums its samples' updates evaluated at ``W``. Where
+    each sample's step is small that is a sequential pass to first order;
+    where the samples' rows point the same way and their own steps are not
+    small (dense rows with a common offset, raw word counts at a constant
+    rate) the sum moves the margins up to ``batch_size`` times past where a
+    sequential pass would: on 8,000 text rows at ``constant`` 0.01 the fit
+    diverged (R^2 -6.6e23 where scikit-learn gets 0.55; issue 33). So the
+    step is halved until the objective (the samples' weighted losses plus
+    the penalty each) falls by at least half of what its slope promises
+    (Armijo's rule with 1/2: on a quadratic, exactly the steps that stop at
+    or before the minimum along them). A step that small is taken whole,
+    as before; the trials cost the margins' change once (one matrix
+    product a minibatch), the losses per halving."""
+    B = X.shape[0]
+    wts = cw * sw[:, None]
+    step = new - W
+    dp = _decision(new, X, xp) - p  # the margins move linearly with the step's fraction
+    slope = (xp.sum(_loss_gradient(hp.loss, Y, p, hp.epsilon, xp) * wts * dp, axis=0)
+             + B * _penalty_slope(hp, W, step, xp))
+    base = xp.sum(_loss_value(hp.loss, Y, p, hp.epsilon, xp) * wts, axis=0) + B * _penalty_value(hp, W, xp)
+    act = xp.asarray(active, dtype=bool)
+    scale = xp.ones(W.shape[1])
+    for _ in range(MAX_HALVINGS):
+        trial = W + step * scale[None, :]
+        obj = (xp.sum(_loss_value(hp.loss, Y, p + dp * scale[None, :], hp.epsilon, xp) * wts, axis=0)
+               + B * _penalty_value(hp, trial, xp))
+        worse = (obj > base + 0.5 * scale * slope + 1e-12 * xp.abs(base)) & act
+        if not bool(xp.any(worse)):
+            return trial
+        scale = xp.where(worse, 0.5 * scale, scale)
+    return W + step * xp.where(worse, 0.0, scale)[None, :]
 
 
 def _penalty_value(hp: _Hyper, W, xp):

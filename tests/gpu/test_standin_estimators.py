@@ -125,6 +125,42 @@ def test_sgd_on_a_dask_array_of_device_chunks(standin, standin_client, table_dev
     np.testing.assert_array_equal(_backend.to_numpy(labels), clf.predict(X))
 
 
+def test_device_rows_of_one_class_a_worker_are_dealt_again(standin, standin_client, caplog):
+    """A dask input of device chunks stored sorted by label, one class on
+    each worker: the participants' rows are dealt again between them as a
+    host input's are (``_exchange.balance``), so the fit is as good as on
+    shuffled rows. Device parts were left as they were: each participant
+    trained one class (issue 33)."""
+    import logging
+
+    import dask.array as da
+    from sklearn.linear_model import SGDClassifier as SkSGD
+
+    from dask_ps.linear_model import SGDClassifier
+
+    X, y = _classification(n=4000, seed=3)
+    order = np.argsort(y, kind="stable")
+    X, y = X[order], y[order]
+    workers = sorted(standin_client.scheduler_info()["workers"])
+    xs, ys = [], []
+    for i in range(8):  # 500 rows a block; blocks 0-3 (class 0) on one worker, 4-7 (class 1) on the other
+        a, b, w = 500 * i, 500 * (i + 1), workers[i // 4]
+        fx = standin_client.scatter(standin.asarray(X[a:b]), workers=[w], hash=False)
+        fy = standin_client.scatter(standin.asarray(y[a:b]), workers=[w], hash=False)
+        xs.append(da.from_delayed(fx, shape=(500, X.shape[1]), meta=standin.asarray(X[:0])))
+        ys.append(da.from_delayed(fy, shape=(500,), meta=standin.asarray(y[:0])))
+    dX, dy = da.concatenate(xs), da.concatenate(ys)
+    kw = dict(loss="log_loss", learning_rate="constant", eta0=0.01, max_iter=1, tol=None)
+    shuffled = np.random.default_rng(0).permutation(len(y))
+    sk = [SkSGD(random_state=s, **kw).fit(X[shuffled], y[shuffled]).score(X, y) for s in range(3)]
+    with dask.config.set({"ps.sgd.min-samples-per-participant": 1000}), \
+            caplog.at_level(logging.INFO, logger="dask_ps.linear_model"):
+        clf = SGDClassifier(random_state=0, client=standin_client, **kw).fit(dX, dy)
+    assert len(clf.metrics_) == 2
+    assert "dealt again" in caplog.text
+    assert clf.score(X, y) >= min(sk) - 0.02, (clf.score(X, y), sk)
+
+
 # --- LDA --------------------------------------------------------------------------------------
 
 
