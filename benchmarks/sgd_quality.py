@@ -628,7 +628,11 @@ def main():
     ap.add_argument("--consistency", default=None, help="bsp, ssp, asp (default: the configured default)")
     ap.add_argument("--processes", action="store_true", help="worker processes (default: threads)")
     ap.add_argument("--forced", action="store_true", help="one participant per worker whatever the size")
+    ap.add_argument("--kernel", choices=["auto", "compiled", "minibatch"],
+                    help="ps.sgd.kernel (minibatch: the device path's kernel, on the host)")
     args = ap.parse_args()
+    if args.kernel:
+        dask.config.set({"ps.sgd.kernel": args.kernel})
     if args.quick or args.full:
         return sweep_main(args)
     args.rows = args.rows or [1000, 20000, 200000]

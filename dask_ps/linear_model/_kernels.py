@@ -295,7 +295,8 @@ def _minibatch_kernel(hp: _Hyper, W, A, X, Y, sw, cw_pos, cw_neg, ts, eta_k, act
     new = xp.empty_like(W)
     new[:d] = coef
     new[d] = W[d] + (xp.sum(upd, axis=0) * intercept_decay if hp.fit_intercept else 0.0)
-    new = _without_overshoot(hp, W, new, X, Y, sw, cw, p, act, xp)
+    if hp.loss != "perceptron":  # its objective is least at w = 0: no minimum along a step to go past
+        new = _without_overshoot(hp, W, new, X, Y, sw, cw, p, act, xp)
     new_a = None
     if A is not None:
         # Averaging from sample t >= average: avg += (w - avg) * step / num_iter

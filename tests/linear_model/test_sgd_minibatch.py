@@ -39,6 +39,9 @@ CASES = {
     "offset-rows-classifier": (lambda: (*_offset_rows(), None, None),
                                SkSGDClassifier, SGDClassifier,
                                dict(loss="log_loss", learning_rate="constant", eta0=0.01, max_iter=1)),
+    # the perceptron's objective is least at w = 0: a check against it would refuse every step
+    "text-perceptron": (lambda: sgd_data.make("text", True, 8000),
+                        SkSGDClassifier, SGDClassifier, dict(loss="perceptron", max_iter=5)),
 }
 
 
@@ -46,7 +49,7 @@ CASES = {
 # participants' models, a KNOWN_BAD cell of test_sgd_quality.py for either kernel:
 # 0.536-0.547 here, the compiled kernel 0.557-0.596, against 0.583)
 @pytest.mark.parametrize("case, P", [("text-regression", 1), ("offset-rows-classifier", 1),
-                                     ("offset-rows-classifier", 2)])
+                                     ("offset-rows-classifier", 2), ("text-perceptron", 2)])
 def test_minibatch_fits_where_steps_are_not_small(case, P):
     make, sk_cls, cls, kw = CASES[case]
     X, y, Xt, yt = make()
