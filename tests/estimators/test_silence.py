@@ -45,7 +45,10 @@ def port_8787_taken():
 def _run(*parts: str, timeout=240, own_session=False) -> subprocess.CompletedProcess:
     """The script in a fresh process (``own_session``: in a process group
     of its own, which a script's Ctrl-C to its group reaches alone)."""
-    script = "".join(textwrap.dedent(p) for p in parts)
+    # A child that hangs prints where its threads are (stderr) and exits before the timeout kills it:
+    # the two Ctrl-C tests timed out once each (240 s) in one full run at load 7-8, unexplained.
+    script = (f"import faulthandler; faulthandler.dump_traceback_later({max(1, timeout - 30)}, exit=True)\n"
+              + "".join(textwrap.dedent(p) for p in parts))
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", script],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO,
