@@ -266,7 +266,11 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
         scikit-learn's final ``bound_``: the perplexity of the training
         documents (the counts the sampler took) under the fitted topics,
         ``perplexity(X)`` (its variational bound); the documents' terms
-        computed where the documents are, after the last sweep. NaN for a
+        computed where the documents are, after the last sweep; for an
+        in-memory corpus of one partition and at most
+        ``ps.lda.deferred-bound-tokens`` tokens without ``verbose``, at its
+        first read instead (the same number; the model holds the counts
+        till then, and a first fit compiles no scoring kernel). NaN for a
         corpus without tokens. After :meth:`partial_fit`: of the documents
         that call sampled (its own and the kept earlier ones).
     loglik_history_ : list of (iteration, seconds, loglik)
