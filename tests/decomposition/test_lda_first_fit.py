@@ -80,12 +80,15 @@ def test_a_deferred_bound_is_the_fits_bound_and_survives_pickling(client):
     attribute until read; the counts held until then); read, directly or
     after a pickle round trip, it is the bound the fit computes when told
     to (``ps.lda.deferred-bound-tokens: 0``), bit for bit, and the held data
-    is dropped. ``verbose`` prints it, so computes it at the end of the fit;
-    a fit without one, and a refit, replace the earlier one."""
+    is dropped. ``verbose`` prints it, so computes it at the end of the fit
+    (without it, an iteration that is a multiple of ``evaluate_every``
+    prints nothing and leaves it pending); a fit without one, and a refit,
+    replace the earlier one."""
     X = _small_corpus()
 
     def fit(**kw):
-        return LatentDirichletAllocation(n_components=4, max_iter=3, random_state=0, client=client, **kw).fit(X)
+        kw = {"max_iter": 3, **kw}
+        return LatentDirichletAllocation(n_components=4, random_state=0, client=client, **kw).fit(X)
 
     with dask.config.set({"ps.lda.deferred-bound-tokens": 0}):
         eager = fit()
@@ -97,6 +100,7 @@ def test_a_deferred_bound_is_the_fits_bound_and_survives_pickling(client):
     assert lazy.bound_ == eager.bound_ and copy.bound_ == eager.bound_
     assert "_bound_pending" not in vars(lazy) and vars(lazy)["bound_"] == eager.bound_
     assert "bound_" in vars(fit(verbose=1))
+    assert "_bound_pending" in vars(fit(max_iter=4, evaluate_every=2))  # evaluations print nothing without verbose
     lazy.partial_fit(X[:10])  # a new call: its own bound_, pending again
     assert "bound_" not in vars(lazy) and np.isfinite(lazy.bound_) and lazy.bound_ != eager.bound_
     with dask.config.set({"ps.lda.deferred-bound-tokens": 100}):  # more tokens than that: at the end of the fit
