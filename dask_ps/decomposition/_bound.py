@@ -310,13 +310,26 @@ class PendingBound:
     """What a fit needs to compute its ``bound_`` later (:class:`DeferredBound`):
     the training counts ``matrix`` of a corpus of one partition held here,
     the final word-topic counts ``nwk`` and the fold-in's parameters. Holds
-    them until it is computed (then dropped), pickled with the estimator."""
+    them until it is computed (then dropped), pickled with the estimator.
+    ``nwk`` is held by its nonzeros (at most one per token: a small corpus
+    over a large vocabulary does not hold a second V x K table, and
+    ``components_`` is the user's to change) and rebuilt as it was, dtype
+    and layout, so the same kernels give the same bits."""
 
     def __init__(self, matrix, nwk, n_tokens, **params):
-        self.matrix, self.nwk, self.n_tokens, self.params = matrix, nwk, int(n_tokens), params
+        self.matrix, self.n_tokens, self.params = matrix, int(n_tokens), params
+        self.shape, self.dtype = nwk.shape, nwk.dtype
+        self.where = np.flatnonzero(nwk)
+        self.values = nwk.reshape(-1)[self.where]
+
+    def counts(self):
+        """The word-topic counts, as the fit left them (C order)."""
+        nwk = np.zeros(self.shape, dtype=self.dtype)
+        nwk.reshape(-1)[self.where] = self.values
+        return nwk
 
     def __call__(self) -> float:
-        return float(np.exp(-local_bound(self.matrix, self.nwk, **self.params) / self.n_tokens))
+        return float(np.exp(-local_bound(self.matrix, self.counts(), **self.params) / self.n_tokens))
 
     def __repr__(self):
         return f"PendingBound({self.matrix.shape[0]} documents, {self.n_tokens} tokens)"

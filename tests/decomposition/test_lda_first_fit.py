@@ -96,6 +96,8 @@ def test_a_deferred_bound_is_the_fits_bound_and_survives_pickling(client):
     assert not hasattr(LatentDirichletAllocation(), "bound_")
     lazy = fit()
     assert "bound_" not in vars(lazy) and "_bound_pending" in vars(lazy)
+    held = lazy._bound_pending  # at most a count per token, not a second V x K table
+    assert held.values.size <= lazy.n_tokens_ and held.matrix.nnz <= lazy.n_tokens_
     copy = pickle.loads(pickle.dumps(lazy))
     assert lazy.bound_ == eager.bound_ and copy.bound_ == eager.bound_
     assert "_bound_pending" not in vars(lazy) and vars(lazy)["bound_"] == eager.bound_
