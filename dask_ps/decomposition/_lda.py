@@ -693,7 +693,7 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
         bound = dict(beta=self.topic_word_prior_, alpha=self.doc_topic_prior_, max_iter=self.max_doc_update_iter,
                      tol=self.mean_change_tol)
         # bound_ of a small in-memory corpus, scored here anyway, waits for its first read (issue 35)
-        defer = (matrix is not None and P <= 1 and not progress.verbose
+        defer = (matrix is not None and P <= 1 and not progress.verbose > 0
                  and layout.n_tokens <= int(setting("lda", "deferred-bound-tokens")))
         try:
             runs = GibbsRuns(ps, parts, uid, plan, fixed, resume, progress, info=run_info(self, 0)).run(
