@@ -287,13 +287,76 @@ def training_bound(parts, nwk, *, client, beta, alpha, max_iter, tol, matrix=Non
     in-memory corpus (``matrix``: its counts, held here) of one partition
     is scored here: the same work without two round trips (a small fit's
     cost)."""
-    topics = count_topic_term(nwk, beta)
     if matrix is not None and len(parts.futures) <= 1:
-        X = sp.csr_matrix(matrix, dtype=np.float64)
-        elog_t, exp_t = count_expectations(nwk, beta)
-        return float(document_terms(X, elog_t, exp_t, alpha, max_iter, tol)[0].sum()) + topics
+        return local_bound(matrix, nwk, beta=beta, alpha=alpha, max_iter=max_iter, tol=tol)
+    topics = count_topic_term(nwk, beta)
     [counts] = client.scatter([nwk], hash=False)
     try:
         return float(sum(parts.gather(part_document_terms, counts, beta, alpha, max_iter, tol))) + topics
     finally:
         counts.release()
+
+
+def local_bound(matrix, nwk, *, beta, alpha, max_iter, tol) -> float:
+    """:func:`training_bound` of an in-memory corpus of one partition
+    (``matrix``: its document-term counts), computed here."""
+    topics = count_topic_term(nwk, beta)
+    X = sp.csr_matrix(matrix, dtype=np.float64)
+    elog_t, exp_t = count_expectations(nwk, beta)
+    return float(document_terms(X, elog_t, exp_t, alpha, max_iter, tol)[0].sum()) + topics
+
+
+class PendingBound:
+    """What a fit needs to compute its ``bound_`` later (:class:`DeferredBound`):
+    the training counts ``matrix`` of a corpus of one partition held here,
+    the final word-topic counts ``nwk`` and the fold-in's parameters. Holds
+    them until it is computed (then dropped), pickled with the estimator.
+    ``nwk`` is held by its nonzeros (at most one per token: a small corpus
+    over a large vocabulary does not hold a second V x K table, and
+    ``components_`` is the user's to change) and rebuilt as it was, dtype
+    and layout, so the same kernels give the same bits."""
+
+    def __init__(self, matrix, nwk, n_tokens, **params):
+        self.matrix, self.n_tokens, self.params = matrix, int(n_tokens), params
+        self.shape, self.dtype = nwk.shape, nwk.dtype
+        self.where = np.flatnonzero(nwk)
+        self.values = nwk.reshape(-1)[self.where]
+
+    def counts(self):
+        """The word-topic counts, as the fit left them (C order)."""
+        nwk = np.zeros(self.shape, dtype=self.dtype)
+        nwk.reshape(-1)[self.where] = self.values
+        return nwk
+
+    def __call__(self) -> float:
+        return float(np.exp(-local_bound(self.matrix, self.counts(), **self.params) / self.n_tokens))
+
+    def __repr__(self):
+        return f"PendingBound({self.matrix.shape[0]} documents, {self.n_tokens} tokens)"
+
+
+class DeferredBound:
+    """The estimator's ``bound_`` where a fit left it pending (issue 35): a
+    non-data descriptor, so a ``bound_`` the fit computed (an instance
+    attribute) is read as usual; otherwise the first read computes it from
+    the instance's ``_bound_pending`` (:class:`PendingBound`), stores it as
+    an instance attribute and drops the pending data. The same numbers, bit
+    for bit, as computing it at the end of the fit: a first fit that is
+    never asked for ``bound_`` does not compile scikit-learn's E-step and
+    bound (``doc_bounds``, ``_count_terms``: 1.1-1.2 s of CPU, more than
+    the sampler's kernel). No fit yet: AttributeError, as for any fitted
+    attribute."""
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        pending = obj.__dict__.get("_bound_pending")
+        if pending is None:
+            raise AttributeError(f"'{type(obj).__name__}' object has no attribute '{self.name}'")
+        value = pending()
+        obj.__dict__[self.name] = value
+        obj.__dict__.pop("_bound_pending", None)
+        return value

@@ -56,7 +56,7 @@ from dask_ps.decomposition._runs import (
     totals_in_word_table,
 )
 from dask_ps.decomposition import _kept
-from dask_ps.decomposition._bound import training_bound
+from dask_ps.decomposition._bound import DeferredBound, PendingBound, training_bound
 from dask_ps.decomposition._inference import TopicInference
 from dask_ps.decomposition._scoring import components_dtype, final_loglik, topic_word_components
 
@@ -266,7 +266,11 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
         scikit-learn's final ``bound_``: the perplexity of the training
         documents (the counts the sampler took) under the fitted topics,
         ``perplexity(X)`` (its variational bound); the documents' terms
-        computed where the documents are, after the last sweep. NaN for a
+        computed where the documents are, after the last sweep; for an
+        in-memory corpus of one partition and at most
+        ``ps.lda.deferred-bound-tokens`` tokens without ``verbose``, at its
+        first read instead (the same number; the model holds the counts
+        till then, and a first fit compiles no scoring kernel). NaN for a
         corpus without tokens. After :meth:`partial_fit`: of the documents
         that call sampled (its own and the kept earlier ones).
     loglik_history_ : list of (iteration, seconds, loglik)
@@ -453,6 +457,8 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
             "learning_method", "learning_decay", "learning_offset", "batch_size", "total_samples", "perp_tol")},
         "n_jobs": [None, Integral],
     }
+
+    bound_ = DeferredBound()  # computed at its first read where the fit left it pending
 
     def __init__(
         self,
@@ -684,12 +690,16 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
         first = resume[1][1] if resume[1] else 0
         progress = Progress(self.verbose, logger, total=max(0, self.max_iter - first), unit="it",
                             desc=type(self).__name__)
+        bound = dict(beta=self.topic_word_prior_, alpha=self.doc_topic_prior_, max_iter=self.max_doc_update_iter,
+                     tol=self.mean_change_tol)
+        # bound_ of a small in-memory corpus, scored here anyway, waits for its first read (issue 35)
+        defer = (matrix is not None and P <= 1 and not progress.verbose > 0
+                 and layout.n_tokens <= int(setting("lda", "deferred-bound-tokens")))
         try:
             runs = GibbsRuns(ps, parts, uid, plan, fixed, resume, progress, info=run_info(self, 0)).run(
-                score=functools.partial(training_bound, client=ps.client, beta=self.topic_word_prior_,
-                                        alpha=self.doc_topic_prior_, max_iter=self.max_doc_update_iter,
-                                        tol=self.mean_change_tol, matrix=matrix))
-            self._set_fitted(runs, P, progress, dtype)
+                score=None if defer else functools.partial(training_bound, client=ps.client, matrix=matrix, **bound))
+            self._set_fitted(runs, P, progress, dtype, PendingBound(matrix, runs.nwk, self.n_tokens_, **bound)
+                             if defer else None)
             if fixed["keep_rows"] is not None:
                 self._kept = _kept.collect(matrix, keys, fixed["keep_rows"], runs.results)
         finally:
@@ -786,7 +796,9 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
         ``exp_dirichlet_component_``."""
         self.components_, self.exp_dirichlet_component_ = topic_word_components(nwk, self.topic_word_prior_, dtype)
 
-    def _set_fitted(self, runs: GibbsRuns, P, progress: Progress, dtype=np.float64):
+    def _set_fitted(self, runs: GibbsRuns, P, progress: Progress, dtype=np.float64, pending=None):
+        """The fitted attributes after the runs; ``pending``: ``bound_``'s
+        data where its computation waits for its first read."""
         beta = self.topic_word_prior_
         self._set_components(runs.nwk, dtype)
         # A resumed checkpoint may already be past max_iter: report what the
@@ -803,7 +815,7 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
         runs.history.append((runs.stop, time.time() - runs.t_start, float(final)))
         self.loglik_history_ = runs.history
         # scikit-learn's final bound_: the training documents' perplexity
-        self.bound_ = float(np.exp(-runs.score / self.n_tokens_))
+        self._set_bound(float(np.exp(-runs.score / self.n_tokens_)) if pending is None else None, pending)
         end_of_fit_lines(progress, runs, self, final, P)
 
     def _set_without_tokens(self, base, dtype):
@@ -818,4 +830,13 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
         self.fit_seconds_ = self.tokens_per_second_ = 0.0
         self.metrics_ = []
         self.loglik_history_ = [(0, 0.0, float(final_loglik([], nwk, nwk.sum(axis=0), self.topic_word_prior_)))]
-        self.bound_ = float("nan")
+        self._set_bound(float("nan"))
+
+    def _set_bound(self, value, pending=None):
+        """``bound_`` (``value``), or its computation left ``pending`` (:class:`DeferredBound`)."""
+        if pending is None:
+            self.__dict__.pop("_bound_pending", None)
+            self.bound_ = value
+        else:
+            self.__dict__.pop("bound_", None)
+            self._bound_pending = pending

@@ -40,31 +40,6 @@ def _inverse_totals(nk, vbeta, inv):
         inv[k] = 1.0 / ((n if n > 0 else 0) + vbeta)
 
 
-@njit(cache=False, inline="always")
-def _doc_coefficients(ndk, d, alpha, inv, coef):
-    """Fill ``coef`` with document ``d``'s ``(ndk + alpha) / (nk + vbeta)``
-    per topic; returns their sum."""
-    total = 0.0
-    for k in range(coef.shape[0]):
-        coef[k] = (ndk[d, k] + alpha) * inv[k]
-        total += coef[k]
-    return total
-
-
-@njit(cache=False, inline="always")
-def _move_token(ndk, nwk, nk, inv, coef, d, w, k, step, alpha, vbeta):
-    """Add (``step=1``) or remove (``step=-1``) a token of document ``d`` and
-    word ``w`` in topic ``k``, keeping the topic's ``inv`` and ``coef``
-    (``(ndk + alpha) / (nk + vbeta)``) current. Inlined into the sweeps
-    (compiled with their flags), so it costs no call per token."""
-    ndk[d, k] += step
-    nwk[w, k] += step
-    nk[k] += step
-    n = nk[k]
-    inv[k] = 1.0 / ((n if n > 0 else 0) + vbeta)
-    coef[k] = (ndk[d, k] + alpha) * inv[k]
-
-
 # SplitMix64 (Steele, Lea & Flood 2014; Java's SplittableRandom): a Weyl
 # sequence through a 64-bit mixer, a few integer operations inlined per draw.
 # numba's np.random.random() is a call per token (MT19937 state behind it);
@@ -84,16 +59,6 @@ def _splitmix_unit(state):
     x = (x ^ (x >> _S27)) * _MIX2
     x = x ^ (x >> _S31)
     return (x >> _S11) * (1.0 / 9007199254740992.0)
-
-
-@njit(cache=False, inline="always")
-def _lane_sum(p, j, n_rows, B):
-    """The sum of lane ``j`` of ``p`` (topics ``j, j + B, j + 2B, ...``):
-    the full pass's sum, up to rounding."""
-    s = p[j]
-    for b in range(1, n_rows):
-        s += p[b * B + j]
-    return s
 
 
 # The dense sweep's lanes (topics j, j + _LANES, j + 2 _LANES, ... in lane j).
@@ -134,30 +99,54 @@ def _dense_sweep(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed, inv,
     and the one this token leaves, so a run patches those two entries and
     their lanes instead of recomputing all K (a third of the tokens of the
     benchmark corpus). Uniforms: SplitMix64 seeded with ``seed``.
+
+    The kernel a first fit compiles (issue 35), so it calls nothing: its
+    helpers (a token's move, a lane's sum, the draw) are written out, and
+    ``min`` is a comparison. Called (``_inverse_totals``, ``min``) or
+    inlined by numba (``inline="always"``: typed again at each site) they
+    cost 0.17 s of its 0.84 s of compile CPU; LLVM emits the same
+    arithmetic either way (the same draws, bit for bit).
     """
     K = nk.shape[0]
     B = _LANES
     n_rows = (K + B - 1) // B  # topics per lane, the last row padded
-    last_lane = min(B, K) - 1
-    _inverse_totals(nk, vbeta, inv)
+    last_lane = (B if B < K else K) - 1
+    for k in range(K):
+        n = nk[k]
+        inv[k] = 1.0 / ((n if n > 0 else 0) + vbeta)  # clamped at 0
     state = np.uint64(seed)
     for d in range(doc_ptr.shape[0] - 1):
         if doc_ptr[d] == doc_ptr[d + 1]:
             continue
-        _doc_coefficients(ndk, d, alpha, inv, coef)
+        for k in range(K):
+            coef[k] = (ndk[d, k] + alpha) * inv[k]
         prev_w = -1
         prev_new = 0
         for i in range(doc_ptr[d], doc_ptr[d + 1]):
             w = words[i]
             old = z[i]
-            _move_token(ndk, nwk, nk, inv, coef, d, w, old, -1, alpha, vbeta)
+            # the token leaves topic old: its counts, inv and coef
+            ndk[d, old] -= 1
+            nwk[w, old] -= 1
+            nk[old] -= 1
+            n = nk[old]
+            inv[old] = 1.0 / ((n if n > 0 else 0) + vbeta)
+            coef[old] = (ndk[d, old] + alpha) * inv[old]
             if w == prev_w:  # the run goes on: patch the two topics that moved
                 c = nwk[w, prev_new]
                 p[prev_new] = coef[prev_new] * ((c if c > 0 else 0) + beta)
                 c = nwk[w, old]
                 p[old] = coef[old] * ((c if c > 0 else 0) + beta)
-                lanes[prev_new % B] = _lane_sum(p, prev_new % B, n_rows, B)
-                lanes[old % B] = _lane_sum(p, old % B, n_rows, B)
+                j = prev_new % B  # the sums of their lanes (topics j, j + B, ...)
+                s = p[j]
+                for r in range(1, n_rows):
+                    s += p[r * B + j]
+                lanes[j] = s
+                j = old % B
+                s = p[j]
+                for r in range(1, n_rows):
+                    s += p[r * B + j]
+                lanes[j] = s
             else:
                 for k in range(K):
                     c = nwk[w, k]
@@ -170,8 +159,11 @@ def _dense_sweep(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed, inv,
             total = 0.0
             for j in range(B):
                 total += lanes[j]
-            state += _GOLDEN
-            u = _splitmix_unit(state) * total
+            state += _GOLDEN  # SplitMix64's next uniform (_splitmix_unit, written out)
+            x = (state ^ (state >> _S30)) * _MIX1
+            x = (x ^ (x >> _S27)) * _MIX2
+            x = x ^ (x >> _S31)
+            u = (x >> _S11) * (1.0 / 9007199254740992.0) * total
             j = 0
             while j < last_lane and u >= lanes[j]:
                 u -= lanes[j]
@@ -181,7 +173,12 @@ def _dense_sweep(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, seed, inv,
                 u -= p[new]
                 new += B
             z[i] = new
-            _move_token(ndk, nwk, nk, inv, coef, d, w, new, 1, alpha, vbeta)
+            ndk[d, new] += 1  # the token joins topic new
+            nwk[w, new] += 1
+            nk[new] += 1
+            n = nk[new]
+            inv[new] = 1.0 / ((n if n > 0 else 0) + vbeta)
+            coef[new] = (ndk[d, new] + alpha) * inv[new]
             prev_w, prev_new = w, new
 
 

@@ -192,7 +192,10 @@ def end_of_fit_lines(progress, runs, est, final, P) -> None:
     """After a fit: the last iteration's line, unless the monitor printed it
     (after the run: its evaluation is the exact final state's; its
     perplexity is ``bound_``, as scikit-learn's last evaluation is), and the
-    summary, to the logger only (scikit-learn prints nothing more)."""
+    summary, to the logger only (scikit-learn prints nothing more).
+    Nothing without ``verbose`` (a ``bound_`` left pending stays so)."""
+    if not progress.verbose > 0:
+        return
     if runs.stop > runs.printed:
         evaluated = est.evaluate_every > 0 and runs.stop % est.evaluate_every == 0
         progress.line(iteration_line(

@@ -1,21 +1,25 @@
 """What a fresh install's first LDA fit compiles (issue 35): the kernels it
-runs and nothing else, and none of numba's own array constructors."""
+runs and nothing else, and none of numba's own array constructors; its
+``bound_`` (scikit-learn's E-step and bound) only when it is read."""
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 
+import dask
 import numpy as np
 import pytest
 from scipy.special import gammaln
 
-from dask_ps.decomposition import _lda_kernels
+from dask_ps.decomposition import LatentDirichletAllocation, _lda_kernels
 
 _FIRST_FIT = r"""
 import json
+import dask
 import numpy as np
 import numba.core.event as ev
 compiled = []
@@ -29,33 +33,80 @@ ev.register("numba:compile", Count())
 from dask_ps.decomposition import LatentDirichletAllocation
 X = np.random.RandomState(0).poisson(0.05, size=(120, 400))
 est = LatentDirichletAllocation(n_components=5, max_iter=3, random_state=0).fit(X)
-print("RESULT " + json.dumps({"compiled": compiled, "bound": est.bound_}))
+fit = list(compiled)
+bound = est.bound_  # read: computed now
+with dask.config.set({"ps.lda.deferred-bound-tokens": 0}):  # computed at the end of the fit
+    eager = LatentDirichletAllocation(n_components=5, max_iter=3, random_state=0).fit(X).bound_
+print("RESULT " + json.dumps({"fit": fit, "compiled": compiled, "bound": bound, "eager": eager}))
 """
 
-# The kernels a default fit runs: the dense sweep and bound_ (scikit-learn's
-# E-step under the final counts); a small fit's starting counts are numpy's.
-_USED = {
-    "_lda_kernels._dense_sweep", "_lda_kernels._inverse_totals",
-    "_bound._psi", "_bound._count_terms", "_bound.doc_bounds",
-}
+# What a default fit runs: the dense sweep (it calls no other kernel; a small
+# fit's starting counts are numpy's) ...
+_FIT = {"_lda_kernels._dense_sweep"}
+# ... and what reading its bound_ adds: scikit-learn's E-step and bound under
+# the final counts.
+_BOUND = {"_bound._psi", "_bound._count_terms", "_bound.doc_bounds"}
 
 
 def test_a_first_fit_compiles_the_kernels_it_runs_only(tmp_path):
     """Each compiled entry point, and each of numba's array constructors a
     kernel calls (``np.empty``, ``np.zeros``: compiled on their first use in
     a process), cost a first fit 0.06-0.15 s of compile: a default fit
-    compiles the kernels it runs, once each, and its kernels allocate
-    nothing (their work arrays come from the Python callers)."""
+    compiles the one kernel it runs, and its kernels allocate nothing (their
+    work arrays come from the Python callers). ``bound_`` of a small corpus
+    is computed at its first read (its kernels were 1.1-1.2 s of CPU, more
+    than the sampler's), to the bit what the end of the fit computes."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env["DASK_PS__KERNEL_CACHE_DIR"] = str(tmp_path)
     out = subprocess.run([sys.executable, "-c", _FIRST_FIT], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
-    ours = [name.removeprefix("dask_ps.decomposition.") for name in result["compiled"]
-            if name.startswith("dask_ps.")]
-    assert sorted(ours) == sorted(_USED), result["compiled"]
+
+    def ours(names):
+        return sorted(name.removeprefix("dask_ps.decomposition.") for name in names if name.startswith("dask_ps."))
+
+    assert ours(result["fit"]) == sorted(_FIT), result["fit"]
+    assert ours(result["compiled"]) == sorted(_FIT | _BOUND), result["compiled"]
     assert not [name for name in result["compiled"] if name.startswith("numba.np.arrayobj")], result["compiled"]
-    assert np.isfinite(result["bound"])
+    assert np.isfinite(result["bound"]) and result["bound"] == result["eager"]
+
+
+def _small_corpus():
+    return np.random.RandomState(3).poisson(0.1, size=(60, 120))
+
+
+def test_a_deferred_bound_is_the_fits_bound_and_survives_pickling(client):
+    """A small in-memory fit leaves ``bound_`` pending (not an instance
+    attribute until read; the counts held until then); read, directly or
+    after a pickle round trip, it is the bound the fit computes when told
+    to (``ps.lda.deferred-bound-tokens: 0``), bit for bit, and the held data
+    is dropped. ``verbose`` prints it, so computes it at the end of the fit
+    (without it, an iteration that is a multiple of ``evaluate_every``
+    prints nothing and leaves it pending); a fit without one, and a refit,
+    replace the earlier one."""
+    X = _small_corpus()
+
+    def fit(**kw):
+        kw = {"max_iter": 3, **kw}
+        return LatentDirichletAllocation(n_components=4, random_state=0, client=client, **kw).fit(X)
+
+    with dask.config.set({"ps.lda.deferred-bound-tokens": 0}):
+        eager = fit()
+    assert "bound_" in vars(eager) and "_bound_pending" not in vars(eager)
+    assert not hasattr(LatentDirichletAllocation(), "bound_")
+    lazy = fit()
+    assert "bound_" not in vars(lazy) and "_bound_pending" in vars(lazy)
+    held = lazy._bound_pending  # at most a count per token, not a second V x K table
+    assert held.values.size <= lazy.n_tokens_ and held.matrix.nnz <= lazy.n_tokens_
+    copy = pickle.loads(pickle.dumps(lazy))
+    assert lazy.bound_ == eager.bound_ and copy.bound_ == eager.bound_
+    assert "_bound_pending" not in vars(lazy) and vars(lazy)["bound_"] == eager.bound_
+    assert "bound_" in vars(fit(verbose=1))
+    assert "_bound_pending" in vars(fit(max_iter=4, evaluate_every=2))  # evaluations print nothing without verbose
+    lazy.partial_fit(X[:10])  # a new call: its own bound_, pending again
+    assert "bound_" not in vars(lazy) and np.isfinite(lazy.bound_) and lazy.bound_ != eager.bound_
+    with dask.config.set({"ps.lda.deferred-bound-tokens": 100}):  # more tokens than that: at the end of the fit
+        assert "bound_" in vars(fit())
 
 
 @pytest.mark.parametrize("shape", [(300, 10), (40, 1), (0, 4), (6, 0)])
