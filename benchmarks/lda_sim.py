@@ -98,3 +98,39 @@ def simulate_lda(X, n_components, consistency, n_participants, seed, *, max_iter
     else:
         nwk, nk = counts, server.pull(nk_name)
     return final_loglik([r["doc_loglik"] for r in results], nwk, nk, cfg.beta)
+
+
+def main():
+    """The median gap to BSP's log-likelihood at the same seed, by sweeps and model (docs/benchmarks.md)."""
+    import argparse
+    import pathlib
+    import sys
+
+    import dask_ps
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
+    import ps_fixtures
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--seeds", type=int, default=40)
+    ap.add_argument("--sweeps", type=int, nargs="+", default=[30, 60, 120, 240])
+    ap.add_argument("--participants", type=int, default=4)
+    ap.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4])
+    args = ap.parse_args()
+    X = ps_fixtures.lda_corpus(400, 80, 200, 5, 0.3, 0.05, 0)[0]  # test_lda.py's corpus
+    print(f"median (loglik - BSP's) / |BSP's| over {args.seeds} seeds, {args.participants} participants; "
+          f"merged-topics fits (below BSP's median by 2%) counted")
+    for sweeps in args.sweeps:
+        bsp = np.array([simulate_lda(X, 5, dask_ps.BSP(), args.participants, s, max_iter=sweeps)
+                        for s in range(args.seeds)])
+        cells = [f"BSP stuck {int((bsp < 1.02 * np.median(bsp)).sum())}"]
+        for s in args.staleness:
+            ll = np.array([simulate_lda(X, 5, dask_ps.SSP(s), args.participants, seed, max_iter=sweeps)
+                           for seed in range(args.seeds)])
+            cells.append(f"SSP({s}) {100 * np.median((ll - bsp) / np.abs(bsp)):+.2f}% "
+                         f"stuck {int((ll < 1.02 * np.median(bsp)).sum())}")
+        print(f"{sweeps:4d} sweeps: " + ", ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
