@@ -1,4 +1,4 @@
-"""Whom a run's end waits for, and until when.
+"""Whom a run's abort and end wait for, and until when.
 
 A run with per-clock sums (``aggregate="clock"``) ends only once the
 servers applied what it left (``Runs.end``): the scheduler's broadcast of
@@ -6,7 +6,8 @@ servers applied what it left (``Runs.end``): the scheduler's broadcast of
 is only slow must not be skipped (a read after the end would miss sums).
 A holder that dies while the end waits for it stops holding it when Dask
 removes it (``Liveness.mark_dead`` cancels the call), however long it
-would have taken to answer; a killed one at once (its connections close). A worker that joins mid-run answers at once
+would have taken to answer; a killed one at once (its connections close).
+A run's abort waits for every server likewise, at most ``ps.timeouts.rpc``. A worker that joins mid-run answers at once
 (it holds nothing of the run). See docs/architecture.rst, "Runs".
 """
 
@@ -49,6 +50,12 @@ def _never_end(dask_worker):
     dask_worker.handlers["ps_run_end"] = never
 
 
+def _pushed_to_t(dask_scheduler):
+    """Whether the run's participants use a table with per-clock sums (its
+    end then waits for the servers: ``Runs.notify_at_end``)."""
+    return any(run.notify for run in dask_scheduler.extensions["ps"].runs.values())
+
+
 def _holders(dask_scheduler, name):
     return sorted(dask_scheduler.extensions["ps"].tables[name].listed())
 
@@ -72,12 +79,12 @@ def test_a_holder_that_leaves_during_a_runs_end_stops_holding_it(how):
         client.run(_never_end, workers=[victim])
         thread, out = run_in_thread(ps, _clock_until_stopped, range(2))
         runs = lambda: client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.extensions["ps"].runs))
-        wait_until(runs, "the run")
+        wait_until(lambda: client.run_on_scheduler(_pushed_to_t), "a participant's first push to t")
         ps.push("stop", np.ones(1))
         # The end is under way (the scheduler forgot the run) and waits for the victim's answer.
         wait_until(lambda: client.run(lambda dask_worker: dask_worker.extensions["ps"].ends,
                                       workers=[victim])[victim], "the victim's ps_run_end")
-        assert not runs() and thread.is_alive()
+        assert not runs() and thread.is_alive(), out
         if how == "killed":
             os.kill(client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.workers[victim].pid), signal.SIGKILL)
         else:  # only Dask's membership can end the wait: the connection stays open
@@ -88,3 +95,62 @@ def test_a_holder_that_leaves_during_a_runs_end_stops_holding_it(how):
             raise out["error"]
         client.sync(ps._scheduler.ps_placement_settled)
         assert ps.pull("t").sum() == SHAPE[0] * SHAPE[1] * sum(out["result"])  # the survivors applied theirs
+
+
+def _never_take_aborts(dask_worker):
+    """This worker never answers a run record that says the run was aborted
+    (``ps_run_update``); ``aborts`` counts them."""
+    import asyncio
+
+    plugin = dask_worker.extensions["ps"]
+    plugin.aborts = 0
+    original = dask_worker.handlers["ps_run_update"]
+
+    async def update(**msg):
+        if (msg.get("record") or {}).get("aborted"):
+            plugin.aborts += 1
+            await asyncio.Event().wait()
+        return original(**msg)
+
+    dask_worker.handlers["ps_run_update"] = update
+
+
+def _raise_when_stopped(ctx, _):
+    """Clock until ``stop`` holds 1, then rank 0 raises (the run is aborted)."""
+    _clock_until_stopped(ctx, _)
+    if ctx.rank == 0:
+        raise RuntimeError("rank 0 stops the run")
+    return ctx.current_clock
+
+
+@pytest.mark.parametrize("how", ["killed", "removed"])
+def test_a_server_that_leaves_during_a_runs_abort_stops_holding_it(how):
+    """The abort (``ps_run_abort``) waits for every server's answer, at
+    most ``ps.timeouts.rpc``: one that leaves the cluster meanwhile stops
+    holding it at once (here ``ps.timeouts.rpc`` is 10 minutes, past the
+    test's own limit)."""
+    import dask
+
+    with dask.config.set({"ps.timeouts.rpc": "600s"}), cluster(n=3) as lc, Client(lc) as client:
+        ps = dask_ps.ParameterServer(client)
+        servers = ps.wait_for_servers(3)
+        victim = servers[2]  # no participant there
+        ps.create_table("t", shape=SHAPE, block_rows=1, aggregate="clock", consistency=dask_ps.BSP(),
+                        replication=2)
+        ps.create_table("stop", shape=(1,), consistency=dask_ps.VAP(1.0), replication=2)
+        client.run(_never_take_aborts, workers=[victim])
+        thread, out = run_in_thread(ps, _raise_when_stopped, range(2))
+        runs = lambda: client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.extensions["ps"].runs))
+        wait_until(lambda: client.run_on_scheduler(_pushed_to_t), "a participant's first push to t")
+        ps.push("stop", np.ones(1))
+        wait_until(lambda: client.run(lambda dask_worker: dask_worker.extensions["ps"].aborts,
+                                      workers=[victim])[victim], "the abort at the victim")
+        assert runs() and thread.is_alive()  # the abort waits for the victim's answer
+        if how == "killed":
+            os.kill(client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.workers[victim].pid), signal.SIGKILL)
+        else:
+            client.run_on_scheduler(_remove, address=victim)
+        thread.join(120)
+        assert not thread.is_alive(), "the run's abort still waits for a worker Dask removed"
+        assert isinstance(out.get("error"), RuntimeError), out
+        assert not runs()
