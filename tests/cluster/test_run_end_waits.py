@@ -66,7 +66,11 @@ async def _remove(dask_scheduler, address):
     await dask_scheduler.remove_worker(address=address, stimulus_id="check-worker-ttl-test", close=False)
 
 
-@pytest.mark.parametrize("how", ["killed", "removed"])
+@pytest.mark.parametrize("how", [
+    # Its connections close with it: the call fails at once (a 3-worker cluster, ~4 s: -m slow).
+    pytest.param("killed", marks=pytest.mark.slow),
+    "removed",
+])
 def test_a_holder_that_leaves_during_a_runs_end_stops_holding_it(how):
     with cluster(n=3) as lc, Client(lc) as client:
         ps = dask_ps.ParameterServer(client)
@@ -123,7 +127,11 @@ def _raise_when_stopped(ctx, _):
     return ctx.current_clock
 
 
-@pytest.mark.parametrize("how", ["killed", "removed"])
+@pytest.mark.parametrize("how", [
+    # Its connections close with it: the call fails at once (a 3-worker cluster, ~4 s: -m slow).
+    pytest.param("killed", marks=pytest.mark.slow),
+    "removed",
+])
 def test_a_server_that_leaves_during_a_runs_abort_stops_holding_it(how):
     """The abort (``ps_run_abort``) waits for every server's answer, at
     most ``ps.timeouts.rpc``: one that leaves the cluster meanwhile stops

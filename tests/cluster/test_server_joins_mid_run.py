@@ -182,7 +182,10 @@ def _clock_until_stopped(ctx, _):
     return ctx.current_clock
 
 
-@pytest.mark.parametrize("ending", ["abort", "end"])
+@pytest.mark.parametrize("ending", [
+    "abort",
+    pytest.param("end", marks=pytest.mark.slow),  # the same fix, through the run's end (~5 s)
+])
 def test_a_worker_removed_before_its_registration_is_handled_is_no_server(ending):
     """A worker that dies as it starts (killed after Dask registered it,
     before the scheduler handled its ``ps_register_server``) is not taken
