@@ -256,7 +256,18 @@ class PSSchedulerPlugin(SchedulerPlugin):
     async def register_server(self, address: str) -> None:
         """Handler (worker plugin setup): this worker can host shards. Tables
         rebalance onto it in the background (consistent hashing: about 1/N
-        of the blocks move)."""
+        of the blocks move).
+
+        Only a worker Dask has: the worker's setup calls this after Dask
+        registered it, and a worker that dies meanwhile (killed as it
+        starts) may be removed before this runs. Taken as a member, it
+        would never leave again (Dask removes a worker once): every run's
+        start, abort and end, every broadcast and rebalance would wait on
+        connects to its dead address (``distributed.comm.timeouts.connect``
+        each), and blocks would be moved onto it."""
+        if address not in self.scheduler.workers:
+            logger.info("dask_ps: %s registered as a server after Dask removed it: not taken", address)
+            return
         new = address not in self.members
         self.members.add(address)
         if address in self.liveness.dead:  # back at the same address: reachable again

@@ -11,6 +11,9 @@ once, the restarted worker joining mid-run). These tests build that order
 on purpose: the original workers never take the record that names the new
 server while the run goes on, and the rebalance onto it waits (its table
 lock held) until the new server's clocks of the run are behind.
+
+And a worker that dies as it joins: removed by Dask before the scheduler
+handled its registration as a server, it must not become one.
 """
 
 from __future__ import annotations
@@ -141,3 +144,101 @@ def test_reads_parked_at_a_server_that_joined_mid_run_are_answered(case):
         for c, total in enumerate(totals):  # BSP: every writer's pushes of the clocks before, and no more
             assert writers * size * c <= total <= size * (writers * c + writers - 1), (c, totals)
         assert ps.pull("moving").sum() == size * (len(totals) + (len(other) if writers == 2 else 0))
+
+
+def _hold_next_registration(dask_scheduler):
+    """The scheduler handles the next ``ps_register_server`` only once
+    ``release`` is set (as if its message were read late); ``held`` gets
+    its address, ``handled`` is set after it ran."""
+    import asyncio
+
+    plugin = dask_scheduler.extensions["ps"]
+    original = dask_scheduler.handlers["ps_register_server"]
+    plugin.release, plugin.handled, plugin.held = asyncio.Event(), asyncio.Event(), []
+
+    async def late(**msg):
+        first = not plugin.held
+        if first:
+            plugin.held.append(msg.get("address"))
+            await plugin.release.wait()
+        try:
+            reply = original(**msg)
+            return (await reply) if asyncio.iscoroutine(reply) else reply
+        finally:
+            if first:
+                plugin.handled.set()
+
+    dask_scheduler.handlers["ps_register_server"] = late
+
+
+def _clock_until_stopped(ctx, _):
+    """Clock pushes of ones (per-clock sums) until ``stop`` holds 1 (return
+    the clocks) or 2 (rank 0 raises: the run is aborted)."""
+    while (stop := ctx.pull("stop")[0]) < 1:
+        ctx.push("t", np.ones(SHAPE))
+        ctx.clock()
+    if stop >= 2 and ctx.rank == 0:
+        raise RuntimeError("rank 0 stops the run")
+    return ctx.current_clock
+
+
+@pytest.mark.parametrize("ending", [
+    "abort",
+    pytest.param("end", marks=pytest.mark.slow),  # the same fix, through the run's end (~5 s)
+])
+def test_a_worker_removed_before_its_registration_is_handled_is_no_server(ending):
+    """A worker that dies as it starts (killed after Dask registered it,
+    before the scheduler handled its ``ps_register_server``) is not taken
+    as a shard server: Dask removes a worker once, so the old code kept it
+    a member for good, and every run's start, abort and end, every
+    broadcast and rebalance onto it waited on connects to its dead address
+    (a run's end hung for minutes behind rebalances onto it). The run
+    under way ends (aborted, or with exact per-clock sums), and no
+    placement lists the dead address."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+
+    from tests.cluster.test_deployment import dask_cli
+    from tests.cluster.test_reliability import cluster
+
+    with cluster(n=2) as lc, Client(lc) as client:
+        ps = dask_ps.ParameterServer(client)
+        first = ps.wait_for_servers(2)
+        ps.create_table("t", shape=SHAPE, aggregate="clock", consistency=dask_ps.BSP())
+        ps.create_table("stop", shape=(1,), consistency=dask_ps.VAP(1.0))
+        client.run_on_scheduler(_hold_next_registration)
+        thread, out = run_in_thread(ps, _clock_until_stopped, range(2))
+        held = lambda: client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.extensions["ps"].held))
+        worker = dask_cli("worker", lc.scheduler_address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+                          log=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: (_clocks_at(client, first[0]) or [0])[0] >= 2, "clock 2")
+            (dead,) = wait_until(held, "the new worker's registration")
+            pid = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.workers[dead].pid)
+            os.kill(pid, signal.SIGKILL)
+            worker.wait(60)
+            wait_until(lambda: dead not in client.scheduler_info(n_workers=-1)["workers"], "Dask removes it")
+            client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.extensions["ps"].release.set())
+            wait_until(lambda: client.run_on_scheduler(
+                lambda dask_scheduler: dask_scheduler.extensions["ps"].handled.is_set()), "its registration")
+            assert dead not in ps.servers
+            assert (_clocks_at(client, first[0]) or [0])[0] >= 2 and thread.is_alive(), out
+        finally:
+            # (On the old code this push could wait on the dead address and fail: the assertion says why.)
+            with contextlib.suppress(OSError):
+                ps.push("stop", np.full(1, 2.0 if ending == "abort" else 1.0))
+            thread.join(120)
+            if worker.poll() is None:
+                worker.kill()
+        assert not thread.is_alive(), "the run did not end"
+        if ending == "abort":
+            assert isinstance(out.get("error"), RuntimeError), out
+        else:
+            if "error" in out:
+                raise out["error"]
+            clocks = out["result"]
+            assert ps.pull("t").sum() == SHAPE[0] * SHAPE[1] * sum(clocks)
+        assert dead not in ps.servers
+        assert all(o.worker != dead for o in ps.placement("t"))
