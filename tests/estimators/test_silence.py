@@ -45,9 +45,12 @@ def port_8787_taken():
 def _run(*parts: str, timeout=240, own_session=False) -> subprocess.CompletedProcess:
     """The script in a fresh process (``own_session``: in a process group
     of its own, which a script's Ctrl-C to its group reaches alone)."""
-    # A child that hangs prints where its threads are (stderr) and exits before the timeout kills it:
-    # the two Ctrl-C tests timed out once each (240 s) in one full run at load 7-8, unexplained.
-    script = (f"import faulthandler; faulthandler.dump_traceback_later({max(1, timeout - 30)}, exit=True)\n"
+    # The child takes Ctrl-C as a terminal's program does, whatever its runner: a test run started in
+    # the background (`pytest &` in a script) ignores SIGINT, its children inherit that, and the two
+    # Ctrl-C tests then waited for an interrupt that never came (240 s each). A child that hangs all
+    # the same prints where its threads are (stderr) and exits before the timeout kills it.
+    script = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              f"import faulthandler; faulthandler.dump_traceback_later({max(1, timeout - 30)}, exit=True)\n"
               + "".join(textwrap.dedent(p) for p in parts))
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", script],
