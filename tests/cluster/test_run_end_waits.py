@@ -66,6 +66,26 @@ async def _remove(dask_scheduler, address):
     await dask_scheduler.remove_worker(address=address, stimulus_id="check-worker-ttl-test", close=False)
 
 
+def _tables_and_a_victim(client):
+    """The parameter server of a 3-worker cluster with a per-clock BSP table "t" and a "stop"
+    flag (both with 2 copies), and the third server, on which ``ps.run`` places no participant
+    (rank r goes to servers[r])."""
+    ps = dask_ps.ParameterServer(client)
+    victim = ps.wait_for_servers(3)[2]
+    ps.create_table("t", shape=SHAPE, block_rows=1, aggregate="clock", consistency=dask_ps.BSP(), replication=2)
+    ps.create_table("stop", shape=(1,), consistency=dask_ps.VAP(1.0), replication=2)
+    return ps, victim
+
+
+def _leave(client, victim, how):
+    """``victim`` leaves: killed (its connections close with it) or removed by Dask with its
+    connection left open (as worker-ttl does: only Dask's membership can end a wait on it)."""
+    if how == "killed":
+        os.kill(client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.workers[victim].pid), signal.SIGKILL)
+    else:
+        client.run_on_scheduler(_remove, address=victim)
+
+
 @pytest.mark.parametrize("how", [
     # Its connections close with it: the call fails at once (a 3-worker cluster, ~4 s: -m slow).
     pytest.param("killed", marks=pytest.mark.slow),
@@ -73,12 +93,7 @@ async def _remove(dask_scheduler, address):
 ])
 def test_a_holder_that_leaves_during_a_runs_end_stops_holding_it(how):
     with cluster(n=3) as lc, Client(lc) as client:
-        ps = dask_ps.ParameterServer(client)
-        servers = ps.wait_for_servers(3)  # ps.run places rank r on servers[r]: none on the third
-        victim = servers[2]
-        ps.create_table("t", shape=SHAPE, block_rows=1, aggregate="clock", consistency=dask_ps.BSP(),
-                        replication=2)
-        ps.create_table("stop", shape=(1,), consistency=dask_ps.VAP(1.0), replication=2)
+        ps, victim = _tables_and_a_victim(client)
         assert victim in client.run_on_scheduler(_holders, name="t")
         client.run(_never_end, workers=[victim])
         thread, out = run_in_thread(ps, _clock_until_stopped, range(2))
@@ -89,10 +104,7 @@ def test_a_holder_that_leaves_during_a_runs_end_stops_holding_it(how):
         wait_until(lambda: client.run(lambda dask_worker: dask_worker.extensions["ps"].ends,
                                       workers=[victim])[victim], "the victim's ps_run_end")
         assert not runs() and thread.is_alive(), out
-        if how == "killed":
-            os.kill(client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.workers[victim].pid), signal.SIGKILL)
-        else:  # only Dask's membership can end the wait: the connection stays open
-            client.run_on_scheduler(_remove, address=victim)
+        _leave(client, victim, how)
         thread.join(120)
         assert not thread.is_alive(), "the run's end still waits for a worker Dask removed"
         if "error" in out:
@@ -140,12 +152,7 @@ def test_a_server_that_leaves_during_a_runs_abort_stops_holding_it(how):
     import dask
 
     with dask.config.set({"ps.timeouts.rpc": "600s"}), cluster(n=3) as lc, Client(lc) as client:
-        ps = dask_ps.ParameterServer(client)
-        servers = ps.wait_for_servers(3)
-        victim = servers[2]  # no participant there
-        ps.create_table("t", shape=SHAPE, block_rows=1, aggregate="clock", consistency=dask_ps.BSP(),
-                        replication=2)
-        ps.create_table("stop", shape=(1,), consistency=dask_ps.VAP(1.0), replication=2)
+        ps, victim = _tables_and_a_victim(client)
         client.run(_never_take_aborts, workers=[victim])
         thread, out = run_in_thread(ps, _raise_when_stopped, range(2))
         runs = lambda: client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.extensions["ps"].runs))
@@ -154,10 +161,7 @@ def test_a_server_that_leaves_during_a_runs_abort_stops_holding_it(how):
         wait_until(lambda: client.run(lambda dask_worker: dask_worker.extensions["ps"].aborts,
                                       workers=[victim])[victim], "the abort at the victim")
         assert runs() and thread.is_alive()  # the abort waits for the victim's answer
-        if how == "killed":
-            os.kill(client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.workers[victim].pid), signal.SIGKILL)
-        else:
-            client.run_on_scheduler(_remove, address=victim)
+        _leave(client, victim, how)
         thread.join(120)
         assert not thread.is_alive(), "the run's abort still waits for a worker Dask removed"
         assert isinstance(out.get("error"), RuntimeError), out
