@@ -28,6 +28,66 @@ _DENSE_COUNTS_PER_NONZERO = 4
 
 _NO_COUNTS = np.zeros(0, dtype=np.int32)  # round_features without counting
 
+# A participant whose training rows hold at most this many non-zeros builds
+# its rounds with numpy (``numpy_round_features``, ``numpy_compact_rows``)
+# instead of the compiled kernels: a fresh process's first sparse fit then
+# compiles the round kernel only. The kernels' compile, 0.7 s of a quiet
+# core (after numba's start), is most of what such a fit waited for (issue
+# 35); numpy's build costs 10-20 ms more over a fit of 300k non-zeros
+# (2^18 features; the rounds are kept across its epochs).
+NUMPY_PREP_NONZEROS = 1 << 20
+
+
+def _row_positions(rows, ptr):
+    """Where the non-zeros of the CSR rows ``rows`` are (in the order of
+    ``rows``), and the row pointers of those rows as a CSR of their own
+    (int32, as ``compact_rows``')."""
+    lengths = ptr[rows + 1] - ptr[rows]
+    cptr = np.empty(rows.shape[0] + 1, dtype=np.int32)
+    cptr[0] = 0
+    np.cumsum(lengths, out=cptr[1:])
+    return np.repeat(ptr[rows] - cptr[:-1], lengths) + np.arange(cptr[-1]), cptr
+
+
+def _sorted_features(g, n_features):
+    """The distinct features among ``g`` (sorted int64) and, for each entry
+    of ``g``, its position among them (int32): a mark per feature of the
+    table, or where the table is wide next to ``g`` (hashed features), a
+    sort of ``g``."""
+    if n_features > 4 * g.shape[0]:
+        cols, inverse = np.unique(g, return_inverse=True)
+        return cols.astype(np.int64), inverse.reshape(-1).astype(np.int32)
+    touched = np.zeros(n_features, dtype=bool)
+    touched[g] = True
+    cols = np.flatnonzero(touched).astype(np.int64, copy=False)
+    lookup = np.empty(n_features, dtype=np.int32)
+    lookup[cols] = np.arange(cols.shape[0], dtype=np.int32)
+    return cols, lookup[g]
+
+
+def numpy_compact_rows(rows, data, ind, ptr, n_features):
+    """``_sgd_numba.compact_rows``'s result (the same arrays and dtypes),
+    computed with numpy: no compile (``NUMPY_PREP_NONZEROS``)."""
+    pos, cptr = _row_positions(rows, ptr)
+    cols, cind = _sorted_features(ind[pos], n_features)
+    return cols, data[pos], cind, cptr
+
+
+def numpy_round_features(rows, ind, ptr, n_features, counts):
+    """``_sgd_numba.round_features``'s result (and its count into
+    ``counts``), computed with numpy (``NUMPY_PREP_NONZEROS``)."""
+    pos, _ = _row_positions(rows, ptr)
+    g = ind[pos]
+    if n_features > 4 * g.shape[0]:
+        cols = np.unique(g).astype(np.int64)
+    else:
+        touched = np.zeros(n_features, dtype=bool)
+        touched[g] = True
+        cols = np.flatnonzero(touched).astype(np.int64, copy=False)
+    if counts.shape[0] > 0:
+        counts[cols] += 1
+    return cols
+
 
 class _Round:
     """A round ready to train: its touched rows (sparse data: the rows of
@@ -149,7 +209,7 @@ class _RoundPrep:
                 if dense:
                     counts[f] += 1
             else:
-                f = c.mod.round_features(idx, c.ind, c.ptr, c.bits, counts)
+                f = self._round_features(idx, counts)
             features.append(f)
         if dense:
             self.counts_of_feature = counts
@@ -193,7 +253,9 @@ class _RoundPrep:
         if c.in_place and self.features is not None:  # counted first (_count): the round's features
             cols = self.features[rid]
         elif c.in_place:  # the round's features only: its samples stay where they are (c.in_place)
-            cols = c.mod.round_features(idx, c.ind, c.ptr, c.bits, _NO_COUNTS)
+            cols = self._round_features(idx, _NO_COUNTS)
+        elif c.prep_in_numpy:
+            cols, cdata, cind, cptr = numpy_compact_rows(idx, c.data, c.ind, c.ptr, d)
         else:
             out = self.spare.pop() if self.spare else None
             cols, cdata, cind, cptr = c.mod.compact_rows(idx, c.data, c.ind, c.ptr, c.bits, c.rank, c.slot, out)
@@ -211,6 +273,12 @@ class _RoundPrep:
             entry = rows, (cdata, cind, cptr), [yk[idx] for yk in c.Y], c.sw[idx], iq
         self.cpu_seconds += time.thread_time() - cpu
         return entry
+
+    def _round_features(self, idx, counts):
+        c = self.c
+        if c.prep_in_numpy:
+            return numpy_round_features(idx, c.ind, c.ptr, self.cfg.n_features, counts)
+        return c.mod.round_features(idx, c.ind, c.ptr, c.bits, counts)
 
     def _kept(self, rid):
         return None if self.c.cache is None else self.c.cache.get(rid)

@@ -43,7 +43,12 @@ from dask_ps.linear_model._kernels import (
     sample_etas,
 )
 from dask_ps.linear_model._lone import SklearnOrders, lone_epochs, scaled
-from dask_ps.linear_model._round_prep import _DENSE_COUNTS_PER_NONZERO, _Round, _RoundPrep  # noqa: F401
+from dask_ps.linear_model._round_prep import (  # noqa: F401
+    _DENSE_COUNTS_PER_NONZERO,
+    NUMPY_PREP_NONZEROS,
+    _Round,
+    _RoundPrep,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -248,6 +253,7 @@ class _CompiledData:
 
     _arange = np.arange(0, dtype=np.int64)
     in_place = False  # sparse rounds trained in place in the CSR (make)
+    prep_in_numpy = False  # sparse rounds built by numpy, not the compiled kernels (make)
     whole = None
 
     def arange_n(self, n):
@@ -300,6 +306,7 @@ class _CompiledData:
                 nnz_train = int(self.ptr[-1] - self.ptr[0])
             else:
                 nnz_train = int(np.sum(np.diff(self.ptr)[train_idx])) if n_train else 0
+            self.prep_in_numpy = nnz_train <= NUMPY_PREP_NONZEROS  # (no compile of the prep's kernels)
             est = nnz_train * (X.data.dtype.itemsize + 4) + n_train * (8 * (Y.shape[1] + 2) + 4)
             # A run of one epoch (partial_fit, max_iter=1, a chunked fit's
             # last chunk of one) never reads a round twice: not kept, and its

@@ -15,6 +15,7 @@ import pytest
 import scipy.sparse as sp
 
 from dask_ps.linear_model import _sgd_numba
+from dask_ps.linear_model._round_prep import numpy_compact_rows, numpy_round_features
 
 _BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -32,40 +33,53 @@ ev.register("numba:compile", Count())
 """
 
 # Two participants of a sparse fit (benchmarks/sgd_sim.py: the participants'
-# own code, in one process): their rounds are compacted (compact_rows) and
-# the lazy regularization counts the rounds' features (round_features).
+# own code, in one process), twice: a small input's rounds are built by
+# numpy (``_round_prep.NUMPY_PREP_NONZEROS``); then, with that threshold
+# at 0, by the kernels: compacted (compact_rows) and the lazy
+# regularization's count of the rounds' features (round_features).
 _SPARSE_FIRST_FIT = _COUNT_COMPILES + r"""
 import json, sys
 import numpy as np, scipy.sparse as sp
 sys.path.insert(0, sys.argv[1])
 from sgd_sim import simulate_fit
-from dask_ps.linear_model import SGDClassifier
+from dask_ps.linear_model import SGDClassifier, _rounds
 rng = np.random.RandomState(0)
 X = sp.random(2000, 500, density=0.02, random_state=0, format="csr")
 y = (np.asarray(X @ rng.randn(500)).ravel() > 0).astype(int)
-est = simulate_fit(SGDClassifier(max_iter=5, tol=None, random_state=0), X, y, n_participants=2)
-print("RESULT " + json.dumps({"compiled": compiled, "coef": est.coef_.ravel().tolist()}))
+fit = lambda: simulate_fit(SGDClassifier(max_iter=5, tol=None, random_state=0), X, y, n_participants=2).coef_
+by_numpy = fit()
+small = list(compiled)
+_rounds.NUMPY_PREP_NONZEROS = 0
+by_kernels = fit()
+print("RESULT " + json.dumps({"small": small, "compiled": compiled, "coef": by_numpy.ravel().tolist(),
+                              "same": bool(np.array_equal(by_numpy, by_kernels))}))
 """
 
-_SPARSE_USED = {"_compact_fill", "_set_bits", "_round_features",
-                "sgd_round__averaged_0_dense_0_keep_0_learning_rate_2_loss_id_0_penalty_2_scaled_1"}
+_ROUND_KERNEL = "sgd_round__averaged_0_dense_0_keep_0_learning_rate_2_loss_id_0_penalty_2_scaled_1"
+_SPARSE_USED = {"_compact_fill", "_set_bits", "_round_features", _ROUND_KERNEL}
 
 
 def test_a_sparse_first_fit_compiles_the_kernels_it_runs_only(tmp_path):
     """Each compiled entry point, and each of numba's own functions a kernel
     calls on its first use in a process (``np.empty``: 0.1-0.15 s; ``min``,
-    ``max``), cost a first fit compile time: the rounds' compaction and
-    features compile once each and allocate nothing (numpy makes their
-    arrays and the row pointers)."""
+    ``max``), cost a first fit compile time. A small input (20,000
+    non-zeros) compiles the round kernel only: numpy builds its rounds.
+    A larger one's compaction and features compile once each and allocate
+    nothing (numpy makes their arrays and the row pointers); both give the
+    same model bit for bit."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env["DASK_PS__KERNEL_CACHE_DIR"] = str(tmp_path)
     out = subprocess.run([sys.executable, "-c", _SPARSE_FIRST_FIT, str(_BENCHMARKS)], env=env, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
-    ours = [name.removeprefix("dask_ps.linear_model._sgd_numba.") for name in result["compiled"]
-            if name.startswith("dask_ps.")]
-    assert sorted(ours) == sorted(_SPARSE_USED), result["compiled"]
+
+    def ours(names):
+        return sorted(n.removeprefix("dask_ps.linear_model._sgd_numba.") for n in names if n.startswith("dask_ps."))
+
+    assert ours(result["small"]) == [_ROUND_KERNEL], result["small"]
+    assert ours(result["compiled"]) == sorted(_SPARSE_USED), result["compiled"]
+    assert result["same"]
     assert not [name for name in result["compiled"] if name.startswith("numba.np.arrayobj")], result["compiled"]
     # numba's max: the round kernel's floats only (the compaction compares)
     assert result["compiled"].count("numba.cpython.builtins.ol_max.<locals>.impl") <= 1, result["compiled"]
@@ -102,11 +116,18 @@ def test_compaction_into_numpy_buffers_is_numpys(dtype, n_rows):
         for a, b in zip(got, expected):
             assert a.dtype == b.dtype and np.array_equal(a, b)
         assert not bits.any() and (slot == -1).all()
-    counts = np.zeros(3000, dtype=np.int32)
-    features = _sgd_numba.round_features(rows, X.indices, X.indptr, bits, counts)
-    assert features.dtype == np.int64 and np.array_equal(features, expected[0])
-    assert np.array_equal(np.flatnonzero(counts), expected[0]) and set(counts[expected[0]]) <= {1}
-    assert not bits.any()
+    # numpy's build of a small participant's rounds (the same arrays): a
+    # mark per feature, or a sort where the rows hold few non-zeros
+    got = numpy_compact_rows(rows, X.data, X.indices, X.indptr, 3000)
+    for a, b in zip(got, expected):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    for features_of in (lambda counts: _sgd_numba.round_features(rows, X.indices, X.indptr, bits, counts),
+                        lambda counts: numpy_round_features(rows, X.indices, X.indptr, 3000, counts)):
+        counts = np.zeros(3000, dtype=np.int32)
+        features = features_of(counts)
+        assert features.dtype == np.int64 and np.array_equal(features, expected[0])
+        assert np.array_equal(np.flatnonzero(counts), expected[0]) and set(counts[expected[0]]) <= {1}
+        assert not bits.any()
 
 
 def test_the_compile_notice_leaves_a_function_without_a_module_alone():
