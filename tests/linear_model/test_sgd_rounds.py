@@ -121,7 +121,9 @@ def _config(est, X, P=2, n_total=None, max_iter=3, staleness=2):
 @pytest.mark.parametrize("penalty", ["l2", "elasticnet", None])
 @pytest.mark.parametrize("d", [20000, 200])
 @pytest.mark.parametrize("dense_counts", [True, False])
-def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d, dense_counts, monkeypatch):
+@pytest.mark.parametrize("by_numpy", [False, True], ids=["kernels", "numpy"])
+def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d, dense_counts, by_numpy,
+                                                    monkeypatch):
     """``_RoundPrep`` builds each round in its thread as the inline
     compaction did: the touched rows (+ the intercept row), the compact CSR,
     the round's targets and weights, and ``1/q`` of its rows: the epoch's
@@ -133,7 +135,10 @@ def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d,
     CSR itself, with the same touched rows and ``1/q`` (as the epoch's
     rounds and the counts of those touching each row). The counts behind
     ``1/q`` kept per feature of the table or per feature touched (a table
-    wider than its data): the same ``1/q``."""
+    wider than its data): the same ``1/q``. Built by the compiled kernels
+    (rounds not kept are built into the arrays of rounds trained before) or
+    by numpy (a small participant's: ``NUMPY_PREP_NONZEROS``): the same
+    rounds."""
     X, y = _sparse_problem(d=d)
     if not dense_counts:
         monkeypatch.setattr(_rounds._RoundPrep, "_dense_counts", lambda self: False)
@@ -144,7 +149,9 @@ def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d,
         cfg = _config(est, X)
         train_idx = np.arange(X.shape[0])
         Y = np.where(y == 1, 1.0, -1.0)[:, None]
+        monkeypatch.setattr(_rounds, "NUMPY_PREP_NONZEROS", X.nnz if by_numpy else 0)
         c = _rounds._CompiledData.make(cfg, X, Y, np.ones(X.shape[0]), train_idx)
+    assert c.prep_in_numpy == by_numpy
     assert (c.cache is not None) == cache
     if in_place and penalty == "elasticnet":  # L1's state is per weight of a round: compacted
         assert not c.in_place
@@ -201,7 +208,7 @@ def test_round_prep_builds_what_compact_rows_builds(cache, in_place, penalty, d,
                 prep.recycle(rnd)
                 recycled[id(base)] = rid
         assert len(c.cache or {}) == (4 if cache else 0) and not prep.pending
-        assert (reused > 0) == (not cache and not in_place)
+        assert (reused > 0) == (not cache and not in_place and not by_numpy)
         assert not (in_place and prep.spare)  # nothing to build into: no CSR is written
         if penalty is not None and dense_counts:  # one count per feature of the table (int32)
             np.testing.assert_array_equal(prep.counts_of_feature, touching)
@@ -307,6 +314,7 @@ def test_a_run_of_a_few_epochs_trains_in_place_bit_for_bit(client, monkeypatch, 
         return compact_rows(*args)
 
     models = {}
+    monkeypatch.setattr(_rounds, "NUMPY_PREP_NONZEROS", 0)  # the kernels build the rounds (counted)
     for in_place in (True, False):
         with monkeypatch.context() as m:
             m.setattr(numba_sgd, "compact_rows", counted)
@@ -411,6 +419,7 @@ def test_single_pass_trains_rounds_in_place_bit_for_bit(client, monkeypatch, kwa
         return call
 
     models = {}
+    monkeypatch.setattr(_rounds, "NUMPY_PREP_NONZEROS", 0)  # the kernels build the rounds (counted)
     for in_place in (True, False):
         with monkeypatch.context() as m:
             for name in calls:
