@@ -538,6 +538,28 @@ def _from_json(path, sets) -> dict:
     return out
 
 
+def reachable_sweep(sets, ps, cons, seeds, ref_seeds, args):
+    """``--rows-per-participant N``: each P at the rows that give a user P
+    participants (``P x N``; by default one participant per
+    ``ps.sgd.min-samples-per-participant`` = 10,000 rows), with
+    scikit-learn's reference on the same rows: the layouts a user reaches,
+    not the forced ones (8,000 rows over 64 participants)."""
+    import json
+
+    rows, tables = {}, []
+    for P in ps:
+        n_rows = max(P, 1) * args.rows_per_participant
+        cols = cells((P,), cons)
+        print(f"P={P}: {len(sets)} settings, {n_rows} rows, {len(seeds)} seeds, scikit-learn's worst of "
+              f"{ref_seeds} - {SLACK}", flush=True)
+        rows[P] = run_sweep(sets, n_rows, cols, seeds, ref_seeds, out=lambda s: print(s, flush=True))
+        tables.append(f"P={P}, {n_rows} rows:\n\n" + summary_table(rows[P], cols))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({str(P): _to_json(r, [], args) for P, r in rows.items()}, f, indent=1, default=float)
+    print("\n\n".join(tables))
+
+
 def sweep_main(args):
     """``--quick`` / ``--full``: the sweep, its tables and time to quality."""
     import contextlib
@@ -553,8 +575,11 @@ def sweep_main(args):
     seeds = range(args.seeds or (5 if full else 2))
     ref_seeds = args.ref_seeds or (REFERENCE_SEEDS if full else 10)
     sets = [s for s in settings(full) if (not args.axes or s.axis in args.axes)
-            and (not args.shapes or s.shape in args.shapes)]
+            and (not args.shapes or s.shape in args.shapes)
+            and (not args.names or " ".join(s.name.split()) in args.names)]
     cols = cells(ps, cons, ssp_at)
+    if args.rows_per_participant:
+        return reachable_sweep(sets, ps, cons, seeds, ref_seeds, args)
     print(f"{len(sets)} settings x {len(cols)} cells x {len(seeds)} seeds, {n_rows} rows, "
           f"scikit-learn's worst of {ref_seeds} seeds - {SLACK}; layout {args.layout}", flush=True)
     with contextlib.ExitStack() as stack:
@@ -614,6 +639,9 @@ def main():
                     help="the sweep: P <= 4 on a cluster of threads or processes workers (default: simulated)")
     ap.add_argument("--axes", nargs="+", help="the sweep: only these axes (loss, penalty, alpha, average, ...)")
     ap.add_argument("--shapes", nargs="+", help="the sweep: only these data shapes")
+    ap.add_argument("--names", nargs="+", help="the sweep: only the settings of these names (as printed)")
+    ap.add_argument("--rows-per-participant", type=int,
+                    help="the sweep: each P at P x this many rows (the layouts a user reaches), simulated")
     ap.add_argument("--no-ttq", action="store_true", help="the sweep without time to quality")
     ap.add_argument("--ttq-only", action="store_true", help="time to quality only")
     ap.add_argument("--json", help="the sweep's results written here (after each setting)")
