@@ -363,3 +363,22 @@ def test_sweep_classifiers_under_bounded_staleness(setting, consistency):
         if v["bad"]:
             bad[P] = v["scores"]
     assert not bad, f"scikit-learn worst {min(_REFS[setting]['scores']):.4f}: {bad}"
+
+
+def test_the_reachable_sweep_gives_each_p_its_rows(tmp_path, capsys):
+    """``--rows-per-participant N``: each P on P x N rows (the layouts a
+    user reaches), scikit-learn's reference on the same rows, a table per P
+    and the JSON of every P."""
+    import argparse
+    import json
+
+    st = sgd_quality.S("loss", "dense", True, loss="hinge", **sgd_quality._fixed(1))
+    args = argparse.Namespace(rows_per_participant=300, json=str(tmp_path / "reach.json"))
+    sgd_quality.reachable_sweep([st], (1, 2), ("bsp",), range(1), 2, args)
+    out = capsys.readouterr().out
+    assert "P=1: 1 settings, 300 rows" in out and "P=2: 1 settings, 600 rows" in out
+    assert "P=2, 600 rows:" in out and "| P=2 BSP |" in out
+    saved = json.load(open(args.json))
+    assert sorted(saved) == ["1", "2"]
+    assert list(saved["2"]["sweep"][0]["cells"]) == ["2-bsp"]
+    assert saved["2"]["sweep"][0]["cells"]["2-bsp"]["n"] == 1
