@@ -77,6 +77,20 @@ def _tables_and_a_victim(client):
     return ps, victim
 
 
+def _stop_until_the_victim_holds(client, ps, victim, participant, held):
+    """A run of ``participant`` (two participants, in a thread) that pushed
+    to ``t`` and was told to stop, once the victim has received the call it
+    never answers (its plugin's count ``held``: ``ends`` or ``aborts``).
+    Returns the thread, its output and a function of the scheduler's runs."""
+    thread, out = run_in_thread(ps, participant, range(2))
+    wait_until(lambda: client.run_on_scheduler(_pushed_to_t), "a participant's first push to t")
+    ps.push("stop", np.ones(1))
+    wait_until(lambda: client.run(lambda dask_worker: getattr(dask_worker.extensions["ps"], held),
+                                  workers=[victim])[victim], f"the victim's {held}")
+    return thread, out, lambda: client.run_on_scheduler(
+        lambda dask_scheduler: sorted(dask_scheduler.extensions["ps"].runs))
+
+
 def _leave(client, victim, how):
     """``victim`` leaves: killed (its connections close with it) or removed by Dask with its
     connection left open (as worker-ttl does: only Dask's membership can end a wait on it)."""
@@ -96,13 +110,8 @@ def test_a_holder_that_leaves_during_a_runs_end_stops_holding_it(how):
         ps, victim = _tables_and_a_victim(client)
         assert victim in client.run_on_scheduler(_holders, name="t")
         client.run(_never_end, workers=[victim])
-        thread, out = run_in_thread(ps, _clock_until_stopped, range(2))
-        runs = lambda: client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.extensions["ps"].runs))
-        wait_until(lambda: client.run_on_scheduler(_pushed_to_t), "a participant's first push to t")
-        ps.push("stop", np.ones(1))
         # The end is under way (the scheduler forgot the run) and waits for the victim's answer.
-        wait_until(lambda: client.run(lambda dask_worker: dask_worker.extensions["ps"].ends,
-                                      workers=[victim])[victim], "the victim's ps_run_end")
+        thread, out, runs = _stop_until_the_victim_holds(client, ps, victim, _clock_until_stopped, "ends")
         assert not runs() and thread.is_alive(), out
         _leave(client, victim, how)
         thread.join(120)
@@ -154,12 +163,7 @@ def test_a_server_that_leaves_during_a_runs_abort_stops_holding_it(how):
     with dask.config.set({"ps.timeouts.rpc": "600s"}), cluster(n=3) as lc, Client(lc) as client:
         ps, victim = _tables_and_a_victim(client)
         client.run(_never_take_aborts, workers=[victim])
-        thread, out = run_in_thread(ps, _raise_when_stopped, range(2))
-        runs = lambda: client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.extensions["ps"].runs))
-        wait_until(lambda: client.run_on_scheduler(_pushed_to_t), "a participant's first push to t")
-        ps.push("stop", np.ones(1))
-        wait_until(lambda: client.run(lambda dask_worker: dask_worker.extensions["ps"].aborts,
-                                      workers=[victim])[victim], "the abort at the victim")
+        thread, out, runs = _stop_until_the_victim_holds(client, ps, victim, _raise_when_stopped, "aborts")
         assert runs() and thread.is_alive()  # the abort waits for the victim's answer
         _leave(client, victim, how)
         thread.join(120)
