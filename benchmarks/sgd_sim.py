@@ -48,6 +48,8 @@ import dask_ps
 from dask_ps.consistency import ASP, as_consistency
 from dask_ps.linear_model import _data
 
+FRESHER_BLOCKS = 4  # SimServer(fresher=seed): the blocks a read's freshness is drawn for
+
 CONSISTENCIES = {"bsp": dask_ps.BSP(), "ssp1": dask_ps.SSP(1), "ssp2": dask_ps.SSP(2), "ssp3": dask_ps.SSP(3)}
 
 
@@ -94,11 +96,15 @@ class _Table:
             for _, _, _, rows, vals in due:
                 self.apply(rows, vals)
 
-    def read(self, rank, rows):
-        """``base`` (its ``rows``, None: all) plus ``rank``'s own logged pushes."""
+    def read(self, rank, rows, held=None):
+        """``base`` (its ``rows``, None: all) plus ``rank``'s own logged pushes;
+        ``held``: per table row, the clock below which the others' logged
+        pushes are in the read too (None: none of them, the worst case)."""
         out = np.array(self.values if rows is None else self.values[rows], copy=True)
-        for _, r, _, prow, pvals in self.log:
+        for clock, r, _, prow, pvals in self.log:
             if r != rank:
+                if held is not None:
+                    _add_held(out, rows, prow, pvals, held > clock)
                 continue
             if rows is None:
                 if prow is None:
@@ -110,6 +116,24 @@ class _Table:
             else:
                 _add_common(out, rows, prow, pvals)
         return out
+
+
+def _add_held(out, rows, prow, pvals, held):
+    """Add a push of ``prow`` (None: every row) to a read of ``rows`` (None:
+    every row) where ``held[table row]``."""
+    if prow is None:
+        pvals = pvals if rows is None else pvals[rows]
+        keep = held if rows is None else held[rows]
+        out[keep] += pvals[keep]
+        return
+    keep = held[prow]
+    if not keep.any():
+        return
+    prow, pvals = prow[keep], pvals[keep]
+    if rows is None:
+        np.add.at(out, prow, pvals)
+    else:
+        _add_common(out, rows, prow, pvals)
 
 
 def _add_common(out, rows, prow, pvals):
@@ -183,11 +207,11 @@ class SimSession:
     def __repr__(self):
         return f"<SimSession rank={self.rank}/{self.n_participants} clock={self.current_clock}>"
 
-    def pull(self, name):
-        return self.server.read(name, self.rank, None)
+    def pull(self, name, with_clocks=False):
+        return self.server.read(name, self.rank, None, self.current_clock, with_clocks)
 
-    def pull_rows(self, name, rows):
-        return self.server.read(name, self.rank, np.asarray(rows))
+    def pull_rows(self, name, rows, with_clocks=False):
+        return self.server.read(name, self.rank, np.asarray(rows), self.current_clock, with_clocks)
 
     def push(self, name, values, copy=True):
         self.server.log(name, self.current_clock, self.rank, next(self._seq), None, np.array(values, copy=True))
@@ -218,12 +242,17 @@ class SimServer:
 
     client = None
 
-    def __init__(self, n_participants):
+    def __init__(self, n_participants, fresher=None):
         self.n_participants = int(n_participants)
+        # None: every read under a bound as stale as it may be; a seed: each
+        # read's rows, in FRESHER_BLOCKS blocks, hold the others' pushes of
+        # the clocks below a tag drawn in [c - s, c] (as servers answer).
+        self.fresher = fresher
         self.servers = [f"sim-{i}" for i in range(self.n_participants)]
         self.tables: dict[str, _Table] = {}
         self.lock = threading.Lock()
         self.runs = 0
+        self._reads: dict = {}  # rank -> its reads' count (a rank reads in its own thread: reproducible draws)
 
     def __repr__(self):
         return f"<SimServer P={self.n_participants} tables={sorted(self.tables)}>"
@@ -301,10 +330,24 @@ class SimServer:
         with self.lock:
             t.log.append((clock, rank, seq, rows, vals))
 
-    def read(self, name, rank, rows):
+    def read(self, name, rank, rows, clock=0, with_clocks=False):
+        """``rank``'s read at ``clock``; ``with_clocks``: ``(values, clocks)``,
+        per row the clock below which every participant's pushes are in it."""
         t = self.tables[name]
+        floor = max(0, clock - t.staleness)
+        held = None
+        if self.fresher is not None and t.staleness > 0:
+            n = t.values.shape[0]
+            rng = np.random.default_rng([int(self.fresher), rank, clock, next(self._reads.setdefault(rank, itertools.count()))])
+            tags = rng.integers(floor, clock + 1, size=FRESHER_BLOCKS)
+            held = tags[np.arange(n) * FRESHER_BLOCKS // n]
         with self.lock:
-            return t.read(rank, rows)
+            out = t.read(rank, rows, held)
+        if not with_clocks:
+            return out
+        if held is None:
+            return out, np.full(out.shape[0], floor, dtype=np.int64)
+        return out, (held if rows is None else held[rows]).astype(np.int64)
 
     def commit(self, clock):
         """Every running participant is at ``clock``: apply what each table's staleness lets through."""
@@ -336,11 +379,11 @@ class _FakeTrainingParts:
 
 
 @contextlib.contextmanager
-def simulated(est, n_samples, n_participants):
+def simulated(est, n_samples, n_participants, fresher=None):
     """While the block runs, ``est`` fits on a :class:`SimServer` of
     ``n_participants`` (the data cut into that many parts by the
     estimator's own ``_memory_parts``); yields the server."""
-    server = SimServer(n_participants)
+    server = SimServer(n_participants, fresher)
     per = max(1, n_samples // max(1, n_participants))
     settings = {"ps.sgd.min-samples-per-participant": per, "ps.sgd.fit-in-process": False}
     with dask.config.set(settings), mock.patch.object(_data, "TrainingParts", _FakeTrainingParts), \
@@ -348,10 +391,12 @@ def simulated(est, n_samples, n_participants):
         yield server
 
 
-def simulate_fit(estimator, X, y, n_participants, consistency=None, sample_weight=None, **fit_params):
+def simulate_fit(estimator, X, y, n_participants, consistency=None, sample_weight=None, fresher=None, **fit_params):
     """A clone of ``estimator`` fitted on ``X, y`` by ``n_participants``
     simulated participants (module docstring); ``consistency``: a name of
-    :data:`CONSISTENCIES`, a model, or None (the estimator's own setting).
+    :data:`CONSISTENCIES`, a model, or None (the estimator's own setting);
+    ``fresher``: None (reads as stale as the bound allows) or a seed of the
+    reads' drawn freshness (:class:`SimServer`).
 
     Returns the fitted clone (``coef_``, ``intercept_``, ``n_iter_``, ...);
     X must be an in-memory array or sparse matrix (the estimator's
@@ -362,6 +407,6 @@ def simulate_fit(estimator, X, y, n_participants, consistency=None, sample_weigh
     if n_participants < 1:
         raise ValueError(f"n_participants must be at least 1, got {n_participants!r}")
     n = X.shape[0]
-    with simulated(est, n, n_participants):
+    with simulated(est, n, n_participants, fresher):
         est.fit(X, y, sample_weight=sample_weight, **fit_params)
     return est

@@ -69,10 +69,12 @@ class ParticipantContext(Protocol):
     def clock(self, wait: bool = True) -> None:
         """End of one iteration: flush, then count the clock."""
 
-    def pull(self, name: str):
-        """The whole table, within its consistency bound, with own pushes."""
+    def pull(self, name: str, with_clocks: bool = False):
+        """The whole table, within its consistency bound, with own pushes
+        (``with_clocks``: and per row the clock below which every
+        participant's pushes are in it)."""
 
-    def pull_rows(self, name: str, rows):
+    def pull_rows(self, name: str, rows, with_clocks: bool = False):
         """Values of ``rows`` (any order, duplicates allowed)."""
 
     def prefetch(self, name: str, for_clock: int | None = None) -> PullHandle:

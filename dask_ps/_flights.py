@@ -140,6 +140,7 @@ class PullHandle:
     applied: dict = field(default_factory=dict)  # block -> latest own push number in the values
     tags: dict = field(default_factory=dict)  # block -> what its server said the read holds (parked reads)
     flushes: list = field(default_factory=list)  # own Flights of this table started after issue
+    clocks: object = None  # per row read, the clock below which every participant's updates are in it
     _value: object = None
 
     def __repr__(self):
@@ -153,10 +154,12 @@ class PullHandle:
         t = self.tags.get(b)
         return self.tag if t is None else max(self.tag, t)
 
-    def result(self):
+    def result(self, with_clocks: bool = False):
+        """The values (see the class); ``with_clocks=True``: ``(values,
+        clocks)`` as ``Session.pull`` returns them."""
         if self._value is None:
             self._value = self.session._prefetch_result(self)
-        return self._value
+        return (self._value, self.clocks) if with_clocks else self._value
 
 
 def _check_sums_finite(name: str, msgs) -> None:

@@ -483,19 +483,52 @@ class Session:
         return rows.size * rows.dtype.itemsize >= (n - rows.size) * row_bytes
 
     @ps_call
-    def pull(self, name: str):
+    def pull(self, name: str, with_clocks: bool = False):
         """The whole table, as fresh as its consistency model guarantees,
-        including this participant's own pending updates."""
+        including this participant's own pending updates.
+
+        ``with_clocks=True``: ``(values, clocks)``, ``clocks[i]`` the clock
+        below which every participant's updates are in row ``i``
+        (:meth:`row_clocks`)."""
         h = self._handle(name)
         reqs = {b: None for b in range(h.spec.n_blocks)}
-        return self._assemble_dense(h, self._read(h, reqs))
+        tags: dict[int, float] = {}
+        out = self._assemble_dense(h, self._read(h, reqs, tags))
+        return (out, self._row_clocks(h, None, None, reqs, tags)) if with_clocks else out
 
     @ps_call
-    def pull_rows(self, name: str, rows):
+    def pull_rows(self, name: str, rows, with_clocks: bool = False):
         """Values of ``rows`` (any order, duplicates allowed), as fresh as the
-        table's model guarantees, including own pending updates."""
+        table's model guarantees, including own pending updates;
+        ``with_clocks=True``: ``(values, clocks)`` (see :meth:`pull`)."""
         h, reqs, uniq, inverse = self._row_read(name, rows)
-        return self._assemble_rows(h, uniq, inverse, reqs, self._read(h, reqs))
+        tags: dict[int, float] = {}
+        out = self._assemble_rows(h, uniq, inverse, reqs, self._read(h, reqs, tags))
+        return (out, self._row_clocks(h, uniq, inverse, reqs, tags)) if with_clocks else out
+
+    def _row_clocks(self, h: TableHandle, uniq, inverse, reqs: dict, tags: dict) -> np.ndarray:
+        """Per row read, the clock below which every participant's updates
+        are in it (its block's tag, at most the reader's clock; own updates
+        are always in): with ``aggregate="clock"`` exactly the clocks below
+        and none after, as the servers apply a clock's sum only once every
+        participant completed it; otherwise a lower bound (later pushes may
+        be in too). A row of a cached entry that was merged with rows read
+        later reports the entry's older tag."""
+        cur = self._clk.current
+        per_block = {b: int(min(tags.get(b, self._clk.known_min), cur)) for b in reqs}
+        if uniq is None:
+            out = np.empty(h.spec.shape[0], dtype=np.int64)
+            for b, c in per_block.items():
+                start, stop = h.spec.block_bounds(b)
+                out[start:stop] = c
+            return out
+        out = np.empty(uniq.shape[0], dtype=np.int64)
+        lo = 0
+        for b in reqs:  # blocks in row order (_row_read)
+            n = reqs[b].shape[0] if reqs[b] is not None else h.spec.block_bounds(b)[1] - h.spec.block_bounds(b)[0]
+            out[lo:lo + n] = per_block[b]
+            lo += n
+        return out if inverse is None else out[np.asarray(inverse)]
 
     @ps_call
     def uncache(self, name: str) -> None:
@@ -577,8 +610,9 @@ class Session:
             parts = self._in_flight.prefetched(h, p) if p.future is not None else {}
             rest = {b: rows for b, rows in p.reqs.items() if b not in parts}
             m = self._metrics[name]
+            tags = {b: p.block_tag(b) for b in parts}
             if rest:
-                parts.update(self._read(h, rest))
+                parts.update(self._read(h, rest, tags))
             else:
                 m.reads += 1
                 self._record_staleness(m, min([p.block_tag(b) for b in parts] or [p.tag]))
@@ -586,6 +620,7 @@ class Session:
                 m.prefetch_hits += 1
             elif p.future is not None:
                 m.prefetch_rereads += 1
+            p.clocks = self._row_clocks(h, p.uniq, p.inverse, p.reqs, tags)
             if p.uniq is None:
                 return self._assemble_dense(h, parts)
             return self._assemble_rows(h, p.uniq, p.inverse, p.reqs, parts)
@@ -644,9 +679,11 @@ class Session:
             out = out[_backend.namespace(out).asarray(inverse)]
         return out
 
-    def _read(self, h: TableHandle, reqs: dict[int, np.ndarray | None]) -> dict:
+    def _read(self, h: TableHandle, reqs: dict[int, np.ndarray | None], tags_out: dict | None = None) -> dict:
         """Values of ``reqs[block] = local rows or None`` satisfying the bound:
-        from the cache when legal, otherwise one request per server."""
+        from the cache when legal, otherwise one request per server;
+        ``tags_out[block]``: the tag of what was read (``_row_clocks``)."""
+        tags_out = {} if tags_out is None else tags_out
         name = h.spec.name
         m = self._metrics[name]
         m.reads += 1
@@ -666,7 +703,7 @@ class Session:
             # never refreshed would satisfy "read-my-writes" and nothing else.
             # refresh=True does the same on top of the bound (see ReadCache.usable).
             if self._cache.usable(e, need, refresh, self._clk.current) and e.covers(rows):
-                out[b] = e.take(rows)
+                out[b], tags_out[b] = e.take(rows), e.tag
             else:
                 missing[b] = rows
                 if refresh and e is not None and e.tag >= need and e.covers(rows):
@@ -724,6 +761,7 @@ class Session:
             if self._cacheable(h):
                 cache[b] = e
             out[b] = e.take(reqs[b]) if e.rows is not reqs[b] else e.values
+            tags_out[b] = e.tag
         self._record_staleness(m, min([_tag(tags.get(b), tag) for b in got]
                                       + [cache[b].tag for b in reqs if b in cache] or [tag]))
         return out

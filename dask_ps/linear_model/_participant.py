@@ -16,6 +16,7 @@ from dask_ps import ParticipantContext, report_progress
 from dask_ps._estimators import arrays, participant_worker
 from dask_ps.linear_model import _monitor
 from dask_ps.linear_model._averages import from_offsets, round_count, to_offsets
+from dask_ps.linear_model._catch_up import CatchUp
 from dask_ps.linear_model._kernels import (
     MAX_INT,
     StopRule,
@@ -205,11 +206,11 @@ class _TimedCtx:
             self.seconds += dt
             self.by_call[name] = self.by_call.get(name, 0.0) + dt
 
-    def pull(self, *args):
-        return self._call("pull", *args)
+    def pull(self, *args, **kwargs):
+        return self._call("pull", *args, **kwargs)
 
-    def pull_rows(self, *args):
-        return self._call("pull_rows", *args)
+    def pull_rows(self, *args, **kwargs):
+        return self._call("pull_rows", *args, **kwargs)
 
     def push(self, *args, **kwargs):
         return self._call("push", *args, **kwargs)
@@ -226,9 +227,9 @@ class _TimedCtx:
     def prefetch_rows(self, *args, **kwargs):
         return self._call("prefetch_rows", *args, **kwargs)
 
-    def result_of(self, handle):
+    def result_of(self, handle, **kwargs):
         """``handle.result()`` of a prefetch, counted as ``prefetch_result``."""
-        return self._call_fn("prefetch_result", handle.result)
+        return self._call_fn("prefetch_result", handle.result, **kwargs)
 
 
 def _participant_loop(ctx: ParticipantContext, part, cfg: _RunConfig):
@@ -325,6 +326,9 @@ class _Participant:
         # This participant's model as the table counts it (exact model
         # averaging, see sync_round): the run's start until its first push.
         self.mine = None
+        # Under a staleness bound: the own rounds' changes that make up for
+        # the clocks a read missed (_catch_up; None: BSP, alone, or off).
+        self.catch_up = CatchUp(cfg.staleness, ctx.n_participants) if cfg.catch_up and not self.solo else None
         self.samples = 0
         self.W_all = None
         self.stale_seen = {}  # the staleness histogram at the last progress row
@@ -453,29 +457,39 @@ class _Participant:
         session can), the next round's read started, then trained; returns
         ``(rows, W0, W, n_samples)`` (``rows`` None for dense data)."""
         rnd = self.rounds.prepare(epoch_rounds, ri)
-        W0 = self.read(epoch, ri, rnd.rows)
+        W0, held = self.read(epoch, ri, rnd.rows)
         self.read_ahead(epoch, ri + 1, epoch_rounds)
+        clock = self.ctx.current_clock
+        start = W0 if self.catch_up is None else self.catch_up.start(clock, rnd.rows, W0, held)
         offsets = self.cfg.average_offsets and not self.solo  # the table's averages as offsets (_averages)
-        Wr = from_offsets(W0.copy(), self.K, round_count(self.cfg, epoch, seen, self.n_train, active,
-                                                         self.stop.n_iter)) if offsets else W0
+        Wr = from_offsets(start.copy(), self.K, round_count(self.cfg, epoch, seen, self.n_train, active,
+                                                            self.stop.n_iter)) if offsets else start
         W = self.rounds.train(rnd, Wr, epoch, seen, self.stop, active, loss_sum, self.eta_scale(epoch, seen))
         if offsets:
             to_offsets(W, self.K, round_count(self.cfg, epoch, seen + rnd.n, self.n_train, active, self.stop.n_iter))
+        if self.catch_up is not None:
+            self.catch_up.record(clock, rnd.rows, start, W)
         self.rounds.finish(rnd)
         if self.ahead is None:  # the next round was still being built: now, if it is ready
             self.read_ahead(epoch, ri + 1, epoch_rounds)
         return rnd.rows, W0, W, rnd.n
 
     def read(self, epoch, ri, rows):
-        """The weights round ``ri`` of ``epoch`` starts from: its touched
-        ``rows`` (None: the whole table), from the local table (alone), the
-        read started a round ahead, or read now."""
+        """The weights round ``ri`` of ``epoch`` reads: its touched ``rows``
+        (None: the whole table), from the local table (alone), the read
+        started a round ahead, or read now. Returns ``(values, clocks)``:
+        per row the clock below which the others' rounds are in it, where
+        the participant catches up (``self.catch_up``), else None."""
         ahead, self.ahead = self.ahead, None
         if self.solo:
-            return self.W_all if rows is None else self.W_all[self.xp.asarray(rows)]
+            return (self.W_all if rows is None else self.W_all[self.xp.asarray(rows)]), None
+        kw = {"with_clocks": True} if self.catch_up is not None else {}
         if ahead is not None and ahead[:2] == (epoch, ri):
-            return self.ctx.result_of(ahead[2])
-        return self.ctx.pull(self.cfg.table) if rows is None else self.ctx.pull_rows(self.cfg.table, rows)
+            got = self.ctx.result_of(ahead[2], **kw)
+        else:
+            got = self.ctx.pull(self.cfg.table, **kw) if rows is None else self.ctx.pull_rows(self.cfg.table, rows,
+                                                                                                **kw)
+        return got if kw else (got, None)
 
     def read_ahead(self, epoch, ri, epoch_rounds):
         """Start the read of round ``ri``'s weights for the next clock (at
@@ -526,7 +540,7 @@ class _Participant:
             delta = W - W0
         else:
             mine = self.own_model()
-            lam = self.additive_share()
+            lam = 0.0 if self.catch_up is not None else self.additive_share()
             if rows is None:
                 delta = W - mine
                 if lam > 0.0:

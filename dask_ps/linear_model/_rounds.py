@@ -91,6 +91,9 @@ class _RunConfig:
     # Reads a round ahead and background clocks where the session has them
     # (ps.sgd.overlap).
     overlap: bool = True
+    # Under a staleness bound: each round starts from its read plus what the
+    # read missed of the others' rounds (_catch_up; ps.sgd.catch-up).
+    catch_up: bool = False
     # The table holding the run's start (None: zeros), which nobody pushes
     # to: the participants' models before their first round
     # (_Participant.own_model).

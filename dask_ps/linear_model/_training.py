@@ -288,7 +288,10 @@ def _create_tables(est, ps, tables, start: _Start, data: _Input, K, P, max_iter)
     # order and apply the sum once the clock is complete: a read at clock c
     # holds exactly the clocks < c, so a fit is the same bit for bit from one
     # run to the next (count_aggregate: LDA does the same).
-    aggregate = "clock" if staleness == 0 and P > 1 else "push"
+    # Under a bound the same, where participants catch up (ps.sgd.catch-up):
+    # a read then holds exactly the clocks below its tag, which says what it
+    # missed (_catch_up).
+    aggregate = "clock" if (staleness == 0 or catches_up(consistency, P)) and P > 1 else "push"
     tables.create(start.name, shape=W0.shape, dtype=data.dtype, init=W0 if W0.any() else None,
                   consistency=consistency, device=data.device, replication=est.replication, aggregate=aggregate)
     if P == 1:
@@ -437,8 +440,19 @@ def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, si
         cw_neg=tuple(np.ones(K) if cw_neg is None else cw_neg),
         eta_init=tuple(eta_init), col_freq_needed=sparse, stats_stride=int(max_iter),
         overlap=bool(setting("sgd", "overlap")),
+        catch_up=catches_up(table_consistency(est.consistency) if est.consistency is not None else None, P),
         whole_table=_whole_table(sparse, start.W0),
     )
+
+
+def catches_up(consistency, P: int) -> bool:
+    """Whether the participants of a fit under ``consistency`` (None: BSP)
+    make up for the clocks their reads missed (``_catch_up``): under a
+    staleness bound of at least one clock and no value bound, with several
+    participants, unless ``ps.sgd.catch-up`` is false."""
+    s = None if consistency is None else consistency.staleness
+    return (P > 1 and s is not None and s >= 1 and consistency.value_bound is None
+            and bool(setting("sgd", "catch-up")))
 
 
 class _RunStarts:
