@@ -9,7 +9,10 @@ SSP(1) at ``ps.sgd.min-rounds-per-epoch: 4`` (BSP's round count) and BSP at
 and ``process_time`` (all threads: participants and servers) and the
 parameter server's seconds of its first problem.
 
-    python benchmarks/bench_ssp_cost.py [--rows 400000] [--epochs 3]
+    python benchmarks/bench_ssp_cost.py [--rows 400000] [--epochs 3] [--catch-up]
+
+``--catch-up``: BSP, SSP(1) and SSP(1) with ``ps.sgd.catch-up: false``
+(what the catch-up costs; docs/benchmarks.md, "SGD under SSP: catching up").
 """
 from __future__ import annotations
 
@@ -28,6 +31,9 @@ from dask_ps.linear_model import SGDClassifier
 
 VARIANTS = [("bsp", {}), ("ssp1", {}), ("ssp1", {"ps.sgd.min-rounds-per-epoch": 4}),
             ("bsp", {"ps.sgd.bsp-min-rounds-per-epoch": 8})]
+# --catch-up: SSP(1) with the catch-up (the default) against the read as it is
+# (ps.sgd.catch-up false: an aggregate="push" table and the additive share).
+CATCH_UP_VARIANTS = [("bsp", {}), ("ssp1", {}), ("ssp1", {"ps.sgd.catch-up": False})]
 
 
 def _fit(client, dX, dy, mode, settings, epochs):
@@ -46,20 +52,22 @@ def main():
     ap.add_argument("--rows", type=int, default=400_000)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--catch-up", action="store_true", help="SSP(1) with and without the catch-up, and BSP")
     args = ap.parse_args()
     X, y = bench_sgd.ctr_data(args.rows)
-    Xtr, _, ytr, _ = train_test_split(X, y, test_size=0.1, random_state=0)
+    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.1, random_state=0)
+    variants = CATCH_UP_VARIANTS if args.catch_up else VARIANTS
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, memory_limit=0,
                       dashboard_address=None) as cluster, Client(cluster) as client:
         dX, dy = bench_sgd.spread_blocks(client, Xtr, ytr)
         for mode in ("bsp", "ssp1"):
             _fit(client, dX, dy, mode, {}, 1)  # compile and warm up
         for _ in range(args.passes):
-            for mode, settings in VARIANTS:
+            for mode, settings in variants:
                 wall, cpu, est = _fit(client, dX, dy, mode, settings, args.epochs)
                 ps_s = est.metrics_[0].get("ps_seconds")
-                print(f"{mode:5s} {str(settings):40s} wall {wall:.2f} s  cpu {cpu:.2f} s  ps {ps_s:.2f} s",
-                      flush=True)
+                print(f"{mode:5s} {str(settings):40s} wall {wall:.2f} s  cpu {cpu:.2f} s  ps {ps_s:.2f} s  "
+                      f"accuracy {est.score(Xte, yte):.4f}", flush=True)
     print("load", os.getloadavg())
 
 
