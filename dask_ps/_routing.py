@@ -225,3 +225,22 @@ def assemble_rows(h: TableHandle, parts: dict[int, object], uniq: np.ndarray, in
     if inverse is not None:
         out = out[xp.asarray(inverse)]
     return out
+
+
+def row_clocks(spec: TableSpec, per_block: dict, reqs: dict, whole: bool, inverse) -> np.ndarray:
+    """A read's clock per row (``with_clocks=True``) from its blocks' clocks
+    ``per_block``: every row of the table (``whole``) or the rows of
+    ``reqs`` (block -> its local rows, blocks in row order) in the caller's
+    order (``inverse``). With ``aggregate="clock"`` a block's clock is
+    exact (the clocks below and none after: the servers apply a clock's
+    sum once every participant completed it); otherwise a lower bound. A
+    cached entry merged with rows read later keeps its older tag."""
+    if whole:
+        out = np.empty(spec.shape[0], dtype=np.int64)
+        for b, c in per_block.items():
+            start, stop = spec.block_bounds(b)
+            out[start:stop] = c
+        return out
+    sizes = [reqs[b].shape[0] for b in reqs]
+    out = np.repeat(np.array([per_block[b] for b in reqs], dtype=np.int64), sizes)
+    return out if inverse is None else out[np.asarray(inverse)]

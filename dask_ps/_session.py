@@ -508,27 +508,11 @@ class Session:
 
     def _row_clocks(self, h: TableHandle, uniq, inverse, reqs: dict, tags: dict) -> np.ndarray:
         """Per row read, the clock below which every participant's updates
-        are in it (its block's tag, at most the reader's clock; own updates
-        are always in): with ``aggregate="clock"`` exactly the clocks below
-        and none after, as the servers apply a clock's sum only once every
-        participant completed it; otherwise a lower bound (later pushes may
-        be in too). A row of a cached entry that was merged with rows read
-        later reports the entry's older tag."""
+        are in it (:func:`_routing.row_clocks`): its block's tag, at most the
+        reader's clock (own updates are always in)."""
         cur = self._clk.current
         per_block = {b: int(min(tags.get(b, self._clk.known_min), cur)) for b in reqs}
-        if uniq is None:
-            out = np.empty(h.spec.shape[0], dtype=np.int64)
-            for b, c in per_block.items():
-                start, stop = h.spec.block_bounds(b)
-                out[start:stop] = c
-            return out
-        out = np.empty(uniq.shape[0], dtype=np.int64)
-        lo = 0
-        for b in reqs:  # blocks in row order (_row_read)
-            n = reqs[b].shape[0] if reqs[b] is not None else h.spec.block_bounds(b)[1] - h.spec.block_bounds(b)[0]
-            out[lo:lo + n] = per_block[b]
-            lo += n
-        return out if inverse is None else out[np.asarray(inverse)]
+        return _routing.row_clocks(h.spec, per_block, reqs, uniq is None, inverse)
 
     @ps_call
     def uncache(self, name: str) -> None:

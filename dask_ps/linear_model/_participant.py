@@ -522,9 +522,10 @@ class _Participant:
         held. A read that missed the others' last rounds makes this
         participant's next model start from an older mean (slower progress),
         never a table that drifts from the mean (docs/architecture.rst,
-        "Estimators: SGD"). Under a bound the push also carries
-        ``additive_share`` of the round's change from its read: what a
-        stale read missed of the small-step progress is kept."""
+        "Estimators: SGD"). Under a bound the round started from the read
+        plus what it missed (``self.catch_up``, ``round``); where it cannot
+        (value-bounded models, ``ps.sgd.catch-up`` false) the push carries
+        ``additive_share`` of the round's change from its read instead."""
         if self.solo:
             if rows is not None:  # a compacted round's rows (a lone participant's rounds are whole: make_rounds)
                 self.W_all[self.xp.asarray(rows)] = W
