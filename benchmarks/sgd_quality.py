@@ -550,15 +550,26 @@ def reachable_sweep(sets, ps, cons, seeds, ref_seeds, args):
     ``ps.sgd.min-samples-per-participant`` = 10,000 rows), with
     scikit-learn's reference on the same rows: the layouts a user reaches,
     not the forced ones (8,000 rows over 64 participants)."""
+    import contextlib
     import json
+
+    from distributed import Client, LocalCluster
 
     rows, tables = {}, []
     for P in ps:
         n_rows = max(P, 1) * args.rows_per_participant
         cols = cells((P,), cons)
+        layout = args.layout if 2 <= P <= 4 else "sim"  # --layout threads|processes: P <= 4 on P workers
         print(f"P={P}: {len(sets)} settings, {n_rows} rows, {len(seeds)} seeds, scikit-learn's worst of "
-              f"{ref_seeds} - {SLACK}", flush=True)
-        rows[P] = run_sweep(sets, n_rows, cols, seeds, ref_seeds, out=lambda s: print(s, flush=True))
+              f"{ref_seeds} - {SLACK}; layout {layout}", flush=True)
+        with contextlib.ExitStack() as stack:
+            clients = None
+            if layout != "sim":
+                cluster = stack.enter_context(LocalCluster(
+                    n_workers=P, threads_per_worker=1, processes=layout == "processes", memory_limit=0,
+                    dashboard_address=None))
+                clients = {P: stack.enter_context(Client(cluster, set_as_default=False))}
+            rows[P] = run_sweep(sets, n_rows, cols, seeds, ref_seeds, clients, out=lambda s: print(s, flush=True))
         tables.append(f"P={P}, {n_rows} rows:\n\n" + summary_table(rows[P], cols))
         if args.json:
             with open(args.json, "w") as f:
@@ -647,7 +658,8 @@ def main():
     ap.add_argument("--shapes", nargs="+", help="the sweep: only these data shapes")
     ap.add_argument("--names", nargs="+", help="the sweep: only the settings of these names (as printed)")
     ap.add_argument("--rows-per-participant", type=int,
-                    help="the sweep: each P at P x this many rows (the layouts a user reaches), simulated")
+                    help="the sweep: each P at P x this many rows (the layouts a user reaches), simulated "
+                         "(with --layout threads|processes: P <= 4 on P workers)")
     ap.add_argument("--fresher-reads", action="store_true",
                     help="simulated reads as fresh as a clock drawn between the bound and now (default: the worst case)")
     ap.add_argument("--no-ttq", action="store_true", help="the sweep without time to quality")

@@ -365,18 +365,22 @@ def test_sweep_classifiers_under_bounded_staleness(setting, consistency):
     assert not bad, f"scikit-learn worst {min(_REFS[setting]['scores']):.4f}: {bad}"
 
 
-def test_the_reachable_sweep_gives_each_p_its_rows(tmp_path, capsys):
+@pytest.mark.parametrize("layout", ["sim", "threads"])
+def test_the_reachable_sweep_gives_each_p_its_rows(tmp_path, capsys, layout):
     """``--rows-per-participant N``: each P on P x N rows (the layouts a
     user reaches), scikit-learn's reference on the same rows, a table per P
-    and the JSON of every P."""
+    and the JSON of every P; ``--layout threads``: P = 2 on a cluster of 2
+    workers (``dask_ps_fit`` asserts its 2 participants)."""
     import argparse
     import json
 
     st = sgd_quality.S("loss", "dense", True, loss="hinge", **sgd_quality._fixed(1))
-    args = argparse.Namespace(rows_per_participant=300, json=str(tmp_path / "reach.json"))
+    args = argparse.Namespace(rows_per_participant=300, json=str(tmp_path / "reach.json"), layout=layout)
     sgd_quality.reachable_sweep([st], (1, 2), ("bsp",), range(1), 2, args)
     out = capsys.readouterr().out
     assert "P=1: 1 settings, 300 rows" in out and "P=2: 1 settings, 600 rows" in out
+    assert f"P=2: 1 settings, 600 rows, 1 seeds, scikit-learn's worst of 2 - 0.02; layout {layout}" in out
+    assert "-inf" not in out  # the fit did not fail (a failed fit scores -inf)
     assert "P=2, 600 rows:" in out and "| P=2 BSP |" in out
     saved = json.load(open(args.json))
     assert sorted(saved) == ["1", "2"]
