@@ -386,3 +386,20 @@ def test_the_reachable_sweep_gives_each_p_its_rows(tmp_path, capsys, layout):
     assert sorted(saved) == ["1", "2"]
     assert list(saved["2"]["sweep"][0]["cells"]) == ["2-bsp"]
     assert saved["2"]["sweep"][0]["cells"]["2-bsp"]["n"] == 1
+
+
+def test_the_spread_script_says_how_many_fits_fall_below(monkeypatch, capsys):
+    """``sgd_spread.py``: one setting, scikit-learn's worst over its seeds,
+    and per consistency dask_ps's worst and the count below the bar."""
+    import sgd_spread
+
+    monkeypatch.setattr(sys, "argv", ["sgd_spread.py", "C dense3 max_iter=1", "--layout", "sim", "--seeds", "2",
+                                      "--ref-seeds", "3", "--rows-per-participant", "500",
+                                      "--consistencies", "bsp", "ssp1:nocatch"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sgd_spread.main()
+    out = capsys.readouterr().out
+    assert "1000 rows; scikit-learn 3 seeds: worst" in out
+    assert "bsp            2 seeds: worst" in out and "ssp1:nocatch   2 seeds: worst" in out
+    assert "-inf" not in out
