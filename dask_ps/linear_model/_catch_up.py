@@ -36,6 +36,8 @@ from collections import deque
 
 import numpy as np
 
+from dask_ps import _backend
+
 
 class CatchUp:
     """One participant's last ``staleness`` rounds' own training changes,
@@ -98,9 +100,6 @@ class CatchUp:
 
 
 def _like(a, ref):
-    """``a`` (numpy) as an array of ``ref``'s library (numpy or cupy)."""
-    if isinstance(ref, np.ndarray):
-        return a
-    import cupy  # the weights live on the device: index them with device arrays
-
-    return cupy.asarray(a)
+    """``a`` (numpy) as an array of ``ref``'s library (numpy, or cupy where
+    the weights live on the device: indexed with device arrays)."""
+    return a if isinstance(ref, np.ndarray) else _backend.namespace(ref).asarray(a)

@@ -77,6 +77,23 @@ def test_sgd_regressor_fits_an_in_memory_device_array(standin, standin_client, t
     assert reg.score(X, y) > 0.95
 
 
+def test_sgd_on_the_device_catches_up_under_a_bound(standin, standin_client, table_devices):
+    """Under SSP(1) two participants on device data start each round from
+    the read plus what it missed (``_catch_up``: the changes kept on the
+    device, indexed with device arrays); the fit matches scikit-learn's."""
+    from sklearn.linear_model import SGDRegressor as SkSGD
+
+    from dask_ps.linear_model import SGDRegressor
+
+    X, y = make_regression(n_samples=3000, n_features=8, noise=0.1, random_state=0)
+    sk = [SkSGD(max_iter=5, tol=None, random_state=s).fit(X, y).score(X, y) for s in range(3)]
+    with dask.config.set({"ps.sgd.min-samples-per-participant": 1000}):
+        reg = SGDRegressor(max_iter=5, tol=None, random_state=0, client=standin_client,
+                           consistency=dask_ps.SSP(1)).fit(standin.asarray(X), standin.asarray(y))
+    assert len(reg.metrics_) == 2 and "cuda" in table_devices.values()
+    assert reg.score(X, y) >= min(sk) - 0.02, (reg.score(X, y), sk)
+
+
 def test_sgd_device_input_is_checked_as_scikit_learn_checks_host_input(standin, standin_client):
     from dask_ps.linear_model import SGDClassifier
 
