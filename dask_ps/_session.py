@@ -663,11 +663,10 @@ class Session:
             out = out[_backend.namespace(out).asarray(inverse)]
         return out
 
-    def _read(self, h: TableHandle, reqs: dict[int, np.ndarray | None], tags_out: dict | None = None) -> dict:
+    def _read(self, h: TableHandle, reqs: dict[int, np.ndarray | None], tags_out: dict) -> dict:
         """Values of ``reqs[block] = local rows or None`` satisfying the bound:
         from the cache when legal, otherwise one request per server;
         ``tags_out[block]``: the tag of what was read (``_row_clocks``)."""
-        tags_out = {} if tags_out is None else tags_out
         name = h.spec.name
         m = self._metrics[name]
         m.reads += 1
@@ -744,8 +743,7 @@ class Session:
                 e = CacheEntry(_tag(tags.get(b), tag), seq, self._clk.current, rows, vals)
             if self._cacheable(h):
                 cache[b] = e
-            out[b] = e.take(reqs[b]) if e.rows is not reqs[b] else e.values
-            tags_out[b] = e.tag
+            out[b], tags_out[b] = (e.take(reqs[b]) if e.rows is not reqs[b] else e.values), e.tag
         self._record_staleness(m, min([_tag(tags.get(b), tag) for b in got]
                                       + [cache[b].tag for b in reqs if b in cache] or [tag]))
         return out

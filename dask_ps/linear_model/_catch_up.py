@@ -36,7 +36,7 @@ from collections import deque
 
 import numpy as np
 
-from dask_ps import _backend
+from dask_ps._estimators import arrays
 
 
 class CatchUp:
@@ -102,4 +102,4 @@ class CatchUp:
 def _like(a, ref):
     """``a`` (numpy) as an array of ``ref``'s library (numpy, or cupy where
     the weights live on the device: indexed with device arrays)."""
-    return a if isinstance(ref, np.ndarray) else _backend.namespace(ref).asarray(a)
+    return a if isinstance(ref, np.ndarray) else arrays.xp_of(ref).asarray(a)

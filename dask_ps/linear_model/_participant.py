@@ -459,7 +459,7 @@ class _Participant:
         rnd = self.rounds.prepare(epoch_rounds, ri)
         W0, held = self.read(epoch, ri, rnd.rows)
         self.read_ahead(epoch, ri + 1, epoch_rounds)
-        clock = self.ctx.current_clock
+        clock = None if self.catch_up is None else self.ctx.current_clock
         start = W0 if self.catch_up is None else self.catch_up.start(clock, rnd.rows, W0, held)
         offsets = self.cfg.average_offsets and not self.solo  # the table's averages as offsets (_averages)
         Wr = from_offsets(start.copy(), self.K, round_count(self.cfg, epoch, seen, self.n_train, active,

@@ -125,6 +125,7 @@ def test_own_models_of_sparse_participants_hold_their_rows_only():
         f = np.sort(rng.choice(d, size=50, replace=False))
         p = _participant._Participant.__new__(_participant._Participant)
         p.ctx, p.solo, p.sparse, p.xp, p.mine, p._own_rows = _PushRecorder(table, P), False, True, np, None, None
+        p.catch_up = None  # the push rule alone (the start of a round is not in this test)
         p.cfg = type("cfg", (), {"table": "w", "start_table": None, "n_features": d, "n_cols": K, "staleness": 2})()
         # rounds whose every step was large (mean rate factor 1): no additive share, the exact mean
         p.rounds = type("rounds", (), {"mean_scale": 1.0})()
