@@ -461,17 +461,19 @@ def rounds_by_work(inp, P, n_p, ratio=4.0, _cache={}):
     return m
 
 
-def rounds_as_built(inp, P, n_p, staleness=1, ratio=8.0, min_rounds=4, clocks=6, **sim):
+def rounds_as_built(inp, P, n_p, staleness=1, ratio=8.0, min_rounds=None, clocks=6, **sim):
     """Samples a round by ``dask_ps``'s own rule (``_round_size.work_clock_every``,
-    ``ps.sgd.work-ratio`` 8, ``ps.sgd.work-min-rounds-per-epoch`` 4): the
+    ``ps.sgd.work-ratio`` 8, ``ps.sgd.work-min-rounds-per-epoch`` (None: the
+    setting's value)): the
     schedule's rounds simulated with their compute, the sync a clock the
     least wall beside its compute any participant had (``measured_costs``:
     its waits and its compute stretched by the loop), the round doubled
     while its compute (taken as growing with its samples) is under ``ratio``
     x that sync, at least ``min_rounds`` x ``max(1, s)`` rounds an epoch; ``sim``:
     the simulation's options (``sync_sim.Sim``)."""
-    from dask_ps.linear_model._round_size import work_clock_every
+    from dask_ps.linear_model._round_size import setting, work_clock_every
 
+    min_rounds = int(setting("sgd", "work-min-rounds-per-epoch")) if min_rounds is None else min_rounds
     m = float(sgd_rounds(n_p, P).mean())
     wl, _, _ = sgd_workload(inp, n_p, P, round_samples=m, clocks=clocks)
     _, _, run = efficiency(inp, "target", P, wl, 0.0, staleness=staleness, **sim)

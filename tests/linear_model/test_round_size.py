@@ -114,21 +114,25 @@ def test_not_applied_where_it_cannot_change_anything():
 
 
 def test_the_measured_run_is_one_epoch_and_the_decision_is_kept():
-    bw = RoundsByWork(_cfg(1), 4, "auto")
-    assert bw.end(0, 5) == 1
     ok = [{"seconds": 1.0, "profile": {"ps_seconds": 0.5}}] * 4  # 16 clocks: a round 0.031 s, a clock 0.031 s
+    with dask.config.set({"ps.sgd.work-min-rounds-per-epoch": 4}):
+        bw = RoundsByWork(_cfg(1), 4, "auto")
+    assert bw.end(0, 5) == 1
     bw.measured(_cfg(1), 1, ok)
-    assert bw.decided == 16  # 4 x the round: 0.125 s >= 4 x 0.031 s (and 4 rounds an epoch)
+    assert bw.decided == 16  # the floor binds: 4 rounds an epoch (8 x the sync would need 8 x the round)
     assert bw.config(_cfg(1)).clock_every == 16
     assert bw.end(1, 5) == 5
+    bw = RoundsByWork(_cfg(1), 4, "auto")  # the default floor, 1 round an epoch (SSP(1) catches up)
+    bw.measured(_cfg(1), 1, ok)
+    assert bw.decided == 32  # 8 x the round: 0.25 s >= 8 x 0.031 s (2 rounds an epoch)
 
 
 def test_ssp_keeps_s_times_the_rounds_an_epoch():
     """SSP(s): s times the floor, so that the bound spans no more of an
     epoch than SSP(1)'s (and the stopping decision's lag stays one epoch)."""
-    assert [RoundsByWork(_cfg(s, steps=512), 4, "auto").min_rounds for s in (0, 1, 2, 3, None)] == [4, 4, 8, 12, 4]
-    with dask.config.set({"ps.sgd.work-min-rounds-per-epoch": 1}):
-        assert RoundsByWork(_cfg(3), 4, "auto").min_rounds == 3
+    assert [RoundsByWork(_cfg(s, steps=512), 4, "auto").min_rounds for s in (0, 1, 2, 3, None)] == [1, 1, 2, 3, 1]
+    with dask.config.set({"ps.sgd.work-min-rounds-per-epoch": 4}):
+        assert [RoundsByWork(_cfg(s, steps=512), 4, "auto").min_rounds for s in (0, 1, 3)] == [4, 4, 12]
     # SSP(2) with the schedule's 8 rounds an epoch (ps.sgd.min-rounds-per-epoch): nothing to size
     assert not RoundsByWork(_cfg(2, steps=64, clock_every=8), 4, "auto").active
 
@@ -170,7 +174,7 @@ def test_ssp_fit_trains_its_later_epochs_in_rounds_sized_by_work():
     assert [(c.epoch0, c.max_iter) for c in runs] == [(0, 1), (1, 3)]
     first, later = runs
     assert (first.steps_per_epoch, first.clock_every) == (32, 1)  # 3200 samples a participant, rounds of 100
-    assert -(-later.steps_per_epoch // later.clock_every) == 4  # grown to ps.sgd.work-min-rounds-per-epoch
+    assert -(-later.steps_per_epoch // later.clock_every) == 1  # grown to ps.sgd.work-min-rounds-per-epoch
     assert later.decision_lag == first.decision_lag == 1
     assert est.n_iter_ == 3 and np.all(np.isfinite(est.coef_))
     X, y = _data()
@@ -229,5 +233,5 @@ def test_cluster_ssp_fit_sized_by_work(client):
     with mock.patch.object(RoundsByWork, "measured", measured):
         est = _fit(client, dask_ps.SSP(1))
     assert len(est.run_ids_) == 2  # the measured first epoch, then the rest in bigger rounds
-    assert decided[0] == (32, 1, 8)
+    assert decided[0] == (32, 1, 32)  # one round an epoch: ps.sgd.work-min-rounds-per-epoch
     assert est.n_iter_ == 3 and est.score(*_data()) > 0.85
