@@ -53,6 +53,9 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--catch-up", action="store_true", help="SSP(1) with and without the catch-up, and BSP")
+    ap.add_argument("--accuracy", type=int, default=0, metavar="N",
+                    help="--catch-up's SSP(1) variants N fits each, their test accuracy against scikit-learn's "
+                         "10 seeds (the passes' accuracies vary with timing)")
     args = ap.parse_args()
     X, y = bench_sgd.ctr_data(args.rows)
     Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.1, random_state=0)
@@ -68,7 +71,27 @@ def main():
                 ps_s = est.metrics_[0].get("ps_seconds")
                 print(f"{mode:5s} {str(settings):40s} wall {wall:.2f} s  cpu {cpu:.2f} s  ps {ps_s:.2f} s  "
                       f"accuracy {est.score(Xte, yte):.4f}", flush=True)
+        if args.accuracy:
+            _accuracies(client, dX, dy, Xtr, ytr, Xte, yte, args.epochs, args.accuracy)
     print("load", os.getloadavg())
+
+
+def _accuracies(client, dX, dy, Xtr, ytr, Xte, yte, epochs, n):
+    import numpy as np
+    from sklearn.linear_model import SGDClassifier as Sk
+
+    def line(label, acc):
+        print(f"{label:40s} {len(acc)} fits: accuracy min {min(acc):.4f} median {np.median(acc):.4f} "
+              f"max {max(acc):.4f}", flush=True)
+
+    line("scikit-learn, seeds 0-9", [Sk(loss="log_loss", alpha=1e-6, max_iter=epochs, tol=None, random_state=s)
+                                     .fit(Xtr, ytr).score(Xte, yte) for s in range(10)])
+    acc = {False: [], True: []}
+    for _ in range(n):  # interleaved: the same machine state for both
+        for cu in (True, False):
+            acc[cu].append(_fit(client, dX, dy, "ssp1", {"ps.sgd.catch-up": cu}, epochs)[2].score(Xte, yte))
+    line("SSP(1), catch-up", acc[True])
+    line("SSP(1), without", acc[False])
 
 
 if __name__ == "__main__":
