@@ -241,7 +241,7 @@ def _remote_reads(ctx, _):
     transport = ctx._router.transport
     where = ("another process" if transport.serialized(h.primary(0))
              else "this worker" if h.primary(0) == transport.local_address else "a peer in this process")
-    part = ctx._read(h, {0: None})[0]
+    part = ctx._read(h, {0: None}, {})[0]
     mine = ctx.pull("recv-t")
     mine[:] = -1.0  # the caller's own array
     return where, bool(part.flags.writeable), ctx.pull("recv-t").tolist()
