@@ -7,7 +7,8 @@ rounds), the driver makes the rounds of the later runs bigger: the
 schedule's round doubled until its compute is at least
 ``ps.sgd.work-ratio`` times its sync, as measured (``measured_costs``),
 keeping at least ``ps.sgd.work-min-rounds-per-epoch`` rounds an epoch
-(what the quality sweep shows SSP(1) needs, docs/benchmarks.md), ``s``
+(1: with the catch-up SSP(1) keeps its answers at one round an epoch,
+docs/benchmarks.md), ``s``
 times as many under ``SSP(s)`` (the bound spans no more of an epoch than
 SSP(1)'s; the stopping decision's lag stays one epoch). Only inputs whose
 rounds are ``ps.sgd.clock-samples`` long are sized (the measured run is a
