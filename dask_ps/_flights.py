@@ -140,7 +140,7 @@ class PullHandle:
     applied: dict = field(default_factory=dict)  # block -> latest own push number in the values
     tags: dict = field(default_factory=dict)  # block -> what its server said the read holds (parked reads)
     flushes: list = field(default_factory=list)  # own Flights of this table started after issue
-    clocks: object = None  # per row read, the clock below which every participant's updates are in it
+    read_tags: dict = field(default_factory=dict)  # block -> the tag of what result() returned
     _value: object = None
 
     def __repr__(self):
@@ -159,7 +159,9 @@ class PullHandle:
         clocks)`` as ``Session.pull`` returns them."""
         if self._value is None:
             self._value = self.session._prefetch_result(self)
-        return (self._value, self.clocks) if with_clocks else self._value
+        if not with_clocks:
+            return self._value
+        return self._value, self.session._row_clocks(self.h, self.uniq, self.inverse, self.reqs, self.read_tags)
 
 
 def _check_sums_finite(name: str, msgs) -> None:

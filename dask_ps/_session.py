@@ -604,7 +604,7 @@ class Session:
                 m.prefetch_hits += 1
             elif p.future is not None:
                 m.prefetch_rereads += 1
-            p.clocks = self._row_clocks(h, p.uniq, p.inverse, p.reqs, tags)
+            p.read_tags = tags  # per block; the rows' clocks only if asked (PullHandle.result)
             if p.uniq is None:
                 return self._assemble_dense(h, parts)
             return self._assemble_rows(h, p.uniq, p.inverse, p.reqs, parts)
