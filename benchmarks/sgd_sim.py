@@ -338,7 +338,8 @@ class SimServer:
         held = None
         if self.fresher is not None and t.staleness > 0:
             n = t.values.shape[0]
-            rng = np.random.default_rng([int(self.fresher), rank, clock, next(self._reads.setdefault(rank, itertools.count()))])
+            nth = next(self._reads.setdefault(rank, itertools.count()))
+            rng = np.random.default_rng([int(self.fresher), rank, clock, nth])
             tags = rng.integers(floor, clock + 1, size=FRESHER_BLOCKS)
             held = tags[np.arange(n) * FRESHER_BLOCKS // n]
         with self.lock:
