@@ -6,6 +6,7 @@ every read it checks which markers the table's model guarantees are present.
 
 from __future__ import annotations
 
+import pathlib
 import time
 
 import numpy as np
@@ -21,13 +22,36 @@ def marker(rank, clock):
     return rank * C + clock
 
 
-def audit_participant(ctx, _part, delays, staleness, use_rows):
-    """Run C clocks; at every read check the model's guarantee exactly."""
+def _hold_until_read(ahead_dir, clock, timeout=60.0):
+    """Until the other participants read at ``clock`` (their files in
+    ``ahead_dir``): True; False after ``timeout`` s (they could not get
+    ahead: the test's check fails)."""
+    want = [pathlib.Path(ahead_dir, f"{q}-{clock}") for q in range(P - 1)]
+    deadline = time.monotonic() + timeout  # a wait loop, not a timing assertion
+    while not all(f.exists() for f in want):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def audit_participant(ctx, _part, delays, staleness, use_rows, ahead_dir=None):
+    """Run C clocks; at every read check the model's guarantee exactly.
+
+    With ``ahead_dir`` (a directory every participant reaches) the last
+    participant is the straggler by construction, not by its delay: it
+    starts clock c only once the others read at clock c + s (2 without a
+    bound), so the fast ones reach the bound whatever the machine's load."""
     rank = ctx.rank
     rng = np.random.default_rng(rank)
     lags = []
+    ahead = 2 if staleness is None else staleness
     for c in range(C):
-        time.sleep(delays[rank] * rng.uniform(0.5, 1.5))
+        if ahead_dir is not None and rank == P - 1:
+            if c + ahead < C and not _hold_until_read(ahead_dir, c + ahead):
+                ahead_dir = None  # held once in vain: no more
+        else:
+            time.sleep(delays[rank] * rng.uniform(0.5, 1.5))
         v = ctx.pull("audit") if not use_rows else ctx.pull_rows("audit", np.arange(P * C))
         assert set(np.unique(v)) <= {0.0, 1.0}, f"torn or double-counted value at clock {c}: {np.unique(v)}"
         seen = v.reshape(P, C)
@@ -42,6 +66,8 @@ def audit_participant(ctx, _part, delays, staleness, use_rows):
                 )
         # How far behind this read is on the slowest participant's markers.
         lags.append(c - int(seen.sum(axis=1).min()))
+        if ahead_dir is not None:
+            pathlib.Path(ahead_dir, f"{rank}-{c}").touch()
         ctx.push_rows("audit", [marker(rank, c)], [1.0])
         # Own pending write is visible before any flush.
         assert ctx.pull_rows("audit", [marker(rank, c)])[0] == 1.0
@@ -63,10 +89,11 @@ MODELS = [
 
 @pytest.mark.parametrize("use_rows", [False, True], ids=["dense", "rows"])
 @pytest.mark.parametrize("model,staleness", MODELS, ids=lambda m: repr(m))
-def test_staleness_audit_with_a_straggler(ps, model, staleness, use_rows):
+def test_staleness_audit_with_a_straggler(ps, model, staleness, use_rows, tmp_path):
     ps.create_table("audit", shape=(P * C,), block_rows=7, consistency=model)
-    delays = [0.001, 0.002, 0.001, 0.03]  # participant 3 is the straggler
-    lags = ps.run(audit_participant, range(P), delays=delays, staleness=staleness, use_rows=use_rows)
+    delays = [0.001, 0.002, 0.001, 0.03]  # participant 3 is the straggler (held back: ahead_dir)
+    lags = ps.run(audit_participant, range(P), delays=delays, staleness=staleness, use_rows=use_rows,
+                  ahead_dir=str(tmp_path))
     final = ps.pull("audit")
     assert final.tolist() == [1.0] * (P * C)  # nothing lost, nothing doubled
     fast = [max(lags[r]) for r in range(3)]
