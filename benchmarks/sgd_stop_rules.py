@@ -1,6 +1,6 @@
 """Stopping rules for several participants, replayed in the simulation
-(issue 33; tried and not kept: docs/benchmarks.md, "The stopping rule's
-epochs").
+(issue 33; tried and not kept: docs/benchmarks-history.md, "Issue 33: rows
+sorted by label as a dask input, and the stopping rule's epochs").
 
 Each quick-sweep setting under a stopping rule is fitted once per
 participant count and seed by simulated BSP participants (``sgd_sim``) with

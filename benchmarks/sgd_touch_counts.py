@@ -1,5 +1,5 @@
 """A per-row rate factor from touch counts, tried in the simulation (issue
-33; tried and not kept: docs/benchmarks.md, "SGD quality over issue 33's
+33; tried and not kept: docs/benchmarks-history.md, "SGD quality over issue 33's
 space").
 
 The quick sweep (``sgd_quality.py``) with the simulated server's sum of a

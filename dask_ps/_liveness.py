@@ -62,7 +62,7 @@ class Liveness:
         if ``addr`` dies meanwhile; that cancellation is taken back here and
         raised as :class:`WorkerGone` (a task of its own per call cost a
         task and two turns of the event loop on every push and pull;
-        docs/benchmarks.md, KV)."""
+        docs/benchmarks-history.md, KV)."""
         addrs = (addr, *involves)
         for a in addrs:
             if a in self.dead:

@@ -181,7 +181,7 @@ class Session:
         ``run_coroutine_threadsafe`` and a wait on its future, not
         ``distributed.utils.sync``, which adds a turn of the loop and
         tornado's coroutine runner to every blocking call (a bare RPC of a
-        100k-row read: 0.05 ms less of its ~1.9 ms; docs/benchmarks.md)."""
+        100k-row read: 0.05 ms less of its ~1.9 ms; docs/benchmarks-history.md, KV)."""
         loop = self.worker.loop.asyncio_loop
         if running_loop() is loop:  # waiting here would block the loop that must run it
             raise RuntimeError(f"{self!r}: a blocking call made from its worker's event loop thread")

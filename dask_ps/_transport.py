@@ -71,7 +71,7 @@ def blocking_call(client, fn, *args, **kwargs):
     From another thread, ``run_coroutine_threadsafe`` and a wait on its
     future, not ``distributed.utils.sync``, which adds a turn of the loop
     and tornado's coroutine runner to every blocking call (as
-    ``Session._sync``; docs/benchmarks.md, KV). From the loop's own thread
+    ``Session._sync``; docs/benchmarks-history.md, KV). From the loop's own thread
     or an asynchronous client: ``client.sync``, which knows those cases."""
     loop = client.loop.asyncio_loop
     if client.asynchronous or getattr(thread_state, "asynchronous", False) or running_loop() is loop:

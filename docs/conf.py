@@ -46,7 +46,7 @@ if HAVE_MYST:
     source_suffix[".md"] = "markdown"
     myst_heading_anchors = 3
     # benchmarks.md is a page of its own; the .rst fallback would duplicate it.
-    exclude_patterns.append("benchmarks.rst")
+    exclude_patterns += ["benchmarks.rst", "benchmarks-history.rst"]
 
 root_doc = "index"
 language = "en"
