@@ -418,11 +418,19 @@ class PSSchedulerPlugin(SchedulerPlugin):
         self.run_book.rolled_back(record)
 
     async def _copies_disagree(self, name: str, attempts: int = 3) -> list:
-        """Listed, not stale copies of ``name``'s blocks whose update count
-        (``Block.seq``) differs from the block's highest, or that are
-        missing, as ``[block, worker, seq, highest]``; asked again (a push
-        may be between its primary and a replica) before they count. Such
-        copies are marked stale (no reads) and copied again."""
+        """Listed, not stale copies of ``name``'s blocks that miss updates
+        their block's primary had applied and forwarded, or that are
+        missing, as ``[block, worker, seq, least]``; asked again before they
+        count. Such copies are marked stale (no reads) and copied again.
+
+        A push may be between its primary and a replica as the counts are
+        read (an aborted run's participants go on until their next clock,
+        another run or client may push): the primaries' counts are read
+        first, once the pushes they are applying are done (``drained``: a
+        primary forwards under its table lock), then every copy's. A
+        replica's count must be at least its primary's first; the
+        primary's at least every replica's first (a replica applies only
+        what its primary applied before)."""
         found = []
         for attempt in range(attempts):
             t = self.tables.get(name)
@@ -430,21 +438,22 @@ class PSSchedulerPlugin(SchedulerPlugin):
                 return []
             owners = [list(ws) for ws in t.owners]
             holders = sorted({w for ws in owners for w in ws if w in self.members})
-            seqs = await asyncio.gather(*(
-                asyncio.wait_for(self.calls.call(w, "ps_block_seqs", table=name, table_id=t.spec.table_id), 10)
-                for w in holders
-            ), return_exceptions=True)
-            got = {w: s for w, s in zip(holders, seqs) if isinstance(s, dict)}
+            first = await self._block_seqs(holders, name, t.spec.table_id, drained=True)
+            got = await self._block_seqs(holders, name, t.spec.table_id)
             if self.tables.get(name) is not t or t.owners != owners:
                 return []  # the placement changed meanwhile: it made its own copies
             found = []
             for b, ws in enumerate(owners):
-                have = {w: got[w].get(b) for w in ws if w in got and w not in t.stale.get(b, ())}
-                counts = [c for c in have.values() if c is not None]
-                if not counts:
-                    continue
-                top = max(counts)
-                found += [[b, w, c, top] for w, c in have.items() if c is None or c < top]
+                listed = [w for w in ws if w in got and w in first and w not in t.stale.get(b, ())]
+                if not listed or listed[0] != ws[0]:
+                    continue  # no count of its primary (gone, or stale: being copied again)
+                primary, replicas = listed[0], listed[1:]
+                least = {primary: max((first[r][b] for r in replicas if first[r].get(b) is not None), default=None)}
+                least.update((r, first[primary].get(b)) for r in replicas)
+                for w in listed:
+                    have, want = got[w].get(b), least[w]
+                    if want is not None and (have is None or have < want):
+                        found.append([b, w, have, want])
             if not found:
                 return []
             await asyncio.sleep(0.2 * (attempt + 1))
@@ -464,6 +473,14 @@ class PSSchedulerPlugin(SchedulerPlugin):
                 self.placement.resync_pending.add(name)
                 self.in_background(self.placement.resync(name))
         return found
+
+    async def _block_seqs(self, holders, name: str, table_id: str, drained: bool = False) -> dict:
+        """``holder -> {block: Block.seq}`` of the holders that answered in 10 s."""
+        seqs = await asyncio.gather(*(
+            asyncio.wait_for(self.calls.call(w, "ps_block_seqs", table=name, table_id=table_id, drained=drained), 10)
+            for w in holders
+        ), return_exceptions=True)
+        return {w: s for w, s in zip(holders, seqs) if isinstance(s, dict)}
 
     @handler(INTERNAL)
     def alive(self, address: str) -> None:

@@ -694,11 +694,17 @@ class PSWorkerPlugin(WorkerPlugin):
         return _backend.gpu_info()
 
     @handler(READ_ONLY)
-    def block_seqs(self, table: str, table_id: str) -> dict:
+    async def block_seqs(self, table: str, table_id: str, drained: bool = False) -> dict:
         """Handler (scheduler, at a run's end): the update count of every
         block of ``table`` held here (``Block.seq``; copies of a block that
-        hold the same updates have the same count)."""
+        hold the same updates have the same count). ``drained``: read once
+        the pushes this worker is applying as a primary are done, so every
+        push counted in its primary blocks' counts has reached their
+        replicas (a primary forwards under its table lock)."""
         t = self.store.tables.get(table) if isinstance(table, str) else None
+        if drained and t is not None:
+            async with self._locks[table]:
+                t = self.store.tables.get(table)
         if t is None or t.spec.table_id != table_id:
             return {}
         return {int(b): int(blk.seq) for b, blk in t.blocks.items()}
