@@ -28,6 +28,7 @@ from dask_ps._clock_combiner import answer_sections
 from dask_ps._exceptions import (
     InternalOnlyError,
     PSValueError,
+    RunEndedError,
     StaleVersionError,
     UnknownTableError,
 )
@@ -253,6 +254,11 @@ class PSWorkerPlugin(WorkerPlugin):
             held = _holds.take_hold(self.store, table, version, table_id, commit)
             if commit is not None and not commit[1]:  # phase 1 was refused elsewhere: nothing applies
                 return []
+            if run is not None and run[0] in self.run_manager.ended:
+                # Its end freed the run's exactly-once windows: a copy sent again (a forward whose
+                # reply was lost, a retry that waited for this lock) would count twice. A replica
+                # refuses a forward too: its primary has it fenced and copied again.
+                raise RunEndedError(f"run {run[0]} has ended: its pushes are refused")
             if held is not None and held.items is not None:
                 t, items, bounds = self.store.get(table, version, table_id), held.items, held.bounds
             else:
