@@ -789,7 +789,10 @@ def participant(run_id, rank, n, fn, part, kwargs, owner=None):
     ``owner``: the run's secret."""
     secede()  # long-running: free the worker's thread slot
     ctx = Session(run_id, rank, n, owner=owner)
-    ctx._join()
+    try:
+        ctx._join()
+    except RunEndedError:
+        return None  # its run ended before it started (Ctrl-C, another's error): nobody waits for it
     ok = False
     try:
         result = fn(ctx, part, **kwargs)

@@ -37,12 +37,10 @@ def keep_until_done(futures) -> None:
     running on the client's event loop; a future released before its task
     ended is cancelled, and each such waiter then ends with Dask's
     ``AllExit``, printed as "Task exception was never retrieved" (issue 35:
-    one traceback per participant)."""
-    def done(fut):
-        with _lock:
-            _finishing.discard(fut)
-
+    one traceback per participant). The ended ones are let go at the next
+    call, not by a done callback: Dask runs those on an executor that is
+    shut down when the process exits, and a participant ending then
+    printed tornado's "cannot schedule new futures after shutdown"."""
     with _lock:
+        _finishing.difference_update([f for f in _finishing if f.done()])
         _finishing.update(futures)
-    for fut in futures:
-        fut.add_done_callback(done)
