@@ -5,6 +5,7 @@ a table rolled back to its checkpoint during a run, a shard host that hangs
 from __future__ import annotations
 
 import os
+import pathlib
 import signal
 import threading
 import time
@@ -36,9 +37,14 @@ def wait_for_clock(ps, clock, timeout=120):
     raise TimeoutError(f"run did not reach clock {clock}")
 
 
-def ones_pusher(ctx, _, clocks, delay):
-    """Push ones into the whole table once per clock."""
-    for _clock in range(ctx.current_clock, clocks):  # a retried task resumes here
+def ones_pusher(ctx, _, clocks, delay, hold_at=None, hold_file=None):
+    """Push ones into the whole table once per clock; with ``hold_file``,
+    wait at clock ``hold_at`` until that file exists (the test acted)."""
+    for clock in range(ctx.current_clock, clocks):  # a retried task resumes here
+        if hold_file is not None and clock == hold_at:
+            deadline = time.monotonic() + 120  # a bound on a wait, not a timing assertion
+            while not os.path.exists(hold_file) and time.monotonic() < deadline:
+                time.sleep(0.01)
         ctx.push("t", np.ones(N_ROWS))
         time.sleep(delay)
         ctx.clock()
@@ -66,11 +72,13 @@ def test_run_raises_when_a_table_it_used_was_rolled_back_to_its_checkpoint(tmp_p
         victim_blocks = sorted(p.block for p in ps.placement("t") if p.worker == victim)
         assert victim_blocks
         pid = client.run(os.getpid, workers=[victim])[victim]
-        result = {}
+        result, killed = {}, str(tmp_path / "killed")
 
         def run():
             try:
-                result["value"] = ps.run(ones_pusher, range(2), clocks=12, delay=0.1)
+                # Held at clock 5 until the kill: the run pushes to the killed blocks after it
+                # (under load it could end first, and a restore after a run's end is not its rollback).
+                result["value"] = ps.run(ones_pusher, range(2), clocks=12, delay=0.1, hold_at=5, hold_file=killed)
             except BaseException as e:  # noqa: BLE001 - checked below
                 result["error"] = e
 
@@ -78,6 +86,7 @@ def test_run_raises_when_a_table_it_used_was_rolled_back_to_its_checkpoint(tmp_p
         runner.start()
         wait_for_clock(ps, 4)
         os.kill(pid, signal.SIGKILL)
+        pathlib.Path(killed).touch()
         runner.join(timeout=300)
         assert not runner.is_alive()
         err = result.get("error")
