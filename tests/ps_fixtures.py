@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -45,3 +46,25 @@ def lda_corpus(n_docs=400, doc_len=80, n_words=200, n_topics=5, alpha=0.3, eta=0
     theta = rng.dirichlet(np.full(n_topics, alpha), size=n_docs)
     X = np.vstack([rng.multinomial(doc_len, p / p.sum()) for p in theta @ topics])
     return sp.csr_matrix(X), topics
+
+
+@contextlib.contextmanager
+def replicated_pair(n_rows):
+    """An in-process cluster of 2 workers and table ``"w"`` of ``n_rows``
+    in one block, on both (replication 2, ASP): ``(ps, primary, replica)``;
+    skips where the worker plugins are not in this process."""
+    import pytest
+    from distributed import Client
+
+    import dask_ps
+    from dask_ps._worker_plugin import _IN_PROCESS
+
+    with LocalCluster(n_workers=2, processes=False, threads_per_worker=2, dashboard_address=None) as c, \
+            Client(c) as client:
+        ps = dask_ps.ParameterServer(client)
+        ps.wait_for_servers(2)
+        ps.create_table("w", shape=(n_rows,), block_rows=n_rows, replication=2, consistency=dask_ps.ASP())
+        (primary, replica), = ps._handle("w").owners
+        if not all(hasattr(_IN_PROCESS.get(w), "_push") for w in (primary, replica)):
+            pytest.skip("no in-process worker plugin")
+        yield ps, primary, replica

@@ -26,9 +26,8 @@ import time
 
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
+from ps_fixtures import replicated_pair
 
-import dask_ps
 from dask_ps._worker_plugin import _IN_PROCESS
 
 N_ROWS = 8
@@ -79,14 +78,7 @@ def _one_push_then_abort(ctx, _):
 
 
 def test_a_push_between_primary_and_replica_at_an_aborted_runs_end_is_not_a_missed_update():
-    with LocalCluster(n_workers=2, processes=False, threads_per_worker=2, dashboard_address=None) as c, \
-            Client(c) as client:
-        ps = dask_ps.ParameterServer(client)
-        ps.wait_for_servers(2)
-        ps.create_table("w", shape=(N_ROWS,), block_rows=N_ROWS, replication=2, consistency=dask_ps.ASP())
-        (primary, replica), = ps._handle("w").owners
-        if not hasattr(_IN_PROCESS[replica], "_push"):
-            pytest.skip("no in-process worker plugin")
+    with replicated_pair(N_ROWS) as (ps, primary, replica):
         _hold_first_forward(replica, primary)
         with pytest.raises(RuntimeError, match="rank 0 stops the run"):
             ps.run(_one_push_then_abort, range(2))

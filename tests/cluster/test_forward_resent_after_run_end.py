@@ -33,10 +33,9 @@ import time
 
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
+from ps_fixtures import replicated_pair
 from distributed.comm import CommClosedError
 
-import dask_ps
 from dask_ps._worker_plugin import _IN_PROCESS
 
 N_ROWS = 8
@@ -91,14 +90,7 @@ def _one_push_then_abort(ctx, _):
 
 
 def test_a_forward_sent_again_after_the_run_ended_at_the_replica_is_not_applied_twice():
-    with LocalCluster(n_workers=2, processes=False, threads_per_worker=2, dashboard_address=None) as c, \
-            Client(c) as client:
-        ps = dask_ps.ParameterServer(client)
-        ps.wait_for_servers(2)
-        ps.create_table("w", shape=(N_ROWS,), block_rows=N_ROWS, replication=2, consistency=dask_ps.ASP())
-        (primary, replica), = ps._handle("w").owners
-        if not hasattr(_IN_PROCESS[replica], "_push"):
-            pytest.skip("no in-process worker plugin")
+    with replicated_pair(N_ROWS) as (ps, primary, replica):
         _lose_first_forward_reply(replica)
         with pytest.raises(RuntimeError, match="rank 0 stops the run"):
             ps.run(_one_push_then_abort, range(2))
@@ -168,15 +160,8 @@ def _push_then_resend(ctx, _, primary):
 
 
 def test_a_push_sent_again_that_waited_for_the_lock_across_the_runs_end_is_not_applied_twice():
-    with LocalCluster(n_workers=2, processes=False, threads_per_worker=2, dashboard_address=None) as c, \
-            Client(c) as client:
-        ps = dask_ps.ParameterServer(client)
-        ps.wait_for_servers(2)
-        ps.create_table("w", shape=(N_ROWS,), block_rows=N_ROWS, replication=2, consistency=dask_ps.ASP())
-        (primary, replica), = ps._handle("w").owners
+    with replicated_pair(N_ROWS) as (ps, primary, replica):
         plugin = _IN_PROCESS[primary]
-        if not hasattr(plugin, "_push"):
-            pytest.skip("no in-process worker plugin")
         push = plugin._push
         STATE.clear()
         STATE.update(again=None)
