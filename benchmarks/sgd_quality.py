@@ -6,8 +6,8 @@ data, number of rows, number of workers, ``max_iter``) both fit with
 scores at least scikit-learn's worst of 30 seeds minus ``SLACK`` (test accuracy for
 classifiers, test R^2 for regressors), under the default consistency unless
 ``--consistency`` says otherwise. The participants are what a user gets
-(one per worker holding at least ``ps.sgd.min-samples-per-participant``
-samples: 1k rows train on one, 20k on two), or with ``--forced`` one per
+(by the input's work, ``linear_model/_participants.py``: 1k and 20k rows of
+20 features train on one), or with ``--forced`` one per
 worker whatever the input's size (``min-samples-per-participant`` 100).
 
 The same code runs the small sweep of the default tests

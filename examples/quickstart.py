@@ -81,7 +81,9 @@ def main():
     t0 = time.perf_counter()
     sk = SkSGDClassifier(loss="log_loss", random_state=0).fit(X_train, y_train)
     sk_seconds = time.perf_counter() - t0
-    print(f"SGDClassifier(loss='log_loss') on {len(y_train):,} rows, default stopping rule:")
+    n_est = len(est.metrics_)
+    print(f"SGDClassifier(loss='log_loss') on {len(y_train):,} rows, default stopping rule "
+          f"({n_est} participant{'s' if n_est > 1 else ''}: one per ~20 ms of an epoch's compute, at most one a worker):")
     print(f"  dask_ps       test accuracy {est.score(X_test, y_test):.4f}  {est.n_iter_:3d} epochs  "
           f"{est_seconds:6.2f}s (the first fit in a process compiles its kernels)")
     print(f"  scikit-learn  test accuracy {sk.score(X_test, y_test):.4f}  {sk.n_iter_:3d} epochs  {sk_seconds:6.2f}s")

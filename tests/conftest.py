@@ -51,3 +51,15 @@ def sm():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def sgd_by_rows():
+    """SGD fits of this test get their participants and BSP rounds as before
+    participants by work (``ps_fixtures.SGD_BY_ROWS``): several participants
+    on a small input."""
+    import dask
+    from ps_fixtures import SGD_BY_ROWS
+
+    with dask.config.set(SGD_BY_ROWS):
+        yield

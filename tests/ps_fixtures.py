@@ -9,6 +9,15 @@ import time
 from distributed import LocalCluster
 
 
+# An SGD fit's participants and BSP rounds as before participants by work:
+# one participant per 10,000 samples, at least 4 rounds an epoch. The tests
+# of several participants' paths on small inputs set it
+# (``dask.config.set(SGD_BY_ROWS)``; in a subprocess, ``SGD_BY_ROWS_ENV``).
+SGD_BY_ROWS = {"ps.sgd.min-samples-per-participant": 10_000, "ps.sgd.bsp-min-rounds-per-epoch": 4}
+SGD_BY_ROWS_ENV = {"DASK_PS__SGD__MIN_SAMPLES_PER_PARTICIPANT": "10000",
+                   "DASK_PS__SGD__BSP_MIN_ROUNDS_PER_EPOCH": "4"}
+
+
 def shared_cluster(processes: bool):
     """The small cluster shared by the tests that do not change membership."""
     logging.getLogger("distributed").setLevel(logging.WARNING)

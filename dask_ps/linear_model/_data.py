@@ -21,10 +21,9 @@ from dask_ps._estimators import (
     is_dask_dataframe,
     max_participants,
     raise_invalid_parts,
-    setting,
     setting_bytes,
 )
-from dask_ps.linear_model import _exchange
+from dask_ps.linear_model import _exchange, _participants
 from dask_ps.linear_model._participant import _PartData
 
 logger = logging.getLogger("dask_ps.linear_model")
@@ -278,8 +277,8 @@ def order_seed(est):
 
 def _dask_parts(client, data: _Input, classifier: bool, order_seed=None, verbose=0):
     """The parts of a dask input: one per worker that holds blocks of it once
-    persisted (at most one per ``ps.sgd.min-samples-per-participant`` rows,
-    as an in-memory input), concatenated and validated there (``_assemble_part``; data
+    persisted (at most one per ``_participants.min_rows_per_dask_part()``
+    rows), concatenated and validated there (``_assemble_part``; data
     that fails the checks raises here, in the caller); returns ``(parts, sizes, labels)`` -- ``labels``: ``(labels, counts)``
     over all parts for a classifier. Nothing is gathered to the client.
     ``order_seed`` (None: the stored order): each part's blocks
@@ -309,7 +308,7 @@ def _dask_parts(client, data: _Input, classifier: bool, order_seed=None, verbose
     parts = TrainingParts.per_worker(client, [X, y] + ([sw] if sw is not None else []),
                                      prepare=functools.partial(_assemble_part, spec=spec),
                                      what="X, y (and sample_weight)", max_parts=max_parts,
-                                     min_rows_per_part=int(setting("sgd", "min-samples-per-participant")))
+                                     min_rows_per_part=_participants.min_rows_per_dask_part())
     infos = parts.gather(_part_info, classifier)
     try:
         raise_invalid_parts(data.estimator, [i if isinstance(i, InvalidPart) else (i[0],) * 3 for i in infos])
@@ -339,8 +338,8 @@ def _dask_parts(client, data: _Input, classifier: bool, order_seed=None, verbose
 
 def _memory_parts(client, servers, data: _Input, random_state, shuffle: bool, replication: int = 1):
     """Split an in-memory input into one part per worker (fewer for small
-    inputs: one per ``ps.sgd.min-samples-per-participant`` samples; at most
-    the estimator's ``n_jobs``) and scatter each part once; returns
+    inputs: ``_participants.participants``, by the epoch's estimated
+    compute; at most the estimator's ``n_jobs``) and scatter each part once; returns
     ``(parts, sizes)``.
 
     Data scattered to a worker that dies is gone: Dask cannot recompute it,
@@ -352,8 +351,8 @@ def _memory_parts(client, servers, data: _Input, random_state, shuffle: bool, re
     are recomputable as they are."""
     X, y, sw = data.X, data.y, data.sw
     n = X.shape[0]
-    n_parts = max(1, min(max_participants(data.n_jobs, len(servers)),
-                         n // max(1, int(setting("sgd", "min-samples-per-participant")))))
+    n_parts = _participants.participants(X, max_participants(data.n_jobs, len(servers)),
+                                         on_device=data.device != "cpu")
     if n_parts == 1:
         chunks = None
     else:

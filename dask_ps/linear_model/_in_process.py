@@ -5,8 +5,7 @@ small block).
 work: a task submitted, scheduled and gathered, the session joining and
 leaving the run, the tables created and dropped (``docs/benchmarks.md``,
 "partial_fit of small blocks"). A block that the parameter server would
-train with one participant anyway (under ``2 x
-ps.sgd.min-samples-per-participant`` samples: ``_data._memory_parts``)
+train with one participant anyway (``_participants.participants``)
 needs none of it: a lone participant keeps the whole table local, one pull
 at its start and one push at its end (``_participant_loop``).
 :class:`InProcessSession` is that participant's session with the tables

@@ -45,8 +45,12 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         The number of participants of a fit (scikit-learn: the CPUs of its
         one-vs-all loop): None or -1, one per worker; ``-2``, one per
         worker but one; ``k > 0``, ``k`` (more than the workers: several
-        on a worker, in its threads). Small inputs get fewer: at most one
-        per ``ps.sgd.min-samples-per-participant`` samples. Each
+        on a worker, in its threads). Small inputs get fewer: an
+        in-memory input at most one per
+        ``ps.sgd.min-epoch-seconds-per-participant`` (20 ms) of its epoch's
+        estimated compute (a participant more costs sync and epochs: fits
+        under ~40 ms an epoch are faster on one), a dask input one per
+        10,000 samples (``ps.sgd.min-samples-per-participant``). Each
         participant trains every one-vs-all problem on its part of the
         samples. A dask input trains where its blocks are, one participant
         per worker holding blocks: ``n_jobs`` only lowers that number (the
@@ -186,12 +190,13 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
     ``progress`` extra).
 
     ``partial_fit`` on an in-memory block that the parameter server would
-    train with one participant (under ``2 x
-    ps.sgd.min-samples-per-participant`` samples, 20,000 at the default 10,000) trains
-    it in the calling process, with the same participant and the same
-    result, without a run on the cluster: a run costs tens of milliseconds,
-    more than such a block's training (``dask_ml.wrappers.Incremental``
-    calls ``partial_fit`` once per block). ``ps.sgd.partial-fit-in-process:
+    train with one participant (under 40 ms of estimated compute an
+    epoch: about 500,000 dense samples of 10 features, 250,000 of 50,
+    70,000 text-like rows of 40 words) trains it in the calling process,
+    with the same participant and the same result, without a run on the
+    cluster: a run costs tens of milliseconds, more than such a block's
+    training (``dask_ml.wrappers.Incremental`` calls ``partial_fit`` once
+    per block). ``ps.sgd.partial-fit-in-process:
     false`` sends every block to the cluster.
 
     ``X`` may be a numpy array, a scipy.sparse matrix (CSR), a dask array

@@ -178,7 +178,7 @@ def _source_of(doc, key):
     return source
 
 
-def test_bokeh_document_fills_during_an_estimator_fit(dash_cluster):
+def test_bokeh_document_fills_during_an_estimator_fit(dash_cluster, sgd_by_rows):
     """The document Dask's dashboard serves, pulled through Bokeh's
     websocket protocol (bokeh.client) during an SGDClassifier fit: the run
     is named by the estimator and its parameters, with progress in epochs
@@ -190,7 +190,7 @@ def test_bokeh_document_fills_during_an_estimator_fit(dash_cluster):
     from dask_ps.linear_model import SGDClassifier
 
     cluster, client, base = dash_cluster
-    X, y = make_classification(20000, 10, random_state=0)  # two participants
+    X, y = make_classification(20000, 10, random_state=0)  # two participants (sgd_by_rows)
     # Long enough for the 1 s samples behind the clocks line to see it run.
     est = SGDClassifier(max_iter=90, tol=None, alpha=1e-3, random_state=0, client=client)
     fit = threading.Thread(target=est.fit, args=(X, y))

@@ -158,7 +158,7 @@ def _held_after(monkeypatch, epochs):
     return gate
 
 
-def test_status_json_before_during_and_after_a_fit(monkeypatch):
+def test_status_json_before_during_and_after_a_fit(monkeypatch, sgd_by_rows):
     """``/ps/status.json`` in each phase of an SGD fit on a fresh cluster:
     before, nothing but what the page will show; during (the run held after
     its 5th epoch), the run with its progress in epochs (not clocks), its
@@ -170,7 +170,7 @@ def test_status_json_before_during_and_after_a_fit(monkeypatch):
 
     gate = _held_after(monkeypatch, 5)
 
-    X, y = make_classification(20000, 10, random_state=0)  # two participants
+    X, y = make_classification(20000, 10, random_state=0)  # two participants (sgd_by_rows)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0") as cluster, \
             Client(cluster, set_as_default=False) as client:
         base = f"http://127.0.0.1:{cluster.scheduler.http_server.port}"

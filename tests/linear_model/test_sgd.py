@@ -641,7 +641,7 @@ def test_verbose_prints_progress(client, capsys):
     assert "-- Epoch 1" in out and "samples/s" in out
 
 
-def test_metrics_per_participant(client):
+def test_metrics_per_participant(client, sgd_by_rows):
     """metrics_: one dict per participant of the fit's run, with its session's
     counters, its timings and its per-epoch history."""
     X, y = make_classification(30000, 20, random_state=0)
@@ -883,7 +883,7 @@ def _manifest_metadata(path):
     return json.loads((pathlib.Path(path) / "manifest.json").read_text())["metadata"]
 
 
-def test_checkpoint_every_saves_and_a_second_fit_resumes(client, tmp_path):
+def test_checkpoint_every_saves_and_a_second_fit_resumes(client, tmp_path, sgd_by_rows):
     """checkpoint_every saves after each run of that many epochs; a fit
     stopped after 4 epochs and resumed by another estimator up to 10 reaches
     an uninterrupted 10-epoch fit's accuracy (2 participants: the runs are

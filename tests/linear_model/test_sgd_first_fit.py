@@ -16,6 +16,7 @@ import scipy.sparse as sp
 
 from dask_ps.linear_model import _sgd_numba
 from dask_ps.linear_model._round_prep import numpy_compact_rows, numpy_round_features
+from ps_fixtures import SGD_BY_ROWS_ENV
 
 _BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -69,6 +70,7 @@ def test_a_sparse_first_fit_compiles_the_kernels_it_runs_only(tmp_path):
     same model bit for bit."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env["DASK_PS__KERNEL_CACHE_DIR"] = str(tmp_path)
+    env.update(SGD_BY_ROWS_ENV)  # the rounds whose kernels are listed below
     out = subprocess.run([sys.executable, "-c", _SPARSE_FIRST_FIT, str(_BENCHMARKS)], env=env, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

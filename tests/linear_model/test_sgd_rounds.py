@@ -27,6 +27,7 @@ from dask_ps import RolledBackError
 from dask_ps.linear_model import SGDClassifier
 from dask_ps.linear_model import _participant, _rounds, _training
 from dask_ps.linear_model._in_process import InProcessSession
+from ps_fixtures import SGD_BY_ROWS
 
 numba_sgd = pytest.importorskip("dask_ps.linear_model._sgd_numba")
 
@@ -320,14 +321,14 @@ def test_a_run_of_a_few_epochs_trains_in_place_bit_for_bit(client, monkeypatch, 
             m.setattr(numba_sgd, "compact_rows", counted)
             if not in_place:
                 m.setattr(_rounds, "_trains_in_place", lambda cfg, cache: False)
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), dask.config.set(SGD_BY_ROWS):  # 2 participants, 5 rounds
                 warnings.simplefilter("ignore")
                 est = SGDClassifier(max_iter=max_iter, tol=None, random_state=0, client=client, n_jobs=2,
                                     average=True).fit(X, y)
         models[in_place] = (est.coef_, est.intercept_, calls["compact_rows"])
         calls["compact_rows"] = 0
         rounds = sum(m["clock"] for m in est.metrics_) // max_iter  # the participants' rounds of an epoch
-    assert rounds == 2 * 5  # 15k samples a participant: at least ps.sgd.bsp-min-rounds-per-epoch (4)
+    assert rounds == 2 * 5  # 15k samples a participant: at least 4 rounds (SGD_BY_ROWS)
     assert models[False][2] == rounds  # each compacted once and kept
     assert models[True][2] == (0 if max_iter <= _rounds.IN_PLACE_EPOCHS else rounds)
     np.testing.assert_array_equal(models[True][0], models[False][0])
@@ -426,7 +427,7 @@ def test_single_pass_trains_rounds_in_place_bit_for_bit(client, monkeypatch, kwa
                 m.setattr(numba_sgd, name, counted(name))
             if not in_place:
                 m.setattr(_rounds, "_trains_in_place", lambda cfg, cache: False)
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), dask.config.set(SGD_BY_ROWS):  # 2 participants, 5 rounds
                 warnings.simplefilter("ignore")
                 est = SGDClassifier(max_iter=1, tol=None, random_state=0, client=client, n_jobs=2, **kwargs)
                 est.fit(X, y)
@@ -435,7 +436,7 @@ def test_single_pass_trains_rounds_in_place_bit_for_bit(client, monkeypatch, kwa
         calls.update(dict.fromkeys(calls, 0))
     l1 = kwargs.get("penalty") == "elasticnet"
     R = sum(m["clock"] for m in est.metrics_)  # the participants' rounds (one epoch)
-    assert R == 2 * 5  # 15k samples a participant: at least ps.sgd.bsp-min-rounds-per-epoch (4)
+    assert R == 2 * 5  # 15k samples a participant: at least 4 rounds (SGD_BY_ROWS)
     # 2 participants x 5 rounds, whose features the lazy regularization counts after the first round
     # is built (and in place, reuses): compacted first, that round's features are compact_rows'
     assert models[True][2] == ({"compact_rows": R, "round_features": R - 2} if l1 else
@@ -515,23 +516,29 @@ def _rounds_per_epoch(cfg):
 
 def test_bsp_min_rounds_per_epoch():
     """Under BSP (staleness 0) an epoch has at least
-    ``ps.sgd.bsp-min-rounds-per-epoch`` rounds (4), not
+    ``ps.sgd.bsp-min-rounds-per-epoch`` rounds (1), not
     ``ps.sgd.min-rounds-per-epoch`` (8: a staleness bound's reason), and a
     round up to ``ps.sgd.clock-samples`` (131072) samples: a participant of
-    450k samples clocks 4 times an epoch instead of 9 (issue 23); small
-    inputs still get 4 rounds an epoch."""
+    450k samples clocks 4 times an epoch instead of 9 (issue 23); a small
+    input clocks once an epoch (a clock's sync is more than its round's
+    compute there), but a fit of few epochs averages the participants'
+    models at least ``_training.MIN_AVERAGES`` (4) times."""
     big = sp.random(450000, 5, density=0.2, format="csr", random_state=0)
     est = SGDClassifier(batch_size=2048)
-    assert _rounds_per_epoch(_config(est, big, staleness=0)) == 4
+    assert _rounds_per_epoch(_config(est, big, staleness=0, max_iter=5)) == 4
     assert _rounds_per_epoch(_config(est, big, staleness=2)) == 9  # SSP(2): at least 8 rounds
     small = sp.random(16000, 50, density=0.1, format="csr", random_state=0)
-    assert 4 <= _rounds_per_epoch(_config(SGDClassifier(batch_size=256), small, staleness=0)) < 8  # 63 minibatches
-    assert _rounds_per_epoch(_config(SGDClassifier(batch_size=20000), small, staleness=0)) == 4  # compiled
+    for max_iter, least in ((1, 4), (2, 2), (3, 2), (4, 1), (1000, 1)):  # 63 minibatches
+        rounds = _rounds_per_epoch(_config(SGDClassifier(batch_size=256), small, staleness=0, max_iter=max_iter))
+        assert least <= rounds < 2 * least, (max_iter, rounds)
+    assert _rounds_per_epoch(_config(SGDClassifier(batch_size=20000), small, staleness=0, max_iter=1)) == 4  # compiled
     with dask.config.set({"ps.sgd.clock-samples": 32768}):  # a round never has more than clock-samples
         cfg = _config(est, big, staleness=0)
         assert cfg.clock_every * (450000 // cfg.steps_per_epoch) <= 32768 and _rounds_per_epoch(cfg) == 14
     with dask.config.set({"ps.sgd.bsp-min-rounds-per-epoch": 8}):
         assert _rounds_per_epoch(_config(est, big, staleness=0)) == 9
+    with dask.config.set({"ps.sgd.bsp-min-rounds-per-epoch": 4}):
+        assert 4 <= _rounds_per_epoch(_config(SGDClassifier(batch_size=256), small, staleness=0, max_iter=1000)) < 8
     assert _config(est, big, P=1, staleness=0).clock_every == 220  # a lone participant: one round an epoch
 
 

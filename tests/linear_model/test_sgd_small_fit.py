@@ -2,9 +2,8 @@
 calling process (``ps.sgd.fit-in-process``; ``_training._trains_in_process``).
 
 With ``client=None`` and no current Dask client, the parameter server of a
-fit is the embedded cluster, started for it. An input under ``2 x
-ps.sgd.min-samples-per-participant`` samples gets one participant on any
-cluster, and a lone participant keeps the whole table local (one pull at
+fit is the embedded cluster, started for it. An input of little work
+(``linear_model/_participants.py``) gets one participant on any cluster, and a lone participant keeps the whole table local (one pull at
 its start, one push at its end): the run adds only its round trips (tens
 of ms a fit, most of ``check_estimator``'s time). Such a fit runs the same
 participant on an ``InProcessSession``, as ``partial_fit`` of a small block
@@ -23,6 +22,7 @@ from sklearn.preprocessing import StandardScaler
 
 import dask_ps
 from dask_ps.linear_model import SGDClassifier, SGDRegressor
+from ps_fixtures import SGD_BY_ROWS
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 
@@ -135,6 +135,10 @@ def test_where_the_cluster_path_is_kept(client, tmp_path, no_current_client):
         assert rule(SGDClassifier(client=client), partial=True)
     with dask.config.set({"ps.sgd.partial-fit-in-process": False}):
         assert not rule(SGDClassifier(), partial=True) and rule(SGDClassifier())
+    with dask.config.set({"ps.sgd.min-epoch-seconds-per-participant": 1e-5}):  # 300 x 10: ~24 us an epoch
+        assert not rule(SGDClassifier())  # work for two participants
     Xl, yl = _classification(2 * 10000 + 10)
-    assert not rule(SGDClassifier(), Xl, yl)
+    with dask.config.set(SGD_BY_ROWS):  # the rule by rows: 2 participants
+        assert not rule(SGDClassifier(), Xl, yl)
+    assert rule(SGDClassifier(), Xl, yl)  # by work (~1.6 ms an epoch): one
     assert not rule(SGDClassifier(client=client), da.from_array(X, chunks=100), da.from_array(y, chunks=100))

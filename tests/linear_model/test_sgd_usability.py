@@ -22,6 +22,7 @@ from sklearn.datasets import make_classification
 from sklearn.preprocessing import StandardScaler
 
 from dask_ps.linear_model import SGDClassifier, _participant
+from ps_fixtures import SGD_BY_ROWS
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 
@@ -445,7 +446,8 @@ def test_partial_fit_of_a_large_block_still_runs_on_the_cluster(client):
     import dask_ps
 
     X, y = _data(2 * 10000 + 10)
-    est = SGDClassifier(random_state=0, client=client).partial_fit(X, y, classes=[0, 1])
+    with dask.config.set(SGD_BY_ROWS):  # 2 participants
+        est = SGDClassifier(random_state=0, client=client).partial_fit(X, y, classes=[0, 1])
     assert len(est.run_ids_) == 1 and est.run_ids_[0] in dask_ps.get_parameter_server(client).metrics()
     assert len(est.metrics_) == 2
 
@@ -481,7 +483,8 @@ def test_run_ids_link_the_estimator_to_ps_metrics(client, tmp_path):
 
     X, y = _data(30000)
     ps = dask_ps.get_parameter_server(client)
-    est = SGDClassifier(max_iter=3, tol=None, random_state=0, client=client).fit(X, y)
+    with dask.config.set(SGD_BY_ROWS):  # 2 participants
+        est = SGDClassifier(max_iter=3, tol=None, random_state=0, client=client).fit(X, y)
     assert len(est.run_ids_) == 1
     run = ps.metrics()[est.run_ids_[0]]
     assert {m["run_id"] for m in est.metrics_} == set(est.run_ids_)
