@@ -321,6 +321,7 @@ class PendingBound:
         self.shape, self.dtype = nwk.shape, nwk.dtype
         self.where = np.flatnonzero(nwk)
         self.values = nwk.reshape(-1)[self.where]
+        self.value = None
 
     def counts(self):
         """The word-topic counts, as the fit left them (C order)."""
@@ -329,10 +330,28 @@ class PendingBound:
         return nwk
 
     def __call__(self) -> float:
-        return float(np.exp(-local_bound(self.matrix, self.counts(), **self.params) / self.n_tokens))
+        if self.value is None:  # once; the held data then dropped
+            self.value = float(np.exp(-local_bound(self.matrix, self.counts(), **self.params) / self.n_tokens))
+            self.matrix = self.where = self.values = None
+        return self.value
 
     def __repr__(self):
-        return f"PendingBound({self.matrix.shape[0]} documents, {self.n_tokens} tokens)"
+        return f"PendingBound({self.n_tokens} tokens)"
+
+    def __reduce__(self):
+        # Pickled as its value: a pickled model does not carry the training
+        # counts (a fit of millions of tokens would take tens of MB more).
+        return ComputedBound, (self(),)
+
+
+class ComputedBound:
+    """A :class:`PendingBound` after a pickle round trip: its value."""
+
+    def __init__(self, value: float):
+        self.value = float(value)
+
+    def __call__(self) -> float:
+        return self.value
 
 
 class DeferredBound:
