@@ -694,9 +694,7 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
                             desc=type(self).__name__)
         bound = dict(beta=self.topic_word_prior_, alpha=self.doc_topic_prior_, max_iter=self.max_doc_update_iter,
                      tol=self.mean_change_tol)
-        # bound_ of an in-memory corpus waits for its first read (issue 35): it
-        # took 17-43% of a fit's wall (the E-step of every document), and
-        # few users read it
+        # bound_ of an in-memory corpus waits for its first read: 17-43% of a fit's wall
         defer = (matrix is not None and not progress.verbose > 0
                  and layout.n_tokens <= int(setting("lda", "deferred-bound-tokens")))
         try:
