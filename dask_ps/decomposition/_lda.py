@@ -168,7 +168,7 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
     n_partitions : int, default None
         Number of participants for in-memory input; None: one per worker
         thread (or ``n_jobs``), but at most one per
-        ``ps.lda.min-tokens-per-participant`` tokens (20,000: a small corpus
+        ``ps.lda.min-tokens-per-participant`` tokens (200,000: a small corpus
         is sampled by one participant, and reproducible under any
         consistency model). A dask array input has one participant per row
         chunk.
