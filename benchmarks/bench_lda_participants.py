@@ -5,6 +5,7 @@ one warm cluster, alternating.
 
     python benchmarks/bench_lda_participants.py                       # in-process workers
     python benchmarks/bench_lda_participants.py --cluster processes   # 2 worker processes
+    python benchmarks/bench_lda_participants.py --k 1000 --tile 4 --docs 6882 13764 --repeat 2  # 1.8M, 3.6M tokens
 
 K=50 (and ``--k``) on subsets of the news corpus (``bench_lda.load_news``),
 ``max_iter`` 50, ``evaluate_every=0``, the median of ``--repeat`` fits:
@@ -44,8 +45,14 @@ def main():
     ap.add_argument("--k", type=int, default=50)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tile", type=int, default=1,
+                    help="the training documents repeated this many times (larger corpora, the same vocabulary)")
     args = ap.parse_args()
     train, test = split(load_news())
+    if args.tile > 1:
+        import scipy.sparse as sp
+
+        train = sp.vstack([train] * args.tile, format="csr")
     warnings.simplefilter("ignore")
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=args.cluster == "processes",
                       dashboard_address=None) as cluster, Client(cluster) as client:

@@ -168,9 +168,9 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
     n_partitions : int, default None
         Number of participants for in-memory input; None: one per worker
         thread (or ``n_jobs``), but at most one per
-        ``ps.lda.min-tokens-per-participant`` tokens (200,000: a small corpus
-        is sampled by one participant, and reproducible under any
-        consistency model). A dask array input has one participant per row
+        ``ps.lda.min-tokens-per-participant`` tokens (200,000, times
+        sqrt(K / 50) past K = 50: a small corpus is sampled by one
+        participant, faster and reproducible under any consistency model). A dask array input has one participant per row
         chunk.
     n_jobs : int, default None
         The number of participants an in-memory input is split into when
@@ -762,7 +762,7 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
         threads = sum(w.get("nthreads", 1) for w in client.scheduler_info(n_workers=-1)["workers"].values())
         n_parts = self.n_partitions or (meta or {}).get("n_parts") or max(1, min(
             max_participants(self.n_jobs, threads),
-            int(X.sum()) // max(1, int(setting("lda", "min-tokens-per-participant"))),
+            int(X.sum()) // min_tokens_per_participant(self.n_components),
         ))
         return make_parts(client, uid, self.n_features_in_, matrix=X, n_parts=n_parts), n_parts, dtype, X
 
@@ -842,3 +842,13 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
         else:
             self.__dict__.pop("bound_", None)
             self._bound_pending = pending
+
+
+def min_tokens_per_participant(n_components: int) -> int:
+    """The tokens an in-memory corpus needs a participant:
+    ``ps.lda.min-tokens-per-participant`` up to K = 50, times sqrt(K / 50)
+    past it: a participant's sync (rows of K counts) grows with K faster
+    than its sampling. On 2 workers two participants broke even with one
+    at ~420k tokens at K=50 and at ~1.8M at K=1000 (4.3x; sqrt(20) = 4.5:
+    ``benchmarks/bench_lda_participants.py``)."""
+    return max(1, int(int(setting("lda", "min-tokens-per-participant")) * max(1.0, math.sqrt(n_components / 50))))

@@ -151,6 +151,17 @@ def test_a_corpus_of_little_work_is_sampled_by_one_participant(client):
     assert participants(n_partitions=2) == 2
 
 
+def test_more_topics_need_more_tokens_a_participant():
+    """Past K = 50 the threshold grows as sqrt(K / 50): two participants
+    broke even at ~420k tokens at K=50 and ~1.8M at K=1000."""
+    from dask_ps.decomposition._lda import min_tokens_per_participant
+
+    assert min_tokens_per_participant(10) == min_tokens_per_participant(50) == 200_000
+    assert min_tokens_per_participant(1000) == int(200_000 * 20 ** 0.5)  # 894,427: two from 1.79M tokens
+    with dask.config.set({"ps.lda.min-tokens-per-participant": 10}):
+        assert min_tokens_per_participant(200) == 20
+
+
 @pytest.mark.parametrize("shape", [(300, 10), (40, 1), (0, 4), (6, 0)])
 @pytest.mark.parametrize("prior", [0.1, 1 / 3, 2.5])
 def test_small_tables_lgamma_sums_are_the_kernels_bit_for_bit(shape, prior):
