@@ -170,8 +170,8 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
         thread (or ``n_jobs``), but at most one per
         ``ps.lda.min-tokens-per-participant`` tokens (200,000, times
         sqrt(K / 50) past K = 50: a small corpus is sampled by one
-        participant, faster and reproducible under any consistency model). A dask array input has one participant per row
-        chunk.
+        participant, faster and reproducible under any consistency
+        model). A dask array input has one participant per row chunk.
     n_jobs : int, default None
         The number of participants an in-memory input is split into when
         ``n_partitions`` is None (scikit-learn's number of parallel jobs):
