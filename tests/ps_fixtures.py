@@ -14,8 +14,8 @@ from distributed import LocalCluster
 # of several participants' paths on small inputs set it
 # (``dask.config.set(SGD_BY_ROWS)``; in a subprocess, ``SGD_BY_ROWS_ENV``).
 SGD_BY_ROWS = {"ps.sgd.min-samples-per-participant": 10_000, "ps.sgd.bsp-min-rounds-per-epoch": 4}
-SGD_BY_ROWS_ENV = {"DASK_PS__SGD__MIN_SAMPLES_PER_PARTICIPANT": "10000",
-                   "DASK_PS__SGD__BSP_MIN_ROUNDS_PER_EPOCH": "4"}
+SGD_BY_ROWS_ENV = {"DASK_PS__" + "__".join(k.split(".")[1:]).upper().replace("-", "_"): str(v)
+                   for k, v in SGD_BY_ROWS.items()}
 
 
 def shared_cluster(processes: bool):
