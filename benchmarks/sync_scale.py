@@ -497,6 +497,9 @@ def variants(workload):
                      {"built": True, "sim": {"key_cache": True}}))
         rows.append(("target, rounds by work + SSP(1)", "target", 1, {"by_work": True}))
     else:
+        # the code since 2026-12-07: under BSP an LDA participant's next read
+        # rides its clock's message (``ps.lda.read-ahead``), S requests an iteration
+        rows.insert(3, ("wire + LDA's read with the clock (the code)", "wire", 0, {"read_ahead": True}))
         rows.append(("target, SSP(2)", "target", 2, {}))
     return rows
 
@@ -548,6 +551,8 @@ def table(inp, Ps=PS, names=tuple(WORKLOADS), log=print):
         for label, design, s, opts in variants(name):
             for P in Ps:
                 wl, alone, R = workload_at(inp, name, P, opts, s)
+                if opts.get("read_ahead"):
+                    wl = replace(wl, prefetch=True)
                 e, per, sim = efficiency(inp, design, P, wl, alone, staleness=s, **opts.get("sim", {}))
                 out[name, label, P] = {"eff": e, "clock_s": per, "epoch_s": per * R, "rounds": R,
                                        "sched_busy": sim.sched.busy / (per * wl.clocks),

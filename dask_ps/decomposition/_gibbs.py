@@ -70,6 +70,8 @@ class GibbsConfig:
     # a lone participant's progress to /ps at most this often (ps.dashboard.report-interval)
     report_seconds: float = 0.25
     vocabulary_slices: int = 1  # > 1: the word rows held a slice at a time (_sliced)
+    # the next iteration's read sent with this iteration's clock (_read_ahead)
+    read_ahead: bool = False
     # rows of the run's in-memory matrix whose final assignments come back (_kept), sorted; None: none
     keep_rows: np.ndarray | None = dataclasses.field(default=None, repr=False)
     # partial_fit: the kept earlier documents' assignments (rows 0 .. n - 1 of the run's in-memory
@@ -161,8 +163,9 @@ def _gibbs_participant(ctx: ParticipantContext, part, cfg: GibbsConfig):
         for it in range(cfg.start, cfg.stop):
             _sliced.sliced_iteration(ctx, s, slices, cfg, it)
         return _finish(ctx, s, cfg)
+    ahead = None
     for it in range(cfg.start, cfg.stop):
-        _iteration(ctx, s, cfg, it)
+        ahead = _iteration(ctx, s, cfg, it, ahead)
     return _finish(ctx, s, cfg)
 
 
@@ -233,24 +236,42 @@ def count_rows(vocab, cfg: GibbsConfig):
     return vocab if cfg.nk_name is not None else np.append(vocab, cfg.n_features)
 
 
-def _read_counts(ctx: ParticipantContext, s: _Sampler, cfg: GibbsConfig):
+def _read_counts(ctx: ParticipantContext, s: _Sampler, cfg: GibbsConfig, ahead=None):
     """``(counts, nwk, nk)``: the rows of the words held (``nwk``) and the
     topic totals (``nk``, int64 as the samplers take them). With the totals
     in the word-topic table one read brings both, in one message per
     server: ``counts`` is what it returned, the rows and last the totals
-    row, ``nwk`` a view of its rows; else ``counts`` is ``nwk``."""
+    row, ``nwk`` a view of its rows; else ``counts`` is ``nwk``. ``ahead``:
+    that read, started with the clock before (``_read_ahead``)."""
     if cfg.nk_name is not None:
         nwk = ctx.pull_rows(cfg.nwk_name, s.vocab)
         return nwk, nwk, ctx.pull(cfg.nk_name)
-    counts = ctx.pull_rows(cfg.nwk_name, s.rows)
+    counts = ctx.pull_rows(cfg.nwk_name, s.rows) if ahead is None else ahead.result()
     return counts, counts[:-1], counts[-1].astype(np.int64)
 
 
-def _iteration(ctx: ParticipantContext, s: _Sampler, cfg: GibbsConfig, it):
-    """Iteration ``it``: pull the rows of the words held and the totals,
-    evaluate when due, sweep, push what changed, clock."""
+def _read_ahead(ctx: ParticipantContext, s: _Sampler, cfg: GibbsConfig, it):
+    """The next iteration's read of the rows and the totals, started before
+    this iteration's clock so that the clock's message to each server
+    carries it (one request per server per iteration instead of two: the
+    clock, then the read; issue 36). The server answers it once the
+    clock's bound holds there; ``result()`` is what ``pull_rows`` would
+    return at the next clock (the session reads again what it cannot
+    serve). None after the last iteration, or where ``cfg.read_ahead`` is
+    off (a model whose reads refresh, or the totals in a table of their
+    own)."""
+    if not cfg.read_ahead or it + 1 >= cfg.stop or cfg.nk_name is not None or not hasattr(ctx, "prefetch_rows"):
+        return None
+    return ctx.prefetch_rows(cfg.nwk_name, s.rows, for_clock=ctx.current_clock + 1)
+
+
+def _iteration(ctx: ParticipantContext, s: _Sampler, cfg: GibbsConfig, it, ahead=None):
+    """Iteration ``it``: pull the rows of the words held and the totals
+    (``ahead``: that read, started with the clock before), evaluate when
+    due, sweep, push what changed, clock; the next iteration's read, if
+    started (``_read_ahead``)."""
     t0 = time.perf_counter()
-    counts, nwk, nk = _read_counts(ctx, s, cfg)
+    counts, nwk, nk = _read_counts(ctx, s, cfg, ahead)
     t1 = time.perf_counter()
     s.timing["pull_seconds"] += t1 - t0
     if cfg.evaluate_every > 0 and it % cfg.evaluate_every == 0:
@@ -298,6 +319,7 @@ def _iteration(ctx: ParticipantContext, s: _Sampler, cfg: GibbsConfig, it):
         ctx.push_rows(cfg.nwk_name, s.rows[changed], delta, copy=False)
     if not totals_row:
         ctx.push(cfg.nk_name, (nk - nk_before).astype(np.int64), copy=False)
+    ahead = _read_ahead(ctx, s, cfg, it)
     t3 = time.perf_counter()
     # The flush and the clock's report in one hop; the cached rows, read
     # again next clock, are not written through first (Session.clock).
@@ -308,6 +330,7 @@ def _iteration(ctx: ParticipantContext, s: _Sampler, cfg: GibbsConfig, it):
             s.deltas[moved] = 0
     s.timing["push_seconds"] += t3 - t2
     s.timing["clock_seconds"] += time.perf_counter() - t3
+    return ahead
 
 
 def _lone_iterations(ctx: ParticipantContext, s: _Sampler, cfg: GibbsConfig):

@@ -128,6 +128,17 @@ def totals_in_word_table(word, totals_consistency, vocabulary_slices: int) -> bo
             and (word.staleness == 0 or bool(getattr(word, "refresh", False))))
 
 
+def reads_ahead(model) -> bool:
+    """Whether the participants send each iteration's read with the clock
+    before (``_gibbs._read_ahead``): under a model of staleness 0 without
+    ``refresh`` (BSP, the seeded default), whose totals are the word table's
+    last row (one read). A refreshing read must go to the servers in its
+    own clock, so one started a clock early would be read again.
+    ``ps.lda.read-ahead: false``: the read after the clock, as before."""
+    return (bool(setting("lda", "read-ahead")) and model.staleness == 0
+            and not bool(getattr(model, "refresh", False)))
+
+
 def count_aggregate(model) -> str:
     """How a count table sums pushes: per clock under a model of staleness 0
     (BSP), else per push.
@@ -381,6 +392,7 @@ class GibbsRuns:
             start=start, stop=stop, z_in=sets.names[current[0]] if current else None,
             z_out=sets.names[out] if plan.tolerant else None, t_start=self.t_start,
             lone_local=bool(setting("lda", "lone-participant-local")),
+            read_ahead=reads_ahead(plan.word_model),
             report_seconds=parse_timedelta(dask.config.get("ps.dashboard.report-interval", "250ms")),
         )
         self._members = cluster_members(self.client)  # whose loss _recover looks for
