@@ -257,9 +257,8 @@ def _read_ahead(ctx: ParticipantContext, s: _Sampler, cfg: GibbsConfig, it):
     clock, then the read; issue 36). The server answers it once the
     clock's bound holds there; ``result()`` is what ``pull_rows`` would
     return at the next clock (the session reads again what it cannot
-    serve). None after the last iteration, or where ``cfg.read_ahead`` is
-    off (a model whose reads refresh, or the totals in a table of their
-    own)."""
+    serve). None after the last iteration, where ``cfg.read_ahead`` is off
+    (``_runs.reads_ahead``), or where the totals are a table of their own."""
     if not cfg.read_ahead or it + 1 >= cfg.stop or cfg.nk_name is not None or not hasattr(ctx, "prefetch_rows"):
         return None
     return ctx.prefetch_rows(cfg.nwk_name, s.rows, for_clock=ctx.current_clock + 1)

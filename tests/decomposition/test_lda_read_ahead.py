@@ -51,11 +51,35 @@ def test_a_bsp_iteration_is_one_request_per_server_and_the_same_chain(counts, cl
         assert _requests(b, "pull") == servers * ITERATIONS, b["messages"]
 
 
-def test_a_refreshing_model_reads_after_its_clock(counts):
-    """A read that must go to the servers in its own clock (``refresh``)
-    is not started a clock early: it would be read again."""
+def _table(m, suffix):
+    return m["tables"][[t for t in m["tables"] if t.endswith(suffix)][0]]
+
+
+def _word_reads(m):
+    """Read requests for the word rows: the others poll the run's start
+    table (a one-row VAP table on one server) until all have started."""
+    return _requests(m, "pull") - _table(m, "started")["reads"]
+
+
+def test_the_unseeded_default_reads_ahead_too(counts):
+    """``SSP(2, refresh=True)``, the unseeded default: a refreshing read
+    must be made in the clock it is for; the server makes the carried read
+    after the clock counted there, so it is used, not read again."""
     m = _fit(counts, None, True, consistency=dask_ps.SSP(2, refresh=True))
+    after = _fit(counts, None, False, consistency=dask_ps.SSP(2, refresh=True))
+    for a, b in zip(m.metrics_, after.metrics_):
+        servers = _requests(a, "clock") // a["clock"]
+        words = _table(a, "word-topic")
+        assert words["prefetch_hits"] == ITERATIONS - 1 and words["prefetch_rereads"] == 0, words
+        assert _word_reads(a) == servers, a["messages"]  # the first read only
+        assert _word_reads(b) == servers * ITERATIONS, b["messages"]
+    np.testing.assert_allclose(m.components_.sum(), after.components_.sum())  # every token counted once
+
+
+def test_essp_reads_after_its_clock(counts):
+    """ESSP's servers push rows to the readers: its reads are not started
+    early."""
+    m = _fit(counts, None, True, consistency=dask_ps.ESSP(2, refresh=True))
     for p in m.metrics_:
-        servers = _requests(p, "clock") // p["clock"]
-        # (and its poll of the run's start table, a VAP table)
-        assert _requests(p, "pull") >= servers * ITERATIONS, p["messages"]
+        assert _table(p, "word-topic")["prefetch_hits"] == 0
+        assert _word_reads(p) == (_requests(p, "clock") // p["clock"]) * ITERATIONS, p["messages"]
