@@ -39,6 +39,7 @@ import sys
 import time
 import warnings
 
+import dask
 import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -230,7 +231,9 @@ def main(argv=None):
     X_lda = split(load_news())[0][: args.lda_docs]
     meas = {"sgd_n": X_sgd.shape[0], "sgd_nnz": int(X_sgd.nnz), "lda_docs": X_lda.shape[0],
             "lda_tokens": int(X_lda.sum()), "lda_iters": args.lda_iters, "cores": os.cpu_count(),
-            "commit": sm._commit(), "layouts": {}}
+            "commit": sm._commit(), "layouts": {},
+            # the seeded BSP LDA fits send each iteration's read with the clock before (ps.lda.read-ahead)
+            "lda_read_ahead": bool(dask.config.get("ps.lda.read-ahead", False))}
     for name in args.layouts:
         meas["layouts"][name] = layout(name == "threads", args, X_sgd, y_sgd, X_lda, pool)
         pathlib.Path(args.json).write_text(json.dumps(meas, default=float))

@@ -385,10 +385,13 @@ def validate(inp, unequal=True):
                                         "delta": {**inp.compute["delta"], 50: here["delta"]}})
         tokens = max(p["n_tokens"] for p in fit["participants"])
         V = 14_608
+        ahead = bool(meas.get("lda_read_ahead", False))  # the read rode the clock's message (one request a server)
+
+        def lda_wl(T, iters):
+            return replace(lda_workload(inp, T, V, lda_tokens, 50, iters)[0], prefetch=ahead)
         pred, F, cpu, sim = _fit_pred(
-            inp, layout, lambda: lda_workload(inp, tokens, V, lda_tokens, 50, fit["iters"])[0], fit, tiny,
-            lambda: lda_workload(inp, max(p["n_tokens"] for p in tiny["participants"]), V, lda_tokens, 50,
-                                 tiny["iters"])[0], idle)
+            inp, layout, lambda: lda_wl(tokens, fit["iters"]), fit, tiny,
+            lambda: lda_wl(max(p["n_tokens"] for p in tiny["participants"]), tiny["iters"]), idle)
         out.append(_row(layout, f"LDA K=50, {meas['lda_docs']} documents, {fit['iters']} iterations", pred, fit, cpu,
                         idle, sim, F, None))
     return out
