@@ -10,8 +10,10 @@ models are the same.
 The news corpus (``bench_lda.load_news``), 2 workers x 1 thread, 2
 participants (``n_partitions=2``), BSP (the seeded default; ``--model
 ssp2-refresh``: the unseeded default's model, ``SSP(2, refresh=True)``, its
-chains then timing's, not the same bit for bit), ``--iters`` iterations,
-K = ``--k``, the median of ``--repeat`` fits each.
+chains then timing's, not the same bit for bit; it reads after its clock
+whatever the setting since its read ahead was taken back, so both arms
+are then the same path), ``--iters`` iterations, K = ``--k``, the median
+of ``--repeat`` fits each.
 """
 
 from __future__ import annotations

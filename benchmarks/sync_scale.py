@@ -503,8 +503,9 @@ def variants(workload):
         # the code since 2026-12-07: under BSP an LDA participant's next read
         # rides its clock's message (``ps.lda.read-ahead``), S requests an iteration
         rows.insert(3, ("wire + LDA's read with the clock (the code)", "wire", 0, {"read_ahead": True}))
-        rows.append(("wire, SSP(2) (8a9006a)", "wire", 2, {}))
-        rows.append(("wire + LDA's read with the clock, SSP(2) (the code)", "wire", 2, {"read_ahead": True}))
+        rows.append(("wire, SSP(2) (the code)", "wire", 2, {}))
+        rows.append(("wire + LDA's read with the clock, SSP(2) (not built: staler reads)", "wire", 2,
+                     {"read_ahead": True}))
         rows.append(("target, SSP(2), not pipelined", "target", 2, {"sim": {"pipelined": False}}))
         rows.append(("target, SSP(2)", "target", 2, {}))
     return rows
