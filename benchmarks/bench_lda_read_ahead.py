@@ -8,11 +8,8 @@ models are the same.
     python benchmarks/bench_lda_read_ahead.py --cluster processes   # 2 worker processes
 
 The news corpus (``bench_lda.load_news``), 2 workers x 1 thread, 2
-participants (``n_partitions=2``), BSP (the seeded default; ``--model
-ssp2-refresh``: the unseeded default's model, ``SSP(2, refresh=True)``, its
-chains then timing's, not the same bit for bit; it reads after its clock
-whatever the setting since its read ahead was taken back, so both arms
-are then the same path), ``--iters`` iterations, K = ``--k``, the median
+participants (``n_partitions=2``), BSP (the seeded default: the only
+model that reads ahead), ``--iters`` iterations, K = ``--k``, the median
 of ``--repeat`` fits each.
 """
 
@@ -24,26 +21,19 @@ import warnings
 
 import dask
 import numpy as np
-
-import dask_ps
+from bench_lda import load_news, split
 from distributed import Client, LocalCluster
 
-from bench_lda import load_news, split
 from dask_ps.decomposition import LatentDirichletAllocation
-
 
 # requests to the servers (``_local``: to its own worker's, a direct call); the
 # other counters (bytes, row lists named by key, clocks combined) are not
 REQUESTS = ("push", "commit", "clock", "pull", "wait")
 
 
-MODELS = {"bsp": None, "ssp2-refresh": dask_ps.SSP(2, refresh=True)}
-
-
-def fit(client, X, k, iters, ahead, model="bsp"):
+def fit(client, X, k, iters, ahead):
     with dask.config.set({"ps.lda.read-ahead": ahead}):
-        m = LatentDirichletAllocation(k, max_iter=iters, client=client, random_state=0, n_partitions=2,
-                                      consistency=MODELS[model])
+        m = LatentDirichletAllocation(k, max_iter=iters, client=client, random_state=0, n_partitions=2)
         t = time.perf_counter()
         m.fit(X)
         wall = time.perf_counter() - t
@@ -60,7 +50,6 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--docs", type=int, default=0, help="0: the whole training split")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--model", choices=list(MODELS), default="bsp")
     args = ap.parse_args()
     X = split(load_news())[0]
     X = X if args.docs == 0 else X[:args.docs]
@@ -69,15 +58,15 @@ def main():
                       dashboard_address=None) as cluster, Client(cluster) as client:
         fit(client, X[:300], 20, 2, True)  # warm: kernels, plugins
         fit(client, X[:300], 20, 2, False)
-        print(f"cluster: {args.cluster}, 2 workers x 1 thread, 2 participants, {args.model}, {X.shape[0]} documents, "
+        print(f"cluster: {args.cluster}, 2 workers x 1 thread, 2 participants, {X.shape[0]} documents, "
               f"{int(X.sum())} tokens, {args.iters} iterations")
         print(f"{'K':>5} | {'fit s, read after':>17} {'read ahead':>10} {'ratio':>6} | {'requests/it':>11} "
               f"{'(ahead)':>8} | {'pull+clock s':>12} {'(ahead)':>8} | same model")
         for k in args.k:
             after, ahead = [], []
             for _ in range(args.repeat):
-                after.append(fit(client, X, k, args.iters, False, args.model))
-                ahead.append(fit(client, X, k, args.iters, True, args.model))
+                after.append(fit(client, X, k, args.iters, False))
+                ahead.append(fit(client, X, k, args.iters, True))
             a, b = (np.median([r[0] for r in rs]) for rs in (after, ahead))
             same = all(np.array_equal(x[3], y[3]) for x, y in zip(after, ahead))
             print(f"{k:>5} | {a:>17.2f} {b:>10.2f} {b / a:>6.2f} | {after[0][1]:>11.2f} {ahead[0][1]:>8.2f} | "
