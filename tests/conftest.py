@@ -1,8 +1,38 @@
 from __future__ import annotations
 
+import faulthandler
+import os
+import sys
+
 import pytest
 from distributed import Client
 from ps_fixtures import fresh_ps, shared_cluster
+
+
+# A test, its fixtures and their teardown included, that runs this long has
+# hung past pytest-timeout's 300 s. pytest-timeout's alarm needs the main
+# thread to run Python; a process where it cannot (the GIL held in C code,
+# the process frozen) ran CI out of its 90 minutes with no word (stop 43).
+# faulthandler's watchdog is a C thread: it writes every thread's stack to
+# the real stderr and ends the run, 300 s past the test's own timeout.
+WATCHDOG_GRACE = 300
+_real_stderr = None
+
+
+def pytest_configure(config):
+    global _real_stderr
+    _real_stderr = os.dup(sys.stderr.fileno())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item):
+    marker = item.get_closest_marker("timeout")
+    timeout = marker.args[0] if marker and marker.args else item.config.getoption("timeout", None) or 300
+    faulthandler.dump_traceback_later(float(timeout) + WATCHDOG_GRACE, exit=True, file=_real_stderr)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def pytest_collection_modifyitems(config, items):
