@@ -3,6 +3,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import sys
+import time
 
 import pytest
 from distributed import Client
@@ -14,25 +15,36 @@ from ps_fixtures import fresh_ps, shared_cluster
 # thread to run Python; a process where it cannot (the GIL held in C code,
 # the process frozen) ran CI out of its 90 minutes with no word (stop 43).
 # faulthandler's watchdog is a C thread: it writes every thread's stack to
-# the real stderr and ends the run, 300 s past the test's own timeout.
+# the real stderr and ends the run, 300 s past the test's own timeout, or
+# once the whole run has taken 75 minutes (CI stops at 90), whichever comes
+# first (the default selection only: ``-m slow`` runs longer). Every 250
+# tests the progress line says the run's seconds so far.
 WATCHDOG_GRACE = 300
-_real_stderr = None
+RUN_LIMIT = 75 * 60
+_run = {"start": time.monotonic(), "stderr": None, "done": 0, "limit": RUN_LIMIT}
 
 
 def pytest_configure(config):
-    global _real_stderr
-    _real_stderr = os.dup(sys.stderr.fileno())
+    _run["start"] = time.monotonic()
+    _run["stderr"] = os.dup(sys.stderr.fileno())
+    _run["limit"] = RUN_LIMIT if config.option.markexpr == "not slow and not gpu" else float("inf")
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item):
     marker = item.get_closest_marker("timeout")
     timeout = marker.args[0] if marker and marker.args else item.config.getoption("timeout", None) or 300
-    faulthandler.dump_traceback_later(float(timeout) + WATCHDOG_GRACE, exit=True, file=_real_stderr)
+    left = _run["limit"] - (time.monotonic() - _run["start"])
+    faulthandler.dump_traceback_later(max(1.0, min(float(timeout) + WATCHDOG_GRACE, left)), exit=True,
+                                      file=_run["stderr"])
     try:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+    _run["done"] += 1
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+    if _run["done"] % 250 == 0 and reporter is not None:
+        reporter.write(f" ({time.monotonic() - _run['start']:.0f} s)")
 
 
 def pytest_collection_modifyitems(config, items):
