@@ -82,6 +82,12 @@ class Inputs:
     hop_source: dict = field(default_factory=dict)
     u_fits: tuple | None = None  # U(m) of the validated fits' data
     lda_here: dict | None = None  # LDA's compute measured beside them
+    # by layout: LDA's sync priced from LDA's own cycle (``lda_byte_cpu``), not SGD's 8-byte rows
+    lda_costs: dict = field(default_factory=dict)
+
+    def costs_for(self, layout, workload):
+        """The sync constants of ``workload`` ("sgd" or "lda") in ``layout``."""
+        return self.lda_costs.get(layout, self.costs[layout]) if workload == "lda" else self.costs[layout]
 
     def U(self, m):
         """Touched rows of a round of ``m`` samples: log-log interpolation
@@ -152,10 +158,45 @@ def load_inputs(measured=None, u_from=None, messages=()):
             inp.hop_source[name] = f"the quiet 2b7ab62 SGD cycle (old path; {why})"
         c = replace(c, hop=hop)
         inp.costs[name] = c
+        lda = sorted(L.get("cycles", {}).get("lda", []), key=lambda r: r["U"])
+        if len(lda) >= 2 and lda[-1]["U"] > lda[0]["U"]:
+            inp.lda_costs[name] = replace(c, byte_cpu=lda_byte_cpu(c, lda[0], lda[-1], name))
     inp.source = f"{measured} (load {', '.join(L['load_start'] for L in meas['layouts'].values())})"
     inp.fits = fits
     inp.meas = meas
     return inp
+
+
+def lda_cycle_workload(row, clocks=20):
+    """``scaling_model``'s LDA cycle (``_lda_cycle``): its U word rows and
+    the totals row read, then pushed, then the clock; no sweep."""
+    b = float(row["width"] * row["itemsize"])
+    return ss.Workload(compute=0.0, clocks=clocks, push_rows=row["U"] + 1, read_rows=row["U"] + 1,
+                       push_value_bytes=b, read_value_bytes=b, prefetch=False)
+
+
+def lda_byte_cpu(costs, small, large, layout):
+    """The CPU a byte at which the simulated LDA cycle's worker CPU grows
+    from ``small``'s rows to ``large``'s as the measured one did
+    (``sync_measure``'s cycles: worker CPU a participant a cycle). The
+    message fit's byte constant comes from SGD's 8-byte rows, where a row's
+    fixed cost (its index, its slice of the message) is most of it; LDA's
+    rows are 200 bytes (K = 50 int32), and priced at that constant the
+    2-worker LDA fits were over-predicted by 26% (processes) and 152%
+    (threads). The simulation is linear in the constant: two runs give it."""
+    P = 2
+
+    def cpu_slope(byte_cpu):
+        per = []
+        for row in (small, large):
+            wl = lda_cycle_workload(row)
+            _, sim = ss.simulate(VALIDATED, P, wl, costs=replace(costs, byte_cpu=byte_cpu), net=LOOPBACK,
+                                 jitter=ss.Jitter(cv=0, tail_p=0), layout=layout)
+            per.append((sum(sim.compute_seconds) + sum(lp.busy for lp in sim.loops)) / (wl.clocks * P))
+        return per[1] - per[0]
+    s0, s1 = cpu_slope(0.0), cpu_slope(1e-9)
+    measured = large["worker_cpu"] - small["worker_cpu"]
+    return max(0.0, (measured - s0) / ((s1 - s0) / 1e-9)) if s1 > s0 else costs.byte_cpu
 
 
 def scaled(costs, share):
@@ -329,13 +370,13 @@ def quiet_check():
 VALIDATED = "wire"
 
 
-def _fit_pred(inp, layout, wl_fn, fit, tiny, tiny_fn, idle):
+def _fit_pred(inp, layout, wl_fn, fit, tiny, tiny_fn, idle, workload="sgd"):
     """Predicted wall of ``fit`` (each at its own core share; the median)
     and CPU seconds: the tiny fit less its simulated run is the fixed part
     of both. ``wl_fn()``: the workload, or ``(workload, ratio)``: its
     participants' compute unequal, the slower one ``ratio`` x the faster
     (a persistent straggler, ``measured_compute``)."""
-    base = inp.costs[layout]
+    base = inp.costs_for(layout, workload)
 
     def run(fn, share):
         wl, ratio = _with_ratio(fn())
@@ -391,7 +432,7 @@ def validate(inp, unequal=True):
             return replace(lda_workload(inp, T, V, lda_tokens, 50, iters)[0], prefetch=ahead)
         pred, F, cpu, sim = _fit_pred(
             inp, layout, lambda: lda_wl(tokens, fit["iters"]), fit, tiny,
-            lambda: lda_wl(max(p["n_tokens"] for p in tiny["participants"]), tiny["iters"]), idle)
+            lambda: lda_wl(max(p["n_tokens"] for p in tiny["participants"]), tiny["iters"]), idle, "lda")
         out.append(_row(layout, f"LDA K=50, {meas['lda_docs']} documents, {fit['iters']} iterations", pred, fit, cpu,
                         idle, sim, F, None))
     return out
@@ -438,11 +479,11 @@ def clocks_for(P):
     return 12 if P <= 32 else 8 if P <= 64 else 5 if P <= 128 else 3
 
 
-def efficiency(inp, design, P, wl, alone, staleness=0, jitter=None, **kw):
+def efficiency(inp, design, P, wl, alone, staleness=0, jitter=None, workload="sgd", **kw):
     """The compute of ``wl``'s clocks alone (``alone`` a clock) over the
     simulated time, and the simulation."""
-    t, sim = ss.simulate(design, P, wl, costs=inp.costs["processes"], net=NET10, jitter=jitter or ss.Jitter(),
-                         staleness=staleness, **kw)
+    t, sim = ss.simulate(design, P, wl, costs=inp.costs_for("processes", workload), net=NET10,
+                         jitter=jitter or ss.Jitter(), staleness=staleness, **kw)
     return alone * wl.clocks / t, t / wl.clocks, sim
 
 
@@ -560,7 +601,8 @@ def table(inp, Ps=PS, names=tuple(WORKLOADS), log=print):
                 wl, alone, R = workload_at(inp, name, P, opts, s)
                 if opts.get("read_ahead"):
                     wl = replace(wl, prefetch=True)
-                e, per, sim = efficiency(inp, design, P, wl, alone, staleness=s, **opts.get("sim", {}))
+                e, per, sim = efficiency(inp, design, P, wl, alone, staleness=s,
+                                         workload="sgd" if name.startswith("sgd") else "lda", **opts.get("sim", {}))
                 out[name, label, P] = {"eff": e, "clock_s": per, "epoch_s": per * R, "rounds": R,
                                        "sched_busy": sim.sched.busy / (per * wl.clocks),
                                        "requests": sum(v for k, v in sim.per_clock().items() if k != "broadcast")}
@@ -619,6 +661,10 @@ def main(argv=None):
         print(f"- {name}, message cycles (CPU a clock = a + b x bytes + c x messages + d x direct calls): a "
               f"{f['a'] * 1e3:.2f} ms, b {f['byte'] * 1e9:.2f} ns, c {f['msg'] * 1e6:.0f} us, "
               f"d {f['direct'] * 1e6:.0f} us (rms {f['rms'] * 1e3:.2f} ms); hop from {inp.hop_source[name]}")
+    for name, c in inp.lda_costs.items():
+        print(f"- {name}, LDA's sync: a byte {c.byte_cpu * 1e9:.2f} ns (from its own cycle's worker CPU, "
+              f"{int(min(r['U'] for r in inp.meas['layouts'][name]['cycles']['lda'])):,} to "
+              f"{int(max(r['U'] for r in inp.meas['layouts'][name]['cycles']['lda'])):,} rows)")
     for name, c in inp.costs.items():
         print(f"- {name}: a message {c.msg_cpu * 1e6:.0f} us CPU (request + reply), a byte "
               f"{c.byte_cpu * 1e9:.2f} ns, a direct call {c.direct_cpu * 1e6:.0f} us, a clock's bookkeeping "

@@ -4,6 +4,7 @@ No cluster; every run is a few hundred events."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import pathlib
 import sys
@@ -186,3 +187,27 @@ def test_a_fits_unequal_participants_run_at_the_slower_ones_pace(ss, scale, desi
     assert t == pytest.approx(0.3)
     mean = scale.measured_compute(base, fit, inp, "processes")
     assert ss.simulate(design, 2, mean, jitter=still(ss), **free(ss))[0] == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("layout", ["processes", "threads"])
+def test_ldas_byte_cost_is_the_one_that_gives_its_cycles_measured_growth(ss, scale, layout):
+    """LDA's sync is priced from LDA's own cycle (200-byte rows), not the
+    message fit's byte constant from SGD's 8-byte rows (which over-predicted
+    the 2-worker LDA fits by 26-152%): cycles "measured" by the simulation
+    at a known byte cost give that cost back, and the others' constants
+    are kept."""
+    costs = ss.Costs(msg_cpu=500e-6, byte_cpu=3.0e-9, direct_cpu=300e-6, clock_cpu=0.3e-3, hop=100e-6)
+    truth = 0.6e-9
+
+    def cycle(U):
+        row = {"U": U, "width": 50, "itemsize": 4}
+        wl = scale.lda_cycle_workload(row)
+        _, sim = ss.simulate(scale.VALIDATED, 2, wl, costs=dataclasses.replace(costs, byte_cpu=truth), net=scale.LOOPBACK,
+                             jitter=ss.Jitter(cv=0, tail_p=0), layout=layout)
+        cpu = (sum(sim.compute_seconds) + sum(lp.busy for lp in sim.loops)) / (wl.clocks * 2)
+        return {**row, "worker_cpu": cpu}
+    got = scale.lda_byte_cpu(costs, cycle(2_000), cycle(12_000), layout)
+    assert got == pytest.approx(truth, rel=1e-6)
+    inp = scale.Inputs(costs={layout: costs}, lda_costs={layout: dataclasses.replace(costs, byte_cpu=got)})
+    assert inp.costs_for(layout, "sgd") is costs
+    assert inp.costs_for(layout, "lda").byte_cpu == got and inp.costs_for(layout, "lda").msg_cpu == costs.msg_cpu
