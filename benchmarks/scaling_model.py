@@ -534,7 +534,8 @@ def lda_fit(client, X, iters):
     m.fit(X)
     wall = time.perf_counter() - t
     w1, s1 = process_cpu(client)
-    keys = ("sweep_seconds", "pull_seconds", "push_seconds", "clock_seconds", "clock_wait_seconds", "n_tokens")
+    keys = ("sweep_seconds", "sweeps", "pull_seconds", "push_seconds", "clock_seconds", "clock_wait_seconds",
+            "n_tokens")
     return {"iters": iters, "wall": wall, "fit_seconds": m.fit_seconds_, "worker_cpu": w1 - w0,
             "client_cpu": s1 - s0,
             "participants": [{k: mt.get(k) for k in keys} for mt in m.metrics_]}

@@ -370,7 +370,20 @@ def quiet_check():
 VALIDATED = "wire"
 
 
-def _fit_pred(inp, layout, wl_fn, fit, tiny, tiny_fn, idle, workload="sgd"):
+def sweep_spread(fit) -> float:
+    """The coefficient of variation of an LDA fit's sweeps, clock to clock
+    (``metrics_``'s ``sweeps``, each participant's first iteration left
+    out: cold caches): the jitter its BSP clocks wait on. 0 where the fit
+    did not record them."""
+    cvs = [np.std(p["sweeps"][1:]) / np.mean(p["sweeps"][1:]) for p in fit["participants"]
+           if len(p.get("sweeps") or ()) > 2]
+    return float(np.mean(cvs)) if cvs else 0.0
+
+
+JITTER_SEEDS = 8
+
+
+def _fit_pred(inp, layout, wl_fn, fit, tiny, tiny_fn, idle, workload="sgd", cv=0.0):
     """Predicted wall of ``fit`` (each at its own core share; the median)
     and CPU seconds: the tiny fit less its simulated run is the fixed part
     of both. ``wl_fn()``: the workload, or ``(workload, ratio)``: its
@@ -378,10 +391,13 @@ def _fit_pred(inp, layout, wl_fn, fit, tiny, tiny_fn, idle, workload="sgd"):
     (a persistent straggler, ``measured_compute``)."""
     base = inp.costs_for(layout, workload)
 
-    def run(fn, share):
+    def run(fn, share):  # with ``cv``: the mean wall over JITTER_SEEDS draws, the first draw's simulation
         wl, ratio = _with_ratio(fn())
-        jitter = ss.Jitter(cv=0.0, tail_p=0.0, stragglers=int(ratio > 1.0), straggler_slowdown=ratio - 1.0)
-        return ss.simulate(VALIDATED, 2, wl, costs=scaled(base, share), net=LOOPBACK, jitter=jitter, layout=layout)
+        runs = [ss.simulate(VALIDATED, 2, wl, costs=scaled(base, share), net=LOOPBACK, layout=layout,
+                            jitter=ss.Jitter(cv=cv, tail_p=0.0, stragglers=int(ratio > 1.0),
+                                             straggler_slowdown=ratio - 1.0, seed=seed))
+                for seed in range(JITTER_SEEDS if cv > 0 else 1)]
+        return float(np.mean([t for t, _ in runs])), runs[0][1]
 
     def cpu_of(sim):  # the compute and every loop's busy time (at share 1: CPU seconds)
         return sum(sim.compute_seconds) + sum(lp.busy for lp in sim.loops)
@@ -432,9 +448,11 @@ def validate(inp, unequal=True):
             return replace(lda_workload(inp, T, V, lda_tokens, 50, iters)[0], prefetch=ahead)
         pred, F, cpu, sim = _fit_pred(
             inp, layout, lambda: lda_wl(tokens, fit["iters"]), fit, tiny,
-            lambda: lda_wl(max(p["n_tokens"] for p in tiny["participants"]), tiny["iters"]), idle, "lda")
-        out.append(_row(layout, f"LDA K=50, {meas['lda_docs']} documents, {fit['iters']} iterations", pred, fit, cpu,
-                        idle, sim, F, None))
+            lambda: lda_wl(max(p["n_tokens"] for p in tiny["participants"]), tiny["iters"]), idle, "lda",
+            sweep_spread(fit))
+        spread = f", its sweeps' spread {100 * sweep_spread(fit):.0f}%" if sweep_spread(fit) else ""
+        out.append(_row(layout, f"LDA K=50, {meas['lda_docs']} documents, {fit['iters']} iterations{spread}", pred,
+                        fit, cpu, idle, sim, F, None))
     return out
 
 

@@ -211,3 +211,17 @@ def test_ldas_byte_cost_is_the_one_that_gives_its_cycles_measured_growth(ss, sca
     inp = scale.Inputs(costs={layout: costs}, lda_costs={layout: dataclasses.replace(costs, byte_cpu=got)})
     assert inp.costs_for(layout, "sgd") is costs
     assert inp.costs_for(layout, "lda").byte_cpu == got and inp.costs_for(layout, "lda").msg_cpu == costs.msg_cpu
+
+
+def test_an_lda_fits_sweep_spread_is_its_clock_to_clock_jitter(ss, scale):
+    """The validation runs an LDA fit with the spread of its own sweeps
+    (``metrics_``'s ``sweeps``, the cold first one left out) as the
+    simulation's jitter: the clocks of BSP wait on the slower sweep."""
+    steady = {"participants": [{"sweeps": [9.0, 1.0, 1.0, 1.0]}, {"sweeps": [5.0, 2.0, 2.0, 2.0]}]}
+    assert scale.sweep_spread(steady) == 0.0
+    assert scale.sweep_spread({"participants": [{"sweep_seconds": 1.0}]}) == 0.0  # not recorded
+    uneven = {"participants": [{"sweeps": [9.0, 1.0, 3.0]}, {"sweeps": [9.0, 2.0, 2.0]}]}
+    assert scale.sweep_spread(uneven) == pytest.approx(0.25)  # (0.5 + 0) / 2
+    walls = [ss.simulate("wire", 2, wl(ss, compute=0.01, clocks=50), jitter=ss.Jitter(cv=cv, tail_p=0), **free(ss))[0]
+             for cv in (0.0, 0.25)]
+    assert walls[1] > walls[0] * 1.05

@@ -115,6 +115,7 @@ class _Sampler:
         self.evaluation = None  # the progress columns of an evaluation not yet reported (_report_iteration)
         self.doc_words = None  # the documents' word counts as CSR arrays, made by the first _token_loglik
         self.sweep_seconds = 0.0
+        self.sweeps = []  # each iteration's sweep seconds: the clock-to-clock spread a straggler analysis needs
         # the word-topic rows held at once, and the session's bytes of that table
         self.peak_rows, self.peak_session_bytes = self.vocab.size, 0
         self.timing = {"pull_seconds": 0.0, "push_seconds": 0.0, "clock_seconds": 0.0, "eval_seconds": 0.0}
@@ -489,6 +490,7 @@ def _sweep(s: _Sampler, cfg: GibbsConfig, it, nwk, nk):
         s.sweep(s.doc_ptr, s.words, s.z, s.ndk, nwk, nk, cfg.alpha, cfg.beta, s.vbeta, seed)
     dt = time.perf_counter() - t0
     s.sweep_seconds += dt
+    s.sweeps.append(dt)
     if cfg.delay is not None:
         time.sleep(cfg.delay(s.rank, it, dt))  # benchmark hook: emulate stragglers
     return nwk, nk
@@ -508,6 +510,7 @@ def _finish(ctx: ParticipantContext, s: _Sampler, cfg: GibbsConfig) -> dict:
         "doc_loglik": _k.doc_loglik(s.local_ndk(), s.doc_len, cfg.alpha),
         "end": time.time() - cfg.t_start,
         "sweep_seconds": s.sweep_seconds,
+        "sweeps": s.sweeps,
         **s.timing,
         "n_tokens": s.words.size,
         "peak_rows": s.peak_rows,

@@ -317,7 +317,8 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
     metrics_ : list of dict
         Per participant: the parameter-server session's counters (reads,
         cache hits, waits, staleness histogram, bytes), seconds spent
-        sampling, pulling, pushing, in ``clock()`` and evaluating, its token
+        sampling (``sweep_seconds``; each iteration's in ``sweeps``),
+        pulling, pushing, in ``clock()`` and evaluating, its token
         count, its own ``history`` of ``(iteration, seconds, loglik part)``,
         the word-topic rows it held at once (``peak_rows``) and the most
         bytes of that table its session held (``peak_session_bytes``).
@@ -811,8 +812,8 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
         trained = max(0, runs.stop - runs.first_iteration)
         self.tokens_per_second_ = rate(self.n_tokens_ * trained, runs.seconds)
         self.metrics_ = participant_metrics(runs.results, fields=(
-            "sweep_seconds", "pull_seconds", "push_seconds", "clock_seconds", "eval_seconds", "n_tokens", "history",
-            "peak_rows", "peak_session_bytes"))
+            "sweep_seconds", "sweeps", "pull_seconds", "push_seconds", "clock_seconds", "eval_seconds", "n_tokens",
+            "history", "peak_rows", "peak_session_bytes"))
         final = final_loglik([r["doc_loglik"] for r in runs.results], runs.nwk, runs.nk, beta)
         runs.history.append((runs.stop, time.time() - runs.t_start, float(final)))
         self.loglik_history_ = runs.history

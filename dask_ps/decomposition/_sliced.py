@@ -112,6 +112,7 @@ def sliced_iteration(ctx: ParticipantContext, s, sl: Slices, cfg, it):
             ctx.push_rows(cfg.nwk_name, s.vocab[sl.bounds[j] + changed], delta, copy=False)  # a fresh array
         s.timing["push_seconds"] += time.perf_counter() - t3
         del rows, delta
+    s.sweeps.append(s.sweep_seconds - sweep_seconds)
     if cfg.delay is not None:
         time.sleep(cfg.delay(s.rank, it, s.sweep_seconds - sweep_seconds))  # benchmark hook: stragglers
     t4 = time.perf_counter()

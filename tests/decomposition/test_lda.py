@@ -436,6 +436,8 @@ def test_staleness_fits_on_a_cluster(lda_client, corpus, model):
     assert stale.n_tokens_ == X.sum()
     assert len(stale.metrics_) == 4
     assert all(m["clock"] == kw["max_iter"] + 1 for m in stale.metrics_)  # the initial push + one clock per sweep
+    for m in stale.metrics_:  # each iteration's sweep seconds, summing to the total
+        assert len(m["sweeps"]) == kw["max_iter"] and sum(m["sweeps"]) == pytest.approx(m["sweep_seconds"])
     if model.staleness is not None:
         bound = model.staleness
         for m in stale.metrics_:

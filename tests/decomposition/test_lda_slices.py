@@ -196,6 +196,7 @@ def test_slices_fit_as_well_as_one_slice_over_seeds_and_hold_fewer_rows(lda_clie
         for m1, m4 in zip(f1.metrics_, f4.metrics_):
             rows = m1["peak_rows"]  # S=1: every row of its vocabulary
             assert m4["peak_rows"] <= -(-rows // 4) + 1, (rows, m4["peak_rows"])
+            assert len(m4["sweeps"]) == f4.n_iter_ and sum(m4["sweeps"]) == pytest.approx(m4["sweep_seconds"])
             # SSP (per-push sums): no own pushes kept, no cached rows after a slice
             assert m4["peak_session_bytes"] == 0 < m1["peak_session_bytes"]
 
