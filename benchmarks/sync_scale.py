@@ -444,16 +444,29 @@ def validate(inp, unequal=True):
         V = 14_608
         ahead = bool(meas.get("lda_read_ahead", False))  # the read rode the clock's message (one request a server)
 
-        def lda_wl(T, iters):
-            return replace(lda_workload(inp, T, V, lda_tokens, 50, iters)[0], prefetch=ahead)
+        def lda_wl(T, iters, measured=None):
+            wl = replace(lda_workload(inp, T, V, lda_tokens, 50, iters)[0], prefetch=ahead)
+            return lda_measured_compute(wl, measured, inp) if measured else wl
         pred, F, cpu, sim = _fit_pred(
-            inp, layout, lambda: lda_wl(tokens, fit["iters"]), fit, tiny,
+            inp, layout, lambda: lda_wl(tokens, fit["iters"], fit), fit, tiny,
             lambda: lda_wl(max(p["n_tokens"] for p in tiny["participants"]), tiny["iters"]), idle, "lda",
             sweep_spread(fit))
         spread = f", its sweeps' spread {100 * sweep_spread(fit):.0f}%" if sweep_spread(fit) else ""
         out.append(_row(layout, f"LDA K=50, {meas['lda_docs']} documents, {fit['iters']} iterations{spread}", pred,
                         fit, cpu, idle, sim, F, None))
     return out
+
+
+def lda_measured_compute(wl, fit, inp):
+    """``wl`` with the LDA fit's own sweeps as its compute (clock by clock,
+    the participants' mean; ``metrics_``'s ``sweeps``), the model's deltas
+    added, as the SGD fits run with their own measured compute; ``wl``
+    as it is where the fit did not record them."""
+    sweeps = [p.get("sweeps") or () for p in fit["participants"]]
+    if not all(len(x) == wl.clocks for x in sweeps):
+        return wl
+    deltas = inp.compute["delta"][50] * wl.push_rows
+    return replace(wl, compute=np.mean(np.asarray(sweeps, dtype=float), axis=0) + deltas)
 
 
 def measured_compute(wl, fit, inp, layout, unequal=False):

@@ -9,6 +9,7 @@ import importlib.util
 import pathlib
 import sys
 
+import numpy as np
 import pytest
 
 
@@ -225,3 +226,16 @@ def test_an_lda_fits_sweep_spread_is_its_clock_to_clock_jitter(ss, scale):
     walls = [ss.simulate("wire", 2, wl(ss, compute=0.01, clocks=50), jitter=ss.Jitter(cv=cv, tail_p=0), **free(ss))[0]
              for cv in (0.0, 0.25)]
     assert walls[1] > walls[0] * 1.05
+
+
+def test_an_lda_fit_is_simulated_with_its_own_sweeps(ss, scale):
+    """As the SGD fits run with their own measured compute, an LDA fit runs
+    with its own sweeps, clock by clock (the participants' mean), plus the
+    model's deltas; a fit without them keeps the model's compute."""
+    inp = scale.Inputs()
+    base = wl(ss, compute=0.5, clocks=3)
+    fit = {"participants": [{"sweeps": [0.3, 0.1, 0.1]}, {"sweeps": [0.5, 0.1, 0.3]}]}
+    got = scale.lda_measured_compute(base, fit, inp)
+    deltas = inp.compute["delta"][50] * base.push_rows
+    np.testing.assert_allclose(got.compute, np.array([0.4, 0.1, 0.2]) + deltas)
+    assert scale.lda_measured_compute(base, {"participants": [{"sweeps": [0.3]}]}, inp) is base
