@@ -21,6 +21,11 @@ its scaling table (issue 36).
   the fit's CPU seconds (simulated compute + every loop's busy time
   against the processes' ``process_time`` less their idle rate), which
   load stretches less than walls.
+  Each fit runs with its own measured compute (SGD: its participants'
+  thread CPU; LDA: its sweeps clock by clock, their spread as the
+  jitter), and LDA's sync is priced from LDA's own cycle
+  (``lda_byte_cpu``), not from the message fit's byte constant, which
+  SGD's 8-byte rows set.
 - **Scaling** (``table``): iteration efficiency = the same work's compute on
   one worker alone (one SGD round an epoch; LDA: its sweep and deltas)
   / (P x the simulated time), one core per worker, 10 Gbit/s, RTT 50 us,
