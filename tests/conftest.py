@@ -7,8 +7,15 @@ import time
 
 import pytest
 from distributed import Client
+from hypothesis import settings as hypothesis_settings
 from ps_fixtures import fresh_ps, shared_cluster
 
+
+# Property-based tests draw the same examples every run (a test that can
+# fail by chance is a broken test): HYPOTHESIS_PROFILE=explore draws anew.
+hypothesis_settings.register_profile("ci", derandomize=True, database=None)
+hypothesis_settings.register_profile("explore", derandomize=False)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # A test, its fixtures and their teardown included, that runs this long has
 # hung past pytest-timeout's 300 s. pytest-timeout's alarm needs the main
