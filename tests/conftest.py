@@ -37,13 +37,27 @@ def pytest_configure(config):
     _run["limit"] = RUN_LIMIT if config.option.markexpr == "not slow and not gpu" else float("inf")
 
 
+def _test_timeout(item) -> float:
+    """The test's pytest-timeout seconds (its marker, else ``--timeout``);
+    inf where timeouts are off (``--timeout=0``) or a debugger may stop
+    the test (``--pdb``, ``--trace``)."""
+    config = item.config
+    if config.getoption("usepdb", False) or config.getoption("trace", False):
+        return float("inf")
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and (marker.args or "timeout" in marker.kwargs):
+        timeout = marker.args[0] if marker.args else marker.kwargs["timeout"]
+    else:
+        timeout = config.getoption("timeout", None)
+    return float(timeout) if timeout else float("inf")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item):
-    marker = item.get_closest_marker("timeout")
-    timeout = marker.args[0] if marker and marker.args else item.config.getoption("timeout", None) or 300
     left = _run["limit"] - (time.monotonic() - _run["start"])
-    faulthandler.dump_traceback_later(max(1.0, min(float(timeout) + WATCHDOG_GRACE, left)), exit=True,
-                                      file=_run["stderr"])
+    seconds = min(_test_timeout(item) + WATCHDOG_GRACE, left)
+    if seconds != float("inf"):  # a debugging session, or -m slow without timeouts: no watchdog
+        faulthandler.dump_traceback_later(max(1.0, seconds), exit=True, file=_run["stderr"])
     try:
         yield
     finally:
