@@ -452,11 +452,11 @@ def validate(inp, unequal=True):
         def lda_wl(T, iters, measured=None):
             wl = replace(lda_workload(inp, T, V, lda_tokens, 50, iters)[0], prefetch=ahead)
             return lda_measured_compute(wl, measured, inp) if measured else wl
+        cv = sweep_spread(fit)
         pred, F, cpu, sim = _fit_pred(
             inp, layout, lambda: lda_wl(tokens, fit["iters"], fit), fit, tiny,
-            lambda: lda_wl(max(p["n_tokens"] for p in tiny["participants"]), tiny["iters"]), idle, "lda",
-            sweep_spread(fit))
-        spread = f", its sweeps' spread {100 * sweep_spread(fit):.0f}%" if sweep_spread(fit) else ""
+            lambda: lda_wl(max(p["n_tokens"] for p in tiny["participants"]), tiny["iters"]), idle, "lda", cv)
+        spread = f", its sweeps' spread {100 * cv:.0f}%" if cv else ""
         out.append(_row(layout, f"LDA K=50, {meas['lda_docs']} documents, {fit['iters']} iterations{spread}", pred,
                         fit, cpu, idle, sim, F, None))
     return out
