@@ -207,6 +207,30 @@ def _lda_cycle(ctx, part, *, table, totals, reps):
     return out
 
 
+def _lda_bsp_cycle(ctx, part, *, table, totals, reps):
+    """The seeded (BSP) LDA fit's iteration without the sweep: the rows read
+    with the clock before (``_gibbs._read_ahead``: the clock's message
+    carries it), pushed to a table summed per clock, ``clock()``; per
+    cycle as ``_lda_cycle`` (the part before the push: the read's
+    ``result()``)."""
+    rows, width = part["rows"], part["width"]
+    vals = np.ones((rows.size, width), dtype=np.int32)
+    ahead = None
+    out = []
+    for i in range(reps):
+        w0, c0 = time.perf_counter(), time.thread_time()
+        if ahead is None:
+            ctx.pull_rows(table, rows)
+        else:
+            ahead.result()
+        w1 = time.perf_counter()
+        ctx.push_rows(table, rows, vals, copy=False)
+        ahead = ctx.prefetch_rows(table, rows, for_clock=ctx.current_clock + 1) if i + 1 < reps else None
+        ctx.clock()
+        out.append((time.perf_counter() - w0, w1 - w0, time.thread_time() - c0))
+    return out
+
+
 def _lda_busy_cycle(ctx, part, *, table, totals, reps, offset=False):
     """LDA's iteration as ``_gibbs._iteration`` does it, on the
     participant's partition: clock 0 pushes the starting counts; then pull
@@ -406,7 +430,7 @@ def idle_rates(client, seconds=3.0):
 
 
 def cycle_costs(client, ps, P, workload, sizes, rng):
-    """The cycle of ``workload`` ("sgd" or "lda") at ``U`` rows per
+    """The cycle of ``workload`` ("sgd", "lda" or "lda-bsp") at ``U`` rows per
     participant for each U of ``sizes``: per cycle wall (median), the
     participant thread's CPU, worker CPU per participant, scheduler CPU."""
     import dask_ps
@@ -416,6 +440,10 @@ def cycle_costs(client, ps, P, workload, sizes, rng):
         n_rows, width, dtype, fn = D_SGD + 1, 1, "float64", _sgd_cycle
         ps.create_table(table, (n_rows, width), dtype=dtype, consistency=dask_ps.BSP(), aggregate="clock")
         ps.create_table(totals, (P, 8), dtype="float64", consistency=dask_ps.SSP(0), aggregate="clock")
+    elif workload == "lda-bsp":  # as decomposition._runs under BSP (seeded): summed per clock, read ahead
+        n_rows, width, dtype, fn = sizes["V"], K_LDA, "int32", _lda_bsp_cycle
+        ps.create_table(table, (n_rows + 1, width), dtype=dtype, consistency=dask_ps.BSP(), aggregate="clock")
+        totals = None
     else:  # as decomposition._runs under the estimator's default SSP(2) with refresh: the totals the last row
         n_rows, width, dtype, fn = sizes["V"], K_LDA, "int32", _lda_cycle
         ps.create_table(table, (n_rows + 1, width), dtype=dtype,

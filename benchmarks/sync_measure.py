@@ -163,9 +163,12 @@ def layout(threads, args, X_sgd, y_sgd, X_lda, pool):
                 out["load_end"] = sm.load()
                 return out
             rng = np.random.default_rng(0)
+            lda_sizes = {"U": [2_000, min(12_000, X_lda.shape[1])], "V": X_lda.shape[1]}
+            # LDA's cycle twice: under the unseeded default (SSP(2), refresh) and as the seeded fits
+            # validated here sync (BSP, summed per clock, the read with the clock before)
             out["cycles"] = {"sgd": sm.cycle_costs(client, ps, 2, "sgd", {"U": [2_000, 30_000]}, rng),
-                             "lda": sm.cycle_costs(client, ps, 2, "lda", {"U": [2_000, min(12_000, X_lda.shape[1])],
-                                                                           "V": X_lda.shape[1]}, rng)}
+                             "lda": sm.cycle_costs(client, ps, 2, "lda", lda_sizes, rng),
+                             "lda-bsp": sm.cycle_costs(client, ps, 2, "lda-bsp", lda_sizes, rng)}
             out["cycle_share"] = 0.5 * (before + share(pool))  # the load while the constants were measured
             Xt, yt = X_sgd[:24_000], y_sgd[:24_000]
             out["idle"] = idle_rate(client, threads)

@@ -89,10 +89,18 @@ class Inputs:
     lda_here: dict | None = None  # LDA's compute measured beside them
     # by layout: LDA's sync priced from LDA's own cycle (``lda_byte_cpu``), not SGD's 8-byte rows
     lda_costs: dict = field(default_factory=dict)
+    # ... and from the cycle of the seeded fits (BSP: summed per clock, the read with the clock before)
+    lda_bsp_costs: dict = field(default_factory=dict)
 
     def costs_for(self, layout, workload):
-        """The sync constants of ``workload`` ("sgd" or "lda") in ``layout``."""
-        return self.lda_costs.get(layout, self.costs[layout]) if workload == "lda" else self.costs[layout]
+        """The sync constants of ``workload`` in ``layout``: "sgd"; "lda"
+        (under SSP: the unseeded default's cycle); "lda-bsp" (the seeded
+        BSP fit's cycle, where measured; else the other's)."""
+        if workload == "lda-bsp" and layout in self.lda_bsp_costs:
+            return self.lda_bsp_costs[layout]
+        if workload.startswith("lda"):
+            return self.lda_costs.get(layout, self.costs[layout])
+        return self.costs[layout]
 
     def U(self, m):
         """Touched rows of a round of ``m`` samples: log-log interpolation
@@ -163,24 +171,26 @@ def load_inputs(measured=None, u_from=None, messages=()):
             inp.hop_source[name] = f"the quiet 2b7ab62 SGD cycle (old path; {why})"
         c = replace(c, hop=hop)
         inp.costs[name] = c
-        lda = sorted(L.get("cycles", {}).get("lda", []), key=lambda r: r["U"])
-        if len(lda) >= 2 and lda[-1]["U"] > lda[0]["U"]:
-            inp.lda_costs[name] = replace(c, byte_cpu=lda_byte_cpu(c, lda[0], lda[-1], name))
+        for key, into, ahead in (("lda", inp.lda_costs, False), ("lda-bsp", inp.lda_bsp_costs, True)):
+            lda = sorted(L.get("cycles", {}).get(key, []), key=lambda r: r["U"])
+            if len(lda) >= 2 and lda[-1]["U"] > lda[0]["U"]:
+                into[name] = replace(c, byte_cpu=lda_byte_cpu(c, lda[0], lda[-1], name, prefetch=ahead))
     inp.source = f"{measured} (load {', '.join(L['load_start'] for L in meas['layouts'].values())})"
     inp.fits = fits
     inp.meas = meas
     return inp
 
 
-def lda_cycle_workload(row, clocks=20):
+def lda_cycle_workload(row, clocks=20, prefetch=False):
     """``scaling_model``'s LDA cycle (``_lda_cycle``): its U word rows and
-    the totals row read, then pushed, then the clock; no sweep."""
+    the totals row read, then pushed, then the clock; no sweep.
+    ``prefetch``: the read rides the clock before (``_lda_bsp_cycle``)."""
     b = float(row["width"] * row["itemsize"])
     return ss.Workload(compute=0.0, clocks=clocks, push_rows=row["U"] + 1, read_rows=row["U"] + 1,
-                       push_value_bytes=b, read_value_bytes=b, prefetch=False)
+                       push_value_bytes=b, read_value_bytes=b, prefetch=prefetch)
 
 
-def lda_byte_cpu(costs, small, large, layout):
+def lda_byte_cpu(costs, small, large, layout, prefetch=False):
     """The CPU a byte at which the simulated LDA cycle's worker CPU grows
     from ``small``'s rows to ``large``'s as the measured one did
     (``sync_measure``'s cycles: worker CPU a participant a cycle). The
@@ -188,13 +198,14 @@ def lda_byte_cpu(costs, small, large, layout):
     fixed cost (its index, its slice of the message) is most of it; LDA's
     rows are 200 bytes (K = 50 int32), and priced at that constant the
     2-worker LDA fits were over-predicted by 26% (processes) and 152%
-    (threads). The simulation is linear in the constant: two runs give it."""
+    (threads). The simulation is linear in the constant: two runs give it.
+    ``prefetch``: the cycles of the seeded fit (``_lda_bsp_cycle``)."""
     P = 2
 
     def cpu_slope(byte_cpu):
         per = []
         for row in (small, large):
-            wl = lda_cycle_workload(row)
+            wl = lda_cycle_workload(row, prefetch=prefetch)
             _, sim = ss.simulate(VALIDATED, P, wl, costs=replace(costs, byte_cpu=byte_cpu), net=LOOPBACK,
                                  jitter=ss.Jitter(cv=0, tail_p=0), layout=layout)
             per.append((sum(sim.compute_seconds) + sum(lp.busy for lp in sim.loops)) / (wl.clocks * P))
@@ -455,7 +466,7 @@ def validate(inp, unequal=True):
         cv = sweep_spread(fit)
         pred, F, cpu, sim = _fit_pred(
             inp, layout, lambda: lda_wl(tokens, fit["iters"], fit), fit, tiny,
-            lambda: lda_wl(max(p["n_tokens"] for p in tiny["participants"]), tiny["iters"]), idle, "lda", cv)
+            lambda: lda_wl(max(p["n_tokens"] for p in tiny["participants"]), tiny["iters"]), idle, "lda-bsp", cv)
         spread = f", its sweeps' spread {100 * cv:.0f}%" if cv else ""
         out.append(_row(layout, f"LDA K=50, {meas['lda_docs']} documents, {fit['iters']} iterations{spread}", pred,
                         fit, cpu, idle, sim, F, None))
@@ -600,6 +611,15 @@ WORKLOADS = {
 }
 
 
+def cost_kind(name, staleness):
+    """Whose measured sync constants price a table row: SGD's; LDA's seeded
+    BSP fit's cycle (summed per clock, the read with the clock before) or
+    under SSP the unseeded default's."""
+    if name.startswith("sgd"):
+        return "sgd"
+    return "lda-bsp" if staleness == 0 else "lda"
+
+
 def workload_at(inp, name, P, opts, staleness=0):
     """(Workload, compute alone a clock) of ``name`` at P workers."""
     clocks = clocks_for(P)
@@ -638,12 +658,78 @@ def table(inp, Ps=PS, names=tuple(WORKLOADS), log=print):
                 if opts.get("read_ahead"):
                     wl = replace(wl, prefetch=True)
                 e, per, sim = efficiency(inp, design, P, wl, alone, staleness=s,
-                                         workload="sgd" if name.startswith("sgd") else "lda", **opts.get("sim", {}))
+                                         workload=cost_kind(name, s), **opts.get("sim", {}))
                 out[name, label, P] = {"eff": e, "clock_s": per, "epoch_s": per * R, "rounds": R,
                                        "sched_busy": sim.sched.busy / (per * wl.clocks),
                                        "requests": sum(v for k, v in sim.per_clock().items() if k != "broadcast")}
                 log(f"{name} {label} P={P}: {100 * e:.0f}% ({per * 1e3:.1f} ms a clock)")
     return out
+
+
+# What the breakdown switches off, one at a time (``breakdown``): the rest as simulated
+PARTS = (
+    ("as simulated", {}),
+    ("no jitter", {"jitter": "still"}),
+    ("sync free (jitter only)", {"costs": "free", "net": "free"}),
+    ("no byte CPU", {"costs": {"byte_cpu": 0.0}}),
+    ("no message CPU, no hop", {"costs": {"msg_cpu": 0.0, "hop": 0.0, "direct_cpu": 0.0, "clock_cpu": 0.0}}),
+    ("no network time (bandwidth and RTT free)", {"net": "free"}),
+)
+FREE_COSTS = {"msg_cpu": 0.0, "byte_cpu": 0.0, "direct_cpu": 0.0, "clock_cpu": 0.0, "hop": 0.0, "sched_cpu": 0.0}
+FREE_NET = ss.Network(rtt=0.0, bandwidth=float("inf"))
+BREAKDOWN_ROWS = {  # the designs whose losses the breakdown splits: the code's, the target's
+    "wire + LDA's read with the clock (the code)": ("wire", 0, {"read_ahead": True}),
+    "wire, SSP(2) (the code)": ("wire", 2, {}),
+    "target, SSP(2)": ("target", 2, {}),
+}
+
+
+def bsp_jitter_ceiling(P, clocks, jitter=None):
+    """The efficiency BSP cannot pass with free sync: each clock lasts its
+    slowest participant's compute, so the ceiling is 1 / the mean over
+    clocks of the largest of P jitter factors (``Jitter.factors``, the
+    draws the simulation uses)."""
+    f = (jitter or ss.Jitter()).factors(P, clocks)
+    return float(1.0 / f.max(axis=0).mean())
+
+
+def breakdown(inp, name, P, label, parts=PARTS):
+    """{part: efficiency} of one table cell (``BREAKDOWN_ROWS[label]``)
+    with each part of the time switched off in turn (``PARTS``), and the
+    BSP jitter ceiling: where the loss of a cell goes."""
+    design, s, opts = BREAKDOWN_ROWS[label]
+    wl, alone, _ = workload_at(inp, name, P, opts, s)
+    if opts.get("read_ahead"):
+        wl = replace(wl, prefetch=True)
+    workload = cost_kind(name, s)
+    base = inp.costs_for("processes", workload)
+    out = {}
+    for part, change in parts:
+        costs = change.get("costs", {})
+        costs = replace(base, **(FREE_COSTS if costs == "free" else costs))
+        net = FREE_NET if change.get("net") == "free" else NET10
+        jitter = ss.Jitter(cv=0, tail_p=0) if change.get("jitter") == "still" else ss.Jitter()
+        t, _ = ss.simulate(design, P, wl, costs=costs, net=net, jitter=jitter, staleness=s,
+                           **opts.get("sim", {}))
+        out[part] = alone * wl.clocks / t
+    out["BSP jitter ceiling"] = bsp_jitter_ceiling(P, wl.clocks)
+    return out
+
+
+def print_breakdown(inp, names, Ps, log=print):
+    """The breakdown of each workload's code and target cells at each P."""
+    cols = [p for p, _ in PARTS] + ["BSP jitter ceiling"]
+    print("| workload | design | P | " + " | ".join(cols) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in cols) + " |")
+    for name in names:
+        if name.startswith("sgd"):
+            continue
+        for label in BREAKDOWN_ROWS:
+            for P in Ps:
+                b = breakdown(inp, name, P, label)
+                log(f"breakdown {name} {label} P={P}")
+                print(f"| {WORKLOADS[name]} | {label} | {P} | "
+                      + " | ".join(f"{100 * b[c]:.1f}%" for c in cols) + " |", flush=True)
 
 
 def print_table(res, Ps=PS):
@@ -687,6 +773,8 @@ def main(argv=None):
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--msg-cpu", type=float, help="override the CPU of a message (seconds; e.g. a quiet run's)")
     ap.add_argument("--no-validate", action="store_true")
+    ap.add_argument("--breakdown", action="store_true", help="only where the LDA cells' time goes: each part "
+                    "of the sync and the jitter switched off in turn (model, not measured)")
     ap.add_argument("--json", help="save the table's figures here")
     args = ap.parse_args(argv)
     inp = load_inputs(args.measured, args.u_from, args.messages)
@@ -697,10 +785,12 @@ def main(argv=None):
         print(f"- {name}, message cycles (CPU a clock = a + b x bytes + c x messages + d x direct calls): a "
               f"{f['a'] * 1e3:.2f} ms, b {f['byte'] * 1e9:.2f} ns, c {f['msg'] * 1e6:.0f} us, "
               f"d {f['direct'] * 1e6:.0f} us (rms {f['rms'] * 1e3:.2f} ms); hop from {inp.hop_source[name]}")
-    for name, c in inp.lda_costs.items():
-        print(f"- {name}, LDA's sync: a byte {c.byte_cpu * 1e9:.2f} ns (from its own cycle's worker CPU, "
-              f"{int(min(r['U'] for r in inp.meas['layouts'][name]['cycles']['lda'])):,} to "
-              f"{int(max(r['U'] for r in inp.meas['layouts'][name]['cycles']['lda'])):,} rows)")
+    for key, costs, what in (("lda", inp.lda_costs, "SSP(2) with refresh, the unseeded default"),
+                             ("lda-bsp", inp.lda_bsp_costs, "BSP summed per clock, the read with the clock")):
+        for name, c in costs.items():
+            cyc = inp.meas["layouts"][name]["cycles"][key]
+            print(f"- {name}, LDA's sync ({what}): a byte {c.byte_cpu * 1e9:.2f} ns (from its own cycle's worker "
+                  f"CPU, {int(min(r['U'] for r in cyc)):,} to {int(max(r['U'] for r in cyc)):,} rows)")
     for name, c in inp.costs.items():
         print(f"- {name}: a message {c.msg_cpu * 1e6:.0f} us CPU (request + reply), a byte "
               f"{c.byte_cpu * 1e9:.2f} ns, a direct call {c.direct_cpu * 1e6:.0f} us, a clock's bookkeeping "
@@ -726,6 +816,11 @@ def main(argv=None):
               f"{100 * (sy - sm_) / sm_:+.0f}% |")
     Ps = tuple(args.ps)
     t0 = time.perf_counter()
+    if args.breakdown:
+        print("\n## Where the LDA cells' time goes (one core per worker, 10 Gbit/s; model, not measured)\n")
+        print_breakdown(inp, args.workloads, Ps, log=lambda m: print(f"[{time.perf_counter() - t0:.0f} s] {m}",
+                                                                       file=sys.stderr, flush=True))
+        return
     res = table(inp, Ps, args.workloads, log=lambda m: print(f"[{time.perf_counter() - t0:.0f} s] {m}",
                                                               file=sys.stderr, flush=True))
     print("\n## Iteration efficiency (one core per worker, 10 Gbit/s, RTT 50 us; every figure a simulation)\n")

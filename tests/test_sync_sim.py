@@ -212,6 +212,35 @@ def test_ldas_byte_cost_is_the_one_that_gives_its_cycles_measured_growth(ss, sca
     inp = scale.Inputs(costs={layout: costs}, lda_costs={layout: dataclasses.replace(costs, byte_cpu=got)})
     assert inp.costs_for(layout, "sgd") is costs
     assert inp.costs_for(layout, "lda").byte_cpu == got and inp.costs_for(layout, "lda").msg_cpu == costs.msg_cpu
+    assert inp.costs_for(layout, "lda-bsp") is inp.costs_for(layout, "lda")  # no BSP cycle measured
+
+
+@pytest.mark.parametrize("layout", ["processes", "threads"])
+def test_the_seeded_fits_sync_is_priced_from_its_own_cycle(ss, scale, layout):
+    """The validated LDA fits are seeded: BSP, their counts summed per clock,
+    each read riding the clock before. Their cycle costs more a row than
+    the unseeded default's (SSP(2) with refresh; measured: 403 against 219
+    ns a row in worker processes), so it is measured and priced apart
+    (``lda-bsp``), its reads simulated with the clock; the table's BSP LDA
+    rows use it, its SSP rows the default's."""
+    costs = ss.Costs(msg_cpu=500e-6, byte_cpu=3.0e-9, direct_cpu=300e-6, clock_cpu=0.3e-3, hop=100e-6)
+    truth = {False: 0.5e-9, True: 1.0e-9}
+
+    def cycle(U, ahead):
+        row = {"U": U, "width": 50, "itemsize": 4}
+        wl = scale.lda_cycle_workload(row, prefetch=ahead)
+        assert wl.prefetch is ahead
+        _, sim = ss.simulate(scale.VALIDATED, 2, wl, costs=dataclasses.replace(costs, byte_cpu=truth[ahead]),
+                             net=scale.LOOPBACK, jitter=ss.Jitter(cv=0, tail_p=0), layout=layout)
+        return {**row, "worker_cpu": (sum(sim.compute_seconds) + sum(lp.busy for lp in sim.loops)) / (wl.clocks * 2)}
+    got = {a: scale.lda_byte_cpu(costs, cycle(2_000, a), cycle(12_000, a), layout, prefetch=a) for a in truth}
+    assert got[False] == pytest.approx(truth[False], rel=1e-6) and got[True] == pytest.approx(truth[True], rel=1e-6)
+    inp = scale.Inputs(costs={layout: costs}, lda_costs={layout: dataclasses.replace(costs, byte_cpu=got[False])},
+                       lda_bsp_costs={layout: dataclasses.replace(costs, byte_cpu=got[True])})
+    assert inp.costs_for(layout, "lda-bsp").byte_cpu == got[True]
+    assert inp.costs_for(layout, "lda").byte_cpu == got[False]
+    assert scale.cost_kind("pub50", 0) == "lda-bsp" and scale.cost_kind("pub50", 2) == "lda"
+    assert scale.cost_kind("sgd-weak", 0) == "sgd"
 
 
 def test_an_lda_fits_sweep_spread_is_its_clock_to_clock_jitter(ss, scale):
@@ -239,3 +268,29 @@ def test_an_lda_fit_is_simulated_with_its_own_sweeps(ss, scale):
     deltas = inp.compute["delta"][50] * base.push_rows
     np.testing.assert_allclose(got.compute, np.array([0.4, 0.1, 0.2]) + deltas)
     assert scale.lda_measured_compute(base, {"participants": [{"sweeps": [0.3]}]}, inp) is base
+
+
+@pytest.mark.parametrize("P", [4, 64])
+def test_bsp_with_free_sync_runs_at_the_jitter_ceiling(ss, scale, P):
+    """The arithmetic under the LDA target's breakdown: with the sync free,
+    a BSP clock lasts its slowest participant's compute, so BSP's
+    efficiency is 1 / the mean over clocks of the largest of P jitter
+    factors, and it falls as P grows (no sync design passes it)."""
+    jitter = ss.Jitter()
+    base = wl(ss, compute=0.5, clocks=8)
+    for design in ("wire", "target"):
+        t, _ = ss.simulate(design, P, base, jitter=jitter, **free(ss))
+        assert 0.5 * 8 / t == pytest.approx(scale.bsp_jitter_ceiling(P, 8, jitter), rel=1e-9)
+    assert scale.bsp_jitter_ceiling(P, 8) < scale.bsp_jitter_ceiling(2, 8) < 1.0
+
+
+def test_the_breakdown_switches_off_one_part_at_a_time(scale):
+    """Each part switched off gives at least the cell as simulated; the
+    sync free leaves only the jitter, which under BSP is the ceiling."""
+    inp = scale.Inputs()
+    label = "wire + LDA's read with the clock (the code)"
+    b = scale.breakdown(inp, "nyt50", 4, label)
+    for part, _ in scale.PARTS[1:]:
+        assert b[part] >= b["as simulated"] - 1e-9, part
+    assert b["sync free (jitter only)"] == pytest.approx(b["BSP jitter ceiling"], rel=1e-9)
+    assert b["no jitter"] < 1.0
