@@ -15,7 +15,10 @@ is validated against.
   (non-negative least squares). The counts vary the messages at P = 2,
   no oversubscription.
 - **The cycles** of ``scaling_model`` (SGD's round and LDA's iteration
-  without compute) at 2 sizes: wall and CPU per cycle.
+  without compute) at 2 sizes: wall and CPU per cycle; LDA's twice, as
+  the unseeded default syncs (SSP(2) with refresh) and as the seeded fits
+  validated here do (BSP, summed per clock, the read with the clock
+  before: ``lda-bsp``).
 - **Fits** (the figures predicted): ``SGDClassifier`` click-through
   ``--sgd-n`` rows, ``max_iter`` 1 and 2, and LDA K=50 on the news corpus
   (``--lda-docs`` documents, ``--lda-iters``), 3 each, and their tiny

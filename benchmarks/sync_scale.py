@@ -25,12 +25,18 @@ its scaling table (issue 36).
   thread CPU; LDA: its sweeps clock by clock, their spread as the
   jitter), and LDA's sync is priced from LDA's own cycle
   (``lda_byte_cpu``), not from the message fit's byte constant, which
-  SGD's 8-byte rows set.
+  SGD's 8-byte rows set: the cycle of the fit predicted (seeded: BSP,
+  summed per clock, the read with the clock before; ``lda-bsp``).
 - **Scaling** (``table``): iteration efficiency = the same work's compute on
   one worker alone (one SGD round an epoch; LDA: its sweep and deltas)
   / (P x the simulated time), one core per worker, 10 Gbit/s, RTT 50 us,
   jitter CV 5% with a heavy tail (0.2% of clocks, + 0.5 x Lomax(2) of the
-  compute).
+  compute); BSP LDA rows priced from the seeded fit's cycle, SSP rows
+  from the unseeded default's (``cost_kind``).
+- **Breakdown** (``--breakdown``, ``breakdown``): an LDA cell with each
+  part of its time switched off in turn (the jitter, the sync, the bytes'
+  CPU, the messages' CPU and hops, the network), and the BSP jitter
+  ceiling (``bsp_jitter_ceiling``): where a cell's loss goes.
 
 LDA's vocabulary per worker (V_p) and the nonzeros of its rows come from a
 Zipf(1) law over the corpus's V words: a word of frequency f is in a shard
