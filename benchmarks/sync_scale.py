@@ -150,13 +150,18 @@ def load_inputs(measured=None, u_from=None, messages=()):
     if not measured:
         return inp
     meas = json.loads(pathlib.Path(measured).read_text())
-    pooled = {name: list(L["messages"]) for name, L in meas["layouts"].items()}
+    if inp.u_fits is None and "sgd_U" in meas:  # U(m) of the fits' own data, measured beside them
+        inp.u_fits = (meas["sgd_U"]["m"], meas["sgd_U"]["U"])
+    # the constants from the 2-worker clusters (those with message cycles); larger ones are only predicted
+    two = {name: L for name, L in meas["layouts"].items() if "messages" in L}
+    pooled = {name: list(L["messages"]) for name, L in two.items()}
     for path in messages:  # more runs of the message cycles alone (sync_measure.py --messages-only): pooled
         for name, L in json.loads(pathlib.Path(path).read_text())["layouts"].items():
-            pooled.setdefault(name, []).extend(L["messages"])
+            if "messages" in L:
+                pooled.setdefault(name, []).extend(L["messages"])
     fits = {name: message_fit(rows) for name, rows in pooled.items()}
     msg = fits.get("processes", {}).get("msg", ss.Costs().msg_cpu)
-    for name, L in meas["layouts"].items():
+    for name, L in two.items():
         f = fits[name]
         thread = min((r["thread_cpu"] for w in ("sgd", "lda") for r in L.get("cycles", {}).get(w, [])),
                      default=ss.Costs().clock_cpu)
@@ -181,7 +186,7 @@ def load_inputs(measured=None, u_from=None, messages=()):
             lda = sorted(L.get("cycles", {}).get(key, []), key=lambda r: r["U"])
             if len(lda) >= 2 and lda[-1]["U"] > lda[0]["U"]:
                 into[name] = replace(c, byte_cpu=lda_byte_cpu(c, lda[0], lda[-1], name, prefetch=ahead))
-    inp.source = f"{measured} (load {', '.join(L['load_start'] for L in meas['layouts'].values())})"
+    inp.source = f"{measured} (load {', '.join(L['load_start'] for L in two.values())})"
     inp.fits = fits
     inp.meas = meas
     return inp
@@ -405,17 +410,19 @@ def sweep_spread(fit) -> float:
 JITTER_SEEDS = 8
 
 
-def _fit_pred(inp, layout, wl_fn, fit, tiny, tiny_fn, idle, workload="sgd", cv=0.0):
+def _fit_pred(inp, layout, wl_fn, fit, tiny, tiny_fn, idle, workload="sgd", cv=0.0, P=2, tpw=1):
     """Predicted wall of ``fit`` (each at its own core share; the median)
     and CPU seconds: the tiny fit less its simulated run is the fixed part
     of both. ``wl_fn()``: the workload, or ``(workload, ratio)``: its
-    participants' compute unequal, the slower one ``ratio`` x the faster
-    (a persistent straggler, ``measured_compute``)."""
+    participants' compute unequal, the slowest one ``ratio`` x the fastest
+    (a persistent straggler, ``measured_compute``). ``P`` participants,
+    ``tpw`` a worker process."""
     base = inp.costs_for(layout, workload)
 
     def run(fn, share):  # with ``cv``: the mean wall over JITTER_SEEDS draws, the first draw's simulation
         wl, ratio = _with_ratio(fn())
-        runs = [ss.simulate(VALIDATED, 2, wl, costs=scaled(base, share), net=LOOPBACK, layout=layout,
+        runs = [ss.simulate(VALIDATED, P, wl, costs=scaled(base, share), net=LOOPBACK, layout=layout,
+                            threads=tpw if layout == "processes" else 1,
                             jitter=ss.Jitter(cv=cv, tail_p=0.0, stragglers=int(ratio > 1.0),
                                              straggler_slowdown=ratio - 1.0, seed=seed))
                 for seed in range(JITTER_SEEDS if cv > 0 else 1)]
@@ -435,29 +442,35 @@ def _with_ratio(x):
 
 
 def validate(inp, unequal=True):
-    """Predicted against measured 2-worker fits, both layouts; rows of
-    (layout, fit, predicted s, measured s, error, predicted CPU s,
-    measured CPU s, error, measured sync s, simulated sync s).
-    ``unequal``: each SGD participant computes its own measured thread
-    CPU (the slower one sets a BSP fit's pace); else both the mean."""
+    """Predicted against measured fits, both layouts, of 2 workers (or of
+    each cluster ``sync_measure.py --workers`` measured: its layout's
+    ``P`` worker processes of ``threads_per_worker``, its constants the
+    2-worker ones); rows of (layout, fit, predicted s, measured s, error,
+    predicted CPU s, measured CPU s, error, measured sync s, simulated
+    sync s). ``unequal``: each SGD participant computes its own measured
+    thread CPU (the slowest sets a BSP fit's pace); else all the mean."""
     meas = inp.meas
-    n, lda_tokens = meas["sgd_n"], meas["lda_tokens"]
     if inp.u_fits:  # the fits' own data (a 200k-row set touches fewer rows than 500k's)
         inp = replace(inp, u_curve=inp.u_fits)
     out = []
-    for layout, L in meas["layouts"].items():
+    for key, L in meas["layouts"].items():
+        if "sgd" not in L:  # message cycles alone
+            continue
+        layout, tpw = L.get("layout", key), L.get("threads_per_worker", 1)
         idle = L.get("idle", 0.0)
         for fit in L["sgd"]:
-            E = fit["E"]
-            tiny = L["sgd_tiny"]
+            E, n, tiny = fit["E"], fit.get("n", meas["sgd_n"]), L["sgd_tiny"]
+            P = len(fit["participants"])
             pred, F, cpu, sim = _fit_pred(
                 inp, layout,
-                lambda: measured_compute(sgd_workload(inp, n / 2, 2, E, fit=True)[0], fit, inp, layout, unequal),
-                fit, tiny, lambda: measured_compute(sgd_workload(inp, tiny["n"] / 2, 2, 1, fit=True)[0], tiny, inp,
-                                                    layout, unequal), idle)
-            out.append(_row(layout, f"SGD click-through {n:,} rows, max_iter={E}", pred, fit, cpu, idle, sim, F,
-                            "ps_seconds"))
+                lambda: measured_compute(sgd_workload(inp, n / P, P, E, fit=True)[0], fit, inp, layout, unequal),
+                fit, tiny, lambda: measured_compute(sgd_workload(inp, tiny["n"] / P, P, 1, fit=True)[0], tiny, inp,
+                                                    layout, unequal), idle, P=P, tpw=tpw)
+            out.append(_row(key, f"SGD click-through {n:,} rows, max_iter={E}, {P} participants", pred, fit, cpu,
+                            idle, sim, F, "ps_seconds"))
         fit, tiny = L["lda"], L["lda_tiny"]
+        lda_tokens = fit.get("tokens", meas["lda_tokens"])
+        P = len(fit["participants"])
         here = inp.lda_here
         if here:  # the sweep as measured beside these fits (the model's table keeps the quiet constants)
             inp = replace(inp, compute={**inp.compute, "sweep": {**inp.compute["sweep"], 50: here["sweep"]},
@@ -472,10 +485,11 @@ def validate(inp, unequal=True):
         cv = sweep_spread(fit)
         pred, F, cpu, sim = _fit_pred(
             inp, layout, lambda: lda_wl(tokens, fit["iters"], fit), fit, tiny,
-            lambda: lda_wl(max(p["n_tokens"] for p in tiny["participants"]), tiny["iters"]), idle, "lda-bsp", cv)
+            lambda: lda_wl(max(p["n_tokens"] for p in tiny["participants"]), tiny["iters"]), idle, "lda-bsp", cv,
+            P=P, tpw=tpw)
         spread = f", its sweeps' spread {100 * cv:.0f}%" if cv else ""
-        out.append(_row(layout, f"LDA K=50, {meas['lda_docs']} documents, {fit['iters']} iterations{spread}", pred,
-                        fit, cpu, idle, sim, F, None))
+        out.append(_row(key, f"LDA K=50, {fit.get('docs', meas['lda_docs'])} documents, {fit['iters']} iterations, "
+                        f"{P} participants{spread}", pred, fit, cpu, idle, sim, F, None))
     return out
 
 

@@ -294,3 +294,21 @@ def test_the_breakdown_switches_off_one_part_at_a_time(scale):
         assert b[part] >= b["as simulated"] - 1e-9, part
     assert b["sync free (jitter only)"] == pytest.approx(b["BSP jitter ceiling"], rel=1e-9)
     assert b["no jitter"] < 1.0
+
+
+def test_the_device_checks_corpus_grows_by_repeating_its_documents():
+    """``sync_measure.py --workers`` grows the 2-worker LDA corpus with the
+    participants (weak scaling) by repeating its documents: the same
+    words and document lengths, as many rows as asked."""
+    import scipy.sparse as sp
+
+    here = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+    if str(here) not in sys.path:
+        sys.path.insert(0, str(here))
+    import sync_measure
+
+    X = sp.csr_matrix(np.arange(12).reshape(4, 3))
+    got = sync_measure._repeat_rows(X, 10)
+    assert got.shape == (10, 3)
+    np.testing.assert_array_equal(got.toarray(), np.vstack([X.toarray()] * 3)[:10])
+    assert sync_measure._repeat_rows(X, 3).shape == (3, 3)
