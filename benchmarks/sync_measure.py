@@ -164,9 +164,11 @@ def pin_workers(client, tpw, first=0):
 def layout(threads, args, X_sgd, y_sgd, X_lda, pool, P=2, tpw=1):
     """One cluster's measurements: the message cycles (P = 2 only), the
     sync cycles, the tiny and measured fits. ``P`` worker processes of
-    ``tpw`` threads (a participant a thread); the data grows with P x tpw
-    from the 2-worker sizes (weak scaling); with ``args.pin`` each worker
-    on cores of its own and no load probe (the core share taken as 1)."""
+    ``tpw`` threads; the data grows from the 2-worker sizes with the
+    participants (weak scaling): SGD's with P (the estimator trains one a
+    worker), LDA's with P x tpw (one a thread, ``n_partitions``); with
+    ``args.pin`` each worker on cores of its own and no load probe (the
+    core share taken as 1)."""
     from distributed import Client, LocalCluster
 
     import dask_ps
@@ -179,9 +181,9 @@ def layout(threads, args, X_sgd, y_sgd, X_lda, pool, P=2, tpw=1):
         sm.process_cpu = lambda client: (time.process_time(), 0.0)
     else:
         sm.process_cpu = _process_cpu
-    grow = n / 2  # the 2-participant sizes, per participant
+    grow, grow_lda = P / 2, n / 2  # the 2-participant sizes, per participant
     X_sgd, y_sgd = X_sgd[: int(args.sgd_n * grow)], y_sgd[: int(args.sgd_n * grow)]
-    X_lda = _repeat_rows(X_lda, int(X_lda.shape[0] * grow))
+    X_lda = _repeat_rows(X_lda, int(X_lda.shape[0] * grow_lda))
     probe = (lambda: 1.0) if args.pin else (lambda: share(pool))
     with LocalCluster(n_workers=P, threads_per_worker=tpw, processes=not threads, dashboard_address=None) as cluster, \
             Client(cluster) as client:
@@ -214,7 +216,7 @@ def layout(threads, args, X_sgd, y_sgd, X_lda, pool, P=2, tpw=1):
             out["idle"] = idle_rate(client, threads)
             out["sgd_tiny"] = fits(lambda: sm.sgd_fit(client, Xt, yt, 1, P), probe, 3)
             out["sgd_tiny"].update(n=Xt.shape[0], nnz=int(Xt.nnz))
-            tiny_docs = _repeat_rows(X_lda, int(300 * grow))
+            tiny_docs = _repeat_rows(X_lda, int(300 * grow_lda))
             out["lda_tiny"] = fits(lambda: sm.lda_fit(client, tiny_docs, 1, n), probe, 3)
             out["sgd"] = []
             for E in args.sgd_epochs:
@@ -312,7 +314,7 @@ def main(argv=None):
 
     pool = multiprocessing.get_context("spawn").Pool(2)  # the load probe, started before any cluster
     clusters = [tuple(int(x) for x in (w.split("x") + ["1"])[:2]) for w in args.workers]
-    most = max(P * T for P, T in clusters) / 2  # the data of the largest cluster (weak scaling)
+    most = max(P for P, _ in clusters) / 2  # SGD's data of the largest cluster (weak scaling: one a worker)
     X_sgd, y_sgd = ctr_data(int(args.sgd_n * most), sm.D_SGD)
     X_lda = (load_corpus(args.lda_corpus) if args.lda_corpus else split(load_news())[0])[: args.lda_docs]
     meas = {"sgd_n": args.sgd_n, "sgd_nnz": int(X_sgd[: args.sgd_n].nnz), "lda_docs": X_lda.shape[0],

@@ -456,11 +456,12 @@ def validate(inp, unequal=True):
     for key, L in meas["layouts"].items():
         if "sgd" not in L:  # message cycles alone
             continue
-        layout, tpw = L.get("layout", key), L.get("threads_per_worker", 1)
+        layout, workers = L.get("layout", key), L.get("P", 2)
         idle = L.get("idle", 0.0)
         for fit in L["sgd"]:
             E, n, tiny = fit["E"], fit.get("n", meas["sgd_n"]), L["sgd_tiny"]
             P = len(fit["participants"])
+            tpw = max(1, P // workers)  # participants a worker process
             pred, F, cpu, sim = _fit_pred(
                 inp, layout,
                 lambda: measured_compute(sgd_workload(inp, n / P, P, E, fit=True)[0], fit, inp, layout, unequal),
@@ -471,6 +472,7 @@ def validate(inp, unequal=True):
         fit, tiny = L["lda"], L["lda_tiny"]
         lda_tokens = fit.get("tokens", meas["lda_tokens"])
         P = len(fit["participants"])
+        tpw = max(1, P // workers)
         here = inp.lda_here
         if here:  # the sweep as measured beside these fits (the model's table keeps the quiet constants)
             inp = replace(inp, compute={**inp.compute, "sweep": {**inp.compute["sweep"], 50: here["sweep"]},
@@ -793,6 +795,7 @@ def main(argv=None):
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--msg-cpu", type=float, help="override the CPU of a message (seconds; e.g. a quiet run's)")
     ap.add_argument("--no-validate", action="store_true")
+    ap.add_argument("--validate-only", action="store_true", help="stop after the validation (the device check)")
     ap.add_argument("--breakdown", action="store_true", help="only where the LDA cells' time goes: each part "
                     "of the sync and the jitter switched off in turn (model, not measured)")
     ap.add_argument("--json", help="save the table's figures here")
@@ -827,6 +830,8 @@ def main(argv=None):
                   f"({min(r['walls']):.2f}-{max(r['walls']):.2f}) | {100 * r['err']:+.0f}% ({100 * m['err']:+.0f}%) | "
                   f"{r['cpu_pred']:.2f} | {r['cpu']:.2f} | {100 * r['cpu_err']:+.0f}% | {r['sync_pred']:.3f} / "
                   f"{r['sync']:.3f} ({m['sync_pred']:.3f}) |")
+    if args.validate_only:
+        return
     print("\nThe old design against the quiet 2b7ab62 fits (processes, SGD click-through 500k rows; participant "
           "means):\n")
     print("| max_iter | participant, simulated / measured (s) | error | sync, simulated / measured (s) | error |")

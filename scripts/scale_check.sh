@@ -20,7 +20,8 @@
 # per-byte constants (P = 2), the sync cycles (SGD, LDA, seeded LDA) at each
 # P, the SGD click-through and LDA K=50 fits with the data growing with the
 # participants (weak scaling: 100,000 rows and 750 news documents a
-# participant). Time: about 7 minutes (machine start not counted).
+# participant; SGD trains one a worker). Time: about 7 minutes, estimated, not yet
+# run on 16 cores (machine start not counted).
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 LOG="$OUT/log"
@@ -43,7 +44,7 @@ step() {  # step SECONDS NAME COMMAND...: run with a limit, log, note a timeout
 # the clusters, each written to the JSON as it ends (a timeout keeps what was measured)
 step 480 measure python3 benchmarks/sync_measure.py --layouts processes --workers ${SCALE_WORKERS:-2 4 8 14 8x2} \
   --pin --repeats ${SCALE_REPEATS:-2} --lda-corpus .whl/news.npz --json "$OUT/scale.json"
-step 60 predict python3 benchmarks/sync_scale.py --measured "$OUT/scale.json" --ps 4 --workloads pub50 --breakdown
+step 60 predict python3 benchmarks/sync_scale.py --measured "$OUT/scale.json" --validate-only
 
 {
   echo "=== SCALE CHECK SUMMARY (predicted / measured wall, error; each cluster: processes-PxT)"
