@@ -5,6 +5,12 @@ work") and on the defaults, on one warm cluster, alternating.
 
     python benchmarks/bench_participants.py                       # in-process workers (the embedded default)
     python benchmarks/bench_participants.py --cluster processes   # 2 worker processes
+    python benchmarks/bench_participants.py --input dask          # a dask input: 4 blocks held by the workers
+
+With ``--input dask`` the training rows are a persisted dask array of 4
+blocks (dealt by Dask to the 2 workers) and the "rows" arm is a dask
+input's rule before its participants went by work (one participant per
+10,000 rows, one round an epoch under BSP).
 
 For each input (dense ``make_classification`` rows, text-like hashed CSR
 rows; several sizes) it prints the median wall time of a fit (default
@@ -51,11 +57,14 @@ def main():
     ap.add_argument("--features", type=int, default=50, help="dense columns")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--max-iter", type=int, default=None, help="fixed epochs (tol=None) instead of the default rule")
+    ap.add_argument("--input", choices=["memory", "dask"], default="memory")
     args = ap.parse_args()
+    if args.input == "dask":
+        ARMS["rows"] = {"ps.sgd.min-samples-per-participant": 10_000}
     kw = {} if args.max_iter is None else {"max_iter": args.max_iter, "tol": None}
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=args.cluster == "processes",
                       dashboard_address=None) as cluster, Client(cluster) as client:
-        print(f"cluster: {args.cluster}, 2 workers x 1 thread; fit {kw or 'defaults'}")
+        print(f"cluster: {args.cluster}, 2 workers x 1 thread; {args.input} input; fit {kw or 'defaults'}")
         print(f"{'data':>6} {'rows':>7} {'values/row':>10} | {'seconds one / rows / default':>28} |"
               f" {'default/one':>11} {'default/rows':>12} | {'P':>5} | {'epochs':>10} | accuracy one / rows / default")
         for kind in args.data:
@@ -63,6 +72,12 @@ def main():
                 m = n + n // 4
                 X, y = dense_data(m, args.features) if kind == "dense" else hashed_data(m, 2**18, 50)
                 Xtr, ytr, Xte, yte = X[:n], y[:n], X[n:], y[n:]
+                if args.input == "dask":
+                    import dask.array as da
+
+                    Xtr = da.from_array(Xtr, chunks=(n // 4, X.shape[1]), asarray=False)
+                    ytr = da.from_array(ytr, chunks=n // 4)
+                    Xtr, ytr = client.persist([Xtr, ytr])
                 fit_once(client, Xtr[:5000], ytr[:5000], Xte, yte, ARMS["one"], kw)  # compile, warm
                 res = {a: [] for a in ARMS}
                 for _ in range(args.repeat):

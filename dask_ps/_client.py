@@ -21,6 +21,7 @@ from dask_ps._dashboard import check_run_info
 from dask_ps._embedded_cluster import _EmbeddedNanny, describe_embedded_cluster, embedded_cluster_kwargs  # noqa: F401
 from dask_ps._exceptions import (
     NoWorkersError,
+    PSValueError,
     RolledBackError,
     SchedulerLostError,
     TableExistsError,
@@ -397,11 +398,11 @@ class ParameterServer:
     def push(self, name: str, values) -> None:
         """Send an update for the whole table; the servers fold it in with the
         table's rule (a sum by default). Returns once every server applied it."""
-        h = self._handle(name, refresh=False)
         # One block goes to one server in one message, whose NaN/Inf check
         # (fused with its overflow check's pass) refuses it whole: no pass
         # here. Blocks on several servers are checked here, before any is sent.
-        values, found = _spec.check_values(h.spec, values, h.spec.shape, check_finite=h.spec.n_blocks > 1, bound=True)
+        _, (values, found) = self._checked(name, lambda spec: _spec.check_values(
+            spec, values, spec.shape, check_finite=spec.n_blocks > 1, bound=True))
         self._raise_if_rolled_back(name)
         self._sync(self._router.push_dense, name, values, False, found)  # found: for the leases (Router.send)
 
@@ -413,10 +414,13 @@ class ParameterServer:
         summed gradient), except for ``rule="assign"``, where the last
         occurrence wins; a participant's ``ctx.push_rows`` does the same.
         """
-        h = self._handle(name, refresh=False)
-        rows = _spec.check_rows(h.spec, rows)
-        values = _spec.check_values(h.spec, values, (len(rows), *h.spec.row_shape))
+        def check(spec):
+            checked = _spec.check_rows(spec, rows)
+            return checked, _spec.check_values(spec, values, (len(checked), *spec.row_shape))
+
+        h, (rows, values) = self._checked(name, check)
         rows, values = coalesce_rows(rows, values, additive=h.spec.rule.name != "assign")
+        values = _spec.summed_in_range(h.spec, values)
         self._raise_if_rolled_back(name)
         self._sync(self._router.push_rows, name, rows, values)
 
@@ -428,10 +432,24 @@ class ParameterServer:
 
     def pull_rows(self, name: str, rows):
         """Values of ``rows`` (any order, duplicates allowed), shape ``(len(rows), *row_shape)``."""
-        h = self._handle(name, refresh=False)
-        rows = _spec.check_rows(h.spec, rows)
+        _, rows = self._checked(name, lambda spec: _spec.check_rows(spec, rows))
         self._raise_if_rolled_back(name)
         return self._sync(self._router.pull_rows, name, rows)
+
+    def _checked(self, name: str, check):
+        """``(handle, check(spec))`` on this client's cached handle of table
+        ``name``; where the check refuses, on a fresh one if the table changed
+        meanwhile (another client dropped it, or made it again with another
+        dtype or shape): its error (``UnknownTableError`` where it is gone),
+        not the stale spec's."""
+        h = self._handle(name, refresh=False)
+        try:
+            return h, check(h.spec)
+        except PSValueError:
+            fresh = self._handle(name, refresh=True)
+            if fresh.version == h.version and fresh.spec == h.spec:
+                raise
+            return fresh, check(fresh.spec)
 
     # --- participants ---------------------------------------------------------------------
     def run(self, fn, parts, *, run_info: dict | None = None, **kwargs) -> list:

@@ -85,8 +85,12 @@ def coalesce_rows(rows: np.ndarray, values, additive: bool = True, increasing: b
     starts = np.flatnonzero(new)
     svals = values[xp.asarray(order)]
     if additive:
-        if xp is np:
-            merged = np.add.reduceat(svals, starts, axis=0)
+        if xp is np and svals.dtype == bool:
+            merged = np.logical_or.reduceat(svals, starts, axis=0)  # numpy's bool sum: True + True is True
+        elif xp is np:
+            merged = np.add.reduceat(svals, starts, axis=0)  # int8-int32 summed wide (int64)
+            if merged.dtype.kind in "iu" and merged.dtype.itemsize == 8 and starts.size < srows.size:
+                merged = _exact_where_wrapped(svals, starts, merged)
         else:  # cupy: reduce by segment with a scatter-add
             seg = xp.asarray(np.cumsum(new) - 1)
             merged = xp.zeros((starts.size, *values.shape[1:]), dtype=values.dtype)
@@ -95,6 +99,20 @@ def coalesce_rows(rows: np.ndarray, values, additive: bool = True, increasing: b
         ends = np.append(starts[1:], srows.size) - 1  # last of each run (stable sort)
         merged = svals[xp.asarray(ends)]
     return srows[starts], merged
+
+
+def _exact_where_wrapped(svals: np.ndarray, starts: np.ndarray, merged: np.ndarray) -> np.ndarray:
+    """64-bit integer sums of duplicate rows, or their exact values (Python
+    ints, dtype object) where one may not fit: int64/uint64 sums wrap
+    around silently (2**62 + 2**62 -> -2**63), and wrapped sums pass any
+    later range check. Modular sums are exact whenever the true sum fits,
+    so the float64 sums (off by far less than 2**61 here) tell which case
+    holds; the callers check the exact ones against the table's range."""
+    approx = np.add.reduceat(svals.astype(np.float64), starts, axis=0)
+    limit = 2.0**62 if merged.dtype.kind == "i" else 2.0**63
+    if approx.size == 0 or float(np.abs(approx).max()) < limit:
+        return merged
+    return np.add.reduceat(svals.astype(object), starts, axis=0)
 
 
 def block_slices(spec: TableSpec, sorted_rows: np.ndarray):

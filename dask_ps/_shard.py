@@ -31,8 +31,8 @@ from dask_ps._holds import Hold, Lease
 from dask_ps._sparse_rows import DenseRows, EncodedRows, RowsToAdd
 from dask_ps._spec import CASTING, TableSpec, check_int_range, refuse_masked, strictly_increasing
 from dask_ps._sums import (_bound_of, _check_pending_sums, _check_results, _check_sums, _checks_results,
-                           _in_sender_order, _pushes_in_sender_order, _snapshot)
-from dask_ps.rules import Assign, Sum
+                           _in_sender_order, _pushes_in_sender_order, _snapshot, put_back)
+from dask_ps.rules import Assign, Custom, Registered, Sum
 
 
 @dataclass
@@ -488,9 +488,11 @@ class ShardStore:
         (``validate_push``), so that no pass over them finds it again."""
         rule = _ASSIGN if raw else t.spec.rule
         undo = None
+        if not raw and isinstance(rule, (Custom, Registered)):
+            undo = []  # a user's function may raise midway: its steps on this server are put back
         if _checks_results(t.spec, rule):
             if not isinstance(rule, Sum):
-                undo = [] if check else None
+                undo = [] if check or undo is not None else None
             elif check:
                 _check_sums(t, items, bounds)  # raises before anything changes; keeps the blocks' bounds
             else:  # sums checked when they were pushed: the blocks' bounds still grow
@@ -502,8 +504,13 @@ class ShardStore:
                 t.blocks[b].bound = None  # values assigned: measured again when needed
         fresh: dict[int, object] = {}
         with np.errstate(over="ignore", invalid="ignore") if undo is not None else contextlib.nullcontext():
-            ShardStore._apply_items(t, items, rule, in_place, fresh, undo)
-        if undo is not None:
+            try:
+                ShardStore._apply_items(t, items, rule, in_place, fresh, undo)
+            except BaseException:
+                if undo is not None:
+                    put_back(t, items, fresh, undo)
+                raise
+        if undo is not None and _checks_results(t.spec, rule) and not isinstance(rule, Sum):
             _check_results(t, items, fresh, undo)
         return fresh
 

@@ -351,15 +351,27 @@ def check_values(spec: TableSpec, values, shape: tuple[int, ...], what: str = "p
             spec.name,
         )
     found = None
-    if out is not None:
-        if (check_finite and not spec.allow_nonfinite and bound and isinstance(values, np.ndarray)
-                and values.dtype == spec.dtype):
-            found = _backend.copy_abs_bound(values, out)
-        if found is None:
-            out[...] = values  # the check below reads the copy
-        values = out
-    if values.dtype != spec.dtype:
-        values = values.astype(spec.dtype)
+    # A finite value may overflow the table's dtype in the cast (1e300 into
+    # float32): numpy flags it, said here (a table that allows NaN/Inf takes the inf).
+    given = values
+    if (out is not None and check_finite and not spec.allow_nonfinite and bound and isinstance(values, np.ndarray)
+            and values.dtype == spec.dtype):
+        found = _backend.copy_abs_bound(values, out)  # no cast: one pass copies and bounds
+    try:
+        with np.errstate(over="ignore" if spec.allow_nonfinite else "raise"):  # the cast's only
+            if out is not None:
+                if found is None:
+                    out[...] = values  # the check below reads the copy
+                values = out
+            if values.dtype != spec.dtype:
+                values = values.astype(spec.dtype)
+    except FloatingPointError:
+        raise PSValueError(
+            f"table {spec.name!r}: {what} values are finite but overflow the table dtype {spec.dtype} when cast "
+            f"(largest magnitude {_backend.abs_bound(given):g}, the dtype's {float(np.finfo(spec.dtype).max):g}); "
+            "nothing was applied",
+            spec.name,
+        ) from None
     if bound and found is None and values.dtype.kind in "iu" and spec.rule.name == "sum" and values.size:
         # an integer sum's overflow check (issue 34) takes this bound: one
         # pass here instead of one at the sender's leases and two at the server
@@ -410,6 +422,23 @@ def check_int_range(spec: TableSpec, values, what: str = "push") -> None:
             f"dtype {spec.dtype} [{info.min}, {info.max}]; nothing was applied",
             spec.name,
         )
+
+
+def summed_in_range(spec: TableSpec, values, what: str = "push_rows"):
+    """An integer table's values after duplicate rows were summed
+    (``_routing.coalesce_rows``: wide, or exact Python ints where a 64-bit
+    sum could wrap) in the table's dtype, or a ``PSValueError`` where a sum
+    does not fit it (nothing is sent)."""
+    if spec.dtype.kind not in "iu" or values.dtype == spec.dtype or getattr(values, "size", 0) == 0:
+        return values
+    info, lo, hi = np.iinfo(spec.dtype), int(values.min()), int(values.max())
+    if lo < info.min or hi > info.max:
+        raise PSValueError(
+            f"table {spec.name!r}: {what} values with their duplicate rows summed range over [{lo}, {hi}], "
+            f"which does not fit the table dtype {spec.dtype} [{info.min}, {info.max}]; nothing was applied",
+            spec.name,
+        )
+    return values.astype(spec.dtype)
 
 
 def check_scalar(spec: TableSpec, x, what: str = "init"):

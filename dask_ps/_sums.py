@@ -52,9 +52,15 @@ def _overflow_error(t, b: int, what: str = "the push") -> PSValueError:
         info = np.iinfo(dtype)
         why = (f"would take block {b}'s values out of the range of {dtype} [{info.min}, {info.max}] "
                "(the sum overflows)")
-    else:
+    elif isinstance(t.spec.rule, Sum):
         why = (f"would make block {b}'s values NaN or Inf (the result overflows {dtype}) and the table "
                "does not allow non-finite values")
+    else:  # checked after the step, by each server on its own blocks
+        return PSValueError(
+            f"table {name!r}: {what} would make block {b}'s values NaN or Inf (rule {t.spec.rule.name!r}) and "
+            "the table does not allow non-finite values; the push's blocks on this server were put back, but a "
+            "rule other than 'sum' is checked where it is applied: its blocks on other servers may have been "
+            "applied", name)
     return PSValueError(f"table {name!r}: {what} {why}; nothing was applied", name)
 
 
@@ -211,17 +217,22 @@ def _snapshot(t, b: int, rows, in_place: bool) -> tuple:
 
 def _check_results(t, items: list, fresh: dict, undo: list) -> None:
     """After a rule's steps: the rows they wrote (and a built-in rule's
-    state there) must be finite, else everything is put back and the push
-    raises."""
+    state there) must be finite, else this server's steps are put back
+    and the push raises."""
     builtin = t.spec.rule.name in _BUILTIN_STATE_RULES
     for b, rows, _ in items:
         blk = t.blocks[b]
         arrays = [fresh.get(b, blk.data)] + (list(blk.state.values()) if builtin else [])
         bad = [a for a in arrays if a.dtype.kind in "fc" and not _backend.all_finite(a if rows is None else a[rows])]
         if bad:
-            break
-    else:
-        return
+            put_back(t, items, fresh, undo)
+            raise _overflow_error(t, b)
+
+
+def put_back(t, items: list, fresh: dict, undo: list) -> None:
+    """Undo the steps of ``items`` whose snapshots ``undo`` holds (the
+    first ``len(undo)``: a rule that raised took fewer), last first."""
+    builtin = t.spec.rule.name in _BUILTIN_STATE_RULES
     for (b, rows, _), (data, state) in reversed(list(zip(items, undo))):
         blk = t.blocks[b]
         blk.seq -= 1
@@ -234,7 +245,6 @@ def _check_results(t, items: list, fresh: dict, undo: list) -> None:
             blk.state.clear()
             blk.state.update(state)
     fresh.clear()
-    raise _overflow_error(t, b)
 
 
 def _pending_bound(t, key, b: int) -> float:

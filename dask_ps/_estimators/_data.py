@@ -51,10 +51,6 @@ def _on(worker) -> dict:
     return {"workers": [worker], "allow_other_workers": True} if worker is not None else {}
 
 
-def _n_rows(block) -> int:
-    return int(block.shape[0])
-
-
 def _cut_groups(groups: list, n: int) -> list:
     """``[(worker, blocks), ...]`` cut into up to ``n`` groups: the group
     with most blocks halved (consecutive blocks, same worker) while there
@@ -180,7 +176,7 @@ class TrainingParts:
 
     @classmethod
     def per_worker(cls, client, collections, *, prepare, what="the collections", max_parts=None,
-                   min_rows_per_part=None):
+                   size_of=None, parts_for=None):
         """One part per worker holding blocks of aligned dask collections.
 
         The collections are persisted (held by the parts); once their
@@ -196,9 +192,10 @@ class TrainingParts:
         largest group of consecutive blocks halved until there are
         ``max_parts`` or every part is one block): several participants per
         worker, threads of one process (``n_jobs`` above the workers, as
-        ``max_participants`` reads it). With ``min_rows_per_part``, at most
-        one part per that many rows of the first collection: the workers'
-        blocks are dealt to that many parts as above, the groups with most
+        ``max_participants`` reads it). With ``size_of`` (a task: a block of
+        the first collection to its size, rows first) and ``parts_for`` (the
+        blocks' sizes to a number of parts), at most that many parts: the
+        workers' blocks are dealt to them as above, the groups with most
         rows first, each to the part with fewest rows so far (a small input
         spread over many workers would otherwise give participants of a few
         rows each, whose averaged models progress less than a sequential
@@ -232,20 +229,22 @@ class TrainingParts:
             by_worker.setdefault(w, []).append(b)
         weight = len  # of a group of blocks: how many blocks, or with a row cap how many rows
         cap = max_parts
-        if min_rows_per_part is not None:
-            rows = dict(zip([b[0].key for b in blocks],
-                            client.gather(client.map(_n_rows, [b[0] for b in blocks], pure=False))))
-            by_rows = max(1, sum(rows.values()) // max(1, int(min_rows_per_part)))
-            cap = by_rows if cap is None else min(cap, by_rows)
+        if parts_for is not None:
+            sizes = client.gather(client.map(size_of, [b[0] for b in blocks], pure=False))
+            rows = {b[0].key: s[0] for b, s in zip(blocks, sizes)}
+            wanted = max(1, int(parts_for(sizes)))
+            cap = wanted if cap is None else min(cap, wanted)
             weight = lambda bl: sum(rows[b[0].key] for b in bl)  # noqa: E731
         if cap is not None and len(by_worker) > cap:
             merged: list = [[] for _ in range(max(1, cap))]
             for w, bl in sorted(by_worker.items(), key=lambda kv: -weight(kv[1])):
                 min(merged, key=weight).extend(bl)
             by_worker = {}
+            position = {b[0].key: i for i, b in enumerate(blocks)}
             for bl in merged:  # each part runs where its first blocks are
                 if not bl:
                     continue
+                bl.sort(key=lambda b: position[b[0].key])  # the stored order (shuffle=False keeps it)
                 held_by = where.get(bl[0][0].key) or ()
                 by_worker.setdefault(held_by[0] if held_by else None, []).extend(bl)
         self = cls(client, [], held=persisted)

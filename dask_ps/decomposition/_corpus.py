@@ -18,12 +18,32 @@ from dask_ps._estimators import InvalidPart, arrays
 ROUNDING_RULE = "rounded to the nearest integer (numpy.rint, halves to even)"
 
 
+# The largest count of a word in a document: the sampler keeps one topic per
+# token and its counts as int32. 1e20 wrapped to a negative int64 and failed
+# deep in ``np.repeat``; 3e9 asked for 12 GB of token arrays.
+MAX_COUNT = 2**31 - 1
+
+
 def _check_counts(X, whom: str):
-    """Non-negative numbers (NaN/Inf are caught earlier by ``validate_data``)."""
+    """Non-negative numbers (NaN/Inf are caught earlier by ``validate_data``),
+    each at most ``MAX_COUNT``."""
     data = X.data if sp.issparse(X) else np.asarray(X)
     if data.dtype.kind not in "biuf":
         raise ValueError(f"{whom}: X must be numeric counts, got dtype {data.dtype}")
     check_non_negative(X, whom)
+    if data.size and data.dtype.itemsize >= 4 and data.max() > MAX_COUNT:
+        if sp.issparse(X):  # only on the error's path: where the count is
+            coo = X.tocoo()
+            i = int(np.argmax(coo.data))
+            where = (coo.row[i], coo.col[i])
+        else:
+            where = np.unravel_index(int(np.argmax(data)), data.shape)
+        at = f" at (row, column) {tuple(int(i) for i in where)}"
+        raise ValueError(
+            f"{whom}: X holds a count of {data.max():g}{at}; collapsed Gibbs sampling keeps one topic per "
+            f"token, so a word's count in a document can be at most {MAX_COUNT} (2**31 - 1). Pass "
+            "document-term counts (scale tf-idf or other weights down to counts first)."
+        )
 
 
 def _as_count_csr(X) -> tuple[sp.csr_matrix, bool]:

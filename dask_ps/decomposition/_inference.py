@@ -10,6 +10,8 @@ fitted attributes (``components_``, ``doc_topic_prior_``,
 
 from __future__ import annotations
 
+import warnings
+
 from numbers import Integral
 
 import dask
@@ -211,8 +213,10 @@ class TopicInference:
         return self._perplexity_of(docs, topics, n_words, n_docs, sub_sampling)
 
     def _perplexity_of(self, docs, topics, n_words, n_docs, sub_sampling):
-        if n_words <= 0:
-            raise ValueError("LatentDirichletAllocation.perplexity: X has no words")
+        if n_words <= 0:  # scikit-learn's bound / 0 words: infinite, with numpy's warning
+            warnings.warn("LatentDirichletAllocation.perplexity: X has no words; its perplexity is infinite "
+                          "(as scikit-learn's)", RuntimeWarning, stacklevel=3)
+            return float("inf")
         if sub_sampling:
             ratio = float(self.total_samples) / n_docs
             docs, n_words = docs * ratio, n_words * ratio

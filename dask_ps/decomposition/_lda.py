@@ -726,6 +726,12 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
         doc_tokens = np.asarray(matrix.sum(axis=1)).ravel()
         return keys, _kept.choose(keys, doc_tokens, int(setting("lda", "partial-fit-kept-tokens")))
 
+    def _components_dtype(self, x_dtype, reset: bool):
+        """float32 ``components_`` for float32 input, else float64; a
+        ``partial_fit`` keeps the fitted model's (scikit-learn's online update
+        does, whatever the batch's)."""
+        return components_dtype(x_dtype) if reset else self.components_.dtype
+
     def _partitions(self, X, client, uid, meta, reset=True, kept=None):
         """The corpus prepared on the workers, the number of partitions an
         in-memory input was split into (None for a dask array), the dtype
@@ -743,13 +749,13 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
             if len(X.chunks[1]) > 1:
                 X = X.rechunk({1: -1})
             parts = make_parts(client, uid, self.n_features_in_, chunks=list(X.to_delayed()[:, 0]))
-            return parts, None, components_dtype(X.dtype), None
+            return parts, None, self._components_dtype(X.dtype, reset), None
         X = arrays.to_host(X)
         X = validate_data(
             self, X, reset=reset, accept_sparse="csr",
             dtype=[np.float64, np.float32, np.int64, np.int32, np.int16, np.int8, np.uint32, np.uint16, np.uint8],
         )
-        dtype = components_dtype(X.dtype)
+        dtype = self._components_dtype(X.dtype, reset)
         whom = "LatentDirichletAllocation." + ("fit" if reset else "partial_fit")
         had_values = (X.count_nonzero() if sp.issparse(X) else np.count_nonzero(X)) > 0
         X = count_matrix(X, whom)

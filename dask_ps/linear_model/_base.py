@@ -78,6 +78,17 @@ def _storing_init(defaults: dict):
     return __init__
 
 
+def _numpy_dtype(t) -> np.dtype:
+    """A dask DataFrame column's dtype as numpy's: pandas' nullable ones
+    (``Float64``, ``Int64``) by their numpy dtype, others (strings,
+    categories, objects: converted, or refused with scikit-learn's message,
+    where the parts are checked) as float64."""
+    if isinstance(t, np.dtype):
+        return t
+    inner = getattr(t, "numpy_dtype", None)
+    return inner if isinstance(inner, np.dtype) and inner.kind in "biuf" else np.dtype(np.float64)
+
+
 class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
     """Shared driver of the parameter-server SGD estimators."""
 
@@ -128,7 +139,14 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
         self._more_validate_params()
         if hasattr(self, "classes_"):
             del self.classes_
-        if self.warm_start and getattr(self, "coef_", None) is not None:
+        if self.warm_start and getattr(self, "coef_", None) is not None and self._is_classifier:
+            # scikit-learn's classifier restarts from ``coef_`` (the averaged
+            # model where ``average``) with fresh averages; its regressor
+            # (below) from the unaveraged weights, keeping the averages.
+            coef_init = self.coef_ if coef_init is None else coef_init
+            intercept_init = self.intercept_ if intercept_init is None else intercept_init
+            avg = (None, None)
+        elif self.warm_start and getattr(self, "coef_", None) is not None:
             if coef_init is None:
                 coef_init = self.coef_ if not self.average else self._standard_coef
             if intercept_init is None:
@@ -138,8 +156,6 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
             self.coef_ = None
             self.intercept_ = None
             avg = (None, None)
-            if hasattr(self, "_adaptive_eta"):
-                del self._adaptive_eta
         self.t_ = 1.0
         self._partial_fit(X, y, self.max_iter, sample_weight, coef_init, intercept_init, avg, reset=True,
                           classes="infer", checkpoint=self._checkpoint_path())
@@ -169,7 +185,7 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
             # checked before the targets (scikit-learn's order), and the
             # classes come from the parts' label counts.
             data.parts = _dask_parts(self._parameter_server().client, data, self._is_classifier, order_seed(self),
-                                     self.verbose)
+                                     self.verbose, all_zero_weights=self._all_zero_weights_error())
         try:
             K, targets = self._targets(data, classes)
             d = data.n_features
@@ -187,8 +203,6 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
         self.t_ += done.n_iter * done.n_seen
         self.metrics_, self.run_ids_, self.rollbacks_ = done.metrics, done.run_ids, done.rollbacks
         self._fit_profile = done.profile  # where the call's time went (the benchmarks read it)
-        if done.adaptive_eta is not None:
-            self._adaptive_eta = done.adaptive_eta
         self._store(done.W, K, d)
         return self
 
@@ -244,6 +258,13 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
         self._check_validation_weights(sample_weight, sw)
         return _Input("memory", X, y, sw, X.shape[1], X.dtype, sp.issparse(X), "cpu", self.n_jobs)
 
+    def _all_zero_weights_error(self) -> str:
+        """scikit-learn's error where every sample weight is zero (with
+        early stopping: its validation set's, ``_check_validation_weights``)."""
+        if self.early_stopping:
+            return "The sample weights for validation set are all zero, consider using a different random state."
+        return "Sample weights must contain at least one non-zero number."
+
     def _check_validation_weights(self, sample_weight, sw):
         """scikit-learn's error for a validation set whose weights are all
         zero, where the data tells without the split: every weight is zero.
@@ -288,7 +309,7 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
         dask_feature_names(self, X, reset)  # scikit-learn's checks, on a dask DataFrame's columns
         _check_n_features(self, X, reset=reset)
         if is_dask_dataframe(X):
-            dtype = np.result_type(*[np.dtype(t) for t in X.dtypes]) if len(X.dtypes) else np.float64
+            dtype = np.result_type(*[_numpy_dtype(t) for t in X.dtypes]) if len(X.dtypes) else np.float64
             sparse = False
             device = "cpu"
         else:

@@ -260,10 +260,11 @@ def _part_info(part, classifier):
     ``_exchange.skew``), or the part's ``InvalidPart``."""
     if isinstance(part, InvalidPart):
         return part
+    weighted = bool(arrays.to_numpy(part.sw).any())  # a weight that is not zero (no weights: ones)
     if classifier:
         labels, counts = label_counts(arrays.to_numpy(part.y))
-        return len(part), labels, counts, None
-    return len(part), None, None, _exchange.target_sample(part.y)
+        return len(part), labels, counts, None, weighted
+    return len(part), None, None, _exchange.target_sample(part.y), weighted
 
 
 def order_seed(est):
@@ -275,16 +276,18 @@ def order_seed(est):
     return int(check_random_state(est.random_state).randint(np.iinfo(np.int32).max))
 
 
-def _dask_parts(client, data: _Input, classifier: bool, order_seed=None, verbose=0):
+def _dask_parts(client, data: _Input, classifier: bool, order_seed=None, verbose=0, all_zero_weights=None):
     """The parts of a dask input: one per worker that holds blocks of it once
-    persisted (at most one per ``_participants.min_rows_per_dask_part()``
-    rows), concatenated and validated there (``_assemble_part``; data
+    persisted (at most ``_participants.dask_participants``: by the epoch's
+    estimated compute, as an in-memory input), concatenated and validated there (``_assemble_part``; data
     that fails the checks raises here, in the caller); returns ``(parts, sizes, labels)`` -- ``labels``: ``(labels, counts)``
     over all parts for a classifier. Nothing is gathered to the client.
     ``order_seed`` (None: the stored order): each part's blocks
     concatenated in a shuffle drawn from it (``_shuffled_concatenation``),
     and the rows dealt again between the parts where their labels or
-    targets are unlike a random deal's (``_exchange.balance``)."""
+    targets are unlike a random deal's (``_exchange.balance``).
+    ``all_zero_weights``: the error message where every sample weight is
+    zero (scikit-learn's; the in-memory path's ``_check_sample_weight``)."""
     X, y, sw = data.X, data.y, data.sw
     if not is_dask_dataframe(X):
         X = X.rechunk({1: -1}) if X.numblocks[1] > 1 else X
@@ -308,13 +311,18 @@ def _dask_parts(client, data: _Input, classifier: bool, order_seed=None, verbose
     parts = TrainingParts.per_worker(client, [X, y] + ([sw] if sw is not None else []),
                                      prepare=functools.partial(_assemble_part, spec=spec),
                                      what="X, y (and sample_weight)", max_parts=max_parts,
-                                     min_rows_per_part=_participants.min_rows_per_dask_part())
+                                     size_of=_participants.block_size,
+                                     parts_for=functools.partial(_participants.dask_participants,
+                                                                 on_device=data.device != "cpu"))
     infos = parts.gather(_part_info, classifier)
     try:
         raise_invalid_parts(data.estimator, [i if isinstance(i, InvalidPart) else (i[0],) * 3 for i in infos])
     except BaseException:
         parts.release()
         raise
+    if sw is not None and all_zero_weights and not any(i[4] for i in infos):
+        parts.release()
+        raise ValueError(all_zero_weights)
     sizes = [i[0] for i in infos]
     labels = None
     if classifier:

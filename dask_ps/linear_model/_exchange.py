@@ -71,7 +71,7 @@ def _table(infos, classifier) -> np.ndarray:
     if classifier:
         labels = np.unique(np.concatenate([i[1] for i in infos]))
         table = np.zeros((len(infos), len(labels)))
-        for p, (_, lab, cnt, _) in enumerate(infos):
+        for p, (_, lab, cnt, *_) in enumerate(infos):
             table[p, np.searchsorted(labels, lab)] = cnt
         return table
     samples = [i[3] for i in infos]

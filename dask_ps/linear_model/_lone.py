@@ -48,16 +48,14 @@ def lone_sklearn_draws(est, hp, y, sw, random_state):
     if hp.early_stopping and y is not None:
         n = y.shape[0]
         splitter = StratifiedShuffleSplit if hp.classifier else ShuffleSplit
-        try:
-            idx_train, idx_val = next(splitter(test_size=hp.validation_fraction, random_state=est.random_state)
-                                      .split(np.zeros((n, 1)), y))
-        except ValueError:
-            idx_val = None
-        if idx_val is not None:
-            if idx_val.shape[0] and not np.any(np.asarray(sw)[idx_val] > 0):
-                raise ValueError("The sample weights for validation set are all zero, consider using a "
-                                 "different random state.")
-            validation_idx = np.sort(idx_val)
+        # scikit-learn's split, and its error where it cannot be drawn (a
+        # validation set smaller than the classes: it was drawn unstratified)
+        idx_train, idx_val = next(splitter(test_size=hp.validation_fraction, random_state=est.random_state)
+                                  .split(np.zeros((n, 1)), y))
+        if idx_val.shape[0] and not np.any(np.asarray(sw)[idx_val] > 0):
+            raise ValueError("The sample weights for validation set are all zero, consider using a "
+                             "different random state.")
+        validation_idx = np.sort(idx_val)
     if hp.classifier and K > 1:
         seeds = []
         for s in random_state.randint(MAX_INT, size=K):  # each class's fit_binary(random_state=s)

@@ -14,9 +14,12 @@ of estimated compute an epoch (:func:`epoch_seconds`, from the compiled
 kernel's measured costs per row and per stored value), at most one per
 worker (and ``n_jobs``). ``ps.sgd.min-samples-per-participant`` set to a
 number is the rule by rows instead (one participant per that many
-samples), as before. Device (cupy) data and dask inputs keep the rule by
-rows (``DEFAULT_MIN_ROWS``): a dask input's rows stay on the workers that
-hold them, and the device kernel's costs are not measured.
+samples), as before. A dask input is counted the same way from its
+blocks' sizes (:func:`dask_participants`): a small one on many workers is
+trained by fewer participants, and Dask moves the other workers' blocks
+to them (an input that small is a few megabytes at most). Device (cupy)
+data keeps the rule by rows (``DEFAULT_MIN_ROWS``): the device kernel's
+costs are not measured.
 """
 
 from __future__ import annotations
@@ -49,26 +52,41 @@ def by_work(n_rows: int, n_values: int, sparse: bool, min_seconds: float) -> int
     return max(1, min(n_rows, int(epoch_seconds(n_rows, n_values, sparse) // min_seconds)))
 
 
+def _wanted(n_rows: int, n_values: int, sparse: bool, on_device: bool) -> int:
+    """Participants wanted for ``n_rows`` samples holding ``n_values``
+    stored values: by rows where ``ps.sgd.min-samples-per-participant``
+    is a number (or on a device), else by work."""
+    min_samples = setting("sgd", "min-samples-per-participant")
+    if min_samples is None and on_device:
+        min_samples = DEFAULT_MIN_ROWS
+    if min_samples is not None:
+        return max(1, n_rows // max(1, int(min_samples)))
+    return by_work(n_rows, n_values, sparse, float(setting("sgd", "min-epoch-seconds-per-participant")))
+
+
 def participants(X, cap: int, on_device: bool = False) -> int:
     """Participants of an in-memory input ``X`` (numpy, scipy.sparse or a
     device array) on a cluster that allows ``cap`` (workers, ``n_jobs``):
     by work, or by rows where ``ps.sgd.min-samples-per-participant`` is a
     number (module docstring)."""
     n = int(X.shape[0])
-    min_samples = setting("sgd", "min-samples-per-participant")
-    if min_samples is None and on_device:
-        min_samples = DEFAULT_MIN_ROWS
-    if min_samples is not None:
-        wanted = n // max(1, int(min_samples))
-    else:
-        sparse = hasattr(X, "nnz")
-        n_values = int(X.nnz) if sparse else n * (int(X.shape[1]) if X.ndim > 1 else 1)
-        wanted = by_work(n, n_values, sparse, float(setting("sgd", "min-epoch-seconds-per-participant")))
-    return max(1, min(int(cap), wanted))
+    sparse = hasattr(X, "nnz")
+    n_values = int(X.nnz) if sparse else n * (int(X.shape[1]) if X.ndim > 1 else 1)
+    return max(1, min(int(cap), _wanted(n, n_values, sparse, on_device)))
 
 
-def min_rows_per_dask_part() -> int:
-    """A dask input's rows a participant at least (its blocks stay where
-    they are): ``ps.sgd.min-samples-per-participant`` where it is a number."""
-    min_samples = setting("sgd", "min-samples-per-participant")
-    return DEFAULT_MIN_ROWS if min_samples is None else int(min_samples)
+def block_size(block) -> tuple:
+    """Task: ``(rows, stored values, sparse)`` of one block of a dask
+    input's X (numpy, scipy.sparse, pandas, cupy)."""
+    n = int(block.shape[0])
+    if hasattr(block, "nnz"):
+        return n, int(block.nnz), True
+    return n, n * (int(block.shape[1]) if len(block.shape) > 1 else 1), False
+
+
+def dask_participants(sizes, on_device: bool = False) -> int:
+    """Participants of a dask input from its blocks' sizes (``block_size`` each; no
+    cap: ``TrainingParts.per_worker`` keeps at most one a worker holding
+    blocks, and ``n_jobs``)."""
+    n = sum(s[0] for s in sizes)
+    return _wanted(n, sum(s[1] for s in sizes), any(s[2] for s in sizes), on_device)

@@ -7,6 +7,7 @@ is in ``docs/architecture.rst``, "Estimators: SGD".
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.base import RegressorMixin, _fit_context
 from sklearn.linear_model import SGDClassifier as _SkSGDClassifier
 from sklearn.linear_model import SGDRegressor as _SkSGDRegressor
@@ -49,8 +50,9 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         in-memory input at most one per
         ``ps.sgd.min-epoch-seconds-per-participant`` (20 ms) of its epoch's
         estimated compute (a participant more costs sync and epochs: fits
-        under ~40 ms an epoch are faster on one), a dask input one per
-        10,000 samples (``ps.sgd.min-samples-per-participant``). Each
+        under ~40 ms an epoch are faster on one), a dask input the same
+        from its blocks' sizes (``ps.sgd.min-samples-per-participant`` set
+        to a number: one per that many samples instead). Each
         participant trains every one-vs-all problem on its part of the
         samples. A dask input trains where its blocks are, one participant
         per worker holding blocks: ``n_jobs`` only lowers that number (the
@@ -292,22 +294,22 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         if is_dask_collection(X):
             X = self._check_dask_X(X)
             K = self.coef_.shape[0]
-            return map_row_blocks(X, _block_decision, self.coef_, self.intercept_,
+            return map_row_blocks(X, _block_decision, _dense(self.coef_), self.intercept_,
                                   n_columns=None if K == 1 else K, dtype=self.coef_.dtype)
         if arrays.is_cupy(X):  # on the device (scikit-learn's would copy X to numpy): a device array
             check_is_fitted(self)
-            return _block_decision(self._device_X(X), self.coef_, self.intercept_)
+            return _block_decision(self._device_X(X), _dense(self.coef_), self.intercept_)
         return super().decision_function(X)
 
     def predict(self, X):
         """Class labels; a lazy dask array for dask input."""
         if is_dask_collection(X):
             X = self._check_dask_X(X)
-            return map_row_blocks(X, _block_predict, self.coef_, self.intercept_, self.classes_,
+            return map_row_blocks(X, _block_predict, _dense(self.coef_), self.intercept_, self.classes_,
                                   dtype=self.classes_.dtype)
         if arrays.is_cupy(X):  # labels (numpy) of device data, computed on the device
             check_is_fitted(self)
-            return _block_predict(self._device_X(X), self.coef_, self.intercept_, self.classes_)
+            return _block_predict(self._device_X(X), _dense(self.coef_), self.intercept_, self.classes_)
         return super().predict(X)
 
     def _check_proba(self):
@@ -323,10 +325,10 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         if is_dask_collection(X):
             X = self._check_dask_X(X)
             n = len(self.classes_)
-            return map_row_blocks(X, _block_proba, self.coef_, self.intercept_, self.loss, n, n_columns=n,
+            return map_row_blocks(X, _block_proba, _dense(self.coef_), self.intercept_, self.loss, n, n_columns=n,
                                   dtype=self.coef_.dtype)
         if arrays.is_cupy(X):  # a device array, computed on the device
-            return _block_proba(self._device_X(X), self.coef_, self.intercept_, self.loss, len(self.classes_))
+            return _block_proba(self._device_X(X), _dense(self.coef_), self.intercept_, self.loss, len(self.classes_))
         if self.loss == "log_loss":
             return self._predict_proba_lr(X)
         scores = self.decision_function(X)
@@ -364,6 +366,12 @@ def _block_proba_from_scores(scores, n_classes):
         prob_sum[all_zero] = len(prob[0])
     prob /= prob_sum.reshape((prob.shape[0], -1))
     return prob
+
+
+def _dense(coef):
+    """``coef_`` as the blocks' tasks and the device take it: dense, also
+    after ``sparsify()`` (scikit-learn's, which keeps predicting)."""
+    return coef.toarray() if sp.issparse(coef) else coef
 
 
 def _block_decision(X, coef, intercept):
@@ -457,9 +465,9 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
         """Predicted targets; a lazy dask array for dask input."""
         if is_dask_collection(X):
             X = self._check_dask_X(X)
-            return map_row_blocks(X, _block_decision, self.coef_.reshape(1, -1), self.intercept_,
+            return map_row_blocks(X, _block_decision, _dense(self.coef_).reshape(1, -1), self.intercept_,
                                   dtype=self.coef_.dtype)
         if arrays.is_cupy(X):  # a device array, computed on the device
             check_is_fitted(self)
-            return _block_decision(self._device_X(X), self.coef_.reshape(1, -1), self.intercept_)
+            return _block_decision(self._device_X(X), _dense(self.coef_).reshape(1, -1), self.intercept_)
         return self._decision_function(X)

@@ -45,7 +45,7 @@ from dask_ps.linear_model import _participants
 from dask_ps.linear_model._averages import average_count, from_offsets, to_offsets, uses_offsets
 from dask_ps.linear_model._data import _dask_parts, _Input, _memory_parts, order_seed
 from dask_ps.linear_model._in_process import InProcessSession
-from dask_ps.linear_model._kernels import ADAPTIVE, MAX_INT
+from dask_ps.linear_model._kernels import MAX_INT
 from dask_ps.linear_model._monitor import N_FIELDS, RING_EPOCHS, EpochMonitor
 from dask_ps.linear_model._lone import lone_sklearn_draws
 from dask_ps.linear_model._participant import _PartData, _sgd_participant
@@ -67,7 +67,6 @@ class Trained:
     run_ids: list  # run_ids_
     rollbacks: list  # rollbacks_
     profile: dict = dataclasses.field(default_factory=dict)  # where the call's time went (benchmarks)
-    adaptive_eta: list | None = None  # the 'adaptive' rates reached (the next partial_fit starts there)
 
 
 @dataclass
@@ -166,11 +165,7 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
     finally:
         parts.release()
     timing["release_seconds"] = time.perf_counter() - t  # the tables dropped, the parts released
-    eta = None
-    if hp.learning_rate == ADAPTIVE and states is not None:
-        eta = [float(v) for v in states[0]["stop"]["eta"]]
-    return Trained(W, n_iter, n_seen, *_report(est, runs, held), rollbacks=rollbacks,
-                   profile=timing, adaptive_eta=eta)
+    return Trained(W, n_iter, n_seen, *_report(est, runs, held), rollbacks=rollbacks, profile=timing)
 
 
 def _table_bytes(ps, name: str) -> dict[str, dict]:
@@ -234,9 +229,8 @@ def _train_in_process(est, data: _Input, rs, hp, max_iter, K, weights, classes, 
     with progress_closed(progress), _monitored_in_process(session, cfg, start, progress) as cfg, \
             _shown_on_dashboard(est, session, cfg):
         result = _sgd_participant(session, _PartData(data.X, data.y, data.sw), cfg=cfg)
-    eta = [float(v) for v in result["state"]["stop"]["eta"]] if hp.learning_rate == ADAPTIVE else None
     return Trained(session.tables[start.name], int(max(result["state"]["stop"]["n_iter"])), n,
-                   *_report(est, [[result]]), rollbacks=[], adaptive_eta=eta)
+                   *_report(est, [[result]]), rollbacks=[])
 
 
 def _whole_table(sparse: bool, W0) -> bool:
@@ -439,9 +433,10 @@ def _run_config(est, hp, start: _Start, stats, staleness, d, n_cols, n_total, si
     clock_every = min(clock_every, steps)
     clocks_per_epoch = math.ceil(steps / clock_every)
     lag = math.ceil(staleness / clocks_per_epoch) if global_stop else 0
-    eta_init = getattr(est, "_adaptive_eta", None)
-    if eta_init is None or len(eta_init) != K:
-        eta_init = [float(est.eta0)] * K
+    # Every call starts 'adaptive' at eta0, as scikit-learn's does (a
+    # partial_fit or warm refit that started at the rate the last fit had
+    # decayed to, ~1e-7, barely learned).
+    eta_init = [float(est.eta0)] * K
     if P > 1:  # the most a sample's learning rate is scaled by (_kernels.sample_scale)
         hp = dataclasses.replace(hp, eta_scale=float(P))
     return _RunConfig(

@@ -70,3 +70,26 @@ def test_forged_pushes_do_not_make_servers_skip_a_participants_pushes(ps, client
     ps.run(_push_after_forgeries, [None], name="f", table_id=h.spec.table_id, version=h.version,
            primaries=primaries, n_pushes=6)
     np.testing.assert_array_equal(ps.pull("f"), np.full(8, 6.0))  # every real push counted
+
+
+def test_a_table_another_client_dropped_or_made_again_is_said_as_it_is_now(ps, client):
+    """This client's cached spec of a table that another client dropped (or
+    made again with another dtype or shape) refused values by the stale
+    spec ("cannot cast ... to int8" for a table that no longer exists); a
+    refusal is now checked against the table as it is."""
+    from distributed import Client
+
+    ps.create_table("t", shape=(4,), dtype="float32")
+    ps.push("t", np.ones(4, "float32"))
+    with Client(client.scheduler.address, set_as_default=False) as other:
+        theirs = dask_ps.ParameterServer(other)
+        theirs.drop_table("t")
+        theirs.create_table("t", shape=(4,), dtype="int8")
+        theirs.drop_table("t")
+        with pytest.raises(dask_ps.UnknownTableError, match="'t' does not exist"):
+            ps.push("t", np.full(4, 0.5))
+        theirs.create_table("t", shape=(6,), dtype="float32")
+        ps.push_rows("t", [5], np.ones((1,), "float32"))  # a row the old shape did not have
+        np.testing.assert_array_equal(ps.pull("t"), [0, 0, 0, 0, 0, 1])
+        with pytest.raises(dask_ps.PSValueError, match="rows"):
+            ps.pull_rows("t", [6])  # refused by the table as it is

@@ -101,6 +101,41 @@ def test_a_custom_rule_whose_result_overflows_is_refused():
     assert_unchanged(t, before)
 
 
+def test_the_error_names_the_block_that_went_bad_and_says_other_servers_may_have_applied():
+    """The put-back loop rebound the block: a bad block 1 was reported as
+    block 0, and the message said "nothing was applied" where a rule
+    other than sum is checked per server."""
+    st, t = store_with(rule="sgd", lr=1.0)
+    push(st, t, [1], [None], [np.full(4, -BIG)])
+    before = snapshot(t)
+    with pytest.raises(PSValueError, match=r"block 1's values NaN or Inf \(rule 'sgd'\).*other servers"):
+        push(st, t, [0, 1], [None, None], [np.full(4, 1.0), np.full(4, -BIG)])
+    assert_unchanged(t, before)
+
+
+@pytest.mark.parametrize("allow_nonfinite", [False, True])
+def test_a_custom_rule_that_raises_midway_is_put_back(allow_nonfinite):
+    """A callable that raised on block 1 left block 0 applied on the same
+    server (nothing was checked where the table allows NaN/Inf)."""
+    def picky(param, update, state):
+        if (update > 5).any():
+            raise ValueError("too big")
+        state["calls"] = state.get("calls", 0) + 1
+        param += update
+
+    spec = TableSpec.create("t", (8,), "float64", block_rows=4, allow_nonfinite=allow_nonfinite, rule=picky)
+    st = ShardStore()
+    st.create(spec, 1, [0, 1])
+    t = st.tables["t"]
+    before = snapshot(t)
+    with pytest.raises(ValueError, match="too big"):
+        push(st, t, [0, 1], [None, None], [np.full(4, 1.0), np.full(4, 10.0)])
+    assert_unchanged(t, before)
+    assert all("calls" not in blk.state for blk in t.blocks.values())
+    push(st, t, [0, 1], [None, None], [np.full(4, 1.0), np.full(4, 2.0)])
+    np.testing.assert_array_equal(np.concatenate([t.blocks[0].data, t.blocks[1].data]), [1.0] * 4 + [2.0] * 4)
+
+
 def test_the_assign_rule_and_tables_that_allow_nonfinite_are_not_checked():
     st, t = store_with(rule="assign")
     push(st, t, [0], [None], [np.full(4, BIG)])

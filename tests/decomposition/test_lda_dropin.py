@@ -142,6 +142,51 @@ def test_float_counts_are_rounded_with_a_warning(lda_client):
         LatentDirichletAllocation(3, **kw).fit(np.full((5, 4), 0.3))  # tf-idf-like: nothing left
 
 
+@pytest.mark.parametrize("kind", ["dense", "csr", "dask"])
+def test_a_count_too_large_for_a_token_array_is_refused_where_it_is(lda_client, kind):
+    """A count of 1e20 (scikit-learn's variational LDA takes it) wrapped to a
+    negative int64 and failed in ``np.repeat`` on a worker; 3e9 asked for
+    12 GB of token arrays. Now a ValueError at the caller naming the count,
+    where it is (in memory) and the limit."""
+    X = np.random.default_rng(0).poisson(0.5, (60, 30)).astype(float)
+    X[4, 7] = 1e20
+    if kind == "csr":
+        X = sp.csr_matrix(X)
+    elif kind == "dask":
+        X = pytest.importorskip("dask.array").from_array(X, chunks=(30, 30))
+    where = "" if kind == "dask" else r" at \(row, column\) \(4, 7\)"
+    with pytest.raises(ValueError, match=rf"count of 1e\+20{where}.*at most 2147483647"):
+        LatentDirichletAllocation(3, max_iter=2, client=lda_client, random_state=0).fit(X)
+    fitted = LatentDirichletAllocation(3, max_iter=2, client=lda_client, random_state=0).fit(np.ones((4, 30)))
+    with pytest.raises(ValueError, match="count of 3e\\+09"):
+        fitted.transform(np.full((2, 30), 3e9))
+
+
+def test_partial_fit_keeps_the_fitted_dtype(lda_client):
+    """scikit-learn's online update keeps ``components_``'s dtype whatever the
+    batch's; a float64 model given a float32 batch became float32."""
+    X, _ = lda_corpus(n_docs=60, doc_len=30, n_words=40, n_topics=3, seed=2)
+    kw = dict(max_iter=2, client=lda_client, random_state=0)
+    m = LatentDirichletAllocation(3, **kw).partial_fit(X.astype(np.float64))
+    m.partial_fit(X.astype(np.float32))
+    assert m.components_.dtype == np.float64 and m.exp_dirichlet_component_.dtype == np.float64
+    m32 = LatentDirichletAllocation(3, **kw).partial_fit(X.astype(np.float32))
+    m32.partial_fit(X.astype(np.float64))
+    assert m32.components_.dtype == np.float32
+
+
+def test_the_perplexity_of_documents_without_words_is_infinite_as_scikit_learns(lda_client):
+    from sklearn.decomposition import LatentDirichletAllocation as SkLDA
+
+    X, _ = lda_corpus(n_docs=60, doc_len=30, n_words=40, n_topics=3, seed=2)
+    m = LatentDirichletAllocation(3, max_iter=2, client=lda_client, random_state=0).fit(X)
+    sk = SkLDA(3, max_iter=2, random_state=0).fit(X)
+    with pytest.warns(RuntimeWarning):
+        theirs = sk.perplexity(np.zeros((3, 40)))
+    with pytest.warns(RuntimeWarning, match="no words"):
+        assert m.perplexity(np.zeros((3, 40))) == theirs == np.inf
+
+
 def test_float_chunks_of_a_dask_array_warn_on_the_client(lda_client):
     da = pytest.importorskip("dask.array")
     from sklearn.exceptions import DataConversionWarning

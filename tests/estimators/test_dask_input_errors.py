@@ -125,3 +125,66 @@ def test_lda_nan_in_a_dask_array_says_what_scikit_learn_says(local_client, caplo
     with pytest.raises(ValueError, match="Negative values in data passed to LatentDirichletAllocation"):
         LatentDirichletAllocation(2, max_iter=2, client=local_client).fit(da.from_array(X, chunks=(20, 10)))
     _no_task_failed(caplog)
+
+
+@pytest.mark.parametrize("kind", ["Float64", "Int64", "string", "category"])
+def test_a_dask_dataframe_of_pandas_extension_dtypes_fits_as_pandas_does(local_client, kind):
+    """Nullable and string columns: scikit-learn converts them (a pandas
+    DataFrame fits); on a dask DataFrame ``np.dtype(Float64Dtype())`` raised
+    a TypeError before any data was read."""
+    pd = pytest.importorskip("pandas")
+    X, y = _data(300)
+    pdf = pd.DataFrame(X, columns=list("abcd"))
+    pdf = (pdf * 10).round().astype("Int64") if kind == "Int64" else pdf.astype(kind)
+    est = SGDClassifier(client=local_client, random_state=0, max_iter=5, tol=None)
+    est.fit(dd.from_pandas(pdf, npartitions=2), dd.from_pandas(pd.Series(y), npartitions=2))
+    ref = sk_linear_model.SGDClassifier(random_state=0, max_iter=5, tol=None).fit(pdf, y)
+    assert est.coef_.dtype == np.float64
+    assert est.score(pdf.astype(float), y) >= ref.score(pdf.astype(float), y) - 0.05
+
+
+def test_a_non_numeric_dask_dataframe_column_says_what_scikit_learn_says(local_client, caplog):
+    pd = pytest.importorskip("pandas")
+    X, y = _data(300)
+    bad = pd.DataFrame(X, columns=list("abcd")).astype(object)
+    bad.iloc[3, 1] = "x"
+    theirs = _sk_error(sk_linear_model.SGDClassifier(), bad, y)
+    with pytest.raises(ValueError) as info:
+        SGDClassifier(client=local_client).fit(dd.from_pandas(bad, npartitions=2),
+                                               dd.from_pandas(pd.Series(y), npartitions=2))
+    assert "could not convert string to float: 'x'" in str(info.value) and "could not convert" in theirs
+    _no_task_failed(caplog)
+
+
+@pytest.mark.parametrize("early_stopping", [False, True])
+def test_all_zero_dask_sample_weights_are_refused_as_scikit_learn_refuses_them(local_client, early_stopping):
+    """A dask input's weights were checked for their length only: all zero
+    fitted an all-zero model without a word."""
+    X, y = _data(400)
+    with pytest.raises(ValueError) as sk_info:
+        sk_linear_model.SGDClassifier(early_stopping=early_stopping).fit(X, y, sample_weight=np.zeros(400))
+    theirs = str(sk_info.value)
+    with pytest.raises(ValueError) as info:
+        SGDClassifier(client=local_client, early_stopping=early_stopping).fit(
+            da.from_array(X, chunks=(200, 4)), da.from_array(y, chunks=200), sample_weight=da.zeros(400, chunks=200))
+    assert str(info.value) == theirs
+    w = np.zeros(400)
+    w[7] = 1.0  # one weight is enough, as for scikit-learn
+    SGDClassifier(client=local_client, max_iter=2, tol=None).fit(
+        da.from_array(X, chunks=(200, 4)), da.from_array(y, chunks=200), sample_weight=da.from_array(w, chunks=200))
+
+
+@pytest.mark.parametrize("ours, theirs", [(SGDClassifier, sk_linear_model.SGDClassifier),
+                                          (SGDRegressor, sk_linear_model.SGDRegressor)],
+                         ids=["classifier", "regressor"])
+def test_a_sparsified_model_predicts_dask_input(local_client, ours, theirs):
+    """After ``sparsify()`` (scikit-learn's: ``coef_`` a scipy sparse matrix,
+    which keeps predicting), the dask path's tasks failed in ``matmul``."""
+    X, y = _data(400)
+    est = ours(client=local_client, random_state=0, max_iter=5, tol=None).fit(X, y)
+    dense = est.predict(X)
+    est.sparsify()
+    np.testing.assert_array_equal(est.predict(da.from_array(X, chunks=(100, 4))).compute(), dense)
+    np.testing.assert_allclose(est.decision_function(da.from_array(X, chunks=(100, 4))).compute()
+                               if hasattr(est, "decision_function") else dense,
+                               est.decision_function(X) if hasattr(est, "decision_function") else dense)
