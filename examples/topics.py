@@ -69,8 +69,10 @@ def main():
     if args.processes:
         from distributed import Client, LocalCluster
 
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None)
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0")
         client = Client(cluster, set_as_default=False)
+    print(f"\nFitting {args.topics} topics by {args.iterations} Gibbs sweeps (verbose=1: a line a sweep, as "
+          "scikit-learn's; the evaluated ones with the perplexity)", flush=True)
     try:
         t0 = time.perf_counter()
         ours = LatentDirichletAllocation(
@@ -98,7 +100,8 @@ def main():
     ll_sk, perp_sk = heldout(sk.components_, test, alpha)
     print("\nHeld-out stories, document completion (higher log-likelihood / lower perplexity is better):")
     print(f"  dask_ps       {ll_ours:8.4f} nats/token  perplexity {perp_ours:7.1f}   fit {ours_seconds:5.1f} s "
-          f"({args.iterations} Gibbs sweeps, {len(ours.metrics_)} participants)")
+          f"({args.iterations} Gibbs sweeps, {len(ours.metrics_)} "
+          f"participant{'s' if len(ours.metrics_) != 1 else ''})")
     print(f"  scikit-learn  {ll_sk:8.4f} nats/token  perplexity {perp_sk:7.1f}   fit {sk_seconds:5.1f} s "
           f"({args.sklearn_iterations} variational EM passes)")
     print("\nTraining stories, score() and perplexity(): scikit-learn's variational bound, the same on the same "

@@ -157,7 +157,7 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         (``worker``), the bytes of the fit's tables held there at the run's
         end (``table_bytes``, every copy) and that worker's
         ``worker_memory_limit`` and ``worker_process_memory``
-        (``ParameterServer.memory``). A ``partial_fit``
+        (``ParameterServer.memory``). A call
         trained in this process (see Notes) has one entry with
         ``in_process: True`` and no session counters.
     run_ids_ : list of str
@@ -166,7 +166,8 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         their entries in ``ParameterServer.metrics()``, e.g.
         ``dask_ps.get_parameter_server(est.client).metrics()[est.run_ids_[-1]]``
         (clocks, attempts, seconds, per-participant counters). Empty for a
-        ``partial_fit`` trained in this process.
+        call trained in this process (a small input's ``fit`` without a
+        client, or its ``partial_fit``: see Notes).
     rollbacks_ : list of dict
         The chunks of the last call trained again from the checkpoint: with
         ``checkpoint`` and ``replication=1``, a worker lost during a run has

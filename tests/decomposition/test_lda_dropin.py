@@ -333,7 +333,8 @@ def test_verbose_prints_while_the_fit_runs(monkeypatch):
     assert lines[0] == "iteration: 1 of max_iter: 10"
     assert lines[4].startswith("iteration: 5 of max_iter: 10, perplexity: ")
     assert "log-likelihood" in lines[4] and "tokens/s" in lines[4] and "staleness 0.00 (max 0)" in lines[4]  # BSP
-    assert lines[-1].startswith(f"iteration: 10 of max_iter: 10, perplexity: {est.bound_:.4f} (log-likelihood ")
+    assert lines[-1].startswith(f"iteration: 10 of max_iter: 10, perplexity: {est.bound_:.4f} (bound_, scikit-learn's "
+                                "variational bound; the lines before: the sampler's; log-likelihood ")
 
 
 @pytest.mark.parametrize("evaluate_every, n_partitions, chunks", [
@@ -394,3 +395,20 @@ def test_client_may_be_a_scheduler_address(lda_client):
     assert m.components_.shape == (3, 50)
     with pytest.raises(TypeError, match="client must be"):
         LatentDirichletAllocation(3, client=42).fit(X)
+
+
+def test_the_user_guides_example_finds_the_two_topics_it_prints(lda_client):
+    """docs/user-guide.rst's LDA example printed mixed topics ("cat cats
+    dogs / stocks chased dog") under its comment's separated ones: six
+    short documents want a small ``doc_topic_prior``. Seeded, so BSP: the
+    same topics on any cluster."""
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    docs = ["the cat sat on the mat with another cat", "dogs and cats are pets", "a dog chased the cat",
+            "stocks fell as markets closed", "the market rallied and stocks rose", "investors sold stocks"] * 20
+    vectorizer = CountVectorizer(stop_words="english")
+    X = vectorizer.fit_transform(docs)
+    lda = LatentDirichletAllocation(2, max_iter=50, n_partitions=2, doc_topic_prior=0.1, random_state=0,
+                                    client=lda_client).fit(X)
+    top = [" ".join(w for w, _ in words) for words in lda.top_words(vectorizer.get_feature_names_out(), n=3)]
+    assert top == ["stocks closed fell", "cat cats chased"]
