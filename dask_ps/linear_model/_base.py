@@ -230,12 +230,15 @@ class _BaseSGDPS(PSEstimatorMixin, SparseCoefMixin, BaseEstimator):
     def _store(self, W, K, d):
         """Set coef_/intercept_ (and the averaging state) from the final table."""
         coef = np.ascontiguousarray(W[:d, :K].T)
-        intercept = np.array(W[d, :K])
+        # scikit-learn's intercept_ dtype for float32 data: float64 but for
+        # a classifier's averaged or multiclass fit (its buffers are X's dtype)
+        floats = W.dtype if self._is_classifier and (self.average or K > 1) else np.float64
+        intercept = np.array(W[d, :K], dtype=floats)
         if self.average:
             self._standard_coef = coef
             self._standard_intercept = intercept
             self._average_coef = np.ascontiguousarray(W[:d, K:].T)
-            self._average_intercept = np.array(W[d, K:])
+            self._average_intercept = np.array(W[d, K:], dtype=floats)
             if self.average <= self.t_ - 1:
                 coef, intercept = self._average_coef, self._average_intercept
         self.coef_, self.intercept_ = coef, intercept

@@ -84,3 +84,25 @@ def test_a_validation_set_smaller_than_the_classes_is_scikit_learns_error():
     with pytest.raises(ValueError) as ours:
         SGDClassifier(**kw).fit(X, y)
     assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("cls", ["binary", "multiclass", "regressor"])
+@pytest.mark.parametrize("average", [False, True])
+def test_float32_data_gives_scikit_learns_attribute_dtypes(cls, average):
+    """scikit-learn keeps ``coef_`` float32 for float32 data and
+    ``intercept_`` float64 (so ``predict`` is float64), but for a
+    classifier's averaged or multiclass fit (float32); the intercept was
+    always float32 here."""
+    if cls == "regressor":
+        X, y = make_regression(500, 6, random_state=0)
+        ours, theirs = SGDRegressor, skl.SGDRegressor
+    else:
+        X, y = make_classification(500, 6, n_informative=4, n_redundant=0, n_classes=2 if cls == "binary" else 3,
+                                   random_state=0)
+        ours, theirs = SGDClassifier, skl.SGDClassifier
+    X = X.astype(np.float32)
+    kw = dict(random_state=0, average=average, max_iter=3, tol=None)
+    a, b = ours(**kw).fit(X, y), theirs(**kw).fit(X, y)
+    assert (a.coef_.dtype, a.intercept_.dtype) == (b.coef_.dtype, b.intercept_.dtype)
+    predict = "predict" if cls == "regressor" else "decision_function"
+    assert getattr(a, predict)(X).dtype == getattr(b, predict)(X).dtype
