@@ -620,7 +620,10 @@ class ParameterServer:
         """Per run: clocks, attempts, seconds, and per participant and table
         the counters of :class:`~dask_ps.Session` (reads, cache hits, wait
         time, staleness histogram, bytes). Only the latest
-        ``ps.metrics-history`` runs (default 100) are kept, oldest first."""
+        ``ps.metrics-history`` runs (default 100) are kept, oldest first.
+        A run that raised is ended as soon as its error is known, so its
+        entry holds the participants that had left by then (the others
+        stop at their next call, unrecorded: their ``clocks`` read 0)."""
         return dict(self._metrics)
 
     # --- reliability: checkpoints and placement -----------------------------------------

@@ -21,7 +21,10 @@ def gather_outside_the_pool(client, futures):
         get_worker()
     except ValueError:
         return client.gather(futures)
-    secede()
+    try:
+        secede()
+    except KeyError:  # out of the pool already: a participant (a ps.run inside a run's fn)
+        return client.gather(futures)
     try:
         return client.gather(futures)
     finally:

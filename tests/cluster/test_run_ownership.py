@@ -93,3 +93,23 @@ def test_a_table_another_client_dropped_or_made_again_is_said_as_it_is_now(ps, c
         np.testing.assert_array_equal(ps.pull("t"), [0, 0, 0, 0, 0, 1])
         with pytest.raises(dask_ps.PSValueError, match="rows"):
             ps.pull_rows("t", [6])  # refused by the table as it is
+
+
+def _inner(ctx, part, name):
+    ctx.push_rows(name, [0], np.ones((1, 2)))
+    ctx.clock()
+    return ctx.rank
+
+
+def _outer(ctx, part, name):
+    return dask_ps.get_parameter_server().run(_inner, [0, 1], name=name)
+
+
+def test_a_run_started_inside_a_participant_runs(ps):
+    """``ps.run`` inside a run's ``fn``: the waiting thread seceded from the
+    worker's pool a second time, and Dask's ``secede`` raised a bare
+    ``KeyError`` (the caller saw ``Exception('KeyError(<Thread ...>)')``).
+    A participant is out of the pool already: it waits as it is."""
+    ps.create_table("nested", shape=(4, 2), dtype="float64")
+    assert ps.run(_outer, [0], name="nested") == [[0, 1]]
+    np.testing.assert_array_equal(ps.pull("nested")[0], [2.0, 2.0])
