@@ -372,6 +372,7 @@ class ParameterServer:
         """Delete a table and free its shards."""
         self._sync(self._scheduler.ps_drop_table, name=name)
         self._router.forget(name)
+        self._restores_seen.pop(name, None)  # one entry a table ever made (every fit's) grew without end
 
     def tables(self) -> list[str]:
         """Names of the existing tables."""

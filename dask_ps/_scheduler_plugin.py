@@ -668,6 +668,9 @@ class PSSchedulerPlugin(SchedulerPlugin):
         if t is None:
             self._table(name)  # raises UnknownTableError
         del self.tables[name]
+        lock = self._table_locks.get(name)
+        if lock is not None and not lock.locked():  # one a table ever made (every fit's) grew without end
+            del self._table_locks[name]
         workers = {w for ws in t.owners for w in ws if w in self.members}
         await asyncio.gather(
             *(self.worker_rpc(w).ps_drop_table(name=name, table_id=t.spec.table_id) for w in workers),

@@ -152,7 +152,16 @@ def raise_invalid_parts(est, verdicts) -> None:
     n_sw = sum(n[2] or 0 for n in lengths)
     if any(n[2] is not None for n in lengths) and n_sw != n_x:
         _check_sample_weight(np.ones(n_sw), np.empty((n_x, 0)))
-    raise AssertionError(f"invalid parts without an error: {invalid}")  # pragma: no cover
+    # The totals match, the blocks do not: a dask DataFrame and a y (or
+    # weights) partitioned otherwise, with as many partitions.
+    what = "sample_weight" if all(n[0] == n[1] for n in lengths) else "y"
+    col = 2 if what == "sample_weight" else 1
+    raise ValueError(
+        f"X and {what} have the same number of rows ({n_x}) but their blocks do not line up (rows per block "
+        f"group of X: {[n[0] for n in lengths]}, of {what}: {[n[col] for n in lengths]}): give them the same "
+        "row partitions (dask arrays: the same chunks; dask DataFrames: the same divisions, e.g. "
+        f"{what}.repartition(divisions=X.divisions))"
+    )
 
 
 def check_meta(est, X, input_name="X") -> None:

@@ -30,7 +30,8 @@ def _check_counts(X, whom: str):
     data = X.data if sp.issparse(X) else np.asarray(X)
     if data.dtype.kind not in "biuf":
         raise ValueError(f"{whom}: X must be numeric counts, got dtype {data.dtype}")
-    check_non_negative(X, whom)
+    if data.size:  # an empty block (a filtered dask collection's) has nothing to check
+        check_non_negative(X, whom)
     if data.size and data.dtype.itemsize >= 4 and data.max() > MAX_COUNT:
         if sp.issparse(X):  # only on the error's path: where the count is
             coo = X.tocoo()

@@ -19,7 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from dask_ps._estimators import arrays, check_dask_X, is_dask_array, map_row_blocks
+from dask_ps._estimators import arrays, check_dask_X, is_dask_collection, map_row_blocks
 from dask_ps.decomposition._bound import document_terms, expectations, topic_term
 from dask_ps.decomposition._corpus import _check_counts
 from dask_ps.decomposition._scoring import components_dtype
@@ -27,8 +27,9 @@ from dask_ps.decomposition._scoring import components_dtype
 
 def _terms_block(block, est, whom):
     """Per document of one row block (of a dask array: a task): its term
-    of the bound and its number of words, as two columns."""
-    X = est._check_X(block, whom)
+    of the bound and its number of words, as two columns (none for an
+    empty block: a filtered dask collection has them)."""
+    X = est._check_X(block, whom, ensure_min_samples=0)
     X = sp.csr_matrix(X, dtype=np.float64)
     X.sum_duplicates()
     elog_t, exp_t = expectations(est.components_)
@@ -38,7 +39,10 @@ def _terms_block(block, est, whom):
 
 
 def _transform_block(block, est, normalize=True):
-    """``est.transform`` of one row block of a dask array (a task)."""
+    """``est.transform`` of one row block of a dask array (a task); an
+    empty block gives no rows."""
+    if block.shape[0] == 0:
+        return np.empty((0, est.components_.shape[0]), dtype=components_dtype(block.dtype))
     return est.transform(block, normalize=normalize)
 
 
@@ -47,9 +51,10 @@ class TopicInference:
     fitted LDA model (``components_`` and the priors), as scikit-learn's
     ``LatentDirichletAllocation`` computes them."""
 
-    def _check_X(self, X, whom):
+    def _check_X(self, X, whom, ensure_min_samples=1):
         X = arrays.to_host(X)
-        X = validate_data(self, X, reset=False, accept_sparse="csr", dtype=[np.float64, np.float32])
+        X = validate_data(self, X, reset=False, accept_sparse="csr", dtype=[np.float64, np.float32],
+                          ensure_min_samples=ensure_min_samples)
         _check_counts(X, whom)
         return X
 
@@ -94,9 +99,10 @@ class TopicInference:
             topic). float32 for float32 ``X``, else float64.
         """
         check_is_fitted(self)
-        if is_dask_array(X):
+        if is_dask_collection(X):  # a dask array or DataFrame (its names checked: check_dask_X)
+            X = check_dask_X(self, X)
             dtype = components_dtype(X.dtype)
-            return map_row_blocks(check_dask_X(self, X), _transform_block, self, normalize,
+            return map_row_blocks(X, _transform_block, self, normalize,
                                   n_columns=self.components_.shape[0], dtype=dtype,
                                   meta=np.empty((0, 0), dtype=dtype))
         X = self._check_X(X, "LatentDirichletAllocation.transform")
@@ -152,7 +158,7 @@ class TopicInference:
         """scikit-learn's bound of ``X`` split as ``(document terms,
         topic term, words, documents)``."""
         check_is_fitted(self)
-        if is_dask_array(X):
+        if is_dask_collection(X):
             X = check_dask_X(self, X)
             per_doc = map_row_blocks(X, _terms_block, self, whom, n_columns=2, dtype=np.float64,
                                      meta=np.empty((0, 0)))

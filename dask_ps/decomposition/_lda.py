@@ -36,7 +36,10 @@ from dask_ps._estimators import (
     PSEstimatorMixin,
     arrays,
     check_checkpoint,
+    dask_feature_names,
     is_dask_array,
+    is_dask_collection,
+    is_dask_dataframe,
     max_participants,
     participant_metrics,
     rate,
@@ -599,7 +602,7 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
         -------
         self
         """
-        return self._fit(X, base=None, partial=False)
+        return self._fit(self._dask_input(X, reset=True), base=None, partial=False)
 
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y=None):
@@ -623,9 +626,20 @@ class LatentDirichletAllocation(TopicInference, PSEstimatorMixin, ClassNamePrefi
         self
         """
         if not hasattr(self, "components_"):
-            return self._fit(X, base=None, partial=True)
+            return self._fit(self._dask_input(X, reset=True), base=None, partial=True)
         nwk = np.rint(np.asarray(self.components_, dtype=np.float64) - self.topic_word_prior_)
-        return self._fit(X, base=np.ascontiguousarray(np.maximum(nwk, 0).astype(np.int64).T), partial=True)
+        return self._fit(self._dask_input(X, reset=False),
+                         base=np.ascontiguousarray(np.maximum(nwk, 0).astype(np.int64).T), partial=True)
+
+    def _dask_input(self, X, reset: bool):
+        """A dask collection's feature names set (``reset``) or checked as
+        scikit-learn's for pandas, and a dask DataFrame as a dask array of
+        its row partitions (it was computed whole on the client, its column
+        names unread: reordered columns fitted or transformed silently).
+        Other inputs as they are (``validate_data`` reads their names)."""
+        if is_dask_collection(X):
+            dask_feature_names(self, X, reset)
+        return X.to_dask_array() if is_dask_dataframe(X) else X
 
     def _fit(self, X, base, partial):
         """``fit`` (``base`` None) or ``partial_fit`` (``partial``; of a

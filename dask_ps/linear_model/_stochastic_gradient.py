@@ -55,9 +55,10 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
         to a number: one per that many samples instead). Each
         participant trains every one-vs-all problem on its part of the
         samples. A dask input trains where its blocks are, one participant
-        per worker holding blocks: ``n_jobs`` only lowers that number (the
-        blocks of some workers are then moved by Dask to the others). 0 is
-        refused.
+        per worker holding blocks: a lower ``n_jobs`` merges some workers'
+        blocks (Dask moves them), a higher one cuts a worker's blocks into
+        several participants (threads of its process; at most one a
+        block). 0 is refused.
     batch_size : int, default=256
         Samples per minibatch and participant: the unit of a pull and a push.
         Each participant clocks every ``ps.sgd.clock-samples`` samples at
@@ -302,6 +303,26 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
             return _block_decision(self._device_X(X), _dense(self.coef_), self.intercept_)
         return super().decision_function(X)
 
+    def score(self, X, y, sample_weight=None):
+        """Mean accuracy on ``X`` and ``y``, as scikit-learn's; a dask input
+        (a dask DataFrame's unknown lengths too) is computed on the client.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix, dask collection} of shape (n_samples, n_features)
+        y : array-like or dask collection of shape (n_samples,)
+        sample_weight : array-like or dask collection of shape (n_samples,), default=None
+
+        Returns
+        -------
+        float
+        """
+        if is_dask_collection(X) or is_dask_collection(y):
+            from sklearn.metrics import accuracy_score
+
+            return _dask_score(self, X, y, sample_weight, accuracy_score)
+        return super().score(X, y, sample_weight=sample_weight)
+
     def predict(self, X):
         """Class labels; a lazy dask array for dask input."""
         if is_dask_collection(X):
@@ -367,6 +388,17 @@ def _block_proba_from_scores(scores, n_classes):
         prob_sum[all_zero] = len(prob[0])
     prob /= prob_sum.reshape((prob.shape[0], -1))
     return prob
+
+
+def _dask_score(est, X, y, sample_weight, metric):
+    """scikit-learn's score of a dask input: the lazy predictions (whose
+    lengths a dask DataFrame leaves unknown, which scikit-learn's metrics
+    call ``len`` on) computed with the targets and weights, on the client."""
+    import dask
+
+    pred, y, sample_weight = dask.compute(est.predict(X), y, sample_weight)
+    return float(metric(np.asarray(y), np.asarray(pred),
+                        sample_weight=None if sample_weight is None else np.asarray(sample_weight)))
 
 
 def _dense(coef):
@@ -461,6 +493,26 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
         check_is_fitted(self)
         X = validate_data(self, X, accept_sparse="csr", reset=False)
         return np.asarray(X @ self.coef_.T).ravel() + self.intercept_
+
+    def score(self, X, y, sample_weight=None):
+        """R^2 on ``X`` and ``y``, as scikit-learn's; a dask input
+        (a dask DataFrame's unknown lengths too) is computed on the client.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix, dask collection} of shape (n_samples, n_features)
+        y : array-like or dask collection of shape (n_samples,)
+        sample_weight : array-like or dask collection of shape (n_samples,), default=None
+
+        Returns
+        -------
+        float
+        """
+        if is_dask_collection(X) or is_dask_collection(y):
+            from sklearn.metrics import r2_score
+
+            return _dask_score(self, X, y, sample_weight, r2_score)
+        return super().score(X, y, sample_weight=sample_weight)
 
     def predict(self, X):
         """Predicted targets; a lazy dask array for dask input."""

@@ -412,3 +412,41 @@ def test_the_user_guides_example_finds_the_two_topics_it_prints(lda_client):
                                     client=lda_client).fit(X)
     top = [" ".join(w for w, _ in words) for words in lda.top_words(vectorizer.get_feature_names_out(), n=3)]
     assert top == ["stocks closed fell", "cat cats chased"]
+
+
+def test_a_dask_dataframes_column_names_are_read_and_checked(lda_client):
+    """A dask DataFrame was computed whole on the client and its names never
+    read: ``feature_names_in_`` unset, and its columns reordered transformed
+    silently wrong (0.95 off). Now scikit-learn's names and errors, and
+    the frame stays on the workers (transform is lazy, as for a dask array)."""
+    pd = pytest.importorskip("pandas")
+    dd = pytest.importorskip("dask.dataframe")
+    C = pd.DataFrame(np.random.default_rng(0).poisson(0.5, size=(400, 30)), columns=[f"w{i}" for i in range(30)])
+    Cd = dd.from_pandas(C, npartitions=4)
+    m = LatentDirichletAllocation(3, max_iter=5, random_state=0, client=lda_client).fit(Cd)
+    assert list(m.feature_names_in_) == list(C.columns)
+    theta = m.transform(Cd)
+    assert hasattr(theta, "dask")
+    np.testing.assert_allclose(theta.compute(), m.transform(C), rtol=1e-12)
+    with pytest.raises(ValueError, match="feature names should match"):
+        m.transform(Cd[list(C.columns[::-1])])
+    with pytest.raises(ValueError, match="feature names should match"):
+        m.score(Cd[list(C.columns[::-1])])
+    with pytest.raises(ValueError, match="feature names should match"):
+        m.partial_fit(Cd[list(C.columns[::-1])])
+    assert m.top_words(n=1)[0][0][0].startswith("w")
+
+
+def test_a_dask_array_with_empty_chunks_fits_transforms_and_scores(lda_client):
+    """A filtered dask array (a boolean mask) has empty chunks: ``fit`` failed
+    in ``check_non_negative`` (the minimum of nothing), ``transform`` and
+    ``score`` in scikit-learn's "0 sample(s)" check of each block."""
+    da = pytest.importorskip("dask.array")
+    X = np.random.default_rng(0).poisson(0.5, size=(400, 30)).astype(float)
+    Xd = da.from_array(X, chunks=(100, 30))
+    keep = da.from_array(np.r_[np.zeros(200, bool), np.ones(200, bool)], chunks=100)
+    m = LatentDirichletAllocation(3, max_iter=3, random_state=0, client=lda_client).fit(X)
+    np.testing.assert_allclose(m.transform(Xd[keep]).compute(), m.transform(X[200:]), rtol=1e-12)
+    assert m.score(Xd[keep]) == pytest.approx(m.score(X[200:]), rel=1e-12)
+    fitted = LatentDirichletAllocation(3, max_iter=3, random_state=0, client=lda_client).fit(Xd[keep])
+    assert fitted.n_tokens_ == X[200:].sum()

@@ -188,3 +188,35 @@ def test_a_sparsified_model_predicts_dask_input(local_client, ours, theirs):
     np.testing.assert_allclose(est.decision_function(da.from_array(X, chunks=(100, 4))).compute()
                                if hasattr(est, "decision_function") else dense,
                                est.decision_function(X) if hasattr(est, "decision_function") else dense)
+
+
+def test_a_y_partitioned_otherwise_than_x_says_so(local_client, caplog):
+    """X and y with as many rows and partitions but other divisions: two
+    participants' parts had other lengths, the totals matched, and the fit
+    ended in ``AssertionError: invalid parts without an error``."""
+    import dask
+
+    pd = pytest.importorskip("pandas")
+    X, y = _data(4000)
+    Xd = dd.from_pandas(pd.DataFrame(X), npartitions=4)
+    ys = dd.from_pandas(pd.Series(y), npartitions=4).repartition(divisions=[0, 1500, 2000, 3500, 3999])
+    with dask.config.set({"ps.sgd.min-samples-per-participant": 500}), \
+            pytest.raises(ValueError, match=r"X and y have the same number of rows \(4000\) but their blocks do not "
+                                            r"line up.*repartition"):
+        SGDClassifier(client=local_client, max_iter=2, tol=None).fit(Xd, ys)
+    _no_task_failed(caplog)
+
+
+@pytest.mark.parametrize("ours", [SGDClassifier, SGDRegressor], ids=["classifier", "regressor"])
+def test_score_on_a_dask_dataframe_is_scikit_learns_score(local_client, ours):
+    """``score`` on a dask DataFrame called ``len`` on the lazy predictions,
+    whose lengths are unknown: dask's "unknown chunk size" error."""
+    pd = pytest.importorskip("pandas")
+    X, y = _data(400)
+    est = ours(client=local_client, random_state=0, max_iter=5, tol=None).fit(X, y)
+    Xd = dd.from_pandas(pd.DataFrame(X), npartitions=2)
+    yd = dd.from_pandas(pd.Series(y), npartitions=2)
+    w = np.linspace(0.5, 1.5, 400)
+    assert est.score(Xd, yd) == pytest.approx(est.score(X, y), abs=1e-12)
+    assert est.score(Xd, yd, sample_weight=dd.from_pandas(pd.Series(w), npartitions=2)) == pytest.approx(
+        est.score(X, y, sample_weight=w), abs=1e-12)
