@@ -117,7 +117,11 @@ def read_manifest(path: str) -> dict | None:
     if not fs.exists(p):
         return None
     with fs.open(p, "r") as f:
-        manifest = _decode(json.load(f))
+        try:
+            manifest = _decode(json.load(f))
+        except json.JSONDecodeError as err:  # a damaged manifest: say which file, not a bare JSONDecodeError
+            raise ValueError(f"the checkpoint manifest {p} is damaged ({err}); restore it or delete the "
+                             "checkpoint directory to save there again") from None
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{path}: unknown checkpoint format {manifest.get('format')!r}")
     return manifest
@@ -182,9 +186,11 @@ def read_checked_block(spec, directory: str, block: int) -> dict:
     from dask_ps._exceptions import PSValueError
     from dask_ps._shard import ShardStore
 
+    import zipfile
+
     try:
         e = read_block(directory, int(block))
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as err:  # BadZipFile: a truncated file
         raise PSValueError(f"table {spec.name!r}: block {block} of the checkpoint at {directory} could not "
                            f"be read: {err!r}", spec.name) from None
     return ShardStore.check_loaded(spec, e)

@@ -678,7 +678,10 @@ class ParameterServer:
             No checkpoint at ``path``.
         TableExistsError
             A table exists already (``overwrite=True`` drops it first, unless
-            an active run uses it: ``RuntimeError``, as :meth:`save`).
+            an active run uses it: ``RuntimeError``, as :meth:`save`). The
+            tables load one after the other, each dropped just before its
+            own load: a load that fails (a missing or damaged block) leaves
+            that table absent and those after it as they were.
         """
         from dask_ps import _checkpoint
 
@@ -694,9 +697,12 @@ class ParameterServer:
                 if not overwrite:
                     raise TableExistsError(f"table {name!r} exists; pass overwrite=True to replace it", name)
                 _checkpoint.refuse_overwrite(name, self._sync(self._scheduler.ps_active_runs, tables=[name]))
-                self.drop_table(name)
         path = _checkpoint.resolve(path)
         for name in names:
+            # Each table dropped just before its own load: a load that fails
+            # leaves the tables after it as they were (all were dropped first).
+            if name in existing:
+                self.drop_table(name)
             spec = _spec.TableSpec.from_msg(manifest["tables"][name]["spec"])
             spec = dataclasses.replace(spec, table_id=uuid.uuid4().hex)
             self._sync(self._scheduler.ps_create_table, spec=spec.to_msg())

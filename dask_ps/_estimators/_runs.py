@@ -232,8 +232,9 @@ def temporary_tables(ps):
 
 
 def cluster_members(client) -> set:
-    """The addresses of the cluster's workers now."""
-    return set(client.scheduler_info(n_workers=-1)["workers"])
+    """The addresses of the cluster's workers now (none known to a closed
+    client: its ``scheduler_info`` is empty)."""
+    return set(client.scheduler_info(n_workers=-1).get("workers", ()))
 
 
 def may_be_worker_loss(error, also=()) -> bool:
@@ -242,7 +243,10 @@ def may_be_worker_loss(error, also=()) -> bool:
     ``also``: the estimator's own error types that a lost worker causes."""
     from distributed import KilledWorker
 
-    return (isinstance(error, (PSError, KilledWorker, OSError, *also))
+    from distributed.client import FutureCancelledError
+
+    # FutureCancelledError: a task whose input died with its worker ("lost dependencies")
+    return (isinstance(error, (PSError, KilledWorker, OSError, FutureCancelledError, *also))
             and not isinstance(error, ValueError))
 
 
@@ -251,6 +255,8 @@ def lost_workers(client, members, wait: float = 5.0, poll_seconds: float = 0.2) 
     seconds for the scheduler to notice a death that caused an error)."""
     deadline = time.monotonic() + wait
     while True:
+        if getattr(client, "status", "running") != "running":  # the client closed or lost its scheduler
+            return set()
         lost = set(members) - cluster_members(client)
         if lost or time.monotonic() > deadline:
             return lost

@@ -402,7 +402,10 @@ class GibbsRuns:
             read_ahead=reads_ahead(plan.word_model),
             report_seconds=parse_timedelta(dask.config.get("ps.dashboard.report-interval", "250ms")),
         )
-        self._members = cluster_members(self.client)  # whose loss _recover looks for
+        # whose loss _recover looks for: the members at every chunk's start
+        # since the last restart (a worker that died between two chunks was
+        # not among the next one's, and its loss failed the fit unrecovered)
+        self._members = getattr(self, "_members", set()) | cluster_members(self.client)
         with temporary_tables(self.ps) as tables:
             monitor = None
             try:
@@ -497,6 +500,7 @@ class GibbsRuns:
             lost = lost_workers(self.client, members, **wait)
         if not lost:
             return False
+        self._members = cluster_members(self.client)  # these losses are handled here
         self.n_restarts += 1
         logger.warning(
             "LatentDirichletAllocation: worker(s) %s lost during iterations %d-%d (%s: %s); "

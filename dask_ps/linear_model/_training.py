@@ -128,7 +128,7 @@ def train(est, data: _Input, max_iter, n_outputs, coef, intercept, avg_coef, avg
         seeds = sk_seeds[:1] if sk_seeds is not None else tuple(int(s) for s in rs.randint(MAX_INT, size=P))
         start = _Start(W0=_initial_table(data, hp, K, n_cols, coef, intercept, avg_coef, avg_intercept),
                        seeds=seeds, name=f"dask_ps-sgd-{uuid.uuid4().hex[:12]}")
-        fingerprint = _fingerprint(est, hp, d, n_cols, classes)
+        fingerprint = _fingerprint(est, hp, d, n_cols, classes, int(sum(sizes)))
         if checkpoint is not None:
             start = _resume(est, ps, checkpoint, fingerprint, start, d, n_cols, P, sizes, data.dtype)
         n_total = int(sum(sizes) * (1.0 - hp.validation_fraction)) if hp.early_stopping else int(sum(sizes))
@@ -634,12 +634,14 @@ def _redo_from_checkpoint(ps, checkpoint, saved, error: RolledBackError, epoch, 
 # --- checkpoints -----------------------------------------------------------------------------
 
 
-def _fingerprint(est, hp, d, n_cols, classes) -> dict:
-    """What a checkpoint must match to be resumed: the data's shape and
-    classes and the parameters that define the problem and the schedule
-    (``_BaseSGDPS._checkpoint_params``)."""
+def _fingerprint(est, hp, d, n_cols, classes, n_samples) -> dict:
+    """What a checkpoint must match to be resumed: the data's shape (its
+    samples however split: another cluster may resume) and classes and the
+    parameters that define the problem and the schedule
+    (``_BaseSGDPS._checkpoint_params``). Without the samples, a fit on
+    other data with as many features resumed the old model silently."""
     return {
-        "n_features": d, "n_cols": n_cols,
+        "n_features": d, "n_samples": n_samples, "n_cols": n_cols,
         "classes": None if classes is None else np.asarray(classes).tolist(),
         **est._checkpoint_params(hp),
     }

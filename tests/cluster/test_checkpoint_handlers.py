@@ -132,3 +132,33 @@ def test_save_writes_only_under_the_path_it_was_given(ps, client, tmp_path):
     for bad in ("../x", "ckpt-evil"):
         with pytest.raises(dask_ps.PSValueError):
             client.sync(ps._scheduler.ps_save_tables, path=path, data=bad, tables=["w"])
+
+
+def test_a_failed_load_leaves_the_tables_after_it_and_damage_is_named(ps, client, tmp_path):
+    """``load(overwrite=True)`` dropped every table it would replace before
+    reading any block: a truncated block of the first table lost the
+    second too, which was intact. A truncated block said only "File is not
+    a zip file", a damaged manifest a bare JSONDecodeError."""
+    import json
+
+    ps.create_table("a", shape=(8,), block_rows=4, init=np.arange(8.0))
+    ps.create_table("b", shape=(8,), block_rows=4, init=np.arange(8.0) * 2)
+    path = str(tmp_path / "ckpt")
+    ps.save(path)
+    ps.push("b", np.ones(8))
+    with open(_block_file(path, "a", 1), "r+b") as f:
+        f.truncate(50)
+    with pytest.raises(dask_ps.PSValueError, match=r"table 'a': block 1 of the checkpoint.*BadZipFile"):
+        ps.load(path, overwrite=True)
+    assert "a" not in ps.tables()
+    np.testing.assert_array_equal(ps.pull("b"), np.arange(8.0) * 2 + 1)  # not dropped, not loaded
+    manifest = os.path.join(path, "manifest.json")
+    with open(manifest) as f:
+        text = f.read()
+    json.loads(text)
+    with open(manifest, "w") as f:
+        f.write(text[: len(text) // 2])
+    with pytest.raises(ValueError, match="manifest.json is damaged"):
+        ps.load(path, overwrite=True)
+    with pytest.raises(ValueError, match="manifest.json is damaged"):
+        dask_ps.checkpoint_metadata(path)

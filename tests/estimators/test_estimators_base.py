@@ -180,6 +180,20 @@ def test_worker_loss_helpers(monkeypatch):
     assert lost_workers(None, {"a", "b"}, wait=10, poll_seconds=0.001) == {"b"}
     monkeypatch.setattr(_runs, "cluster_members", lambda client: {"a", "b"})
     assert lost_workers(None, {"a", "b"}, wait=0.0) == set()
+    # a task whose input died with its worker is cancelled ("lost dependencies"):
+    # a loss to look for (an LDA fit's worker killed between two chunks failed)
+    from distributed.client import FutureCancelledError
+
+    assert may_be_worker_loss(FutureCancelledError("k", reason="lost dependencies"))
+
+    class Closed:  # a closed client: nothing is lost, the error is its own (was KeyError: 'workers')
+        status = "closed"
+
+        def scheduler_info(self, **kw):
+            return {}
+
+    monkeypatch.undo()
+    assert lost_workers(Closed(), {"a"}, wait=0.0) == set() and _runs.cluster_members(Closed()) == set()
 
 
 # --- training parts ------------------------------------------------------------------------

@@ -946,6 +946,8 @@ def test_checkpoint_every_saves_and_a_second_fit_resumes(client, tmp_path, sgd_b
         SGDClassifier(**kw, checkpoint=ckpt).fit(Xtr[:, :10], ytr)
     with pytest.raises(ValueError, match="belongs to another fit.*classes"):
         SGDClassifier(**kw, checkpoint=ckpt).fit(Xtr, ytr + 1)
+    with pytest.raises(ValueError, match="belongs to another fit.*n_samples"):  # other data: resumed silently
+        SGDClassifier(**kw, checkpoint=ckpt).fit(Xtr[:-100], ytr[:-100])
     with pytest.raises(ValueError, match="not written by SGDRegressor"):
         SGDRegressor(**kw, checkpoint=ckpt).fit(Xtr, ytr.astype(float))
     with pytest.raises(ValueError, match="checkpoint_every is set but checkpoint is None"):
