@@ -243,10 +243,11 @@ def may_be_worker_loss(error, also=()) -> bool:
     ``also``: the estimator's own error types that a lost worker causes."""
     from distributed import KilledWorker
 
-    from distributed.client import FutureCancelledError
+    from concurrent.futures import CancelledError
 
-    # FutureCancelledError: a task whose input died with its worker ("lost dependencies")
-    return (isinstance(error, (PSError, KilledWorker, OSError, FutureCancelledError, *also))
+    # CancelledError (Dask's FutureCancelledError): a task whose input died
+    # with its worker ("lost dependencies")
+    return (isinstance(error, (PSError, KilledWorker, OSError, CancelledError, *also))
             and not isinstance(error, ValueError))
 
 
