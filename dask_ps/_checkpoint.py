@@ -46,7 +46,12 @@ def write_block(directory: str, exported: dict) -> None:
     fs.makedirs(d, exist_ok=True)
     arrays = {"data": to_numpy(exported["data"]), "seq": np.array(exported["seq"])}
     for k, v in exported["state"].items():
-        arrays[f"state__{k}"] = to_numpy(v)
+        kept = v  # a list would come back as an array, a str or dict not at all (np.load refuses objects)
+        v = to_numpy(v) if hasattr(v, "shape") else np.asarray(v)
+        if v.dtype.kind not in "biufc" or not (hasattr(kept, "shape") or isinstance(kept, (int, float, complex))):
+            raise ValueError(f"block {exported['block']}: the rule's state[{k!r}] is a {type(exported['state'][k]).__name__}"
+                             f" ({v.dtype}); a checkpoint holds a rule's state as numeric arrays only")
+        arrays[f"state__{k}"] = v
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     with fs.open(block_path(d, exported["block"]), "wb") as f:

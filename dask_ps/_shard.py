@@ -17,6 +17,8 @@ reply still being sent always shows one consistent state (copy-on-write).
 
 from __future__ import annotations
 
+import copy
+
 import contextlib
 import math
 from collections import deque
@@ -196,7 +198,8 @@ class ShardStore:
             out.append({
                 "block": b,
                 "data": blk.data.copy(),
-                "state": {k: v.copy() for k, v in blk.state.items()},
+                # a custom rule may keep numbers or objects too (an int has no .copy)
+                "state": {k: v.copy() if _backend.is_array(v) else copy.deepcopy(v) for k, v in blk.state.items()},
                 "seq": blk.seq,
                 "applied": {k: list(v) for k, v in blk.applied.items()},
                 # aggregate="clock": sums still waiting for their clock move

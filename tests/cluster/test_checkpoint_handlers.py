@@ -162,3 +162,23 @@ def test_a_failed_load_leaves_the_tables_after_it_and_damage_is_named(ps, client
         ps.load(path, overwrite=True)
     with pytest.raises(ValueError, match="manifest.json is damaged"):
         dask_ps.checkpoint_metadata(path)
+
+
+@pytest.mark.parametrize("value, ok", [(3, True), (np.zeros(2), True), ({"count": 1}, False), ([1.0], False),
+                                       ("seen", False)])
+def test_a_rules_state_that_a_checkpoint_cannot_hold_is_refused_when_saved(tmp_path, value, ok):
+    """A custom rule's non-array state: an int failed the save with
+    ``'int' object has no attribute 'copy'``, a dict saved but never loaded
+    again (object arrays), a list came back an array its rule could not
+    ``append`` to. Numbers and arrays save; the rest is refused at the save,
+    naming the state."""
+    from dask_ps import _checkpoint
+
+    exported = {"block": 0, "data": np.zeros(4), "seq": 1, "state": {"k": value}}
+    if ok:
+        _checkpoint.write_block(str(tmp_path), exported)
+        back = _checkpoint.read_block(str(tmp_path), 0)
+        np.testing.assert_array_equal(back["state"]["k"], value)
+    else:
+        with pytest.raises(ValueError, match=r"state\['k'\] is a (dict|list|str).*numeric arrays only"):
+            _checkpoint.write_block(str(tmp_path), exported)
