@@ -17,7 +17,7 @@ from numbers import Integral
 import dask
 import numpy as np
 import scipy.sparse as sp
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import _check_n_features, check_array, check_is_fitted, validate_data
 
 from dask_ps._estimators import arrays, check_dask_X, is_dask_collection, map_row_blocks
 from dask_ps.decomposition._bound import document_terms, expectations, topic_term
@@ -29,7 +29,7 @@ def _terms_block(block, est, whom):
     """Per document of one row block (of a dask array: a task): its term
     of the bound and its number of words, as two columns (none for an
     empty block: a filtered dask collection has them)."""
-    X = est._check_X(block, whom, ensure_min_samples=0)
+    X = est._check_X(block, whom, ensure_min_samples=0, names=False)
     X = sp.csr_matrix(X, dtype=np.float64)
     X.sum_duplicates()
     elog_t, exp_t = expectations(est.components_)
@@ -43,7 +43,9 @@ def _transform_block(block, est, normalize=True):
     empty block gives no rows."""
     if block.shape[0] == 0:
         return np.empty((0, est.components_.shape[0]), dtype=components_dtype(block.dtype))
-    return est.transform(block, normalize=normalize)
+    # the collection's names were checked by the caller (check_dask_X): a
+    # block has none, and scikit-learn would warn that it has not
+    return est._transform_checked(est._check_X(block, "LatentDirichletAllocation.transform", names=False), normalize)
 
 
 class TopicInference:
@@ -51,10 +53,16 @@ class TopicInference:
     fitted LDA model (``components_`` and the priors), as scikit-learn's
     ``LatentDirichletAllocation`` computes them."""
 
-    def _check_X(self, X, whom, ensure_min_samples=1):
+    def _check_X(self, X, whom, ensure_min_samples=1, names=True):
+        """``X`` checked as scikit-learn checks it (``names=False``: a dask
+        collection's block, whose collection's names were checked)."""
         X = arrays.to_host(X)
-        X = validate_data(self, X, reset=False, accept_sparse="csr", dtype=[np.float64, np.float32],
-                          ensure_min_samples=ensure_min_samples)
+        kw = dict(accept_sparse="csr", dtype=[np.float64, np.float32], ensure_min_samples=ensure_min_samples)
+        if names:
+            X = validate_data(self, X, reset=False, **kw)
+        else:
+            X = check_array(X, **kw)
+            _check_n_features(self, X, reset=False)
         _check_counts(X, whom)
         return X
 
@@ -105,7 +113,9 @@ class TopicInference:
             return map_row_blocks(X, _transform_block, self, normalize,
                                   n_columns=self.components_.shape[0], dtype=dtype,
                                   meta=np.empty((0, 0), dtype=dtype))
-        X = self._check_X(X, "LatentDirichletAllocation.transform")
+        return self._transform_checked(self._check_X(X, "LatentDirichletAllocation.transform"), normalize)
+
+    def _transform_checked(self, X, normalize):
         dtype = components_dtype(X.dtype)
         gamma = self._unnormalized_transform(X)
         if normalize:
