@@ -30,7 +30,8 @@ import numpy as np
 from distributed.utils import thread_state
 
 from dask_ps import _backend, _config, _routing, _sparse_rows
-from dask_ps._exceptions import PSError, RowListMissingError, StaleVersionError, UnknownTableError
+from dask_ps._exceptions import (ClockTimeoutError, PSError, RowListMissingError, StaleVersionError,
+                                 UnknownTableError)
 from dask_ps._liveness import Liveness, WorkerGone
 from dask_ps._routing import TableHandle
 from dask_ps._row_lists import RowListKeys
@@ -104,7 +105,10 @@ def running_loop():
 
 def _retryable(e: BaseException) -> bool:
     # OSError covers CommClosedError and refused connections (a dead worker).
-    return isinstance(e, (StaleVersionError, UnknownTableError, OSError))
+    # Not a ClockTimeoutError (a TimeoutError, so an OSError): the server's
+    # answer after a full ps.timeouts.clock; sent again, a stalled run's
+    # clock waited twice that before it raised.
+    return isinstance(e, (StaleVersionError, UnknownTableError, OSError)) and not isinstance(e, ClockTimeoutError)
 
 
 def _note_done(error: BaseException, done: list, refused: list) -> None:

@@ -184,3 +184,16 @@ def test_a_parked_wait_takes_the_other_servers_run_wide_clocks_after_the_resync_
         assert calls == ["peer", "peer"]
 
     asyncio.run(main())
+
+
+def test_a_clock_timeout_is_the_servers_answer_not_a_connection_to_retry():
+    """ClockTimeoutError is a TimeoutError, hence an OSError, which the
+    transport retried as a lost connection: a stalled run's clock message
+    was sent again and waited ``ps.timeouts.clock`` a second time (6.0 s
+    at 3 s, in both layouts) before it raised."""
+    from dask_ps._exceptions import ClockTimeoutError, StaleVersionError
+    from dask_ps._transport import _retryable
+
+    assert isinstance(ClockTimeoutError("behind"), OSError)
+    assert not _retryable(ClockTimeoutError("behind"))
+    assert _retryable(OSError("connection refused")) and _retryable(StaleVersionError("t", "dropped"))
