@@ -415,10 +415,16 @@ def check_int_range(spec: TableSpec, values, what: str = "push") -> None:
         return
     if np.can_cast(values.dtype, spec.dtype, casting="safe"):
         return
+    _refuse_out_of_range(spec, values, f"{what} values")
+
+
+def _refuse_out_of_range(spec: TableSpec, values, what: str) -> None:
+    """A ``PSValueError`` where integer ``values`` (``what`` they are) do
+    not fit the integer table's dtype."""
     info, lo, hi = np.iinfo(spec.dtype), int(values.min()), int(values.max())
     if lo < info.min or hi > info.max:
         raise PSValueError(
-            f"table {spec.name!r}: {what} values range over [{lo}, {hi}], which does not fit the table "
+            f"table {spec.name!r}: {what} range over [{lo}, {hi}], which does not fit the table "
             f"dtype {spec.dtype} [{info.min}, {info.max}]; nothing was applied",
             spec.name,
         )
@@ -431,13 +437,7 @@ def summed_in_range(spec: TableSpec, values, what: str = "push_rows"):
     does not fit it (nothing is sent)."""
     if spec.dtype.kind not in "iu" or values.dtype == spec.dtype or getattr(values, "size", 0) == 0:
         return values
-    info, lo, hi = np.iinfo(spec.dtype), int(values.min()), int(values.max())
-    if lo < info.min or hi > info.max:
-        raise PSValueError(
-            f"table {spec.name!r}: {what} values with their duplicate rows summed range over [{lo}, {hi}], "
-            f"which does not fit the table dtype {spec.dtype} [{info.min}, {info.max}]; nothing was applied",
-            spec.name,
-        )
+    _refuse_out_of_range(spec, values, f"{what} values with their duplicate rows summed")
     return values.astype(spec.dtype)
 
 

@@ -31,7 +31,36 @@ _SHARED_DEFAULTS = {
 }
 
 
-class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
+class _DaskScore:
+    """``score`` as scikit-learn's (``_metric``, a ``sklearn.metrics`` name:
+    mean accuracy or R^2), where a dask input is computed on the client
+    (``_dask_score``: scikit-learn's metrics call ``len`` on the lazy
+    predictions, unknown for a dask DataFrame)."""
+
+    _metric = ""
+
+    def score(self, X, y, sample_weight=None):
+        """Mean accuracy (classifier) or R^2 (regressor) on ``X`` and ``y``,
+        as scikit-learn's; a dask input is computed on the client.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix, dask collection} of shape (n_samples, n_features)
+        y : array-like or dask collection of shape (n_samples,)
+        sample_weight : array-like or dask collection of shape (n_samples,), default=None
+
+        Returns
+        -------
+        float
+        """
+        if is_dask_collection(X) or is_dask_collection(y):
+            import sklearn.metrics
+
+            return _dask_score(self, X, y, sample_weight, getattr(sklearn.metrics, self._metric))
+        return super().score(X, y, sample_weight=sample_weight)
+
+
+class SGDClassifier(_DaskScore, LinearClassifierMixin, _BaseSGDPS):
     """Linear classifiers (SVM, logistic regression, ...) trained by SGD on the
     parameter server.
 
@@ -215,6 +244,7 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
     """
 
     _is_classifier = True
+    _metric = "accuracy_score"
     # scikit-learn's table of the losses ``loss`` names (its loss classes and
     # their default parameter); the kernels here implement the same losses.
     loss_functions = _SkSGDClassifier.loss_functions
@@ -302,26 +332,6 @@ class SGDClassifier(LinearClassifierMixin, _BaseSGDPS):
             check_is_fitted(self)
             return _block_decision(self._device_X(X), _dense(self.coef_), self.intercept_)
         return super().decision_function(X)
-
-    def score(self, X, y, sample_weight=None):
-        """Mean accuracy on ``X`` and ``y``, as scikit-learn's; a dask input
-        (a dask DataFrame's unknown lengths too) is computed on the client.
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix, dask collection} of shape (n_samples, n_features)
-        y : array-like or dask collection of shape (n_samples,)
-        sample_weight : array-like or dask collection of shape (n_samples,), default=None
-
-        Returns
-        -------
-        float
-        """
-        if is_dask_collection(X) or is_dask_collection(y):
-            from sklearn.metrics import accuracy_score
-
-            return _dask_score(self, X, y, sample_weight, accuracy_score)
-        return super().score(X, y, sample_weight=sample_weight)
 
     def predict(self, X):
         """Class labels; a lazy dask array for dask input."""
@@ -443,7 +453,7 @@ def _block_proba(X, coef, intercept, loss, n_classes):
     return p
 
 
-class SGDRegressor(RegressorMixin, _BaseSGDPS):
+class SGDRegressor(_DaskScore, RegressorMixin, _BaseSGDPS):
     """Linear regression trained by SGD on the parameter server.
 
     The parameters and fitted attributes are scikit-learn's
@@ -465,6 +475,7 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
     """
 
     _is_classifier = False
+    _metric = "r2_score"
     loss_functions = _SkSGDRegressor.loss_functions  # as SGDClassifier's
     _parameter_constraints: dict = _constraints(_SkSGDRegressor)
     __init__ = _storing_init({"loss": "squared_error", **_SHARED_DEFAULTS, "learning_rate": "invscaling",
@@ -493,26 +504,6 @@ class SGDRegressor(RegressorMixin, _BaseSGDPS):
         check_is_fitted(self)
         X = validate_data(self, X, accept_sparse="csr", reset=False)
         return np.asarray(X @ self.coef_.T).ravel() + self.intercept_
-
-    def score(self, X, y, sample_weight=None):
-        """R^2 on ``X`` and ``y``, as scikit-learn's; a dask input
-        (a dask DataFrame's unknown lengths too) is computed on the client.
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix, dask collection} of shape (n_samples, n_features)
-        y : array-like or dask collection of shape (n_samples,)
-        sample_weight : array-like or dask collection of shape (n_samples,), default=None
-
-        Returns
-        -------
-        float
-        """
-        if is_dask_collection(X) or is_dask_collection(y):
-            from sklearn.metrics import r2_score
-
-            return _dask_score(self, X, y, sample_weight, r2_score)
-        return super().score(X, y, sample_weight=sample_weight)
 
     def predict(self, X):
         """Predicted targets; a lazy dask array for dask input."""

@@ -852,29 +852,37 @@ def test_retried_participant_repeats_the_pushes_of_its_clock(global_stop, sparse
     assert r2["state"] == res["state"]
 
 
+def _retry_replays_its_schedule(est, sparse, bsp, c=7):
+    """A participant's whole run and a retry of it at clock ``c`` (from the
+    tables as they were there): asserts the retry replays the schedule
+    (the same clocks, tables and rows from ``c`` on, the same draws and
+    epochs); returns the two final weight tables ``(full, retry)``."""
+    X, y = make_classification(600, 6, random_state=0)
+    X = StandardScaler().fit_transform(X)
+    if sparse:
+        X = sp.csr_matrix(np.where(np.abs(X) > 0.7, X, 0.0))
+    part = _participant._PartData(X, y, np.ones(600))
+    cfg, tables = _fake_run_config(est, X, y, True, max_iter=6)
+    if bsp:
+        cfg = dataclasses.replace(cfg, staleness=0)
+    full = _RecordingCtx({k: v.copy() for k, v in tables.items()})
+    res = _participant._participant_loop(full, part, cfg)
+    retry = _RecordingCtx({k: v.copy() for k, v in full.snapshots[c].items()}, clock=c)
+    again = _participant._participant_loop(retry, part, cfg)
+    schedule = [(p[0], p[1], None if p[2] is None else p[2].tolist()) for p in full.pushes if p[0] >= c]
+    assert [(p[0], p[1], None if p[2] is None else p[2].tolist()) for p in retry.pushes] == schedule
+    assert again["state"]["rng"] == res["state"]["rng"] and again["n_iter"] == res["n_iter"]
+    return full.tables["w"], retry.tables["w"]
+
+
 @pytest.mark.parametrize("sparse", [False, True])
 def test_retried_participant_with_an_l1_penalty_replays_its_schedule(sparse):
     """An L1 penalty's state (Tsuruoka's ``q`` per weight, ``u``) carries over
     a participant's rounds; a retry at clock C starts it afresh. The retry
     replays the schedule (the same clocks and rows, the same stopping
     decisions) and leaves a table near the first attempt's."""
-    X, y = make_classification(600, 6, random_state=0)
-    X = StandardScaler().fit_transform(X)
-    if sparse:
-        X = sp.csr_matrix(np.where(np.abs(X) > 0.7, X, 0.0))
     est = SGDClassifier(learning_rate="constant", eta0=0.05, tol=None, penalty="elasticnet", alpha=1e-3)
-    part = _participant._PartData(X, y, np.ones(600))
-    cfg, tables = _fake_run_config(est, X, y, True, max_iter=6)
-    cfg = dataclasses.replace(cfg, staleness=0)  # BSP
-    full = _RecordingCtx({k: v.copy() for k, v in tables.items()})
-    res = _participant._participant_loop(full, part, cfg)
-    c = 7
-    retry = _RecordingCtx({k: v.copy() for k, v in full.snapshots[c].items()}, clock=c)
-    again = _participant._participant_loop(retry, part, cfg)
-    schedule = [(p[0], p[1], None if p[2] is None else p[2].tolist()) for p in full.pushes if p[0] >= c]
-    assert [(p[0], p[1], None if p[2] is None else p[2].tolist()) for p in retry.pushes] == schedule
-    assert again["state"]["rng"] == res["state"]["rng"] and again["n_iter"] == res["n_iter"]
-    w_full, w_retry = full.tables["w"], retry.tables["w"]
+    w_full, w_retry = _retry_replays_its_schedule(est, sparse, bsp=True)
     assert np.linalg.norm(w_retry - w_full) <= 0.05 * np.linalg.norm(w_full)
 
 
@@ -887,22 +895,8 @@ def test_retried_participant_under_staleness_replays_its_schedule(sparse):
     rows from C on, the same draws), and the table it leaves differs from
     the first attempt's by the one-time offset ``(M - read) / P`` plus what
     the changed reads trained differently, not by a drift."""
-    X, y = make_classification(600, 6, random_state=0)
-    X = StandardScaler().fit_transform(X)
-    if sparse:
-        X = sp.csr_matrix(np.where(np.abs(X) > 0.7, X, 0.0))
     est = SGDClassifier(learning_rate="constant", eta0=0.05, tol=None)
-    part = _participant._PartData(X, y, np.ones(600))
-    cfg, tables = _fake_run_config(est, X, y, True, max_iter=6)
-    full = _RecordingCtx({k: v.copy() for k, v in tables.items()})
-    res = _participant._participant_loop(full, part, cfg)
-    c = 7
-    retry = _RecordingCtx({k: v.copy() for k, v in full.snapshots[c].items()}, clock=c)
-    again = _participant._participant_loop(retry, part, cfg)
-    schedule = [(p[0], p[1], None if p[2] is None else p[2].tolist()) for p in full.pushes if p[0] >= c]
-    assert [(p[0], p[1], None if p[2] is None else p[2].tolist()) for p in retry.pushes] == schedule
-    assert again["state"]["rng"] == res["state"]["rng"] and again["n_iter"] == res["n_iter"]
-    w_full, w_retry = full.tables["w"], retry.tables["w"]
+    w_full, w_retry = _retry_replays_its_schedule(est, sparse, bsp=False)
     assert np.all(np.isfinite(w_retry))
     assert np.linalg.norm(w_retry - w_full) <= np.linalg.norm(w_full)
 

@@ -38,14 +38,16 @@ def test_partial_fit_after_an_adaptive_fit_starts_at_eta0():
     assert_allclose(ours.coef_, theirs.coef_, rtol=1e-9, atol=1e-12)
 
 
+def _problem(cls, seed):
+    """1,000 rows x 8 and the two estimators of ``cls`` (ours, scikit-learn's)."""
+    if cls == "classifier":
+        return (*make_classification(1000, 8, random_state=seed), SGDClassifier, skl.SGDClassifier)
+    return (*make_regression(1000, 8, noise=5, random_state=seed), SGDRegressor, skl.SGDRegressor)
+
+
 @pytest.mark.parametrize("cls", ["classifier", "regressor"])
 def test_a_warm_adaptive_refit_runs_as_scikit_learns(cls):
-    if cls == "classifier":
-        X, y = make_classification(1000, 8, random_state=0)
-        ours, theirs = SGDClassifier, skl.SGDClassifier
-    else:
-        X, y = make_regression(1000, 8, noise=5, random_state=0)
-        ours, theirs = SGDRegressor, skl.SGDRegressor
+    X, y, ours, theirs = _problem(cls, seed=0)
     kw = dict(learning_rate="adaptive", eta0=0.01, warm_start=True, random_state=0)
     a, b = ours(**kw).fit(X, y), theirs(**kw).fit(X, y)
     a.fit(X, y)
@@ -59,12 +61,7 @@ def test_a_warm_averaged_refit_restarts_where_scikit_learns_does(cls):
     """scikit-learn's classifier restarts from ``coef_`` (the averaged model)
     with fresh averages, its regressor from the unaveraged weights with the
     old averages; both are followed."""
-    if cls == "classifier":
-        X, y = make_classification(1000, 8, random_state=1)
-        ours, theirs = SGDClassifier, skl.SGDClassifier
-    else:
-        X, y = make_regression(1000, 8, noise=5, random_state=1)
-        ours, theirs = SGDRegressor, skl.SGDRegressor
+    X, y, ours, theirs = _problem(cls, seed=1)
     kw = dict(average=True, max_iter=3, tol=None, learning_rate="constant", eta0=0.001, warm_start=True,
               random_state=0)
     a, b = ours(**kw).fit(X, y), theirs(**kw).fit(X, y)
